@@ -1,0 +1,102 @@
+"""Patch-evidence aggregation (concatenation or gated attention) and the global-local fusion head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .pooling import check_fraction, top_t_pool
+
+__all__ = ["ConcatTopTAggregation", "GatedAttentionAggregation", "FusionHead"]
+
+
+def _check_bag(patch_maps: torch.Tensor, patch_features: torch.Tensor | None) -> None:
+    if patch_maps.ndim != 5:
+        raise ValueError(f"patch_maps must be (B, K, C, h, w), got shape {tuple(patch_maps.shape)}")
+    if patch_features is not None and (patch_features.ndim != 3 or patch_features.shape[:2] != patch_maps.shape[:2]):
+        raise ValueError(
+            f"patch_features must be (B, K, D) with the same B, K as patch_maps {tuple(patch_maps.shape[:2])}, "
+            f"got shape {tuple(patch_features.shape)}"
+        )
+
+
+class ConcatTopTAggregation(nn.Module):
+    """Concatenation aggregation: top-t% pooling over all K patch maps of an image jointly.
+
+    Forward: patch_maps A (B, K, C, h, w), optional patch_features z (B, K, D) ->
+    ``{"y_local": (B, C), "z_local": (B, D) uniform mean of z_k, or None without features}``.
+    The paper selects t = 0.2; the authors' inference code uses 0.3.
+    """
+
+    def __init__(self, t: float = 0.2) -> None:
+        super().__init__()
+        self.t = check_fraction(t, "t_local")
+
+    def forward(
+        self, patch_maps: torch.Tensor, patch_features: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor | None]:
+        _check_bag(patch_maps, patch_features)
+        # (B, K, C, h, w) -> (B, C, K, h, w): the K maps of a class are pooled as one spatially concatenated map
+        y_local = top_t_pool(patch_maps.transpose(1, 2), self.t, start_dim=2)
+        z_local = None if patch_features is None else patch_features.mean(dim=1)
+        return {"y_local": y_local, "z_local": z_local}
+
+    def extra_repr(self) -> str:
+        return f"t={self.t}"
+
+
+class GatedAttentionAggregation(nn.Module):
+    """Gated attention MIL pooling (Ilse et al. 2018) over the K patches of an image.
+
+    a_k = w^T (tanh(V z_k) * sigmoid(U z_k)), alpha = softmax_k(a), y_l = sum_k alpha_k y_k with y_k the top-t%
+    pooled patch map A_k, and z_l = sum_k alpha_k z_k. Sizes as GMIC: V, U: D -> hidden, w: hidden -> 1, no bias.
+
+    Args:
+        in_features: D, the patch representation size (512 for ResNet-34-HR).
+        hidden_features: the attention's hidden size (128).
+        t: top-t% fraction pooling each patch map into y_k.
+
+    Forward: patch_maps (B, K, C, h, w), patch_features (B, K, D), optional ``mask`` (B, K) bool, True for the
+    patches that exist (variable K per image) -> ``{"y_local": (B, C), "z_local": (B, D), "attention": (B, K)}``;
+    attention weights are 0 on masked-out patches and sum to 1 over each image's patches.
+    """
+
+    def __init__(self, in_features: int = 512, hidden_features: int = 128, t: float = 0.2) -> None:
+        super().__init__()
+        self.t = check_fraction(t, "t_local")
+        self.attn_v = nn.Linear(in_features, hidden_features, bias=False)
+        self.attn_u = nn.Linear(in_features, hidden_features, bias=False)
+        self.attn_w = nn.Linear(hidden_features, 1, bias=False)
+
+    def forward(
+        self, patch_maps: torch.Tensor, patch_features: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        _check_bag(patch_maps, patch_features)
+        scores = self.attn_w(torch.tanh(self.attn_v(patch_features)) * torch.sigmoid(self.attn_u(patch_features)))
+        scores = scores.squeeze(-1).float()
+        if mask is not None:
+            if mask.shape != scores.shape:
+                raise ValueError(f"mask must be (B, K) = {tuple(scores.shape)}, got shape {tuple(mask.shape)}")
+            mask = mask.to(device=scores.device, dtype=torch.bool)
+            if not bool(mask.any(dim=1).all()):
+                raise ValueError("mask must keep at least one patch per image")
+            scores = scores.masked_fill(~mask, float("-inf"))
+        attention = torch.softmax(scores, dim=1)
+        y_patches = top_t_pool(patch_maps, self.t, start_dim=3)  # (B, K, C)
+        y_local = (attention.unsqueeze(-1) * y_patches.float()).sum(dim=1).to(y_patches.dtype)
+        z_local = (attention.unsqueeze(-1) * patch_features.float()).sum(dim=1).to(patch_features.dtype)
+        return {"y_local": y_local, "z_local": z_local, "attention": attention}
+
+
+class FusionHead(nn.Module):
+    """Fusion of the global and local representations: y_f = sigmoid(W [z_g, z_l] + b).
+
+    Forward: z_global (B, D_g), z_local (B, D_l) -> y_fusion (B, C).
+    """
+
+    def __init__(self, global_features: int = 256, local_features: int = 512, num_classes: int = 2) -> None:
+        super().__init__()
+        self.linear = nn.Linear(global_features + local_features, num_classes)
+
+    def forward(self, z_global: torch.Tensor, z_local: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.linear(torch.cat([z_global, z_local.to(z_global.dtype)], dim=1)))

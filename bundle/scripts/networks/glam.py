@@ -1,0 +1,291 @@
+"""GLAM: the global module, saliency-guided patches, the local module, aggregation and fusion, composed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..aggregation import ConcatTopTAggregation, FusionHead, GatedAttentionAggregation
+from ..patches import (
+    _check_patch_count,
+    as_pair,
+    crop_patches,
+    random_patch_boxes,
+    render_saliency,
+    select_patch_boxes,
+)
+from ..pooling import check_fraction
+from .global_network import GlobalNetwork
+from .local_network import LocalNetwork
+
+__all__ = ["GLAM", "STAGES", "REFERENCE_PRESET"]
+
+STAGES = ("global", "local", "joint")
+
+#: The authors' released inference behaviour (GLAM_SPEC sections 1-5): pooling after upsampling with t = 3%,
+#: concatenation aggregation with t = 30%, one patch of 512 px, gamma 0.2/0.6/0.2, gamma_c = 0.5.
+REFERENCE_PRESET: dict[str, Any] = {
+    "stage": "local",
+    "patch_size": 512,
+    "num_patches_eval": 1,
+    "t_global": 0.03,
+    "t_local": 0.3,
+    "global_pool_after_upsampling": True,
+    "gammas": (0.2, 0.6, 0.2),
+    "gamma_c": 0.5,
+    "aggregation": "concat",
+    "local_depth": 34,
+    "local_width": 64,
+    "joint_modules": False,
+}
+
+
+def check_image(image: torch.Tensor, patch_size: Sequence[int] | None = None, name: str = "image") -> None:
+    """Validate a batch of mammograms (B, 1, H, W): rank, channels, size, finite values (one host sync)."""
+    if not isinstance(image, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor (B, 1, H, W), got {type(image).__name__}")
+    if image.ndim != 4:
+        raise ValueError(f"{name} must be (B, 1, H, W), got shape {tuple(image.shape)} (rank {image.ndim})")
+    if image.shape[1] != 1:
+        raise ValueError(f"{name} must have 1 channel (grey-level mammogram), got {image.shape[1]} channels")
+    if patch_size is not None and (image.shape[-2] < patch_size[0] or image.shape[-1] < patch_size[1]):
+        raise ValueError(
+            f"{name} of {image.shape[-2]}x{image.shape[-1]} is smaller than the {patch_size[0]}x{patch_size[1]} patch"
+        )
+    if not bool(torch.isfinite(image).all()):
+        raise ValueError(f"{name} contains NaN or infinite values")
+
+
+class GLAM(nn.Module):
+    """GLAM (Liu et al., MIDL 2021): weakly supervised high-resolution saliency for mammograms.
+
+    ``GLAM()`` is the paper's full-size model: 2944x1920 inputs, ResNet-34-HR local module, 512 px patches,
+    K = 6 patches in training and M = 1 in eval mode, top-t 3% (global) and 20% (local).
+
+    Args:
+        stage: ``"global"`` (global module only), ``"local"`` (global module frozen, local module with
+            concatenation aggregation) or ``"joint"`` (both, attention aggregation and fusion). See :meth:`set_stage`.
+        patch_size: local patch size in input pixels, int or (rows, cols); a multiple of 4.
+        num_patches_train: K, patches per image in training mode.
+        num_patches_eval: M, patches per image in eval mode.
+        t_global: top-t% fraction of the global module's per-scale pooling.
+        t_local: top-t% fraction of the patch aggregation.
+        global_pool_after_upsampling: pool every global scale after upsampling it to S_0's size (authors' code).
+        gammas: weights of S_0, S_1, S_2 in S_g.
+        gamma_c: weight of S_g in S_c = gamma_c S_g + (1 - gamma_c) S_l.
+        aggregation: ``None`` for the paper's choice per stage (concatenation in ``local``, gated attention in
+            ``joint``) or ``"concat"`` / ``"attention"`` in every stage.
+        local_depth, local_width: the local ResNet-HR (34, 64 in the paper; smaller for tests and CPU presets).
+        activation_checkpointing: recompute the local module's activations in backward to fit more patches.
+        attention_hidden: hidden size of the gated attention (128).
+        joint_modules: hold the gated attention and the fusion head (needed by the ``joint`` stage and attention
+            aggregation). ``False`` gives the authors' inference layout (global and local modules only).
+
+    Forward: ``image`` (B, 1, H, W) standardised mammograms; optional ``patch_boxes`` (B, K, 4) to use instead
+    of Algorithm 1; optional ``random_patch_mask`` (B,) bool: those images get K random patches inside the breast
+    (the negatives of stage 2), drawn with ``generator``. Returns a dict of tensors:
+
+    - ``y_global`` (B, 2): y_g, probabilities (benign, malignant): GLAM's classification output;
+    - ``y_scales`` (B, 3, 2): per-scale pooled predictions; ``z_global`` (B, 256);
+    - ``saliency_global`` (B, 2, H/16, W/16): S_g; ``saliency_scale0|1|2``: S_0 (H/16), S_1 (H/32), S_2 (H/64);
+    - stages ``local``/``joint`` also: ``patch_boxes`` (B, K, 4) long (row, col, height, width);
+      ``patch_maps`` (B, K, 2, p/4, p/4); ``y_local`` (B, 2); ``saliency_local`` S_l and ``saliency`` S_c,
+      (B, 2, H/4, W/4), exactly the full-size maps sampled every 4 px (:meth:`full_resolution` renders full size);
+    - stage ``joint``: ``attention`` (B, K) (with attention aggregation) and ``y_fusion`` (B, 2).
+    """
+
+    def __init__(
+        self,
+        stage: str = "joint",
+        patch_size: int | Sequence[int] = 512,
+        num_patches_train: int = 6,
+        num_patches_eval: int = 1,
+        t_global: float = 0.03,
+        t_local: float = 0.2,
+        global_pool_after_upsampling: bool = False,
+        gammas: Sequence[float] = (0.2, 0.6, 0.2),
+        gamma_c: float = 0.5,
+        aggregation: str | None = None,
+        local_depth: int = 34,
+        local_width: int = 64,
+        activation_checkpointing: bool = False,
+        attention_hidden: int = 128,
+        joint_modules: bool = True,
+    ) -> None:
+        super().__init__()
+        self.patch_size = as_pair(patch_size, "patch_size")
+        if self.patch_size[0] % 4 or self.patch_size[1] % 4:
+            raise ValueError(f"patch_size must be a multiple of 4 (the local module's stride), got {patch_size}")
+        for name, k in (("num_patches_train", num_patches_train), ("num_patches_eval", num_patches_eval)):
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"{name} must be a positive int, got {k!r}")
+        if not 0.0 <= float(gamma_c) <= 1.0:
+            raise ValueError(f"gamma_c must be in [0, 1], got {gamma_c}")
+        if aggregation not in (None, "concat", "attention"):
+            raise ValueError(f"aggregation must be None, 'concat' or 'attention', got {aggregation!r}")
+        if not joint_modules and (stage == "joint" or aggregation == "attention"):
+            raise ValueError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
+        self.num_patches_train = num_patches_train
+        self.num_patches_eval = num_patches_eval
+        self.gamma_c = float(gamma_c)
+        self.aggregation = aggregation
+        check_fraction(t_local, "t_local")
+
+        self.global_network = GlobalNetwork(
+            t=t_global, gammas=gammas, pool_after_upsampling=global_pool_after_upsampling
+        )
+        self.local_network = LocalNetwork(
+            depth=local_depth, width=local_width, activation_checkpointing=activation_checkpointing
+        )
+        self.concat_aggregation = ConcatTopTAggregation(t=t_local)
+        self.attention: GatedAttentionAggregation | None = None
+        self.fusion: FusionHead | None = None
+        if joint_modules:
+            self.attention = GatedAttentionAggregation(
+                in_features=self.local_network.representation_size, hidden_features=attention_hidden, t=t_local
+            )
+            self.fusion = FusionHead(self.global_network.representation_size, self.local_network.representation_size)
+        self.stage = "joint"
+        self.global_frozen = False
+        self.set_stage(stage)
+
+    @classmethod
+    def reference(cls, **overrides: Any) -> GLAM:
+        """The authors' inference behaviour (:data:`REFERENCE_PRESET`), in eval mode."""
+        return cls(**{**REFERENCE_PRESET, **overrides}).eval()
+
+    # -- stages and freezing -------------------------------------------------------------------------------------
+    def set_stage(self, stage: str) -> GLAM:
+        """Select the training stage and which parameters train in it.
+
+        ``global``: only the global module trains; ``local``: the global module is frozen (no gradients, BN in eval
+        mode) and only the local module trains; ``joint``: everything trains. Parts a stage does not use (the local
+        module in ``global``; attention and fusion in ``local``) are frozen too, so that every trainable parameter
+        receives a gradient.
+        """
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        if stage == "joint" and self.fusion is None:
+            raise ValueError("stage 'joint' needs the attention and fusion modules (joint_modules=True)")
+        self.stage = stage
+        self.freeze_global(stage == "local")
+        uses_local = stage != "global"
+        uses_attention = self._aggregation_kind() == "attention" and uses_local
+        for p in self.local_network.parameters():
+            p.requires_grad_(uses_local)
+        if self.attention is not None:
+            for p in self.attention.parameters():
+                p.requires_grad_(uses_attention)
+        if self.fusion is not None:
+            for p in self.fusion.parameters():
+                p.requires_grad_(stage == "joint")
+        return self
+
+    def freeze_global(self, frozen: bool = True) -> GLAM:
+        """Freeze (or unfreeze) the global module: no gradients, batch-norm statistics kept (eval mode)."""
+        self.global_frozen = bool(frozen)
+        for p in self.global_network.parameters():
+            p.requires_grad_(not frozen)
+        self.train(self.training)
+        return self
+
+    def train(self, mode: bool = True) -> GLAM:
+        super().train(mode)
+        if self.global_frozen:
+            self.global_network.eval()
+        return self
+
+    def _aggregation_kind(self) -> str:
+        if self.aggregation is not None:
+            return self.aggregation
+        return "attention" if self.stage == "joint" else "concat"
+
+    @property
+    def num_patches(self) -> int:
+        """K in training mode, M in eval mode."""
+        return self.num_patches_train if self.training else self.num_patches_eval
+
+    # -- forward ---------------------------------------------------------------------------------------------------
+    def forward(
+        self,
+        image: torch.Tensor,
+        patch_boxes: torch.Tensor | None = None,
+        random_patch_mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
+        check_image(image, self.patch_size if self.stage != "global" else None)
+        grad_context = torch.no_grad() if self.global_frozen else nullcontext()
+        with grad_context:
+            g = self.global_network(image)
+        out: dict[str, torch.Tensor] = {
+            "y_global": g["y_global"],
+            "y_scales": g["y_scales"],
+            "z_global": g["z_global"],
+            "saliency_global": g["saliency_global"],
+        }
+        for i, s in enumerate(g["saliency_scales"]):
+            out[f"saliency_scale{i}"] = s
+        if self.stage == "global":
+            return out
+
+        image_size = tuple(image.shape[-2:])
+        boxes = self._patch_boxes(image, g["saliency_global"], patch_boxes, random_patch_mask, generator)
+        B, K = boxes.shape[:2]
+        patches = crop_patches(image, boxes, self.patch_size)  # (B, K, 1, p, p)
+        local = self.local_network(patches.flatten(0, 1))
+        patch_maps = local["patch_maps"].unflatten(0, (B, K))
+        patch_features = local["patch_features"].unflatten(0, (B, K))
+        if self._aggregation_kind() == "attention":
+            agg = self.attention(patch_maps, patch_features)
+            out["attention"] = agg["attention"]
+        else:
+            agg = self.concat_aggregation(patch_maps, patch_features)
+        out["y_local"] = agg["y_local"]
+        out["patch_boxes"] = boxes
+        out["patch_maps"] = patch_maps
+        if self.stage == "joint":
+            out["y_fusion"] = self.fusion(g["z_global"], agg["z_local"])
+        maps = render_saliency(g["saliency_global"], patch_maps, boxes, image_size, stride=4, gamma_c=self.gamma_c)
+        out["saliency_local"] = maps["saliency_local"]
+        out["saliency"] = maps["saliency"]
+        return out
+
+    def _patch_boxes(
+        self,
+        image: torch.Tensor,
+        saliency_global: torch.Tensor,
+        patch_boxes: torch.Tensor | None,
+        random_patch_mask: torch.Tensor | None,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        image_size = tuple(image.shape[-2:])
+        if patch_boxes is not None:
+            if patch_boxes.ndim != 3 or patch_boxes.shape[0] != image.shape[0] or patch_boxes.shape[-1] != 4:
+                raise ValueError(f"patch_boxes must be (B, K, 4), got shape {tuple(patch_boxes.shape)}")
+            if (patch_boxes[..., 2:] != torch.tensor(self.patch_size, device=patch_boxes.device)).any():
+                raise ValueError(f"patch_boxes must all have the model's patch size {self.patch_size}")
+            return patch_boxes.to(device=image.device, dtype=torch.long)
+        k = self.num_patches
+        _check_patch_count(k, saliency_global.shape[-2:], image_size, self.patch_size)
+        boxes = select_patch_boxes(saliency_global.detach(), image_size, self.patch_size, k)
+        if random_patch_mask is not None:
+            if random_patch_mask.shape != (image.shape[0],):
+                raise ValueError(
+                    f"random_patch_mask must be (B,) = ({image.shape[0]},), got {tuple(random_patch_mask.shape)}"
+                )
+            random_boxes = random_patch_boxes(image, self.patch_size, k, generator=generator)
+            mask = random_patch_mask.to(device=boxes.device, dtype=torch.bool)[:, None, None]
+            boxes = torch.where(mask, random_boxes, boxes)
+        return boxes
+
+    def full_resolution(self, outputs: dict[str, torch.Tensor], image_size: Sequence[int]) -> dict[str, torch.Tensor]:
+        """Render S_g, S_l and S_c at full input resolution (B, 2, H, W) from a forward's outputs."""
+        if "patch_maps" not in outputs:
+            raise ValueError("full_resolution needs the outputs of a 'local' or 'joint' stage forward")
+        return render_saliency(
+            outputs["saliency_global"], outputs["patch_maps"], outputs["patch_boxes"], image_size, 1, self.gamma_c
+        )

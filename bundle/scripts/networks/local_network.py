@@ -1,0 +1,120 @@
+"""The local module f_l of GLAM: ResNet with reduced stride ("ResNet-34-HR").
+
+A torchvision-style ResNet (post-activation basic blocks) whose four layers all have stride 1, so the only
+downsampling is the stem's (stride 4 in total): a 512x512 patch gives 128x128 saliency maps. The names of the
+submodules follow torchvision's (``conv1``, ``bn1``, ``layer1.0.downsample.0``…) so that the authors' weights,
+which were stored with those names, load one to one. torchvision itself is not a dependency.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["BasicBlock", "ResNetHR", "LocalNetwork", "LOCAL_DEPTHS"]
+
+#: blocks per layer for the supported depths
+LOCAL_DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
+
+
+class BasicBlock(nn.Module):
+    """Post-activation basic block: conv-BN-ReLU-conv-BN, plus the shortcut, then ReLU.
+
+    (B, C_in, H, W) -> (B, planes, H, W); the shortcut is a 1x1 conv + BN where the width changes.
+    """
+
+    def __init__(self, in_planes: int, planes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = (
+            nn.Sequential(nn.Conv2d(in_planes, planes, 1, bias=False), nn.BatchNorm2d(planes))
+            if in_planes != planes
+            else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = F.relu(self.bn1(self.conv1(x)), inplace=True)
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + identity, inplace=True)
+
+
+class ResNetHR(nn.Module):
+    """ResNet-18/34 with stride 1 in every layer: (B, 3, p, p) -> (B, 8 * width, p/4, p/4).
+
+    Args:
+        depth: 18 or 34.
+        width: channels of the first layer (64 for the paper's model; smaller for tests and CPU presets);
+            the layers have width, 2 width, 4 width, 8 width channels.
+        in_channels: 3, as torchvision's stem (the authors repeat the 1-channel patch three times).
+    """
+
+    def __init__(self, depth: int = 34, width: int = 64, in_channels: int = 3) -> None:
+        super().__init__()
+        if depth not in LOCAL_DEPTHS:
+            raise ValueError(f"local network depth must be one of {sorted(LOCAL_DEPTHS)}, got {depth}")
+        if int(width) < 1:
+            raise ValueError(f"local network width must be a positive integer, got {width}")
+        self.conv1 = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+        widths = [width * m for m in (1, 2, 4, 8)]
+        in_planes = width
+        for i, (w, n) in enumerate(zip(widths, LOCAL_DEPTHS[depth])):
+            self.add_module(
+                f"layer{i + 1}", nn.Sequential(*[BasicBlock(in_planes if j == 0 else w, w) for j in range(n)])
+            )
+            in_planes = w
+        self.out_channels = in_planes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        return self.layer4(self.layer3(self.layer2(self.layer1(x))))
+
+
+class LocalNetwork(nn.Module):
+    """GLAM's local module: patch saliency maps A_k and patch representations z_k.
+
+    Args:
+        num_classes: saliency channels (benign, malignant).
+        depth: 18 or 34 (ResNet-34-HR in the paper).
+        width: first-layer width (64 in the paper).
+        activation_checkpointing: recompute each layer's activations in the backward pass instead of storing
+            them (trades about one extra forward for far less memory, so more patches fit in training).
+
+    Forward: patches (N, 1, p, p) -> dict with ``patch_maps`` A (N, 2, p/4, p/4) in [0, 1] and
+    ``patch_features`` z (N, 8 * width), the global average of the last feature map (as GMIC).
+    """
+
+    def __init__(
+        self, num_classes: int = 2, depth: int = 34, width: int = 64, activation_checkpointing: bool = False
+    ) -> None:
+        super().__init__()
+        self.dn_resnet = ResNetHR(depth=depth, width=width)
+        self.gn_conv_last = nn.Conv2d(self.dn_resnet.out_channels, num_classes, 1, bias=False)
+        self.representation_size = self.dn_resnet.out_channels
+        self.activation_checkpointing = bool(activation_checkpointing)
+
+    def _features(self, x: torch.Tensor) -> torch.Tensor:
+        net = self.dn_resnet
+        if not (self.activation_checkpointing and self.training and torch.is_grad_enabled()):
+            return net(x)
+        from torch.utils.checkpoint import checkpoint
+
+        x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
+        for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
+            x = checkpoint(layer, x, use_reentrant=False)
+        return x
+
+    def forward(self, patches: torch.Tensor) -> dict[str, torch.Tensor]:
+        # The stem takes 3 channels for compatibility with ImageNet-style weights: repeat the grey patch.
+        features = self._features(patches.expand(-1, 3, -1, -1))
+        return {
+            "patch_maps": torch.sigmoid(self.gn_conv_last(features)),
+            "patch_features": features.mean(dim=(-2, -1)),
+        }

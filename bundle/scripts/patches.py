@@ -1,0 +1,299 @@
+"""Saliency-guided patch selection (paper Algorithm 1), random patches, cropping, and map rendering.
+
+Everything here is batched and stays on the tensors' device: no Python loop over the batch and no host
+synchronisation per patch (the only loops are over the K patches, which are few and sequential by nature).
+
+Boxes are integer tensors (B, K, 4) of (row, col, height, width) in input-image pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "as_pair",
+    "map_window_size",
+    "max_disjoint_windows",
+    "select_map_windows",
+    "map_to_image_boxes",
+    "select_patch_boxes",
+    "random_patch_boxes",
+    "crop_patches",
+    "render_saliency",
+    "PatchSelector",
+]
+
+
+def as_pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
+    """An int or a pair of ints as a (rows, cols) pair of positive ints."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or any(isinstance(v, bool) or int(v) != v or int(v) < 1 for v in pair):
+        raise ValueError(f"{name} must be a positive int or a pair of positive ints, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def map_window_size(patch_size: Sequence[int], image_size: Sequence[int], map_size: Sequence[int]) -> tuple[int, int]:
+    """The patch's size on the saliency map: round(p * h / H) rows, round(p * w / W) cols (at least 1)."""
+    return tuple(max(1, int(round(p * m / i))) for p, m, i in zip(patch_size, map_size, image_size))
+
+
+def max_disjoint_windows(map_size: Sequence[int], window: Sequence[int]) -> int:
+    """How many disjoint windows of ``window`` tile a map of ``map_size`` (rows x cols of whole windows)."""
+    return (int(map_size[0]) // int(window[0])) * (int(map_size[1]) // int(window[1]))
+
+
+def _check_maps(saliency: torch.Tensor, name: str = "saliency") -> None:
+    if saliency.ndim != 4:
+        raise ValueError(f"{name} must be (B, C, h, w), got shape {tuple(saliency.shape)}")
+
+
+def _class_agnostic_map(saliency: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1, lines 2-5: min-max normalise each class map, then sum the classes. (B, C, h, w) -> (B, 1, h, w).
+
+    A constant map (max == min) normalises to zeros instead of dividing by zero.
+    """
+    s = saliency.float()
+    lo = s.amin(dim=(-2, -1), keepdim=True)
+    span = s.amax(dim=(-2, -1), keepdim=True) - lo
+    normalised = torch.where(span > 0, (s - lo) / span.clamp_min(torch.finfo(s.dtype).tiny), torch.zeros_like(s))
+    return normalised.sum(dim=1, keepdim=True)
+
+
+def select_map_windows(saliency: torch.Tensor, window: Sequence[int], num_patches: int) -> torch.Tensor:
+    """Greedy window selection on a saliency map (Algorithm 1, lines 6-13).
+
+    Args:
+        saliency: (B, C, h, w) maps, e.g. S_g.
+        window: the window (rows, cols) on the map.
+        num_patches: K (training) or M (inference).
+
+    Returns:
+        (B, K, 2) long tensor of window upper-left corners (row, col) on the map, in selection order. At every
+        step the window with the largest average is taken (first index on ties, row = index // width), then
+        zeroed.
+    """
+    _check_maps(saliency)
+    wh, ww = int(window[0]), int(window[1])
+    h, w = saliency.shape[-2:]
+    if wh > h or ww > w:
+        raise ValueError(f"patch window {wh}x{ww} on the map does not fit the {h}x{w} saliency map")
+    current = _class_agnostic_map(saliency)
+    rows = torch.arange(h, device=saliency.device)
+    cols = torch.arange(w, device=saliency.device)
+    corners = []
+    for _ in range(num_patches):
+        pooled = F.avg_pool2d(current, (wh, ww), stride=1)
+        pooled_w = pooled.shape[-1]
+        index = pooled.flatten(1).argmax(dim=1)
+        r, c = index // pooled_w, index % pooled_w
+        corners.append(torch.stack([r, c], dim=-1))
+        in_rows = (rows >= r[:, None]) & (rows < (r + wh)[:, None])
+        in_cols = (cols >= c[:, None]) & (cols < (c + ww)[:, None])
+        current = current.masked_fill((in_rows[:, :, None] & in_cols[:, None, :])[:, None], 0.0)
+    return torch.stack(corners, dim=1)
+
+
+def map_to_image_boxes(
+    corners: torch.Tensor, map_size: Sequence[int], image_size: Sequence[int], patch_size: Sequence[int]
+) -> torch.Tensor:
+    """Map window corners on the map to clamped patch boxes in the image (Algorithm 1, line 10).
+
+    row_px = round(row / h * H) (halves round up; exact integer arithmetic), likewise for columns; the box is then
+    shifted, if needed, to lie inside the image. Returns (B, K, 4) long boxes (row, col, height, width).
+    """
+    (h, w), (H, W), (ph, pw) = map_size, image_size, patch_size
+    r = (2 * corners[..., 0] * H + h) // (2 * h)
+    c = (2 * corners[..., 1] * W + w) // (2 * w)
+    r = r.clamp(0, H - ph)
+    c = c.clamp(0, W - pw)
+    return torch.stack([r, c, torch.full_like(r, ph), torch.full_like(c, pw)], dim=-1)
+
+
+def select_patch_boxes(
+    saliency: torch.Tensor, image_size: Sequence[int], patch_size: int | Sequence[int], num_patches: int
+) -> torch.Tensor:
+    """Algorithm 1 end to end: S_g (B, C, h, w) -> (B, K, 4) patch boxes in an image of ``image_size``."""
+    patch_size = as_pair(patch_size, "patch_size")
+    _check_patch_count(num_patches, saliency.shape[-2:], image_size, patch_size)
+    window = map_window_size(patch_size, image_size, saliency.shape[-2:])
+    corners = select_map_windows(saliency, window, num_patches)
+    return map_to_image_boxes(corners, saliency.shape[-2:], image_size, patch_size)
+
+
+def _check_patch_count(
+    num_patches: int, map_size: Sequence[int], image_size: Sequence[int], patch_size: Sequence[int]
+) -> None:
+    if isinstance(num_patches, bool) or not isinstance(num_patches, int) or num_patches < 1:
+        raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
+    if image_size[0] < patch_size[0] or image_size[1] < patch_size[1]:
+        raise ValueError(
+            f"image of {image_size[0]}x{image_size[1]} is smaller than the {patch_size[0]}x{patch_size[1]} patch"
+        )
+    window = map_window_size(patch_size, image_size, map_size)
+    available = max_disjoint_windows(map_size, window)
+    if num_patches > available:
+        raise ValueError(
+            f"num_patches={num_patches} exceeds the {available} disjoint {patch_size[0]}x{patch_size[1]} patch "
+            f"windows available in a {image_size[0]}x{image_size[1]} image"
+        )
+
+
+def random_patch_boxes(
+    image: torch.Tensor,
+    patch_size: int | Sequence[int],
+    num_patches: int,
+    generator: torch.Generator | None = None,
+    stride: int | None = None,
+) -> torch.Tensor:
+    """K random patch boxes per image inside the breast, non-overlapping where possible (negatives of stage 2).
+
+    Candidate corners lie on a grid of ``stride`` pixels (default: a quarter patch). A candidate is eligible when
+    the pixel at its centre is foreground (above the image's minimum, i.e. not the zero background or padding)
+    and is drawn with probability proportional to the foreground fraction of its window. After each draw the
+    candidates whose window overlaps a chosen one are excluded; when none is left, overlap is allowed again, and
+    an image with no foreground at all falls back to uniform candidates.
+
+    Args:
+        image: (B, 1, H, W) images.
+        patch_size: patch (rows, cols).
+        num_patches: K.
+        generator: a ``torch.Generator`` on the image's device, for reproducible draws.
+        stride: candidate grid step in pixels.
+
+    Returns:
+        (B, K, 4) long boxes (row, col, height, width).
+    """
+    if image.ndim != 4:
+        raise ValueError(f"image must be (B, 1, H, W), got shape {tuple(image.shape)}")
+    ph, pw = as_pair(patch_size, "patch_size")
+    H, W = image.shape[-2:]
+    if H < ph or W < pw:
+        raise ValueError(f"image of {H}x{W} is smaller than the {ph}x{pw} patch")
+    if isinstance(num_patches, bool) or not isinstance(num_patches, int) or num_patches < 1:
+        raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
+    stride = max(1, min(ph, pw) // 4) if stride is None else int(stride)
+    foreground = (image > image.amin(dim=(-3, -2, -1), keepdim=True)).float()
+    fraction = F.avg_pool2d(foreground, (ph, pw), stride=stride)[:, 0]  # (B, nr, nc) candidate corners
+    nr, nc = fraction.shape[-2:]
+    r0 = torch.arange(nr, device=image.device) * stride
+    c0 = torch.arange(nc, device=image.device) * stride
+    centre = foreground[:, 0][:, (r0 + ph // 2)[:, None], (c0 + pw // 2)[None, :]]
+    weights = (fraction * centre).flatten(1)
+    weights = torch.where(weights.sum(1, keepdim=True) > 0, weights, torch.ones_like(weights))
+    cand_r = r0[:, None].expand(nr, nc).reshape(-1)
+    cand_c = c0[None, :].expand(nr, nc).reshape(-1)
+    available = weights.clone()
+    boxes = []
+    for _ in range(num_patches):
+        usable = torch.where(available.sum(1, keepdim=True) > 0, available, weights)
+        pick = torch.multinomial(usable, 1, generator=generator)[:, 0]
+        r, c = cand_r[pick], cand_c[pick]
+        boxes.append(torch.stack([r, c, torch.full_like(r, ph), torch.full_like(c, pw)], dim=-1))
+        overlaps = ((cand_r[None] - r[:, None]).abs() < ph) & ((cand_c[None] - c[:, None]).abs() < pw)
+        available = available.masked_fill(overlaps, 0.0)
+    return torch.stack(boxes, dim=1)
+
+
+def crop_patches(
+    image: torch.Tensor, boxes: torch.Tensor, patch_size: int | Sequence[int] | None = None
+) -> torch.Tensor:
+    """Crop same-size patches: image (B, C, H, W), boxes (B, K, 4) -> patches (B, K, C, ph, pw).
+
+    The boxes must lie inside the image (as produced by this module). ``patch_size`` avoids reading the size
+    from the boxes (one host read per batch, never per patch); all boxes must have that size.
+    """
+    if image.ndim != 4 or boxes.ndim != 3 or boxes.shape[-1] != 4 or boxes.shape[0] != image.shape[0]:
+        raise ValueError(
+            f"crop_patches needs image (B, C, H, W) and boxes (B, K, 4), got {tuple(image.shape)}, {tuple(boxes.shape)}"
+        )
+    if patch_size is None:
+        patch_size = tuple(int(v) for v in boxes[0, 0, 2:].tolist())
+    ph, pw = as_pair(patch_size, "patch_size")
+    device = image.device
+    b = torch.arange(image.shape[0], device=device)[:, None, None, None, None]
+    ch = torch.arange(image.shape[1], device=device)[None, None, :, None, None]
+    rows = (boxes[..., 0, None] + torch.arange(ph, device=device))[:, :, None, :, None]
+    cols = (boxes[..., 1, None] + torch.arange(pw, device=device))[:, :, None, None, :]
+    return image[b, ch, rows, cols]
+
+
+def render_saliency(
+    saliency_global: torch.Tensor,
+    patch_maps: torch.Tensor,
+    boxes: torch.Tensor,
+    image_size: Sequence[int],
+    stride: int = 4,
+    gamma_c: float = 0.5,
+) -> dict[str, torch.Tensor]:
+    """Render S_g, S_l and S_c on the image grid sampled every ``stride`` pixels (GLAM_SPEC section 5).
+
+    Output pixel (i, j) is image pixel (i * stride, j * stride), so ``stride=4`` gives exactly the full-size
+    (``stride=1``) maps subsampled every 4 px. S_l: each patch map is nearest-upsampled to its patch and written at
+    its box in a zero map (later patches overwrite earlier ones); S_c = gamma_c * S_g + (1 - gamma_c) * S_l.
+
+    Args:
+        saliency_global: S_g (B, C, h, w).
+        patch_maps: A (B, K, C, a, b), the local module's maps of the patches in ``boxes``.
+        boxes: (B, K, 4) long (row, col, height, width) in image pixels.
+        image_size: (H, W) of the image.
+        stride: sampling step in image pixels.
+        gamma_c: weight of S_g in S_c (0.5: the paper's average).
+
+    Returns:
+        ``{"saliency_global_image": S_g, "saliency_local": S_l, "saliency": S_c}``, each
+        (B, C, ceil(H / stride), ceil(W / stride)).
+    """
+    H, W = int(image_size[0]), int(image_size[1])
+    if not 0.0 <= gamma_c <= 1.0:
+        raise ValueError(f"gamma_c must be in [0, 1], got {gamma_c}")
+    if patch_maps.ndim != 5 or boxes.shape[:2] != patch_maps.shape[:2]:
+        raise ValueError(
+            f"patch_maps (B, K, C, a, b) and boxes (B, K, 4) disagree: {tuple(patch_maps.shape)}, {tuple(boxes.shape)}"
+        )
+    device = saliency_global.device
+    img_rows = torch.arange(0, H, stride, device=device)
+    img_cols = torch.arange(0, W, stride, device=device)
+    h, w = saliency_global.shape[-2:]
+    s_g = saliency_global[..., (img_rows * h // H)[:, None], (img_cols * w // W)[None, :]]
+
+    B, K, C, a, b = patch_maps.shape
+    ho, wo = img_rows.numel(), img_cols.numel()
+    rel_r = img_rows[None, None, :] - boxes[..., 0, None]  # (B, K, ho)
+    rel_c = img_cols[None, None, :] - boxes[..., 1, None]  # (B, K, wo)
+    ph, pw = boxes[..., 2, None], boxes[..., 3, None]
+    inside_r = (rel_r >= 0) & (rel_r < ph)
+    inside_c = (rel_c >= 0) & (rel_c < pw)
+    src_r = (rel_r.clamp(min=0) * a // ph).clamp(max=a - 1)
+    src_c = (rel_c.clamp(min=0) * b // pw).clamp(max=b - 1)
+    # gather rows then columns: (B, K, C, a, b) -> (B, K, C, ho, b) -> (B, K, C, ho, wo)
+    values = patch_maps.gather(3, src_r[:, :, None, :, None].expand(B, K, C, ho, b))
+    values = values.gather(4, src_c[:, :, None, None, :].expand(B, K, C, ho, wo))
+    inside = (inside_r[..., :, None] & inside_c[..., None, :])[:, :, None]  # (B, K, 1, ho, wo)
+    s_l = torch.zeros((B, C, ho, wo), dtype=patch_maps.dtype, device=device)
+    for k in range(K):  # sequential on purpose: later patches overwrite earlier ones
+        s_l = torch.where(inside[:, k], values[:, k], s_l)
+    s_c = gamma_c * s_g.to(s_l.dtype) + (1.0 - gamma_c) * s_l
+    return {"saliency_global_image": s_g, "saliency_local": s_l, "saliency": s_c}
+
+
+class PatchSelector(nn.Module):
+    """Algorithm 1 as a module: (S_g (B, C, h, w), image size) -> patch boxes (B, K, 4).
+
+    Args:
+        patch_size: patch (rows, cols) in image pixels.
+        num_patches: K.
+    """
+
+    def __init__(self, patch_size: int | Sequence[int] = 512, num_patches: int = 1) -> None:
+        super().__init__()
+        self.patch_size = as_pair(patch_size, "patch_size")
+        if isinstance(num_patches, bool) or not isinstance(num_patches, int) or num_patches < 1:
+            raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
+        self.num_patches = num_patches
+
+    def forward(self, saliency: torch.Tensor, image_size: Sequence[int]) -> torch.Tensor:
+        return select_patch_boxes(saliency, image_size, self.patch_size, self.num_patches)

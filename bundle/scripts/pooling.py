@@ -1,0 +1,61 @@
+"""Top-t% pooling: the mean of the largest t% of a saliency map's values, per sample and class."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["TopTPooling", "top_t_pool", "num_top_values", "check_fraction"]
+
+
+def check_fraction(t: float, name: str = "t") -> float:
+    """Validate a pooling fraction: a number in (0, 1]."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise ValueError(f"{name} must be a number in (0, 1], got {t!r}")
+    if not 0.0 < float(t) <= 1.0:
+        raise ValueError(f"{name} must be in (0, 1] (a fraction of the map, e.g. 0.03 for 3%), got {t}")
+    return float(t)
+
+
+def num_top_values(num_values: int, t: float) -> int:
+    """k = max(1, round(n * t)): how many of ``num_values`` values top-t% pooling averages."""
+    return max(1, int(round(num_values * t)))
+
+
+def top_t_pool(x: torch.Tensor, t: float, start_dim: int = 2) -> torch.Tensor:
+    """Mean of the k = max(1, round(n * t)) largest values over the dimensions from ``start_dim`` on.
+
+    Args:
+        x: a tensor such as saliency maps (B, C, H, W); the pooled dimensions can have any size.
+        t: the pooled fraction in (0, 1]; t = 1 is global average pooling.
+        start_dim: first pooled dimension.
+
+    Returns:
+        ``x`` with the dimensions from ``start_dim`` on reduced, e.g. (B, C).
+    """
+    t = check_fraction(t)
+    flat = x.flatten(start_dim)
+    k = num_top_values(flat.shape[-1], t)
+    if k == flat.shape[-1]:
+        return flat.mean(-1)
+    return flat.topk(k, dim=-1, sorted=False).values.mean(-1)
+
+
+class TopTPooling(nn.Module):
+    """Top-t% pooling (Shen et al., GMIC; GLAM): (B, C, H, W) -> (B, C).
+
+    Args:
+        t: the pooled fraction in (0, 1] (the paper's t%, as a fraction: 0.03 for 3%).
+    """
+
+    def __init__(self, t: float) -> None:
+        super().__init__()
+        self.t = check_fraction(t)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim < 3:
+            raise ValueError(f"TopTPooling expects (B, C, ...) maps, got shape {tuple(x.shape)}")
+        return top_t_pool(x, self.t)
+
+    def extra_repr(self) -> str:
+        return f"t={self.t}"
