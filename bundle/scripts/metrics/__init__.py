@@ -1,0 +1,16 @@
+"""The paper's localisation metrics (appendix E) as MONAI cumulative metrics, computed on the inputs' device.
+
+Classification AUC needs nothing new: ``monai.metrics.ROCAUCMetric(average="none")`` (see docs/metrics.md).
+"""
+
+from .pxap import PxAPMetric, average_precision_from_histograms, compute_pxap_histograms, pxap_bin_edges
+from .soft_dice import SoftDiceMetric, compute_soft_dice
+
+__all__ = [
+    "PxAPMetric",
+    "SoftDiceMetric",
+    "average_precision_from_histograms",
+    "compute_pxap_histograms",
+    "compute_soft_dice",
+    "pxap_bin_edges",
+]

@@ -1,0 +1,165 @@
+"""Pieces shared by the per-image localisation metrics: input checks, batching of decollated lists,
+NaN-aware reductions over images and the distributed sum.
+
+Everything here works on the device of its inputs and avoids host synchronisation, except
+:func:`check_inputs` with ``check_values=True``, which needs exactly one (a Python ``bool`` has to come back
+to raise an error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from monai.metrics import CumulativeIterationMetric
+from monai.utils import IgniteInfo, convert_to_tensor, min_version, optional_import
+from monai.utils.dist import get_dist_device
+
+idist, has_ignite = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
+
+REDUCTIONS = ("mean", "std")
+
+
+def check_inputs(y_pred: Any, y: Any, check_values: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a batch and return it as plain tensors (MetaTensor meta data dropped, no copy).
+
+    Args:
+        y_pred: (B, C, H, W) scores in [0, 1], any real dtype.
+        y: (B, C, H, W) binary masks (bool, integer or floating 0/1).
+        check_values: also check that the scores lie in [0, 1] (NaN fails) and that the masks are binary.
+            Costs one device-to-host synchronisation per call.
+
+    Raises:
+        ValueError: naming ``y_pred`` or ``y`` and the problem.
+    """
+    if not isinstance(y_pred, torch.Tensor):
+        raise ValueError(f"y_pred must be a torch.Tensor of shape (B, C, H, W), got {type(y_pred).__name__}.")
+    if not isinstance(y, torch.Tensor):
+        raise ValueError(f"y must be a torch.Tensor of shape (B, C, H, W), got {type(y).__name__}.")
+    y_pred = convert_to_tensor(y_pred, track_meta=False)
+    y = convert_to_tensor(y, track_meta=False)
+    if y_pred.ndim != 4:
+        raise ValueError(f"y_pred must be 4-D (B, C, H, W), got shape {tuple(y_pred.shape)}.")
+    if y.ndim != 4:
+        raise ValueError(f"y must be 4-D (B, C, H, W), got shape {tuple(y.shape)}.")
+    if y_pred.shape != y.shape:
+        raise ValueError(f"y_pred and y must have the same shape, got {tuple(y_pred.shape)} and {tuple(y.shape)}.")
+    if y_pred.device != y.device:
+        raise ValueError(f"y_pred and y must be on the same device, got {y_pred.device} and {y.device}.")
+    if y_pred.is_complex() or y_pred.dtype == torch.bool:
+        raise ValueError(f"y_pred must hold real scores in [0, 1], got dtype {y_pred.dtype}.")
+    if check_values and y_pred.numel() > 0:
+        # one stacked flag tensor so that both checks cost a single synchronisation
+        pred_bad = ~((y_pred >= 0) & (y_pred <= 1))  # NaN compares False, so it is caught here
+        mask_bad = (y != 0) & (y != 1)
+        flags = torch.stack([pred_bad.any(), mask_bad.any()]).tolist()
+        if flags[0]:
+            n_nan = int(torch.isnan(y_pred).sum()) if y_pred.is_floating_point() else 0
+            finite = y_pred[~torch.isnan(y_pred)] if n_nan else y_pred
+            rng = f"[{finite.min().item():.6g}, {finite.max().item():.6g}]" if finite.numel() else "[]"
+            raise ValueError(
+                f"y_pred must contain scores in [0, 1] without NaN; got {n_nan} NaN value(s) and range {rng}."
+            )
+        if flags[1]:
+            bad = torch.unique(y[mask_bad])[:5].tolist()
+            raise ValueError(f"y must be a binary mask (values 0 and 1 only); found other values, e.g. {bad}.")
+    return y_pred, y
+
+
+def nan_reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Reduce (N, C) per-image values over the images, ignoring NaN (= class absent in that image).
+
+    Returns:
+        (C,) mean or population standard deviation (``numpy.std``'s default, ddof=0); NaN for a class with
+        no defined value.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
+    valid = ~torch.isnan(values)
+    count = valid.sum(dim=0)
+    zeros = torch.zeros_like(values)
+    mean = torch.where(valid, values, zeros).sum(dim=0) / count  # 0/0 gives NaN for an empty class
+    if reduction == "mean":
+        return mean
+    sq_dev = torch.where(valid, (values - mean) ** 2, zeros)
+    return torch.sqrt(sq_dev.sum(dim=0) / count)
+
+
+def is_distributed() -> bool:
+    """Whether a process group of more than one rank is running (ignite's view first, as MONAI's gather)."""
+    if has_ignite:
+        return idist.get_world_size() > 1
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks (a copy; the input is left alone). Identity without a process group.
+
+    The tensor travels to the backend's device (CPU for gloo, the rank's GPU for NCCL) and comes back.
+    """
+    if not is_distributed():
+        return tensor.clone()
+    if has_ignite:
+        return idist.all_reduce(tensor.clone(), op="SUM")
+    device = get_dist_device()
+    out = tensor.to(device, copy=True)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out.to(tensor.device)
+
+
+class PerImageMetric(CumulativeIterationMetric):
+    """Base of the metrics whose buffer holds one value per image and class, NaN where undefined.
+
+    ``aggregate(reduction="mean" | "std")`` reduces over the images with a defined value. Lists of
+    channel-first tensors (what MONAI's decollated engine outputs give) are stacked into one batch when their
+    shapes agree, so that a batch costs one kernel launch per step rather than one per image.
+    """
+
+    def __init__(self, check_values: bool = True) -> None:
+        self._num_classes: int | None = None
+        super().__init__()
+        self.check_values = check_values
+
+    def reset(self) -> None:
+        super().reset()
+        self._num_classes = None
+
+    def _check_num_classes(self, y_pred: torch.Tensor) -> None:
+        """The buffer stacks (C,) rows: every call since the last reset must have the same C."""
+        num_classes = int(y_pred.shape[1]) if y_pred.ndim > 1 else None
+        if self._num_classes is None:
+            self._num_classes = num_classes
+        elif num_classes != self._num_classes:
+            raise ValueError(
+                f"y_pred has {num_classes} classes but earlier batches had {self._num_classes}; "
+                "call reset() before switching to another task."
+            )
+
+    def _compute_list(self, y_pred: Any, y: Any = None, **kwargs: Any) -> Any:
+        if (
+            isinstance(y_pred, Sequence)
+            and isinstance(y, Sequence)
+            and len(y_pred) == len(y) > 0
+            and all(isinstance(t, torch.Tensor) for t in (*y_pred, *y))
+            and len({tuple(t.shape) for t in (*y_pred, *y)}) == 1
+        ):
+            y_pred_b = torch.stack([convert_to_tensor(t, track_meta=False).detach() for t in y_pred])
+            y_b = torch.stack([convert_to_tensor(t, track_meta=False).detach() for t in y])
+            return self._compute_tensor(y_pred_b, y_b, **kwargs)
+        if y is None:
+            raise ValueError("y (the ground-truth masks) is required.")
+        return super()._compute_list(y_pred, y, **kwargs)
+
+    def _values(self) -> torch.Tensor:
+        """(N, C) per-image values gathered from all ranks."""
+        buffer = self.get_buffer()
+        if not isinstance(buffer, torch.Tensor):
+            raise ValueError(f"{type(self).__name__} has no data: call it on at least one batch before aggregate().")
+        return buffer
+
+    def aggregate(self, reduction: str = "mean") -> torch.Tensor:  # type: ignore[override]
+        """(C,) mean (``reduction="mean"``) or population std (``"std"``) over the images where the class
+        has a lesion; NaN for a class without any such image."""
+        return nan_reduce(self._values(), reduction)
