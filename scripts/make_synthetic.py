@@ -1,0 +1,189 @@
+#!/usr/bin/env python
+"""Generate the synthetic mammogram data set (images, per-class masks, patient-split datalist.json).
+
+Examples:
+    python scripts/make_synthetic.py --out data/synthetic --n 200 --size 736 480 --seed 0 --format png
+    python scripts/make_synthetic.py --out data/synthetic_dcm --n 40 --format dcm --photometric mix
+    python scripts/make_synthetic.py --preview docs/images/synthetic_examples.png --seed 0
+
+See docs/data.md for what the generator models and how its difficulty was calibrated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
+
+from scripts.data.synthetic import (  # noqa: E402
+    BENIGN_TYPES,
+    MALIGNANT_TYPES,
+    SyntheticCase,
+    SyntheticConfig,
+    SyntheticMammogramGenerator,
+    make_synthetic_dataset,
+)
+
+BENIGN_RGB = (60, 220, 60)
+MALIGNANT_RGB = (255, 50, 50)
+
+
+def _display(image: np.ndarray, breast: np.ndarray) -> np.ndarray:
+    """12-bit image -> 8-bit RGB with a window over the breast's 0.5-99.8 percentiles."""
+    vals = image[breast] if breast.any() else image.ravel()
+    lo, hi = np.percentile(vals, [0.5, 99.8])
+    out = np.clip((image.astype(np.float32) - lo) / max(hi - lo, 1.0), 0, 1) * 255
+    out[~breast] = 0
+    return np.repeat(out.astype(np.uint8)[..., None], 3, axis=2)
+
+
+def _outline(mask: np.ndarray, thickness: int = 1) -> np.ndarray:
+    from scipy import ndimage
+
+    m = mask.astype(bool)
+    edge = m & ~ndimage.binary_erosion(m)
+    return ndimage.binary_dilation(edge, iterations=thickness - 1) if thickness > 1 else edge
+
+
+def _downsample(rgb: np.ndarray, masks: list[np.ndarray], factor: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Box-downsample an RGB image; masks keep any covered pixel so tiny clusters stay visible."""
+    h, w = (rgb.shape[0] // factor) * factor, (rgb.shape[1] // factor) * factor
+    small = rgb[:h, :w].reshape(h // factor, factor, w // factor, factor, 3).mean(axis=(1, 3)).astype(np.uint8)
+    small_masks = [m[:h, :w].reshape(h // factor, factor, w // factor, factor).any(axis=(1, 3)) for m in masks]
+    return small, small_masks
+
+
+def _draw(rgb: np.ndarray, mask_b: np.ndarray, mask_m: np.ndarray, thickness: int = 1) -> np.ndarray:
+    out = rgb.copy()
+    out[_outline(mask_b, thickness)] = BENIGN_RGB
+    out[_outline(mask_m, thickness)] = MALIGNANT_RGB
+    return out
+
+
+def render_preview(cases: list[SyntheticCase], path: Path, n_full: int = 6, crop: int = 64, zoom: int = 3) -> None:
+    """A grid: top row ``n_full`` whole views with mask outlines (benign green, malignant red), bottom row a
+    zoomed crop per lesion type, without and with its outline."""
+    from PIL import Image, ImageDraw
+
+    tiles = []
+    for case in cases[:n_full]:
+        rgb = _display(case.image, case.breast_mask)
+        small, (mb, mm) = _downsample(rgb, [case.mask_benign, case.mask_malignant], 2)
+        tile = _draw(small, mb, mm)
+        title = f"{case.laterality}-{case.view}  label b={case.label[0]} m={case.label[1]}"
+        tiles.append((tile, title))
+    crops = []
+    for kind in BENIGN_TYPES + MALIGNANT_TYPES:
+        found = next(((c, les) for c in cases for les in c.lesions if les["kind"] == kind), None)
+        if found is None:
+            continue
+        case, les = found
+        r, c = (int(v) for v in les["center"])
+        h, w = case.image.shape
+        r0, c0 = min(max(r - crop // 2, 0), h - crop), min(max(c - crop // 2, 0), w - crop)
+        rgb = _display(case.image, case.breast_mask)[r0 : r0 + crop, c0 : c0 + crop]
+        mb = case.mask_benign[r0 : r0 + crop, c0 : c0 + crop]
+        mm = case.mask_malignant[r0 : r0 + crop, c0 : c0 + crop]
+        big = np.kron(rgb, np.ones((zoom, zoom, 1), dtype=np.uint8))
+        big_b, big_m = np.kron(mb, np.ones((zoom, zoom), np.uint8)), np.kron(mm, np.ones((zoom, zoom), np.uint8))
+        crops.append((big, kind.replace("_", " ")))
+        crops.append((_draw(big, big_b, big_m), "mask outline"))
+
+    pad, text_h = 6, 16
+    top_w = sum(t.shape[1] for t, _ in tiles) + pad * (len(tiles) + 1)
+    bottom_w = sum(t.shape[1] for t, _ in crops) + pad * (len(crops) + 1)
+    top_h = max(t.shape[0] for t, _ in tiles) + text_h
+    bottom_h = (max(t.shape[0] for t, _ in crops) + text_h) if crops else 0
+    canvas = Image.new("RGB", (max(top_w, bottom_w), top_h + bottom_h + 3 * pad), (255, 255, 255))
+    draw = ImageDraw.Draw(canvas)
+    for row, y0 in ((tiles, pad), (crops, top_h + 2 * pad)):
+        x = pad
+        for tile, title in row:
+            draw.text((x, y0), title, fill=(0, 0, 0))
+            canvas.paste(Image.fromarray(tile), (x, y0 + text_h))
+            x += tile.shape[1] + pad
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    canvas.save(tmp, format="PNG", optimize=True)
+    tmp.replace(path)
+
+
+def preview_cases(seed: int, size: tuple[int, int], n_full: int = 6) -> list[SyntheticCase]:
+    """Views for the preview: positive breasts first, until every lesion type has appeared."""
+    gen = SyntheticMammogramGenerator(SyntheticConfig(size=size, lesion_prevalence=1.0), seed)
+    cases: list[SyntheticCase] = []
+    kinds: set[str] = set()
+    for patient in range(50):
+        for side in ("L", "R"):
+            for view in ("CC", "MLO"):
+                case = gen.generate(patient, side, view)
+                new = {les["kind"] for les in case.lesions} - kinds
+                if new or len(cases) < n_full:
+                    cases.append(case)
+                    kinds |= new
+        if len(kinds) == 4 and len(cases) >= n_full:
+            break
+    negative = SyntheticMammogramGenerator(SyntheticConfig(size=size, lesion_prevalence=0.0), seed).generate(
+        0, "L", "MLO"
+    )
+    return [negative] + cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="output folder (images/, masks/, datalist.json, generator.json)")
+    parser.add_argument("--n", type=int, default=200, help="number of images (4 views per patient)")
+    parser.add_argument("--size", type=int, nargs=2, default=(736, 480), metavar=("H", "W"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--format", choices=("png", "dcm", "nii"), default="png")
+    parser.add_argument("--fractions", type=float, nargs=3, default=(0.7, 0.15, 0.15), metavar=("TRAIN", "VAL", "TEST"))
+    parser.add_argument(
+        "--prevalence", type=float, default=None, help="fraction of breasts with lesions (default 0.4; NYU: 0.014)"
+    )
+    parser.add_argument(
+        "--facing", choices=("right", "native"), default=None, help="default: native for dcm, right otherwise"
+    )
+    parser.add_argument("--photometric", choices=("MONOCHROME2", "MONOCHROME1", "mix"), default="MONOCHROME2")
+    parser.add_argument("--calc-mask", choices=("cluster", "particles"), default="cluster")
+    parser.add_argument("--workers", type=int, default=1, help="processes (images are independent)")
+    parser.add_argument("--preview", type=Path, help="write a PNG grid of examples with mask outlines and exit")
+    args = parser.parse_args(argv)
+
+    size = (int(args.size[0]), int(args.size[1]))
+    if args.preview is not None:
+        render_preview(preview_cases(args.seed, size), args.preview)
+        print(f"wrote {args.preview}")
+        return 0
+    if args.out is None:
+        parser.error("--out is required (or --preview PNG)")
+    try:
+        config = SyntheticConfig(size=size, calc_mask=args.calc_mask)
+        t0 = time.perf_counter()
+        path = make_synthetic_dataset(
+            args.out,
+            args.n,
+            size=size,
+            seed=args.seed,
+            fmt=args.format,
+            fractions=args.fractions,
+            lesion_prevalence=args.prevalence,
+            facing=args.facing,
+            photometric=args.photometric,
+            config=config,
+            workers=args.workers,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - t0
+    print(f"wrote {args.n} images and {path} in {elapsed:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
