@@ -10,7 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import requires_cuda
+from ignite.engine import Engine
 
+from scripts.handlers import PxAP, SoftDice
 from scripts.metrics import (
     PxAPMetric,
     SoftDiceMetric,
@@ -366,7 +368,15 @@ def _metric_results(shards: list) -> dict:
     for pred, y in shards:
         dice(pred, y)
         pxap(pred, y)
+    # the Ignite handlers aggregate through the same collective calls
+    engine = Engine(lambda e, batch: batch)
+    SoftDice(class_index=0).attach(engine, "dice_malignant")
+    PxAP(level="dataset").attach(engine, "pxap_dataset_mean")
+    engine.run(shards)
     return {
+        "handlers": torch.tensor(
+            [engine.state.metrics["dice_malignant"], engine.state.metrics["pxap_dataset_mean"]], dtype=torch.float64
+        ),
         "dice_buffer": dice.get_buffer(),
         "dice": dice.aggregate(),
         "dice_std": dice.aggregate(reduction="std"),
@@ -399,6 +409,8 @@ def test_two_gloo_processes_equal_one_process_on_the_union(tmp_path):
 
     single = _metric_results([(t(pred), t(y))])
     np.testing.assert_allclose(single["pxap_dataset"].numpy(), np_dataset_pxap(pred, y), rtol=1e-12)
+    expected_handlers = [single["dice"][0].item(), single["pxap_dataset"].mean().item()]
+    assert single["handlers"].tolist() == pytest.approx(expected_handlers, rel=1e-15)
     for result in ranks:  # every rank sees the global result
         assert torch.equal(result["hist"], single["hist"])
         for key in single:

@@ -1,0 +1,156 @@
+"""Ignite metric handlers for soft Dice and PxAP, in the style of ``monai.handlers.MeanDice``.
+
+They go into a MONAI evaluator's ``key_val_metric`` / ``additional_metrics`` and publish one float per epoch in
+``engine.state.metrics[name]``: one class (``class_index=c``) or the mean over classes (``class_index=None``).
+The per-image values ((N, C), NaN where an image has no lesion of a class) go to
+``engine.state.metric_details[name]`` when ``save_details`` is on, for ``monai.handlers.MetricsSaver``.
+
+An epoch in which no image has a lesion of the selected class (or, for ``class_index=None``, of any class)
+leaves the metric undefined. The handler then publishes ``empty_value`` (default 0.0, the worst Dice/AP) and
+logs a warning: a NaN key metric would otherwise become MONAI's ``best_metric`` on the first epoch and, since
+every comparison with NaN is False, freeze model selection for the rest of training. With ``class_index=None``
+classes without a lesion image are left out of the mean rather than counted as 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+from monai.handlers import IgniteMetricHandler
+
+from ..metrics import PxAPMetric, SoftDiceMetric
+
+__all__ = ["PxAP", "SoftDice"]
+
+_logger = logging.getLogger(__name__)
+
+
+class _ClassReducedMetricHandler(IgniteMetricHandler):
+    """Publishes one class (or the mean over classes) of a per-class metric's ``aggregate`` as a float."""
+
+    def __init__(
+        self,
+        metric_fn: SoftDiceMetric | PxAPMetric,
+        class_index: int | None,
+        reduction: str,
+        empty_value: float,
+        output_transform: Callable,
+        save_details: bool,
+    ) -> None:
+        if class_index is not None and (
+            isinstance(class_index, bool) or not isinstance(class_index, int) or class_index < 0
+        ):
+            raise ValueError(f"class_index must be None or a non-negative int, got {class_index!r}.")
+        self.class_index = class_index
+        self.reduction = reduction
+        self.empty_value = float(empty_value)
+        super().__init__(metric_fn=metric_fn, output_transform=output_transform, save_details=save_details)
+
+    def _aggregate(self) -> torch.Tensor:
+        return self.metric_fn.aggregate(reduction=self.reduction)
+
+    def _warn(self, message: str) -> None:
+        (self._engine.logger if self._engine is not None else _logger).warning(message)
+
+    def compute(self) -> float:
+        values = self._aggregate()  # (C,), collective under DDP: every rank gets the same values
+        self._is_reduced = True
+        if self.save_details:
+            if self._engine is None or self._name is None:
+                raise RuntimeError("please call the attach() function to connect expected engine first.")
+            self._engine.state.metric_details[self._name] = self.metric_fn.get_buffer()
+        per_class = values.tolist()
+        name = self._name or type(self).__name__
+        if self.class_index is not None:
+            if self.class_index >= len(per_class):
+                raise ValueError(f"class_index={self.class_index} but the predictions have {len(per_class)} classes.")
+            value = per_class[self.class_index]
+            if math.isnan(value):
+                self._warn(
+                    f"{name}: no image of this epoch has a lesion of class {self.class_index}; "
+                    f"reporting empty_value={self.empty_value}."
+                )
+                return self.empty_value
+            return value
+        defined = [v for v in per_class if not math.isnan(v)]
+        if not defined:
+            self._warn(f"{name}: no image of this epoch has a lesion of any class; reporting {self.empty_value}.")
+            return self.empty_value
+        return sum(defined) / len(defined)
+
+
+class SoftDice(_ClassReducedMetricHandler):
+    """Soft Dice (paper appendix E) over an epoch, as an Ignite metric.
+
+    Args:
+        class_index: publish this class's value; None: the mean over the classes that have lesion images.
+        reduction: ``"mean"`` (the metric) or ``"std"`` (its population std over the lesion images).
+        empty_value: published when the selected value is undefined (no lesion image); see the module docstring.
+        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``, each (B, C, H, W) or a list of
+            (C, H, W) tensors, e.g. ``monai.handlers.from_engine(["pred", "label"])`` for a MONAI evaluator.
+        save_details: store the (N, C) per-image values in ``engine.state.metric_details[name]``.
+        check_values: validate scores and masks on every iteration (one host synchronisation per iteration).
+    """
+
+    def __init__(
+        self,
+        class_index: int | None = None,
+        reduction: str = "mean",
+        empty_value: float = 0.0,
+        output_transform: Callable = lambda x: x,
+        save_details: bool = True,
+        check_values: bool = True,
+    ) -> None:
+        if reduction not in ("mean", "std"):
+            raise ValueError(f"reduction must be 'mean' or 'std', got {reduction!r}.")
+        super().__init__(
+            SoftDiceMetric(check_values=check_values),
+            class_index,
+            reduction,
+            empty_value,
+            output_transform,
+            save_details,
+        )
+
+
+class PxAP(_ClassReducedMetricHandler):
+    """PxAP (image- or dataset-level, paper appendix E) over an epoch, as an Ignite metric.
+
+    Args:
+        level: ``"image"`` (mean of per-image APs) or ``"dataset"`` (AP of the histograms pooled over the epoch,
+            summed across ranks under DDP).
+        class_index: publish this class's value; None: the mean over the classes that have lesion images.
+        reduction: ``"mean"``, or ``"std"`` (population std over the lesion images, image level only).
+        step: threshold spacing of the PxAP histograms (0.001 as in the paper).
+        empty_value: published when the selected value is undefined (no lesion image); see the module docstring.
+        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``; see :class:`SoftDice`.
+        save_details: store the (N, C) per-image APs in ``engine.state.metric_details[name]`` (for either level).
+        check_values: validate scores and masks on every iteration (one host synchronisation per iteration).
+    """
+
+    def __init__(
+        self,
+        level: str = "image",
+        class_index: int | None = None,
+        reduction: str = "mean",
+        step: float = 0.001,
+        empty_value: float = 0.0,
+        output_transform: Callable = lambda x: x,
+        save_details: bool = True,
+        check_values: bool = True,
+    ) -> None:
+        if reduction not in ("mean", "std"):
+            raise ValueError(f"reduction must be 'mean' or 'std', got {reduction!r}.")
+        if level == "dataset" and reduction != "mean":
+            raise ValueError("reduction='std' is only defined for level='image' (dataset-level PxAP is one AP).")
+        super().__init__(
+            PxAPMetric(level=level, step=step, check_values=check_values),
+            class_index,
+            reduction,
+            empty_value,
+            output_transform,
+            save_details,
+        )
