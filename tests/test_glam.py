@@ -1,0 +1,213 @@
+"""The composed GLAM model: outputs per stage, shapes, maps, gradients, freezing, bad input."""
+
+import pytest
+import torch
+
+from scripts.networks import GLAM
+from scripts.patches import render_saliency
+
+SMALL = {"patch_size": 64, "local_depth": 18, "local_width": 4, "num_patches_train": 3, "num_patches_eval": 2}
+
+
+def small_glam(**kwargs) -> GLAM:
+    torch.manual_seed(0)
+    return GLAM(**{**SMALL, **kwargs})
+
+
+def image(b=2, h=256, w=192, seed=0):
+    return torch.randn(b, 1, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(
+    "stage,keys",
+    [
+        ("global", set()),
+        ("local", {"patch_boxes", "patch_maps", "y_local", "saliency_local", "saliency"}),
+        ("joint", {"patch_boxes", "patch_maps", "y_local", "saliency_local", "saliency", "attention", "y_fusion"}),
+    ],
+)
+def test_outputs_per_stage(stage, keys):
+    model = small_glam(stage=stage).eval()
+    with torch.no_grad():
+        out = model(image())
+    base = {"y_global", "y_scales", "z_global", "saliency_global"} | {f"saliency_scale{i}" for i in range(3)}
+    assert set(out) == base | keys
+    assert out["y_global"].shape == (2, 2) and out["saliency_global"].shape == (2, 2, 16, 12)
+    for k in ("y_global", "y_local", "y_fusion"):
+        if k in out:
+            assert ((out[k] >= 0) & (out[k] <= 1)).all()
+    if stage != "global":
+        assert out["patch_boxes"].shape == (2, 2, 4) and out["patch_boxes"].dtype == torch.long  # M = 2 in eval
+        assert out["saliency"].shape == (2, 2, 64, 48) and out["saliency_local"].shape == (2, 2, 64, 48)
+        assert out["patch_maps"].shape == (2, 2, 2, 16, 16)
+
+
+def test_k_patches_in_training_m_in_eval():
+    model = small_glam(stage="local")
+    assert model.train().num_patches == 3 and model(image())["patch_boxes"].shape[1] == 3
+    assert model.eval().num_patches == 2
+
+
+def test_y_global_is_mean_of_scales_and_default_gammas():
+    model = small_glam(stage="global").eval()
+    with torch.no_grad():
+        out = model(image())
+    torch.testing.assert_close(out["y_global"], out["y_scales"].mean(1))
+    s1 = out["saliency_scale1"].repeat_interleave(2, -2).repeat_interleave(2, -1)
+    s2 = out["saliency_scale2"].repeat_interleave(4, -2).repeat_interleave(4, -1)
+    torch.testing.assert_close(out["saliency_global"], 0.2 * out["saliency_scale0"] + 0.6 * s1 + 0.2 * s2)
+
+
+def test_quarter_maps_are_the_full_maps_sampled_every_4_px_and_sc_is_sg_half_outside_patches():
+    model = small_glam(stage="local").eval()
+    x = image()
+    with torch.no_grad():
+        out = model(x)
+    full = model.full_resolution(out, x.shape[-2:])
+    assert full["saliency"].shape == (2, 2, 256, 192)
+    torch.testing.assert_close(full["saliency"][..., ::4, ::4], out["saliency"], rtol=0, atol=0)
+    torch.testing.assert_close(full["saliency_local"][..., ::4, ::4], out["saliency_local"], rtol=0, atol=0)
+    inside = torch.zeros(2, 1, 256, 192, dtype=torch.bool)
+    for b in range(2):
+        for r, c, h, w in out["patch_boxes"][b].tolist():
+            inside[b, :, r : r + h, c : c + w] = True
+    s_g = full["saliency_global_image"]
+    torch.testing.assert_close(full["saliency"][~inside.expand_as(s_g)], (s_g / 2)[~inside.expand_as(s_g)])
+    assert (full["saliency_local"][~inside.expand_as(s_g)] == 0).all()
+
+
+def test_render_overwrites_overlaps_in_order_and_handles_unaligned_boxes():
+    s_g = torch.zeros(1, 2, 4, 4)
+    maps = torch.stack([torch.full((2, 2, 2), 0.25), torch.full((2, 2, 2), 0.75)])[None]  # (1, K=2, 2, 2, 2)
+    boxes = torch.tensor([[[1, 1, 8, 8], [5, 3, 8, 8]]])  # not aligned to the 4 px grid, overlapping
+    full = render_saliency(s_g, maps, boxes, (16, 16), stride=1, gamma_c=0.0)["saliency_local"]
+    expected = torch.zeros(1, 2, 16, 16)
+    expected[..., 1:9, 1:9] = 0.25
+    expected[..., 5:13, 3:11] = 0.75
+    torch.testing.assert_close(full, expected)
+    quarter = render_saliency(s_g, maps, boxes, (16, 16), stride=4, gamma_c=0.0)["saliency_local"]
+    torch.testing.assert_close(quarter, full[..., ::4, ::4])
+
+
+def test_gamma_c_weights_the_combination():
+    s_g = torch.rand(1, 2, 4, 4)
+    maps = torch.rand(1, 1, 2, 4, 4)
+    boxes = torch.tensor([[[0, 0, 16, 16]]])
+    out = render_saliency(s_g, maps, boxes, (16, 16), stride=1, gamma_c=0.3)
+    torch.testing.assert_close(out["saliency"], 0.3 * out["saliency_global_image"] + 0.7 * out["saliency_local"])
+
+
+@pytest.mark.parametrize("stage", ["global", "local", "joint"])
+def test_gradients_reach_every_trainable_parameter_and_nothing_frozen(stage):
+    model = small_glam(stage=stage).train()
+    from scripts.losses import GLAMLoss
+
+    out = model(image())
+    GLAMLoss(stage=stage, lambda_sparsity=1e-3)(out, torch.tensor([[1.0, 0.0], [0.0, 1.0]])).backward()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    with_grad = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert trainable == with_grad
+    expected_prefixes = {
+        "global": ("global_network.",),
+        "local": ("local_network.",),
+        "joint": ("global_network.", "local_network.", "attention.", "fusion."),
+    }[stage]
+    assert {n.split(".")[0] + "." for n in trainable} == set(expected_prefixes)
+
+
+def test_frozen_global_module_keeps_its_batchnorm_statistics():
+    model = small_glam(stage="local").train()
+    before = {k: v.clone() for k, v in model.global_network.state_dict().items()}
+    model(image())
+    assert not model.global_network.training
+    for k, v in model.global_network.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    model.set_stage("joint").train()
+    assert model.global_network.training
+
+
+def test_random_patches_for_negatives_and_given_boxes():
+    model = small_glam(stage="local").train()
+    x = image()
+    g = torch.Generator().manual_seed(3)
+    out = model(x, random_patch_mask=torch.tensor([True, False]), generator=g)
+    selected = model(x)["patch_boxes"]
+    assert torch.equal(out["patch_boxes"][1], selected[1])  # positive image: Algorithm 1
+    boxes = torch.tensor([[[0, 0, 64, 64]] * 3, [[10, 20, 64, 64]] * 3])
+    given = model(x, patch_boxes=boxes)
+    assert torch.equal(given["patch_boxes"], boxes)
+
+
+@pytest.mark.parametrize(
+    "x,match",
+    [
+        (torch.randn(1, 256, 192), r"image must be \(B, 1, H, W\)"),
+        (torch.randn(1, 3, 256, 192), "must have 1 channel"),
+        (torch.randn(1, 1, 48, 192), "smaller than the 64x64 patch"),
+        (torch.full((1, 1, 256, 192), float("nan")), "NaN or infinite"),
+        (torch.full((1, 1, 256, 192), float("inf")), "NaN or infinite"),
+    ],
+)
+def test_bad_images_raise_clear_errors(x, match):
+    with pytest.raises(ValueError, match=match):
+        small_glam(stage="local").eval()(x)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"t_global": 0.0}, "t must be in"),
+        ({"t_local": 1.5}, "t_local must be in"),
+        ({"num_patches_train": 0}, "num_patches_train must be a positive int"),
+        ({"patch_size": 66}, "multiple of 4"),
+        ({"stage": "both"}, "stage must be one of"),
+        ({"gammas": (0.5, 0.5, 0.5)}, "gammas must be"),
+        ({"gamma_c": 2.0}, "gamma_c must be in"),
+        ({"aggregation": "max"}, "aggregation must be"),
+        ({"local_depth": 50}, "depth must be one of"),
+        ({"joint_modules": False}, "joint_modules=False"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GLAM(**{**SMALL, **kwargs})
+
+
+def test_too_many_patches_for_the_image():
+    model = small_glam(stage="local", num_patches_eval=13).eval()  # 256x192 holds 4x3 = 12 disjoint 64 px windows
+    with pytest.raises(ValueError, match="num_patches=13 exceeds the 12 disjoint"):
+        model(image())
+
+
+def test_default_model_is_the_papers():
+    model = GLAM()
+    assert model.patch_size == (512, 512) and model.num_patches_train == 6 and model.num_patches_eval == 1
+    assert model.global_network.t == 0.03 and model.concat_aggregation.t == 0.2
+    assert model.global_network.gammas == (0.2, 0.6, 0.2) and model.gamma_c == 0.5
+    assert len(model.local_network.dn_resnet.layer3) == 6 and model.local_network.dn_resnet.out_channels == 512
+
+
+@pytest.mark.slow
+def test_full_size_shapes():
+    """2944x1920 input, M = 1: per-scale maps 184x120, 92x60, 46x30; z_g 256; A 2x128x128; S_c 736x480."""
+    model = GLAM().eval()
+    with torch.no_grad():
+        g = model.global_network.downsampling_branch
+        x = torch.randn(1, 1, 2944, 1920)
+        h = g.first_pool(g.first_conv(x))
+        assert h.shape == (1, 16, 735, 479)
+        sizes = []
+        for layer in g.layer_list:
+            h = layer(h)
+            sizes.append(tuple(h.shape[1:]))
+        assert sizes == [(16, 735, 479), (32, 368, 240), (64, 184, 120), (128, 92, 60), (256, 46, 30)]
+        out = model(x)
+    assert out["saliency_scale0"].shape == (1, 2, 184, 120)
+    assert out["saliency_scale1"].shape == (1, 2, 92, 60)
+    assert out["saliency_scale2"].shape == (1, 2, 46, 30)
+    assert out["saliency_global"].shape == (1, 2, 184, 120)
+    assert out["z_global"].shape == (1, 256)
+    assert out["patch_maps"].shape == (1, 1, 2, 128, 128)
+    assert out["saliency"].shape == (1, 2, 736, 480) and out["saliency_local"].shape == (1, 2, 736, 480)
+    r, c, ph, pw = out["patch_boxes"][0, 0].tolist()
+    assert (ph, pw) == (512, 512) and r % 16 == 0 and c % 16 == 0

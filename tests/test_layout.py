@@ -1,0 +1,33 @@
+"""The repository's ``scripts/`` folder (CLI tools) must not shadow the bundle's ``scripts`` package."""
+
+import importlib
+import subprocess
+import sys
+
+from conftest import BUNDLE_ROOT, REPO_ROOT
+
+
+def test_repository_scripts_folder_is_not_a_package():
+    assert (REPO_ROOT / "scripts").is_dir()
+    assert not (REPO_ROOT / "scripts" / "__init__.py").exists()
+
+
+def test_import_scripts_resolves_to_bundle_from_repository_root():
+    # A fresh interpreter started in the repository root, with the bundle root on the path as MONAI's workflow
+    # puts it: `import scripts` must be the bundle's package, not the repository's CLI folder.
+    code = "import scripts, sys; print(scripts.__file__)"
+    env_path = f"{BUNDLE_ROOT}"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": env_path, "PATH": ""},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == str(BUNDLE_ROOT / "scripts" / "__init__.py")
+
+
+def test_bundle_scripts_importable_in_this_process():
+    scripts = importlib.import_module("scripts")
+    assert scripts.__file__ == str(BUNDLE_ROOT / "scripts" / "__init__.py")
