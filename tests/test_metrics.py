@@ -356,6 +356,25 @@ def test_cpu_and_cuda_agree():
     assert torch.equal(results["cpu"][-1], results["cuda"][-1])
 
 
+@requires_cuda
+@pytest.mark.cuda
+def test_no_host_synchronisation_per_call_on_cuda():
+    pred, y = make_data(11, n=4)
+    pred_c, y_c = t(pred).cuda(), t(y).cuda()
+    dice, pxap = SoftDiceMetric(check_values=False), PxAPMetric(check_values=False)
+    dice(pred_c[:1], y_c[:1])  # first call builds the cached edges on the device
+    pxap(pred_c[:1], y_c[:1])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(1, 4):
+            dice(pred_c[i : i + 1], y_c[i : i + 1])
+            pxap(pred_c[i : i + 1], y_c[i : i + 1])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    np.testing.assert_allclose(pxap.aggregate().cpu().numpy(), np.nanmean(np_image_pxap(pred, y), 0), rtol=1e-12)
+
+
 # ---------------------------------------------------------------- DDP
 def _free_port() -> int:
     with socket.socket() as s:

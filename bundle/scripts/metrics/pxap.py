@@ -51,7 +51,9 @@ def _comparison_edges_np(step: float, double: bool) -> np.ndarray:
     return rounded
 
 
+@lru_cache(maxsize=16)
 def _comparison_edges(step: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # cached per device: a host-to-device copy on every call would be a needless transfer
     return torch.from_numpy(_comparison_edges_np(step, dtype == torch.float64).copy()).to(device)
 
 
