@@ -1,0 +1,257 @@
+"""Validation of a datalist before training: every file read once, every problem reported in one go.
+
+``check_datalist`` returns a list of :class:`DataProblem` (empty when the datalist is usable); training calls
+``assert_datalist_ok`` before the first epoch so a bad file fails in seconds rather than hours in. Nothing is
+modified: valid items are only read.
+
+Checked per item: the item is an object with an ``image`` path; every file (image, masks) exists and reads as a
+2-D grayscale picture (through :func:`scripts.data.readers.read_mammogram`: truncated or corrupt files, DICOM
+without pixel data, non-DICOM ``.dcm``, RGB pictures, multi-frame/3-D inputs and all-zero images are errors);
+masks are binary and have the image's size; ``label`` is absent/null (unknown) or two values 0/1; labels agree
+with masks (a lesion pixel under label 0 is an error; with ``strict_masks`` an empty mask under label 1 too);
+``laterality``/``facing`` take their allowed values. Across items: no patient (or image) in two splits and no
+image listed twice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .datalist import DatalistError, check_patient_splits, iter_items, load_datalist
+
+__all__ = [
+    "DataProblem",
+    "DataCheckReport",
+    "DataCheckError",
+    "check_datalist",
+    "run_data_checks",
+    "assert_datalist_ok",
+]
+
+MASK_KEYS = {"mask_benign": 0, "mask_malignant": 1}
+CLASS_NAMES = ("benign", "malignant")
+
+
+@dataclass(frozen=True)
+class DataProblem:
+    """One problem: where (split, index, key, file) and what."""
+
+    message: str
+    split: str | None = None
+    index: int | None = None
+    key: str | None = None
+    file: str | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.split is not None:
+            where.append(f"{self.split}[{self.index}]" if self.index is not None else self.split)
+        if self.key is not None:
+            where.append(self.key)
+        if self.file is not None:
+            where.append(f"'{self.file}'")
+        return f"{' '.join(where)}: {self.message}" if where else self.message
+
+
+@dataclass
+class DataCheckReport:
+    """Outcome of a check: all problems plus which items were fine."""
+
+    source: str
+    problems: list[DataProblem] = field(default_factory=list)
+    n_items: int = 0
+    ok_items: list[tuple[str, int, str]] = field(default_factory=list)  # (split, index, image)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def format(self, list_ok: bool = False) -> str:
+        """A human-readable report: a summary line, then one line per problem (and per valid item on request)."""
+        bad = {(p.split, p.index) for p in self.problems if p.index is not None}
+        lines = [
+            f"{self.source}: {self.n_items} item(s) checked, {len(self.ok_items)} ok, {len(bad)} with problems, "
+            f"{len(self.problems)} problem(s) in total"
+        ]
+        lines += [f"ERROR {p}" for p in self.problems]
+        if list_ok:
+            lines += [f"ok    {split}[{index}] '{image}'" for split, index, image in self.ok_items]
+        return "\n".join(lines)
+
+
+class DataCheckError(ValueError):
+    """A datalist with problems; ``report`` holds all of them."""
+
+    def __init__(self, report: DataCheckReport):
+        super().__init__(report.format())
+        self.report = report
+
+
+def _resolve(value: str, base_dir: Path | None) -> Path:
+    p = Path(value)
+    return p if p.is_absolute() or base_dir is None else base_dir / p
+
+
+def _read(path: Path, mask: bool) -> tuple[np.ndarray | None, str | None]:
+    """(array, None) or (None, problem) without raising: batch checks report every bad file."""
+    from .readers import MammogramReadError, read_mammogram
+
+    try:
+        arr, _ = read_mammogram(path, mask=mask)
+    except MammogramReadError as err:
+        return None, getattr(err, "problem", None) or str(err)
+    except Exception as err:  # a reader bug or an exotic file must not stop the other items from being checked
+        return None, f"cannot be read ({type(err).__name__}: {err})"
+    arr = np.asarray(arr)
+    if arr.ndim != 2:
+        return None, f"expected a 2-D (H, W) array, got shape {arr.shape}"
+    return arr, None
+
+
+def _label_problem(label: Any) -> str | None:
+    if not isinstance(label, (list, tuple)) or len(label) != 2:
+        return f"label must be [benign, malignant] with two values 0/1 (or absent/null if unknown), got {label!r}"
+    bad = [v for v in label if isinstance(v, bool) or not isinstance(v, (int, float)) or v not in (0, 1)]
+    if bad:
+        return f"label values must be 0 or 1, got {list(label)!r}"
+    return None
+
+
+def run_data_checks(
+    datalist: str | os.PathLike | Mapping[str, Any],
+    base_dir: str | os.PathLike | None = None,
+    *,
+    read_files: bool = True,
+    strict_masks: bool = True,
+) -> DataCheckReport:
+    """Check a datalist (a path to its JSON file or the loaded dict) and return the full report.
+
+    Relative paths resolve against ``base_dir``, by default the datalist file's folder (MONAI's convention) or
+    the working directory for a dict. ``read_files=False`` checks structure, labels and splits only.
+    """
+    if isinstance(datalist, (str, os.PathLike)):
+        source = str(datalist)
+        base = Path(base_dir) if base_dir is not None else Path(datalist).parent
+        try:
+            data: Mapping[str, Any] = load_datalist(datalist)
+        except DatalistError as err:
+            return DataCheckReport(source=source, problems=[DataProblem(str(err))])
+    else:
+        source = "datalist"
+        base = Path(base_dir) if base_dir is not None else None
+        data = datalist
+        if not isinstance(data, Mapping) or any(not isinstance(v, list) for v in data.values()):
+            return DataCheckReport(source, [DataProblem("a datalist must map split names to lists of items")])
+
+    report = DataCheckReport(source=source)
+    seen_images: dict[str, list[str]] = defaultdict(list)
+    for split, index, item in iter_items(data):
+        report.n_items += 1
+        found = _check_item(split, index, item, base, read_files, strict_masks)
+        report.problems += found
+        if isinstance(item, Mapping) and isinstance(item.get("image"), str):
+            seen_images[str(_resolve(item["image"], base))].append(f"{split}[{index}]")
+            if not found:
+                report.ok_items.append((split, index, item["image"]))
+    for image, places in seen_images.items():
+        if len(places) > 1:
+            report.problems.append(DataProblem(f"image listed {len(places)} times: {', '.join(places)}", file=image))
+    report.problems += [DataProblem(msg) for msg in check_patient_splits(data)]
+    return report
+
+
+def _check_item(
+    split: str, index: int, item: Any, base: Path | None, read_files: bool, strict_masks: bool
+) -> list[DataProblem]:
+    problems: list[DataProblem] = []
+
+    def add(message: str, key: str | None = None, file: str | os.PathLike | None = None) -> None:
+        problems.append(DataProblem(message, split, index, key, None if file is None else str(file)))
+
+    if not isinstance(item, Mapping):
+        add(f"item must be an object with an 'image' path, got {type(item).__name__}")
+        return problems
+    image_value = item.get("image")
+    label = item.get("label")
+    label_ok = label is None or _label_problem(label) is None
+    if label is not None and not label_ok:
+        add(_label_problem(label), "label")
+    for key, allowed in (("laterality", ("L", "R")), ("facing", ("left", "right"))):
+        if key in item and item[key] is not None and item[key] not in allowed:
+            add(f"{key} must be one of {allowed}, got {item[key]!r}", key)
+    if not isinstance(image_value, str) or not image_value:
+        add(f"missing 'image' path (got {image_value!r})", "image")
+        return problems
+
+    image_shape = None
+    if read_files:
+        image_path = _resolve(image_value, base)
+        arr, problem = _read(image_path, mask=False)
+        if problem is not None:
+            add(problem, "image", image_path)
+        else:
+            image_shape = arr.shape
+    for key, cls in MASK_KEYS.items():
+        value = item.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            add(f"mask path must be a non-empty string, got {value!r}", key)
+            continue
+        if not read_files:
+            continue
+        mask_path = _resolve(value, base)
+        mask, problem = _read(mask_path, mask=True)
+        if problem is not None:
+            add(problem, key, mask_path)
+            continue
+        if image_shape is not None and mask.shape != image_shape:
+            add(
+                f"mask size {mask.shape[0]}x{mask.shape[1]} differs from the image size "
+                f"{image_shape[0]}x{image_shape[1]}",
+                key,
+                mask_path,
+            )
+        values = np.unique(mask)
+        if values.size > 2 or values.min() < 0 or (values.size == 2 and values[0] != 0):
+            shown = ", ".join(f"{v:g}" for v in values[:6]) + (", ..." if values.size > 6 else "")
+            add(f"mask is not binary (values {shown}); expected 0 and one positive value", key, mask_path)
+            continue
+        positives = int(np.count_nonzero(mask))
+        if label is not None and label_ok:
+            if positives and label[cls] == 0:
+                add(f"mask has {positives} lesion pixel(s) but label {CLASS_NAMES[cls]} is 0", key, mask_path)
+            elif strict_masks and not positives and label[cls] == 1:
+                add(f"label {CLASS_NAMES[cls]} is 1 but the mask is empty", key, mask_path)
+    return problems
+
+
+def check_datalist(
+    datalist: str | os.PathLike | Mapping[str, Any],
+    base_dir: str | os.PathLike | None = None,
+    *,
+    read_files: bool = True,
+    strict_masks: bool = True,
+) -> list[DataProblem]:
+    """Every problem of a datalist (empty list when it is usable); see :func:`run_data_checks`."""
+    return run_data_checks(datalist, base_dir, read_files=read_files, strict_masks=strict_masks).problems
+
+
+def assert_datalist_ok(
+    datalist: str | os.PathLike | Mapping[str, Any],
+    base_dir: str | os.PathLike | None = None,
+    *,
+    strict_masks: bool = True,
+) -> DataCheckReport:
+    """Run the checks and raise :class:`DataCheckError` (listing every problem) if there is any."""
+    report = run_data_checks(datalist, base_dir, strict_masks=strict_masks)
+    if not report.ok:
+        raise DataCheckError(report)
+    return report

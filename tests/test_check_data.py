@@ -1,0 +1,211 @@
+"""check_datalist / scripts/check_data.py: one run reports every bad item (naming file and problem), exits
+non-zero, and reports the valid items as fine without touching them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from scripts.data.checks import DataCheckError, assert_datalist_ok, check_datalist, run_data_checks
+from scripts.data.synthetic import make_synthetic_dataset, write_mask_png, write_png16
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def good_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("good")
+    make_synthetic_dataset(root, 4, size=(256, 160), seed=8, lesion_prevalence=1.0)
+    return root
+
+
+def _items(root: Path) -> list[dict]:
+    data = json.loads((root / "datalist.json").read_text())
+    return [it for split in ("training", "validation", "test") for it in data[split]]
+
+
+def test_valid_synthetic_datalist_has_no_problems(good_root):
+    assert check_datalist(good_root / "datalist.json") == []
+    report = assert_datalist_ok(good_root / "datalist.json")
+    assert report.n_items == 4 and len(report.ok_items) == 4
+
+
+def _bad_dataset(root: Path, good_root: Path) -> tuple[dict, dict[str, tuple[str, str]]]:
+    """A datalist mixing the valid synthetic items with one bad item per failure mode.
+
+    Returns the datalist and {name: (file or key that must be named, words the message must contain)}.
+    """
+    import pydicom
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    good = [dict(it) for it in _items(good_root)]
+    for it in good:  # absolute paths: the bad files live elsewhere
+        for key in ("image", "mask_benign", "mask_malignant"):
+            it[key] = str(good_root / it[key])
+    img = np.array(Image.open(good[0]["image"]))
+    shape = img.shape
+
+    png_bytes = Path(good[0]["image"]).read_bytes()
+    (root / "truncated.png").write_bytes(png_bytes[: len(png_bytes) // 2])
+    (root / "text.dcm").write_text("this is not a DICOM file\n")
+    Image.fromarray(np.zeros((*shape, 3), np.uint8) + 80).save(root / "rgb.png")
+    write_png16(root / "zeros.png", np.zeros(shape, np.uint16))
+    write_png16(root / "ok_image.png", img)
+    write_mask_png(root / "small_mask.png", np.ones((10, 10), np.uint8))
+    write_mask_png(
+        root / "lesion_mask.png", np.pad(np.ones((8, 8), np.uint8), ((20, shape[0] - 28), (20, shape[1] - 28)))
+    )
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.1.2"
+    meta.MediaStorageSOPInstanceUID = "1.2.3.4.5.6"
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID = meta.MediaStorageSOPClassUID
+    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+    ds.Modality = "MG"
+    ds.PatientID = "NOPIX"
+    if int(pydicom.__version__.split(".")[0]) >= 3:
+        pydicom.dcmwrite(root / "nopixels.dcm", ds, enforce_file_format=True)
+    else:
+        ds.is_little_endian, ds.is_implicit_VR = True, False
+        pydicom.dcmwrite(str(root / "nopixels.dcm"), ds, write_like_original=False)
+
+    def item(name: str, **kw) -> dict:
+        base = {"image": str(root / "ok_image.png"), "label": [0, 0], "patient_id": f"BAD-{name}"}
+        base.update(kw)
+        return base
+
+    bad = [
+        item("truncated", image=str(root / "truncated.png")),
+        item("nopixels", image=str(root / "nopixels.dcm")),
+        item("text", image=str(root / "text.dcm")),
+        item("rgb", image=str(root / "rgb.png")),
+        item("zeros", image=str(root / "zeros.png")),
+        item("smallmask", mask_benign=str(root / "small_mask.png")),
+        item("missing", image=str(root / "does_not_exist.png")),
+        item("label", label=[2, 0]),
+        item("inconsistent", mask_malignant=str(root / "lesion_mask.png")),
+    ]
+    dup = dict(good[0])
+    datalist = {"training": good[:3] + bad[:5], "validation": bad[5:], "test": [good[3], dup]}
+    expected = {
+        "truncated": ("truncated.png", ""),
+        "nopixels": ("nopixels.dcm", ""),
+        "text": ("text.dcm", ""),
+        "rgb": ("rgb.png", ""),
+        "zeros": ("zeros.png", "zero"),
+        "smallmask": ("small_mask.png", "10x10"),
+        "missing": ("does_not_exist.png", "not found"),
+        "label": ("label", "0 or 1"),
+        "inconsistent": ("lesion_mask.png", "label malignant is 0"),
+        "duplicate patient": (good[0]["patient_id"], "more than one split"),
+    }
+    return datalist, expected
+
+
+def test_every_bad_item_is_reported_in_one_run(tmp_path, good_root):
+    datalist, expected = _bad_dataset(tmp_path, good_root)
+    before = {
+        p: hashlib.sha1(Path(p).read_bytes()).hexdigest()
+        for it in _items(good_root)
+        for p in [str(good_root / it["image"])]
+    }
+    report = run_data_checks(datalist)
+    lines = [str(p) for p in report.problems]
+    text = "\n".join(lines)
+    for name, (needle, words) in expected.items():
+        hits = [line for line in lines if needle in line and words.lower() in line.lower()]
+        assert hits, f"{name}: no problem naming {needle!r} with {words!r} in\n{text}"
+    # each bad image file gets its own message naming the file (not a generic failure)
+    for fname in ("truncated.png", "nopixels.dcm", "text.dcm", "rgb.png"):
+        (line,) = [line for line in lines if fname in line]
+        assert len(line.split(":", 1)[1].strip()) > 10
+    # the valid items (one of them listed twice across splits) are fine themselves and reported as ok
+    ok_images = {Path(image).name for _, _, image in report.ok_items}
+    assert {Path(it["image"]).name for it in _items(good_root)} <= ok_images
+    assert not any(p.split == "training" and p.index in (0, 1, 2) for p in report.problems)
+    after = {p: hashlib.sha1(Path(p).read_bytes()).hexdigest() for p in before}
+    assert before == after
+    with pytest.raises(DataCheckError, match="truncated.png"):
+        assert_datalist_ok(datalist)
+
+
+def _load_cli():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_data_cli", REPO_ROOT / "scripts" / "check_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_data_cli_report_and_exit_status(tmp_path, good_root, capsys):
+    cli = _load_cli()
+    datalist, _ = _bad_dataset(tmp_path, good_root)
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text(json.dumps(datalist))
+    assert cli.main([str(bad_json), "--json", str(tmp_path / "report.json")]) == 1
+    out = capsys.readouterr().out
+    errors = [line for line in out.splitlines() if line.startswith("ERROR")]
+    assert len(errors) >= 10
+    for fname in ("truncated.png", "nopixels.dcm", "text.dcm", "rgb.png", "zeros.png", "small_mask.png"):
+        assert fname in out
+    payload = json.loads((tmp_path / "report.json").read_text())
+    assert len(payload["problems"]) == len(errors) and payload["n_items"] == 14
+    assert cli.main([str(good_root / "datalist.json"), "--list-ok"]) == 0
+    out = capsys.readouterr().out
+    assert "4 ok" in out and out.count("\nok ") == 4
+
+
+@pytest.mark.slow
+def test_check_data_cli_as_a_process(tmp_path, good_root):
+    datalist, _ = _bad_dataset(tmp_path, good_root)
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text(json.dumps(datalist))
+    res = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "check_data.py"), str(bad_json)], capture_output=True, text=True
+    )
+    assert res.returncode == 1, res.stderr
+    assert "truncated.png" in res.stdout and "does_not_exist.png" in res.stdout
+
+
+def test_label_mask_consistency_rules(tmp_path):
+    img = np.full((40, 30), 500, np.uint16)
+    write_png16(tmp_path / "img.png", img)
+    write_mask_png(tmp_path / "empty.png", np.zeros((40, 30), np.uint8))
+    grey = np.zeros((40, 30), np.uint8)
+    grey[:5, :5], grey[10:12, 10:12] = 100, 200
+    Image.fromarray(grey).save(tmp_path / "grey.png")
+    base = {"image": "img.png", "patient_id": "p"}
+    positive_empty = {**base, "label": [1, 0], "mask_benign": "empty.png"}
+    problems = check_datalist({"training": [positive_empty]}, tmp_path)
+    assert len(problems) == 1 and "mask is empty" in str(problems[0])
+    assert check_datalist({"training": [positive_empty]}, tmp_path, strict_masks=False) == []
+    unknown = {**base, "mask_benign": "empty.png"}  # label absent = unknown: nothing to compare
+    assert check_datalist({"training": [unknown], "test": [{**base, "label": None, "image": "img.png"}]}, tmp_path) == [
+        p for p in check_datalist({"training": [unknown], "test": [{**base, "label": None}]}, tmp_path)
+    ]
+    not_binary = check_datalist({"training": [{**base, "label": [1, 0], "mask_benign": "grey.png"}]}, tmp_path)
+    assert any("not binary" in str(p) for p in not_binary)
+    wrong = check_datalist({"training": [{**base, "label": [1, 0, 0], "laterality": "left"}]}, tmp_path)
+    assert {p.key for p in wrong} == {"label", "laterality"}
+
+
+def test_structural_problems(tmp_path):
+    missing = check_datalist(tmp_path / "nope.json")
+    assert len(missing) == 1 and "not found" in str(missing[0])
+    (tmp_path / "broken.json").write_text("{not json")
+    assert "not valid JSON" in str(check_datalist(tmp_path / "broken.json")[0])
+    problems = check_datalist({"training": ["just a string", {"label": [0, 0]}]}, tmp_path)
+    assert [p.index for p in problems] == [0, 1]
+    assert "must be an object" in str(problems[0]) and "missing 'image'" in str(problems[1])
