@@ -32,6 +32,10 @@ __all__ = [
     "normalise_fractions",
     "split_by_patient",
     "check_patient_splits",
+    "CSV_FLAVOURS",
+    "detect_csv_flavour",
+    "items_from_csv",
+    "items_from_dicom_dir",
 ]
 
 SPLITS = ("training", "validation", "test")
@@ -208,3 +212,233 @@ def check_patient_splits(datalist: Mapping[str, Sequence[Mapping[str, Any]]], ra
     if problems and raise_error:
         raise DatalistError("; ".join(problems))
     return problems
+
+
+# ------------------------------------------------------------------------------------------------------------
+# building datalists from a DICOM folder or a CSV (used by scripts/make_datalist.py)
+# ------------------------------------------------------------------------------------------------------------
+def _path_for_datalist(path: Path, relative_to: Path | None) -> str:
+    """Path as written in the datalist: relative to the datalist's folder, or absolute when ``relative_to`` is
+    None."""
+    path = path.resolve()
+    return str(path) if relative_to is None else os.path.relpath(path, relative_to.resolve())
+
+
+def items_from_dicom_dir(
+    dicom_dir: str | os.PathLike, relative_to: str | os.PathLike | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Items for every 2-D mammogram under ``dicom_dir`` (recursive; any file that parses as DICOM).
+
+    Labels are unknown (no ``label`` key). Returns ``(items, skipped)``: ``skipped`` names every file that was
+    left out and why (not DICOM, no image, multi-frame); items are sorted by path.
+    """
+    from .readers import MammogramReadError, read_dicom_header
+
+    root = Path(dicom_dir)
+    if not root.is_dir():
+        raise DatalistError(f"{root}: DICOM folder not found")
+    rel = None if relative_to is None else Path(relative_to)
+    items, skipped = [], []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        if path.name.upper() == "DICOMDIR":
+            continue
+        try:
+            header = read_dicom_header(path)
+        except MammogramReadError as err:
+            skipped.append(f"{path}: {getattr(err, 'problem', None) or err}")
+            continue
+        except Exception as err:  # keep going: one odd file must not stop a folder scan
+            skipped.append(f"{path}: cannot be read ({type(err).__name__}: {err})")
+            continue
+        if not header.get("rows") or not header.get("cols"):
+            skipped.append(f"{path}: DICOM without an image (no Rows/Columns)")
+            continue
+        if (header.get("frames") or 1) > 1:
+            skipped.append(f"{path}: multi-frame DICOM ({header['frames']} frames; tomosynthesis is out of scope)")
+            continue
+        item: dict[str, Any] = {"image": _path_for_datalist(path, rel)}
+        item["patient_id"] = header.get("patient_id") or header.get("study_uid") or f"file:{path.name}"
+        for key in ("laterality", "view"):
+            if header.get(key):
+                item[key] = header[key]
+        items.append(item)
+    return items, skipped
+
+
+def _norm(name: str) -> str:
+    return " ".join(str(name).strip().lower().replace("_", " ").split())
+
+
+CSV_FLAVOURS = {
+    "generic": "image, patient_id, laterality, view, label_benign, label_malignant, mask_benign, mask_malignant",
+    "cbis-ddsm": "patient_id, left or right breast, image view, pathology, image file path, ROI mask file path",
+    "vindr-mammo": "study_id, image_id, laterality, view_position, breast_birads (finding_birads optional)",
+}
+
+
+def detect_csv_flavour(columns: Iterable[str]) -> str:
+    """'cbis-ddsm', 'vindr-mammo' or 'generic' from a CSV header (case, spaces and underscores ignored)."""
+    cols = {_norm(c) for c in columns}
+    if {"image file path", "pathology"} <= cols:
+        return "cbis-ddsm"
+    if {"study id", "image id"} <= cols:
+        return "vindr-mammo"
+    if "image" in cols:
+        return "generic"
+    accepted = "; ".join(f"{k}: {v}" for k, v in CSV_FLAVOURS.items())
+    raise DatalistError(f"unrecognised CSV columns {sorted(cols)}; accepted layouts: {accepted}")
+
+
+def _laterality(value: Any) -> str | None:
+    v = str(value or "").strip().upper()
+    return {"L": "L", "LEFT": "L", "R": "R", "RIGHT": "R"}.get(v)
+
+
+def _birads(value: Any) -> int | None:
+    digits = "".join(ch for ch in str(value or "") if ch.isdigit())
+    return int(digits[0]) if digits else None
+
+
+def _binary(value: Any, where: str) -> int | None:
+    v = str(value if value is not None else "").strip().lower()
+    if v in ("", "nan", "none", "null", "unknown"):
+        return None
+    if v in ("0", "0.0", "false", "no"):
+        return 0
+    if v in ("1", "1.0", "true", "yes"):
+        return 1
+    raise DatalistError(f"{where}: label must be 0/1 (or empty for unknown), got {value!r}")
+
+
+def items_from_csv(
+    csv_path: str | os.PathLike,
+    root: str | os.PathLike | None = None,
+    relative_to: str | os.PathLike | None = None,
+    mask_dir: str | os.PathLike | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Items from a CBIS-DDSM-like, VinDr-Mammo-like or generic CSV (see ``CSV_FLAVOURS``, docs/data.md).
+
+    File paths in the CSV are relative to ``root`` (default: the CSV's folder). Rows of the same image are
+    merged: labels are OR-ed; several ROI masks of one class are merged (union) into ``mask_dir`` as 0/255 PNG.
+    Returns ``(items, problems)``; a row with a problem is left out and named in ``problems``.
+    """
+    import csv
+
+    csv_path = Path(csv_path)
+    if not csv_path.is_file():
+        raise DatalistError(f"{csv_path}: CSV file not found")
+    base = Path(root) if root is not None else csv_path.parent
+    rel = None if relative_to is None else Path(relative_to)
+    with csv_path.open(newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            raise DatalistError(f"{csv_path}: empty CSV (no header)")
+        flavour = detect_csv_flavour(reader.fieldnames)
+        rows = [{_norm(k): (v or "").strip() for k, v in row.items() if k is not None} for row in reader]
+
+    problems: list[str] = []
+    merged: dict[str, dict[str, Any]] = {}
+    masks: dict[str, dict[str, list[Path]]] = defaultdict(lambda: defaultdict(list))
+    for line, row in enumerate(rows, start=2):
+        where = f"{csv_path}:{line}"
+        try:
+            if flavour == "cbis-ddsm":
+                image = base / row["image file path"]
+                pathology = row.get("pathology", "").upper()
+                if pathology.startswith("MALIGNANT"):
+                    label = [0, 1]
+                elif pathology.startswith("BENIGN"):
+                    label = [1, 0]
+                else:
+                    raise DatalistError(f"{where}: pathology must be BENIGN, BENIGN_WITHOUT_CALLBACK or MALIGNANT")
+                fields = {
+                    "patient_id": row.get("patient id", ""),
+                    "laterality": _laterality(row.get("left or right breast")),
+                    "view": row.get("image view", "").upper() or None,
+                }
+                roi = row.get("roi mask file path", "")
+                if roi:
+                    masks[str(image)]["malignant" if label[1] else "benign"].append(base / roi)
+            elif flavour == "vindr-mammo":
+                study, image_id = row.get("study id", ""), row.get("image id", "")
+                if not study or not image_id:
+                    raise DatalistError(f"{where}: study_id and image_id are required")
+                image = base / "images" / study / f"{image_id}.dicom"
+                scores = [b for b in (_birads(row.get("breast birads")), _birads(row.get("finding birads"))) if b]
+                if not scores:
+                    raise DatalistError(f"{where}: no BI-RADS category in breast_birads/finding_birads")
+                top = max(scores)  # BI-RADS proxy: 1 normal, 2-3 benign, 4-5 malignant (suspicious)
+                label = [int(top in (2, 3)), int(top >= 4)]
+                fields = {
+                    "patient_id": study,
+                    "laterality": _laterality(row.get("laterality")),
+                    "view": row.get("view position", "").upper() or None,
+                }
+            else:
+                if not row.get("image"):
+                    raise DatalistError(f"{where}: empty image path")
+                image = base / row["image"]
+                lab = [_binary(row.get("label benign"), where), _binary(row.get("label malignant"), where)]
+                label = None if None in lab else lab
+                fields = {
+                    "patient_id": row.get("patient id", ""),
+                    "laterality": _laterality(row.get("laterality")),
+                    "view": row.get("view", "").upper() or None,
+                }
+                for cls in ("benign", "malignant"):
+                    if row.get(f"mask {cls}"):
+                        masks[str(image)][cls].append(base / row[f"mask {cls}"])
+        except DatalistError as err:
+            problems.append(str(err))
+            continue
+        key = str(image)
+        item = merged.setdefault(key, {"image": _path_for_datalist(image, rel)})
+        if label is None:
+            item.setdefault("label", None)
+        else:
+            old = item.get("label") or [0, 0]
+            item["label"] = [max(a, b) for a, b in zip(old, label)]
+        for k, v in fields.items():
+            if v:
+                if item.get(k) not in (None, v):
+                    problems.append(f"{where}: {k} {v!r} differs from {item[k]!r} on an earlier row of {image}")
+                item.setdefault(k, v)
+
+    for key, by_class in masks.items():
+        item = merged[key]
+        for cls, paths in by_class.items():
+            unique = sorted(set(paths))
+            if len(unique) == 1:
+                item[f"mask_{cls}"] = _path_for_datalist(unique[0], rel)
+                continue
+            try:
+                out = _merge_masks(unique, Path(mask_dir) if mask_dir else csv_path.parent / "merged_masks", key, cls)
+            except ValueError as err:
+                problems.append(f"{key}: {cls} masks not merged: {err}")
+                continue
+            item[f"mask_{cls}"] = _path_for_datalist(out, rel)
+    items = [{k: v for k, v in it.items() if v is not None} for it in merged.values()]
+    return items, problems
+
+
+def _merge_masks(paths: Sequence[Path], out_dir: Path, image: str, cls: str) -> Path:
+    """Union of several ROI masks of one image and class, written as a 0/255 PNG; returns its path."""
+    import hashlib
+
+    from PIL import Image
+
+    from .readers import read_mammogram
+
+    union = None
+    for p in paths:
+        arr, _ = read_mammogram(p, mask=True)
+        if union is not None and arr.shape != union.shape:
+            raise ValueError(f"{p}: mask size {arr.shape} differs from {paths[0]} {union.shape}")
+        union = arr > 0 if union is None else union | (arr > 0)
+    name = f"{Path(image).stem}_{hashlib.sha1(image.encode()).hexdigest()[:8]}_{cls}.png"
+    out = out_dir / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp{os.getpid()}-{out.name}")
+    Image.fromarray(np.where(union, 255, 0).astype(np.uint8)).save(tmp, format="PNG")
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,236 @@
+"""Datalist layer: load/save, patient-level splitting, split checks, DICOM-folder and CSV builders, CLI."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from scripts.data.datalist import (
+    SPLITS,
+    DatalistError,
+    check_patient_splits,
+    detect_csv_flavour,
+    items_from_csv,
+    items_from_dicom_dir,
+    load_datalist,
+    resolve_paths,
+    save_datalist,
+    split_by_patient,
+)
+from scripts.data.synthetic import make_synthetic_dataset, write_mask_png
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _items(n_patients: int, positive_every: int = 4) -> list[dict]:
+    out = []
+    for p in range(n_patients):
+        for view in ("CC", "MLO"):
+            lab = [0, 1] if p % positive_every == 0 else [0, 0]
+            out.append({"image": f"img/{p}_{view}.png", "label": lab, "patient_id": f"P{p}", "view": view})
+    return out
+
+
+def test_save_and_load_round_trip_atomically(tmp_path):
+    data = {"training": _items(2), "validation": [], "test": _items(1)}
+    path = save_datalist(data, tmp_path / "sub" / "list.json")
+    assert load_datalist(path) == data
+    assert [p.name for p in path.parent.iterdir()] == ["list.json"], "no temporary file left behind"
+
+
+def test_load_errors_name_the_file(tmp_path):
+    with pytest.raises(DatalistError, match="nope.json.*not found"):
+        load_datalist(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text('{"training": {"image": "x"}}')
+    with pytest.raises(DatalistError, match="bad.json.*'training' must be a list"):
+        load_datalist(tmp_path / "bad.json")
+    (tmp_path / "broken.json").write_text("[1, 2")
+    with pytest.raises(DatalistError, match="broken.json.*not valid JSON"):
+        load_datalist(tmp_path / "broken.json")
+
+
+def test_split_keeps_patients_together_and_follows_fractions():
+    items = _items(200)
+    out = split_by_patient(items, (0.7, 0.15, 0.15), seed=3)
+    assert set(out) == set(SPLITS) and sum(len(v) for v in out.values()) == len(items)
+    assert check_patient_splits(out) == []
+    patients = {s: {it["patient_id"] for it in out[s]} for s in SPLITS}
+    # proportional allocation within each label group: at most one patient off per group and split
+    assert abs(len(patients["training"]) - 140) <= 2
+    assert abs(len(patients["validation"]) - 30) <= 2 and abs(len(patients["test"]) - 30) <= 2
+    for s in SPLITS:  # positives (every 4th patient) reach every split in proportion
+        n_pos = sum(1 for p in patients[s] if int(p[1:]) % 4 == 0)
+        assert abs(n_pos - {"training": 35, "validation": 7.5, "test": 7.5}[s]) <= 1.5
+    # deterministic, seed-dependent, input order kept inside a split
+    assert split_by_patient(items, (0.7, 0.15, 0.15), seed=3) == out
+    assert split_by_patient(items, (0.7, 0.15, 0.15), seed=4) != out
+    order = [items.index(it) for it in out["training"]]
+    assert order == sorted(order)
+
+
+def test_split_fraction_edge_cases():
+    items = _items(10)
+    only_test = split_by_patient(items, (0, 0, 1))
+    assert len(only_test["test"]) == 20 and not only_test["training"] and not only_test["validation"]
+    no_val = split_by_patient(items, {"training": 0.5, "test": 0.5})
+    assert not no_val["validation"]
+    for bad in ((0.5, 0.5), (0.7, 0.2, 0.2), (-0.1, 0.6, 0.5), {"train": 1.0}):
+        with pytest.raises(ValueError, match="fractions"):
+            split_by_patient(items, bad)
+    # items without patient_id are their own patient; unknown labels form their own group
+    loose = [{"image": f"{i}.png"} for i in range(20)]
+    out = split_by_patient(loose, (0.5, 0.25, 0.25), seed=1)
+    assert [len(out[s]) for s in SPLITS] == [10, 5, 5]
+
+
+def test_check_patient_splits_reports_and_raises():
+    data = {
+        "training": [{"image": "a.png", "patient_id": "P1"}, {"image": "b.png", "patient_id": "P2"}],
+        "validation": [{"image": "c.png", "patient_id": "P1"}],
+        "test": [{"image": "b.png"}, {"image": "b.png"}],
+    }
+    problems = check_patient_splits(data)
+    assert problems == ["patient 'P1' is in more than one split: training (1 item), validation (1 item)"]
+    data["validation"].append({"image": "d.png"})
+    data["training"].append({"image": "d.png"})
+    problems = check_patient_splits(data)
+    assert len(problems) == 2 and "image 'd.png'" in problems[1]
+    with pytest.raises(DatalistError, match="P1"):
+        check_patient_splits(data, raise_error=True)
+
+
+def test_relative_paths_resolve_like_monai(tmp_path):
+    from monai.data import load_decathlon_datalist
+
+    make_synthetic_dataset(tmp_path, 4, size=(256, 160), seed=1, fractions=(1, 0, 0))
+    ours = resolve_paths(load_datalist(tmp_path / "datalist.json"), tmp_path)["training"]
+    monai_items = load_decathlon_datalist(str(tmp_path / "datalist.json"), data_list_key="training")
+    for a, b in zip(ours, monai_items):
+        for key in ("image", "mask_benign", "mask_malignant"):
+            assert Path(a[key]) == Path(b[key]) and Path(a[key]).is_file()
+        assert a["label"] == list(b["label"])
+
+
+def test_items_from_dicom_dir_reads_headers_and_skips_junk(tmp_path):
+    make_synthetic_dataset(tmp_path, 4, size=(256, 160), seed=2, fmt="dcm")
+    (tmp_path / "images" / "notes.dcm").write_text("not dicom")
+    items, skipped = items_from_dicom_dir(tmp_path / "images", relative_to=tmp_path)
+    assert len(items) == 4 and len(skipped) == 1 and "notes.dcm" in skipped[0]
+    truth = {it["image"]: it for s in SPLITS for it in json.loads((tmp_path / "datalist.json").read_text())[s]}
+    for it in items:
+        assert "label" not in it  # labels unknown
+        ref = truth[it["image"]]
+        assert (it["patient_id"], it["laterality"], it["view"]) == (ref["patient_id"], ref["laterality"], ref["view"])
+    with pytest.raises(DatalistError, match="not found"):
+        items_from_dicom_dir(tmp_path / "missing")
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def test_cbis_ddsm_csv_merges_rows_and_masks(tmp_path):
+    shape = (40, 30)
+    a, b = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
+    a[2:6, 2:6], b[20:25, 10:12] = 1, 1
+    write_mask_png(tmp_path / "roi_a.png", a)
+    write_mask_png(tmp_path / "roi_b.png", b)
+    write_mask_png(tmp_path / "roi_c.png", b)
+    header = [
+        "patient_id",
+        "breast_density",
+        "left or right breast",
+        "image view",
+        "abnormality id",
+        "abnormality type",
+        "pathology",
+        "image file path",
+        "cropped image file path",
+        "ROI mask file path",
+    ]
+    rows = [
+        ["P_00001", 2, "LEFT", "CC", 1, "mass", "BENIGN", "P1_L_CC.dcm", "", "roi_a.png"],
+        ["P_00001", 2, "LEFT", "CC", 2, "calcification", "BENIGN_WITHOUT_CALLBACK", "P1_L_CC.dcm", "", "roi_b.png"],
+        ["P_00001", 2, "LEFT", "MLO", 1, "mass", "MALIGNANT", "P1_L_MLO.dcm", "", "roi_c.png"],
+        ["P_00002", 3, "RIGHT", "CC", 1, "mass", "UNKNOWN", "P2_R_CC.dcm", "", ""],
+    ]
+    csv_path = _write_csv(tmp_path / "mass.csv", header, rows)
+    assert detect_csv_flavour(header) == "cbis-ddsm"
+    items, problems = items_from_csv(csv_path, relative_to=tmp_path, mask_dir=tmp_path / "merged")
+    assert len(problems) == 1 and "mass.csv:5" in problems[0] and "pathology" in problems[0]
+    by_image = {it["image"]: it for it in items}
+    cc, mlo = by_image["P1_L_CC.dcm"], by_image["P1_L_MLO.dcm"]
+    assert cc["label"] == [1, 0] and mlo["label"] == [0, 1]
+    assert (cc["patient_id"], cc["laterality"], cc["view"]) == ("P_00001", "L", "CC")
+    assert mlo["mask_malignant"] == "roi_c.png" and "mask_benign" not in mlo
+    merged = np.array(Image.open(tmp_path / cc["mask_benign"])) > 0
+    assert np.array_equal(merged, (a | b) > 0)
+
+
+def test_vindr_and_generic_csv(tmp_path):
+    header = ["study_id", "series_id", "image_id", "laterality", "view_position", "breast_birads", "finding_birads"]
+    rows = [
+        ["s1", "x", "i1", "L", "CC", "BI-RADS 1", ""],
+        ["s1", "x", "i2", "R", "MLO", "BI-RADS 3", "BI-RADS 3"],
+        ["s2", "x", "i3", "L", "MLO", "BI-RADS 2", "BI-RADS 4"],
+        ["s2", "x", "i4", "R", "CC", "", ""],
+    ]
+    items, problems = items_from_csv(_write_csv(tmp_path / "vindr.csv", header, rows), relative_to=tmp_path)
+    assert len(problems) == 1 and "BI-RADS" in problems[0]
+    labels = {Path(it["image"]).stem: it["label"] for it in items}
+    assert labels == {"i1": [0, 0], "i2": [1, 0], "i3": [0, 1]}
+    assert items[0]["image"] == "images/s1/i1.dicom" and items[0]["patient_id"] == "s1"
+
+    header = ["image", "patient_id", "laterality", "view", "label_benign", "label_malignant", "mask_benign"]
+    rows = [["a.png", "p1", "R", "cc", 1, 0, "a_b.png"], ["b.png", "p2", "left", "MLO", "", "", ""]]
+    items, problems = items_from_csv(_write_csv(tmp_path / "gen.csv", header, rows), relative_to=tmp_path)
+    assert problems == []
+    assert items[0] == {
+        "image": "a.png",
+        "label": [1, 0],
+        "patient_id": "p1",
+        "laterality": "R",
+        "view": "CC",
+        "mask_benign": "a_b.png",
+    }
+    assert "label" not in items[1] and items[1]["laterality"] == "L"
+    with pytest.raises(DatalistError, match="accepted layouts"):
+        detect_csv_flavour(["file", "diagnosis"])
+
+
+def _cli():
+    spec = importlib.util.spec_from_file_location("make_datalist_cli", REPO_ROOT / "scripts" / "make_datalist.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_datalist_cli(tmp_path, capsys):
+    cli = _cli()
+    make_synthetic_dataset(tmp_path / "exam", 8, size=(256, 160), seed=5, fmt="dcm")
+    out = tmp_path / "lists" / "dicom.json"
+    assert (
+        cli.main(["--dicom-dir", str(tmp_path / "exam" / "images"), "--out", str(out), "--fractions", "0", "0", "1"])
+        == 0
+    )
+    data = load_datalist(out)
+    assert len(data["test"]) == 8 and not data["training"]
+    assert all((out.parent / it["image"]).is_file() and "label" not in it for it in data["test"])
+    (tmp_path / "exam" / "images" / "junk.dcm").write_bytes(b"\x00" * 10)
+    assert cli.main(["--dicom-dir", str(tmp_path / "exam" / "images"), "--out", str(out)]) == 1
+    assert "junk.dcm" in capsys.readouterr().err
+    assert check_patient_splits(load_datalist(out)) == []
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["--dicom-dir", str(empty), "--out", str(tmp_path / "none.json")]) == 2
+    assert not (tmp_path / "none.json").exists()
