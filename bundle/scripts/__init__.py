@@ -1,4 +1,34 @@
 """GLAM (Global-Local Activation Maps) components for MONAI.
 
-The bundle's custom code, imported from the configs as ``scripts.…`` (the model-zoo idiom).
+The bundle's custom code, imported from the configs as ``scripts.…`` (the model-zoo idiom). The names below are
+the public interface that tools outside the bundle rely on.
 """
+
+from .aggregation import ConcatTopTAggregation, FusionHead, GatedAttentionAggregation
+from .convert import convert_nyukat_state_dict, load_nyukat_glam
+from .losses import GLAMLoss
+from .metrics import PxAPMetric, SoftDiceMetric
+from .networks import GLAM, REFERENCE_PRESET, GlobalNetwork, LocalNetwork
+from .patches import PatchSelector, crop_patches, random_patch_boxes, render_saliency, select_patch_boxes
+from .pooling import TopTPooling
+
+__all__ = [
+    "GLAM",
+    "REFERENCE_PRESET",
+    "GlobalNetwork",
+    "LocalNetwork",
+    "TopTPooling",
+    "ConcatTopTAggregation",
+    "GatedAttentionAggregation",
+    "FusionHead",
+    "GLAMLoss",
+    "PatchSelector",
+    "select_patch_boxes",
+    "random_patch_boxes",
+    "crop_patches",
+    "render_saliency",
+    "convert_nyukat_state_dict",
+    "load_nyukat_glam",
+    "SoftDiceMetric",
+    "PxAPMetric",
+]

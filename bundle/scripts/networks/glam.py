@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -281,6 +282,13 @@ class GLAM(nn.Module):
             mask = random_patch_mask.to(device=boxes.device, dtype=torch.bool)[:, None, None]
             boxes = torch.where(mask, random_boxes, boxes)
         return boxes
+
+    def fuse_for_inference(self) -> GLAM:
+        """An eval-mode copy with the local module's batch norms folded into its convolutions (same outputs up to
+        float rounding, faster; its state dict has no local BN entries, so fuse after loading weights)."""
+        fused = copy.deepcopy(self).eval()
+        fused.local_network.fuse_batchnorm()
+        return fused
 
     def full_resolution(self, outputs: dict[str, torch.Tensor], image_size: Sequence[int]) -> dict[str, torch.Tensor]:
         """Render S_g, S_l and S_c at full input resolution (B, 2, H, W) from a forward's outputs."""

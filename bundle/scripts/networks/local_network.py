@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 __all__ = ["BasicBlock", "ResNetHR", "LocalNetwork", "LOCAL_DEPTHS"]
 
@@ -110,6 +111,23 @@ class LocalNetwork(nn.Module):
         for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
             x = checkpoint(layer, x, use_reentrant=False)
         return x
+
+    def fuse_batchnorm(self) -> LocalNetwork:
+        """Fold every batch norm into the convolution before it, in place (eval-mode inference only).
+
+        Post-activation blocks have conv -> BN pairs that fold exactly into one biased conv, removing a memory-bound
+        pass over every feature map. The state dict changes (no BN entries): fuse after loading weights.
+        """
+        if self.training:
+            raise ValueError("fuse_batchnorm is for inference: call .eval() first")
+        net = self.dn_resnet
+        net.conv1, net.bn1 = fuse_conv_bn_eval(net.conv1, net.bn1), nn.Identity()
+        for block in (b for layer in (net.layer1, net.layer2, net.layer3, net.layer4) for b in layer):
+            block.conv1, block.bn1 = fuse_conv_bn_eval(block.conv1, block.bn1), nn.Identity()
+            block.conv2, block.bn2 = fuse_conv_bn_eval(block.conv2, block.bn2), nn.Identity()
+            if block.downsample is not None:
+                block.downsample = nn.Sequential(fuse_conv_bn_eval(block.downsample[0], block.downsample[1]))
+        return self
 
     def forward(self, patches: torch.Tensor) -> dict[str, torch.Tensor]:
         # The stem takes 3 channels for compatibility with ImageNet-style weights: repeat the grey patch.
