@@ -1,0 +1,320 @@
+"""Breast-region geometry on 2-D mammograms (numpy only): the authors' crop box and best-centre window.
+
+Arrays here are 2-D ``(H, W)``: rows top-to-bottom, columns left-to-right. The MONAI transforms in
+``array.py`` / ``dictionary.py`` wrap these functions; keeping them free of MONAI lets tests compare them
+with independent computations.
+
+Facts from GLAM_SPEC.md section 8 (the authors' preprocessing):
+
+- breast mask = pixels > 0, eroded 100 times with scipy's default 3x3 cross, largest 4-connected
+  component, dilated 100 times; its bounding box plus up to 50 px at top, bottom and the side away
+  from the chest wall is the crop;
+- the 2944x1920 window is placed at a "best centre": CC views fix the column from the rightmost point
+  of the opened mask (searched below the top third of the image) and search the row covering most
+  pixels > 0 (ties to the image centre); MLO views fix the row from the bottom-most point as well;
+  images smaller than the window are zero-padded (CC: top and bottom evenly; MLO: bottom; columns:
+  right).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage as ndi
+
+__all__ = [
+    "WindowPlacement",
+    "best_center_window",
+    "breast_crop_box",
+    "chest_wall_side",
+    "largest_component",
+    "open_breast_mask",
+    "open_breast_mask_exact",
+    "shifted_window_start",
+    "view_kind",
+]
+
+CC_LIKE_VIEWS = frozenset({"CC", "XCCL", "XCCM", "FB", "CV"})
+MLO_LIKE_VIEWS = frozenset({"MLO", "ML", "LM", "LMO", "SIO", "ISO", "AT"})
+
+
+def _as_2d(image: np.ndarray, name: str = "image") -> np.ndarray:
+    arr = np.asarray(image)
+    if arr.ndim == 3 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (H, W) or (1, H, W), got shape {arr.shape}")
+    return arr
+
+
+def largest_component(mask: np.ndarray) -> np.ndarray:
+    """The largest 4-connected component of a 2-D boolean mask (all False if the mask is empty).
+
+    4-connectivity is scipy's default for ``ndimage.label``, which is what the authors' crop uses; ties
+    go to the component met first in raster order.
+    """
+    labels, n = ndi.label(mask)
+    if n == 0:
+        return np.zeros(mask.shape, dtype=bool)
+    sizes = np.bincount(labels.ravel())
+    sizes[0] = 0
+    return labels == int(np.argmax(sizes))
+
+
+def _bbox(mask: np.ndarray) -> tuple[int, int, int, int]:
+    rows = np.flatnonzero(mask.any(axis=1))
+    cols = np.flatnonzero(mask.any(axis=0))
+    return int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
+
+
+def open_breast_mask_exact(foreground: np.ndarray, iterations: int = 100) -> np.ndarray:
+    """Reference: ``binary_erosion(iterations)``, largest component, ``binary_dilation(iterations)``.
+
+    This is the authors' operation verbatim in scipy terms (default cross structure, border_value=0);
+    :func:`open_breast_mask` computes the same mask and is the one the transforms use.
+    """
+    fg = _as_2d(foreground, "foreground").astype(bool)
+    eroded = ndi.binary_erosion(fg, iterations=iterations) if iterations > 0 else fg
+    comp = largest_component(eroded)
+    if iterations > 0 and comp.any():
+        comp = ndi.binary_dilation(comp, iterations=iterations)
+    return comp
+
+
+def open_breast_mask(foreground: np.ndarray, iterations: int = 100, method: str = "fast") -> np.ndarray:
+    """Opened breast mask ``(H, W)`` bool: erosion, largest component, dilation (``iterations`` each).
+
+    ``method="fast"`` thresholds city-block distance transforms: ``iterations`` erosions with the 3x3
+    cross remove exactly the pixels within taxicab distance ``iterations`` of the background (pixels
+    outside the image count as background, scipy's border_value=0), and the dilation adds exactly the
+    pixels within that distance of the component. The result is identical to
+    :func:`open_breast_mask_exact`, at a cost that does not grow with ``iterations``; the dilation is
+    computed only inside the component's box grown by ``iterations``.
+    ``method="exact"`` calls :func:`open_breast_mask_exact`.
+    """
+    if method == "exact":
+        return open_breast_mask_exact(foreground, iterations)
+    if method != "fast":
+        raise ValueError(f"method must be 'fast' or 'exact', got {method!r}")
+    fg = _as_2d(foreground, "foreground").astype(bool)
+    if iterations <= 0 or not fg.any():
+        return largest_component(fg)
+    r0, r1, c0, c1 = _bbox(fg)
+    # zero frame of 1 px around the foreground's box: the image border erodes like background
+    sub = np.pad(fg[r0:r1, c0:c1], 1)
+    dist = ndi.distance_transform_cdt(sub, metric="taxicab")[1:-1, 1:-1]
+    eroded = np.zeros_like(fg)
+    eroded[r0:r1, c0:c1] = dist > iterations
+    comp = largest_component(eroded)
+    if not comp.any():
+        return comp
+    h, w = fg.shape
+    r0, r1, c0, c1 = _bbox(comp)
+    r0, c0 = max(r0 - iterations, 0), max(c0 - iterations, 0)
+    r1, c1 = min(r1 + iterations, h), min(c1 + iterations, w)
+    dist = ndi.distance_transform_cdt(~comp[r0:r1, c0:c1], metric="taxicab")
+    opened = np.zeros_like(fg)
+    opened[r0:r1, c0:c1] = dist <= iterations
+    return opened
+
+
+def chest_wall_side(image: np.ndarray) -> str:
+    """``"left"`` or ``"right"``: the half of the image with more tissue (intensity above the minimum).
+
+    A breast is widest at the chest wall and tapers to the nipple, so the chest-wall half holds more
+    tissue whatever the view. Ties go to ``"left"``.
+    """
+    arr = _as_2d(image).astype(np.float64)
+    arr = arr - arr.min()
+    half = arr.shape[1] // 2
+    left = arr[:, :half].sum()
+    right = arr[:, arr.shape[1] - half :].sum()
+    return "left" if left >= right else "right"
+
+
+def _opened_or_fallback(image: np.ndarray, iterations: int, method: str) -> np.ndarray:
+    fg = image > 0
+    if not fg.any():
+        raise ValueError("no pixel > 0: cannot locate the breast (all-zero or all-negative image)")
+    opened = open_breast_mask(fg, iterations, method)
+    if not opened.any():
+        warnings.warn(
+            f"{iterations} erosions removed the whole foreground of a {image.shape} image; using the largest "
+            "component of pixels > 0 instead (lower `iterations` for small images)",
+            stacklevel=3,
+        )
+        opened = largest_component(fg)
+    return opened
+
+
+def breast_crop_box(
+    image: np.ndarray,
+    iterations: int = 100,
+    buffer: int = 50,
+    chest_wall: str = "left",
+    method: str = "fast",
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The authors' crop of a 2-D mammogram: ``((top, left), (bottom, right))``, end-exclusive.
+
+    Bounding box of the opened mask of pixels > 0, grown by up to ``buffer`` px at the top, the bottom
+    and the side away from the chest wall (``chest_wall`` is ``"left"``, ``"right"`` or ``"auto"`` to
+    decide with :func:`chest_wall_side`), never beyond the image.
+    """
+    img = _as_2d(image)
+    if chest_wall == "auto":
+        chest_wall = chest_wall_side(img)
+    if chest_wall not in ("left", "right"):
+        raise ValueError(f"chest_wall must be 'left', 'right' or 'auto', got {chest_wall!r}")
+    h, w = img.shape
+    top, bottom, left, right = _bbox(_opened_or_fallback(img, iterations, method))
+    top -= min(top, buffer)
+    bottom += min(h - bottom, buffer)
+    if chest_wall == "left":
+        right += min(w - right, buffer)
+    else:
+        left -= min(left, buffer)
+    return (top, left), (bottom, right)
+
+
+def view_kind(view: str | None, default: str | None = "CC") -> str:
+    """``"CC"`` or ``"MLO"``: which of the authors' two window rules applies to a view code.
+
+    CC-like: CC, XCCL, XCCM, FB, CV; MLO-like: MLO, ML, LM, LMO, SIO, ISO, AT. Unknown or missing
+    views use ``default`` (``None`` makes them an error).
+    """
+    code = (view or "").strip().upper()
+    if code in CC_LIKE_VIEWS:
+        return "CC"
+    if code in MLO_LIKE_VIEWS:
+        return "MLO"
+    if default is None:
+        raise ValueError(f"unknown view {view!r}: expected one of {sorted(CC_LIKE_VIEWS | MLO_LIKE_VIEWS)}")
+    return view_kind(default, None)
+
+
+@dataclass(frozen=True)
+class WindowPlacement:
+    """Where the window sits on the (flipped, cropped) image, all in that image's pixel coordinates.
+
+    ``start`` is the window's top-left pixel and may be negative or reach past the image: those parts
+    are zero padding. ``best_center`` is the authors' ``(row, col)`` centre (their ``best_center``).
+    """
+
+    best_center: tuple[int, int]
+    start: tuple[int, int]
+    size: tuple[int, int]
+    rightmost: int
+    bottommost: int
+    view: str
+
+    @property
+    def end(self) -> tuple[int, int]:
+        return self.start[0] + self.size[0], self.start[1] + self.size[1]
+
+
+def _extreme_points(opened: np.ndarray) -> tuple[int, int]:
+    """(rightmost column below the top third, bottom-most row) of the opened mask."""
+    ignore = int(opened.shape[0] * (1 / 3))
+    cols = np.flatnonzero(opened[ignore:].any(axis=0))
+    if cols.size == 0:  # the mask lies entirely in the top third
+        cols = np.flatnonzero(opened.any(axis=0))
+    rows = np.flatnonzero(opened.any(axis=1))
+    return int(cols[-1]), int(rows[-1])
+
+
+def best_center_window(
+    image: np.ndarray,
+    view: str | None,
+    window: tuple[int, int] = (2944, 1920),
+    *,
+    mirrored: bool = False,
+    reference_compatible: bool = True,
+    iterations: int = 100,
+    method: str = "fast",
+    default_view: str | None = "CC",
+) -> WindowPlacement:
+    """The authors' window for a breast facing right (chest wall at column 0), see GLAM_SPEC.md 8.3.
+
+    Args:
+        image: ``(H, W)`` or ``(1, H, W)``, already flipped to face right (and usually cropped).
+        view: view code; CC-like views search the row, MLO-like ones take it from the bottom-most point.
+        window: ``(rows, cols)`` of the window.
+        mirrored: whether this image was mirrored to face right (matters only for
+            ``reference_compatible``, see below).
+        reference_compatible: reproduce the released code's integer conventions exactly (its
+            ``best_center`` values): centre column = rightmost - cols//2 - 1 where "rightmost" of a
+            mirrored image is one more than the pixel index (the code measures it as width - x on the
+            unmirrored image), and for MLO centre row = bottom-most - rows//2 - 1. With ``False`` the
+            window's last column is the rightmost breast column and (MLO) its last row the bottom-most
+            breast row, as the spec's words say; the two differ by 1-2 px.
+        iterations, method: the mask opening, as in :func:`open_breast_mask`.
+        default_view: used when ``view`` is unknown (``None`` raises).
+
+    Returns:
+        a :class:`WindowPlacement`.
+    """
+    img = _as_2d(image)
+    kind = view_kind(view, default_view)
+    win_h, win_w = (int(window[0]), int(window[1]))
+    half_h, half_w = win_h // 2, win_w // 2
+    h, w = img.shape
+    fg = img > 0
+    rightmost, bottommost = _extreme_points(_opened_or_fallback(img, iterations, method))
+
+    if reference_compatible:
+        center_col = rightmost + int(bool(mirrored)) - half_w - 1
+    else:
+        center_col = rightmost + 1 - win_w + half_w
+
+    if kind == "CC":
+        com_row = h // 2
+        if h <= win_h:
+            center_row = com_row
+        else:
+            # rows whose window lies inside the image, scored by pixels > 0 in the window's columns
+            col_lo = center_col - half_w
+            col_hi = min(center_col + (win_w - half_w) + max(-col_lo, 0), w)
+            col_lo = max(col_lo, 0)
+            counts = np.concatenate([[0], np.cumsum(fg[:, col_lo:col_hi].sum(axis=1, dtype=np.int64))])
+            rows = np.arange(half_h, h - (win_h - half_h) + 1)
+            scores = counts[rows - half_h + win_h] - counts[rows - half_h]
+            best = rows[scores == scores.max()]
+            center_row = int(best[np.argmin((best - com_row) ** 2)])
+    else:
+        # empty rows at the bottom of the window's columns cap the bottom-most point
+        nonzero_rows = np.flatnonzero((img[:, -win_w:] != 0).any(axis=1))
+        bottom = min(int(nonzero_rows[-1]), bottommost) if nonzero_rows.size else bottommost
+        center_row = bottom - half_h - 1 if reference_compatible else bottom + 1 - win_h + half_h
+
+    if h < win_h:
+        top = -((win_h - h) // 2) if kind == "CC" else 0
+    else:
+        top = int(np.clip(center_row - half_h, 0, h - win_h))
+    left = 0 if w < win_w else int(np.clip(center_col - half_w, 0, w - win_w))
+    return WindowPlacement(
+        best_center=(int(center_row), int(center_col)),
+        start=(top, left),
+        size=(win_h, win_w),
+        rightmost=rightmost,
+        bottommost=bottommost,
+        view=kind,
+    )
+
+
+def shifted_window_start(
+    placement: WindowPlacement, image_shape: tuple[int, int], offset: tuple[int, int]
+) -> tuple[int, int]:
+    """Window start moved by ``offset`` (rows, cols), kept inside the padded canvas of the placement.
+
+    The canvas is the union of the image and the unshifted window, so a shift never uncovers more
+    padding than the deterministic window already had (the authors' noise rule: a window flush with
+    the image edge only moves inwards).
+    """
+    out = []
+    for start, size, extent, off in zip(placement.start, placement.size, image_shape, offset):
+        lo = min(start, 0)
+        hi = max(start + size, extent) - size
+        out.append(int(np.clip(start + int(off), lo, hi)))
+    return out[0], out[1]
