@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import requires_cuda
 
 from scripts.networks import GLAM
 from scripts.patches import render_saliency
@@ -211,3 +212,33 @@ def test_full_size_shapes():
     assert out["saliency"].shape == (1, 2, 736, 480) and out["saliency_local"].shape == (1, 2, 736, 480)
     r, c, ph, pw = out["patch_boxes"][0, 0].tolist()
     assert (ph, pw) == (512, 512) and r % 16 == 0 and c % 16 == 0
+
+
+@requires_cuda
+def test_cuda_matches_cpu_in_float32_and_runs_in_bf16():
+    model = small_glam(stage="joint").eval()
+    x = image()
+    with torch.no_grad():
+        cpu = model(x)
+        gpu_model = model.to("cuda")
+        gpu = gpu_model(x.cuda())
+        for key, value in cpu.items():
+            torch.testing.assert_close(gpu[key].cpu().to(value.dtype), value, rtol=1e-4, atol=1e-4, msg=key)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            bf16 = gpu_model.to(memory_format=torch.channels_last)(x.cuda())
+    assert bf16["patch_boxes"].shape == (2, 2, 4)  # bf16 rounding may legitimately pick another window
+    for key in ("y_global", "saliency", "saliency_local"):
+        assert torch.isfinite(bf16[key]).all()
+        assert (bf16[key].float().cpu() - cpu[key]).abs().max() < 0.05, key
+    assert bf16["saliency"].dtype == torch.float32
+
+
+@requires_cuda
+def test_cuda_training_step_with_random_negatives():
+    from scripts.losses import GLAMLoss
+
+    model = small_glam(stage="local").cuda().train()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    out = model(image().cuda(), random_patch_mask=torch.tensor([True, False], device="cuda"), generator=g)
+    GLAMLoss("local")(out, torch.tensor([[0.0, 0.0], [1.0, 0.0]], device="cuda")).backward()
+    assert all(p.grad is not None for p in model.local_network.parameters())

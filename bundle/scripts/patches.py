@@ -175,6 +175,8 @@ def random_patch_boxes(
         raise ValueError(f"image of {H}x{W} is smaller than the {ph}x{pw} patch")
     if isinstance(num_patches, bool) or not isinstance(num_patches, int) or num_patches < 1:
         raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
+    if generator is not None and generator.device.type != image.device.type:
+        raise ValueError(f"generator is on {generator.device} but the image is on {image.device}: use one device")
     stride = max(1, min(ph, pw) // 4) if stride is None else int(stride)
     foreground = (image > image.amin(dim=(-3, -2, -1), keepdim=True)).float()
     fraction = F.avg_pool2d(foreground, (ph, pw), stride=stride)[:, 0]  # (B, nr, nc) candidate corners
@@ -260,6 +262,8 @@ def render_saliency(
     h, w = saliency_global.shape[-2:]
     s_g = saliency_global[..., (img_rows * h // H)[:, None], (img_cols * w // W)[None, :]]
 
+    patch_maps = patch_maps.float()  # maps are reported in float32 even when the model ran under autocast
+    s_g = s_g.float()
     B, K, C, a, b = patch_maps.shape
     ho, wo = img_rows.numel(), img_cols.numel()
     rel_r = img_rows[None, None, :] - boxes[..., 0, None]  # (B, K, ho)
@@ -276,7 +280,7 @@ def render_saliency(
     s_l = torch.zeros((B, C, ho, wo), dtype=patch_maps.dtype, device=device)
     for k in range(K):  # sequential on purpose: later patches overwrite earlier ones
         s_l = torch.where(inside[:, k], values[:, k], s_l)
-    s_c = gamma_c * s_g.to(s_l.dtype) + (1.0 - gamma_c) * s_l
+    s_c = gamma_c * s_g + (1.0 - gamma_c) * s_l
     return {"saliency_global_image": s_g, "saliency_local": s_l, "saliency": s_c}
 
 
