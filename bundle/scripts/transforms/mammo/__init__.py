@@ -1,0 +1,48 @@
+"""Mammogram preprocessing transforms (GLAM_SPEC section 8) as MONAI array / dictionary pairs."""
+
+from scripts.transforms.mammo.array import (
+    BestCenterWindow,
+    CropBreast,
+    FlipToRight,
+    RandBestCenterWindow,
+    StandardizeImage,
+)
+from scripts.transforms.mammo.breast import (
+    WindowPlacement,
+    best_center_window,
+    breast_crop_box,
+    chest_wall_side,
+    open_breast_mask,
+    open_breast_mask_exact,
+)
+from scripts.transforms.mammo.dictionary import (
+    BestCenterWindowd,
+    CropBreastd,
+    DropEmptyKeysd,
+    FlipToRightd,
+    RandBestCenterWindowd,
+    StandardizeImaged,
+)
+from scripts.transforms.mammo.pipeline import mammogram_augmentations, mammogram_transforms
+
+__all__ = [
+    "BestCenterWindow",
+    "BestCenterWindowd",
+    "CropBreast",
+    "CropBreastd",
+    "DropEmptyKeysd",
+    "FlipToRight",
+    "FlipToRightd",
+    "RandBestCenterWindow",
+    "RandBestCenterWindowd",
+    "StandardizeImage",
+    "StandardizeImaged",
+    "WindowPlacement",
+    "best_center_window",
+    "breast_crop_box",
+    "chest_wall_side",
+    "mammogram_augmentations",
+    "mammogram_transforms",
+    "open_breast_mask",
+    "open_breast_mask_exact",
+]

@@ -1,0 +1,332 @@
+"""Mammogram preprocessing as MONAI array transforms on channel-first ``(C, H, W)`` images.
+
+The geometric ones (:class:`FlipToRight`, :class:`CropBreast`, :class:`BestCenterWindow`,
+:class:`RandBestCenterWindow`) are invertible: they record themselves in ``MetaTensor.applied_operations``
+so that MONAI's ``inverse`` / ``Invertd`` maps a saliency map from window coordinates back onto the
+original image. They decide from the first channel and apply the same geometry to every channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.config import NdarrayOrTensor
+from monai.data import MetaTensor
+from monai.data.meta_obj import get_track_meta
+from monai.transforms import CropForeground, Flip, InvertibleTransform, Randomizable, Transform
+from monai.utils import TraceKeys, TransformBackends, convert_to_numpy, convert_to_tensor
+
+from scripts.transforms.mammo.breast import (
+    WindowPlacement,
+    best_center_window,
+    breast_crop_box,
+    chest_wall_side,
+    shifted_window_start,
+)
+
+__all__ = [
+    "BestCenterWindow",
+    "CropBreast",
+    "FlipToRight",
+    "RandBestCenterWindow",
+    "StandardizeImage",
+    "first_channel",
+    "normalize_laterality",
+]
+
+FLIPPED_KEY = "flipped_to_right"  # meta: whether FlipToRight mirrored this image
+HORIZONTAL_FLIP_VALUES = ("NO", "YES")
+
+
+def first_channel(img: NdarrayOrTensor) -> np.ndarray:
+    """The first channel of a ``(C, H, W)`` image as a 2-D numpy array (``(H, W)`` is accepted too)."""
+    arr = convert_to_numpy(img.as_tensor() if isinstance(img, MetaTensor) else img)
+    if arr.ndim == 3:
+        return arr[0]
+    if arr.ndim == 2:
+        return arr
+    raise ValueError(f"expected a (C, H, W) or (H, W) image, got shape {tuple(arr.shape)}")
+
+
+def _meta(img: Any) -> dict:
+    return img.meta if isinstance(img, MetaTensor) else {}
+
+
+def _filename(img: Any) -> str:
+    meta = _meta(img)
+    return str(meta.get("filename_or_obj") or meta.get("filename") or "<array>")
+
+
+def normalize_laterality(value: Any) -> str | None:
+    """``'L'``/``'R'`` from 'L', 'left', 'R', 'right' (any case); None for empty or unknown values."""
+    text = ("" if value is None else str(value)).strip().upper()
+    if text in ("L", "LEFT"):
+        return "L"
+    if text in ("R", "RIGHT"):
+        return "R"
+    return None
+
+
+def _check_horizontal_flip(value: Any) -> str:
+    text = str(value).strip().upper()
+    if text not in HORIZONTAL_FLIP_VALUES:
+        raise ValueError(f"horizontal_flip must be 'NO' or 'YES', got {value!r}")
+    return text
+
+
+class FlipToRight(InvertibleTransform):
+    """Mirror the columns so that the breast faces right (chest wall at the left edge, GLAM_SPEC 8.2).
+
+    The decision, in order: an explicit ``flip``; the laterality given to the call or found in
+    ``img.meta["laterality"]`` (R views are mirrored, or L views when ``horizontal_flip="YES"`` says the
+    images were stored already flipped); when the laterality is unknown or was itself guessed from the
+    pixels (``meta["laterality_source"] == "image"``), the side of the chest wall seen in the image
+    (:func:`~scripts.transforms.mammo.breast.chest_wall_side`). ``meta["flipped_to_right"]`` records the
+    outcome (``BestCenterWindow`` needs it for the reference-compatible window).
+
+    Args:
+        horizontal_flip: ``"NO"`` (the usual display: left breasts already face right) or ``"YES"``.
+    """
+
+    backend = Flip.backend
+
+    def __init__(self, horizontal_flip: str = "NO") -> None:
+        self.horizontal_flip = _check_horizontal_flip(horizontal_flip)
+        self.flipper = Flip(spatial_axis=1)
+        self._do_transform = False
+
+    def should_flip(self, img: NdarrayOrTensor, laterality: Any = None, horizontal_flip: Any = None) -> bool:
+        """Whether ``img`` (``(C, H, W)``) needs mirroring; see the class docstring for the rules."""
+        lat = normalize_laterality(laterality)
+        meta = _meta(img)
+        if lat is None and str(meta.get("laterality_source", "")) != "image":
+            lat = normalize_laterality(meta.get("laterality"))
+        if lat is None:
+            return chest_wall_side(first_channel(img)) == "right"
+        hflip = self.horizontal_flip if horizontal_flip in (None, "") else _check_horizontal_flip(horizontal_flip)
+        return lat == ("R" if hflip == "NO" else "L")
+
+    def __call__(
+        self,
+        img: NdarrayOrTensor,
+        laterality: Any = None,
+        horizontal_flip: Any = None,
+        flip: bool | None = None,
+    ) -> torch.Tensor:
+        """``img``: ``(C, H, W)``; returns the (possibly mirrored) image, same shape."""
+        self._do_transform = bool(self.should_flip(img, laterality, horizontal_flip) if flip is None else flip)
+        out = self.flipper(img) if self._do_transform else img
+        out = convert_to_tensor(out, track_meta=get_track_meta())
+        self.push_transform(out, replace=True)
+        if isinstance(out, MetaTensor):
+            out.meta[FLIPPED_KEY] = self._do_transform
+        return out
+
+    def inverse(self, data: torch.Tensor) -> torch.Tensor:
+        transform = self.pop_transform(data)
+        if isinstance(data, MetaTensor):
+            data.meta.pop(FLIPPED_KEY, None)
+        if not transform[TraceKeys.DO_TRANSFORM]:
+            return data
+        data.applied_operations.append(transform[TraceKeys.EXTRA_INFO])  # type: ignore[union-attr]
+        return self.flipper.inverse(data)
+
+
+class CropBreast(CropForeground):
+    """The authors' breast crop (GLAM_SPEC 8.1) as an invertible MONAI crop.
+
+    Box of the opened mask of pixels > 0 (erosion ``iterations`` times, largest component, dilation)
+    plus up to ``buffer`` px at the top, the bottom and the side away from the chest wall. The box is
+    written to ``meta["crop_box"]`` as ``[top, left, bottom, right]`` (end-exclusive, input coordinates).
+
+    Args:
+        iterations: erosion/dilation iterations (100 for full-resolution mammograms; scale with the
+            image size for downsampled data).
+        buffer: pixels added at the three sides.
+        chest_wall: ``"left"`` (after :class:`FlipToRight`), ``"right"`` or ``"auto"``.
+        method: ``"fast"`` (distance transforms, identical result) or ``"exact"`` (scipy iterations).
+    """
+
+    def __init__(
+        self,
+        iterations: int = 100,
+        buffer: int = 50,
+        chest_wall: str = "left",
+        method: str = "fast",
+        lazy: bool = False,
+    ) -> None:
+        super().__init__(allow_smaller=True, lazy=lazy)
+        self.iterations = int(iterations)
+        self.buffer = int(buffer)
+        self.chest_wall = chest_wall
+        self.method = method
+
+    def compute_bounding_box(self, img: NdarrayOrTensor) -> tuple[np.ndarray, np.ndarray]:
+        """``(start, end)`` of the crop in ``img``'s spatial coordinates, end-exclusive."""
+        try:
+            start, end = breast_crop_box(first_channel(img), self.iterations, self.buffer, self.chest_wall, self.method)
+        except ValueError as err:
+            raise ValueError(f"CropBreast: {_filename(img)}: {err}") from err
+        return np.asarray(start), np.asarray(end)
+
+    def crop_pad(self, img, box_start, box_end, mode=None, lazy=False, **pad_kwargs):  # noqa: D102
+        out = super().crop_pad(img, box_start, box_end, mode, lazy=lazy, **pad_kwargs)
+        if isinstance(out, MetaTensor):
+            out.meta["crop_box"] = np.concatenate([box_start, box_end]).astype(np.int64)
+        return out
+
+    def __call__(self, img: torch.Tensor, mode: str | None = None, lazy: bool | None = None, **pad_kwargs):  # type: ignore[override]
+        """``img``: ``(C, H, W)``; returns ``(C, bottom - top, right - left)``."""
+        start, end = self.compute_bounding_box(img)
+        return self.crop_pad(img, start, end, mode, lazy=self.lazy if lazy is None else lazy, **pad_kwargs)
+
+
+class BestCenterWindow(CropForeground):
+    """The authors' fixed-size window around the "best centre" (GLAM_SPEC 8.3), zero-padded, invertible.
+
+    Expects a breast facing right (after :class:`FlipToRight`, usually after :class:`CropBreast`). The view
+    comes from the call or ``meta["view"]``; whether the image was mirrored from ``meta["flipped_to_right"]``.
+    Writes ``meta["best_center"]`` ``[row, col]`` (the authors' value), ``meta["window_start"]`` ``[top,
+    left]`` (input coordinates; negative = zero padding) and ``meta["window_size"]``.
+
+    Args:
+        window: ``(rows, cols)``, the authors' ``(2944, 1920)`` by default.
+        reference_compatible: reproduce the released code's 1-2 px conventions (see
+            :func:`~scripts.transforms.mammo.breast.best_center_window`).
+        iterations, method: the breast-mask opening.
+        default_view: window rule for unknown views (``"CC"``; ``None`` makes unknown views an error).
+    """
+
+    def __init__(
+        self,
+        window: Sequence[int] = (2944, 1920),
+        reference_compatible: bool = True,
+        iterations: int = 100,
+        method: str = "fast",
+        default_view: str | None = "CC",
+        lazy: bool = False,
+    ) -> None:
+        super().__init__(allow_smaller=True, lazy=lazy)
+        if len(window) != 2 or min(int(s) for s in window) < 1:
+            raise ValueError(f"window must be (rows, cols) of positive ints, got {window!r}")
+        self.window = (int(window[0]), int(window[1]))
+        self.reference_compatible = reference_compatible
+        self.iterations = int(iterations)
+        self.method = method
+        self.default_view = default_view
+
+    def placement(self, img: NdarrayOrTensor, view: str | None = None, mirrored: bool | None = None) -> WindowPlacement:
+        """Where the window goes on ``img`` (``(C, H, W)``)."""
+        meta = _meta(img)
+        view = view or str(meta.get("view", "") or "") or None
+        if mirrored is None:
+            mirrored = bool(meta.get(FLIPPED_KEY, False))
+        try:
+            return best_center_window(
+                first_channel(img),
+                view,
+                self.window,
+                mirrored=mirrored,
+                reference_compatible=self.reference_compatible,
+                iterations=self.iterations,
+                method=self.method,
+                default_view=self.default_view,
+            )
+        except ValueError as err:
+            raise ValueError(f"BestCenterWindow: {_filename(img)}: {err}") from err
+
+    def compute_bounding_box(self, img: NdarrayOrTensor) -> tuple[np.ndarray, np.ndarray]:
+        p = self.placement(img)
+        return np.asarray(p.start), np.asarray(p.end)
+
+    def apply(
+        self,
+        img: torch.Tensor,
+        placement: WindowPlacement,
+        start: Sequence[int] | None = None,
+        mode: str | None = None,
+        lazy: bool | None = None,
+    ) -> torch.Tensor:
+        """Cut the window at ``start`` (default ``placement.start``) from ``img`` ``(C, H, W)``."""
+        start_ = np.asarray(placement.start if start is None else start, dtype=np.int64)
+        end_ = start_ + np.asarray(placement.size, dtype=np.int64)
+        out = self.crop_pad(img, start_, end_, mode, lazy=self.lazy if lazy is None else lazy)
+        if isinstance(out, MetaTensor):
+            out.meta["best_center"] = np.asarray(placement.best_center, dtype=np.int64)
+            out.meta["window_start"] = start_
+            out.meta["window_size"] = np.asarray(placement.size, dtype=np.int64)
+        return out
+
+    def __call__(  # type: ignore[override]
+        self,
+        img: torch.Tensor,
+        view: str | None = None,
+        mirrored: bool | None = None,
+        mode: str | None = None,
+        lazy: bool | None = None,
+    ) -> torch.Tensor:
+        """``img``: ``(C, H, W)``; returns ``(C, *window)``."""
+        return self.apply(img, self.placement(img, view, mirrored), mode=mode, lazy=lazy)
+
+
+class RandBestCenterWindow(BestCenterWindow, Randomizable):
+    """:class:`BestCenterWindow` moved by a random offset of up to ``max_shift`` (rows, cols) pixels.
+
+    Offsets are uniform integers in ``[-max_shift, max_shift]``; the window stays inside the union of the
+    image and the unshifted window, so the shift never adds padding where the deterministic window had
+    none. Reproducible with ``set_random_state``. The inverse is :class:`BestCenterWindow`'s.
+    """
+
+    def __init__(self, max_shift: Sequence[int] | int = (32, 32), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        shift = (int(max_shift), int(max_shift)) if np.isscalar(max_shift) else tuple(int(s) for s in max_shift)
+        if len(shift) != 2 or min(shift) < 0:
+            raise ValueError(f"max_shift must be one or two non-negative ints, got {max_shift!r}")
+        self.max_shift = shift
+        self._offset = (0, 0)
+
+    def randomize(self, data: Any = None) -> None:
+        self._offset = (
+            int(self.R.randint(-self.max_shift[0], self.max_shift[0] + 1)),
+            int(self.R.randint(-self.max_shift[1], self.max_shift[1] + 1)),
+        )
+
+    def __call__(  # type: ignore[override]
+        self,
+        img: torch.Tensor,
+        view: str | None = None,
+        mirrored: bool | None = None,
+        randomize: bool = True,
+        mode: str | None = None,
+        lazy: bool | None = None,
+    ) -> torch.Tensor:
+        if randomize:
+            self.randomize()
+        p = self.placement(img, view, mirrored)
+        start = shifted_window_start(p, tuple(first_channel(img).shape), self._offset)
+        return self.apply(img, p, start, mode=mode, lazy=lazy)
+
+
+class StandardizeImage(Transform):
+    """Per-image standardisation over the whole window: ``(x - mean) / max(std, eps)`` (GLAM_SPEC 8.4).
+
+    MONAI's ``NormalizeIntensity`` uses the same population std but divides by 1 when std == 0 and by the
+    raw std when it is tiny, so the authors' floor needs this transform. Statistics are computed in
+    float64 over all channels; the output is float32 and keeps the MetaTensor metadata.
+    """
+
+    backend = [TransformBackends.TORCH]
+
+    def __init__(self, eps: float = 1e-5) -> None:
+        self.eps = float(eps)
+
+    def __call__(self, img: NdarrayOrTensor) -> NdarrayOrTensor:
+        t = convert_to_tensor(img, track_meta=get_track_meta())
+        plain = t.as_tensor() if isinstance(t, MetaTensor) else t
+        x64 = plain.detach().to(torch.float64)
+        mean = x64.mean()
+        std = x64.std(unbiased=False).clamp_min(self.eps)
+        return ((t.to(torch.float64) - mean) / std).to(torch.float32)

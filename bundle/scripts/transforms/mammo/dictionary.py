@@ -1,0 +1,262 @@
+"""Dictionary versions of the mammogram preprocessing transforms (image and masks travel together).
+
+Each geometric transform decides from one image (``source_key``, default ``"image"``) and applies the same
+flip / box / window to every key — the image and its masks (``mask_benign``, ``mask_malignant``, ...). Keys
+must share the spatial shape of the source; a mask of another size is an error that names the file.
+Laterality, view and ``horizontal_flip`` are taken from the data dictionary when present (datalist fields),
+else from the source image's metadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.config import KeysCollection
+from monai.data import MetaTensor
+from monai.transforms import InvertibleTransform, MapTransform, Randomizable
+from monai.transforms.croppad.dictionary import Cropd
+
+from scripts.transforms.mammo.array import (
+    BestCenterWindow,
+    CropBreast,
+    FlipToRight,
+    StandardizeImage,
+    first_channel,
+)
+from scripts.transforms.mammo.breast import shifted_window_start
+
+__all__ = [
+    "BestCenterWindowd",
+    "CropBreastd",
+    "DropEmptyKeysd",
+    "FlipToRightd",
+    "RandBestCenterWindowd",
+    "StandardizeImaged",
+]
+
+
+def _spatial_shape(x: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape[1:])
+
+
+def _name(x: Any, key: Hashable) -> str:
+    meta = x.meta if isinstance(x, MetaTensor) else {}
+    return str(meta.get("filename_or_obj") or meta.get("filename") or f"<{key}>")
+
+
+def _check_shapes(transform: MapTransform, d: Mapping, source_key: Hashable) -> None:
+    """Every key must have the source's spatial shape: a mask of another size would be cut wrongly."""
+    ref = _spatial_shape(d[source_key])
+    for key in transform.key_iterator(d):
+        shape = _spatial_shape(d[key])
+        if shape != ref:
+            raise ValueError(
+                f"{type(transform).__name__}: {_name(d[key], key)} ({key!r}) has spatial shape {shape} but "
+                f"{_name(d[source_key], source_key)} ({source_key!r}) has {ref}; masks must match their image"
+            )
+
+
+def _source(transform: MapTransform, d: Mapping, source_key: Hashable | None) -> Hashable:
+    key = source_key if source_key is not None else transform.first_key(d)
+    if isinstance(key, list) or key not in d:  # first_key gives [] when no key is present
+        raise KeyError(f"{type(transform).__name__}: source key {source_key!r} is not in the data ({list(d)})")
+    return key
+
+
+class DropEmptyKeysd(MapTransform):
+    """Remove ``keys`` whose value is None or ``""`` so that optional masks can be written as empty fields
+    in a datalist; later transforms use ``allow_missing_keys=True`` for them."""
+
+    def __init__(self, keys: KeysCollection) -> None:
+        super().__init__(keys, allow_missing_keys=True)
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        for key in self.keys:
+            if key in d and (d[key] is None or (isinstance(d[key], str) and not d[key].strip())):
+                del d[key]
+        return d
+
+
+class FlipToRightd(MapTransform, InvertibleTransform):
+    """Dictionary :class:`~scripts.transforms.mammo.array.FlipToRight`: one decision, applied to all keys.
+
+    Args:
+        keys: image and mask keys.
+        laterality_key: data field with 'L'/'R' (datalist ``laterality``); the source image's metadata is
+            used when the field is missing or empty.
+        horizontal_flip: ``"NO"``/``"YES"`` default (GLAM_SPEC 8.2); a data field ``horizontal_flip_key``
+            overrides it per item.
+        source_key: image that decides when laterality is unknown (default: the first key present).
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        laterality_key: str | None = "laterality",
+        horizontal_flip: str = "NO",
+        horizontal_flip_key: str | None = "horizontal_flip",
+        source_key: str | None = None,
+        allow_missing_keys: bool = False,
+    ) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.flipper = FlipToRight(horizontal_flip=horizontal_flip)
+        self.laterality_key = laterality_key
+        self.horizontal_flip_key = horizontal_flip_key
+        self.source_key = source_key
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        src = _source(self, d, self.source_key)
+        laterality = d.get(self.laterality_key) if self.laterality_key else None
+        hflip = d.get(self.horizontal_flip_key) if self.horizontal_flip_key else None
+        do_flip = self.flipper.should_flip(d[src], laterality, hflip)
+        for key in self.key_iterator(d):
+            d[key] = self.flipper(d[key], flip=do_flip)
+        return d
+
+    def inverse(self, data: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.flipper.inverse(d[key])
+        return d
+
+
+class CropBreastd(Cropd):
+    """Dictionary :class:`~scripts.transforms.mammo.array.CropBreast`: the box comes from ``source_key`` and
+    crops every key.
+
+    Args:
+        keys: image and mask keys.
+        source_key: the image the box is computed on.
+        iterations, buffer, chest_wall, method: as in ``CropBreast``.
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        source_key: str = "image",
+        iterations: int = 100,
+        buffer: int = 50,
+        chest_wall: str = "left",
+        method: str = "fast",
+        allow_missing_keys: bool = False,
+    ) -> None:
+        cropper = CropBreast(iterations=iterations, buffer=buffer, chest_wall=chest_wall, method=method)
+        super().__init__(keys, cropper=cropper, allow_missing_keys=allow_missing_keys)
+        self.source_key = source_key
+
+    @property
+    def requires_current_data(self) -> bool:
+        return True
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor], lazy: bool | None = None) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        src = _source(self, d, self.source_key)
+        _check_shapes(self, d, src)
+        start, end = self.cropper.compute_bounding_box(d[src])
+        for key in self.key_iterator(d):
+            d[key] = self.cropper.crop_pad(d[key], start, end, lazy=False)
+        return d
+
+
+class BestCenterWindowd(Cropd):
+    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterWindow`: the window is placed on
+    ``source_key`` and cut, at the same place, from every key.
+
+    Args:
+        keys: image and mask keys.
+        source_key: the image that places the window.
+        view_key: data field with the view ('CC', 'MLO', ...); else the source image's ``meta["view"]``.
+        window, reference_compatible, iterations, method, default_view: as in ``BestCenterWindow``.
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        source_key: str = "image",
+        view_key: str | None = "view",
+        window: Sequence[int] = (2944, 1920),
+        reference_compatible: bool = True,
+        iterations: int = 100,
+        method: str = "fast",
+        default_view: str | None = "CC",
+        allow_missing_keys: bool = False,
+    ) -> None:
+        cropper = BestCenterWindow(
+            window=window,
+            reference_compatible=reference_compatible,
+            iterations=iterations,
+            method=method,
+            default_view=default_view,
+        )
+        super().__init__(keys, cropper=cropper, allow_missing_keys=allow_missing_keys)
+        self.source_key = source_key
+        self.view_key = view_key
+
+    @property
+    def requires_current_data(self) -> bool:
+        return True
+
+    def _placement(self, d: Mapping[Hashable, Any]):
+        src = _source(self, d, self.source_key)
+        _check_shapes(self, d, src)
+        view = d.get(self.view_key) if self.view_key else None
+        return src, self.cropper.placement(d[src], view=str(view) if view else None)
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor], lazy: bool | None = None) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        _, placement = self._placement(d)
+        for key in self.key_iterator(d):
+            d[key] = self.cropper.apply(d[key], placement, lazy=False)
+        return d
+
+
+class RandBestCenterWindowd(BestCenterWindowd, Randomizable):
+    """:class:`BestCenterWindowd` shifted by one random offset (up to ``max_shift`` px) shared by all keys.
+
+    See :class:`~scripts.transforms.mammo.array.RandBestCenterWindow` for the shift rule. Reproducible with
+    ``set_random_state``; inverted like ``BestCenterWindowd``.
+    """
+
+    def __init__(self, keys: KeysCollection, max_shift: Sequence[int] | int = (32, 32), **kwargs: Any) -> None:
+        super().__init__(keys, **kwargs)
+        shift = (int(max_shift), int(max_shift)) if np.isscalar(max_shift) else tuple(int(s) for s in max_shift)
+        if len(shift) != 2 or min(shift) < 0:
+            raise ValueError(f"max_shift must be one or two non-negative ints, got {max_shift!r}")
+        self.max_shift = shift
+        self._offset = (0, 0)
+
+    def randomize(self, data: Any = None) -> None:
+        self._offset = (
+            int(self.R.randint(-self.max_shift[0], self.max_shift[0] + 1)),
+            int(self.R.randint(-self.max_shift[1], self.max_shift[1] + 1)),
+        )
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor], lazy: bool | None = None) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        self.randomize()
+        src, placement = self._placement(d)
+        start = shifted_window_start(placement, tuple(first_channel(d[src]).shape), self._offset)
+        for key in self.key_iterator(d):
+            d[key] = self.cropper.apply(d[key], placement, start=start, lazy=False)
+        return d
+
+
+class StandardizeImaged(MapTransform):
+    """Dictionary :class:`~scripts.transforms.mammo.array.StandardizeImage` (images only, not masks)."""
+
+    backend = StandardizeImage.backend
+
+    def __init__(self, keys: KeysCollection, eps: float = 1e-5, allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.standardizer = StandardizeImage(eps=eps)
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.standardizer(d[key])
+        return d

@@ -1,0 +1,155 @@
+"""The preprocessing chain of GLAM as one MONAI ``Compose``: load, flip, crop, window, standardise (+ augment).
+
+Order and why: images are mirrored first so every later step can assume the chest wall at column 0 (the
+authors crop first and flip afterwards; with the buffer put on the side away from the chest wall the two
+orders give the same pixels). Masks are binarised right after loading, so the geometric steps (which only
+cut and zero-pad, never interpolate) keep them exactly 0/1. Intensity augmentations come after
+standardisation, because standardisation would undo any global scale or shift applied before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from monai.transforms import (
+    AsDiscreted,
+    Compose,
+    LoadImaged,
+    RandAdjustContrastd,
+    RandFlipd,
+    RandScaleIntensityd,
+    RandShiftIntensityd,
+)
+
+from scripts.data.readers import MammogramReader
+from scripts.transforms.mammo.dictionary import (
+    BestCenterWindowd,
+    CropBreastd,
+    DropEmptyKeysd,
+    FlipToRightd,
+    RandBestCenterWindowd,
+    StandardizeImaged,
+)
+
+__all__ = ["mammogram_augmentations", "mammogram_transforms"]
+
+
+def mammogram_augmentations(
+    keys: Sequence[str] = ("image",),
+    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
+    intensity: bool = True,
+    vertical_flip_prob: float = 0.0,
+) -> list[Callable]:
+    """The default training augmentations that follow standardisation (the window shift is part of the
+    window step, see :func:`mammogram_transforms`).
+
+    - intensity jitter on the images: gamma in [0.8, 1.25], scale by 1 +- 0.1 and shift by +-0.1 (standardised
+      units), each with probability 0.5;
+    - up-down flips (``RandFlipd`` on spatial axis 0, images and masks together) only when
+      ``vertical_flip_prob > 0``: an explicit opt-in. Left-right mirroring (a flip about the vertical axis) is
+      never offered: every breast must keep facing right, as the authors' window rule and the trained weights
+      assume.
+    """
+    keys, mask_keys = list(keys), list(mask_keys)
+    augs: list[Callable] = []
+    if intensity:
+        augs += [
+            RandAdjustContrastd(keys=keys, prob=0.5, gamma=(0.8, 1.25)),
+            RandScaleIntensityd(keys=keys, factors=0.1, prob=0.5),
+            RandShiftIntensityd(keys=keys, offsets=0.1, prob=0.5),
+        ]
+    if vertical_flip_prob > 0:
+        augs.append(RandFlipd(keys=keys + mask_keys, prob=vertical_flip_prob, spatial_axis=0, allow_missing_keys=True))
+    return augs
+
+
+def mammogram_transforms(
+    keys: Sequence[str] = ("image",),
+    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
+    window: Sequence[int] = (2944, 1920),
+    train: bool = False,
+    *,
+    load: bool = True,
+    apply_voi: bool = True,
+    horizontal_flip: str = "NO",
+    laterality_key: str | None = "laterality",
+    view_key: str | None = "view",
+    crop: bool = True,
+    iterations: int = 100,
+    buffer: int = 50,
+    reference_compatible: bool = True,
+    default_view: str | None = "CC",
+    standardize: bool = True,
+    max_shift: Sequence[int] | int = (32, 32),
+    augmentations: Sequence[Callable] | None = None,
+) -> Compose:
+    """Preprocessing of GLAM_SPEC section 8 for datalist items ``{"image": path, "mask_benign"?: path, ...}``.
+
+    Args:
+        keys: image keys; the first one places the crop and the window for all keys.
+        mask_keys: optional per-image masks (missing, None or "" values are skipped); binarised (> 0.5 -> 1).
+        window: ``(rows, cols)`` of the model input.
+        train: add the random window shift (``max_shift`` px) and ``augmentations``.
+        load: start with ``LoadImaged`` + :class:`~scripts.data.readers.MammogramReader` (False when the items
+            already hold ``(1, H, W)`` tensors).
+        apply_voi: apply DICOM VOI LUT / window when present.
+        horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
+        view_key, reference_compatible, default_view: see
+            :class:`~scripts.transforms.mammo.dictionary.BestCenterWindowd`.
+        crop, iterations, buffer: the authors' crop (skip it for images that are already cropped).
+        standardize: per-image ``(x - mean) / max(std, 1e-5)`` of the images.
+        max_shift: the largest window shift (rows, cols) in training.
+        augmentations: transforms run after standardisation in training; default
+            :func:`mammogram_augmentations` ``(keys, mask_keys)``.
+
+    Returns:
+        a ``Compose``; its output images are ``(1, *window)`` float32 MetaTensors that remember every geometric
+        step, so ``Invertd`` maps a window-sized map back to the file's geometry.
+    """
+    keys, mask_keys = list(keys), list(mask_keys)
+    if not keys:
+        raise ValueError("keys must name at least one image key")
+    all_keys = keys + mask_keys
+    source = keys[0]
+    chain: list[Callable] = []
+    if mask_keys:
+        chain.append(DropEmptyKeysd(mask_keys))
+    if load:
+        chain.append(LoadImaged(keys=keys, reader=MammogramReader(apply_voi=apply_voi), image_only=True))
+        if mask_keys:
+            chain.append(
+                LoadImaged(keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True)
+            )
+    if mask_keys:
+        chain.append(AsDiscreted(keys=mask_keys, threshold=0.5, allow_missing_keys=True))
+    chain.append(
+        FlipToRightd(
+            all_keys,
+            laterality_key=laterality_key,
+            horizontal_flip=horizontal_flip,
+            source_key=source,
+            allow_missing_keys=True,
+        )
+    )
+    if crop:
+        chain.append(
+            CropBreastd(all_keys, source_key=source, iterations=iterations, buffer=buffer, allow_missing_keys=True)
+        )
+    window_args = dict(
+        source_key=source,
+        view_key=view_key,
+        window=tuple(window),
+        reference_compatible=reference_compatible,
+        iterations=iterations,
+        default_view=default_view,
+        allow_missing_keys=True,
+    )
+    if train:
+        chain.append(RandBestCenterWindowd(all_keys, max_shift=max_shift, **window_args))
+    else:
+        chain.append(BestCenterWindowd(all_keys, **window_args))
+    if standardize:
+        chain.append(StandardizeImaged(keys))
+    if train:
+        chain.extend(mammogram_augmentations(keys, mask_keys) if augmentations is None else augmentations)
+    return Compose(chain)
