@@ -267,10 +267,11 @@ def _read_dicom(path: str | os.PathLike, apply_voi: bool, mask: bool) -> tuple[n
         raw = ds.pixel_array
     except Exception as err:
         name = getattr(syntax, "name", syntax)
+        hint = ""
+        if getattr(syntax, "is_compressed", False):
+            hint = "; compressed DICOM needs pylibjpeg, pylibjpeg-libjpeg, pylibjpeg-openjpeg and pylibjpeg-rle"
         raise _fail(
-            path,
-            f"cannot decode pixel data (transfer syntax {name}: {type(err).__name__}: {err}); compressed DICOM needs "
-            "pylibjpeg, pylibjpeg-libjpeg, pylibjpeg-openjpeg and pylibjpeg-rle",
+            path, f"cannot decode pixel data (transfer syntax {name}: {type(err).__name__}: {err}){hint}"
         ) from err
     if raw.ndim != 2:
         raise _fail(path, f"pixel data of shape {raw.shape}; {OUT_OF_SCOPE_3D}")
