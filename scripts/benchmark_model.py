@@ -109,8 +109,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    model_times = time_call(run_model, device, args.warmup, args.repeats)
-    conv_times = time_call(run_conv, device, args.warmup + 2, max(5, args.repeats * 3))
+    # Interleave the two so that both see the same machine state (other load, clocks, caches).
+    time_call(run_model, device, args.warmup, 0)
+    time_call(run_conv, device, 2, 0)
+    model_times, conv_times = [], []
+    for _ in range(args.repeats):
+        conv_times += time_call(run_conv, device, 0, 3)
+        model_times += time_call(run_model, device, 0, 1)
+    conv_times += time_call(run_conv, device, 0, 3)
     latency = min(model_times)
     conv_latency = min(conv_times)
     if device.type == "cuda":
