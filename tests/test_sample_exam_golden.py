@@ -48,6 +48,8 @@ def test_best_center_and_breast_position_in_window(windows, view):
     assert tuple(image.shape) == (1, 2944, 1920)
     assert tuple(int(v) for v in image.meta["spatial_shape"]) == shape  # the file's size, from the reader
     assert tuple(int(v) for v in image.meta["best_center"]) == center
+    # the files are the authors' crops: opened mask + 50 px buffers span each image exactly
+    assert [int(v) for v in image.meta["crop_box"]] == [0, 0, *shape]
     breast = image[0].numpy() > 0
     r = np.flatnonzero(breast.any(axis=1))
     c = np.flatnonzero(breast.any(axis=0))
