@@ -387,3 +387,28 @@ def test_compose_inverse_of_dictionary_chain():
     back = t.inverse(d)["image"]
     assert tuple(back.shape) == (1, 50, 30)
     np.testing.assert_array_equal(back[0].numpy(), img)
+
+
+def test_pipeline_from_dicom_tags(tmp_path):
+    """Laterality and view from the DICOM tags drive the flip and the window rule when the item has none."""
+    from _dicom_factory import make_dicom
+
+    stored = half_disc(50, 30, 20, 18, top=5)[:, ::-1].astype(np.uint16)  # a right breast, stored facing left
+    path = make_dicom(
+        tmp_path / "r_mlo.dcm",
+        stored,
+        laterality="R",
+        view_position=None,
+        view_code=("R-10226", "SRT", "medio-lateral oblique"),
+    )
+    t = mammogram_transforms(mask_keys=(), window=(64, 40), iterations=2, buffer=3, standardize=False)
+    d = t({"image": str(path)})
+    image = d["image"]
+    assert image.meta["laterality"] == "R" and image.meta["view"] == "MLO"
+    assert bool(image.meta["flipped_to_right"])
+    window = image[0].numpy()
+    assert window[:, 0].any()  # chest wall at column 0
+    box = [int(v) for v in image.meta["crop_box"]]
+    cropped_rows = box[2] - box[0]
+    assert int(image.meta["window_start"][0]) == 0  # MLO: window from the first row, padding at the bottom
+    assert window[:cropped_rows].any(axis=1).sum() > 0 and not window[cropped_rows:].any()
