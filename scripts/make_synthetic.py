@@ -58,6 +58,15 @@ def _downsample(rgb: np.ndarray, masks: list[np.ndarray], factor: int) -> tuple[
     return small, small_masks
 
 
+def _lesion_mask(case: SyntheticCase, les: dict) -> np.ndarray:
+    """The mask pixels of one lesion (its class mask restricted to its bounding box)."""
+    r0, c0, r1, c1 = les["bbox"]
+    full = case.mask_benign if les["class"] == "benign" else case.mask_malignant
+    own = np.zeros(full.shape, dtype=bool)
+    own[r0:r1, c0:c1] = full[r0:r1, c0:c1] > 0
+    return own
+
+
 def _draw(rgb: np.ndarray, mask_b: np.ndarray, mask_m: np.ndarray, thickness: int = 1) -> np.ndarray:
     out = rgb.copy()
     out[_outline(mask_b, thickness)] = BENIGN_RGB
@@ -65,7 +74,7 @@ def _draw(rgb: np.ndarray, mask_b: np.ndarray, mask_m: np.ndarray, thickness: in
     return out
 
 
-def render_preview(cases: list[SyntheticCase], path: Path, n_full: int = 6, crop: int = 64, zoom: int = 3) -> None:
+def render_preview(cases: list[SyntheticCase], path: Path, n_full: int = 6, crop: int = 72, zoom: int = 3) -> None:
     """A grid: top row ``n_full`` whole views with mask outlines (benign green, malignant red), bottom row a
     zoomed crop per lesion type, without and with its outline."""
     from PIL import Image, ImageDraw
@@ -79,14 +88,21 @@ def render_preview(cases: list[SyntheticCase], path: Path, n_full: int = 6, crop
         tiles.append((tile, title))
     crops = []
     for kind in BENIGN_TYPES + MALIGNANT_TYPES:
-        found = next(((c, les) for c in cases for les in c.lesions if les["kind"] == kind), None)
-        if found is None:
+        # the most conspicuous example of the kind: the least compact mask (spicules present, particles spread)
+        found = [
+            (_outline(_lesion_mask(c, les)).sum() ** 2 / max(les["area"], 1), i, c, les)
+            for i, c in enumerate(cases)
+            for les in c.lesions
+            if les["kind"] == kind
+        ]
+        if not found:
             continue
-        case, les = found
+        _, _, case, les = max(found, key=lambda t: (t[0], -t[1]))
         r, c = (int(v) for v in les["center"])
         h, w = case.image.shape
         r0, c0 = min(max(r - crop // 2, 0), h - crop), min(max(c - crop // 2, 0), w - crop)
-        rgb = _display(case.image, case.breast_mask)[r0 : r0 + crop, c0 : c0 + crop]
+        window = (slice(r0, r0 + crop), slice(c0, c0 + crop))
+        rgb = _display(case.image[window], case.breast_mask[window])  # a window of its own per crop
         mb = case.mask_benign[r0 : r0 + crop, c0 : c0 + crop]
         mm = case.mask_malignant[r0 : r0 + crop, c0 : c0 + crop]
         big = np.kron(rgb, np.ones((zoom, zoom, 1), dtype=np.uint8))
@@ -114,24 +130,100 @@ def render_preview(cases: list[SyntheticCase], path: Path, n_full: int = 6, crop
 
 
 def preview_cases(seed: int, size: tuple[int, int], n_full: int = 6) -> list[SyntheticCase]:
-    """Views for the preview: positive breasts first, until every lesion type has appeared."""
+    """Views for the preview: a lesion-free MLO, then the views of 12 patients with lesions in every breast."""
     gen = SyntheticMammogramGenerator(SyntheticConfig(size=size, lesion_prevalence=1.0), seed)
     cases: list[SyntheticCase] = []
-    kinds: set[str] = set()
-    for patient in range(50):
+    for patient in range(12):
         for side in ("L", "R"):
             for view in ("CC", "MLO"):
                 case = gen.generate(patient, side, view)
-                new = {les["kind"] for les in case.lesions} - kinds
-                if new or len(cases) < n_full:
+                if case.lesions or len(cases) < n_full:  # the crops pick their examples among all of these
                     cases.append(case)
-                    kinds |= new
-        if len(kinds) == 4 and len(cases) >= n_full:
-            break
     negative = SyntheticMammogramGenerator(SyntheticConfig(size=size, lesion_prevalence=0.0), seed).generate(
         0, "L", "MLO"
     )
     return [negative] + cases
+
+
+def _oracle_dice(mask: np.ndarray, cell: int) -> float:
+    """Best Dice of any binary map that is constant on ``cell`` x ``cell`` blocks (a saliency map of that
+    resolution upsampled): take blocks in decreasing lesion coverage, keep the best prefix."""
+    h, w = (mask.shape[0] // cell) * cell, (mask.shape[1] // cell) * cell
+    counts = mask[:h, :w].reshape(h // cell, cell, w // cell, cell).sum(axis=(1, 3)).ravel()
+    counts = np.sort(counts[counts > 0])[::-1].astype(np.float64)
+    k = np.arange(1, counts.size + 1)
+    return float((2 * np.cumsum(counts) / (k * cell * cell + mask.sum())).max())
+
+
+def _pool(a: np.ndarray, cell: int) -> np.ndarray:
+    h, w = (a.shape[0] // cell) * cell, (a.shape[1] // cell) * cell
+    return a[:h, :w].reshape(h // cell, cell, w // cell, cell).mean(axis=(1, 3))
+
+
+def calibration_table(n_breasts: int, seed: int, size: tuple[int, int]) -> str:
+    """Markdown table of lesion statistics over ``n_breasts`` positive breasts (one view each), the numbers in
+    docs/data.md: size, contrast (to texture std, to noise), CNR against a ring around the mask, best Dice
+    reachable at the global module's saliency resolutions, and the lesion's signal after 16x16 / 4x4 average
+    pooling relative to the clutter of pooled lesion-free tissue."""
+    from dataclasses import replace
+
+    from scipy import ndimage
+
+    cfg = SyntheticConfig(size=size, lesion_prevalence=1.0)
+    quiet = replace(cfg, noise_gain=0.0, electronic_noise=0.0)
+    gen, gen_q = SyntheticMammogramGenerator(cfg, seed), SyntheticMammogramGenerator(quiet, seed)
+    gen_0 = SyntheticMammogramGenerator(replace(quiet, lesion_prevalence=0.0), seed)
+    stats: dict[str, list[dict[str, float]]] = {}
+    sigma, noise = [], []
+    for i in range(n_breasts):
+        patient, side, view = i // 2, "LR"[i % 2], ("CC", "MLO")[(i // 2) % 2]
+        case, clean, empty = (g.generate(patient, side, view) for g in (gen, gen_q, gen_0))
+        breast = case.breast_mask
+        img = case.image.astype(np.float64)
+        sigma.append(case.sigma_tex)
+        noise.append(float((img - clean.image)[breast].std()))
+        signal = clean.image.astype(np.float64) - empty.image
+        clutter = {
+            c: _pool(empty.image.astype(np.float64), c)[_pool(breast.astype(float), c) == 1].std() for c in (4, 16)
+        }
+        for les in case.lesions:
+            r0, c0, r1, c1 = les["bbox"]
+            full = (case.mask_benign if les["class"] == "benign" else case.mask_malignant).astype(bool)
+            own = np.zeros_like(full)
+            own[r0:r1, c0:c1] = full[r0:r1, c0:c1]
+            if not own.any():
+                continue
+            ring = ndimage.binary_dilation(own, iterations=8) & ~ndimage.binary_dilation(own, iterations=3) & breast
+            rows, cols = np.nonzero(own)
+            d = {
+                "area % of image": 100 * own.sum() / own.size,
+                "extent % of width": 100 * (max(np.ptp(rows), np.ptp(cols)) + 1) / size[1],
+                "CNR vs ring": (img[own].mean() - img[ring].mean()) / max(img[ring].std(), 1e-6),
+                "peak / texture std": signal[r0:r1, c0:c1].max() / case.sigma_tex,
+                "peak / noise std": signal[r0:r1, c0:c1].max() / max(noise[-1], 1e-6),
+                "best Dice 46x30": _oracle_dice(own, size[1] // 30),
+                "best Dice 92x60": _oracle_dice(own, size[1] // 60),
+                "best Dice 184x120": _oracle_dice(own, size[1] // 120),
+                "pooled signal / clutter, 1/16": _pool(signal, size[1] // 30).max() / clutter[16],
+                "pooled signal / clutter, 1/4": _pool(signal, size[1] // 120).max() / clutter[4],
+            }
+            stats.setdefault(les["kind"], []).append(d)
+    kinds = [k for k in BENIGN_TYPES + MALIGNANT_TYPES if k in stats]
+    lines = [
+        f"{n_breasts} positive breasts at {size[0]}x{size[1]}, seed {seed}: texture std {np.median(sigma):.0f} counts "
+        f"(median; 10-90 %: {np.percentile(sigma, 10):.0f}-{np.percentile(sigma, 90):.0f}), "
+        f"noise std {np.median(noise):.0f} counts; cells: median (10th-90th percentile)",
+        "",
+        "| measure | " + " | ".join(f"{k.replace('_', ' ')} (n={len(stats[k])})" for k in kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for key in stats[kinds[0]][0]:
+        cells = []
+        for k in kinds:
+            v = np.array([d[key] for d in stats[k]])
+            cells.append(f"{np.median(v):.2f} ({np.percentile(v, 10):.2f}-{np.percentile(v, 90):.2f})")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,9 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calc-mask", choices=("cluster", "particles"), default="cluster")
     parser.add_argument("--workers", type=int, default=1, help="processes (images are independent)")
     parser.add_argument("--preview", type=Path, help="write a PNG grid of examples with mask outlines and exit")
+    parser.add_argument(
+        "--calibration", type=int, metavar="BREASTS", help="print lesion statistics over BREASTS breasts and exit"
+    )
     args = parser.parse_args(argv)
 
     size = (int(args.size[0]), int(args.size[1]))
+    if args.calibration is not None:
+        print(calibration_table(args.calibration, args.seed, size))
+        return 0
     if args.preview is not None:
         render_preview(preview_cases(args.seed, size), args.preview)
         print(f"wrote {args.preview}")

@@ -98,7 +98,7 @@ class SyntheticConfig:
     benign_mass_radius: tuple[float, float] = (8.0, 20.0)
     malignant_mass_radius: tuple[float, float] = (7.0, 17.0)
     spicule_length: tuple[float, float] = (1.3, 2.4)  # times the local radius of the mass
-    calc_cluster_radius: tuple[float, float] = (3.0, 6.0)  # 1.25-2.5 % of the width across
+    calc_cluster_radius: tuple[float, float] = (2.5, 4.5)  # 1-2 % of the width across (particle centres)
     benign_calc_cluster_radius: tuple[float, float] = (4.0, 8.0)
     # contrasts relative to sigma_tex
     benign_mass_contrast: tuple[float, float] = (0.9, 1.6)
@@ -579,15 +579,15 @@ def _calcification_cluster(
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
     """A cluster of calcified particles inside an ellipse of mean radius ``radius``.
 
-    fine=True (malignant, fine pleomorphic): 8-25 particles of varied shape (dots of 1-2 px and short linear
-    segments) and brightness, tightly clustered in an elongated region. fine=False (benign, punctate): 3-9 round
+    fine=True (malignant, fine pleomorphic): 6-16 particles of varied shape (dots of 1-2 px and short linear
+    segments) and brightness, tightly clustered in an elongated region. fine=False (benign, punctate): 3-8 round
     particles of 2-3 px and uniform brightness, loosely spread.
     """
     aspect = _u(rng, (1.0, 2.2)) if fine else _u(rng, (1.0, 1.4))
     rot = _u(rng, (0, math.pi))
     ra, rb = radius * math.sqrt(aspect), radius / math.sqrt(aspect)
     dot_r = (0.6 * scale, 1.1 * scale) if fine else (1.0 * scale, 1.5 * scale)
-    n = int(rng.integers(8, 26)) if fine else int(rng.integers(3, 10))
+    n = int(rng.integers(6, 17)) if fine else int(rng.integers(3, 9))
     half = ra + 2 * dot_r[1] + 3 * scale + 2
     dy, dx, origin = _local_grid(cy, cx, half)
     profile = np.zeros((dy.shape[0], dx.shape[1]), dtype=np.float32)
