@@ -286,3 +286,41 @@ def test_full_size_image():
     assert case.image.shape == (2944, 1920) and case.image.dtype == np.uint16
     assert case.lesions and all(les["area"] <= 0.01 * 2944 * 1920 for les in case.lesions)
     assert case.label == [int(case.mask_benign.any()), int(case.mask_malignant.any())]
+
+
+@pytest.mark.parametrize("fmt", ["png", "nii", "dcm"])
+def test_read_mammogram_returns_the_generated_pixels(tmp_path, fmt):
+    """The agreed array convention across formats: read_mammogram gives back the stored (H, W) picture, with
+    MONOCHROME1 inverted to dense-bright, and right breasts mirrored only where ``facing`` says so."""
+    readers = pytest.importorskip("scripts.data.readers")
+    size = (256, 160)
+    make_synthetic_dataset(tmp_path, 4, size=size, seed=3, fmt=fmt, photometric="MONOCHROME1")
+    gen = SyntheticMammogramGenerator(SyntheticConfig(size=size), 3)
+    for it in [it for s in SPLITS for it in _load(tmp_path)[s]]:
+        case = gen.generate(0, it["laterality"], it["view"])
+        expected = case.image[:, ::-1] if it["facing"] == "left" else case.image
+        arr, meta = readers.read_mammogram(tmp_path / it["image"])
+        assert arr.shape == size and np.array_equal(arr, expected.astype(np.float32)), it["image"]
+        mask, _ = readers.read_mammogram(tmp_path / it["mask_benign"], mask=True)
+        flipped = case.mask_benign[:, ::-1] if it["facing"] == "left" else case.mask_benign
+        assert np.array_equal(mask > 0, flipped > 0)
+        if fmt == "dcm":
+            assert (meta["laterality"], meta["view"], meta["patient_id"]) == (it["laterality"], it["view"], "SYN00000")
+
+
+def test_make_synthetic_cli(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_synthetic_cli", Path(__file__).resolve().parents[1] / "scripts" / "make_synthetic.py"
+    )
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert cli.main(["--out", str(tmp_path / "d"), "--n", "4", "--size", "256", "160", "--format", "nii"]) == 0
+    assert len([it for s in SPLITS for it in _load(tmp_path / "d")[s]]) == 4
+    assert cli.main(["--preview", str(tmp_path / "p.png"), "--size", "256", "160"]) == 0
+    grid = np.array(Image.open(tmp_path / "p.png").convert("RGB"))
+    # outlines of both classes are drawn
+    assert (grid == (60, 220, 60)).all(axis=-1).any() and (grid == (255, 50, 50)).all(axis=-1).any()
+    assert cli.main(["--out", str(tmp_path / "e"), "--n", "0", "--size", "256", "160"]) == 2
+    assert "n must be a positive integer" in capsys.readouterr().err
