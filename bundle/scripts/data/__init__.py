@@ -1,0 +1,43 @@
+"""From files on disk to arrays: readers for every supported format, datalists, data checks, synthetic data."""
+
+from .checks import DataCheckError, DataCheckReport, DataProblem, assert_datalist_ok, check_datalist
+from .datalist import (
+    DatalistError,
+    check_patient_splits,
+    items_from_csv,
+    items_from_dicom_dir,
+    load_datalist,
+    save_datalist,
+    split_by_patient,
+)
+from .readers import (
+    SUPPORTED_SUFFIXES,
+    MammogramReader,
+    MammogramReadError,
+    read_dicom_header,
+    read_mammogram,
+)
+from .synthetic import SyntheticConfig, SyntheticMammogramGenerator, make_synthetic_dataset
+
+__all__ = [
+    "SUPPORTED_SUFFIXES",
+    "MammogramReader",
+    "MammogramReadError",
+    "read_mammogram",
+    "read_dicom_header",
+    "DatalistError",
+    "load_datalist",
+    "save_datalist",
+    "split_by_patient",
+    "check_patient_splits",
+    "items_from_csv",
+    "items_from_dicom_dir",
+    "DataProblem",
+    "DataCheckReport",
+    "DataCheckError",
+    "check_datalist",
+    "assert_datalist_ok",
+    "SyntheticConfig",
+    "SyntheticMammogramGenerator",
+    "make_synthetic_dataset",
+]

@@ -1,0 +1,38 @@
+"""The bundle's MONAI transforms: mammogram preprocessing and GLAM's patch cropping (array / dictionary pairs)."""
+
+from .mammo import (
+    BestCenterWindow,
+    BestCenterWindowd,
+    CropBreast,
+    CropBreastd,
+    DropEmptyKeysd,
+    FlipToRight,
+    FlipToRightd,
+    RandBestCenterWindow,
+    RandBestCenterWindowd,
+    StandardizeImage,
+    StandardizeImaged,
+    mammogram_augmentations,
+    mammogram_transforms,
+)
+from .patches import RandPatchCrop, RandPatchCropd, SaliencyPatchCrop, SaliencyPatchCropd
+
+__all__ = [
+    "FlipToRight",
+    "FlipToRightd",
+    "CropBreast",
+    "CropBreastd",
+    "BestCenterWindow",
+    "BestCenterWindowd",
+    "RandBestCenterWindow",
+    "RandBestCenterWindowd",
+    "StandardizeImage",
+    "StandardizeImaged",
+    "DropEmptyKeysd",
+    "mammogram_transforms",
+    "mammogram_augmentations",
+    "SaliencyPatchCrop",
+    "SaliencyPatchCropd",
+    "RandPatchCrop",
+    "RandPatchCropd",
+]
