@@ -412,3 +412,19 @@ def test_pipeline_from_dicom_tags(tmp_path):
     cropped_rows = box[2] - box[0]
     assert int(image.meta["window_start"][0]) == 0  # MLO: window from the first row, padding at the bottom
     assert window[:cropped_rows].any(axis=1).sum() > 0 and not window[cropped_rows:].any()
+
+
+def test_flip_to_rightd_honours_the_recorded_facing():
+    """A right breast stored facing right (synthetic PNGs) must not be mirrored back; 'left' always flips."""
+    from scripts.transforms.mammo import FlipToRightd
+
+    img = torch.zeros(1, 4, 6)
+    img[:, :, :2] = 1.0  # chest wall at the left edge: already facing right
+    kept = FlipToRightd(["image"])({"image": img.clone(), "laterality": "R", "facing": "right"})["image"]
+    assert torch.equal(torch.as_tensor(kept), img)
+    flipped = FlipToRightd(["image"])({"image": img.clone(), "laterality": "L", "facing": "left"})["image"]
+    assert torch.equal(torch.as_tensor(flipped), img.flip(-1))
+    by_laterality = FlipToRightd(["image"])({"image": img.clone(), "laterality": "R"})["image"]
+    assert torch.equal(torch.as_tensor(by_laterality), img.flip(-1))  # no facing: the authors' rule (R mirrored)
+    with pytest.raises(ValueError, match="'facing' must be 'right' or 'left'"):
+        FlipToRightd(["image"])({"image": img.clone(), "facing": "up"})

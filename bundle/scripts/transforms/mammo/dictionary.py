@@ -91,6 +91,9 @@ class FlipToRightd(MapTransform, InvertibleTransform):
         horizontal_flip: ``"NO"``/``"YES"`` default (GLAM_SPEC 8.2); a data field ``horizontal_flip_key``
             overrides it per item.
         source_key: image that decides when laterality is unknown (default: the first key present).
+        facing_key: data field saying which way the stored breast faces (``"right"``/``"left"``, as the
+            synthetic datalists record it); when present it decides alone, since laterality does not tell how
+            an image was stored.
     """
 
     def __init__(
@@ -101,9 +104,11 @@ class FlipToRightd(MapTransform, InvertibleTransform):
         horizontal_flip_key: str | None = "horizontal_flip",
         source_key: str | None = None,
         allow_missing_keys: bool = False,
+        facing_key: str | None = "facing",
     ) -> None:
         super().__init__(keys, allow_missing_keys)
         self.flipper = FlipToRight(horizontal_flip=horizontal_flip)
+        self.facing_key = facing_key
         self.laterality_key = laterality_key
         self.horizontal_flip_key = horizontal_flip_key
         self.source_key = source_key
@@ -113,7 +118,13 @@ class FlipToRightd(MapTransform, InvertibleTransform):
         src = _source(self, d, self.source_key)
         laterality = d.get(self.laterality_key) if self.laterality_key else None
         hflip = d.get(self.horizontal_flip_key) if self.horizontal_flip_key else None
-        do_flip = self.flipper.should_flip(d[src], laterality, hflip)
+        facing = str(d.get(self.facing_key) or "").lower() if self.facing_key else ""
+        if facing in ("right", "left"):
+            do_flip = facing == "left"
+        elif facing:
+            raise ValueError(f"FlipToRightd: {self.facing_key!r} must be 'right' or 'left', got {facing!r}")
+        else:
+            do_flip = self.flipper.should_flip(d[src], laterality, hflip)
         for key in self.key_iterator(d):
             d[key] = self.flipper(d[key], flip=do_flip)
         return d
