@@ -272,6 +272,19 @@ class BestCenterWindow(CropForeground):
         return self.apply(img, self.placement(img, view, mirrored), mode=mode, lazy=lazy)
 
 
+def parse_max_shift(max_shift: Sequence[int] | int) -> tuple[int, int]:
+    """``max_shift`` as (rows, cols) non-negative ints."""
+    shift = (int(max_shift), int(max_shift)) if np.isscalar(max_shift) else tuple(int(s) for s in max_shift)
+    if len(shift) != 2 or min(shift) < 0:
+        raise ValueError(f"max_shift must be one or two non-negative ints, got {max_shift!r}")
+    return shift
+
+
+def draw_window_offset(rng: np.random.RandomState, max_shift: tuple[int, int]) -> tuple[int, int]:
+    """A uniform integer offset in [-max_shift, max_shift] per axis."""
+    return int(rng.randint(-max_shift[0], max_shift[0] + 1)), int(rng.randint(-max_shift[1], max_shift[1] + 1))
+
+
 class RandBestCenterWindow(BestCenterWindow, Randomizable):
     """:class:`BestCenterWindow` moved by a random offset of up to ``max_shift`` (rows, cols) pixels.
 
@@ -282,17 +295,11 @@ class RandBestCenterWindow(BestCenterWindow, Randomizable):
 
     def __init__(self, max_shift: Sequence[int] | int = (32, 32), **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        shift = (int(max_shift), int(max_shift)) if np.isscalar(max_shift) else tuple(int(s) for s in max_shift)
-        if len(shift) != 2 or min(shift) < 0:
-            raise ValueError(f"max_shift must be one or two non-negative ints, got {max_shift!r}")
-        self.max_shift = shift
+        self.max_shift = parse_max_shift(max_shift)
         self._offset = (0, 0)
 
     def randomize(self, data: Any = None) -> None:
-        self._offset = (
-            int(self.R.randint(-self.max_shift[0], self.max_shift[0] + 1)),
-            int(self.R.randint(-self.max_shift[1], self.max_shift[1] + 1)),
-        )
+        self._offset = draw_window_offset(self.R, self.max_shift)
 
     def __call__(  # type: ignore[override]
         self,

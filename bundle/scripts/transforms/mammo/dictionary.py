@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.data import MetaTensor
@@ -24,7 +23,9 @@ from scripts.transforms.mammo.array import (
     CropBreast,
     FlipToRight,
     StandardizeImage,
+    draw_window_offset,
     first_channel,
+    parse_max_shift,
 )
 from scripts.transforms.mammo.breast import shifted_window_start
 
@@ -235,17 +236,11 @@ class RandBestCenterWindowd(BestCenterWindowd, Randomizable):
 
     def __init__(self, keys: KeysCollection, max_shift: Sequence[int] | int = (32, 32), **kwargs: Any) -> None:
         super().__init__(keys, **kwargs)
-        shift = (int(max_shift), int(max_shift)) if np.isscalar(max_shift) else tuple(int(s) for s in max_shift)
-        if len(shift) != 2 or min(shift) < 0:
-            raise ValueError(f"max_shift must be one or two non-negative ints, got {max_shift!r}")
-        self.max_shift = shift
+        self.max_shift = parse_max_shift(max_shift)
         self._offset = (0, 0)
 
     def randomize(self, data: Any = None) -> None:
-        self._offset = (
-            int(self.R.randint(-self.max_shift[0], self.max_shift[0] + 1)),
-            int(self.R.randint(-self.max_shift[1], self.max_shift[1] + 1)),
-        )
+        self._offset = draw_window_offset(self.R, self.max_shift)
 
     def __call__(self, data: Mapping[Hashable, torch.Tensor], lazy: bool | None = None) -> dict[Hashable, torch.Tensor]:
         d = dict(data)
