@@ -59,23 +59,23 @@ def test_handlers_equal_their_metrics_in_an_engine():
     pxap = reference(batches, PxAPMetric())
     handlers = {
         "dice": SoftDice(),
-        "dice_benign": SoftDice(class_index=1),
-        "dice_std_malignant": SoftDice(class_index=0, reduction="std"),
-        "pxap_img_malignant": PxAP(level="image", class_index=0),
-        "pxap_img_std_benign": PxAP(level="image", class_index=1, reduction="std"),
+        "dice_malignant": SoftDice(class_index=1),
+        "dice_std_benign": SoftDice(class_index=0, reduction="std"),
+        "pxap_img_benign": PxAP(level="image", class_index=0),
+        "pxap_img_std_malignant": PxAP(level="image", class_index=1, reduction="std"),
         "pxap_ds": PxAP(level="dataset"),
-        "pxap_ds_benign": PxAP(level="dataset", class_index=1),
+        "pxap_ds_malignant": PxAP(level="dataset", class_index=1),
     }
     engine = run_engine(batches, handlers, epochs=2)  # the second epoch must start from a reset metric
     m = engine.state.metrics
     dice_mean, pxap_ds = dice.aggregate().tolist(), pxap.aggregate(level="dataset").tolist()
     assert m["dice"] == pytest.approx(sum(dice_mean) / 2, rel=1e-12)
-    assert m["dice_benign"] == dice_mean[1]
-    assert m["dice_std_malignant"] == dice.aggregate(reduction="std")[0].item()
-    assert m["pxap_img_malignant"] == pxap.aggregate(level="image")[0].item()
-    assert m["pxap_img_std_benign"] == pxap.aggregate(level="image", reduction="std")[1].item()
+    assert m["dice_malignant"] == dice_mean[1]
+    assert m["dice_std_benign"] == dice.aggregate(reduction="std")[0].item()
+    assert m["pxap_img_benign"] == pxap.aggregate(level="image")[0].item()
+    assert m["pxap_img_std_malignant"] == pxap.aggregate(level="image", reduction="std")[1].item()
     assert m["pxap_ds"] == pytest.approx(sum(pxap_ds) / 2, rel=1e-12)
-    assert m["pxap_ds_benign"] == pxap_ds[1]
+    assert m["pxap_ds_malignant"] == pxap_ds[1]
     assert all(isinstance(v, float) for v in m.values())
     details = engine.state.metric_details
     torch.testing.assert_close(details["dice"], dice.get_buffer(), equal_nan=True, rtol=0, atol=0)
@@ -110,7 +110,7 @@ def test_handlers_in_a_supervised_evaluator():
     evaluator = evaluator_for(
         batches,
         {"val_dice": SoftDice(output_transform=to_pair)},
-        {"val_pxap_ds_malignant": PxAP(level="dataset", class_index=0, output_transform=to_pair)},
+        {"val_pxap_ds_benign": PxAP(level="dataset", class_index=0, output_transform=to_pair)},
     )
     evaluator.run()
     net = FakeNet()
@@ -119,7 +119,7 @@ def test_handlers_in_a_supervised_evaluator():
     dice = reference(outputs, SoftDiceMetric()).aggregate().tolist()
     pxap = reference(outputs, PxAPMetric(level="dataset")).aggregate().tolist()
     assert evaluator.state.metrics["val_dice"] == pytest.approx(sum(dice) / 2, rel=1e-12)
-    assert evaluator.state.metrics["val_pxap_ds_malignant"] == pxap[0]
+    assert evaluator.state.metrics["val_pxap_ds_benign"] == pxap[0]
     assert evaluator.state.best_metric == evaluator.state.metrics["val_dice"]
     assert evaluator.state.metric_details["val_dice"].shape == (6, 2)
 
@@ -127,14 +127,14 @@ def test_handlers_in_a_supervised_evaluator():
 def test_epoch_without_lesions_of_a_class_keeps_model_selection_working(caplog):
     batches = make_batches(2)
     for _, y, *_ in batches:
-        y[:, 1] = 0  # no benign lesion anywhere
+        y[:, 1] = 0  # no malignant lesion anywhere
     to_pair = from_engine(["pred", "label"])
     evaluator = evaluator_for(
         batches,
-        {"val_dice_benign": SoftDice(class_index=1, output_transform=to_pair)},
+        {"val_dice_malignant": SoftDice(class_index=1, output_transform=to_pair)},
         {
             "val_dice": SoftDice(output_transform=to_pair),
-            "val_pxap_ds_benign_nan": PxAP(
+            "val_pxap_ds_malignant_nan": PxAP(
                 level="dataset", class_index=1, empty_value=float("nan"), output_transform=to_pair
             ),
         },
@@ -142,9 +142,9 @@ def test_epoch_without_lesions_of_a_class_keeps_model_selection_working(caplog):
     with caplog.at_level(logging.WARNING):
         evaluator.run()
     m = evaluator.state.metrics
-    assert m["val_dice_benign"] == 0.0
+    assert m["val_dice_malignant"] == 0.0
     assert evaluator.state.best_metric == 0.0 and evaluator.state.best_metric_epoch == 1
-    assert math.isnan(m["val_pxap_ds_benign_nan"])
+    assert math.isnan(m["val_pxap_ds_malignant_nan"])
     assert "no image of this epoch has a lesion of class 1" in caplog.text
     with torch.no_grad():
         outputs = [(FakeNet()(p), y) for p, y, *_ in batches]
@@ -208,19 +208,19 @@ def test_documented_bundle_configuration_runs_and_gives_per_class_values(tmp_pat
     dice = reference(batches, SoftDiceMetric())
     pxap = reference(batches, PxAPMetric())
     assert m["val_soft_dice"] == pytest.approx(dice.aggregate().mean().item(), rel=1e-12)
-    assert m["val_dice_malignant"] == dice.aggregate()[0].item()
-    assert m["val_dice_std_malignant"] == dice.aggregate(reduction="std")[0].item()
-    assert m["val_pxap_image_benign"] == pxap.aggregate(level="image")[1].item()
-    assert m["val_pxap_dataset_benign"] == pxap.aggregate(level="dataset")[1].item()
+    assert m["val_dice_benign"] == dice.aggregate()[0].item()
+    assert m["val_dice_std_benign"] == dice.aggregate(reduction="std")[0].item()
+    assert m["val_pxap_image_malignant"] == pxap.aggregate(level="image")[1].item()
+    assert m["val_pxap_dataset_malignant"] == pxap.aggregate(level="dataset")[1].item()
 
     cls_pred = torch.cat([b[2] for b in batches]).numpy()
     cls_label = torch.cat([b[3] for b in batches]).numpy()
     auc = ROCAUCMetric(average="none")
     auc(torch.from_numpy(cls_pred), torch.from_numpy(cls_label))
     per_class = auc.aggregate()
-    for c, name in enumerate(("val_auc_malignant", "val_auc_benign")):
+    for c, name in enumerate(("val_auc_benign", "val_auc_malignant")):
         expected = np_auc(cls_pred[:, c], cls_label[:, c])
         assert 0.0 < expected < 1.0
         assert m[name] == pytest.approx(expected, abs=1e-12)
         assert per_class[c] == pytest.approx(expected, abs=1e-12)
-    assert m["val_auc_malignant"] != m["val_auc_benign"]
+    assert m["val_auc_benign"] != m["val_auc_malignant"]

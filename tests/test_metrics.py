@@ -389,12 +389,12 @@ def _metric_results(shards: list) -> dict:
         pxap(pred, y)
     # the Ignite handlers aggregate through the same collective calls
     engine = Engine(lambda e, batch: batch)
-    SoftDice(class_index=0).attach(engine, "dice_malignant")
+    SoftDice(class_index=0).attach(engine, "dice_benign")
     PxAP(level="dataset").attach(engine, "pxap_dataset_mean")
     engine.run(shards)
     return {
         "handlers": torch.tensor(
-            [engine.state.metrics["dice_malignant"], engine.state.metrics["pxap_dataset_mean"]], dtype=torch.float64
+            [engine.state.metrics["dice_benign"], engine.state.metrics["pxap_dataset_mean"]], dtype=torch.float64
         ),
         "dice_buffer": dice.get_buffer(),
         "dice": dice.aggregate(),
