@@ -27,6 +27,8 @@ import hashlib
 import json
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -45,6 +47,7 @@ __all__ = [
     "SyntheticMammogramGenerator",
     "power_law_field",
     "make_synthetic_dataset",
+    "ensure_synthetic_dataset",
     "write_png16",
     "write_mask_png",
     "write_nifti",
@@ -930,3 +933,32 @@ def make_synthetic_dataset(
     tmp.write_text(json.dumps(description, indent=2) + "\n")
     os.replace(tmp, out / "generator.json")
     return save_datalist(datalist, out / "datalist.json")
+
+
+def ensure_synthetic_dataset(
+    root: str | os.PathLike,
+    n: int,
+    size: tuple[int, int] = (736, 480),
+    seed: int = 0,
+    fmt: str = "png",
+    **kwargs: Any,
+) -> str:
+    """The datalist of a synthetic dataset under ``root``, generated on first use.
+
+    The dataset lives in ``root/synthetic_n{n}_{H}x{W}_seed{seed}_{fmt}`` (so other settings never reuse it) and is
+    generated into a temporary folder that is renamed when complete, so an interrupted run leaves nothing half
+    written. Returns the path of its ``datalist.json``.
+    """
+    out = Path(root) / f"synthetic_n{int(n)}_{int(size[0])}x{int(size[1])}_seed{int(seed)}_{fmt}"
+    datalist = out / "datalist.json"
+    if datalist.is_file():
+        return str(datalist)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        make_synthetic_dataset(tmp, n, size=size, seed=seed, fmt=fmt, **kwargs)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(datalist)

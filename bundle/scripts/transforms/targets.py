@@ -1,0 +1,63 @@
+"""Training targets from datalist items: the per-class masks stacked into one (2, H, W) map."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+import torch
+from monai.config import KeysCollection
+from monai.transforms import MapTransform
+from monai.utils import convert_to_tensor
+
+__all__ = ["StackMasksd"]
+
+
+class StackMasksd(MapTransform):
+    """Stack per-class masks (``mask_benign``, ``mask_malignant``; each (1, H, W), optional) into ``d[output_key]``
+    of shape (C, H, W), with zeros for the classes whose mask is absent (not annotated).
+
+    Localisation metrics skip a class on images whose mask is all zero, so an image without masks still counts
+    for classification only. The stacked masks must have the reference image's spatial size.
+
+    Args:
+        keys: the per-class mask keys, in channel order.
+        output_key: where the stacked (C, H, W) float mask goes.
+        reference_key: the image whose spatial size the masks must have (and that sizes the zeros).
+        remove_keys: drop the per-class keys afterwards (so batches collate whatever masks an item had).
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection = ("mask_benign", "mask_malignant"),
+        output_key: str = "mask",
+        reference_key: str = "image",
+        remove_keys: bool = True,
+    ) -> None:
+        super().__init__(keys, allow_missing_keys=True)
+        self.output_key = output_key
+        self.reference_key = reference_key
+        self.remove_keys = remove_keys
+
+    def __call__(self, data: Mapping[Hashable, object]) -> dict[Hashable, object]:
+        d = dict(data)
+        if self.reference_key not in d:
+            raise ValueError(f"StackMasksd: reference key {self.reference_key!r} is missing")
+        size = tuple(d[self.reference_key].shape[-2:])
+        channels: list[torch.Tensor] = []
+        for key in self.keys:
+            value = d.get(key)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                channels.append(torch.zeros(size))
+                continue
+            mask = convert_to_tensor(value, track_meta=False, dtype=torch.float32)
+            if mask.ndim == 3 and mask.shape[0] == 1:
+                mask = mask[0]
+            if tuple(mask.shape) != size:
+                name = d.get("image_path") or (getattr(d[self.reference_key], "meta", {}) or {}).get("filename_or_obj")
+                raise ValueError(f"{key} of shape {tuple(mask.shape)} does not match the image {size} ({name})")
+            channels.append(mask)
+        d[self.output_key] = torch.stack(channels)
+        if self.remove_keys:
+            for key in self.keys:
+                d.pop(key, None)
+        return d

@@ -1,0 +1,27 @@
+"""GLAM's training and evaluation workflows on MONAI / PyTorch-Ignite engines (used from ``configs/train.yaml``)."""
+
+from .batch import GLAMPrepareBatch
+from .checkpoints import StageCheckpointer, plain_state_dict, save_atomic
+from .handlers import BestMetricState, EpochSeeder
+from .panels import SaliencyPanelWriter
+from .postprocessing import MAP_KEYS, GLAMOutputsd
+from .runner import STAGE_ORDER, run_training, running_parser, stages_to_run
+from .sampler import BalancedEpochSampler, positive_flags
+
+__all__ = [
+    "GLAMPrepareBatch",
+    "BalancedEpochSampler",
+    "positive_flags",
+    "EpochSeeder",
+    "BestMetricState",
+    "StageCheckpointer",
+    "save_atomic",
+    "plain_state_dict",
+    "SaliencyPanelWriter",
+    "GLAMOutputsd",
+    "MAP_KEYS",
+    "STAGE_ORDER",
+    "run_training",
+    "running_parser",
+    "stages_to_run",
+]

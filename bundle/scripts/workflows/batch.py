@@ -1,0 +1,69 @@
+"""How a GLAM workflow turns a collated batch into model inputs and targets (MONAI ``prepare_batch``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from monai.engines.utils import PrepareBatch
+
+__all__ = ["GLAMPrepareBatch"]
+
+
+class GLAMPrepareBatch(PrepareBatch):
+    """``prepare_batch`` for GLAM trainers and evaluators.
+
+    The batch is a dict with ``image`` (B, 1, H, W), ``label`` (B, 2) image-level labels and, for evaluation,
+    ``mask`` (B, 2, H, W) lesion masks (zeros where unknown). Returns ``(image, targets, (), kwargs)``:
+
+    - training: ``targets`` = labels (B, 2) for :class:`~scripts.losses.GLAMLoss`; with ``random_negatives``
+      (stage 2 of the paper), ``kwargs`` asks the model to give the lesion-free images K random in-breast patches
+      instead of Algorithm 1's, drawn from this object's generator (reseed it per epoch with :meth:`set_epoch`);
+    - evaluation: ``targets`` = ``{"label": (B, 2), "mask": (B, 2, H, W)}`` for the localisation metrics.
+
+    Args:
+        with_masks: return the dict targets (evaluators) instead of the labels.
+        random_negatives: random patches for images whose label is all zeros (stage ``local`` training).
+        seed: base seed of the patch generator.
+    """
+
+    def __init__(self, with_masks: bool = False, random_negatives: bool = False, seed: int = 0) -> None:
+        self.with_masks = bool(with_masks)
+        self.random_negatives = bool(random_negatives)
+        self.seed = int(seed)
+        self.epoch = 0
+        self._generators: dict[str, torch.Generator] = {}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Restart the patch generator from a seed that depends only on (seed, epoch), for exact resumption."""
+        self.epoch = int(epoch)
+        self._generators.clear()
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device=device).manual_seed(self.seed * 100_003 + self.epoch)
+        return self._generators[key]
+
+    def __call__(
+        self,
+        batchdata: Mapping[str, torch.Tensor],
+        device: str | torch.device | None = None,
+        non_blocking: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor], tuple, dict]:
+        for key in ("image", "label") + (("mask",) if self.with_masks else ()):
+            if key not in batchdata:
+                raise ValueError(f"GLAM batches need a {key!r} entry, got keys {sorted(batchdata)}")
+        image = batchdata["image"].to(device=device, non_blocking=non_blocking, **kwargs)
+        label = batchdata["label"].to(device=device, non_blocking=non_blocking).float()
+        if label.ndim != 2 or label.shape[1] != 2:
+            raise ValueError(f"'label' must be (B, 2) benign/malignant labels, got shape {tuple(label.shape)}")
+        model_kwargs: dict = {}
+        if self.random_negatives:
+            model_kwargs["random_patch_mask"] = label.sum(dim=1) == 0
+            model_kwargs["generator"] = self._generator(image.device)
+        if self.with_masks:
+            mask = batchdata["mask"].to(device=device, non_blocking=non_blocking).float()
+            return image, {"label": label, "mask": mask}, (), model_kwargs
+        return image, label, (), model_kwargs

@@ -1,0 +1,93 @@
+"""Ignite handlers of GLAM's workflows: per-epoch seeding (exact resumption) and the best-metric record."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from ignite.engine import Engine, Events
+from monai.data.utils import set_rnd
+
+__all__ = ["EpochSeeder", "BestMetricState"]
+
+
+class EpochSeeder:
+    """At the start of every epoch, reseed every source of randomness from (seed, epoch) alone.
+
+    The epoch's sampler draw (``set_epoch``), the random patches of stage 2 (``set_epoch`` of the prepare-batch
+    object), the transforms of the dataset (MONAI's ``set_rnd``), a DataLoader ``generator`` (worker seeds) and
+    torch's global RNG. A run resumed from an epoch checkpoint therefore replays the following epochs exactly as
+    an uninterrupted run with the same seed would.
+
+    Args:
+        seed: base seed.
+        targets: objects with ``set_epoch(epoch)`` (samplers, :class:`~scripts.workflows.batch.GLAMPrepareBatch`).
+        datasets: datasets whose random transforms are reseeded.
+        generators: ``torch.Generator`` objects (e.g. the DataLoader's) to reseed.
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        targets: Sequence[Any] = (),
+        datasets: Sequence[Any] = (),
+        generators: Sequence[torch.Generator] = (),
+    ) -> None:
+        self.seed = int(seed)
+        self.targets = [t for t in targets if t is not None]
+        self.datasets = [d for d in datasets if d is not None]
+        self.generators = [g for g in generators if g is not None]
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.EPOCH_STARTED, self)
+
+    def __call__(self, engine: Engine) -> None:
+        epoch = int(engine.state.epoch)
+        epoch_seed = (self.seed * 1_000_003 + epoch) % (2**31)
+        for target in self.targets:
+            target.set_epoch(epoch)
+        for dataset in self.datasets:
+            set_rnd(dataset, epoch_seed)
+        for generator in self.generators:
+            generator.manual_seed(epoch_seed)
+        torch.manual_seed(epoch_seed)
+
+
+class BestMetricState:
+    """Checkpointable record of an evaluator's best key metric, so a resumed run keeps selecting against it.
+
+    Add it to the checkpoint's ``save_dict`` / ``load_dict``; ``attach`` it to the evaluator so that the restored
+    values are put back on ``evaluator.state`` when the evaluator starts.
+    """
+
+    def __init__(self, evaluator: Engine | None = None) -> None:
+        self.evaluator = evaluator
+        self.best_metric = -1.0
+        self.best_metric_epoch = -1
+        self._restored = False
+
+    def attach(self, engine: Engine) -> None:
+        self.evaluator = engine
+        engine.add_event_handler(Events.STARTED, self._restore)
+        engine.add_event_handler(Events.COMPLETED, self._record)
+
+    def _restore(self, engine: Engine) -> None:
+        if self._restored and self.best_metric > getattr(engine.state, "best_metric", -1.0):
+            engine.state.best_metric = self.best_metric
+            engine.state.best_metric_epoch = self.best_metric_epoch
+        self._restored = False
+
+    def _record(self, engine: Engine) -> None:
+        self.best_metric = float(getattr(engine.state, "best_metric", -1.0))
+        self.best_metric_epoch = int(getattr(engine.state, "best_metric_epoch", -1))
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.evaluator is not None:
+            self._record(self.evaluator)
+        return {"best_metric": self.best_metric, "best_metric_epoch": self.best_metric_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_metric = float(state["best_metric"])
+        self.best_metric_epoch = int(state["best_metric_epoch"])
+        self._restored = True

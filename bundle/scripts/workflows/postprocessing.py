@@ -1,0 +1,68 @@
+"""Turn a decollated GLAM output into the full-resolution maps and scores that metrics and writers use."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+import torch
+from monai.transforms import MapTransform
+
+from ..networks.global_network import nearest_resize
+from ..patches import render_saliency
+
+__all__ = ["GLAMOutputsd", "MAP_KEYS"]
+
+#: output key -> which GLAM map it holds
+MAP_KEYS = {"S_g": "saliency_global", "S_l": "saliency_local", "S_c": "saliency"}
+
+
+class GLAMOutputsd(MapTransform):
+    """Unpack one image's GLAM outputs (``d[pred_key]``, a dict) into flat entries at full image resolution.
+
+    Writes ``S_g`` (and, when the model ran its local module, ``S_l`` and ``S_c``) as (2, H, W) maps rendered at
+    the resolution of ``d[label_key]["mask"]`` (or of ``d[image_key]``) exactly as GLAM_SPEC section 5 defines
+    them, plus ``y_global`` / ``y_local`` / ``y_fusion`` scores (2,), ``patch_boxes``, and, from dict targets,
+    ``label`` (2,) and ``lesion_mask`` (2, H, W). (Not ``mask``: MONAI's engines send a postprocessed key that
+    also names a batch entry back to the batch, where the metric handlers would not see it.)
+
+    Args:
+        gamma_c: S_c = gamma_c S_g + (1 - gamma_c) S_l (the model's setting).
+        pred_key, label_key, image_key: where the model outputs, the targets and the image are.
+    """
+
+    def __init__(
+        self, gamma_c: float = 0.5, pred_key: str = "pred", label_key: str = "label", image_key: str = "image"
+    ) -> None:
+        super().__init__(keys=[pred_key])
+        self.gamma_c = float(gamma_c)
+        self.pred_key, self.label_key, self.image_key = pred_key, label_key, image_key
+
+    def __call__(self, data: Mapping[Hashable, object]) -> dict[Hashable, object]:
+        d = dict(data)
+        pred = d[self.pred_key]
+        if not isinstance(pred, Mapping) or "saliency_global" not in pred:
+            raise ValueError(f"GLAMOutputsd: {self.pred_key!r} must be a GLAM output dict, got {type(pred).__name__}")
+        target = d.get(self.label_key)
+        if isinstance(target, Mapping):
+            d["label"] = target["label"]
+            d["lesion_mask"] = target["mask"]
+        reference = d.get("lesion_mask", d.get(self.image_key))
+        if not isinstance(reference, torch.Tensor):
+            raise ValueError("GLAMOutputsd needs a mask or an image to know the output resolution")
+        size = tuple(reference.shape[-2:])
+        for key in ("y_global", "y_local", "y_fusion", "patch_boxes"):
+            if key in pred:
+                d[key] = pred[key]
+        if "patch_maps" in pred:
+            maps = render_saliency(
+                pred["saliency_global"][None],
+                pred["patch_maps"][None],
+                pred["patch_boxes"][None],
+                size,
+                1,
+                self.gamma_c,
+            )
+            d["S_g"], d["S_l"], d["S_c"] = (maps[k][0] for k in ("saliency_global_image", "saliency_local", "saliency"))
+        else:
+            d["S_g"] = nearest_resize(pred["saliency_global"][None].float(), size)[0]
+        return d

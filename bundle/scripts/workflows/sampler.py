@@ -1,0 +1,94 @@
+"""The paper's per-epoch balancing: every image with a lesion plus as many randomly drawn lesion-free images."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["BalancedEpochSampler", "positive_flags"]
+
+
+def positive_flags(items: Sequence[dict], label_key: str = "label") -> list[bool]:
+    """Whether each datalist item has any lesion label (benign or malignant); a missing label counts as negative."""
+    flags = []
+    for i, item in enumerate(items):
+        label = item.get(label_key)
+        if label is None:
+            flags.append(False)
+            continue
+        values = np.asarray(label, dtype=float).ravel()
+        if values.size == 0 or not np.isin(values, (0.0, 1.0)).all():
+            raise ValueError(f"item {i} ({item.get('image', '?')}): {label_key} must be 0/1 values, got {label!r}")
+        flags.append(bool(values.any()))
+    return flags
+
+
+class BalancedEpochSampler(Sampler[int]):
+    """Indices of one epoch: all positives plus an equal number of negatives drawn without replacement, shuffled.
+
+    Reproducible: the draw of epoch ``e`` depends only on ``seed`` and ``e`` (call :meth:`set_epoch` at the start of
+    every epoch, as with ``DistributedSampler``), so a resumed run sees the same epochs as an uninterrupted one.
+    With ``num_replicas`` > 1 every rank takes a disjoint, equally long share of the epoch (the epoch is padded by
+    repeating its first indices, like ``DistributedSampler``).
+
+    Args:
+        positives: one flag per dataset item, True for images with a lesion (see :func:`positive_flags`).
+        seed: base seed.
+        negatives_per_positive: negatives drawn per positive (1 in the paper); all negatives when there are fewer.
+        num_replicas, rank: data-parallel split (default: from ``torch.distributed`` when it is initialised).
+    """
+
+    def __init__(
+        self,
+        positives: Sequence[bool],
+        seed: int = 0,
+        negatives_per_positive: float = 1.0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        flags = np.asarray(list(positives), dtype=bool)
+        if flags.size == 0:
+            raise ValueError("BalancedEpochSampler needs a non-empty dataset")
+        if negatives_per_positive < 0:
+            raise ValueError(f"negatives_per_positive must be >= 0, got {negatives_per_positive}")
+        if num_replicas is None or rank is None:
+            dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+            num_replicas = torch.distributed.get_world_size() if dist and num_replicas is None else (num_replicas or 1)
+            rank = torch.distributed.get_rank() if dist and rank is None else (rank or 0)
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+        self.pos = np.flatnonzero(flags)
+        self.neg = np.flatnonzero(~flags)
+        self.seed = int(seed)
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        n_pos = len(self.pos)
+        # without any positive there is nothing to balance: every image is used
+        self.num_negatives = (
+            len(self.neg) if n_pos == 0 else min(len(self.neg), int(round(n_pos * negatives_per_positive)))
+        )
+        self.epoch_size = n_pos + self.num_negatives
+        self.num_samples = -(-self.epoch_size // self.num_replicas)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def epoch_indices(self, epoch: int | None = None) -> list[int]:
+        """All indices of an epoch (every rank's share, before the split)."""
+        rng = np.random.default_rng([self.seed, self.epoch if epoch is None else int(epoch)])
+        negatives = rng.choice(self.neg, size=self.num_negatives, replace=False) if self.num_negatives else []
+        indices = np.concatenate([self.pos, np.asarray(negatives, dtype=int)])
+        return [int(i) for i in rng.permutation(indices)]
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self.epoch_indices()
+        total = self.num_samples * self.num_replicas
+        indices = (indices * (total // len(indices) + 1))[:total]
+        return iter(indices[self.rank : total : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
