@@ -33,3 +33,26 @@ def cuda_available() -> bool:
 
 
 requires_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
+
+
+TRAIN_CONFIG = BUNDLE_ROOT / "configs" / "train.yaml"
+TINY_CONFIG = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="session")
+def tiny_datalist(tmp_path_factory) -> str:
+    """A small synthetic dataset (24 images of 256x160, 6 patients, most breasts with lesions) for workflow tests."""
+    from scripts.data.synthetic import ensure_synthetic_dataset
+
+    root = tmp_path_factory.mktemp("tiny_data")
+    return ensure_synthetic_dataset(root, n=24, size=(256, 160), seed=3, lesion_prevalence=0.6)
+
+
+def tiny_overrides(tmp_path: Path, datalist: str, **extra) -> dict:
+    """Overrides that point a tiny training run at temporary folders."""
+    return {
+        "datalist": datalist,
+        "ckpt_root": str(tmp_path / "models"),
+        "output_root": str(tmp_path / "eval"),
+        **extra,
+    }

@@ -60,7 +60,7 @@ def run_training(stage: str, stage_run_id: str = "run_stage", parser: ConfigPars
         parser: the running bundle's parser (found on the call stack when omitted).
 
     Returns:
-        what each stage's ``stage_run_id`` evaluated to.
+        per stage, what the last entry of its ``stage_run_id`` list evaluated to (train.yaml: a summary dict).
     """
     parser = running_parser() if parser is None else parser
     results = []
@@ -68,5 +68,6 @@ def run_training(stage: str, stage_run_id: str = "run_stage", parser: ConfigPars
         logger.info("GLAM training: stage %s", name)
         stage_parser = ConfigParser(copy.deepcopy(parser.get()), globals=dict(parser.globals))
         stage_parser["stage"] = name
-        results.append(stage_parser.get_parsed_content(stage_run_id))
+        result = stage_parser.get_parsed_content(stage_run_id)
+        results.append(result[-1] if isinstance(result, list) and result else result)
     return results
