@@ -2,9 +2,19 @@
 
 from .batch import GLAMPrepareBatch
 from .checkpoints import StageCheckpointer, plain_state_dict, save_atomic
+from .distributed import (
+    RankBarrier,
+    destroy_distributed,
+    disable_on_other_ranks,
+    init_distributed,
+    local_device,
+    quiet_other_ranks,
+    rank_share,
+)
 from .handlers import BestMetricState, EpochSeeder
 from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
+from .report import MetricsReport, check_checkpoint, eval_split_items
 from .runner import STAGE_ORDER, run_training, running_parser, stages_to_run
 from .sampler import BalancedEpochSampler, positive_flags
 
@@ -20,8 +30,18 @@ __all__ = [
     "SaliencyPanelWriter",
     "GLAMOutputsd",
     "MAP_KEYS",
+    "MetricsReport",
+    "check_checkpoint",
+    "eval_split_items",
     "STAGE_ORDER",
     "run_training",
     "running_parser",
     "stages_to_run",
+    "init_distributed",
+    "destroy_distributed",
+    "local_device",
+    "rank_share",
+    "disable_on_other_ranks",
+    "quiet_other_ranks",
+    "RankBarrier",
 ]
