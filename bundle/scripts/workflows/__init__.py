@@ -4,6 +4,7 @@ from .batch import GLAMPrepareBatch
 from .checkpoints import StageCheckpointer, plain_state_dict, save_atomic
 from .distributed import (
     RankBarrier,
+    SyncBuffers,
     destroy_distributed,
     disable_on_other_ranks,
     init_distributed,
@@ -44,4 +45,5 @@ __all__ = [
     "disable_on_other_ranks",
     "quiet_other_ranks",
     "RankBarrier",
+    "SyncBuffers",
 ]
