@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
-from ignite.engine import Events
+from ignite.engine import Engine, Events
 from monai.bundle import ConfigParser, ConfigWorkflow
 
 EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
@@ -286,3 +286,71 @@ def test_quickstart_layering_keeps_the_preset(tmp_path):
         assert parser[key] == quick[key], key
     assert parser.get_parsed_content("ckpt_path") == str(Path(quick["ckpt_root"]) / "joint" / "model.pt")
     assert parser.get_parsed_content("eval_dir") == str(Path(quick["output_root"]) / "evaluate")
+
+
+# -- DDP: the report gathers through the metrics; only rank 0 writes ----------------------------------------------
+def _synthetic_outputs(n: int, seed: int = 0) -> list[dict]:
+    """Decollated GLAMOutputsd-like items: S_g/S_c maps, masks (some classes empty), y_global, label, image meta."""
+    from monai.data import MetaTensor
+
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for i in range(n):
+        mask = torch.zeros(2, 12, 10)
+        for c in range(2):
+            if (i + c) % 3:  # every class is absent from some images
+                r, k = int(torch.randint(0, 8, (1,), generator=g)), int(torch.randint(0, 6, (1,), generator=g))
+                mask[c, r : r + 4, k : k + 4] = 1
+        label = (mask.flatten(1).amax(1) > 0).float()
+        if i == 5:
+            label[1] = 1.0 - label[1]  # a label that disagrees with the mask: classification ignores masks
+        items.append(
+            {
+                "image": MetaTensor(torch.zeros(1, 12, 10), meta={"filename_or_obj": f"/data/img{i:02d}.png"}),
+                "S_g": torch.rand(2, 12, 10, generator=g),
+                "S_c": torch.rand(2, 12, 10, generator=g),
+                "lesion_mask": mask,
+                "y_global": torch.rand(2, generator=g),
+                "label": label,
+            }
+        )
+    return items
+
+
+def _report_files(batches: list[list[dict]], out_dir: str) -> None:
+    from scripts.workflows import MetricsReport
+
+    engine = Engine(lambda e, batch: batch)
+    MetricsReport(out_dir, info={"split": "test"}, print_table=False).attach(engine)
+    engine.run(batches)
+
+
+def _report_ddp_worker(rank: int, world_size: int, port: int, shards: list, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        _report_files(shards[rank], f"{out_dir}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_report_under_two_gloo_processes_equals_one_process(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    items = _synthetic_outputs(7)
+    # uneven shards (4 and 3 images, batches of different sizes), rank order = the single run's order
+    shards = [[items[0:3], items[3:4]], [items[4:7]]]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_report_ddp_worker, args=(2, port, shards, str(tmp_path / "ddp")), nprocs=2, join=True)
+    _report_files([items[0:3], items[3:7]], str(tmp_path / "single"))
+    assert not (tmp_path / "ddp.1").exists()  # only rank 0 writes
+    for name in ("metrics.json", "metrics.csv"):
+        assert (tmp_path / "ddp.0" / name).read_text() == (tmp_path / "single" / name).read_text()
+    summary = json.loads((tmp_path / "single" / "metrics.json").read_text())
+    assert summary["n_images"] == 7 and summary["maps"] == ["S_g", "S_c"]
