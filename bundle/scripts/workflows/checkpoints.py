@@ -42,7 +42,32 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_dir(path.parent)
     return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable (a crash right after ``os.replace`` could otherwise lose the new name)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # e.g. platforms that cannot open folders: the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _load_file(path: Path, what: str) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; an unreadable file is a ``ValueError`` naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:
+        raise ValueError(f"cannot read {what} {path}: {type(err).__name__}: {err}") from err
 
 
 def plain_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -59,8 +84,10 @@ class StageCheckpointer:
     - after every training epoch (after validation): ``<ckpt_dir>/last.pt`` with every object in ``save_dict``
       (network, optimizer, scheduler, trainer state, best-metric record…);
     - when the trainer starts: with ``resume`` and an existing ``last.pt``, everything is restored from it and
-      training continues after its epoch; otherwise, with ``previous_model`` (the previous stage's
-      ``model.pt``), the network is loaded from it, strictly.
+      training continues after its epoch up to the run's own ``max_epochs`` (so a finished stage can be
+      extended; the data and batch size must be unchanged); otherwise, with ``previous_model`` (the previous
+      stage's ``model.pt``), the network is loaded from it, strictly. An unreadable or mismatched file raises a
+      ``ValueError`` naming it.
 
     Args:
         ckpt_dir: this stage's checkpoint folder.
@@ -104,23 +131,56 @@ class StageCheckpointer:
 
     def load(self, engine: Engine) -> None:
         if self.resume and self.last_path.is_file():
-            checkpoint = torch.load(self.last_path, map_location="cpu", weights_only=True)
-            missing = sorted(set(self.save_dict) - set(checkpoint))
-            if missing:
-                raise ValueError(f"{self.last_path} lacks {missing}: it was not written by this workflow")
-            Checkpoint.load_objects(to_load=self.save_dict, checkpoint=checkpoint, strict=True)
-            logger.info("resumed from %s (epoch %d)", self.last_path, engine.state.epoch)
+            self._resume(engine)
             return
+        if self.resume:
+            logger.warning("resume requested but %s does not exist: starting this stage afresh", self.last_path)
         if self.previous_model is not None:
             if not self.previous_model.is_file():
                 raise FileNotFoundError(
                     f"previous stage's model {self.previous_model} not found: run the previous stage first "
                     "(or the default 'training', which runs all stages in order)"
                 )
-            state = torch.load(self.previous_model, map_location="cpu", weights_only=True)
+            state = _load_file(self.previous_model, "the previous stage's model")
             network = self.save_dict["network"]
-            getattr(network, "module", network).load_state_dict(state, strict=True)
+            try:
+                getattr(network, "module", network).load_state_dict(state, strict=True)
+            except (RuntimeError, ValueError, TypeError, AttributeError) as err:
+                raise ValueError(
+                    f"previous stage's model {self.previous_model} does not fit this network: {err}"
+                ) from err
             logger.info("loaded the previous stage's model %s", self.previous_model)
+
+    def _resume(self, engine: Engine) -> None:
+        """Restore every object of ``save_dict`` from ``last.pt``; the run keeps its own ``max_epochs``."""
+        checkpoint = _load_file(self.last_path, "checkpoint")
+        if not isinstance(checkpoint, Mapping):
+            raise ValueError(f"{self.last_path} is not a checkpoint of this workflow (got {type(checkpoint).__name__})")
+        missing = sorted(set(self.save_dict) - set(checkpoint))
+        if missing:
+            raise ValueError(f"{self.last_path} lacks {missing}: it was not written by this workflow")
+        # the configured number of epochs wins over the checkpoint's, so that a finished stage can be extended
+        max_epochs, epoch_length = engine.state.max_epochs, engine.state.epoch_length
+        saved_length = checkpoint["trainer"].get("epoch_length") if "trainer" in self.save_dict else None
+        if epoch_length is not None and saved_length is not None and saved_length != epoch_length:
+            raise ValueError(
+                f"{self.last_path} was written with {saved_length} iterations per epoch, this run has "
+                f"{epoch_length}: the training data, batch size or number of processes changed, so the run "
+                "cannot be continued exactly (start afresh without --resume)"
+            )
+        for name, obj in self.save_dict.items():
+            try:
+                Checkpoint.load_objects(to_load={name: obj}, checkpoint={name: checkpoint[name]}, strict=True)
+            except (RuntimeError, ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{self.last_path}: cannot restore {name!r}: {err}") from err
+        if max_epochs is not None and engine.state.epoch > max_epochs:
+            raise ValueError(
+                f"{self.last_path} is at epoch {engine.state.epoch}, beyond this run's {max_epochs} epochs: "
+                "raise the number of epochs to continue training from it"
+            )
+        if max_epochs is not None:
+            engine.state.max_epochs = max_epochs
+        logger.info("resumed from %s (epoch %d of %s)", self.last_path, engine.state.epoch, engine.state.max_epochs)
 
     def save_last(self, engine: Engine) -> None:
         if not _is_rank_zero():

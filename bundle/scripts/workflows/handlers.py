@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
@@ -17,8 +19,9 @@ class EpochSeeder:
 
     The epoch's sampler draw (``set_epoch``), the random patches of stage 2 (``set_epoch`` of the prepare-batch
     object), the transforms of the dataset (MONAI's ``set_rnd``), a DataLoader ``generator`` (worker seeds) and
-    torch's global RNG. A run resumed from an epoch checkpoint therefore replays the following epochs exactly as
-    an uninterrupted run with the same seed would.
+    the global RNGs that ``monai.utils.set_determinism`` seeds (torch, numpy, Python's ``random``). A run resumed
+    from an epoch checkpoint therefore replays the following epochs exactly as an uninterrupted run with the same
+    seed would.
 
     Args:
         seed: base seed.
@@ -52,6 +55,8 @@ class EpochSeeder:
         for generator in self.generators:
             generator.manual_seed(epoch_seed)
         torch.manual_seed(epoch_seed)
+        np.random.seed(epoch_seed)
+        random.seed(epoch_seed)
 
 
 class BestMetricState:
@@ -73,7 +78,9 @@ class BestMetricState:
         engine.add_event_handler(Events.COMPLETED, self._record)
 
     def _restore(self, engine: Engine) -> None:
-        if self._restored and self.best_metric > getattr(engine.state, "best_metric", -1.0):
+        # the restored record is newer than whatever the evaluator holds when it is later (whichever direction
+        # the metric is compared in): normally the evaluator has not validated yet (epoch -1)
+        if self._restored and self.best_metric_epoch > getattr(engine.state, "best_metric_epoch", -1):
             engine.state.best_metric = self.best_metric
             engine.state.best_metric_epoch = self.best_metric_epoch
         self._restored = False
@@ -83,7 +90,9 @@ class BestMetricState:
         self.best_metric_epoch = int(getattr(engine.state, "best_metric_epoch", -1))
 
     def state_dict(self) -> dict[str, Any]:
-        if self.evaluator is not None:
+        # a restored record not yet handed to the evaluator (no validation since the resume, e.g. with
+        # val_interval > 1) is the current one: reading the evaluator's fresh state would reset it to -1
+        if self.evaluator is not None and not self._restored:
             self._record(self.evaluator)
         return {"best_metric": self.best_metric, "best_metric_epoch": self.best_metric_epoch}
 
