@@ -49,6 +49,8 @@ class StackMasksd(MapTransform):
             if value is None or (isinstance(value, str) and not value.strip()):
                 channels.append(torch.zeros(size))
                 continue
+            if isinstance(value, str):  # a path: the loading transform did not run on this key
+                raise ValueError(f"{key} is still a file path ({value!r}): load the masks before StackMasksd")
             mask = convert_to_tensor(value, track_meta=False, dtype=torch.float32)
             if mask.ndim == 3 and mask.shape[0] == 1:
                 mask = mask[0]

@@ -63,7 +63,12 @@ class GLAMPrepareBatch(PrepareBatch):
         if self.random_negatives:
             model_kwargs["random_patch_mask"] = label.sum(dim=1) == 0
             model_kwargs["generator"] = self._generator(image.device)
+        if label.shape[0] != image.shape[0]:
+            raise ValueError(f"'label' has {label.shape[0]} rows for a batch of {image.shape[0]} images")
         if self.with_masks:
             mask = batchdata["mask"].to(device=device, non_blocking=non_blocking).float()
+            expected = (image.shape[0], label.shape[1], *image.shape[-2:])
+            if tuple(mask.shape) != expected:
+                raise ValueError(f"'mask' must be (B, 2, H, W) = {expected} for these images, got {tuple(mask.shape)}")
             return image, {"label": label, "mask": mask}, (), model_kwargs
         return image, label, (), model_kwargs

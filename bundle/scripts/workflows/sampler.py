@@ -12,14 +12,21 @@ __all__ = ["BalancedEpochSampler", "positive_flags"]
 
 
 def positive_flags(items: Sequence[dict], label_key: str = "label") -> list[bool]:
-    """Whether each datalist item has any lesion label (benign or malignant); a missing label counts as negative."""
+    """Whether each datalist item has any lesion label (benign or malignant); a missing label counts as negative.
+
+    Raises:
+        ValueError: naming the item (index and image) whose label is not a list of 0/1 values.
+    """
     flags = []
     for i, item in enumerate(items):
         label = item.get(label_key)
         if label is None:
             flags.append(False)
             continue
-        values = np.asarray(label, dtype=float).ravel()
+        try:
+            values = np.asarray(label, dtype=float).ravel()
+        except (TypeError, ValueError):  # strings, ragged lists: the same clear error as other bad values
+            values = np.asarray([np.nan])
         if values.size == 0 or not np.isin(values, (0.0, 1.0)).all():
             raise ValueError(f"item {i} ({item.get('image', '?')}): {label_key} must be 0/1 values, got {label!r}")
         flags.append(bool(values.any()))
