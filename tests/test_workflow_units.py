@@ -656,3 +656,18 @@ def test_only_rank_zero_writes(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoints_module, "_is_rank_zero", lambda: False)
     Run(tmp_path, {1: 0.1}, max_epochs=1).run()
     assert not tmp_path.exists() or os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(True, True), (False, False), ("true", True), ("False", False), ("0", False), ("yes", True), (0, False)],
+)
+def test_resume_flag_from_the_command_line(tmp_path, value, expected):
+    # fire hands `--resume false` over as the string 'false', which must not mean "resume"
+    checkpointer = StageCheckpointer(tmp_path, {"network": torch.nn.Linear(1, 1)}, resume=value)
+    assert checkpointer.resume is expected
+
+
+def test_resume_flag_rejects_other_text(tmp_path):
+    with pytest.raises(ValueError, match="resume"):
+        StageCheckpointer(tmp_path, {"network": torch.nn.Linear(1, 1)}, resume="maybe")

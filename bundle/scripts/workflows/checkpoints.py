@@ -70,6 +70,18 @@ def _load_file(path: Path, what: str) -> Any:
         raise ValueError(f"cannot read {what} {path}: {type(err).__name__}: {err}") from err
 
 
+def _as_flag(value: Any, name: str) -> bool:
+    """A yes/no option that may come from the command line as text (``--resume false`` is the string 'false')."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("true", "yes", "on", "1"):
+            return True
+        if text in ("false", "no", "off", "0", "none", ""):
+            return False
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return bool(value)
+
+
 def plain_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The network's state dict on the CPU, unwrapped from (Distributed)DataParallel: the model-zoo format."""
     module = getattr(network, "module", network)
@@ -112,7 +124,7 @@ class StageCheckpointer:
         self.save_dict = dict(save_dict)
         self.evaluator = evaluator
         self.previous_model = Path(previous_model) if previous_model else None
-        self.resume = bool(resume)
+        self.resume = _as_flag(resume, "resume")
 
     @property
     def best_path(self) -> Path:
