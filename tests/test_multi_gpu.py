@@ -379,3 +379,17 @@ def test_overlay_passes_monai_train_properties(tmp_path, tiny_datalist, torchrun
     init_distributed(backend="gloo")  # what `training` does first; checking the properties builds the DDP network
     assert wf.check_properties() == []
     assert isinstance(wf.parser.get_parsed_content("network"), torch.nn.parallel.DistributedDataParallel)
+
+
+def test_rank_zero_first_makes_files_once_per_filesystem_then_reuses_the_value(tmp_path):
+    from monai.bundle import ConfigParser
+
+    from scripts.workflows import rank_zero_first
+    from scripts.workflows.distributed import _first_phase
+
+    # global rank 0, then the first process of every other node, then the rest
+    assert [_first_phase(r, lr) for r, lr in [(0, 0), (4, 0), (8, 0), (1, 1), (5, 1), (7, 3)]] == [0, 1, 1, 2, 2, 2]
+    marker = tmp_path / "made.txt"
+    parser = ConfigParser({"made": f"$open({str(marker)!r}, 'a').write('x')"})
+    rank_zero_first(parser, ["made"])  # no process group: this process is rank 0
+    assert parser.get_parsed_content("made") == 1 and marker.read_text() == "x"  # evaluated once, value kept

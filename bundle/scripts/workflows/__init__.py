@@ -11,6 +11,7 @@ from .distributed import (
     local_device,
     quiet_other_ranks,
     rank_share,
+    rank_zero_first,
 )
 from .handlers import BestMetricState, EpochSeeder
 from .panels import SaliencyPanelWriter
@@ -42,6 +43,7 @@ __all__ = [
     "destroy_distributed",
     "local_device",
     "rank_share",
+    "rank_zero_first",
     "disable_on_other_ranks",
     "quiet_other_ranks",
     "RankBarrier",

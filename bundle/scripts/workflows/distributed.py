@@ -28,6 +28,7 @@ __all__ = [
     "destroy_distributed",
     "barrier",
     "rank_share",
+    "rank_zero_first",
     "disable_on_other_ranks",
     "quiet_other_ranks",
     "RankBarrier",
@@ -122,6 +123,26 @@ def destroy_distributed() -> None:
     if _initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _first_phase(rank_: int, local_rank: int) -> int:
+    """0 for global rank 0, 1 for the other nodes' first local process, 2 for everyone else."""
+    if rank_ == 0:
+        return 0
+    return 1 if local_rank == 0 else 2
+
+
+def rank_zero_first(parser: Any, ids: Sequence[str]) -> None:
+    """Evaluate the config items ``ids`` of ``parser`` on rank 0 first, then on each node's first process, then on
+    the other ranks, with a barrier between: for items that create files on first use (the quick start's
+    synthetic dataset), which concurrent processes would otherwise race to create. Later references to the items
+    reuse the parser's evaluated values."""
+    phase = _first_phase(rank(), int(os.environ.get("LOCAL_RANK", "0")))
+    for turn in range(3):
+        if phase == turn:
+            for id_ in ids:
+                parser.get_parsed_content(id_)
+        barrier()
 
 
 def rank_share(items: Sequence[Any], num_replicas: int | None = None, rank_: int | None = None) -> list[Any]:
