@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
+from monai.utils import str2bool
 
 __all__ = ["save_atomic", "plain_state_dict", "StageCheckpointer"]
 
@@ -71,15 +72,11 @@ def _load_file(path: Path, what: str) -> Any:
 
 
 def _as_flag(value: Any, name: str) -> bool:
-    """A yes/no option that may come from the command line as text (``--resume false`` is the string 'false')."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("true", "yes", "on", "1"):
-            return True
-        if text in ("false", "no", "off", "0", "none", ""):
-            return False
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return bool(value)
+    """A yes/no option that may come from the command line as text (fire passes ``--resume false`` as 'false')."""
+    try:
+        return str2bool(str(value).strip())  # str(): also bools and the integers 0/1
+    except ValueError:
+        raise ValueError(f"{name} must be true or false, got {value!r}") from None
 
 
 def plain_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
