@@ -945,11 +945,18 @@ def ensure_synthetic_dataset(
 ) -> str:
     """The datalist of a synthetic dataset under ``root``, generated on first use.
 
-    The dataset lives in ``root/synthetic_n{n}_{H}x{W}_seed{seed}_{fmt}`` (so other settings never reuse it) and is
+    The dataset lives in ``root/synthetic_n{n}_{H}x{W}_seed{seed}_{fmt}_{tag}``, ``tag`` a hash of the other keyword
+    arguments (``config``, ``lesion_prevalence``…), so other settings never reuse it, and is
     generated into a temporary folder that is renamed when complete, so an interrupted run leaves nothing half
     written. Returns the path of its ``datalist.json``.
     """
-    out = Path(root) / f"synthetic_n{int(n)}_{int(size[0])}x{int(size[1])}_seed{int(seed)}_{fmt}"
+    settings = {k: (asdict(v) if isinstance(v, SyntheticConfig) else v) for k, v in sorted(kwargs.items())}
+    tag = (
+        hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        if kwargs
+        else "default"
+    )
+    out = Path(root) / f"synthetic_n{int(n)}_{int(size[0])}x{int(size[1])}_seed{int(seed)}_{fmt}_{tag}"
     datalist = out / "datalist.json"
     if datalist.is_file():
         return str(datalist)

@@ -35,14 +35,17 @@ class GLAMPrepareBatch(PrepareBatch):
         self._generators: dict[str, torch.Generator] = {}
 
     def set_epoch(self, epoch: int) -> None:
-        """Restart the patch generator from a seed that depends only on (seed, epoch), for exact resumption."""
+        """Restart the patch generator from a seed that depends only on (seed, epoch, rank), for exact resumption."""
         self.epoch = int(epoch)
         self._generators.clear()
 
     def _generator(self, device: torch.device) -> torch.Generator:
         key = str(device)
         if key not in self._generators:
-            self._generators[key] = torch.Generator(device=device).manual_seed(self.seed * 100_003 + self.epoch)
+            dist = torch.distributed
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            seed = (self.seed * 100_003 + self.epoch * 1_009 + rank) % (2**63)
+            self._generators[key] = torch.Generator(device=device).manual_seed(seed)
         return self._generators[key]
 
     def __call__(

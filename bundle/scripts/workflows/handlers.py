@@ -14,6 +14,11 @@ from monai.data.utils import set_rnd
 __all__ = ["EpochSeeder", "BestMetricState"]
 
 
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 class EpochSeeder:
     """At the start of every epoch, reseed every source of randomness from (seed, epoch) alone.
 
@@ -47,7 +52,10 @@ class EpochSeeder:
 
     def __call__(self, engine: Engine) -> None:
         epoch = int(engine.state.epoch)
-        epoch_seed = (self.seed * 1_000_003 + epoch) % (2**31)
+        # the rank enters the per-process streams (augmentations, patches, worker seeds) so that data-parallel
+        # processes do not draw identical random numbers; samplers keep (seed, epoch) via set_epoch, which they need
+        # to agree on one permutation across ranks
+        epoch_seed = (self.seed * 1_000_003 + epoch * 1_009 + _rank()) % (2**31)
         for target in self.targets:
             target.set_epoch(epoch)
         for dataset in self.datasets:
