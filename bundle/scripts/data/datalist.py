@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_write
+
 __all__ = [
     "SPLITS",
     "PATH_KEYS",
@@ -74,16 +76,9 @@ def _validate_structure(data: Any, where: str) -> None:
 def save_datalist(datalist: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> Path:
     """Write ``datalist`` as indented JSON atomically (temporary file + os.replace); returns the path."""
     _validate_structure(datalist, "datalist")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")
-    try:
-        tmp.write_text(json.dumps(datalist, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    with atomic_write(path, "w") as f:
+        f.write(json.dumps(datalist, indent=2) + "\n")
+    return Path(path)
 
 
 def iter_items(datalist: Mapping[str, Sequence[Any]]) -> Iterator[tuple[str, int, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,8 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
 from monai.utils import str2bool
+
+from ..atomic import atomic_write
 
 __all__ = ["save_atomic", "plain_state_dict", "StageCheckpointer"]
 
@@ -29,36 +30,9 @@ def _is_rank_zero() -> bool:
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save`` to a temporary file in the target folder, then rename it over ``path`` (never a torn file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable (a crash right after ``os.replace`` could otherwise lose the new name)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. platforms that cannot open folders: the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with atomic_write(path, "wb") as f:
+        torch.save(obj, f)
+    return Path(path)
 
 
 def _load_file(path: Path, what: str) -> Any:

@@ -27,7 +27,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from ignite.engine import Engine, Events
 from monai.metrics import ROCAUCMetric
 from monai.utils import string_list_all_gather
 
+from ..atomic import atomic_write
 from ..metrics import PxAPMetric, SoftDiceMetric
 from .postprocessing import MAP_KEYS
 from .runner import STAGE_ORDER
@@ -80,22 +80,6 @@ def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: 
     if not items:
         raise ValueError(f"{source}: split {split!r} is missing or empty; nothing to evaluate")
     return list(items)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _is_rank_zero() -> bool:
@@ -316,8 +300,10 @@ class MetricsReport:
         writer = csv.DictWriter(buffer, fieldnames=list(self.rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(self.rows)
-        _atomic_write_text(self.csv_path, buffer.getvalue())
-        _atomic_write_text(self.json_path, json.dumps(self.summary, indent=2, allow_nan=False) + "\n")
+        with atomic_write(self.csv_path, "w") as f:
+            f.write(buffer.getvalue())
+        with atomic_write(self.json_path, "w") as f:
+            f.write(json.dumps(self.summary, indent=2, allow_nan=False) + "\n")
         logger.info("evaluation report written to %s and %s", self.json_path, self.csv_path)
         if self.print_table:
             print(self.table, flush=True)
