@@ -44,6 +44,8 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
             isinstance(class_index, bool) or not isinstance(class_index, int) or class_index < 0
         ):
             raise ValueError(f"class_index must be None or a non-negative int, got {class_index!r}.")
+        if reduction not in ("mean", "std"):
+            raise ValueError(f"reduction must be 'mean' or 'std', got {reduction!r}.")
         self.class_index = class_index
         self.reduction = reduction
         self.empty_value = float(empty_value)
@@ -104,8 +106,6 @@ class SoftDice(_ClassReducedMetricHandler):
         save_details: bool = True,
         check_values: bool = True,
     ) -> None:
-        if reduction not in ("mean", "std"):
-            raise ValueError(f"reduction must be 'mean' or 'std', got {reduction!r}.")
         super().__init__(
             SoftDiceMetric(check_values=check_values),
             class_index,
@@ -142,8 +142,6 @@ class PxAP(_ClassReducedMetricHandler):
         save_details: bool = True,
         check_values: bool = True,
     ) -> None:
-        if reduction not in ("mean", "std"):
-            raise ValueError(f"reduction must be 'mean' or 'std', got {reduction!r}.")
         if level == "dataset" and reduction != "mean":
             raise ValueError("reduction='std' is only defined for level='image' (dataset-level PxAP is one AP).")
         super().__init__(
