@@ -142,7 +142,7 @@ class PxAP(_ClassReducedMetricHandler):
         save_details: bool = True,
         check_values: bool = True,
     ) -> None:
-        if level == "dataset" and reduction != "mean":
+        if level == "dataset" and reduction == "std":
             raise ValueError("reduction='std' is only defined for level='image' (dataset-level PxAP is one AP).")
         super().__init__(
             PxAPMetric(level=level, step=step, check_values=check_values),
