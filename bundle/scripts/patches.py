@@ -38,7 +38,8 @@ def as_pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
 
 def map_window_size(patch_size: Sequence[int], image_size: Sequence[int], map_size: Sequence[int]) -> tuple[int, int]:
     """The patch's size on the saliency map: round(p * h / H) rows, round(p * w / W) cols (at least 1)."""
-    return tuple(max(1, int(round(p * m / i))) for p, m, i in zip(patch_size, map_size, image_size))
+    # int(): sizes are tensors while tracing (TorchScript/ONNX export); the window is fixed per input size
+    return tuple(max(1, int(round(int(p) * int(m) / int(i)))) for p, m, i in zip(patch_size, map_size, image_size))
 
 
 def max_disjoint_windows(map_size: Sequence[int], window: Sequence[int]) -> int:

@@ -19,7 +19,7 @@ def check_fraction(t: float, name: str = "t") -> float:
 
 def num_top_values(num_values: int, t: float) -> int:
     """k = max(1, round(n * t)): how many of ``num_values`` values top-t% pooling averages."""
-    return max(1, int(round(num_values * t)))
+    return max(1, int(round(int(num_values) * t)))  # int(): shapes are tensors while tracing
 
 
 def top_t_pool(x: torch.Tensor, t: float, start_dim: int = 2) -> torch.Tensor:
