@@ -14,6 +14,7 @@ from .distributed import (
     rank_zero_first,
 )
 from .handlers import BestMetricState, EpochSeeder
+from .inference import GLAMInferenceStep, GLAMInferenceWriter, SafeDataset, collate_inference, inference_items
 from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
 from .report import MetricsReport, check_checkpoint, eval_split_items
@@ -48,4 +49,9 @@ __all__ = [
     "quiet_other_ranks",
     "RankBarrier",
     "SyncBuffers",
+    "SafeDataset",
+    "collate_inference",
+    "inference_items",
+    "GLAMInferenceStep",
+    "GLAMInferenceWriter",
 ]

@@ -1,0 +1,210 @@
+"""The inference workflow (bundle/configs/inference.yaml) on tiny synthetic PNG and DICOM inputs with a randomly
+initialised tiny GLAMSaliencyNet: files, geometry on the original image, probabilities, errors.csv, the reference
+preset and datalist mode."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+from conftest import BUNDLE_ROOT, REPO_ROOT
+
+INFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference.yaml"
+REFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference_reference.yaml"
+TINY_INFERENCE = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
+META = BUNDLE_ROOT / "configs" / "metadata.json"
+TINY = dict(patch_size=64, local_depth=18, local_width=4)
+MAPS = ("S_g", "S_l", "S_c")
+CORRUPT = "SYN00000_M_corrupt.png"  # sorts between the L and R views: in the middle of the folder
+
+
+def _run(config_files, overrides: dict) -> None:
+    from monai.bundle import ConfigWorkflow
+
+    wf = ConfigWorkflow(
+        config_file=[str(f) for f in config_files], meta_file=str(META), workflow_type="infer", **overrides
+    )
+    wf.initialize()
+    wf.run()
+    wf.finalize()
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _nifti_maps(path: Path) -> np.ndarray:
+    """(W, H, 1, 1, 2) file -> (2, H, W)."""
+    data = np.asarray(nib.load(str(path)).get_fdata(), dtype=np.float32)
+    assert data.ndim == 5 and data.shape[2:4] == (1, 1) and data.shape[4] == 2
+    return data[:, :, 0, 0, :].transpose(2, 1, 0)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict:
+    from scripts.data.synthetic import make_synthetic_dataset
+    from scripts.networks import GLAMSaliencyNet
+
+    root = tmp_path_factory.mktemp("inference")
+    png = make_synthetic_dataset(root / "png", 4, size=(256, 160), seed=1, fmt="png")
+    make_synthetic_dataset(root / "dcm", 4, size=(256, 160), seed=2, fmt="dcm", facing="native")
+    folder = root / "in"
+    folder.mkdir()
+    for f in sorted((root / "png" / "images").iterdir()):
+        shutil.copy(f, folder / f"png_{f.name}")
+    for f in sorted((root / "dcm" / "images").iterdir()):
+        shutil.copy(f, folder / f.name)
+    (folder / CORRUPT).write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really a png" * 4)
+    torch.manual_seed(0)
+    ckpt = root / "model.pt"
+    torch.save(GLAMSaliencyNet(stage="joint", **TINY).state_dict(), ckpt)
+    out = root / "out"
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(ckpt)})
+    return {"root": root, "folder": folder, "ckpt": ckpt, "out": out, "png_datalist": png}
+
+
+def test_every_good_image_has_all_outputs_on_the_original_geometry(inputs):
+    from scripts.data.readers import read_mammogram
+
+    out, folder = inputs["out"], inputs["folder"]
+    rows = _read_csv(out / "predictions.csv")
+    good = sorted(str(p) for p in folder.iterdir() if p.name != CORRUPT)
+    assert sorted(r["image"] for r in rows) == good  # the corrupt file in the middle lost nothing
+    for row in rows:
+        original, _ = read_mammogram(row["image"])
+        assert (int(row["height"]), int(row["width"])) == original.shape
+        p = [float(row["prob_benign"]), float(row["prob_malignant"])]
+        assert all(0.0 <= v <= 1.0 for v in p)
+        assert row["label_benign"] == row["label_malignant"] == ""  # a folder has no labels
+        stem = row["output_stem"]
+        for name in MAPS:
+            maps = _nifti_maps(out / "maps" / f"{stem}_{name}.nii.gz")
+            assert maps.shape == (2, *original.shape)
+            assert maps.min() >= 0.0 and maps.max() <= 1.0
+            for c, cls in enumerate(("benign", "malignant")):
+                png = np.asarray(read_mammogram(out / "maps" / f"{stem}_{name}_{cls}.png", mask=True)[0])
+                assert png.shape == original.shape
+                np.testing.assert_array_equal(png, np.round(maps[c] * 65535))
+        from PIL import Image
+
+        panel = Image.open(out / "panels" / f"{stem}_panel.png")
+        assert panel.mode == "RGB" and panel.height > original.shape[0] and panel.width >= 4 * original.shape[1]
+    assert not list(out.rglob(".tmp*"))  # atomic writes leave no temporary files
+
+
+def test_errors_csv_names_the_corrupt_file_and_why(inputs):
+    errors = _read_csv(inputs["out"] / "errors.csv")
+    assert len(errors) == 1
+    assert errors[0]["image"] == str(inputs["folder"] / CORRUPT)
+    assert "MammogramReadError" in errors[0]["error"] and "not a readable image" in errors[0]["error"]
+
+
+def _independent_window_maps(path: str, ckpt: Path):
+    """Preprocess and run the model directly, render S_l and S_c at full window resolution."""
+    from scripts.networks import GLAMSaliencyNet
+    from scripts.transforms import mammogram_transforms
+
+    t = mammogram_transforms(keys=["image"], mask_keys=[], window=(256, 160), train=False, iterations=5, buffer=4)
+    d = t({"image": path})
+    net = GLAMSaliencyNet(stage="joint", **TINY)
+    net.load_state_dict(torch.load(ckpt, weights_only=True), strict=True)
+    net.eval()
+    with torch.no_grad():
+        outputs = net.forward_all(d["image"].as_tensor()[None])
+    full = net.full_resolution(outputs, (256, 160))
+    return d["image"].meta, outputs, {"S_c": full["saliency"][0].numpy(), "S_l": full["saliency_local"][0].numpy()}
+
+
+def test_inverted_map_matches_the_window_map_through_flip_crop_and_padding(inputs):
+    """For a mirrored DICOM: every original pixel inside the crop and the window holds the window map's value at
+    (row + offset, mirrored column + offset); every other pixel is 0; the patch boxes cover exactly where S_l > 0."""
+    from scripts.data.readers import read_mammogram
+
+    rows = {Path(r["image"]).name: r for r in _read_csv(inputs["out"] / "predictions.csv")}
+    name = "SYN00000_R_MLO.dcm"  # a right breast stored facing left: mirrored by the preprocessing
+    row = rows[name]
+    path = str(inputs["folder"] / name)
+    H, W = read_mammogram(path)[0].shape
+    meta, outputs, window_maps = _independent_window_maps(path, inputs["ckpt"])
+    assert bool(meta["flipped_to_right"])
+    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
+    c0, c1, c2, c3 = (int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4])  # top, left, bottom, right
+    rr, cc = np.meshgrid(np.arange(H), np.arange(W), indexing="ij")
+    col_flipped = W - 1 - cc  # original column -> column of the mirrored image
+    win_r, win_c = rr - c0 - top, col_flipped - c1 - left
+    inside = (rr >= c0) & (rr < c2) & (col_flipped >= c1) & (col_flipped < c3)
+    inside &= (win_r >= 0) & (win_r < 256) & (win_c >= 0) & (win_c < 160)
+    assert inside.sum() > 0.5 * H * W and (~inside).any()  # the crop removed something: the check is not trivial
+    for map_name in ("S_c", "S_l"):
+        back = _nifti_maps(inputs["out"] / "maps" / f"{row['output_stem']}_{map_name}.nii.gz")
+        expected = np.zeros((2, H, W), np.float32)
+        expected[:, inside] = window_maps[map_name][:, win_r[inside], win_c[inside]]
+        np.testing.assert_allclose(back, expected, atol=1e-6)
+
+    # patch boxes: from the model's window boxes through the same offsets, and S_l > 0 exactly on them
+    boxes = []
+    for r, c, h, w in outputs["patch_boxes"][0].tolist():
+        r0, r1 = r + top + c0, r + h + top + c0
+        f0, f1 = c + left + c1, c + w + left + c1  # columns of the mirrored image
+        boxes.append((max(0, r0), max(0, W - f1), min(H, r1), min(W, W - f0)))
+    assert boxes and row["patch_boxes"] == ";".join(" ".join(str(v) for v in b) for b in boxes)
+    s_l = _nifti_maps(inputs["out"] / "maps" / f"{row['output_stem']}_S_l.nii.gz").max(axis=0)
+    covered = np.zeros((H, W), bool)
+    for t, lft, b, rgt in boxes:
+        covered[t:b, lft:rgt] = True
+    np.testing.assert_array_equal(s_l > 0, covered & inside)
+
+
+def test_batch_of_only_failures_and_bad_inputs(tmp_path):
+    from scripts.workflows import GLAMInferenceStep, collate_inference, inference_items
+
+    batch = collate_inference([{"image": "a.png", "error": "ValueError: x"}, {"image": "b.png", "error": "E: y"}])
+    assert batch["image"] is None and batch["items"] == [] and len(batch["errors"]) == 2
+    assert GLAMInferenceStep()(None, batch)["pred"] is None  # the network is not called
+    with pytest.raises(ValueError, match="holds no file of a supported type"):
+        inference_items(tmp_path)
+    with pytest.raises(ValueError, match="is not a folder"):
+        inference_items(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no split 'test'"):
+        inference_items(datalist={"training": [{"image": "x.png"}]}, split="test")
+
+
+@pytest.mark.slow
+def test_cli_reference_preset_on_a_datalist(inputs, tmp_path):
+    """The command line with the reference overlay (sizes from the tiny preset) on a datalist with labels and masks:
+    the network has the authors' inference layout, labels reach predictions.csv."""
+    from scripts.data import load_datalist
+    from scripts.networks import GLAMSaliencyNet
+
+    torch.manual_seed(1)
+    net = GLAMSaliencyNet(
+        stage="local", aggregation="concat", global_pool_after_upsampling=True, t_local=0.3, joint_modules=False, **TINY
+    )
+    ckpt = tmp_path / "reference.pt"
+    torch.save(net.state_dict(), ckpt)
+    datalist = inputs["png_datalist"]
+    split = next(k for k, v in load_datalist(datalist).items() if v)
+    out = tmp_path / "out"
+    configs = [str(INFERENCE_CONFIG), str(REFERENCE_CONFIG), str(TINY_INFERENCE)]
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", json.dumps(configs)]
+    cmd += ["--meta_file", str(META), "--datalist", str(datalist), "--split", split, "--output_dir", str(out)]
+    cmd += ["--ckpt_path", str(ckpt)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _read_csv(out / "predictions.csv")
+    items = load_datalist(datalist)[split]
+    assert len(rows) == len(items) and _read_csv(out / "errors.csv") == []
+    by_name = {Path(r["image"]).name: r for r in rows}
+    for item in items:
+        row = by_name[Path(item["image"]).name]
+        assert [int(row["label_benign"]), int(row["label_malignant"])] == list(item["label"])
+        assert len(row["patch_boxes"].split(";")) == 1  # M = 1
