@@ -176,6 +176,12 @@ def test_batch_of_only_failures_and_bad_inputs(tmp_path):
         inference_items(tmp_path / "missing")
     with pytest.raises(ValueError, match="no split 'test'"):
         inference_items(datalist={"training": [{"image": "x.png"}]}, split="test")
+    (tmp_path / "a.dcm").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("not an image")
+    datalist = {"test": [{"image": "x.png", "label": [0, 1]}]}
+    # a folder given on the command line wins over a datalist that a preset brings
+    assert inference_items(tmp_path, datalist) == [{"image": str(tmp_path / "a.dcm")}]
+    assert inference_items("", datalist) == datalist["test"]
 
 
 @pytest.mark.slow

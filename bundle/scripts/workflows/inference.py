@@ -67,11 +67,11 @@ def inference_items(
     split: str = "test",
 ) -> list[dict[str, Any]]:
     """The images to run on: every supported file under ``input_dir`` (recursively, sorted, hidden files skipped),
-    or the items of ``datalist[split]`` (paths already resolved) when a datalist is given.
+    or, when ``input_dir`` is empty, the items of ``datalist[split]`` (paths already resolved).
 
     Raises ``ValueError`` naming the folder or the split when there is nothing to run on.
     """
-    if datalist is not None:
+    if (input_dir is None or str(input_dir) == "") and datalist is not None:
         if split not in datalist:
             raise ValueError(f"datalist has no split {split!r} (splits: {sorted(datalist)})")
         items = [dict(item) for item in datalist[split]]
