@@ -1,0 +1,79 @@
+"""MONAI's model-zoo tools on the bundle: verify_net_in_out, ckpt_export (TorchScript) and onnx_export."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import BUNDLE_ROOT
+
+from scripts.networks import GLAMSaliencyNet
+
+TINY = {"patch_size": 64, "local_depth": 18, "local_width": 4}
+TINY_ARGS = [arg for k, v in TINY.items() for arg in (f"--{k}", str(v))]
+
+
+def bundle_cli(*args: str) -> subprocess.CompletedProcess:
+    # from the bundle folder, as the zoo runs its tools: `scripts` is importable from the working directory
+    return subprocess.run(
+        [sys.executable, "-m", "monai.bundle", *args, "--meta_file", "configs/metadata.json"],
+        cwd=BUNDLE_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    net = GLAMSaliencyNet(**TINY).eval()
+    path = tmp_path_factory.mktemp("ckpt") / "model.pt"
+    torch.save(net.state_dict(), path)
+    return net, path
+
+
+def new_inputs():
+    return [torch.randn(1, 1, 256, 160, generator=torch.Generator().manual_seed(7 + i)) for i in range(2)]
+
+
+@pytest.mark.slow
+def test_verify_net_in_out_at_the_metadata_shapes():
+    res = bundle_cli("verify_net_in_out", "network_def", "--config_file", "configs/inference.yaml")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "data shape of network is verified with no error" in res.stderr + res.stdout
+
+
+def test_ckpt_export_torchscript_equals_eager(tiny_checkpoint, tmp_path):
+    net, ckpt = tiny_checkpoint
+    out = tmp_path / "model.ts"
+    res = bundle_cli(
+        "ckpt_export", "network_def", "--filepath", str(out), "--ckpt_file", str(ckpt),
+        "--config_file", "configs/inference.yaml", "--use_trace", "True", "--input_shape", "[1, 1, 256, 160]",
+        *TINY_ARGS,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    ts = torch.jit.load(str(out))
+    for x in new_inputs():
+        with torch.no_grad():
+            torch.testing.assert_close(ts(x), net(x), rtol=0, atol=1e-6)
+
+
+def test_onnx_export_equals_eager(tiny_checkpoint, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    net, ckpt = tiny_checkpoint
+    out = tmp_path / "model.onnx"
+    res = bundle_cli(
+        "onnx_export", "network_def", "--filepath", str(out), "--ckpt_file", str(ckpt),
+        "--config_file", "configs/inference.yaml", "--input_shape", "[1, 1, 256, 160]", "--use_trace", "True",
+        # the TorchScript-based exporter: torch.export (torch's default) cannot trace data-dependent patch selection
+        "--converter_kwargs", "{'dynamo': False, 'opset_version': 18}",
+        *TINY_ARGS,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for x in new_inputs():
+        with torch.no_grad():
+            np.testing.assert_allclose(session.run(None, {name: x.numpy()})[0], net(x).numpy(), rtol=0, atol=1e-5)
