@@ -11,6 +11,7 @@ record instead of an exception, :func:`collate_inference` stacks the good images
 from __future__ import annotations
 
 import csv
+import logging
 import os
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,9 @@ from ..atomic import atomic_write
 from ..data.readers import SUPPORTED_SUFFIXES, read_mammogram
 from ..patches import render_saliency
 from ..visualize import saliency_panel
+from .dicom_outputs import dicom_output_kinds, write_dicom_outputs
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "ERROR_KEY",
@@ -247,6 +251,9 @@ class GLAMInferenceWriter:
         gamma_c: weight of S_g in S_c (the network's value).
         panels: write the overlay panels.
         panel_height: panels are scaled to at most this many rows of the image (None: full resolution).
+        dicom_outputs: "none" | "sc" | "map" | "both": for DICOM inputs also ``dicom/<stem>_sc.dcm`` (Secondary
+            Capture of the panel) and/or ``dicom/<stem>_map.dcm`` (FRACTIONAL Segmentation of S_c), see
+            :mod:`scripts.workflows.dicom_outputs`; other inputs skip them (logged).
     """
 
     def __init__(
@@ -256,12 +263,14 @@ class GLAMInferenceWriter:
         gamma_c: float = 0.5,
         panels: bool = True,
         panel_height: int | None = 1024,
+        dicom_outputs: str | None = "none",
     ) -> None:
         self.output_dir = Path(output_dir)
         self.transform = transform
         self.gamma_c = float(gamma_c)
         self.panels = bool(panels)
         self.panel_height = panel_height
+        self.dicom_kinds = dicom_output_kinds(dicom_outputs)
         self.rows: list[dict[str, Any]] = []
         self.errors: list[dict[str, str]] = []
         self._stems: set[str] = set()
@@ -344,8 +353,13 @@ class GLAMInferenceWriter:
         y = pred["y_global"].tolist()
         label = item.get("label")
         labels = [int(v) for v in label] if isinstance(label, (list, tuple)) and len(label) == 2 else ["", ""]
-        if self.panels:
-            self._write_panel(stem, item, original, back, boxes_orig, y, labels)
+        panel = None
+        if self.panels or "sc" in self.dicom_kinds:
+            panel = self._write_panel(stem, item, original, back, boxes_orig, y, labels, save=self.panels)
+        if self.dicom_kinds and meta.get("format") == "dicom":
+            write_dicom_outputs(path, self.output_dir, stem, self.dicom_kinds, panel, np.clip(back["S_c"], 0.0, 1.0))
+        elif self.dicom_kinds:
+            logger.info("%s: not a DICOM input, DICOM outputs %s skipped", path, "/".join(self.dicom_kinds))
         return {
             "image": path,
             "output_stem": stem,
@@ -358,7 +372,7 @@ class GLAMInferenceWriter:
             "patch_boxes": ";".join(" ".join(str(v) for v in b) for b in boxes_orig),
         }
 
-    def _write_panel(self, stem, item, original, back, boxes, y, labels) -> None:
+    def _write_panel(self, stem, item, original, back, boxes, y, labels, save: bool = True) -> np.ndarray:
         masks = None
         mask_paths = [item.get(f"mask_{cls}") for cls in CLASS_NAMES]
         if all(isinstance(p, str) and p for p in mask_paths):
@@ -376,7 +390,10 @@ class GLAMInferenceWriter:
             f"image{' + ground truth' if masks is not None else ''} | S_g | S_l | S_c",
             "green benign, red malignant, blue: selected patches",
         ]
-        _save_png(self.output_dir / "panels" / f"{stem}_panel.png", _panel_title(panel, lines))
+        panel = _panel_title(panel, lines)
+        if save:
+            _save_png(self.output_dir / "panels" / f"{stem}_panel.png", panel)
+        return panel
 
     def write_tables(self, engine: Any = None) -> None:
         """Write predictions.csv and errors.csv (atomically; errors.csv has its header even when empty)."""
