@@ -1,0 +1,363 @@
+"""Build the shareable model-zoo zip of bundle/ and verify it from a clean temporary folder.
+
+    python scripts/package_bundle.py --out dist [--weights model.pt] [--name glam_mammography] [--keep]
+
+The zip holds ``<name>/{configs,scripts,docs,models}/`` and ``<name>/LICENSE`` (plus ``large_files.yml`` when the
+bundle has one); caches, training outputs and model files are left out, except ``--weights``, which is checked to
+load strictly into the inference config's ``network_def`` (``weights_only=True``) and shipped as
+``models/model.pt``. ``--out`` is a folder (the zip is named ``<name>_v<version>.zip``) or a ``.zip`` path.
+
+The verification unzips into a temporary folder and runs, in fresh interpreters whose only extra path entry is the
+unzipped bundle folder (never the repository): ``monai.bundle verify_metadata`` against
+``../shared/schema/meta_schema_20240725.json`` when it exists; ConfigParser on every config, with every
+``_target_`` and ``$import`` restricted to ``scripts.``, MONAI, torch/ignite and the standard library; and
+``monai.bundle run inference`` on two synthetic images made by the bundle's own generator, with tiny network
+sizes and a random checkpoint (or, with ``--weights``, the shipped model.pt at the config's sizes).
+Prints one line per step; the exit code is non-zero when any step fails, and the failing step is named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUNDLE_ROOT = REPO_ROOT / "bundle"
+sys.path.insert(0, str(BUNDLE_ROOT))
+
+from scripts.atomic import atomic_write  # noqa: E402
+
+DEFAULT_SCHEMA = REPO_ROOT.parent / "shared" / "schema" / "meta_schema_20240725.json"
+# the model-zoo layout: anything else at the bundle root (inference/, eval/, runs/, data) is not shared
+TOP_LEVEL = ("configs", "scripts", "docs", "models", "LICENSE", "large_files.yml")
+EXCLUDED_DIRS = {"__pycache__", "eval", "runs", "inference", ".ipynb_checkpoints", ".pytest_cache"}
+EXCLUDED_SUFFIXES = {".pyc", ".pyo", ".tmp"}
+MODEL_SUFFIXES = {".pt", ".pth", ".ts", ".onnx", ".ckpt", ".safetensors", ".bin"}
+# sizes of tests/configs/tiny_inference.yaml: the verification run takes seconds on a CPU
+TINY_NETWORK = {"patch_size": 64, "local_depth": 18, "local_width": 4}
+TINY_IMAGE = (256, 160)
+FULL_IMAGE = (1024, 640)  # --weights: the shipped network at its own sizes on a smaller window
+STEP_TIMEOUT_S = 900
+
+
+class PackagingError(ValueError):
+    """A packaging or verification step failed; ``step`` names it."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(f"[{step}] {message}")
+        self.step = step
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+
+    def ok(self, step: str, detail: str, seconds: float) -> None:
+        self.lines.append(f"ok     {step:<16} {detail} ({seconds:.1f} s)")
+        print(self.lines[-1], flush=True)
+
+    def skip(self, step: str, detail: str) -> None:
+        self.lines.append(f"skip   {step:<16} {detail}")
+        print(self.lines[-1], flush=True)
+
+
+def bundle_files(bundle_root: Path) -> Iterator[tuple[Path, str]]:
+    """(source file, path relative to the bundle root) for every file that belongs in the zip, sorted."""
+    for top in TOP_LEVEL:
+        src = bundle_root / top
+        if src.is_file():
+            yield src, top
+            continue
+        if not src.is_dir():
+            continue
+        for path in sorted(src.rglob("*")):
+            rel = path.relative_to(bundle_root)
+            if not path.is_file() or any(p in EXCLUDED_DIRS or p.startswith(".") for p in rel.parts):
+                continue
+            if path.suffix in EXCLUDED_SUFFIXES or (top == "models" and path.suffix in MODEL_SUFFIXES):
+                continue
+            yield path, rel.as_posix()
+
+
+def check_weights(weights: Path, bundle_root: Path) -> None:
+    """Raise PackagingError unless ``weights`` is a plain state dict that loads strictly into the inference
+    config's ``network_def`` (its default sizes, as the zoo tools build it)."""
+    import torch
+    from monai.bundle import ConfigParser
+
+    step = "weights"
+    if not weights.is_file():
+        raise PackagingError(step, f"--weights {weights}: no such file")
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file cannot be shipped
+        raise PackagingError(step, f"--weights {weights}: not loadable with weights_only=True ({e})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise PackagingError(step, f"--weights {weights}: not a plain state dict of tensors (a training checkpoint?)")
+    parser = ConfigParser()
+    parser.read_config(str(bundle_root / "configs" / "inference.yaml"))
+    parser["bundle_root"] = str(bundle_root)
+    net = parser.get_parsed_content("network_def")
+    expected = net.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [
+        f"{k}: {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+        if missing:
+            parts.append(f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        if shapes:
+            parts.append(f"shape mismatches {shapes[:5]}")
+        raise PackagingError(
+            step, f"--weights {weights} does not match network_def of configs/inference.yaml: {'; '.join(parts)}"
+        )
+    net.load_state_dict(state, strict=True)
+
+
+def build_zip(out: Path, name: str, bundle_root: Path = BUNDLE_ROOT, weights: Path | None = None) -> Path:
+    """Write the zip atomically and return its path."""
+    meta = json.loads((bundle_root / "configs" / "metadata.json").read_text(encoding="utf-8"))
+    zip_path = out if out.suffix == ".zip" else out / f"{name}_v{meta['version']}.zip"
+    if weights is not None:
+        check_weights(weights, bundle_root)
+    with atomic_write(zip_path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(f"{name}/models/", "")  # the zoo layout has models/ even when no weights are shipped
+        for src, rel in bundle_files(bundle_root):
+            zf.write(src, f"{name}/{rel}")
+        if weights is not None:
+            zf.write(weights, f"{name}/models/model.pt")
+    return zip_path
+
+
+def _clean_env(bundle_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(PYTHONPATH=str(bundle_dir), PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def _run(step: str, args: list[str], bundle_dir: Path) -> str:
+    """Run ``python args`` from the bundle folder with only it on the path; PackagingError on failure."""
+    try:
+        res = subprocess.run(
+            [sys.executable, *args],
+            cwd=bundle_dir,
+            env=_clean_env(bundle_dir),
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise PackagingError(step, f"timed out after {STEP_TIMEOUT_S} s") from e
+    if res.returncode != 0:
+        raise PackagingError(step, f"exit code {res.returncode}:\n{(res.stdout + res.stderr)[-3000:]}")
+    return res.stdout + res.stderr
+
+
+# Runs inside the unzipped bundle: proves `scripts` comes from there and nothing from the repository is on the
+# path, then reads every config and restricts what it can reach.
+_CONFIG_CHECK = r"""
+import ast, sys, json
+from pathlib import Path
+import scripts
+from monai.bundle import ConfigParser
+from monai.bundle.config_item import ComponentLocator
+repo = sys.argv[1]
+here = Path.cwd().resolve()
+assert Path(scripts.__file__).resolve().is_relative_to(here), f"scripts imported from {scripts.__file__}"
+# the interpreter's own environment may live inside the repository (.venv): only its installed packages count
+env = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+bad = [
+    p for p in sys.path
+    if p and Path(p).resolve().is_relative_to(Path(repo))
+    and not any(Path(p).resolve().is_relative_to(e) for e in [here, *env])
+]
+assert not bad, f"repository on sys.path: {bad}"
+ALLOWED = {"scripts", "monai", "torch", "ignite", "numpy"} | set(sys.stdlib_module_names)
+locator = ComponentLocator()
+problems, n = [], 0
+def walk(node, where):
+    if isinstance(node, dict):
+        t = node.get("_target_")
+        if isinstance(t, str):
+            top = t.split(".")[0]
+            if "." in t and top not in ALLOWED:
+                problems.append(f"{where}: _target_ {t}")
+            elif "." not in t and locator.get_component_module_name(t) is None:
+                problems.append(f"{where}: _target_ {t} is not a MONAI component")
+        for k, v in node.items():
+            walk(v, f"{where}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            walk(v, f"{where}[{i}]")
+    elif isinstance(node, str) and node.startswith("$") and ("import " in node):
+        for stmt in ast.parse(node[1:]).body:
+            names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else [stmt.module or ""]
+            problems.extend(f"{where}: imports {m}" for m in names if m.split(".")[0] not in ALLOWED)
+files = [f for f in sorted(Path("configs").iterdir()) if f.suffix in (".yaml", ".yml", ".json")]
+layered = []
+for f in files:
+    # an overlay (evaluate.yaml, multi_gpu_train.yaml, inference_reference.yaml) only loads over its base config
+    for base in [None, "train.yaml", "inference.yaml"]:
+        parser = ConfigParser()
+        try:
+            parser.read_config([f"configs/{base}", str(f)] if base else str(f))
+            parser.parse()
+        except KeyError as e:
+            err = e
+            continue
+        break
+    else:
+        sys.exit(f"{f}: does not load alone nor over train.yaml or inference.yaml: {err}")
+    if base:
+        layered.append(f"{f.name} over {base}")
+    walk(parser.get(), f.name)
+    n += 1
+if problems:
+    sys.exit("configs reach outside scripts./MONAI/torch: " + "; ".join(problems))
+print(f"{n} configs parsed" + (f" ({', '.join(layered)})" if layered else ""))
+"""
+
+_MAKE_INPUTS = r"""
+import shutil, sys
+from pathlib import Path
+import torch
+from scripts.data.synthetic import make_synthetic_dataset
+from scripts.networks import GLAMSaliencyNet
+work, h, w, tiny = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+make_synthetic_dataset(work / "synthetic", 2, size=(h, w), seed=11, fmt="png")
+inputs = work / "inputs"
+inputs.mkdir()
+for f in sorted((work / "synthetic" / "images").iterdir())[:2]:
+    shutil.copy(f, inputs / f.name)
+if tiny:
+    torch.manual_seed(0)
+    torch.save(GLAMSaliencyNet(stage="joint", patch_size=64, local_depth=18, local_width=4).state_dict(),
+               work / "tiny_model.pt")
+print(len(list(inputs.iterdir())), "images")
+"""
+
+
+def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, keep: Path | None = None) -> None:
+    """Unzip into a clean temporary folder and check it as described in the module docstring."""
+    with tempfile.TemporaryDirectory(prefix="glam_bundle_verify_") as tmp:
+        work = Path(tmp) if keep is None else keep
+        work.mkdir(parents=True, exist_ok=True)
+        t = time.perf_counter()
+        try:
+            with zipfile.ZipFile(zip_path) as zf:
+                bad = zf.testzip()
+                if bad is not None:
+                    raise PackagingError("unzip", f"{zip_path}: corrupt member {bad}")
+                zf.extractall(work / "unzipped")
+        except zipfile.BadZipFile as e:
+            raise PackagingError("unzip", f"{zip_path}: {e}") from e
+        bundle_dir = work / "unzipped" / name
+        if not (bundle_dir / "configs" / "inference.yaml").is_file():
+            raise PackagingError("unzip", f"{zip_path} has no {name}/configs/inference.yaml")
+        report.ok("unzip", str(bundle_dir), time.perf_counter() - t)
+
+        if schema is not None and schema.is_file():
+            t = time.perf_counter()
+            out = _run(
+                "verify_metadata",
+                ["-m", "monai.bundle", "verify_metadata", "--meta_file", "configs/metadata.json"]
+                + ["--filepath", str(schema.resolve())],
+                bundle_dir,
+            )
+            if "metadata is verified with no error" not in out:
+                raise PackagingError("verify_metadata", f"no confirmation in the output:\n{out[-2000:]}")
+            report.ok("verify_metadata", f"against {schema.name}", time.perf_counter() - t)
+        else:
+            report.skip("verify_metadata", f"schema not found at {schema}")
+
+        t = time.perf_counter()
+        out = _run("load_configs", ["-c", _CONFIG_CHECK, str(REPO_ROOT)], bundle_dir)
+        report.ok("load_configs", out.strip().splitlines()[-1], time.perf_counter() - t)
+
+        shipped = (bundle_dir / "models" / "model.pt").is_file()
+        h, w = FULL_IMAGE if shipped else TINY_IMAGE
+        t = time.perf_counter()
+        _run("synthetic_inputs", ["-c", _MAKE_INPUTS, str(work), str(h), str(w), "0" if shipped else "1"], bundle_dir)
+        report.ok("synthetic_inputs", f"2 images of {h}x{w}", time.perf_counter() - t)
+
+        t = time.perf_counter()
+        overrides = {
+            "bundle_root": str(bundle_dir),
+            "input_dir": str(work / "inputs"),
+            "output_dir": str(work / "out"),
+            "num_workers": "0",
+            "image_size": f"[{h},{w}]",
+            "crop_iterations": "5",
+            "crop_buffer": "4",
+            "panel_height": "None",
+        }
+        if not shipped:
+            overrides.update({k: str(v) for k, v in TINY_NETWORK.items()}, ckpt_path=str(work / "tiny_model.pt"))
+        args = ["-m", "monai.bundle", "run", "inference", "--config_file", "configs/inference.yaml"]
+        args += ["--meta_file", "configs/metadata.json"]
+        for k, v in overrides.items():
+            args += [f"--{k}", v]
+        _run("inference", args, bundle_dir)
+        predictions = work / "out" / "predictions.csv"
+        if not predictions.is_file():
+            raise PackagingError("inference", f"no {predictions}")
+        with open(predictions, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        if len(rows) != 2:
+            raise PackagingError("inference", f"{predictions} has {len(rows)} rows, expected 2")
+        for row in rows:
+            probs = [float(row["prob_benign"]), float(row["prob_malignant"])]
+            if not all(0.0 <= p <= 1.0 for p in probs):
+                raise PackagingError("inference", f"{row['image']}: probabilities {probs} outside [0, 1]")
+        weights = "shipped models/model.pt" if shipped else "random tiny checkpoint"
+        report.ok("inference", f"predictions.csv has 2 rows ({weights})", time.perf_counter() - t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path, help="folder for <name>_v<version>.zip, or a .zip path")
+    ap.add_argument("--weights", type=Path, help="state dict to ship as models/model.pt (checked first)")
+    ap.add_argument("--name", default="glam_mammography", help="bundle name: the zip's top-level folder")
+    ap.add_argument("--schema", type=Path, default=DEFAULT_SCHEMA, help="metadata schema (skipped when missing)")
+    ap.add_argument("--keep", type=Path, help="verify in this folder and keep it (for debugging)")
+    args = ap.parse_args(argv)
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        ap.error(f"--name must be a plain folder name, got {args.name!r}")
+    report = Report()
+    step = "build"
+    try:
+        t = time.perf_counter()
+        zip_path = build_zip(args.out, args.name, weights=args.weights)
+        with zipfile.ZipFile(zip_path) as zf:
+            n = len([i for i in zf.infolist() if not i.is_dir()])
+        report.ok("build", f"{zip_path} ({n} files, {zip_path.stat().st_size / 1e6:.2f} MB)", time.perf_counter() - t)
+        step = "verify"
+        verify_zip(zip_path, args.name, args.schema, report, keep=args.keep)
+    except PackagingError as e:
+        print(f"FAILED {e.step}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - the report must name the step whatever went wrong
+        print(f"FAILED {step}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"bundle verified: {zip_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""scripts/package_bundle.py: the zip's file list, the --weights check, and the verification from a clean folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+from conftest import BUNDLE_ROOT, REPO_ROOT
+
+SCRIPT = REPO_ROOT / "scripts" / "package_bundle.py"
+NAME = "glam_mammography"
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("package_bundle", SCRIPT)
+    if "package_bundle" not in sys.modules:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["package_bundle"] = module  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["package_bundle"]
+
+
+def _names(zip_path) -> set[str]:
+    with zipfile.ZipFile(zip_path) as zf:
+        return {i.filename for i in zf.infolist() if not i.is_dir()}
+
+
+def test_zip_keeps_the_zoo_layout_and_leaves_out_caches_outputs_and_models(tmp_path):
+    """A copy of the bundle with the junk a working folder collects: none of it reaches the zip, every source
+    file does (compared with an independent walk of the copy)."""
+    tool = _load_tool()
+    bundle = tmp_path / "bundle"
+    shutil.copytree(BUNDLE_ROOT, bundle, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    expected = {
+        f"{NAME}/{p.relative_to(bundle).as_posix()}"
+        for top in ("configs", "scripts", "docs")
+        for p in (bundle / top).rglob("*")
+        if p.is_file()
+    } | {f"{NAME}/LICENSE"}
+    (bundle / "scripts" / "__pycache__").mkdir(exist_ok=True)
+    (bundle / "scripts" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    (bundle / "scripts" / "stray.pyc").write_bytes(b"\0")
+    for junk in ("eval/metrics.json", "runs/events.out", "inference/predictions.csv", "models/model.pt"):
+        (bundle / junk).parent.mkdir(parents=True, exist_ok=True)
+        (bundle / junk).write_bytes(b"x")
+
+    zip_path = tool.build_zip(tmp_path / "dist", NAME, bundle_root=bundle)
+    assert zip_path.name == f"{NAME}_v0.1.0.zip"
+    names = _names(zip_path)
+    assert names == expected
+    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+    for required in ("configs/inference.yaml", "configs/metadata.json", "scripts/__init__.py", "LICENSE"):
+        assert f"{NAME}/{required}" in names
+    for required in ("docs/README.md", "docs/data_license.txt"):
+        assert f"{NAME}/{required}" in names
+    with zipfile.ZipFile(zip_path) as zf:
+        assert f"{NAME}/models/" in zf.namelist()  # the folder is there even without weights
+        assert zf.read(f"{NAME}/LICENSE") == (BUNDLE_ROOT / "LICENSE").read_bytes()
+    assert not list(zip_path.parent.glob(".*.tmp"))  # written atomically: no temporary file left
+
+
+def test_bundle_license_is_apache_and_readme_links_the_data_licence():
+    text = (BUNDLE_ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    data = (BUNDLE_ROOT / "docs" / "data_license.txt").read_text(encoding="utf-8")
+    assert "no patient data" in data and "scripts/data/synthetic.py" in data
+
+
+def test_weights_with_a_wrong_key_fail_naming_the_key(tmp_path, capsys):
+    from scripts.networks import GLAMSaliencyNet
+
+    tool = _load_tool()
+    state = GLAMSaliencyNet().state_dict()
+    first = next(iter(state))
+    state["not_a_layer.weight"] = state.pop(first)
+    weights = tmp_path / "bad.pt"
+    torch.save(state, weights)
+    assert tool.main(["--out", str(tmp_path / "dist"), "--weights", str(weights)]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED weights" in err
+    assert "not_a_layer.weight" in err and first in err  # the unexpected and the missing key are both named
+    assert not list(tmp_path.rglob("*.zip"))  # nothing half-built is left behind
+
+
+def test_training_checkpoint_is_not_a_state_dict(tmp_path):
+    tool = _load_tool()
+    weights = tmp_path / "ckpt.pt"
+    torch.save({"network": {"w": torch.zeros(1)}, "epoch": 3}, weights)
+    with pytest.raises(ValueError, match=r"\[weights\].*ckpt\.pt: not a plain state dict"):
+        tool.build_zip(tmp_path / "dist", NAME, weights=weights)
+
+
+@pytest.mark.slow
+def test_package_and_verify_from_a_clean_folder(tmp_path):
+    """The command line end to end: build, unzip elsewhere, metadata against the schema (when ../shared has it),
+    every config parsed with only the bundle on the path, inference on two synthetic images."""
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "dist"), "--keep", str(tmp_path / "verify")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    zip_path = tmp_path / "dist" / f"{NAME}_v0.1.0.zip"
+    assert f"bundle verified: {zip_path}" in res.stdout
+    for step in ("build", "unzip", "load_configs", "synthetic_inputs", "inference"):
+        assert f"ok     {step}" in res.stdout
+    schema = REPO_ROOT.parent / "shared" / "schema" / "meta_schema_20240725.json"
+    assert ("ok     verify_metadata" if schema.is_file() else "skip   verify_metadata") in res.stdout
+    assert "predictions.csv has 2 rows" in res.stdout
+    # the inference ran on the unzipped copy: its outputs and the bundle it used are in the kept folder
+    assert (tmp_path / "verify" / "unzipped" / NAME / "configs" / "inference.yaml").is_file()
+    rows = (tmp_path / "verify" / "out" / "predictions.csv").read_text(encoding="utf-8").strip().splitlines()
+    assert len(rows) == 3 and all("/verify/inputs/" in r for r in rows[1:])
+    assert _names(zip_path) >= {f"{NAME}/docs/data_license.txt", f"{NAME}/scripts/__init__.py"}
+
+
+@pytest.mark.slow
+def test_a_config_reaching_outside_the_bundle_fails_the_config_step(tmp_path):
+    """The verification has teeth: a config importing a repository module and a non-MONAI target is rejected."""
+    tool = _load_tool()
+    bundle = tmp_path / "bundle"
+    shutil.copytree(BUNDLE_ROOT, bundle, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (bundle / "configs" / "extra.yaml").write_text(
+        "imports:\n  - $import tests.conftest\nnet:\n  _target_: mypkg.Net\n", encoding="utf-8"
+    )
+    zip_path = tool.build_zip(tmp_path / "dist", NAME, bundle_root=bundle)
+    with pytest.raises(ValueError, match=r"\[load_configs\]") as info:
+        tool.verify_zip(zip_path, NAME, None, tool.Report())
+    assert "imports tests.conftest" in str(info.value) and "_target_ mypkg.Net" in str(info.value)
