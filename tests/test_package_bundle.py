@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from conftest import BUNDLE_ROOT, REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "package_bundle.py"
 NAME = "glam_mammography"
+VERSION = json.loads((BUNDLE_ROOT / "configs" / "metadata.json").read_text())["version"]
 
 
 def _load_tool():
@@ -50,7 +52,7 @@ def test_zip_keeps_the_zoo_layout_and_leaves_out_caches_outputs_and_models(tmp_p
         (bundle / junk).write_bytes(b"x")
 
     zip_path = tool.build_zip(tmp_path / "dist", NAME, bundle_root=bundle)
-    assert zip_path.name == f"{NAME}_v0.1.0.zip"
+    assert zip_path.name == f"{NAME}_v{VERSION}.zip"
     names = _names(zip_path)
     assert names == expected
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
@@ -107,7 +109,7 @@ def test_package_and_verify_from_a_clean_folder(tmp_path):
         timeout=600,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    zip_path = tmp_path / "dist" / f"{NAME}_v0.1.0.zip"
+    zip_path = tmp_path / "dist" / f"{NAME}_v{VERSION}.zip"
     assert f"bundle verified: {zip_path}" in res.stdout
     for step in ("build", "unzip", "load_configs", "synthetic_inputs", "inference"):
         assert f"ok     {step}" in res.stdout
