@@ -56,3 +56,23 @@ def tiny_overrides(tmp_path: Path, datalist: str, **extra) -> dict:
         "output_root": str(tmp_path / "eval"),
         **extra,
     }
+
+
+def assert_identical(a, b, where: str = "value") -> None:
+    """Nested dicts / lists / tensors equal bit for bit (tensors with ``torch.equal``); ``where`` names the path."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape, where
+        diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+        assert torch.equal(a, b), f"{where} differs (max abs difference {diff:.3g})"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys differ"
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG
+from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, assert_identical
 
 from scripts.data import load_datalist
 from scripts.data.datalist import resolve_paths
@@ -93,23 +93,6 @@ def _validations(log: Path) -> dict[int, str]:
     return {int(e): line.strip() for e, line in re.findall(r"Epoch\[(\d+)\] Metrics -- (.*)", _text(log))}
 
 
-def _assert_equal(a, b, where: str) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.shape == b.shape, where
-        diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-        assert torch.equal(a, b), f"{where} differs (max abs difference {diff:.3g})"
-    elif isinstance(a, dict):
-        assert set(a) == set(b), f"{where}: keys differ {set(a) ^ set(b)}"
-        for k in a:
-            _assert_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 def _load(path: Path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -165,10 +148,10 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path, sm
         "iteration": EPOCHS * epoch_length,
         "max_epochs": EPOCHS,
     }
-    _assert_equal(dict(resumed_last["trainer"]), dict(ref_last["trainer"]), "trainer")
-    _assert_equal(resumed_last["best_metric"], ref_last["best_metric"], "best_metric")
+    assert_identical(dict(resumed_last["trainer"]), dict(ref_last["trainer"]), "trainer")
+    assert_identical(resumed_last["best_metric"], ref_last["best_metric"], "best_metric")
     assert ref_last["best_metric"]["best_metric_epoch"] in range(1, EPOCHS + 1)
-    _assert_equal(resumed_last["network"], ref_last["network"], "network")
-    _assert_equal(resumed_last["optimizer"], ref_last["optimizer"], "optimizer")
-    _assert_equal(resumed_last["lr_scheduler"], ref_last["lr_scheduler"], "lr_scheduler")
-    _assert_equal(_load(cut_root / "models/global/model.pt"), _load(ref_root / "models/global/model.pt"), "model.pt")
+    assert_identical(resumed_last["network"], ref_last["network"], "network")
+    assert_identical(resumed_last["optimizer"], ref_last["optimizer"], "optimizer")
+    assert_identical(resumed_last["lr_scheduler"], ref_last["lr_scheduler"], "lr_scheduler")
+    assert_identical(_load(cut_root / "models/global/model.pt"), _load(ref_root / "models/global/model.pt"), "model.pt")

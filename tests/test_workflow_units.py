@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import assert_identical
 from ignite.engine import Engine, Events
 from ignite.metrics import Metric
 from monai.data import DataLoader, Dataset
@@ -482,21 +483,6 @@ class Run:
         return self
 
 
-def _assert_same(a, b, where="checkpoint"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert set(a) == set(b), (where, set(a) ^ set(b))
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, (where, a, b)
-
-
 def _load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -524,10 +510,10 @@ def test_model_pt_is_written_only_on_a_new_best(tmp_path, save_log):
     # per epoch: model.pt (validation, on a new best) then last.pt
     expected = [name for e in scores for name in (["model.pt"] if e in new_best else []) + ["last.pt"]]
     assert save_log == expected
-    _assert_same(_load(tmp_path / "model.pt"), run.snapshots[2], "model.pt")
+    assert_identical(_load(tmp_path / "model.pt"), run.snapshots[2], "model.pt")
     last = _load(tmp_path / "last.pt")
     assert last["best_metric"] == {"best_metric": 0.5, "best_metric_epoch": 2}
-    _assert_same(last["network"], run.snapshots[5], "last.pt network")
+    assert_identical(last["network"], run.snapshots[5], "last.pt network")
     assert dict(last["trainer"]) == {"epoch_length": 3, "iteration": 15, "max_epochs": 5}
     assert last["lr_scheduler"]["last_epoch"] == 5
 
@@ -553,20 +539,20 @@ def test_resume_restores_everything_and_matches_an_uninterrupted_run(tmp_path, s
     assert (started["epoch"], started["iteration"], started["max_epochs"]) == (2, 6, 4)
     assert started["scheduler_epoch"] == 2
     assert started["best"] == (saved["best_metric"]["best_metric"], saved["best_metric"]["best_metric_epoch"])
-    _assert_same(started["weights"], saved["network"], "restored weights")
+    assert_identical(started["weights"], saved["network"], "restored weights")
     # only epochs 3 and 4 were trained, and no new best: model.pt is the reference's (and untouched)
     assert sorted(resumed.snapshots) == [3, 4]
     assert "model.pt" not in save_log
     assert (tmp_path / "cut" / "model.pt").read_bytes() == best_file
-    _assert_same(_load(tmp_path / "cut" / "model.pt"), _load(tmp_path / "ref" / "model.pt"), "model.pt")
+    assert_identical(_load(tmp_path / "cut" / "model.pt"), _load(tmp_path / "ref" / "model.pt"), "model.pt")
     # the final state is the uninterrupted run's, to the bit: weights, Adam moments, scheduler, trainer, best
-    _assert_same(_load(tmp_path / "cut" / "last.pt"), _load(tmp_path / "ref" / "last.pt"), "last.pt")
+    assert_identical(_load(tmp_path / "cut" / "last.pt"), _load(tmp_path / "ref" / "last.pt"), "last.pt")
     best_epoch = max(scores, key=lambda e: (scores[e], -e))
     assert _load(tmp_path / "ref" / "last.pt")["best_metric"] == {
         "best_metric": scores[best_epoch],
         "best_metric_epoch": best_epoch,
     }
-    _assert_same(reference.snapshots[4], resumed.snapshots[4], "final weights")
+    assert_identical(reference.snapshots[4], resumed.snapshots[4], "final weights")
 
 
 def test_resume_extends_a_finished_stage_and_refuses_to_shorten_it(tmp_path):
@@ -597,7 +583,7 @@ def test_resume_without_last_pt_starts_afresh(tmp_path):
     fresh = Run(tmp_path / "a", scores, max_epochs=1).run()
     resumed = Run(tmp_path / "b", scores, max_epochs=1, resume=True).run()
     assert resumed.started_state["epoch"] == 0
-    _assert_same(resumed.snapshots[1], fresh.snapshots[1], "weights")
+    assert_identical(resumed.snapshots[1], fresh.snapshots[1], "weights")
 
 
 def test_previous_stage_model_is_loaded_strictly(tmp_path):
@@ -605,7 +591,7 @@ def test_previous_stage_model_is_loaded_strictly(tmp_path):
     previous = torch.nn.Linear(3, 2)
     save_atomic(plain_state_dict(previous), tmp_path / "prev.pt")
     run = Run(tmp_path / "stage", {1: 0.1}, max_epochs=1, previous_model=tmp_path / "prev.pt").run()
-    _assert_same(run.started_state["weights"], plain_state_dict(previous), "loaded weights")
+    assert_identical(run.started_state["weights"], plain_state_dict(previous), "loaded weights")
 
     save_atomic(plain_state_dict(torch.nn.Linear(3, 4)), tmp_path / "wrong_shape.pt")
     save_atomic({**plain_state_dict(previous), "extra": torch.zeros(1)}, tmp_path / "extra_key.pt")
