@@ -1,11 +1,15 @@
 """Build the shareable model-zoo zip of bundle/ and verify it from a clean temporary folder.
 
-    python scripts/package_bundle.py --out dist [--weights model.pt] [--name glam_mammography] [--keep]
+    python scripts/package_bundle.py --out dist [--weights model.pt [--preset configs/quickstart.yaml]]
+        [--name glam_mammography] [--keep]
 
 The zip holds ``<name>/{configs,scripts,docs,models}/`` and ``<name>/LICENSE`` (plus ``large_files.yml`` when the
 bundle has one); caches, training outputs and model files are left out, except ``--weights``, which is checked to
 load strictly into the inference config's ``network_def`` (``weights_only=True``) and shipped as
-``models/model.pt``. ``--out`` is a folder (the zip is named ``<name>_v<version>.zip``) or a ``.zip`` path.
+``models/model.pt``. Weights trained with a size preset (image size, patch size, local network, ...) need
+``--preset`` with that preset: its model sizes (``PRESET_IDS``) are written into the packaged ``inference.yaml`` and
+``train.yaml`` and the input/output shapes into ``metadata.json``, so that the shared bundle builds the network the
+weights belong to. ``--out`` is a folder (the zip is named ``<name>_v<version>.zip``) or a ``.zip`` path.
 
 The verification unzips into a temporary folder and runs, in fresh interpreters whose only extra path entry is the
 unzipped bundle folder (never the repository): ``monai.bundle verify_metadata`` against
@@ -22,6 +26,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,6 +53,23 @@ TINY_NETWORK = {"patch_size": 64, "local_depth": 18, "local_width": 4}
 TINY_IMAGE = (256, 160)
 FULL_IMAGE = (1024, 640)  # --weights: the shipped network at its own sizes on a smaller window
 STEP_TIMEOUT_S = 900
+# the ids of a size preset that define the network and its input (top-level ids of inference.yaml and train.yaml)
+PRESET_IDS = (
+    "image_size",
+    "patch_size",
+    "num_patches_eval",
+    "t_global",
+    "t_local",
+    "gamma_c",
+    "local_depth",
+    "local_width",
+    "aggregation",
+    "global_pool_after_upsampling",
+    "joint_modules",
+    "crop_iterations",
+    "crop_buffer",
+)
+PRESET_CONFIGS = ("configs/inference.yaml", "configs/train.yaml")
 
 
 class PackagingError(ValueError):
@@ -89,10 +111,63 @@ def bundle_files(bundle_root: Path) -> Iterator[tuple[Path, str]]:
             yield path, rel.as_posix()
 
 
-def check_weights(weights: Path, bundle_root: Path) -> None:
+def preset_values(preset: Path) -> dict[str, object]:
+    """The ``PRESET_IDS`` that ``preset`` sets to plain values (not ``$``/``@`` expressions)."""
+    import yaml
+
+    step = "preset"
+    if not preset.is_file():
+        raise PackagingError(step, f"--preset {preset}: no such file")
+    try:
+        content = yaml.safe_load(preset.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise PackagingError(step, f"--preset {preset}: not valid YAML ({e})") from e
+    if not isinstance(content, dict):
+        raise PackagingError(step, f"--preset {preset}: expected a mapping of config ids, got {type(content).__name__}")
+    values = {}
+    for key in PRESET_IDS:
+        value = content.get(key)
+        if isinstance(value, str) and value.startswith(("$", "@", "%")):
+            raise PackagingError(step, f"--preset {preset}: {key} is an expression ({value!r}); give a plain value")
+        if key in content:
+            values[key] = value
+    if not values:
+        raise PackagingError(step, f"--preset {preset} sets none of the model ids {', '.join(PRESET_IDS)}")
+    return values
+
+
+def apply_preset(bundle_root: Path, values: dict[str, object]) -> dict[str, str]:
+    """The packaged text of the configs and metadata with the preset's values written in.
+
+    Top-level lines ``id: value`` are rewritten in place (comments and layout kept); the metadata's input shape
+    becomes ``image_size`` and the output shape the quarter-resolution map's."""
+    replaced = {}
+    for rel in PRESET_CONFIGS:
+        text = (bundle_root / rel).read_text(encoding="utf-8")
+        for key, value in values.items():
+            pattern = re.compile(rf"^{re.escape(key)}:[^\n#]*?(?=\s*(#|$))", re.MULTILINE)
+            text, n = pattern.subn(f"{key}: {json.dumps(value)}", text, count=1)
+            if n == 0:
+                raise PackagingError("preset", f"{rel} has no top-level id {key!r} to set")
+        replaced[rel] = text
+    if "image_size" in values:
+        h, w = (int(v) for v in values["image_size"])  # type: ignore[union-attr]
+        if h % 4 or w % 4:
+            raise PackagingError("preset", f"image_size {[h, w]} must be divisible by 4")
+        meta = json.loads((bundle_root / "configs" / "metadata.json").read_text(encoding="utf-8"))
+        fmt = meta["network_data_format"]
+        fmt["inputs"]["image"]["spatial_shape"] = [h, w]
+        fmt["outputs"]["pred"]["spatial_shape"] = [h // 4, w // 4]
+        replaced["configs/metadata.json"] = json.dumps(meta, indent=4) + "\n"
+    return replaced
+
+
+def check_weights(weights: Path, bundle_root: Path, inference_config: str | None = None) -> None:
     """Raise PackagingError unless ``weights`` is a plain state dict that loads strictly into the inference
-    config's ``network_def`` (its default sizes, as the zoo tools build it)."""
+    config's ``network_def`` (its default sizes, as the zoo tools build it; ``inference_config``: the packaged text
+    of ``configs/inference.yaml`` when it differs from the bundle's)."""
     import torch
+    import yaml
     from monai.bundle import ConfigParser
 
     step = "weights"
@@ -105,7 +180,10 @@ def check_weights(weights: Path, bundle_root: Path) -> None:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise PackagingError(step, f"--weights {weights}: not a plain state dict of tensors (a training checkpoint?)")
     parser = ConfigParser()
-    parser.read_config(str(bundle_root / "configs" / "inference.yaml"))
+    if inference_config is None:
+        parser.read_config(str(bundle_root / "configs" / "inference.yaml"))
+    else:
+        parser.read_config(yaml.safe_load(inference_config))
     parser["bundle_root"] = str(bundle_root)
     net = parser.get_parsed_content("network_def")
     expected = net.state_dict()
@@ -130,16 +208,24 @@ def check_weights(weights: Path, bundle_root: Path) -> None:
     net.load_state_dict(state, strict=True)
 
 
-def build_zip(out: Path, name: str, bundle_root: Path = BUNDLE_ROOT, weights: Path | None = None) -> Path:
+def build_zip(
+    out: Path, name: str, bundle_root: Path = BUNDLE_ROOT, weights: Path | None = None, preset: Path | None = None
+) -> Path:
     """Write the zip atomically and return its path."""
     meta = json.loads((bundle_root / "configs" / "metadata.json").read_text(encoding="utf-8"))
     zip_path = out if out.suffix == ".zip" else out / f"{name}_v{meta['version']}.zip"
+    if preset is not None and weights is None:
+        raise PackagingError("preset", "--preset describes the sizes of --weights: give both")
+    replaced = {} if preset is None else apply_preset(bundle_root, preset_values(preset))
     if weights is not None:
-        check_weights(weights, bundle_root)
+        check_weights(weights, bundle_root, replaced.get("configs/inference.yaml"))
     with atomic_write(zip_path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(f"{name}/models/", "")  # the zoo layout has models/ even when no weights are shipped
         for src, rel in bundle_files(bundle_root):
-            zf.write(src, f"{name}/{rel}")
+            if rel in replaced:
+                zf.writestr(f"{name}/{rel}", replaced[rel])
+            else:
+                zf.write(src, f"{name}/{rel}")
         if weights is not None:
             zf.write(weights, f"{name}/models/model.pt")
     return zip_path
@@ -291,7 +377,11 @@ def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, k
         report.ok("load_configs", out.strip().splitlines()[-1], time.perf_counter() - t)
 
         shipped = (bundle_dir / "models" / "model.pt").is_file()
-        h, w = FULL_IMAGE if shipped else TINY_IMAGE
+        h, w = TINY_IMAGE
+        if shipped:  # the network's own input size, on a smaller window when that is large (full size on a CPU)
+            meta = json.loads((bundle_dir / "configs" / "metadata.json").read_text(encoding="utf-8"))
+            shape = meta["network_data_format"]["inputs"]["image"]["spatial_shape"]
+            h, w = (min(int(a), b) for a, b in zip(shape, FULL_IMAGE))
         t = time.perf_counter()
         _run("synthetic_inputs", ["-c", _MAKE_INPUTS, str(work), str(h), str(w), "0" if shipped else "1"], bundle_dir)
         report.ok("synthetic_inputs", f"2 images of {h}x{w}", time.perf_counter() - t)
@@ -333,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for <name>_v<version>.zip, or a .zip path")
     ap.add_argument("--weights", type=Path, help="state dict to ship as models/model.pt (checked first)")
+    ap.add_argument(
+        "--preset", type=Path, help="size preset the weights were trained with (e.g. configs/quickstart.yaml)"
+    )
     ap.add_argument("--name", default="glam_mammography", help="bundle name: the zip's top-level folder")
     ap.add_argument("--schema", type=Path, default=DEFAULT_SCHEMA, help="metadata schema (skipped when missing)")
     ap.add_argument("--keep", type=Path, help="verify in this folder and keep it (for debugging)")
@@ -343,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     step = "build"
     try:
         t = time.perf_counter()
-        zip_path = build_zip(args.out, args.name, weights=args.weights)
+        zip_path = build_zip(args.out, args.name, weights=args.weights, preset=args.preset)
         with zipfile.ZipFile(zip_path) as zf:
             n = len([i for i in zf.infolist() if not i.is_dir()])
         report.ok("build", f"{zip_path} ({n} files, {zip_path.stat().st_size / 1e6:.2f} MB)", time.perf_counter() - t)

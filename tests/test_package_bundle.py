@@ -136,3 +136,80 @@ def test_a_config_reaching_outside_the_bundle_fails_the_config_step(tmp_path):
     with pytest.raises(ValueError, match=r"\[load_configs\]") as info:
         tool.verify_zip(zip_path, NAME, None, tool.Report())
     assert "imports tests.conftest" in str(info.value) and "_target_ mypkg.Net" in str(info.value)
+
+
+def _tiny_weights(path, **sizes):
+    from scripts.networks import GLAMSaliencyNet
+
+    torch.manual_seed(0)
+    torch.save(GLAMSaliencyNet(stage="joint", **sizes).state_dict(), path)
+    return path
+
+
+def test_preset_writes_the_model_sizes_into_the_packaged_configs_and_metadata(tmp_path):
+    """Weights trained with a size preset: without --preset they are refused (the full-size network_def has other
+    shapes); with it, the packaged inference.yaml and train.yaml build the preset's network (parsed here by MONAI's
+    ConfigParser), comments are kept, and the metadata's shapes follow the image size."""
+    import yaml
+    from monai.bundle import ConfigParser
+
+    tool = _load_tool()
+    preset = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
+    weights = _tiny_weights(tmp_path / "tiny.pt", patch_size=64, local_depth=18, local_width=4)
+    with pytest.raises(ValueError, match=r"\[weights\].*does not match network_def"):
+        tool.build_zip(tmp_path / "dist", NAME, weights=weights)
+
+    zip_path = tool.build_zip(tmp_path / "dist", NAME, weights=weights, preset=preset)
+    with zipfile.ZipFile(zip_path) as zf:
+        packaged = {rel: zf.read(f"{NAME}/{rel}").decode() for rel in tool.PRESET_CONFIGS}
+        meta = json.loads(zf.read(f"{NAME}/configs/metadata.json"))
+        assert zf.read(f"{NAME}/models/model.pt") == weights.read_bytes()
+    for rel, text in packaged.items():
+        original = (BUNDLE_ROOT / rel).read_text(encoding="utf-8")
+        assert text.count("\n") == original.count("\n") and text.count("#") == original.count("#")
+        parser = ConfigParser(yaml.safe_load(text))
+        assert parser["image_size"] == [256, 160] and parser["patch_size"] == 64
+        assert parser["local_depth"] == 18 and parser["local_width"] == 4
+        assert parser["crop_iterations"] == 5 and parser["crop_buffer"] == 4
+        assert parser["num_workers"] != 0  # not a model id: the preset's value stays out
+    fmt = meta["network_data_format"]
+    assert fmt["inputs"]["image"]["spatial_shape"] == [256, 160]
+    assert fmt["outputs"]["pred"]["spatial_shape"] == [64, 40]
+    # the packaged config's network takes the shipped weights strictly
+    parser = ConfigParser(yaml.safe_load(packaged["configs/inference.yaml"]))
+    parser["bundle_root"] = str(tmp_path)
+    parser.get_parsed_content("network_def").load_state_dict(torch.load(weights, weights_only=True), strict=True)
+
+
+def test_preset_errors_name_the_file_and_the_id(tmp_path):
+    tool = _load_tool()
+    weights = _tiny_weights(tmp_path / "tiny.pt", patch_size=64, local_depth=18, local_width=4)
+    expr = tmp_path / "expr.yaml"
+    expr.write_text("patch_size: 64\nimage_size: '$[256, 160]'\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\[preset\].*expr\.yaml: image_size is an expression"):
+        tool.build_zip(tmp_path / "dist", NAME, weights=weights, preset=expr)
+    unrelated = tmp_path / "unrelated.yaml"
+    unrelated.write_text("num_workers: 0\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\[preset\].*unrelated\.yaml sets none of the model ids"):
+        tool.build_zip(tmp_path / "dist", NAME, weights=weights, preset=unrelated)
+    with pytest.raises(ValueError, match=r"\[preset\].*give both"):
+        tool.build_zip(tmp_path / "dist", NAME, preset=expr)
+    assert not list(tmp_path.rglob("*.zip"))
+
+
+@pytest.mark.slow
+def test_package_weights_with_their_preset_and_verify(tmp_path):
+    """The sharing path for a model trained with a preset: the verification runs inference with the shipped
+    weights at the preset's image size from the unzipped bundle alone."""
+    weights = _tiny_weights(tmp_path / "tiny.pt", patch_size=64, local_depth=18, local_width=4)
+    preset = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "dist"), "--weights", str(weights)]
+        + ["--preset", str(preset), "--keep", str(tmp_path / "verify")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "synthetic_inputs 2 images of 256x160" in res.stdout
+    assert "predictions.csv has 2 rows (shipped models/model.pt)" in res.stdout
