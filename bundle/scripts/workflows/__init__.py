@@ -14,7 +14,14 @@ from .distributed import (
     rank_zero_first,
 )
 from .handlers import BestMetricState, EpochSeeder
-from .inference import GLAMInferenceStep, GLAMInferenceWriter, SafeDataset, collate_inference, inference_items
+from .inference import (
+    GLAMInferenceStep,
+    GLAMInferenceWriter,
+    SafeDataset,
+    collate_inference,
+    inference_items,
+    maps_on_original,
+)
 from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
 from .report import MetricsReport, check_checkpoint, eval_split_items
@@ -52,6 +59,7 @@ __all__ = [
     "SafeDataset",
     "collate_inference",
     "inference_items",
+    "maps_on_original",
     "GLAMInferenceStep",
     "GLAMInferenceWriter",
 ]

@@ -40,6 +40,8 @@ __all__ = [
     "GLAMInferenceStep",
     "GLAMInferenceWriter",
     "window_box_to_original",
+    "invert_maps",
+    "maps_on_original",
 ]
 
 #: key of the error message in an item that failed
@@ -235,6 +237,50 @@ def _panel_title(panel: np.ndarray, lines: Sequence[str]) -> np.ndarray:
     return np.concatenate([np.asarray(strip), panel], axis=0)
 
 
+def invert_maps(item: Mapping[str, Any], maps: Mapping[str, torch.Tensor], transform: Compose) -> dict[str, np.ndarray]:
+    """Window-coordinate maps ``name -> (C, h, w)`` -> arrays ``(C, H, W)`` on the original file's pixel grid,
+    through ``Invertd(transform)`` with ``item["image"]`` (the preprocessed ``MetaTensor``) as the reference."""
+    d: dict[str, Any] = {"image": item["image"]}
+    for k, v in maps.items():
+        d[k] = MetaTensor(v.float())
+    inv = Invertd(list(maps), transform=transform, orig_keys="image", nearest_interp=False)(d)
+    return {k: np.asarray(torch.as_tensor(inv[k]).cpu().numpy(), dtype=np.float32) for k in maps}
+
+
+def maps_on_original(
+    item: Mapping[str, Any], pred: Mapping[str, torch.Tensor], transform: Compose, gamma_c: float = 0.5
+) -> tuple[dict[str, np.ndarray], list[tuple[int, int, int, int]]]:
+    """One image's GLAM outputs on the original file's geometry.
+
+    Args:
+        item: the preprocessed item (``item["image"]``: ``(1, h, w)`` ``MetaTensor`` with its applied operations).
+        pred: that image's network outputs (``saliency_global`` ``(2, h/4/.., w/..)``, ``patch_maps``
+            ``(K, 2, p/4, p/4)``, ``patch_boxes`` ``(K, 4)`` row, col, height, width in the window).
+        transform: the preprocessing ``Compose`` the item went through.
+        gamma_c: weight of S_g in S_c.
+
+    Returns:
+        ``{"S_g", "S_l", "S_c": (2, H, W) float32 in [0, 1]}`` rendered at full window resolution and taken back
+        through the inverse of the preprocessing (pixels the model never saw are 0), and the patch boxes
+        ``(top, left, bottom, right)`` (end-exclusive) on the file (patches entirely in padding are dropped).
+    """
+    window = tuple(item["image"].shape[-2:])
+    boxes = pred["patch_boxes"]
+    maps = render_saliency(pred["saliency_global"][None], pred["patch_maps"][None], boxes[None], window, 1, gamma_c)
+    to_invert = {name: maps[key][0] for name, key in MAP_NAMES.items()}
+    indicator = torch.zeros((boxes.shape[0], *window))
+    for k, (r, c, h, w) in enumerate(boxes.tolist()):
+        indicator[k, max(0, r) : r + h, max(0, c) : c + w] = 1.0
+    to_invert["boxes"] = indicator
+    back = invert_maps(item, to_invert, transform)
+    boxes_orig = []
+    for k in range(back["boxes"].shape[0]):
+        rows, cols = np.nonzero(back["boxes"][k] > 0.5)
+        if rows.size:  # a patch entirely in padding has no pixel of the file
+            boxes_orig.append((int(rows.min()), int(cols.min()), int(rows.max()) + 1, int(cols.max()) + 1))
+    return {name: np.clip(back[name], 0.0, 1.0) for name in MAP_NAMES}, boxes_orig
+
+
 class GLAMInferenceWriter:
     """Ignite handler writing GLAM's inference outputs under ``output_dir`` (see docs/inference.md).
 
@@ -313,26 +359,12 @@ class GLAMInferenceWriter:
 
     def invert(self, item: Mapping[str, Any], maps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
         """Window-coordinate maps ``name -> (C, h, w)`` -> original-geometry arrays ``(C, H, W)``."""
-        d: dict[str, Any] = {"image": item["image"]}
-        for k, v in maps.items():
-            d[k] = MetaTensor(v.float())
-        inv = Invertd(list(maps), transform=self.transform, orig_keys="image", nearest_interp=False)(d)
-        return {k: np.asarray(torch.as_tensor(inv[k]).cpu().numpy(), dtype=np.float32) for k in maps}
+        return invert_maps(item, maps, self.transform)
 
     def write_item(self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """Write one image's files; returns its predictions.csv row."""
         path = str(_image_path(item))
-        window = tuple(item["image"].shape[-2:])
-        boxes = pred["patch_boxes"]  # (K, 4) row, col, height, width in the window
-        maps = render_saliency(
-            pred["saliency_global"][None], pred["patch_maps"][None], boxes[None], window, 1, self.gamma_c
-        )
-        to_invert = {name: maps[key][0] for name, key in MAP_NAMES.items()}
-        indicator = torch.zeros((boxes.shape[0], *window))
-        for k, (r, c, h, w) in enumerate(boxes.tolist()):
-            indicator[k, max(0, r) : r + h, max(0, c) : c + w] = 1.0
-        to_invert["boxes"] = indicator
-        back = self.invert(item, to_invert)
+        back, boxes_orig = maps_on_original(item, pred, self.transform, self.gamma_c)
         original, meta = read_mammogram(path)
         H, W = original.shape
         for name in MAP_NAMES:
@@ -341,15 +373,10 @@ class GLAMInferenceWriter:
         stem = self._stem(path)
         maps_dir = self.output_dir / "maps"
         for name in MAP_NAMES:
-            m = np.clip(back[name], 0.0, 1.0)
+            m = back[name]
             _save_nifti(maps_dir / f"{stem}_{name}.nii.gz", m, meta.get("spacing"))
             for c, cls in enumerate(CLASS_NAMES):
                 _save_png(maps_dir / f"{stem}_{name}_{cls}.png", np.round(m[c] * 65535).astype(np.uint16))
-        boxes_orig = []
-        for k in range(back["boxes"].shape[0]):
-            rows, cols = np.nonzero(back["boxes"][k] > 0.5)
-            if rows.size:  # a patch entirely in padding has no pixel of the file
-                boxes_orig.append((int(rows.min()), int(cols.min()), int(rows.max()) + 1, int(cols.max()) + 1))
         y = pred["y_global"].tolist()
         label = item.get("label")
         labels = [int(v) for v in label] if isinstance(label, (list, tuple)) and len(label) == 2 else ["", ""]
@@ -357,7 +384,7 @@ class GLAMInferenceWriter:
         if self.panels or "sc" in self.dicom_kinds:
             panel = self._write_panel(stem, item, original, back, boxes_orig, y, labels, save=self.panels)
         if self.dicom_kinds and meta.get("format") == "dicom":
-            write_dicom_outputs(path, self.output_dir, stem, self.dicom_kinds, panel, np.clip(back["S_c"], 0.0, 1.0))
+            write_dicom_outputs(path, self.output_dir, stem, self.dicom_kinds, panel, back["S_c"])
         elif self.dicom_kinds:
             logger.info("%s: not a DICOM input, DICOM outputs %s skipped", path, "/".join(self.dicom_kinds))
         return {
