@@ -1,7 +1,10 @@
+from .cam import CAM
 from .glam import GLAM, REFERENCE_PRESET, STAGES
 from .global_network import GlobalBackbone, GlobalNetwork, PreActBasicBlock
+from .gmic import GMIC
 from .inference import GLAMInferer, GLAMSaliencyNet
 from .local_network import BasicBlock, LocalNetwork, ResNetHR
+from .unet import UNetSaliency
 
 __all__ = [
     "GLAM",
@@ -15,4 +18,7 @@ __all__ = [
     "BasicBlock",
     "LocalNetwork",
     "ResNetHR",
+    "CAM",
+    "GMIC",
+    "UNetSaliency",
 ]

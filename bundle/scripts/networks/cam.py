@@ -1,0 +1,56 @@
+"""CAM baseline (Zhou et al., CVPR 2016) on GLAM's global backbone: one last-layer saliency head, top-t% pooling.
+
+The GLAM paper's CAM baseline (section 4.3, Table 1) uses the same backbone as GLAM's global module (GMIC's
+"ResNet-22", :class:`~scripts.networks.global_network.GlobalBackbone`) with a single 1x1 convolution + sigmoid on
+its last feature map, pooled into the image-level prediction by top-t% pooling; t = 1 is CAM's global average
+pooling, and the paper tunes t in {1, 2, 3, 5, 10, 20, 100} %. The same module is GMIC's single-scale global
+module (:class:`~scripts.networks.gmic.GMIC` holds one).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..pooling import check_fraction, top_t_pool
+from .glam import check_image
+from .global_network import GlobalBackbone
+
+__all__ = ["CAM"]
+
+
+class CAM(nn.Module):
+    """Class activation maps with top-t% pooling: (B, 1, H, W) -> one saliency map and the image prediction.
+
+    Args:
+        num_classes: saliency channels (benign, malignant).
+        t: top-t% pooling fraction in (0, 1]; 1.0 is global average pooling (the original CAM).
+        in_channels: image channels (1 for mammograms).
+
+    Forward: ``image`` (B, 1, H, W) standardised mammograms -> dict with
+
+    - ``y_global`` (B, 2): top-t% pooled map, probabilities (benign, malignant): the classification output;
+    - ``saliency_global`` (B, 2, h, w): the map, sigmoid of a 1x1 conv (no bias) on ReLU(final BN(layer 5)),
+      h x w = 46 x 30 for a 2944 x 1920 input (the backbone's stride 64); the model's only map;
+    - ``z_global`` (B, 256): spatial max of the last feature map (used by GMIC's fusion head).
+    """
+
+    def __init__(self, num_classes: int = 2, t: float = 1.0, in_channels: int = 1) -> None:
+        super().__init__()
+        self.t = check_fraction(t, "t")
+        self.backbone = GlobalBackbone(in_channels=in_channels)
+        self.representation_size = self.backbone.out_channels[-1]
+        self.saliency_head = nn.Conv2d(self.representation_size, num_classes, 1, bias=False)
+
+    def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
+        check_image(image)
+        features = self.backbone(image)["final"]
+        saliency = torch.sigmoid(self.saliency_head(features))
+        return {
+            "y_global": top_t_pool(saliency, self.t),
+            "saliency_global": saliency,
+            "z_global": features.amax(dim=(-2, -1)),
+        }
+
+    def extra_repr(self) -> str:
+        return f"t={self.t}"
