@@ -25,17 +25,28 @@ class GLAMOutputsd(MapTransform):
     ``label`` (2,) and ``lesion_mask`` (2, H, W). (Not ``mask``: MONAI's engines send a postprocessed key that
     also names a batch entry back to the batch, where the metric handlers would not see it.)
 
+    Models other than GLAM (the baselines in ``scripts.networks``) give their one map as ``saliency_global``, so it
+    becomes ``S_g``; ``score_key`` names the output that is the model's classification output, which is written as
+    ``y_global``, the score that the validation AUC and the report read (GMIC's is ``y_fusion``).
+
     Args:
         gamma_c: S_c = gamma_c S_g + (1 - gamma_c) S_l (the model's setting).
         pred_key, label_key, image_key: where the model outputs, the targets and the image are.
+        score_key: the model output reported as ``y_global`` (GLAM: ``y_global``, its y_g).
     """
 
     def __init__(
-        self, gamma_c: float = 0.5, pred_key: str = "pred", label_key: str = "label", image_key: str = "image"
+        self,
+        gamma_c: float = 0.5,
+        pred_key: str = "pred",
+        label_key: str = "label",
+        image_key: str = "image",
+        score_key: str = "y_global",
     ) -> None:
         super().__init__(keys=[pred_key])
         self.gamma_c = float(gamma_c)
         self.pred_key, self.label_key, self.image_key = pred_key, label_key, image_key
+        self.score_key = score_key
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict[Hashable, object]:
         d = dict(data)
@@ -50,9 +61,12 @@ class GLAMOutputsd(MapTransform):
         if not isinstance(reference, torch.Tensor):
             raise ValueError("GLAMOutputsd needs a mask or an image to know the output resolution")
         size = tuple(reference.shape[-2:])
+        if self.score_key not in pred:
+            raise ValueError(f"GLAMOutputsd: score_key {self.score_key!r} is not a model output ({sorted(pred)})")
         for key in ("y_global", "y_local", "y_fusion", "patch_boxes"):
             if key in pred:
                 d[key] = pred[key]
+        d["y_global"] = pred[self.score_key]
         if "patch_maps" in pred:
             maps = render_saliency(
                 pred["saliency_global"][None],
