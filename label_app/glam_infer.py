@@ -1,0 +1,214 @@
+"""GLAM saliency as a MONAI Label segmentation task: a label map or a heatmap on the original image geometry.
+
+The task runs the bundle's own inference pieces (``configs/inference.yaml``'s ``preprocessing`` and ``network_def``,
+``scripts.workflows.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes for the
+same file. Request parameters (MONAI Label's ``params``; the defaults appear in ``/info/`` and in the clients):
+
+- ``overlay``: ``"label"`` (default) a discrete map for the stock viewers: 0 background, 1 benign, 2 malignant,
+  the class of the larger S_c value where it reaches ``threshold``; ``"heatmap"``: S_c of ``heatmap_class`` as
+  uint8 (round(255 x S_c)), for a colour overlay.
+- ``heatmap_class``: ``"malignant"`` (default) or ``"benign"``; ``threshold``: in [0, 1] (default 0.5).
+- ``result_extension``: ``.nrrd`` (default), ``.nii.gz``/``.nii`` or ``.png``. NRRD and NIfTI carry the input's
+  pixel spacing, so the map lies on the image in 3D Slicer.
+
+The JSON result holds the image-level scores (``prob_benign``, ``prob_malignant``: y_g), the patch boxes on the
+file (``top, left, bottom, right``), the overlay settings and the map's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from fastapi import HTTPException
+from monai.bundle import ConfigParser
+from monailabel.interfaces.tasks.infer_v2 import InferType
+from monailabel.tasks.infer.basic_infer import BasicInferTask
+from nrrd_io import write_nrrd_2d
+
+logger = logging.getLogger(__name__)
+
+CLASS_NAMES = ("benign", "malignant")
+LABELS = {"benign": 1, "malignant": 2}
+OVERLAYS = ("label", "heatmap")
+EXTENSIONS = (".nrrd", ".nii.gz", ".nii", ".png")
+
+
+def _first(value: Any) -> Any:
+    """A config default that is a list (a drop-down in the clients) means its first entry."""
+    return value[0] if isinstance(value, (list, tuple)) and value else value
+
+
+def _bad_request(message: str) -> HTTPException:
+    # raised through MONAI Label's /infer endpoint as it is: the client gets 400 and the message, not a bare 500
+    return HTTPException(status_code=400, detail=message)
+
+
+def overlay_settings(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Validated ``overlay``, ``heatmap_class``, ``threshold`` and ``result_extension`` of a request."""
+    overlay = str(_first(request.get("overlay", "label"))).lower()
+    if overlay not in OVERLAYS:
+        raise _bad_request(f"overlay must be one of {list(OVERLAYS)}, got {overlay!r}")
+    heatmap_class = str(_first(request.get("heatmap_class", "malignant"))).lower()
+    if heatmap_class not in CLASS_NAMES:
+        raise _bad_request(f"heatmap_class must be one of {list(CLASS_NAMES)}, got {heatmap_class!r}")
+    try:
+        threshold = float(_first(request.get("threshold", 0.5)))
+    except (TypeError, ValueError) as e:
+        raise _bad_request(f"threshold must be a number in [0, 1], got {request.get('threshold')!r}") from e
+    if not 0.0 <= threshold <= 1.0:
+        raise _bad_request(f"threshold must be in [0, 1], got {threshold}")
+    ext = str(_first(request.get("result_extension") or ".nrrd")).lower()
+    if not ext.startswith("."):
+        ext = "." + ext
+    if ext not in EXTENSIONS:
+        raise _bad_request(f"result_extension must be one of {list(EXTENSIONS)}, got {ext!r}")
+    return {"overlay": overlay, "heatmap_class": heatmap_class, "threshold": threshold, "result_extension": ext}
+
+
+def overlay_map(saliency: np.ndarray, settings: Mapping[str, Any]) -> np.ndarray:
+    """S_c ``(2, H, W)`` in [0, 1] (channel 0 benign, 1 malignant) -> the served ``(H, W)`` uint8 map."""
+    if settings["overlay"] == "heatmap":
+        channel = CLASS_NAMES.index(settings["heatmap_class"])
+        return np.round(np.clip(saliency[channel], 0.0, 1.0) * 255.0).astype(np.uint8)
+    winner = np.argmax(saliency, axis=0)  # ties go to benign, the lower class
+    strongest = np.max(saliency, axis=0)
+    return np.where(strongest >= settings["threshold"], winner + 1, 0).astype(np.uint8)
+
+
+def write_map(path: str, array: np.ndarray, spacing: Sequence[float] | None) -> None:
+    """Write an ``(H, W)`` map in the project's array convention (rows as displayed) with ``(row, col)`` spacing."""
+    if path.endswith(".nrrd"):
+        write_nrrd_2d(path, array, spacing)
+    elif path.endswith((".nii", ".nii.gz")):
+        import nibabel as nib
+
+        sr, sc = spacing or (1.0, 1.0)
+        # x (column) first, as ITK, 3D Slicer and the bundle's reader expect of a 2-D NIfTI
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(array.T), np.diag([sc, sr, 1.0, 1.0])), path)
+    else:
+        from PIL import Image
+
+        Image.fromarray(array).save(path)
+
+
+class GLAMSaliencyInfer(BasicInferTask):
+    """The GLAM bundle as a 2-D segmentation model with labels benign = 1, malignant = 2.
+
+    Args:
+        bundle_dir: the GLAM bundle folder (``configs/inference.yaml``, ``scripts/``).
+        model_path: a plain state dict for the inference config's ``network_def``; loaded with
+            ``weights_only=True`` and strictly (a key or shape mismatch stops the server with the keys named).
+        presets: config files layered over ``inference.yaml`` (the size preset the weights were trained with).
+        device: ``"cuda"``/``"cpu"``; default CUDA when present.
+    """
+
+    def __init__(
+        self,
+        bundle_dir: str | os.PathLike,
+        model_path: str | os.PathLike,
+        presets: Sequence[str | os.PathLike] = (),
+        device: str | None = None,
+    ) -> None:
+        self.bundle_dir = Path(bundle_dir).resolve()
+        config_file = self.bundle_dir / "configs" / "inference.yaml"
+        if not config_file.is_file():
+            raise ValueError(f"bundle {self.bundle_dir}: no configs/inference.yaml")
+        for preset in presets:
+            if not Path(preset).is_file():
+                raise ValueError(f"preset {preset}: no such file")
+        model_path = Path(model_path)
+        if not model_path.is_file():
+            raise ValueError(f"model {model_path}: no such file (train one, or pass --model)")
+        parser = ConfigParser()
+        parser.read_config([str(config_file), *[str(p) for p in presets]])
+        parser["bundle_root"] = str(self.bundle_dir)
+        self.gamma_c = float(parser.get_parsed_content("gamma_c"))
+        self.transform = parser.get_parsed_content("preprocessing")
+        network = parser.get_parsed_content("network_def")
+        state = torch.load(model_path, map_location="cpu", weights_only=True)
+        if not isinstance(state, Mapping):
+            raise ValueError(f"model {model_path}: not a state dict")
+        try:
+            network.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise ValueError(f"model {model_path} does not match the bundle's network_def: {e}") from e
+        logger.info("GLAM weights %s loaded strictly (%d tensors)", model_path, len(state))
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.glam = network.to(self.device).eval()
+        super().__init__(
+            path=str(model_path),
+            network=self.glam,
+            type=InferType.SEGMENTATION,
+            labels=dict(LABELS),
+            dimension=2,
+            description="GLAM weakly supervised saliency (S_c) for 2-D mammograms: label map or heatmap",
+            config={
+                "overlay": list(OVERLAYS),
+                "heatmap_class": ["malignant", "benign"],
+                "threshold": 0.5,
+                "result_extension": ".nrrd",
+            },
+            load_strict=True,
+        )
+
+    def is_valid(self) -> bool:
+        return True
+
+    # __call__ runs the bundle's own pipeline (preprocessing, network, inverse onto the file): no MONAI Label
+    # transform chain around it
+    def pre_transforms(self, data: Any = None) -> list:
+        return []
+
+    def post_transforms(self, data: Any = None) -> list:
+        return []
+
+    def __call__(self, request: Mapping[str, Any], callbacks: Any = None) -> tuple[str, dict[str, Any]]:
+        """Run GLAM on ``request["image"]`` (a file path) and write the requested map to a temporary file."""
+        from scripts.data.readers import read_mammogram
+        from scripts.workflows import maps_on_original
+
+        begin = time.time()
+        settings = overlay_settings(request)
+        path = request.get("image")
+        if not isinstance(path, str) or not os.path.isfile(path):
+            raise _bad_request(f"image {path!r}: no such file")
+        try:
+            item = self.transform({"image": path})
+        except Exception as e:  # the bundle's reader names the file and the problem
+            raise _bad_request(f"image {path}: cannot be preprocessed ({e})") from e
+        amp = self.device.type == "cuda"
+        with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=amp):
+            out = self.glam.forward_all(torch.as_tensor(item["image"])[None].to(self.device))
+        pred = {
+            k: (v[0].detach().float() if v.is_floating_point() else v[0].detach()).cpu()
+            for k, v in out.items()
+            if isinstance(v, torch.Tensor)
+        }
+        maps, boxes = maps_on_original(item, pred, self.transform, self.gamma_c)
+        result = overlay_map(maps["S_c"], settings)
+        spacing = read_mammogram(path)[1].get("spacing")
+
+        fd, out_file = tempfile.mkstemp(suffix=settings["result_extension"], prefix="glam_")
+        os.close(fd)
+        write_map(out_file, result, spacing)
+        y = pred["y_global"].tolist()
+        result_json = {
+            "prob_benign": float(y[0]),
+            "prob_malignant": float(y[1]),
+            "patch_boxes": [list(b) for b in boxes],
+            **settings,
+            "height": int(result.shape[0]),
+            "width": int(result.shape[1]),
+            "label_names": dict(LABELS),
+            "latencies": {"total": round(time.time() - begin, 4)},
+        }
+        logger.info("GLAM %s: y_g benign %.4f malignant %.4f -> %s", path, y[0], y[1], out_file)
+        return out_file, result_json

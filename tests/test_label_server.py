@@ -1,0 +1,346 @@
+"""The MONAI Label app for real: scripts/start_label_server.sh starts the server in its own environment on a free
+127.0.0.1 port with synthetic PNG and DICOM mammograms, and every check goes over HTTP. The served maps are compared
+with the bundle's own inference (`monai.bundle run inference`) on the same files.
+
+The first run on a machine builds the label environment (requirements-label.txt; about 2 minutes, cached outside
+the repository, keyed by the requirements' hash); later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import nrrd
+import numpy as np
+import pytest
+import torch
+from conftest import BUNDLE_ROOT, REPO_ROOT
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = REPO_ROOT / "scripts" / "start_label_server.sh"
+PRESET = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
+SIZE = (256, 160)
+SETUP_TIMEOUT_S = 1500
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _multipart(fields: dict[str, str], files: dict[str, Path] | None = None) -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    body = b""
+    for name, value in fields.items():
+        body += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+    for name, path in (files or {}).items():
+        body += (
+            (
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{path.name}"\r\n'
+                "Content-Type: application/octet-stream\r\n\r\n"
+            ).encode()
+            + path.read_bytes()
+            + b"\r\n"
+        )
+    body += f"--{boundary}--\r\n".encode()
+    return body, f"multipart/form-data; boundary={boundary}"
+
+
+class Server:
+    def __init__(self, port: int, log: Path) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.log = log
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.base + path, timeout=60) as r:
+            return json.loads(r.read())
+
+    def infer(self, query: str, params: dict | None = None, upload: Path | None = None) -> tuple[int, bytes]:
+        body, ctype = _multipart({"params": json.dumps(params or {})}, {"file": upload} if upload else None)
+        req = urllib.request.Request(f"{self.base}/infer/glam?{query}", data=body, method="POST")
+        req.add_header("Content-Type", ctype)
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def infer_map(self, tmp: Path, query: str, params: dict, upload: Path | None = None) -> tuple[np.ndarray, dict]:
+        """(map (H, W) as the bundle's convention, NRRD header) of an output=image request."""
+        status, content = self.infer(query + "&output=image", params, upload)
+        assert status == 200, content[:500]
+        path = tmp / f"{uuid.uuid4().hex}.nrrd"
+        path.write_bytes(content)
+        array, header = nrrd.read(str(path), index_order="C")
+        return array, header
+
+
+@pytest.fixture(scope="module")
+def label_setup(tmp_path_factory):
+    """Studies (2 PNG + 2 DICOM with lesions), a tiny model, the bundle's own inference on the same files."""
+    from scripts.data.synthetic import SyntheticConfig, make_synthetic_dataset
+    from scripts.networks import GLAMSaliencyNet
+
+    root = tmp_path_factory.mktemp("label")
+    cfg = SyntheticConfig(lesion_prevalence=1.0, benign_mass_contrast=(2.5, 4.0), malignant_mass_contrast=(2.5, 4.0))
+    make_synthetic_dataset(root / "png", 4, size=SIZE, seed=21, fmt="png", config=cfg)
+    make_synthetic_dataset(root / "dcm", 4, size=SIZE, seed=22, fmt="dcm", config=cfg)
+    studies, originals = root / "studies", root / "originals"
+    studies.mkdir()
+    originals.mkdir()
+    datalist = json.loads((root / "png" / "datalist.json").read_text())
+    items = [d for split in datalist.values() for d in split]
+    png_items = sorted(items, key=lambda d: d["image"])[:2]
+    for d in png_items:
+        shutil.copy(root / "png" / d["image"], studies / Path(d["image"]).name)
+        shutil.copy(root / "png" / d["image"], originals / Path(d["image"]).name)
+    for f in sorted((root / "dcm" / "images").iterdir())[:2]:
+        shutil.copy(f, studies / f"dcm_{f.name}")
+        shutil.copy(f, originals / f"dcm_{f.name}")
+    (studies / "dcm_broken.dcm").write_bytes(b"\0" * 128 + b"DICM" + b"\x02\x00")  # ingestion reports, goes on
+
+    # a freshly initialised GLAM's maps sit within about 0.01 of 0.5; larger saliency heads spread them over
+    # [0, 1], so the checks below see whether values and geometry survive the trip through the server
+    torch.manual_seed(0)
+    net = GLAMSaliencyNet(stage="joint", patch_size=64, local_depth=18, local_width=4)
+    state = net.state_dict()
+    for k in state:
+        if k.endswith(("gn_conv_1.weight", "gn_conv_2.weight", "gn_conv_last.weight")):
+            state[k] = state[k] * 40.0
+    model = root / "tiny.pt"
+    torch.save(state, model)
+
+    bundle_out = root / "bundle_out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference"]
+    cmd += ["--config_file", f"['{BUNDLE_ROOT / 'configs' / 'inference.yaml'}','{PRESET}']"]
+    cmd += ["--meta_file", str(BUNDLE_ROOT / "configs" / "metadata.json"), "--bundle_root", str(BUNDLE_ROOT)]
+    cmd += ["--input_dir", str(originals), "--output_dir", str(bundle_out), "--ckpt_path", str(model)]
+    cmd += ["--panels", "false"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return {
+        "root": root,
+        "studies": studies,
+        "model": model,
+        "bundle_out": bundle_out,
+        "png_items": png_items,
+        "png_root": root / "png",
+    }
+
+
+@pytest.fixture(scope="module")
+def server(label_setup):
+    res = subprocess.run(["bash", str(SCRIPT), "--setup-only"], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-3000:]
+    port = _free_port()
+    log = label_setup["root"] / "server.log"
+    cmd = ["bash", str(SCRIPT), "--studies", str(label_setup["studies"]), "--port", str(port)]
+    cmd += ["--model", str(label_setup["model"]), "--preset", str(PRESET), "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    srv = Server(port, log)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                srv.get("/info/")
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"server did not start (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
+                time.sleep(1)
+        yield srv
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.poll() is not None  # stopped
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        srv.get("/info/")
+
+
+def _bundle_s_c(setup, stem: str) -> np.ndarray:
+    """S_c (2, H, W) in [0, 1] as `monai.bundle run inference` wrote it (16-bit PNG per class)."""
+    maps = setup["bundle_out"] / "maps"
+    return np.stack(
+        [
+            np.asarray(Image.open(maps / f"{stem}_S_c_{c}.png"), dtype=np.float64) / 65535
+            for c in ("benign", "malignant")
+        ]
+    )
+
+
+def _bundle_predictions(setup) -> dict[str, dict]:
+    import csv
+
+    with open(setup["bundle_out"] / "predictions.csv", newline="") as f:
+        return {r["output_stem"]: r for r in csv.DictReader(f)}
+
+
+def test_info_lists_glam_as_a_2d_segmentation_model(server, label_setup):
+    info = server.get("/info/")
+    model = info["models"]["glam"]
+    assert model["type"] == "segmentation" and model["dimension"] == 2
+    assert model["labels"] == {"benign": 1, "malignant": 2}
+    assert model["config"]["overlay"] == ["label", "heatmap"] and model["config"]["threshold"] == 0.5
+    # PNGs and the ingested DICOMs (as NRRD) are in the datastore; the broken DICOM is not
+    ids = set(server.get("/datastore/?output=all")["objects"])
+    stems = {Path(d["image"]).stem for d in label_setup["png_items"]}
+    dicoms = {f"dcm_{f.stem}" for f in sorted((label_setup["root"] / "dcm" / "images").iterdir())[:2]}
+    assert ids == stems | dicoms
+    log = server.log.read_text()
+    assert "ingest: FAILED" in log and "dcm_broken.dcm" in log and "ingest: 2 DICOM converted" in log
+
+
+def test_scores_in_the_json_result_equal_the_bundles(server, label_setup):
+    rows = _bundle_predictions(label_setup)
+    for d in label_setup["png_items"]:
+        stem = Path(d["image"]).stem
+        status, content = server.infer(f"image={stem}&output=json")
+        assert status == 200, content[:500]
+        result = json.loads(content)
+        for cls in ("benign", "malignant"):
+            p = result[f"prob_{cls}"]
+            assert 0.0 <= p <= 1.0
+            assert abs(p - float(rows[stem][f"prob_{cls}"])) < 1e-5
+
+
+def test_label_map_as_slicer_requests_it(server, label_setup, tmp_path):
+    d = label_setup["png_items"][0]
+    stem = Path(d["image"]).stem
+    params = {"overlay": "label", "result_extension": ".nrrd", "result_dtype": "uint8", "threshold": 0.5}
+    label, header = server.infer_map(tmp_path, f"image={stem}", params)
+    original = np.asarray(Image.open(label_setup["png_root"] / d["image"]))
+    assert label.dtype == np.uint8 and label.shape == original.shape == SIZE
+    assert set(np.unique(label)) <= {0, 1, 2}
+    s_c = _bundle_s_c(label_setup, stem)
+    expected = np.where(s_c.max(0) >= 0.5, s_c.argmax(0) + 1, 0)
+    assert (label != expected).mean() < 1e-3  # 16-bit rounding of the bundle's PNG at the threshold only
+    assert len(np.unique(expected)) >= 2  # the comparison is not between two blank maps
+
+
+def test_heatmap_keeps_values_and_geometry(server, label_setup, tmp_path):
+    from scripts.data.readers import read_mammogram
+
+    for d in label_setup["png_items"]:
+        stem = Path(d["image"]).stem
+        for c, cls in enumerate(("benign", "malignant")):
+            heat, _ = server.infer_map(tmp_path, f"image={stem}", {"overlay": "heatmap", "heatmap_class": cls})
+            assert heat.dtype == np.uint8 and heat.shape == SIZE
+            assert len(np.unique(heat)) >= 20
+            expected = np.round(_bundle_s_c(label_setup, stem)[c] * 255)
+            assert np.abs(heat.astype(int) - expected).max() <= 1
+        masks = [
+            read_mammogram(label_setup["png_root"] / d[f"mask_{c}"], mask=True)[0] > 0
+            for c in ("benign", "malignant")
+            if d.get(f"mask_{c}")
+        ]
+        lesion = np.any(masks, axis=0)
+        assert lesion.any()
+        heat, _ = server.infer_map(tmp_path, f"image={stem}", {"overlay": "heatmap"})
+        assert (heat[lesion] > 0).mean() > 0.9  # the breast region carries the map, lesions included
+
+
+def test_dicom_is_served_on_its_own_geometry(server, label_setup, tmp_path):
+    from scripts.data.readers import read_mammogram
+
+    f = sorted((label_setup["root"] / "dcm" / "images").iterdir())[0]
+    _, meta = read_mammogram(f)
+    heat, header = server.infer_map(tmp_path, f"image=dcm_{f.stem}", {"overlay": "heatmap"})
+    assert heat.shape == tuple(meta["shape"])
+    spacing = np.linalg.norm(np.asarray(header["space directions"], dtype=float), axis=1)  # x (column) first
+    np.testing.assert_allclose(spacing[::-1], meta["spacing"], rtol=1e-6)
+    expected = np.round(_bundle_s_c(label_setup, f"dcm_{f.stem}")[1] * 255)
+    assert np.abs(heat.astype(int) - expected).max() <= 1
+
+
+def test_an_uploaded_file_is_served_like_a_datastore_image(server, label_setup, tmp_path):
+    d = label_setup["png_items"][1]
+    stem = Path(d["image"]).stem
+    params = {"overlay": "heatmap"}
+    stored, _ = server.infer_map(tmp_path, f"image={stem}", params)
+    uploaded, _ = server.infer_map(tmp_path, "image=", params, upload=label_setup["png_root"] / d["image"])
+    np.testing.assert_array_equal(uploaded, stored)
+
+
+def test_bad_parameters_are_named(server, label_setup):
+    stem = Path(label_setup["png_items"][0]["image"]).stem
+    status, content = server.infer(f"image={stem}&output=json", {"overlay": "contours"})
+    assert status == 400 and b"overlay must be one of" in content
+    status, content = server.infer(f"image={stem}&output=json", {"threshold": 2})
+    assert status == 400 and b"threshold must be in [0, 1]" in content
+
+
+def test_save_label_keeps_a_heatmap_under_its_own_tag(server, label_setup):
+    stem = Path(label_setup["png_items"][0]["image"]).stem
+    status, content = server.infer(f"image={stem}&output=json", {"overlay": "heatmap", "save_label": True})
+    assert status == 200, content[:500]
+    labels = server.get("/datastore/?output=all")["objects"][stem]["labels"]
+    assert "glam_heatmap_malignant" in labels and "original" not in labels
+    saved = label_setup["studies"] / "labels" / "glam_heatmap_malignant"
+    assert any(saved.glob(f"{stem}*"))
+
+
+def test_log_shows_strict_weights_and_no_key_mismatch(server):
+    log = server.log.read_text()
+    assert "loaded strictly" in log
+    for bad in ("missing keys", "unexpected key", "Unexpected key", "size mismatch", "Missing key"):
+        assert bad not in log
+
+
+BUNDLE_TESTS = [
+    "tests/test_readers.py",
+    "tests/test_mammo_transforms.py",
+    "tests/test_synthetic.py",
+    "tests/test_datalist.py",
+    "tests/test_check_data.py",
+    "tests/test_patch_selection.py",
+    "tests/test_pooling.py",
+    "tests/test_metrics.py",
+    "tests/test_inference.py",
+]
+
+
+def test_bundle_unit_tests_pass_in_the_label_environment():
+    """The bundle runs inside the label server, whose environment has numpy 1.26 and pydicom 2.x: its readers,
+    transforms, generator, metrics and inference pieces are tested there too."""
+    res = subprocess.run(["bash", str(SCRIPT), "--setup-only"], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-3000:]
+    python = res.stdout.strip().splitlines()[-1]
+    versions = subprocess.run(
+        [python, "-c", "import numpy, pydicom, monai, torch; print(numpy.__version__, pydicom.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    numpy_version, pydicom_version = versions.stdout.split()
+    assert numpy_version.startswith("1.") and pydicom_version.startswith("2."), versions.stdout
+    res = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *BUNDLE_TESTS],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert " passed" in res.stdout.strip().splitlines()[-1]
