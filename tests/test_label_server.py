@@ -344,3 +344,56 @@ def test_bundle_unit_tests_pass_in_the_label_environment():
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert " passed" in res.stdout.strip().splitlines()[-1]
+
+
+def test_the_slicer_snippet_in_the_docs_fetches_image_and_heatmap(server, label_setup, monkeypatch, tmp_path):
+    """docs/monailabel.md's console snippet, run as written against the server with Slicer's API recorded by a
+    stand-in: it loads the stored mammogram and the heatmap of the same grid, and shows the heatmap in colour
+    over the image."""
+    import re
+    import types
+
+    text = (REPO_ROOT / "docs" / "monailabel.md").read_text(encoding="utf-8")
+    section = text.split("### Heatmap as a coloured foreground layer", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    d = label_setup["png_items"][0]
+    stem = Path(d["image"]).stem
+    code = code.replace('"http://127.0.0.1:8000"', repr(server.base)).replace('"SYN00000_L_CC"', repr(stem))
+
+    calls, volumes = [], []
+
+    class Display:
+        def __getattr__(self, name):
+            return lambda *args: calls.append((name, args))
+
+    class Volume:
+        def __init__(self, path, properties=None):
+            from scripts.data.readers import read_mammogram
+
+            self.array = read_mammogram(path, mask=True)[0]  # raw stored values
+            self.name = (properties or {}).get("name")
+            self.display = Display()
+
+        def GetDisplayNode(self):
+            return self.display
+
+    def load_volume(path, properties=None):
+        volumes.append(Volume(path, properties))
+        return volumes[-1]
+
+    util = types.SimpleNamespace(
+        loadVolume=load_volume,
+        setSliceViewerLayers=lambda **kw: calls.append(("setSliceViewerLayers", kw)),
+        resetSliceViews=lambda: None,
+    )
+    monkeypatch.setitem(sys.modules, "slicer", types.SimpleNamespace(util=util))
+    exec(compile(code, "docs/monailabel.md", "exec"), {})
+
+    image, heat = volumes
+    np.testing.assert_array_equal(image.array, np.asarray(Image.open(label_setup["png_root"] / d["image"])))
+    expected, _ = server.infer_map(tmp_path, f"image={stem}", {"overlay": "heatmap", "heatmap_class": "malignant"})
+    np.testing.assert_array_equal(heat.array, expected)
+    assert heat.name == "GLAM malignant"
+    layers = [kw for name, kw in calls if name == "setSliceViewerLayers"][0]
+    assert layers["background"] is image and layers["foreground"] is heat
+    assert ("SetWindowLevelMinMax", (0, 255)) in calls
