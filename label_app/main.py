@@ -16,6 +16,7 @@ neither torchvision nor SAM2 (see docs/monailabel.md).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ class GLAMApp(MONAILabelApp):
             conf=conf,
             name="GLAM mammography saliency",
             description="GLAM (Liu et al., MIDL 2021) weakly supervised saliency maps for 2-D mammograms",
-            version="0.2.0",
+            version=json.loads((self.bundle_dir / "configs" / "metadata.json").read_text())["version"],
             labels={"benign": 1, "malignant": 2},
         )
 

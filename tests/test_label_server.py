@@ -201,6 +201,7 @@ def test_info_lists_glam_as_a_2d_segmentation_model(server, label_setup):
     model = info["models"]["glam"]
     assert model["type"] == "segmentation" and model["dimension"] == 2
     assert model["labels"] == {"benign": 1, "malignant": 2}
+    assert info["version"] == json.loads((BUNDLE_ROOT / "configs" / "metadata.json").read_text())["version"]
     assert model["config"]["overlay"] == ["label", "heatmap"] and model["config"]["threshold"] == 0.5
     # PNGs and the ingested DICOMs (as NRRD) are in the datastore; the broken DICOM is not
     ids = set(server.get("/datastore/?output=all")["objects"])
