@@ -36,7 +36,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 key="$( (cat "$REQUIREMENTS"; echo "$MONAILABEL_SPEC") | sha256sum | cut -c1-16)"
-root="${GLAM_LABEL_ENV_ROOT:-$HOME/.cache/glam-monailabel}"
+root="${GLAM_LABEL_ENV_ROOT:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/glam-monailabel}"
 env_dir="$root/$key"
 mkdir -p "$root"
 (
