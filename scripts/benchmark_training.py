@@ -1,0 +1,355 @@
+"""Training speed, memory and scaling of GLAM (figures for docs/performance.md).
+
+    python scripts/benchmark_training.py speed   [--device cuda] [--bf16] [--channels-last] [--k 6] [--batch 2]
+    python scripts/benchmark_training.py memory  [--device cuda] [--bf16] --ks 1 2 3 [--budgets-gb 16 40 80]
+    python scripts/benchmark_training.py scaling [--sizes 736x480 1472x960 2944x1920] [--ks 1 2 4]
+    python scripts/benchmark_training.py ddp     [--height 368 --width 240 --patch 128 ...]
+
+- ``speed``: one optimiser step per stage (global, local with the global module frozen, joint), random images and
+  labels at the model's full size by default; images/s = batch / best step time over ``--repeats`` after
+  ``--warmup``; peak memory of the step (CUDA: ``max_memory_allocated``; CPU: the process's peak resident memory).
+- ``memory``: the peak memory of one joint-stage step for each K in ``--ks``, with and without activation
+  checkpointing of the local module, each in a fresh process (so peaks do not mix); a straight line through
+  (K, peak) per setting gives the memory per patch and the largest K that fits each budget in ``--budgets-gb``.
+  On a GPU ``--search`` also finds the largest K for real under ``torch.cuda.set_per_process_memory_fraction``
+  (budget / device memory), doubling then bisecting on out-of-memory errors.
+- ``scaling``: step time of the joint stage as the image size and K grow (a table).
+- ``ddp``: joint-stage throughput of DistributedDataParallel with 2 processes against 1 (gloo on CPU, NCCL on
+  CUDA with 2 devices), each rank with ``--batch`` images, on the same total cores (CPU: threads split).
+
+Prints a Markdown table; ``--json PATH`` also writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
+
+from scripts.losses import GLAMLoss  # noqa: E402
+from scripts.networks import GLAM  # noqa: E402
+
+STAGES = ("global", "local", "joint")
+
+
+def build(stage: str, args: argparse.Namespace, k: int, checkpointing: bool, device: torch.device):
+    """(model in training mode for ``stage``, loss, Adam over its trainable parameters)."""
+    net = GLAM(
+        stage=stage,
+        patch_size=args.patch,
+        num_patches_train=k,
+        local_depth=args.local_depth,
+        local_width=args.local_width,
+        activation_checkpointing=checkpointing,
+    ).to(device)
+    if args.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    net.train()
+    loss = GLAMLoss(stage=stage, lambda_sparsity=1e-4)
+    params = [p for p in net.parameters() if p.requires_grad]
+    return net, loss, torch.optim.Adam(params, lr=1e-5)
+
+
+def make_batch(args: argparse.Namespace, batch: int, height: int, width: int, device: torch.device):
+    g = torch.Generator().manual_seed(0)
+    image = torch.randn(batch, 1, height, width, generator=g)
+    label = (torch.rand(batch, 2, generator=g) > 0.5).float()
+    if args.channels_last:
+        image = image.contiguous(memory_format=torch.channels_last)
+    return image.to(device), label.to(device)
+
+
+def step(net, loss_fn, opt, image, label, device: torch.device, bf16: bool) -> None:
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        out = net(image)
+    loss = loss_fn(out, label)
+    loss.backward()
+    opt.step()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: kB
+
+
+def time_steps(stage, args, k, checkpointing, device, height, width, batch) -> dict:
+    net, loss_fn, opt = build(stage, args, k, checkpointing, device)
+    image, label = make_batch(args, batch, height, width, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for i in range(args.warmup + args.repeats):
+        _sync(device)
+        t = time.perf_counter()
+        step(net, loss_fn, opt, image, label, device, args.bf16)
+        _sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t)
+    best = min(times)
+    return {
+        "stage": stage,
+        "height": height,
+        "width": width,
+        "k": k,
+        "batch": batch,
+        "checkpointing": checkpointing,
+        "step_s": best,
+        "images_per_s": batch / best,
+        "peak_gib": peak_bytes(device) / 2**30,
+    }
+
+
+def cmd_speed(args, device) -> list[dict]:
+    return [
+        time_steps(s, args, args.k, args.checkpointing, device, args.height, args.width, args.batch) for s in STAGES
+    ]
+
+
+def _one_peak(args, k: int, checkpointing: bool) -> dict:
+    """One joint step in a fresh interpreter: its peak memory is this configuration's alone."""
+    cmd = [sys.executable, __file__, "_peak", "--k", str(k), "--device", args.device]
+    cmd += ["--height", str(args.height), "--width", str(args.width), "--patch", str(args.patch)]
+    cmd += ["--local-depth", str(args.local_depth), "--local-width", str(args.local_width), "--batch", str(args.batch)]
+    cmd += ["--bf16"] * args.bf16 + ["--channels-last"] * args.channels_last + ["--checkpointing"] * checkpointing
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if res.returncode != 0:
+        raise RuntimeError(f"K={k} checkpointing={checkpointing} failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def cmd_peak(args, device) -> list[dict]:
+    net, loss_fn, opt = build("joint", args, args.k, args.checkpointing, device)
+    image, label = make_batch(args, args.batch, args.height, args.width, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    before = peak_bytes(device)
+    t = time.perf_counter()
+    step(net, loss_fn, opt, image, label, device, args.bf16)
+    _sync(device)
+    seconds = time.perf_counter() - t
+    return [
+        {
+            "k": args.k,
+            "checkpointing": args.checkpointing,
+            "peak_gib": peak_bytes(device) / 2**30,
+            "before_step_gib": before / 2**30,
+            "step_s": seconds,
+        }
+    ]
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y = a + b x."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def cmd_memory(args, device) -> list[dict]:
+    if len(set(args.ks)) < 2:
+        raise SystemExit("--ks needs at least two different K values to fit memory per patch")
+    rows = [_one_peak(args, k, ckpt) for ckpt in (False, True) for k in args.ks]
+    for ckpt in (False, True):
+        a, b = fit_line([(r["k"], r["peak_gib"]) for r in rows if r["checkpointing"] == ckpt])
+        summary = {"k": "fit", "checkpointing": ckpt, "base_gib": a, "per_patch_gib": b}
+        for budget in args.budgets_gb:
+            summary[f"max_k_{budget:g}gb"] = int((budget * 1e9 / 2**30 - a) // b) if b > 0 else None
+        rows.append(summary)
+    if args.search and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        for ckpt in (False, True):
+            for budget in args.budgets_gb:
+                rows.append(
+                    {
+                        "k": "search",
+                        "checkpointing": ckpt,
+                        "budget_gb": budget,
+                        "max_k": _search_max_k(args, device, ckpt, budget * 1e9 / total),
+                    }
+                )
+    return rows
+
+
+def _fits(args, device, k: int, ckpt: bool) -> bool:
+    try:
+        net, loss_fn, opt = build("joint", args, k, ckpt, device)
+        image, label = make_batch(args, args.batch, args.height, args.width, device)
+        step(net, loss_fn, opt, image, label, device, args.bf16)
+        _sync(device)
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        torch.cuda.empty_cache()
+
+
+def _search_max_k(args, device, ckpt: bool, fraction: float) -> int:
+    if fraction >= 1.0:
+        fraction = 1.0
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    try:
+        lo, hi = 0, 1
+        while _fits(args, device, hi, ckpt):
+            lo, hi = hi, hi * 2
+            if hi > 256:
+                return lo
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _fits(args, device, mid, ckpt) else (lo, mid)
+        return lo
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def cmd_scaling(args, device) -> list[dict]:
+    rows = []
+    for size in args.sizes:
+        h, w = (int(v) for v in size.lower().split("x"))
+        rows.append(time_steps("joint", args, args.ks[0], args.checkpointing, device, h, w, args.batch))
+    h, w = args.height, args.width
+    for k in args.ks[1:]:
+        rows.append(time_steps("joint", args, k, args.checkpointing, device, h, w, args.batch))
+    return rows
+
+
+def _ddp_worker(rank: int, world: int, args, port: int, queue) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    cuda = args.device == "cuda"
+    device = torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
+    if not cuda:
+        torch.set_num_threads(max(1, args.threads // world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    net, loss_fn, opt = build("joint", args, args.k, args.checkpointing, device)
+    model = DistributedDataParallel(net, device_ids=[rank] if cuda else None, find_unused_parameters=False)
+    image, label = make_batch(args, args.batch, args.height, args.width, device)
+    times = []
+    for i in range(args.warmup + args.repeats):
+        dist.barrier()
+        t = time.perf_counter()
+        step(model, loss_fn, opt, image, label, device, args.bf16)
+        _sync(device)
+        dist.barrier()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t)
+    if rank == 0:
+        queue.put(min(times))
+    dist.destroy_process_group()
+
+
+def cmd_ddp(args, device) -> list[dict]:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    rows = []
+    for world in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_ddp_worker, args=(r, world, args, port, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        best = queue.get(timeout=3600)
+        for p in procs:
+            p.join()
+        images = args.batch * world
+        rows.append(
+            {
+                "processes": world,
+                "threads_each": max(1, args.threads // world) if device.type == "cpu" else None,
+                "images_per_step": images,
+                "step_s": best,
+                "images_per_s": images / best,
+            }
+        )
+    rows.append({"speedup_2_vs_1": rows[1]["images_per_s"] / rows[0]["images_per_s"]})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        cells = [f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=["speed", "memory", "scaling", "ddp", "_peak"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--height", type=int, default=2944)
+    ap.add_argument("--width", type=int, default=1920)
+    ap.add_argument("--patch", type=int, default=512)
+    ap.add_argument("--local-depth", type=int, default=34)
+    ap.add_argument("--local-width", type=int, default=64)
+    ap.add_argument("--k", type=int, default=6, help="patches per image (speed, ddp, _peak)")
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3], help="K values (memory, scaling)")
+    ap.add_argument("--sizes", nargs="+", default=["736x480", "1472x960", "2944x1920"], help="HxW (scaling)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--bf16", action="store_true", help="autocast to bfloat16")
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of the local module")
+    ap.add_argument("--budgets-gb", type=float, nargs="+", default=[16, 40, 80])
+    ap.add_argument("--search", action="store_true", help="memory on CUDA: also search the largest K for real")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads in total (ddp)")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    for name in ("height", "width", "patch", "k", "batch", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.patch > min(args.height, args.width):
+        ap.error(f"--patch {args.patch} is larger than the image {args.height}x{args.width}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device")
+    modes = {"speed": cmd_speed, "memory": cmd_memory, "scaling": cmd_scaling, "ddp": cmd_ddp, "_peak": cmd_peak}
+    rows = modes[args.mode](args, device)
+    if args.mode == "_peak":
+        print(json.dumps(rows[0]))
+        return 0
+    info = {
+        "mode": args.mode,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {os.cpu_count()} cores",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "args": {k: v for k, v in vars(args).items() if k != "json" and not isinstance(v, Path)},
+    }
+    print(f"{info['device']}, torch {info['torch']}, {info['threads']} threads")
+    print(markdown(rows))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({**info, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
