@@ -1,0 +1,339 @@
+"""scripts/benchmark.py: the Table-1 benchmark driver.
+
+Fast tests check the search sampling (reproducible, within the configured ranges, log-uniform), the
+acceptance-condition logic and the selection score on hand-made metrics, the resume rule of a step, the per-image
+Dice reader and the argument errors. One slow test runs the driver end to end at the tiny size of
+tests/configs/benchmark_tiny.yaml into a temporary folder and checks results.md against the workflows' own
+metrics.json files, the two figures, and that a second run skips every finished step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SEARCH = REPO_ROOT / "configs" / "benchmark_search.yaml"
+TINY_PRESET = REPO_ROOT / "tests" / "configs" / "benchmark_tiny.yaml"
+
+
+def _load_driver():
+    spec = importlib.util.spec_from_file_location("benchmark_driver", REPO_ROOT / "scripts" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["benchmark_driver"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bm = _load_driver()
+
+
+# -- search ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("space_name", ["cpu", "paper"])
+def test_search_sampling_is_reproducible_in_range_and_log_uniform(space_name):
+    space = bm.load_search_space(SEARCH, space_name)
+    for model in bm.MODELS:
+        many = bm.sample_trials(space, model, 400)
+        assert bm.sample_trials(space, model, 400) == many  # same seed, same draws
+        assert bm.sample_trials(space, model, 3) == many[:3]  # trial k does not depend on the number of trials
+        assert set(many[0]) == set(space.models[model])
+        for config_id, param in space.models[model].items():
+            kind, bounds = space.params[param]
+            values = np.array([t[config_id] for t in many])
+            if kind == "choice":
+                assert set(values) <= set(bounds)
+                assert len(set(values)) == len(bounds)  # 400 draws reach every value
+                continue
+            lo, hi = bounds
+            logs = np.log10(values)
+            assert logs.min() >= lo - 1e-12 and logs.max() <= hi + 1e-12
+            # log-uniform: the exponent is uniform (mean at the middle, half the draws below 10^middle); a
+            # linear-uniform draw would put only (10^mid - 10^lo) / (10^hi - 10^lo) < 25 % below 10^middle
+            mid = (lo + hi) / 2
+            assert abs(logs.mean() - mid) < 0.1 * (hi - lo)
+            assert 0.4 < np.mean(logs < mid) < 0.6
+    a, b = bm.sample_trials(space, "cam", 2), bm.sample_trials(space, "gmic", 2)
+    assert a[0]["learning_rate"] != b[0]["learning_rate"]  # each model has its own random search
+
+
+def test_other_search_seed_gives_other_draws(tmp_path):
+    text = SEARCH.read_text().replace("seed: 0", "seed: 1")
+    path = tmp_path / "search.yaml"
+    path.write_text(text)
+    one, two = bm.load_search_space(SEARCH, "cpu"), bm.load_search_space(path, "cpu")
+    assert bm.sample_trials(one, "glam", 2) != bm.sample_trials(two, "glam", 2)
+
+
+def test_trial_overrides_replace_only_the_global_learning_rate():
+    out = bm.trial_overrides(
+        {"learning_rate": 2e-3, "lambda_sparsity": 1e-3, "cam_t": 1.0}, {"global": 1e-3, "local": 5e-4, "joint": 5e-5}
+    )
+    assert out == {
+        "learning_rate": {"global": 2e-3, "local": 5e-4, "joint": 5e-5},
+        "lambda_sparsity": 1e-3,
+        "cam_t": 1.0,
+    }
+
+
+def test_bundle_command_round_trips_values_through_the_cli_parser():
+    import fire.parser
+
+    cmd = bm.bundle_command("training", [Path("a.yaml"), Path("b.yaml")], {"learning_rate": {"global": 1e-3}, "x": 0.5})
+    assert cmd[3:5] == ["run", "training"]
+    values = dict(zip(cmd[5::2], cmd[6::2]))
+    assert fire.parser.DefaultParseValue(values["--config_file"]) == ["a.yaml", "b.yaml"]
+    assert fire.parser.DefaultParseValue(values["--learning_rate"]) == {"global": 1e-3}
+    assert fire.parser.DefaultParseValue(values["--x"]) == 0.5
+
+
+def test_bad_search_and_preset_files_are_named(tmp_path):
+    with pytest.raises(bm.BenchmarkError, match="no search space 'gpu'"):
+        bm.load_search_space(SEARCH, "gpu")
+    bad = tmp_path / "search.yaml"
+    bad.write_text("spaces: {s: {learning_rate: {uniform: [0, 1]}}}\nmodels: {}\n")
+    with pytest.raises(bm.BenchmarkError, match=r"search.yaml: spaces#s#learning_rate: unknown kind 'uniform'"):
+        bm.load_search_space(bad, "s")
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("image_size: [368, 240]\n")
+    with pytest.raises(bm.BenchmarkError, match=r"preset.yaml: a benchmark preset needs a 'benchmark' section"):
+        bm.read_preset(preset)
+    preset.write_text("benchmark: {search_space: cpu, trials: 0, examples: 1}\n")
+    with pytest.raises(bm.BenchmarkError, match=r"benchmark#trials must be an integer >= 1"):
+        bm.read_preset(preset)
+
+
+def test_command_line_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        bm.main(["--preset", str(tmp_path / "missing.yaml")])
+    assert info.value.code == 2
+    assert "missing.yaml: file not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bm.main(["--preset", str(TINY_PRESET), "--threads", "0"])
+    assert "--threads must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bm.main(["--preset", str(TINY_PRESET), "--models", "resnet"])
+    assert "invalid choice: 'resnet'" in capsys.readouterr().err
+
+
+def test_presets_declare_a_budget_and_an_existing_search_space():
+    for name in ("benchmark_cpu.yaml", "benchmark_full.yaml"):
+        config, budget = bm.read_preset(REPO_ROOT / "configs" / name)
+        bm.load_search_space(SEARCH, budget.search_space)
+        assert budget.trials >= 1 and budget.epochs >= 1
+    assert bm.read_preset(REPO_ROOT / "configs" / "benchmark_full.yaml")[0]["image_size"] == [2944, 1920]
+    # the U-Net overlay comes after the preset and sets its widths: the CPU preset's go on the command line
+    assert bm.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1].model_overrides == {
+        "unet": {"unet_features": [8, 8, 16, 32, 64, 8]}
+    }
+    assert bm.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]["image_size"] == [368, 240]
+
+
+# -- metrics and acceptance --------------------------------------------------------------------------------------
+def _row(dice, pxap_image, pxap_dataset, auc):
+    """A Table-1 row from (malignant, benign) pairs."""
+    pair = lambda v: dict(zip(("malignant", "benign"), v))  # noqa: E731
+    return {"dice": pair(dice), "pxap_image": pair(pxap_image), "pxap_dataset": pair(pxap_dataset), "auc": pair(auc)}
+
+
+def test_acceptance_checks_on_hand_made_rows():
+    rows = {
+        "GLAM": _row((0.40, 0.30), (0.45, 0.35), (0.30, 0.20), (0.85, 0.75)),
+        "GMIC": _row((0.30, 0.30), (0.40, 0.30), (0.25, 0.10), (0.88, 0.80)),  # benign Dice tied: GLAM does not beat it
+        "CAM": _row((0.20, 0.20), (0.30, 0.20), (0.20, 0.05), (0.86, 0.70)),  # benign AUC 0.05 away
+        "U-Net": _row((0.50, 0.40), (0.60, 0.30), (0.40, 0.25), (None, None)),  # benign img PxAP below GLAM
+    }
+    checks = {c.condition: c for c in bm.acceptance_checks(rows)}
+    assert len(checks) == 3 * 2 * 2 + 2 * 2 + 3 * 2
+    failing = {name for name, c in checks.items() if not c.holds}
+    assert failing == {
+        "GLAM beats GMIC: Dice benign",
+        "GLAM AUC within 0.03 of CAM: benign",
+        "GLAM AUC within 0.03 of GMIC: benign",  # 0.75 vs 0.80
+        "U-Net above GLAM: image-level PxAP benign",
+    }
+    assert checks["GLAM AUC within 0.03 of GMIC: malignant"].holds  # |0.85 - 0.88| = 0.03 is within
+    assert checks["GLAM AUC within 0.03 of CAM: benign"].detail == "0.750 vs 0.700 (+0.050)"
+    # a missing model fails its checks instead of passing them
+    checks = {c.condition: c for c in bm.acceptance_checks({k: v for k, v in rows.items() if k != "CAM"})}
+    assert not checks["GLAM beats CAM: Dice malignant"].holds
+    assert checks["GLAM beats CAM: Dice malignant"].detail == "0.400 vs n/a"
+
+
+def test_selection_score_table_row_and_relative_gain():
+    summary = {
+        "classes": ["benign", "malignant"],
+        "classification_auc": {"benign": 0.7, "malignant": 0.8},
+        "metrics": {
+            "S_g": {
+                "benign": {"dice_mean": 0.2, "dice_std": 0.1, "pxap_image_mean": 0.3, "pxap_image_std": 0.2,
+                           "pxap_dataset": 0.25},
+                "malignant": {"dice_mean": 0.4, "dice_std": 0.1, "pxap_image_mean": 0.5, "pxap_image_std": 0.2,
+                              "pxap_dataset": 0.45},
+            }
+        },
+    }  # fmt: skip
+    assert bm.validation_dice(summary) == pytest.approx(0.3)
+    summary["metrics"]["S_g"]["benign"]["dice_mean"] = None  # no benign lesion in the split
+    assert bm.validation_dice(summary) == pytest.approx(0.4)
+    row = bm.table_row(summary, "S_g")
+    assert row["dice"]["malignant"] == 0.4 and row["pxap_dataset"]["benign"] == 0.25 and row["auc"]["benign"] == 0.7
+    assert bm.relative_gain(0.390, 0.325) == pytest.approx(0.2)  # the paper's +20 % malignant
+    assert bm.relative_gain(0.335, 0.240) == pytest.approx(0.3958, abs=1e-4)  # and +40 % benign
+    assert bm.relative_gain(0.3, 0.0) is None and bm.relative_gain(None, 0.3) is None
+
+
+def test_per_image_dice_reads_only_images_with_the_lesion(tmp_path):
+    csv_path = tmp_path / "metrics.csv"
+    csv_path.write_text(
+        "image,S_g_dice_benign,S_g_dice_malignant,S_l_dice_benign,S_l_dice_malignant\n"
+        "a.png,0.1,,0.2,\n"
+        "b.png,,0.3,,0.5\n"
+        "c.png,,,,\n"
+    )
+    points = bm.per_image_dice(csv_path)
+    assert points == {"benign": [(0.1, 0.2)], "malignant": [(0.3, 0.5)]}
+    image = bm.dice_scatter(points, "test")
+    assert image.shape == (520, 520, 3) and image.dtype == np.uint8
+    from scripts.visualize import CLASS_COLOURS
+
+    for colour in CLASS_COLOURS:  # one dot per class drawn in its colour
+        assert np.all(image == np.array(colour, np.uint8), axis=-1).sum() >= 9
+
+
+def test_pick_examples_alternates_classes_and_needs_a_lesion():
+    items = [{"label": [0, 0]}, {"label": [1, 0], "i": 1}, {"label": [0, 1], "i": 2}, {"label": [1, 1], "i": 3}]
+    assert [it["i"] for it in bm.pick_examples(items, 3)] == [2, 1, 3]
+    assert bm.pick_examples([{"label": [0, 0]}], 2) == []
+
+
+# -- resume ------------------------------------------------------------------------------------------------------
+def test_a_step_whose_output_exists_is_skipped_and_a_failed_one_is_reported(tmp_path):
+    runner = bm.Runner(tmp_path, threads=1, quiet=True)
+    out = tmp_path / "out.txt"
+    write = [sys.executable, "-c", f"open({str(out)!r}, 'a').write('x')"]
+    assert runner.run(bm.Step("write", write, out))
+    assert runner.run(bm.Step("write", write, out))  # done already: not run again
+    assert out.read_text() == "x"
+    assert set(json.loads((tmp_path / "timings.json").read_text())) == {"write"}
+    marker = tmp_path / "trained.json"
+    assert runner.run(bm.Step("train", [sys.executable, "-c", "pass"], marker, marker=True))
+    assert json.loads(marker.read_text())["step"] == "train"
+    assert not runner.run(bm.Step("bad", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "never"))
+    assert "exit status 3" in runner.failures["bad"]
+    assert not runner.run(bm.Step("silent", [sys.executable, "-c", "pass"], tmp_path / "never"))
+    assert "finished without writing" in runner.failures["silent"]
+    assert bm.Runner(tmp_path, threads=1).timings.keys() == {"write", "train"}  # times survive a restart
+
+
+# -- end to end --------------------------------------------------------------------------------------------------
+def _cell(value, std=None):
+    return "n/a" if value is None else (f"{value:.3f}" if std is None else f"{value:.3f} ± {std:.3f}")
+
+
+@pytest.mark.slow
+def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path, capsys):
+    from PIL import Image
+
+    work, docs = tmp_path / "work", tmp_path / "docs"
+    results = tmp_path / "out" / "results.md"
+    argv = ["--preset", str(TINY_PRESET), "--work_dir", str(work), "--docs_dir", str(docs), "--results", str(results)]
+    argv += ["--threads", "1"]
+    assert bm.main(argv) == 0, capsys.readouterr().out
+    text = results.read_text()
+
+    # Table 1: every model row, every column, values as in each model's test metrics.json
+    header = "| model | " + " | ".join(
+        f"{t} {c}"
+        for t in ("Dice", "image-level PxAP", "dataset-level PxAP", "classification AUC")
+        for c in ("malignant", "benign")
+    )
+    assert header + " |" in text  # fmt: skip
+    test_reports = {
+        "GLAM": (next(work.glob("glam/trial_*/test_joint/metrics.json")), "S_c"),
+        "GMIC": (next(work.glob("gmic/trial_*/test/metrics.json")), "S_g"),
+        "CAM": (next(work.glob("cam/trial_*/test/metrics.json")), "S_g"),
+        "U-Net": (next(work.glob("unet/trial_*/test/metrics.json")), "S_g"),
+    }
+    for name, (path, map_key) in test_reports.items():
+        summary = json.loads(path.read_text())
+        assert summary["split"] == "test"
+        stats = summary["metrics"][map_key]
+        cells = []
+        for c in ("malignant", "benign"):
+            cells.append(_cell(stats[c]["dice_mean"], stats[c]["dice_std"]))
+        for c in ("malignant", "benign"):
+            cells.append(_cell(stats[c]["pxap_image_mean"], stats[c]["pxap_image_std"]))
+        cells += [_cell(stats[c]["pxap_dataset"]) for c in ("malignant", "benign")]
+        cells += [_cell(summary["classification_auc"][c]) for c in ("malignant", "benign")]
+        assert f"| {name} | " + " | ".join(cells) + " |" in text, name
+    # Table 2 rows, gains, acceptance, trials, setup
+    for row in ("S_g (global alone)", "S_l (local, global frozen)", "S_c-sep", "**S_c-joint (GLAM)**"):
+        assert f"| {row} | " in text
+    local = json.loads(next(work.glob("glam/trial_*/test_local/metrics.json")).read_text())
+    assert local["stage"] == "local"
+    d = local["metrics"]["S_l"]["malignant"]
+    assert f"| S_l (local, global frozen) | {_cell(d['dice_mean'], d['dice_std'])} |" in text
+    assert "## Relative Dice gain of GLAM over GMIC" in text and "| malignant |" in text
+    assert re.search(r"(\d+) of 22 hold", text)
+    assert len(re.findall(r"^\| (GLAM|CAM|GMIC|U-Net) \| 0 \| ", text, flags=re.M)) == 4  # one trial each
+    for model in ("glam", "cam", "gmic", "unet"):
+        val = json.loads((work / model / "trial_00" / "validation" / "metrics.json").read_text())
+        assert val["split"] == "validation"
+        assert f"{bm.validation_dice(val):.3f}" in text
+    assert "torch " in text and "OMP_NUM_THREADS=1" in text and "## Wall time per model" in text
+    assert "python scripts/benchmark.py --preset " in text
+    assert "- test: " in text and "differ from the generator's calibrated defaults" in text
+    # figures, linked relative to results.md
+    for name in ("benchmark_dice_scatter.png", "benchmark_examples.png"):
+        png = docs / "images" / name
+        assert Image.open(png).size[0] > 100
+        assert f"(../docs/images/{name})" in text
+    # the preset's U-Net widths reached the trained model (the overlay alone would give MONAI's 32-wide default)
+    import torch
+
+    unet = torch.load(next(work.glob("unet/trial_*/models/unet/model.pt")), weights_only=True)
+    assert any(tuple(v.shape) == (4, 1, 3, 3) for v in unet.values())
+    assert not any(v.ndim == 4 and v.shape[0] == 32 for v in unet.values())
+    examples = np.asarray(Image.open(docs / "images" / "benchmark_examples.png"))
+    assert examples.shape[1] == 5 * 160 + 4 * 4  # input, ground truth, CAM, GMIC, GLAM S_c
+
+    # a second run finds every step done: nothing re-runs (logs untouched), the same tables come out
+    logs = {p: p.stat().st_mtime_ns for p in (work / "logs").iterdir()}
+    timings = (work / "timings.json").read_text()
+    capsys.readouterr()
+    assert bm.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "running" not in out and out.count("done already") == len(logs)
+    assert {p: p.stat().st_mtime_ns for p in (work / "logs").iterdir()} == logs
+    assert (work / "timings.json").read_text() == timings
+    second = results.read_text()
+    strip = lambda s: re.sub(r"(Generated by .*?\. |of this invocation of the driver: [^(]*)", "", s)  # noqa: E731
+    assert strip(second) == strip(text)
+    steps_total = sum(json.loads(timings).values())
+    assert f"Wall time of all the workflow steps: {bm._minutes(steps_total)};" in second
+
+    # an interrupted run (here: one test evaluation lost) re-runs that step only
+    (work / "cam" / "trial_00" / "test" / "metrics.json").unlink()
+    assert bm.main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"(\w+): running", out) == ["cam_trial00_test"]
+    assert (
+        f"| CAM | {_cell(json.loads(test_reports['CAM'][0].read_text())['metrics']['S_g']['malignant']['dice_mean'])}"
+        in (results.read_text())
+    )
+
+    # a work folder whose trials ran with other hyper-parameters is refused, naming the trial
+    trial = work / "gmic" / "trial_00" / "trial.json"
+    record = json.loads(trial.read_text())
+    record["params"]["learning_rate"] *= 2
+    trial.write_text(json.dumps(record))
+    with pytest.raises(SystemExit) as info:
+        bm.main(argv)
+    assert info.value.code == 2
+    assert f"{trial}: this trial ran with" in capsys.readouterr().err
