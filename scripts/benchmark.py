@@ -99,6 +99,9 @@ PAPER_TABLE1 = {
 AUC_TOLERANCE = 0.03
 
 
+FINDINGS_FILE = "results_findings.md"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One benchmarked model: its name (folder and search-space key), its title in the tables and the bundle
@@ -877,6 +880,12 @@ def write_results(
         "|---|---|---|",
     ]
     lines += [f"| {c.condition} | {c.detail} | {'yes' if c.holds else '**no**'} |" for c in checks]
+    # what a person found when looking at a run (why a condition fails, what the benchmark needs): kept beside the
+    # generated file and included verbatim, so a re-run does not lose it
+    findings = docs_dir / FINDINGS_FILE
+    if findings.is_file():
+        lines += ["", "## Findings", "", f"(from `{FINDINGS_FILE}`, written after looking at this run)", ""]
+        lines += [findings.read_text(encoding="utf-8").strip(), ""]
 
     lines += ["", "## Table 2: GLAM's maps (ablation, test split)", ""]
     lines += [

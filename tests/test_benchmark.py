@@ -318,11 +318,14 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     steps_total = sum(json.loads(timings).values())
     assert f"Wall time of all the workflow steps: {bm._minutes(steps_total)};" in second
 
-    # an interrupted run (here: one test evaluation lost) re-runs that step only
+    # an interrupted run (here: one test evaluation lost) re-runs that step only; findings written by hand beside
+    # the results are carried into them
     (work / "cam" / "trial_00" / "test" / "metrics.json").unlink()
+    (docs / bm.FINDINGS_FILE).write_text("The benchmark is too easy for a **tiny** test.\n", encoding="utf-8")
     assert bm.main(argv) == 0
     out = capsys.readouterr().out
     assert re.findall(r"(\w+): running", out) == ["cam_trial00_test"]
+    assert "## Findings\n" in results.read_text() and "too easy for a **tiny** test." in results.read_text()
     assert (
         f"| CAM | {_cell(json.loads(test_reports['CAM'][0].read_text())['metrics']['S_g']['malignant']['dice_mean'])}"
         in (results.read_text())
