@@ -242,3 +242,27 @@ def test_cuda_training_step_with_random_negatives():
     out = model(image().cuda(), random_patch_mask=torch.tensor([True, False], device="cuda"), generator=g)
     GLAMLoss("local")(out, torch.tensor([[0.0, 0.0], [1.0, 0.0]], device="cuda")).backward()
     assert all(p.grad is not None for p in model.local_network.parameters())
+
+
+def test_activation_checkpointing_changes_memory_not_the_step():
+    """One training step of the local module with and without activation checkpointing from the same weights and
+    patches: the same outputs, gradients and batch-norm running statistics (the recomputation in backward must not
+    update them a second time) and the same batch counters."""
+    from scripts.networks.local_network import LocalNetwork
+
+    torch.manual_seed(0)
+    plain = LocalNetwork(depth=18, width=4).train()
+    ckpt = LocalNetwork(depth=18, width=4, activation_checkpointing=True).train()
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(3, 1, 64, 64)
+    outs = []
+    for net in (plain, ckpt):
+        out = net(x)
+        (out["patch_maps"].square().sum() + out["patch_features"].sum()).backward()
+        outs.append(out)
+    torch.testing.assert_close(outs[1]["patch_maps"], outs[0]["patch_maps"], rtol=0, atol=0)
+    for (name, p0), (_, p1) in zip(plain.named_parameters(), ckpt.named_parameters()):
+        torch.testing.assert_close(p1.grad, p0.grad, rtol=1e-5, atol=1e-7, msg=name)
+    for (name, b0), (_, b1) in zip(plain.named_buffers(), ckpt.named_buffers()):
+        torch.testing.assert_close(b1, b0, rtol=0, atol=0, msg=name)
+    assert any(name.endswith("num_batches_tracked") and int(b) == 1 for name, b in plain.named_buffers())

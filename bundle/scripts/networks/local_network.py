@@ -8,6 +8,8 @@ which were stored with those names, load one to one. torchvision itself is not a
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -78,6 +80,30 @@ class ResNetHR(nn.Module):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
 
+def _recompute_keeps_bn_statistics(modules: tuple[nn.Module, ...]):
+    """``context_fn`` for ``torch.utils.checkpoint``: the recomputation in the backward pass runs the segment in
+    training mode again, which would update its batch-norm running statistics a second time; during it every batch
+    norm gets momentum 0 (the running statistics stay) and its batch counter is restored."""
+
+    @contextlib.contextmanager
+    def recompute():
+        norms = [m for module in modules for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        saved = [
+            (m, m.momentum, None if m.num_batches_tracked is None else m.num_batches_tracked.clone()) for m in norms
+        ]
+        for m in norms:
+            m.momentum = 0.0
+        try:
+            yield
+        finally:
+            for m, momentum, tracked in saved:
+                m.momentum = momentum
+                if tracked is not None:
+                    m.num_batches_tracked.copy_(tracked)
+
+    return lambda: (contextlib.nullcontext(), recompute())
+
+
 class LocalNetwork(nn.Module):
     """GLAM's local module: patch saliency maps A_k and patch representations z_k.
 
@@ -85,8 +111,9 @@ class LocalNetwork(nn.Module):
         num_classes: saliency channels (benign, malignant).
         depth: 18 or 34 (ResNet-34-HR in the paper).
         width: first-layer width (64 in the paper).
-        activation_checkpointing: recompute each layer's activations in the backward pass instead of storing
-            them (trades about one extra forward for far less memory, so more patches fit in training).
+        activation_checkpointing: recompute the stem's and each residual block's activations in the backward pass
+            instead of storing them (about one extra forward of the local module for half its memory per patch, so
+            about twice the patches fit in training; docs/performance.md).
 
     Forward: patches (N, 1, p, p) -> dict with ``patch_maps`` A (N, 2, p/4, p/4) in [0, 1] and
     ``patch_features`` z (N, 8 * width), the global average of the last feature map (as GMIC).
@@ -107,10 +134,17 @@ class LocalNetwork(nn.Module):
             return net(x)
         from torch.utils.checkpoint import checkpoint
 
-        x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
-        for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
-            x = checkpoint(layer, x, use_reentrant=False)
+        # segments: the stem (its full-resolution maps are the largest of all) and every residual block, so that the
+        # backward pass holds the segment inputs plus one block's activations at a time
+        segments = [(self._stem, (net.conv1, net.bn1))]
+        segments += [(block, (block,)) for layer in (net.layer1, net.layer2, net.layer3, net.layer4) for block in layer]
+        for fn, modules in segments:
+            x = checkpoint(fn, x, use_reentrant=False, context_fn=_recompute_keeps_bn_statistics(modules))
         return x
+
+    def _stem(self, x: torch.Tensor) -> torch.Tensor:
+        net = self.dn_resnet
+        return net.maxpool(net.relu(net.bn1(net.conv1(x))))
 
     def fuse_batchnorm(self) -> LocalNetwork:
         """Fold every batch norm into the convolution before it, in place (eval-mode inference only).
