@@ -172,7 +172,6 @@ class GLAMSaliencyInfer(BasicInferTask):
 
     def __call__(self, request: Mapping[str, Any], callbacks: Any = None) -> tuple[str, dict[str, Any]]:
         """Run GLAM on ``request["image"]`` (a file path) and write the requested map to a temporary file."""
-        from scripts.data.readers import read_mammogram
         from scripts.workflows import maps_on_original
 
         begin = time.time()
@@ -194,7 +193,9 @@ class GLAMSaliencyInfer(BasicInferTask):
         }
         maps, boxes = maps_on_original(item, pred, self.transform, self.gamma_c)
         result = overlay_map(maps["S_c"], settings)
-        spacing = read_mammogram(path)[1].get("spacing")
+        # the reader's (row, col) spacing travels with the preprocessed image (NaN when the file has none)
+        spacing = np.asarray(item["image"].meta.get("spacing", (np.nan, np.nan)), dtype=np.float64).reshape(-1)[:2]
+        spacing = tuple(float(v) for v in spacing) if np.isfinite(spacing).all() else None
 
         fd, out_file = tempfile.mkstemp(suffix=settings["result_extension"], prefix="glam_")
         os.close(fd)

@@ -77,9 +77,9 @@ class GLAMApp(MONAILabelApp):
         """Saved maps (``save_label``) go under their own label tag unless the client names one, so a heatmap never
         lands among a reader's annotations: ``glam_label`` or ``glam_heatmap_<class>``."""
         if str(request.get("save_label", "false")).lower() in ("true", "1", "yes") and not request.get("label_tag"):
-            overlay = request.get("overlay", "label")
-            overlay = overlay[0] if isinstance(overlay, list) else overlay
-            cls = request.get("heatmap_class", "malignant")
-            cls = cls[0] if isinstance(cls, list) else cls
+            from glam_infer import overlay_settings
+
+            settings = overlay_settings(request)
+            overlay, cls = settings["overlay"], settings["heatmap_class"]
             request["label_tag"] = "glam_label" if overlay == "label" else f"glam_heatmap_{cls}"
         return super().infer(request, datastore)

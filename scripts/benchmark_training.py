@@ -203,9 +203,7 @@ def _fits(args, device, k: int, ckpt: bool) -> bool:
 
 
 def _search_max_k(args, device, ckpt: bool, fraction: float) -> int:
-    if fraction >= 1.0:
-        fraction = 1.0
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
     try:
         lo, hi = 0, 1
         while _fits(args, device, hi, ckpt):
