@@ -341,3 +341,27 @@ def test_documented_commands_train_and_evaluate_every_baseline(baseline_data):
             )
             assert done.returncode == 0, done.stderr[-3000:]
         check_report(out / "out" / name / "evaluate", 8)
+
+
+def test_outputs_transform_writes_the_global_scales_on_request():
+    from scripts.workflows import GLAMOutputsd
+
+    g = torch.Generator().manual_seed(3)
+    scales = [torch.rand(2, h, w, generator=g) for h, w in ((4, 3), (2, 2), (1, 1))]
+    pred = {"y_global": torch.rand(2, generator=g), "saliency_global": torch.rand(2, 4, 3, generator=g)}
+    pred.update({f"saliency_scale{i}": s for i, s in enumerate(scales)})
+    item = {"pred": pred, "label": {"label": torch.tensor([1.0, 0.0]), "mask": torch.zeros(2, 8, 6)}}
+    assert not any(f"S_{i}" in GLAMOutputsd()(item) for i in range(3))
+    assert not any(f"S_{i}" in GLAMOutputsd(scales="false")(item) for i in range(3))  # a command-line override
+    out = GLAMOutputsd(scales="true")(item)
+    for i, s in enumerate(scales):
+        expected = np.zeros((2, 8, 6), np.float32)
+        h, w = s.shape[-2:]
+        for c in range(2):
+            for r in range(8):
+                for col in range(6):
+                    expected[c, r, col] = s[c, r * h // 8, col * w // 6]
+        np.testing.assert_array_equal(out[f"S_{i}"].numpy(), expected)
+    # a baseline without scales (CAM, U-Net) writes none
+    no_scales = {"pred": {k: pred[k] for k in ("y_global", "saliency_global")}, "label": item["label"]}
+    assert not any(f"S_{i}" in GLAMOutputsd(scales=True)(no_scales) for i in range(3))

@@ -6,6 +6,7 @@ from collections.abc import Hashable, Mapping
 
 import torch
 from monai.transforms import MapTransform
+from monai.utils import str2bool
 
 from ..networks.global_network import nearest_resize
 from ..patches import render_saliency
@@ -29,10 +30,15 @@ class GLAMOutputsd(MapTransform):
     becomes ``S_g``; ``score_key`` names the output that is the model's classification output, which is written as
     ``y_global``, the score that the validation AUC and the report read (GMIC's is ``y_fusion``).
 
+    With ``scales=True`` it also writes GLAM's three global saliency scales as ``S_0`` (H/16), ``S_1`` (H/32) and
+    ``S_2`` (H/64), each nearest-upsampled to the output resolution (S_g is their gamma-weighted sum): what each
+    scale of the global module looks at, for diagnostic figures (models without scales write none).
+
     Args:
         gamma_c: S_c = gamma_c S_g + (1 - gamma_c) S_l (the model's setting).
         pred_key, label_key, image_key: where the model outputs, the targets and the image are.
         score_key: the model output reported as ``y_global`` (GLAM: ``y_global``, its y_g).
+        scales: also write ``S_0``, ``S_1``, ``S_2``.
     """
 
     def __init__(
@@ -42,11 +48,14 @@ class GLAMOutputsd(MapTransform):
         label_key: str = "label",
         image_key: str = "image",
         score_key: str = "y_global",
+        scales: bool | str = False,
     ) -> None:
         super().__init__(keys=[pred_key])
         self.gamma_c = float(gamma_c)
         self.pred_key, self.label_key, self.image_key = pred_key, label_key, image_key
         self.score_key = score_key
+        # a command-line override arrives as the string 'true' / 'false'
+        self.scales = scales if isinstance(scales, bool) else str2bool(scales)
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict[Hashable, object]:
         d = dict(data)
@@ -79,4 +88,8 @@ class GLAMOutputsd(MapTransform):
             d["S_g"], d["S_l"], d["S_c"] = (maps[k][0] for k in ("saliency_global_image", "saliency_local", "saliency"))
         else:
             d["S_g"] = nearest_resize(pred["saliency_global"][None].float(), size)[0]
+        if self.scales:
+            for i in range(3):
+                if f"saliency_scale{i}" in pred:
+                    d[f"S_{i}"] = nearest_resize(pred[f"saliency_scale{i}"][None].float(), size)[0]
         return d
