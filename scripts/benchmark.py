@@ -587,7 +587,8 @@ def example_rows(
 ) -> list[dict[str, np.ndarray]]:
     """Run each model on each item with the bundle's evaluation pipeline, in this process.
 
-    ``models``: (title, config files, overrides, checkpoint, map key). Per item returns ``image`` (H, W),
+    ``models``: (title, config files, overrides, checkpoint (model.pt or a last.pt), map key). Per item returns
+    ``image`` (H, W),
     ``mask`` (2, H, W) and one (2, H, W) map per model title, all at the preprocessed image's size.
     """
     import torch
@@ -601,7 +602,9 @@ def example_rows(
         parser.update(dict(overrides))
         device = parser.get_parsed_content("device")
         network = parser.get_parsed_content("network_def").to(device)
-        network.load_state_dict(torch.load(ckpt, map_location=device, weights_only=True), strict=True)
+        state = torch.load(ckpt, map_location=device, weights_only=True)
+        # a workflow's last.pt holds the network beside the optimizer; model.pt is the plain state dict
+        network.load_state_dict(state.get("network", state), strict=True)
         network.eval()
         preprocessing = parser.get_parsed_content("validate#preprocessing")
         prepare_batch = parser.get_parsed_content("validate#prepare_batch")
@@ -908,7 +911,7 @@ def write_results(
     lines += _table1_lines(ablation, "map")
 
     lines += ["", "## Figures", ""]
-    scatter, examples = figures.get("scatter"), figures.get("examples")
+    scatter, examples, scales = figures.get("scatter"), figures.get("examples"), figures.get("scales")
     if scatter is not None:
         lines += [
             f"![per-image Dice of S_g vs S_l]({rel(scatter)})",
@@ -925,6 +928,17 @@ def write_results(
             "Test images with lesions: the input, the ground truth (benign green, malignant red), and each "
             "model's map in the same colours (CAM's and GMIC's maps are coarse: 1/64 of the input's height and width, "
             "upsampled by nearest neighbour).",
+            "",
+        ]
+    if scales is not None:
+        lines += [
+            f"![GLAM's global module per scale]({rel(scales)})",
+            "",
+            "GLAM's global module on the same test images, scale by scale: S_0, S_1 and S_2 (1/16, 1/32 and 1/64 "
+            "of the input, nearest-upsampled) and their weighted sum S_g, first from the checkpoint its workflow "
+            "selected by validation Dice (the one the local and joint stages started from), then from the last "
+            "epoch of the same training run. Where a scale lights up away from the lesion, at the image border, "
+            "its units answer for the whole image rather than for the place they sit at.",
             "",
         ]
 
@@ -1157,7 +1171,7 @@ def make_figures(
 
     from scripts.data.datalist import load_datalist, resolve_paths
 
-    figures: dict[str, Path | None] = {"scatter": None, "examples": None}
+    figures: dict[str, Path | None] = {"scatter": None, "examples": None, "scales": None}
     images = docs_dir / "images"
     glam = results.get("glam")
     if glam is not None and glam.test_csv is not None and glam.test_csv.is_file():
@@ -1192,7 +1206,33 @@ def make_figures(
     rows = example_rows(items, models)
     figures["examples"] = images / "benchmark_examples.png"
     _write_png(figures["examples"], examples_figure(rows, [m[0] for m in models]))
+    if "glam" in ready:
+        r = results["glam"]
+        global_dir = work_dir / "glam" / f"trial_{r.selected:02d}" / "models" / "global"
+        scale_models = global_scale_models(
+            [TRAIN_CONFIG, preset, EVAL_CONFIG], dict(r.trials[r.selected]["overrides"]), global_dir
+        )
+        titles = [m[0] for m in scale_models]
+        figures["scales"] = images / "benchmark_global_scales.png"
+        _write_png(figures["scales"], examples_figure(example_rows(items, scale_models), titles))
     return figures
+
+
+#: GLAM's global maps in the scales figure: output key -> title
+GLOBAL_SCALE_MAPS = {"S_0": "S_0 (1/16)", "S_1": "S_1 (1/32)", "S_2": "S_2 (1/64)", "S_g": "S_g"}
+
+
+def global_scale_models(
+    configs: Sequence[Path], overrides: Mapping[str, Any], global_dir: Path
+) -> list[tuple[str, list[Path], dict[str, Any], Path, str]]:
+    """The :func:`example_rows` entries of GLAM's global module per scale: the checkpoint the workflow selected
+    (``model.pt``, the one the local stage started from) and the last epoch of the same run (``last.pt``)."""
+    overrides = {**overrides, "stage": "global", "validate#postprocessing#scales": True}
+    return [
+        (f"{when} {title}", list(configs), overrides, global_dir / ckpt, key)
+        for when, ckpt in (("selected", "model.pt"), ("last", "last.pt"))
+        for key, title in GLOBAL_SCALE_MAPS.items()
+    ]
 
 
 def _default_threads() -> int:

@@ -302,6 +302,18 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert not any(v.ndim == 4 and v.shape[0] == 32 for v in unet.values())
     examples = np.asarray(Image.open(docs / "images" / "benchmark_examples.png"))
     assert examples.shape[1] == 5 * 160 + 4 * 4  # input, ground truth, CAM, GMIC, GLAM S_c
+    # GLAM's global module per scale, from the selected checkpoint and from the last epoch (a last.pt is loaded)
+    scales = np.asarray(Image.open(docs / "images" / "benchmark_global_scales.png"))
+    assert scales.shape[0] == examples.shape[0] and scales.shape[1] == 10 * 160 + 9 * 4
+    assert "(../docs/images/benchmark_global_scales.png)" in text
+    glam_global = next(work.glob("glam/trial_*/models/global"))
+    entries = bm.global_scale_models([Path("a.yaml")], {"t_global": 0.5}, glam_global)
+    assert [(e[0], e[3].name, e[4]) for e in (entries[0], entries[3])] == [
+        ("selected S_0 (1/16)", "model.pt", "S_0"),
+        ("selected S_g", "model.pt", "S_g"),
+    ]
+    assert {e[3].name for e in entries[4:]} == {"last.pt"} and all(e[3].is_file() for e in entries)
+    assert entries[0][2] == {"t_global": 0.5, "stage": "global", "validate#postprocessing#scales": True}
 
     # a second run finds every step done: nothing re-runs (logs untouched), the same tables come out
     logs = {p: p.stat().st_mtime_ns for p in (work / "logs").iterdir()}
