@@ -582,21 +582,22 @@ def _label_strip(titles: Sequence[str], width: int, separator: int, height: int 
     return np.asarray(img)
 
 
-def example_rows(
-    items: Sequence[Mapping[str, Any]], models: Sequence[tuple[str, list[Path], dict[str, Any], Path, str]]
-) -> list[dict[str, np.ndarray]]:
-    """Run each model on each item with the bundle's evaluation pipeline, in this process.
+#: one model of a figure: config files, overrides, checkpoint (model.pt or a last.pt), {output map key: title}
+FigureModel = tuple[list[Path], dict[str, Any], Path, dict[str, str]]
 
-    ``models``: (title, config files, overrides, checkpoint (model.pt or a last.pt), map key). Per item returns
-    ``image`` (H, W),
-    ``mask`` (2, H, W) and one (2, H, W) map per model title, all at the preprocessed image's size.
+
+def example_rows(items: Sequence[Mapping[str, Any]], models: Sequence[FigureModel]) -> list[dict[str, np.ndarray]]:
+    """Run each model once on each item with the bundle's evaluation pipeline, in this process.
+
+    Per item returns ``image`` (H, W), ``mask`` (2, H, W) and, under its title, each (2, H, W) map a model's
+    entry names, all at the preprocessed image's size.
     """
     import torch
     from monai.bundle import ConfigParser
     from monai.data import decollate_batch, list_data_collate
 
     rows: list[dict[str, np.ndarray]] = [{} for _ in items]
-    for title, configs, overrides, ckpt, map_key in models:
+    for configs, overrides, ckpt, maps in models:
         parser = ConfigParser()
         parser.read_config([str(c) for c in configs])
         parser.update(dict(overrides))
@@ -616,7 +617,8 @@ def example_rows(
                 pred = network(image, *args, **kwargs)
             # the evaluator's path: decollate {image, label, pred}, then the postprocessing per item
             out = postprocessing(decollate_batch({"image": image, "label": targets, "pred": pred})[0])
-            row[title] = out[map_key].detach().float().cpu().numpy()
+            for map_key, title in maps.items():
+                row[title] = out[map_key].detach().float().cpu().numpy()
             row["image"] = out["image"].detach().float().cpu().numpy()[0]
             row["mask"] = out["lesion_mask"].detach().float().cpu().numpy()
     return rows
@@ -1201,37 +1203,41 @@ def make_figures(
             overrides["stage"] = "joint"
         else:
             ckpt, title, map_key = trial_dir / "models" / key / "model.pt", spec.title, "S_g"
-        models.append((title, configs, overrides, ckpt, map_key))
+        models.append((configs, overrides, ckpt, {map_key: title}))
     torch.set_num_threads(max(1, runner.threads))
-    rows = example_rows(items, models)
     figures["examples"] = images / "benchmark_examples.png"
-    _write_png(figures["examples"], examples_figure(rows, [m[0] for m in models]))
+    _write_png(figures["examples"], examples_figure(example_rows(items, models), _figure_titles(models)))
     if "glam" in ready:
         r = results["glam"]
         global_dir = work_dir / "glam" / f"trial_{r.selected:02d}" / "models" / "global"
         scale_models = global_scale_models(
             [TRAIN_CONFIG, preset, EVAL_CONFIG], dict(r.trials[r.selected]["overrides"]), global_dir
         )
-        titles = [m[0] for m in scale_models]
         figures["scales"] = images / "benchmark_global_scales.png"
-        _write_png(figures["scales"], examples_figure(example_rows(items, scale_models), titles))
+        _write_png(figures["scales"], examples_figure(example_rows(items, scale_models), _figure_titles(scale_models)))
     return figures
+
+
+def _figure_titles(models: Sequence[FigureModel]) -> list[str]:
+    return [title for *_, maps in models for title in maps.values()]
 
 
 #: GLAM's global maps in the scales figure: output key -> title
 GLOBAL_SCALE_MAPS = {"S_0": "S_0 (1/16)", "S_1": "S_1 (1/32)", "S_2": "S_2 (1/64)", "S_g": "S_g"}
 
 
-def global_scale_models(
-    configs: Sequence[Path], overrides: Mapping[str, Any], global_dir: Path
-) -> list[tuple[str, list[Path], dict[str, Any], Path, str]]:
-    """The :func:`example_rows` entries of GLAM's global module per scale: the checkpoint the workflow selected
+def global_scale_models(configs: Sequence[Path], overrides: Mapping[str, Any], global_dir: Path) -> list[FigureModel]:
+    """The :func:`example_rows` entries of GLAM's global module, every scale: the checkpoint the workflow selected
     (``model.pt``, the one the local stage started from) and the last epoch of the same run (``last.pt``)."""
     overrides = {**overrides, "stage": "global", "validate#postprocessing#scales": True}
     return [
-        (f"{when} {title}", list(configs), overrides, global_dir / ckpt, key)
+        (
+            list(configs),
+            overrides,
+            global_dir / ckpt,
+            {key: f"{when} {title}" for key, title in GLOBAL_SCALE_MAPS.items()},
+        )
         for when, ckpt in (("selected", "model.pt"), ("last", "last.pt"))
-        for key, title in GLOBAL_SCALE_MAPS.items()
     ]
 
 

@@ -308,12 +308,12 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert "(../docs/images/benchmark_global_scales.png)" in text
     glam_global = next(work.glob("glam/trial_*/models/global"))
     entries = bm.global_scale_models([Path("a.yaml")], {"t_global": 0.5}, glam_global)
-    assert [(e[0], e[3].name, e[4]) for e in (entries[0], entries[3])] == [
-        ("selected S_0 (1/16)", "model.pt", "S_0"),
-        ("selected S_g", "model.pt", "S_g"),
-    ]
-    assert {e[3].name for e in entries[4:]} == {"last.pt"} and all(e[3].is_file() for e in entries)
-    assert entries[0][2] == {"t_global": 0.5, "stage": "global", "validate#postprocessing#scales": True}
+    assert [e[2].name for e in entries] == ["model.pt", "last.pt"] and all(e[2].is_file() for e in entries)
+    assert entries[0][3] == {k: f"selected {k} (1/{d})" for k, d in (("S_0", 16), ("S_1", 32), ("S_2", 64))} | {
+        "S_g": "selected S_g"
+    }
+    assert list(entries[1][3].values())[0] == "last S_0 (1/16)"
+    assert entries[0][1] == {"t_global": 0.5, "stage": "global", "validate#postprocessing#scales": True}
 
     # a second run finds every step done: nothing re-runs (logs untouched), the same tables come out
     logs = {p: p.stat().st_mtime_ns for p in (work / "logs").iterdir()}

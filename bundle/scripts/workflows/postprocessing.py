@@ -55,7 +55,7 @@ class GLAMOutputsd(MapTransform):
         self.pred_key, self.label_key, self.image_key = pred_key, label_key, image_key
         self.score_key = score_key
         # a command-line override arrives as the string 'true' / 'false'
-        self.scales = scales if isinstance(scales, bool) else str2bool(scales)
+        self.scales = str2bool(scales)
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict[Hashable, object]:
         d = dict(data)
