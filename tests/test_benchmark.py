@@ -1,4 +1,4 @@
-"""scripts/benchmark.py: the Table-1 benchmark driver.
+"""scripts/benchmark.py: the Table-1 benchmark driver (the package scripts/glam_benchmark behind its command line).
 
 Fast tests check the search sampling (reproducible, within the configured ranges, log-uniform), the
 acceptance-condition logic and the selection score on hand-made metrics, the resume rule of a step, the per-image
@@ -22,8 +22,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SEARCH = REPO_ROOT / "configs" / "benchmark_search.yaml"
 TINY_PRESET = REPO_ROOT / "tests" / "configs" / "benchmark_tiny.yaml"
 
+# the driver's package lives in scripts/, which is no package (it must not shadow the bundle's ``scripts``)
+if str(REPO_ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
-def _load_driver():
+from glam_benchmark import figures, metrics, presets, report, search, steps  # noqa: E402
+
+
+def _load_entry_point():
+    """scripts/benchmark.py itself, loaded by path: the command-line tests go through the real entry point."""
     spec = importlib.util.spec_from_file_location("benchmark_driver", REPO_ROOT / "scripts" / "benchmark.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["benchmark_driver"] = module
@@ -31,17 +38,17 @@ def _load_driver():
     return module
 
 
-bm = _load_driver()
+cli = _load_entry_point()
 
 
 # -- search ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("space_name", ["cpu", "paper"])
 def test_search_sampling_is_reproducible_in_range_and_log_uniform(space_name):
-    space = bm.load_search_space(SEARCH, space_name)
-    for model in bm.MODELS:
-        many = bm.sample_trials(space, model, 400)
-        assert bm.sample_trials(space, model, 400) == many  # same seed, same draws
-        assert bm.sample_trials(space, model, 3) == many[:3]  # trial k does not depend on the number of trials
+    space = search.load_search_space(SEARCH, space_name)
+    for model in presets.MODELS:
+        many = search.sample_trials(space, model, 400)
+        assert search.sample_trials(space, model, 400) == many  # same seed, same draws
+        assert search.sample_trials(space, model, 3) == many[:3]  # trial k does not depend on the number of trials
         assert set(many[0]) == set(space.models[model])
         for config_id, param in space.models[model].items():
             kind, bounds = space.params[param]
@@ -58,7 +65,7 @@ def test_search_sampling_is_reproducible_in_range_and_log_uniform(space_name):
             mid = (lo + hi) / 2
             assert abs(logs.mean() - mid) < 0.1 * (hi - lo)
             assert 0.4 < np.mean(logs < mid) < 0.6
-    a, b = bm.sample_trials(space, "cam", 2), bm.sample_trials(space, "gmic", 2)
+    a, b = search.sample_trials(space, "cam", 2), search.sample_trials(space, "gmic", 2)
     assert a[0]["learning_rate"] != b[0]["learning_rate"]  # each model has its own random search
 
 
@@ -66,12 +73,12 @@ def test_other_search_seed_gives_other_draws(tmp_path):
     text = SEARCH.read_text().replace("seed: 0", "seed: 1")
     path = tmp_path / "search.yaml"
     path.write_text(text)
-    one, two = bm.load_search_space(SEARCH, "cpu"), bm.load_search_space(path, "cpu")
-    assert bm.sample_trials(one, "glam", 2) != bm.sample_trials(two, "glam", 2)
+    one, two = search.load_search_space(SEARCH, "cpu"), search.load_search_space(path, "cpu")
+    assert search.sample_trials(one, "glam", 2) != search.sample_trials(two, "glam", 2)
 
 
 def test_trial_overrides_replace_only_the_global_learning_rate():
-    out = bm.trial_overrides(
+    out = search.trial_overrides(
         {"learning_rate": 2e-3, "lambda_sparsity": 1e-3, "cam_t": 1.0}, {"global": 1e-3, "local": 5e-4, "joint": 5e-5}
     )
     assert out == {
@@ -84,7 +91,9 @@ def test_trial_overrides_replace_only_the_global_learning_rate():
 def test_bundle_command_round_trips_values_through_the_cli_parser():
     import fire.parser
 
-    cmd = bm.bundle_command("training", [Path("a.yaml"), Path("b.yaml")], {"learning_rate": {"global": 1e-3}, "x": 0.5})
+    cmd = steps.bundle_command(
+        "training", [Path("a.yaml"), Path("b.yaml")], {"learning_rate": {"global": 1e-3}, "x": 0.5}
+    )
     assert cmd[3:5] == ["run", "training"]
     values = dict(zip(cmd[5::2], cmd[6::2]))
     assert fire.parser.DefaultParseValue(values["--config_file"]) == ["a.yaml", "b.yaml"]
@@ -93,45 +102,45 @@ def test_bundle_command_round_trips_values_through_the_cli_parser():
 
 
 def test_bad_search_and_preset_files_are_named(tmp_path):
-    with pytest.raises(bm.BenchmarkError, match="no search space 'gpu'"):
-        bm.load_search_space(SEARCH, "gpu")
+    with pytest.raises(presets.BenchmarkError, match="no search space 'gpu'"):
+        search.load_search_space(SEARCH, "gpu")
     bad = tmp_path / "search.yaml"
     bad.write_text("spaces: {s: {learning_rate: {uniform: [0, 1]}}}\nmodels: {}\n")
-    with pytest.raises(bm.BenchmarkError, match=r"search.yaml: spaces#s#learning_rate: unknown kind 'uniform'"):
-        bm.load_search_space(bad, "s")
+    with pytest.raises(presets.BenchmarkError, match=r"search.yaml: spaces#s#learning_rate: unknown kind 'uniform'"):
+        search.load_search_space(bad, "s")
     preset = tmp_path / "preset.yaml"
     preset.write_text("image_size: [368, 240]\n")
-    with pytest.raises(bm.BenchmarkError, match=r"preset.yaml: a benchmark preset needs a 'benchmark' section"):
-        bm.read_preset(preset)
+    with pytest.raises(presets.BenchmarkError, match=r"preset.yaml: a benchmark preset needs a 'benchmark' section"):
+        presets.read_preset(preset)
     preset.write_text("benchmark: {search_space: cpu, trials: 0, examples: 1}\n")
-    with pytest.raises(bm.BenchmarkError, match=r"benchmark#trials must be an integer >= 1"):
-        bm.read_preset(preset)
+    with pytest.raises(presets.BenchmarkError, match=r"benchmark#trials must be an integer >= 1"):
+        presets.read_preset(preset)
 
 
 def test_command_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
-        bm.main(["--preset", str(tmp_path / "missing.yaml")])
+        cli.main(["--preset", str(tmp_path / "missing.yaml")])
     assert info.value.code == 2
     assert "missing.yaml: file not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bm.main(["--preset", str(TINY_PRESET), "--threads", "0"])
+        cli.main(["--preset", str(TINY_PRESET), "--threads", "0"])
     assert "--threads must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bm.main(["--preset", str(TINY_PRESET), "--models", "resnet"])
+        cli.main(["--preset", str(TINY_PRESET), "--models", "resnet"])
     assert "invalid choice: 'resnet'" in capsys.readouterr().err
 
 
 def test_presets_declare_a_budget_and_an_existing_search_space():
     for name in ("benchmark_cpu.yaml", "benchmark_full.yaml"):
-        config, budget = bm.read_preset(REPO_ROOT / "configs" / name)
-        bm.load_search_space(SEARCH, budget.search_space)
+        config, budget = presets.read_preset(REPO_ROOT / "configs" / name)
+        search.load_search_space(SEARCH, budget.search_space)
         assert budget.trials >= 1 and budget.epochs >= 1
-    assert bm.read_preset(REPO_ROOT / "configs" / "benchmark_full.yaml")[0]["image_size"] == [2944, 1920]
+    assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_full.yaml")[0]["image_size"] == [2944, 1920]
     # the U-Net overlay comes after the preset and sets its widths: the CPU preset's go on the command line
-    assert bm.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1].model_overrides == {
+    assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1].model_overrides == {
         "unet": {"unet_features": [8, 8, 16, 32, 64, 8]}
     }
-    assert bm.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]["image_size"] == [368, 240]
+    assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]["image_size"] == [368, 240]
 
 
 # -- metrics and acceptance --------------------------------------------------------------------------------------
@@ -148,7 +157,7 @@ def test_acceptance_checks_on_hand_made_rows():
         "CAM": _row((0.20, 0.20), (0.30, 0.20), (0.20, 0.05), (0.86, 0.70)),  # benign AUC 0.05 away
         "U-Net": _row((0.50, 0.40), (0.60, 0.30), (0.40, 0.25), (None, None)),  # benign img PxAP below GLAM
     }
-    checks = {c.condition: c for c in bm.acceptance_checks(rows)}
+    checks = {c.condition: c for c in metrics.acceptance_checks(rows)}
     assert len(checks) == 3 * 2 * 2 + 2 * 2 + 3 * 2
     failing = {name for name, c in checks.items() if not c.holds}
     assert failing == {
@@ -160,7 +169,7 @@ def test_acceptance_checks_on_hand_made_rows():
     assert checks["GLAM AUC within 0.03 of GMIC: malignant"].holds  # |0.85 - 0.88| = 0.03 is within
     assert checks["GLAM AUC within 0.03 of CAM: benign"].detail == "0.750 vs 0.700 (+0.050)"
     # a missing model fails its checks instead of passing them
-    checks = {c.condition: c for c in bm.acceptance_checks({k: v for k, v in rows.items() if k != "CAM"})}
+    checks = {c.condition: c for c in metrics.acceptance_checks({k: v for k, v in rows.items() if k != "CAM"})}
     assert not checks["GLAM beats CAM: Dice malignant"].holds
     assert checks["GLAM beats CAM: Dice malignant"].detail == "0.400 vs n/a"
 
@@ -178,14 +187,14 @@ def test_selection_score_table_row_and_relative_gain():
             }
         },
     }  # fmt: skip
-    assert bm.validation_dice(summary) == pytest.approx(0.3)
+    assert metrics.validation_dice(summary) == pytest.approx(0.3)
     summary["metrics"]["S_g"]["benign"]["dice_mean"] = None  # no benign lesion in the split
-    assert bm.validation_dice(summary) == pytest.approx(0.4)
-    row = bm.table_row(summary, "S_g")
+    assert metrics.validation_dice(summary) == pytest.approx(0.4)
+    row = metrics.table_row(summary, "S_g")
     assert row["dice"]["malignant"] == 0.4 and row["pxap_dataset"]["benign"] == 0.25 and row["auc"]["benign"] == 0.7
-    assert bm.relative_gain(0.390, 0.325) == pytest.approx(0.2)  # the paper's +20 % malignant
-    assert bm.relative_gain(0.335, 0.240) == pytest.approx(0.3958, abs=1e-4)  # and +40 % benign
-    assert bm.relative_gain(0.3, 0.0) is None and bm.relative_gain(None, 0.3) is None
+    assert metrics.relative_gain(0.390, 0.325) == pytest.approx(0.2)  # the paper's +20 % malignant
+    assert metrics.relative_gain(0.335, 0.240) == pytest.approx(0.3958, abs=1e-4)  # and +40 % benign
+    assert metrics.relative_gain(0.3, 0.0) is None and metrics.relative_gain(None, 0.3) is None
 
 
 def test_per_image_dice_reads_only_images_with_the_lesion(tmp_path):
@@ -196,9 +205,9 @@ def test_per_image_dice_reads_only_images_with_the_lesion(tmp_path):
         "b.png,,0.3,,0.5\n"
         "c.png,,,,\n"
     )
-    points = bm.per_image_dice(csv_path)
+    points = figures.per_image_dice(csv_path)
     assert points == {"benign": [(0.1, 0.2)], "malignant": [(0.3, 0.5)]}
-    image = bm.dice_scatter(points, "test")
+    image = figures.dice_scatter(points, "test")
     assert image.shape == (520, 520, 3) and image.dtype == np.uint8
     from scripts.visualize import CLASS_COLOURS
 
@@ -208,27 +217,27 @@ def test_per_image_dice_reads_only_images_with_the_lesion(tmp_path):
 
 def test_pick_examples_alternates_classes_and_needs_a_lesion():
     items = [{"label": [0, 0]}, {"label": [1, 0], "i": 1}, {"label": [0, 1], "i": 2}, {"label": [1, 1], "i": 3}]
-    assert [it["i"] for it in bm.pick_examples(items, 3)] == [2, 1, 3]
-    assert bm.pick_examples([{"label": [0, 0]}], 2) == []
+    assert [it["i"] for it in figures.pick_examples(items, 3)] == [2, 1, 3]
+    assert figures.pick_examples([{"label": [0, 0]}], 2) == []
 
 
 # -- resume ------------------------------------------------------------------------------------------------------
 def test_a_step_whose_output_exists_is_skipped_and_a_failed_one_is_reported(tmp_path):
-    runner = bm.Runner(tmp_path, threads=1, quiet=True)
+    runner = steps.Runner(tmp_path, threads=1, quiet=True)
     out = tmp_path / "out.txt"
     write = [sys.executable, "-c", f"open({str(out)!r}, 'a').write('x')"]
-    assert runner.run(bm.Step("write", write, out))
-    assert runner.run(bm.Step("write", write, out))  # done already: not run again
+    assert runner.run(steps.Step("write", write, out))
+    assert runner.run(steps.Step("write", write, out))  # done already: not run again
     assert out.read_text() == "x"
     assert set(json.loads((tmp_path / "timings.json").read_text())) == {"write"}
     marker = tmp_path / "trained.json"
-    assert runner.run(bm.Step("train", [sys.executable, "-c", "pass"], marker, marker=True))
+    assert runner.run(steps.Step("train", [sys.executable, "-c", "pass"], marker, marker=True))
     assert json.loads(marker.read_text())["step"] == "train"
-    assert not runner.run(bm.Step("bad", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "never"))
+    assert not runner.run(steps.Step("bad", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "never"))
     assert "exit status 3" in runner.failures["bad"]
-    assert not runner.run(bm.Step("silent", [sys.executable, "-c", "pass"], tmp_path / "never"))
+    assert not runner.run(steps.Step("silent", [sys.executable, "-c", "pass"], tmp_path / "never"))
     assert "finished without writing" in runner.failures["silent"]
-    assert bm.Runner(tmp_path, threads=1).timings.keys() == {"write", "train"}  # times survive a restart
+    assert steps.Runner(tmp_path, threads=1).timings.keys() == {"write", "train"}  # times survive a restart
 
 
 # -- end to end --------------------------------------------------------------------------------------------------
@@ -244,7 +253,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     results = tmp_path / "out" / "results.md"
     argv = ["--preset", str(TINY_PRESET), "--work_dir", str(work), "--docs_dir", str(docs), "--results", str(results)]
     argv += ["--threads", "1"]
-    assert bm.main(argv) == 0, capsys.readouterr().out
+    assert cli.main(argv) == 0, capsys.readouterr().out
     text = results.read_text()
 
     # Table 1: every model row, every column, values as in each model's test metrics.json
@@ -285,7 +294,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     for model in ("glam", "cam", "gmic", "unet"):
         val = json.loads((work / model / "trial_00" / "validation" / "metrics.json").read_text())
         assert val["split"] == "validation"
-        assert f"{bm.validation_dice(val):.3f}" in text
+        assert f"{metrics.validation_dice(val):.3f}" in text
     assert "torch " in text and "OMP_NUM_THREADS=1" in text and "## Wall time per model" in text
     assert "python scripts/benchmark.py --preset " in text
     assert "- test: " in text and "differ from the generator's calibrated defaults" in text
@@ -307,7 +316,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert scales.shape[0] == examples.shape[0] and scales.shape[1] == 10 * 160 + 9 * 4
     assert "(../docs/images/benchmark_global_scales.png)" in text
     glam_global = next(work.glob("glam/trial_*/models/global"))
-    entries = bm.global_scale_models([Path("a.yaml")], {"t_global": 0.5}, glam_global)
+    entries = figures.global_scale_models([Path("a.yaml")], {"t_global": 0.5}, glam_global)
     assert [e[2].name for e in entries] == ["model.pt", "last.pt"] and all(e[2].is_file() for e in entries)
     assert entries[0][3] == {k: f"selected {k} (1/{d})" for k, d in (("S_0", 16), ("S_1", 32), ("S_2", 64))} | {
         "S_g": "selected S_g"
@@ -319,7 +328,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     logs = {p: p.stat().st_mtime_ns for p in (work / "logs").iterdir()}
     timings = (work / "timings.json").read_text()
     capsys.readouterr()
-    assert bm.main(argv) == 0
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "running" not in out and out.count("done already") == len(logs)
     assert {p: p.stat().st_mtime_ns for p in (work / "logs").iterdir()} == logs
@@ -328,13 +337,13 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     strip = lambda s: re.sub(r"(Generated by .*?\. |of this invocation of the driver: [^(]*)", "", s)  # noqa: E731
     assert strip(second) == strip(text)
     steps_total = sum(json.loads(timings).values())
-    assert f"Wall time of all the workflow steps: {bm._minutes(steps_total)};" in second
+    assert f"Wall time of all the workflow steps: {report._minutes(steps_total)};" in second
 
     # an interrupted run (here: one test evaluation lost) re-runs that step only; findings written by hand beside
     # the results are carried into them
     (work / "cam" / "trial_00" / "test" / "metrics.json").unlink()
-    (docs / bm.FINDINGS_FILE).write_text("The benchmark is too easy for a **tiny** test.\n", encoding="utf-8")
-    assert bm.main(argv) == 0
+    (docs / report.FINDINGS_FILE).write_text("The benchmark is too easy for a **tiny** test.\n", encoding="utf-8")
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert re.findall(r"(\w+): running", out) == ["cam_trial00_test"]
     assert "## Findings\n" in results.read_text() and "too easy for a **tiny** test." in results.read_text()
@@ -349,6 +358,6 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     record["params"]["learning_rate"] *= 2
     trial.write_text(json.dumps(record))
     with pytest.raises(SystemExit) as info:
-        bm.main(argv)
+        cli.main(argv)
     assert info.value.code == 2
     assert f"{trial}: this trial ran with" in capsys.readouterr().err

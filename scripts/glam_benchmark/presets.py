@@ -1,0 +1,120 @@
+"""The benchmark's configuration: the models it compares (:data:`MODELS`), the budget a size preset declares
+(:class:`Budget`, :func:`read_preset`), the YAML/JSON reader the presets and the search file share, and
+:class:`BenchmarkError`, the error that names the file or run the benchmark cannot use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .paths import BUNDLE_ROOT, TRAIN_CONFIG
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One benchmarked model: its name (folder and search-space key), its title in the tables and the bundle
+    overlay that turns train.yaml's ``global`` stage into it (None: GLAM itself)."""
+
+    name: str
+    title: str
+    overlay: Path | None
+
+
+MODELS: dict[str, ModelSpec] = {
+    "glam": ModelSpec("glam", "GLAM", None),
+    "cam": ModelSpec("cam", "CAM", BUNDLE_ROOT / "configs" / "baseline_cam.yaml"),
+    "gmic": ModelSpec("gmic", "GMIC", BUNDLE_ROOT / "configs" / "baseline_gmic.yaml"),
+    "unet": ModelSpec("unet", "U-Net", BUNDLE_ROOT / "configs" / "baseline_unet.yaml"),
+}
+
+
+class BenchmarkError(ValueError):
+    """A preset, search space or previous run that the benchmark cannot use; the message names it."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The same budget for every model: ``trials`` random-search trials of ``epochs`` epochs of the model's one
+    stage (GLAM: its global stage), then GLAM's local and joint stages with ``local_epochs`` / ``joint_epochs``
+    from the selected global module; ``examples`` test images in the qualitative figure. ``model_overrides``: per
+    model, config ids set on its command lines (they win over the overlays, which are layered after the preset)."""
+
+    search_space: str
+    trials: int
+    epochs: int
+    local_epochs: int
+    joint_epochs: int
+    examples: int
+    model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML/JSON file, read as MONAI reads bundle configs; a missing, unreadable or
+    non-mapping file is a :class:`BenchmarkError` that names it."""
+    from monai.bundle import ConfigParser
+
+    if not Path(path).is_file():
+        raise BenchmarkError(f"{path}: file not found")
+    try:
+        content = ConfigParser.load_config_file(str(path))
+    except Exception as err:  # yaml/json syntax errors: name the file
+        raise BenchmarkError(f"{path}: cannot read ({err})") from err
+    if not isinstance(content, dict):
+        raise BenchmarkError(f"{path}: expected a mapping at the top level, got {type(content).__name__}")
+    return content
+
+
+def _positive_int(value: Any, where: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < minimum:
+        raise BenchmarkError(f"{where} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _model_overrides(value: Any, preset: Path) -> dict[str, dict[str, Any]]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+        raise BenchmarkError(f"{preset}: benchmark#model_overrides must map a model to {{config id: value}}")
+    unknown = sorted(set(value) - set(MODELS))
+    if unknown:
+        raise BenchmarkError(f"{preset}: benchmark#model_overrides: unknown model(s) {unknown} (have {sorted(MODELS)})")
+    return {str(k): dict(v) for k, v in value.items()}
+
+
+def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
+    """The merged ``train.yaml`` + preset configuration (raw, unparsed) and the benchmark budget it declares.
+
+    The preset must set ``benchmark: {search_space, trials, examples}`` (optionally ``model_overrides``) and
+    per-stage ``epochs``; the epochs of the ``global`` entry are every model's trial length.
+    """
+    from monai.bundle import ConfigParser
+
+    content = load_yaml(preset)
+    section = content.get("benchmark")
+    if not isinstance(section, Mapping):
+        raise BenchmarkError(
+            f"{preset}: a benchmark preset needs a 'benchmark' section (search_space, trials, examples)"
+        )
+    for key in ("search_space", "trials", "examples"):
+        if key not in section:
+            raise BenchmarkError(f"{preset}: 'benchmark' lacks {key!r}")
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(preset)])
+    config = parser.get()
+    epochs = config.get("epochs")
+    if not isinstance(epochs, Mapping) or not all(k in epochs for k in ("global", "local", "joint")):
+        raise BenchmarkError(f"{preset}: 'epochs' must give the global, local and joint epochs, got {epochs!r}")
+    budget = Budget(
+        search_space=str(section["search_space"]),
+        trials=_positive_int(section["trials"], f"{preset}: benchmark#trials"),
+        epochs=_positive_int(epochs["global"], f"{preset}: epochs#global"),
+        local_epochs=_positive_int(epochs["local"], f"{preset}: epochs#local"),
+        joint_epochs=_positive_int(epochs["joint"], f"{preset}: epochs#joint"),
+        examples=_positive_int(section["examples"], f"{preset}: benchmark#examples", minimum=0),
+        model_overrides=_model_overrides(section.get("model_overrides"), preset),
+    )
+    if not isinstance(config.get("learning_rate"), Mapping):
+        raise BenchmarkError(f"{preset}: 'learning_rate' must be per stage (global, local, joint)")
+    return config, budget

@@ -1,0 +1,378 @@
+"""Writing ``results.md``: the paper's Table 1 and Table 2 layouts filled from the workflows' test reports, the
+relative gains over GMIC, the acceptance conditions, the findings written by hand beside the file, the figures,
+the hardware and dataset the run used, wall times and every trial (:func:`write_results`, from one
+:class:`ModelResult` per model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .files import write_text
+from .metrics import AUC_TOLERANCE, CLASSES, METRIC_GROUPS, acceptance_checks, relative_gain, row_value, table_row
+from .paths import display_path
+from .presets import MODELS, Budget, ModelSpec
+from .search import SearchSpace
+
+#: the paper's Table 1 (GLAM_SPEC.md section 7; NYU data, test set), shown for reference next to ours
+PAPER_TABLE1 = {
+    "GLAM": {
+        "dice": (0.390, 0.335),
+        "pxap_image": (0.461, 0.396),
+        "pxap_dataset": (0.341, 0.215),
+        "auc": (0.882, 0.770),
+    },
+    "GMIC": {
+        "dice": (0.325, 0.240),
+        "pxap_image": (0.396, 0.283),
+        "pxap_dataset": (0.295, 0.112),
+        "auc": (0.886, 0.780),
+    },
+    "CAM": {
+        "dice": (0.250, 0.207),
+        "pxap_image": (0.279, 0.222),
+        "pxap_dataset": (0.226, 0.084),
+        "auc": (0.894, 0.770),
+    },
+    "U-Net": {
+        "dice": (0.504, 0.412),
+        "pxap_image": (0.589, 0.498),
+        "pxap_dataset": (0.452, 0.265),
+        "auc": (None, None),
+    },
+}
+#: notes a person wrote after looking at a run, kept beside results.md and included in it verbatim
+FINDINGS_FILE = "results_findings.md"
+
+
+def _fmt(value: float | None, std: float | None = None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if std is None else f"{value:.3f} ± {std:.3f}"
+
+
+def _table1_lines(rows: Mapping[str, Any], label: str) -> list[str]:
+    """Markdown table in the paper's Table-1 layout; a row that is not a mapping is shown as a word in every cell."""
+    head = f"| {label} | " + " | ".join(f"{title} {c}" for _, title in METRIC_GROUPS for c in CLASSES) + " |"
+    lines = [head, "|---" * (1 + 2 * len(METRIC_GROUPS)) + "|"]
+    for name, row in rows.items():
+        if not isinstance(row, Mapping):  # None: the model's steps failed; or a word saying why there is no row
+            word = "failed" if row is None else str(row)
+            lines.append(f"| {name} | " + " | ".join([word] * (2 * len(METRIC_GROUPS))) + " |")
+            continue
+        cells = []
+        for key, _ in METRIC_GROUPS:
+            for c in CLASSES:
+                std = row.get(f"{key}_std", {}).get(c) if key in ("dice", "pxap_image") else None
+                cells.append(_fmt(row[key][c], std) if key != "auc" or row[key][c] is not None else "n/a")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _hardware(threads: int) -> list[str]:
+    import monai
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count() or 1
+    device = f"CUDA: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "CPU"
+    return [
+        f"- CPU: {cpu}; {os.cpu_count()} logical cores, {usable} usable by this process; "
+        f"OMP_NUM_THREADS={threads} for every workflow",
+        f"- device the workflows trained and evaluated on: {device}",
+        f"- Python {platform.python_version()}, torch {torch.__version__}, MONAI {monai.__version__}, "
+        f"{platform.system()} {platform.release()}",
+    ]
+
+
+def _dataset_lines(datalist: Path) -> list[str]:
+    from dataclasses import asdict
+
+    from scripts.data.synthetic import SyntheticConfig
+
+    lines = []
+    generator = datalist.parent / "generator.json"
+    if generator.is_file():
+        desc = json.loads(generator.read_text())
+        config = desc.get("config", {})
+        defaults = asdict(SyntheticConfig())
+        changed = {
+            k: v for k, v in config.items() if k != "size" and defaults.get(k) != _tuple_like(v, defaults.get(k))
+        }
+        lines.append(
+            f"- generator `scripts.data.synthetic` (seed {desc.get('seed')}, {desc.get('n')} images, "
+            f"{config.get('size', ['?', '?'])[0]}x{config.get('size', ['?', '?'])[1]}, format {desc.get('format')}); "
+            f"`{display_path(datalist)}`"
+        )
+        if changed:
+            settings = ", ".join(
+                f"`{k}` {_short(v)} (default {_short(defaults[k])})" for k, v in sorted(changed.items())
+            )
+            lines.append(f"- settings that differ from the generator's calibrated defaults: {settings}")
+        else:
+            lines.append("- every generator setting at its calibrated default (docs/data.md)")
+    content = json.loads(datalist.read_text())
+    for split in ("training", "validation", "test"):
+        items = content.get(split, [])
+        patients = len({it.get("patient_id") for it in items})
+        benign = sum(1 for it in items if (it.get("label") or [0, 0])[0])
+        malignant = sum(1 for it in items if (it.get("label") or [0, 0])[1])
+        lines.append(
+            f"- {split}: {len(items)} images of {patients} patients; with a benign lesion {benign}, "
+            f"with a malignant lesion {malignant}"
+        )
+    return lines
+
+
+def _tuple_like(value: Any, reference: Any) -> Any:
+    return tuple(value) if isinstance(reference, tuple) and isinstance(value, list) else value
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{int(seconds // 60)} min {int(round(seconds % 60)):02d} s"
+
+
+@dataclass
+class ModelResult:
+    """What the driver learned about one model: its trials, the selected one, its test report(s), wall time."""
+
+    spec: ModelSpec
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    selected: int | None = None
+    test: dict[str, Any] | None = None  # GLAM: the joint model's report
+    test_local: dict[str, Any] | None = None  # GLAM: the local-stage model's report (Table 2)
+    test_csv: Path | None = None
+    wall_s: float = 0.0
+    wall_complete: bool = True
+
+
+def write_results(
+    path: Path,
+    docs_dir: Path,
+    results: Mapping[str, ModelResult],
+    *,
+    command: str,
+    preset: Path,
+    search_path: Path,
+    space: SearchSpace,
+    budget: Budget,
+    datalist: Path,
+    threads: int,
+    total_wall_s: float,
+    steps_wall_s: float,
+    failures: Mapping[str, str],
+    figures: Mapping[str, Path | None],
+) -> dict[str, Any]:
+    """Write results.md; returns the Table-1 rows and the checks (for the console and the tests)."""
+    table1: dict[str, Any] = {}
+    glam = results.get("glam")
+    for key, map_key in (("glam", "S_c"), ("gmic", "S_g"), ("cam", "S_g"), ("unet", "S_g")):
+        r = results.get(key)
+        table1[MODELS[key].title] = (table_row(r.test, map_key) if r.test else None) if r else "not run"
+    checks = acceptance_checks({k: v for k, v in table1.items() if isinstance(v, Mapping)})
+    rel = lambda p: os.path.relpath(p, path.parent).replace(os.sep, "/")  # noqa: E731
+    now = datetime.now(timezone.utc).astimezone()
+
+    lines = [
+        "# Benchmark: the GLAM paper's Table 1 on synthetic mammograms",
+        "",
+        f"Generated by `scripts/benchmark.py` on {now:%Y-%m-%d %H:%M %Z}. Wall time of all the workflow steps: "
+        f"{_minutes(steps_wall_s)}; of this invocation of the driver: {_minutes(total_wall_s)} (they differ when "
+        "an earlier, interrupted invocation ran some of the steps: those count with their recorded times). "
+        "Every number below is read from the workflows' own reports (`metrics.json` / `metrics.csv`).",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        "## Setup",
+        "",
+        *_hardware(threads),
+        f"- preset `{preset}`, search space `{space.name}` of `{search_path}` (seed {space.seed})",
+        "",
+        "Data:",
+        "",
+        *_dataset_lines(datalist),
+        "",
+        "Budget, the same for every model: "
+        f"{budget.trials} random-search trial(s) of {budget.epochs} epoch(s) of the model's one stage (GLAM: its "
+        "global stage; each epoch is every training image with a lesion plus as many lesion-free ones), the "
+        "checkpoint of each trial selected by validation Dice by the workflow, the trial with the best validation "
+        f"Dice kept. GLAM then trains its local stage for {budget.local_epochs} and its joint stage for "
+        f"{budget.joint_epochs} epoch(s) from the selected global module (the paper: 30 trials of 50 epochs, "
+        "then 20 local and < 5 joint epochs). This budget is tiny: the numbers show how the models compare after "
+        "minutes of training on synthetic data, not what they reach, and a different seed can reorder close "
+        "rows.",
+        "",
+    ]
+    if failures:
+        lines += ["**Steps that failed or did not run** (their rows are marked failed):", ""]
+        lines += [f"- `{name}`: {why}" for name, why in failures.items()]
+        lines += [""]
+
+    lines += [
+        "## Table 1: GLAM and the baselines (test split)",
+        "",
+        "GLAM's map is S_c of the jointly trained model; each baseline's is its only map (the `S_g` row of its "
+        "report). Dice and PxAP: mean ± population std over the test images with a lesion of the class; AUC of "
+        "each model's classification output (GLAM: y_global; CAM: its pooled map; GMIC: y_fusion; U-Net: its "
+        "top-t% pooled map, reported for completeness: the paper gives none).",
+        "",
+        *_table1_lines(table1, "model"),
+        "",
+        "The paper's Table 1 (NYU screening data, test set), for reference:",
+        "",
+    ]
+    paper_rows = {name: {k: dict(zip(CLASSES, v)) for k, v in values.items()} for name, values in PAPER_TABLE1.items()}
+    lines += _table1_lines(paper_rows, "model (paper)")
+    lines += ["", "## Relative Dice gain of GLAM over GMIC", ""]
+    lines += ["| class | GLAM S_c | GMIC | gain (ours) | gain (paper) |", "|---|---|---|---|---|"]
+    for i, cls in enumerate(CLASSES):
+        ours = row_value(table1, "GLAM", "dice", cls)
+        theirs = row_value(table1, "GMIC", "dice", cls)
+        gain = relative_gain(ours, theirs)
+        paper = relative_gain(PAPER_TABLE1["GLAM"]["dice"][i], PAPER_TABLE1["GMIC"]["dice"][i])
+        lines.append(
+            f"| {cls} | {_fmt(ours)} | {_fmt(theirs)} | {'n/a' if gain is None else f'{gain:+.0%}'} | {paper:+.0%} |"
+        )
+    n_hold = sum(c.holds for c in checks)
+    lines += [
+        "",
+        "## Acceptance conditions",
+        "",
+        f"{n_hold} of {len(checks)} hold. GLAM S_c must beat CAM and GMIC (strictly) on malignant and benign Dice, "
+        f"image-level and dataset-level PxAP; its AUC must be within {AUC_TOLERANCE} of CAM's and GMIC's; the "
+        "fully supervised U-Net must be above GLAM on the segmentation metrics.",
+        "",
+        "| condition | values | holds |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {c.condition} | {c.detail} | {'yes' if c.holds else '**no**'} |" for c in checks]
+    # what a person found when looking at a run (why a condition fails, what the benchmark needs): kept beside the
+    # generated file and included verbatim, so a re-run does not lose it
+    findings = docs_dir / FINDINGS_FILE
+    if findings.is_file():
+        lines += ["", "## Findings", "", f"(from `{FINDINGS_FILE}`, written after looking at this run)", ""]
+        lines += [findings.read_text(encoding="utf-8").strip(), ""]
+
+    lines += ["", "## Table 2: GLAM's maps (ablation, test split)", ""]
+    lines += [
+        "S_g: the global module trained alone; S_l: the local module trained on its patches with the global "
+        "module frozen; S_c-sep: their average before joint training (these three from the local-stage model); "
+        "S_g, S_l, S_c-joint of the jointly trained model (S_c-joint is GLAM's row of Table 1).",
+        "",
+    ]
+    ablation: dict[str, dict[str, Any] | None] = {}
+    if glam is not None:
+        local, joint = glam.test_local, glam.test
+        ablation["S_g (global alone)"] = table_row(local, "S_g") if local else None
+        ablation["S_l (local, global frozen)"] = table_row(local, "S_l") if local else None
+        ablation["S_c-sep"] = table_row(local, "S_c") if local else None
+        ablation["S_g after joint training"] = table_row(joint, "S_g") if joint else None
+        ablation["S_l after joint training"] = table_row(joint, "S_l") if joint else None
+        ablation["**S_c-joint (GLAM)**"] = table_row(joint, "S_c") if joint else None
+    else:
+        ablation["GLAM"] = "not run"
+    lines += _table1_lines(ablation, "map")
+
+    lines += ["", "## Figures", ""]
+    scatter, examples, scales = figures.get("scatter"), figures.get("examples"), figures.get("scales")
+    if scatter is not None:
+        lines += [
+            f"![per-image Dice of S_g vs S_l]({rel(scatter)})",
+            "",
+            "Per-image soft Dice of S_g (x) and S_l (y) of the jointly trained GLAM on the test images with a "
+            "lesion of the class (the paper's Figure 4; from the `S_g_dice_*` and `S_l_dice_*` columns of its "
+            "test `metrics.csv`). Points above the diagonal: the local map is better.",
+            "",
+        ]
+    if examples is not None:
+        lines += [
+            f"![examples]({rel(examples)})",
+            "",
+            "Test images with lesions: the input, the ground truth (benign green, malignant red), and each "
+            "model's map in the same colours (CAM's and GMIC's maps are coarse: 1/64 of the input's height and width, "
+            "upsampled by nearest neighbour).",
+            "",
+        ]
+    if scales is not None:
+        lines += [
+            f"![GLAM's global module per scale]({rel(scales)})",
+            "",
+            "GLAM's global module on the same test images, scale by scale: S_0, S_1 and S_2 (1/16, 1/32 and 1/64 "
+            "of the input, nearest-upsampled) and their weighted sum S_g, first from the checkpoint its workflow "
+            "selected by validation Dice (the one the local and joint stages started from), then from the last "
+            "epoch of the same training run. Where a scale lights up away from the lesion, at the image border, "
+            "its units answer for the whole image rather than for the place they sit at.",
+            "",
+        ]
+
+    lines += ["## Wall time per model", ""]
+    lines += ["| model | wall time | what it covers |", "|---|---|---|"]
+    for key, r in results.items():
+        what = f"{len(r.trials)} trial(s): training + validation evaluation; test evaluation"
+        if key == "glam":
+            what += "; local and joint stages; test evaluation of the local-stage model"
+        note = "" if r.wall_complete else " (some steps have no recorded time)"
+        lines.append(f"| {r.spec.title} | {_minutes(r.wall_s)}{note} | {what} |")
+
+    lines += ["", "## Every trial", ""]
+    lines += [
+        "Hyper-parameters drawn by random search (log-uniform learning rate and lambda, t from the paper's set; "
+        "see the search file) and the validation soft Dice of the trial's selected checkpoint.",
+        "",
+        "| model | trial | learning rate | lambda | t | val Dice malignant | val Dice benign | val Dice (mean) "
+        "| selected |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results.values():
+        for t in r.trials:
+            p = t["params"]
+            t_value = p.get("t_global", p.get("cam_t"))
+            val = t.get("validation")
+            lines.append(
+                f"| {r.spec.title} | {t['index']} | {p['learning_rate']:.2e} | "
+                + (f"{p['lambda_sparsity']:.2e}" if "lambda_sparsity" in p else "-")
+                + f" | {'-' if t_value is None else f'{t_value:g}'} | "
+                + (
+                    " | ".join(_fmt(val["dice"][c]) for c in CLASSES) + f" | {_fmt(t['score'])}"
+                    if val
+                    else "failed | failed | failed"
+                )
+                + f" | {'**yes**' if r.selected == t['index'] else ''} |"
+            )
+    lines += [
+        "",
+        "## Reproduce",
+        "",
+        "The command above re-runs everything into its `--work_dir` (steps already done there are skipped). "
+        "Each step's exact `python -m monai.bundle run ...` command is the first line of its log under "
+        "`<work_dir>/logs/`.",
+        "",
+    ]
+    write_text(path, "\n".join(lines))
+    return {"table1": table1, "checks": checks}

@@ -1,0 +1,108 @@
+"""Running the bundle's own workflows: the ``python -m monai.bundle run ...`` command line of a step
+(:func:`bundle_command`), a :class:`Step` and its proof of completion, and the :class:`Runner` that runs steps as
+subprocesses one at a time, logs them, records their wall times and skips those already done (resumability)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .files import write_json
+from .paths import BUNDLE_ROOT, META_FILE, REPO_ROOT
+
+
+def _cli_value(value: Any) -> str:
+    """A value as MONAI's command line (python-fire) parses it back."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list, tuple, float, int)):
+        return repr(value)
+    return str(value)
+
+
+def bundle_command(run_id: str, configs: Sequence[Path], overrides: Mapping[str, Any]) -> list[str]:
+    """``python -m monai.bundle run <run_id> --config_file [...] --meta_file ... --<id> <value>...``."""
+    cmd = [sys.executable, "-m", "monai.bundle", "run", run_id]
+    cmd += ["--config_file", repr([str(c) for c in configs]), "--meta_file", str(META_FILE)]
+    for key, value in overrides.items():
+        cmd += [f"--{key}", _cli_value(value)]
+    return cmd
+
+
+@dataclass
+class Step:
+    """One unit of work: a bundle command whose ``done_file`` proves it finished (then it is skipped)."""
+
+    name: str
+    command: list[str]
+    done_file: Path
+    marker: bool = False  # the driver writes done_file itself (training); else the workflow writes it (metrics.json)
+
+
+@dataclass
+class Runner:
+    """Runs steps one at a time (the machine may be shared), logs each to ``<work_dir>/logs/<name>.log``, records
+    wall times in ``<work_dir>/timings.json`` and remembers failures."""
+
+    work_dir: Path
+    threads: int
+    quiet: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        path = self.work_dir / "timings.json"
+        if path.is_file():
+            self.timings = {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[key] = str(self.threads)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BUNDLE_ROOT), env.get("PYTHONPATH", "")) if p)
+        return env
+
+    def _log(self, message: str) -> None:
+        if not self.quiet:
+            print(f"[benchmark {datetime.now():%H:%M:%S}] {message}", flush=True)
+
+    def run(self, step: Step) -> bool:
+        """Run ``step`` unless its output exists; False when it failed (the reason is in :attr:`failures`)."""
+        if step.done_file.is_file():
+            self._log(f"{step.name}: done already ({step.done_file})")
+            return True
+        log = self.work_dir / "logs" / f"{step.name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log(f"{step.name}: running (log {log})")
+        start = time.monotonic()
+        with open(log, "w", encoding="utf-8") as f:
+            f.write(shlex.join(step.command) + "\n\n")
+            f.flush()
+            done = subprocess.run(step.command, cwd=REPO_ROOT, env=self.env(), stdout=f, stderr=subprocess.STDOUT)
+        wall = time.monotonic() - start
+        if done.returncode != 0:
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+            self.failures[step.name] = f"exit status {done.returncode}; log {log}; last lines: " + " | ".join(tail)
+            self._log(f"{step.name}: FAILED after {wall:.0f} s ({self.failures[step.name]})")
+            return False
+        if step.marker:
+            write_json(step.done_file, {"step": step.name, "wall_s": wall, "command": shlex.join(step.command)})
+        elif not step.done_file.is_file():
+            self.failures[step.name] = f"finished without writing {step.done_file}; log {log}"
+            return False
+        self.timings[step.name] = wall
+        write_json(self.work_dir / "timings.json", self.timings)
+        self._log(f"{step.name}: finished in {wall:.0f} s")
+        return True
+
+    def skip(self, step_name: str, reason: str) -> None:
+        self.failures.setdefault(step_name, f"not run: {reason}")
