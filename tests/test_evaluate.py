@@ -21,12 +21,14 @@ import torch
 from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
 from ignite.engine import Engine, Events
 from monai.bundle import ConfigParser, ConfigWorkflow
+from test_pointing_game import loop_pointing
 
 EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
 META = str(BUNDLE_ROOT / "configs" / "metadata.json")
 CLASSES = ("benign", "malignant")
 MAPS = ("S_g", "S_l", "S_c")
 EDGES = np.append(np.arange(0, 1, 0.001), [1.0, 2.0, 3.0])
+TOLERANCE, BORDER = 6.0, 4.0  # pointing game: px between the peak and the lesion; px from the edge
 
 
 # -- independent numpy references ------------------------------------------------------------------------------
@@ -77,6 +79,8 @@ def eval_workflow(root: Path, datalist: Path, **overrides) -> ConfigWorkflow:
         datalist=str(datalist),
         ckpt_root=str(root / "models"),
         output_root=str(root / "out"),
+        pointing_tolerance=TOLERANCE,
+        peak_border=BORDER,
         **overrides,
     )
 
@@ -145,6 +149,7 @@ def test_report_files_have_one_row_per_image_and_the_columns(joint_report, eval_
     expected = ["image", "label_benign", "label_malignant", "y_global_benign", "y_global_malignant"]
     for m in MAPS:
         expected += [f"{m}_dice_benign", f"{m}_dice_malignant", f"{m}_pxap_benign", f"{m}_pxap_malignant"]
+        expected += [f"{m}_hit_benign", f"{m}_hit_malignant"]
     assert list(rows[0]) == expected
     assert len(rows) == len(items) == len(probe.items) == summary["n_images"] == 8
     assert [r["image"] for r in rows] == [it["image"] for it in items]
@@ -162,8 +167,10 @@ def test_per_image_values_equal_numpy(joint_report):
             mask = item["lesion_mask"][ci]
             for m in MAPS:
                 if mask.sum() == 0:  # undefined for an image without that lesion: empty cell
-                    assert row[f"{m}_dice_{c}"] == row[f"{m}_pxap_{c}"] == ""
+                    assert row[f"{m}_dice_{c}"] == row[f"{m}_pxap_{c}"] == row[f"{m}_hit_{c}"] == ""
                     continue
+                hit = loop_pointing(item[m][None], item["lesion_mask"][None], TOLERANCE, 0, "hit")[0, ci]
+                assert row[f"{m}_hit_{c}"] == str(int(hit))
                 pos, neg = np_histograms(item[m][ci], mask)
                 assert float(row[f"{m}_dice_{c}"]) == pytest.approx(np_soft_dice(item[m][ci], mask), rel=1e-5)
                 assert float(row[f"{m}_pxap_{c}"]) == pytest.approx(np_ap(pos, neg), rel=1e-9, abs=1e-12)
@@ -187,6 +194,13 @@ def test_summary_equals_numpy_from_the_csv(joint_report):
             assert stats["dice_std"] == pytest.approx(np.nanstd(dice), rel=1e-7, abs=1e-12)
             assert stats["pxap_image_mean"] == pytest.approx(np.nanmean(pxap), rel=1e-9)
             assert stats["pxap_image_std"] == pytest.approx(np.nanstd(pxap), rel=1e-7, abs=1e-12)
+            assert stats["pointing_game"] == pytest.approx(np.nanmean(column(f"{m}_hit_{c}")), rel=1e-12)
+            borders = [
+                loop_pointing(item[m][None], item["lesion_mask"][None], 0, BORDER, "border")[0, ci]
+                for item in probe.items
+                if item["lesion_mask"][ci].sum() > 0
+            ]
+            assert stats["peak_on_border"] == pytest.approx(np.mean(borders), rel=1e-12)
         labels = column(f"label_{c}")
         assert 0 < labels.sum() < len(labels), "the test split must hold positives and negatives of each class"
         assert summary["classification_auc"][c] == pytest.approx(np_rank_auc(column(f"y_global_{c}"), labels))
@@ -230,9 +244,8 @@ def test_global_checkpoint_reports_s_g_only(eval_setup):
     )
     assert summary["maps"] == ["S_g"] and list(summary["metrics"]) == ["S_g"]
     assert summary["checkpoint"] == str(root / "models" / "global" / "model.pt")
-    assert [c for c in rows[0] if c.startswith("S_")] == ["S_g_dice_benign", "S_g_dice_malignant"] + [
-        "S_g_pxap_benign",
-        "S_g_pxap_malignant",
+    assert [c for c in rows[0] if c.startswith("S_")] == [
+        f"S_g_{stat}_{c}" for stat in ("dice", "pxap", "hit") for c in ("benign", "malignant")
     ]
     assert [r["image"] for r in rows] == [it["image"] for it in content["validation"]]
     assert all(set(item) == {"S_g", "lesion_mask", "y_global", "label"} for item in probe.items)

@@ -1,5 +1,5 @@
 """Ignite handlers of the bundle (used from the configs as ``scripts.handlers.…``)."""
 
-from .metrics import PxAP, SoftDice
+from .metrics import PointingGame, PxAP, SoftDice
 
-__all__ = ["PxAP", "SoftDice"]
+__all__ = ["PointingGame", "PxAP", "SoftDice"]

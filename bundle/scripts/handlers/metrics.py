@@ -1,4 +1,4 @@
-"""Ignite metric handlers for soft Dice and PxAP, in the style of ``monai.handlers.MeanDice``.
+"""Ignite metric handlers for soft Dice, PxAP and the pointing game, in the style of ``monai.handlers.MeanDice``.
 
 They go into a MONAI evaluator's ``key_val_metric`` / ``additional_metrics`` and publish one float per epoch in
 ``engine.state.metrics[name]``: one class (``class_index=c``) or the mean over classes (``class_index=None``).
@@ -21,9 +21,9 @@ from collections.abc import Callable
 import torch
 from monai.handlers import IgniteMetricHandler
 
-from ..metrics import PxAPMetric, SoftDiceMetric
+from ..metrics import PointingGameMetric, PxAPMetric, SoftDiceMetric
 
-__all__ = ["PxAP", "SoftDice"]
+__all__ = ["PointingGame", "PxAP", "SoftDice"]
 
 _logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
 
     def __init__(
         self,
-        metric_fn: SoftDiceMetric | PxAPMetric,
+        metric_fn: SoftDiceMetric | PxAPMetric | PointingGameMetric,
         class_index: int | None,
         reduction: str,
         empty_value: float,
@@ -148,6 +148,41 @@ class PxAP(_ClassReducedMetricHandler):
             PxAPMetric(level=level, step=step, check_values=check_values),
             class_index,
             reduction,
+            empty_value,
+            output_transform,
+            save_details,
+        )
+
+
+class PointingGame(_ClassReducedMetricHandler):
+    """Pointing-game hit rate (or share of map peaks on the image border) over an epoch, as an Ignite metric.
+
+    Args:
+        tolerance: a peak within this many pixels of a lesion pixel of its class is a hit.
+        border: with ``measure="border"``, a peak within this many pixels of the image edge is on the border.
+        measure: ``"hit"`` (hit rate) or ``"border"`` (share of peaks on the border).
+        class_index: publish this class's value; None: the mean over the classes that have lesion images.
+        empty_value: published when the selected value is undefined (no lesion image); see the module docstring.
+        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``; see :class:`SoftDice`.
+        save_details: store the (N, C) per-image 1/0 values in ``engine.state.metric_details[name]``.
+        check_values: validate scores and masks on every iteration (one host synchronisation per iteration).
+    """
+
+    def __init__(
+        self,
+        tolerance: float = 0.0,
+        border: float = 0.0,
+        measure: str = "hit",
+        class_index: int | None = None,
+        empty_value: float = 0.0,
+        output_transform: Callable = lambda x: x,
+        save_details: bool = True,
+        check_values: bool = True,
+    ) -> None:
+        super().__init__(
+            PointingGameMetric(tolerance=tolerance, border=border, measure=measure, check_values=check_values),
+            class_index,
+            "mean",
             empty_value,
             output_transform,
             save_details,

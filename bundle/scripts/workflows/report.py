@@ -3,15 +3,18 @@
 :class:`MetricsReport` is an Ignite handler for a MONAI ``SupervisedEvaluator`` whose postprocessing is
 :class:`~scripts.workflows.postprocessing.GLAMOutputsd`. Per iteration it feeds the decollated outputs to the
 bundle's metric objects (on the device of the maps): per map (``S_g``, and ``S_l``/``S_c`` when the model ran its
-local module) a :class:`~scripts.metrics.SoftDiceMetric` and a :class:`~scripts.metrics.PxAPMetric` (per-image APs
-plus the pooled histograms: memory does not grow with the split), and one ``monai.metrics.ROCAUCMetric`` for the
-image-level probabilities ``y_global``. When the evaluator completes, the per-image values and the aggregates are
-gathered across ranks by the metrics themselves (collective calls on every rank), and rank 0 writes
+local module) a :class:`~scripts.metrics.SoftDiceMetric`, a :class:`~scripts.metrics.PxAPMetric` (per-image APs
+plus the pooled histograms: memory does not grow with the split) and two
+:class:`~scripts.metrics.PointingGameMetric` (hit rate; share of peaks on the image border), and one
+``monai.metrics.ROCAUCMetric`` for the image-level probabilities ``y_global``. When the evaluator completes, the
+per-image values and the aggregates are gathered across ranks by the metrics themselves (collective calls on every
+rank), and rank 0 writes
 
-- ``metrics.csv``: one row per image (image path, labels, ``y_global``, then per map and class soft Dice and
-  image-level PxAP; empty where undefined: the image has no lesion of that class);
-- ``metrics.json``: the summary (per map and class: Dice mean/std, image-level PxAP mean/std, dataset-level PxAP;
-  per class: classification AUC, lesion and label counts) plus what was evaluated;
+- ``metrics.csv``: one row per image (image path, labels, ``y_global``, then per map and class soft Dice,
+  image-level PxAP and the pointing-game hit (1/0); empty where undefined: the image has no lesion of that class);
+- ``metrics.json``: the summary (per map and class: Dice mean/std, image-level PxAP mean/std, dataset-level PxAP,
+  pointing-game hit rate and share of peaks on the border; per class: classification AUC, lesion and label counts)
+  plus what was evaluated;
 
 atomically, and prints the summary as a plain-text table in the layout of the paper's Table 1.
 
@@ -38,7 +41,7 @@ from monai.metrics import ROCAUCMetric
 from monai.utils import string_list_all_gather
 
 from ..atomic import atomic_write
-from ..metrics import PxAPMetric, SoftDiceMetric
+from ..metrics import PointingGameMetric, PxAPMetric, SoftDiceMetric
 from .postprocessing import MAP_KEYS
 from .runner import STAGE_ORDER
 
@@ -48,7 +51,15 @@ logger = logging.getLogger(__name__)
 
 EVAL_SPLITS = ("validation", "test")
 #: summary entries per map and class, in the order of the paper's Table 1
-MAP_STATS = ("dice_mean", "dice_std", "pxap_image_mean", "pxap_image_std", "pxap_dataset")
+MAP_STATS = (
+    "dice_mean",
+    "dice_std",
+    "pxap_image_mean",
+    "pxap_image_std",
+    "pxap_dataset",
+    "pointing_game",
+    "peak_on_border",
+)
 
 
 def check_checkpoint(path: str | os.PathLike, stage: str) -> str:
@@ -134,6 +145,9 @@ class MetricsReport:
         info: extra entries for the JSON (what was evaluated: checkpoint, stage, split, datalist...).
         maps: the maps to report, in row order, where present in the outputs.
         pxap_step: threshold spacing of PxAP (0.001, as the paper).
+        pointing_tolerance: pixels between a map's peak and a lesion pixel of its class that still count as a
+            pointing-game hit.
+        peak_border: pixels from the image edge within which a peak counts as on the border.
         check_values: let the metrics check score ranges and mask values (one host synchronisation per call).
         print_table: print the table to stdout at completion (rank 0).
         image_key, mask_key, score_key, label_key: keys of the decollated batch/output items.
@@ -147,6 +161,8 @@ class MetricsReport:
         info: Mapping[str, Any] | None = None,
         maps: Sequence[str] = tuple(MAP_KEYS),
         pxap_step: float = 0.001,
+        pointing_tolerance: float = 0.0,
+        peak_border: float = 0.0,
         check_values: bool = True,
         print_table: bool = True,
         image_key: str = "image",
@@ -162,6 +178,8 @@ class MetricsReport:
         self.info = {str(k): (str(v) if isinstance(v, os.PathLike) else v) for k, v in (info or {}).items()}
         self.maps = list(maps)
         self.pxap_step = float(pxap_step)
+        self.pointing_tolerance = float(pointing_tolerance)
+        self.peak_border = float(peak_border)
         self.check_values = bool(check_values)
         self.print_table = bool(print_table)
         self.image_key, self.mask_key, self.score_key, self.label_key = image_key, mask_key, score_key, label_key
@@ -184,6 +202,8 @@ class MetricsReport:
         self._present: list[str] | None = None
         self._dice: dict[str, SoftDiceMetric] = {}
         self._pxap: dict[str, PxAPMetric] = {}
+        self._hit: dict[str, PointingGameMetric] = {}
+        self._border: dict[str, PointingGameMetric] = {}
         self._auc = ROCAUCMetric(average="none")
         self._paths: list[str] = []
 
@@ -213,6 +233,9 @@ class MetricsReport:
             for m in present:
                 self._dice[m] = SoftDiceMetric(check_values=self.check_values)
                 self._pxap[m] = PxAPMetric(level="dataset", step=self.pxap_step, check_values=self.check_values)
+                # the range checks of the Dice already ran on these maps
+                self._hit[m] = PointingGameMetric(tolerance=self.pointing_tolerance, check_values=False)
+                self._border[m] = PointingGameMetric(border=self.peak_border, measure="border", check_values=False)
         elif present != self._present:
             raise ValueError(f"MetricsReport: maps changed within an evaluation ({self._present} -> {present})")
         masks = [o[self.mask_key] for o in outputs]
@@ -220,6 +243,8 @@ class MetricsReport:
             maps = [o[m] for o in outputs]
             self._dice[m](maps, masks)
             self._pxap[m](maps, masks)
+            self._hit[m](maps, masks)
+            self._border[m](maps, masks)
         scores = torch.stack([torch.as_tensor(o[self.score_key]).reshape(-1).float() for o in outputs])
         labels = torch.stack([torch.as_tensor(o[self.label_key]).reshape(-1).to(scores) for o in outputs])
         if scores.shape[1] != len(self.class_names) or labels.shape != scores.shape:
@@ -238,7 +263,10 @@ class MetricsReport:
         names = self.class_names
         paths = string_list_all_gather(self._paths)
         y_score, y_label = self._auc.get_buffer()
-        per_image = {m: (self._dice[m].get_buffer(), self._pxap[m].get_buffer()) for m in self._present}
+        per_image = {
+            m: (self._dice[m].get_buffer(), self._pxap[m].get_buffer(), self._hit[m].get_buffer())
+            for m in self._present
+        }
         with warnings.catch_warnings(record=True) as caught:  # a class with one label value: AUC is NaN
             warnings.simplefilter("always")
             auc = [float(v) for v in self._auc.aggregate(average="none")]
@@ -253,6 +281,8 @@ class MetricsReport:
                 "pxap_image_mean": pxap.aggregate("mean", level="image"),
                 "pxap_image_std": pxap.aggregate("std", level="image"),
                 "pxap_dataset": pxap.aggregate("mean", level="dataset"),
+                "pointing_game": self._hit[m].aggregate("mean"),
+                "peak_on_border": self._border[m].aggregate("mean"),
             }
             stats_cpu = {k: v.cpu().tolist() for k, v in stats.items()}
             maps_summary[m] = {c: {k: _number(stats_cpu[k][i]) for k in MAP_STATS} for i, c in enumerate(names)}
@@ -266,15 +296,16 @@ class MetricsReport:
             raise RuntimeError(
                 f"MetricsReport: gathered {len(paths)} paths, {len(scores)} scores, {dice0.shape[0]} maps"
             )
-        per_image_cpu = {m: (d.cpu().tolist(), p.cpu().tolist()) for m, (d, p) in per_image.items()}
+        per_image_cpu = {m: tuple(v.cpu().tolist() for v in values) for m, values in per_image.items()}
         rows = []
         for n, path in enumerate(paths):
             row = {"image": path}
             row.update({f"label_{c}": _label_cell(labels[n][i]) for i, c in enumerate(names)})
             row.update({f"y_global_{c}": _cell(scores[n][i]) for i, c in enumerate(names)})
-            for m, (d, p) in per_image_cpu.items():
+            for m, (d, p, h) in per_image_cpu.items():
                 row.update({f"{m}_dice_{c}": _cell(d[n][i]) for i, c in enumerate(names)})
                 row.update({f"{m}_pxap_{c}": _cell(p[n][i]) for i, c in enumerate(names)})
+                row.update({f"{m}_hit_{c}": _label_cell(h[n][i]) for i, c in enumerate(names)})
             rows.append(row)
         summary = {
             **self.info,
@@ -286,6 +317,8 @@ class MetricsReport:
             "classification_auc": {c: _number(auc[i]) for i, c in enumerate(names)},
             "metrics": maps_summary,
             "pxap_step": self.pxap_step,
+            "pointing_tolerance_px": self.pointing_tolerance,
+            "peak_border_px": self.peak_border,
             "per_image_csv": self.csv_path.name,
         }
         return rows, summary
@@ -326,6 +359,7 @@ def format_table(summary: Mapping[str, Any]) -> str:
         ("Dice", lambda s, c: _fmt(s[c]["dice_mean"], s[c]["dice_std"])),
         ("image-level PxAP", lambda s, c: _fmt(s[c]["pxap_image_mean"], s[c]["pxap_image_std"])),
         ("dataset-level PxAP", lambda s, c: _fmt(s[c]["pxap_dataset"])),
+        ("pointing game", lambda s, c: _fmt(s[c].get("pointing_game"))),
         ("classification AUC", lambda s, c: _fmt(summary["classification_auc"][c])),
     ]
     header_group = ["map"]
@@ -368,6 +402,8 @@ def format_table(summary: Mapping[str, Any]) -> str:
         "-" * (sum(widths) + 2 * (len(widths) - 1)),
         *(line(r) for r in body),
         "",
-        "Dice and PxAP over the images with a lesion of the class (mean +/- std); AUC of y_global (every row).",
+        "Dice and PxAP over the images with a lesion of the class (mean +/- std); pointing game: share of those images"
+        f" whose map peaks within {summary.get('pointing_tolerance_px', 0):g} px of a lesion of the class; AUC of"
+        " y_global (every row).",
     ]
     return "\n".join(lines)
