@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -85,6 +85,11 @@ class GLAM(nn.Module):
         attention_hidden: hidden size of the gated attention (128).
         joint_modules: hold the gated attention and the fusion head (needed by the ``joint`` stage and attention
             aggregation). ``False`` gives the authors' inference layout (global and local modules only).
+        global_backbone: keyword arguments of the global module's
+            :class:`~scripts.networks.global_network.GlobalBackbone` (width, strides, blocks_per_layer,
+            stem_stride, stem_pool, padding_mode); the paper's ResNet-22 when empty.
+        pool_in_breast: the global module pools only map cells on the breast (see
+            :class:`~scripts.networks.global_network.GlobalNetwork`).
 
     Forward: ``image`` (B, 1, H, W) standardised mammograms; optional ``patch_boxes`` (B, K, 4) to use instead
     of Algorithm 1; optional ``random_patch_mask`` (B,) bool: those images get K random patches inside the breast
@@ -116,6 +121,8 @@ class GLAM(nn.Module):
         activation_checkpointing: bool = False,
         attention_hidden: int = 128,
         joint_modules: bool = True,
+        global_backbone: Mapping[str, Any] | None = None,
+        pool_in_breast: bool = False,
     ) -> None:
         super().__init__()
         self.patch_size = as_pair(patch_size, "patch_size")
@@ -137,7 +144,11 @@ class GLAM(nn.Module):
         check_fraction(t_local, "t_local")
 
         self.global_network = GlobalNetwork(
-            t=t_global, gammas=gammas, pool_after_upsampling=global_pool_after_upsampling
+            t=t_global,
+            gammas=gammas,
+            pool_after_upsampling=global_pool_after_upsampling,
+            backbone=global_backbone,
+            pool_in_breast=pool_in_breast,
         )
         self.local_network = LocalNetwork(
             depth=local_depth, width=local_width, activation_checkpointing=activation_checkpointing

@@ -14,7 +14,8 @@ Module names follow the authors' checkpoint layout so that a converted state dic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,17 @@ from torch import nn
 
 from ..pooling import check_fraction, top_t_pool
 
-__all__ = ["PreActBasicBlock", "GlobalBackbone", "GlobalNetwork", "nearest_resize"]
+__all__ = [
+    "PreActBasicBlock",
+    "GlobalBackbone",
+    "GlobalNetwork",
+    "nearest_resize",
+    "receptive_fields",
+    "breast_cells",
+    "PADDING_MODES",
+]
+
+PADDING_MODES = ("zeros", "replicate")
 
 
 def nearest_resize(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -41,6 +52,17 @@ def nearest_resize(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
     return x[..., rows[:, None], cols[None, :]]
 
 
+def breast_cells(image: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """(B, 1, h, w) float mask of the map cells that lie mostly (> 50 %) on the breast, for (B, 1, H, W) images.
+
+    The breast is every pixel above the image's minimum: after the preprocessing the background and the window's
+    padding are exactly the minimum (0 in the file, standardised). A map cell covers the input block
+    ``[i * H // h, (i + 1) * H // h)`` (adaptive average pooling), as its nearest upsampling does.
+    """
+    foreground = (image > image.amin(dim=(-2, -1), keepdim=True)).to(image.dtype)
+    return (F.adaptive_avg_pool2d(foreground, (int(size[0]), int(size[1]))) > 0.5).to(image.dtype)
+
+
 class PreActBasicBlock(nn.Module):
     """Pre-activation basic block (He et al. 2016) as in GMIC: (B, C_in, H, W) -> (B, planes, H/s, W/s).
 
@@ -48,19 +70,26 @@ class PreActBasicBlock(nn.Module):
     ``downsample`` is a 1x1 convolution (no bias, no BN) applied to the *activated* input. No ReLU after the sum.
     """
 
-    def __init__(self, in_planes: int, planes: int, stride: int = 1, downsample: bool = False) -> None:
+    def __init__(
+        self, in_planes: int, planes: int, stride: int = 1, downsample: bool = False, padding_mode: str = "zeros"
+    ) -> None:
         super().__init__()
         self.bn1 = nn.BatchNorm2d(in_planes)
-        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False, padding_mode=padding_mode)
         self.bn2 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
-        self.downsample = (
-            nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False)) if downsample else None
-        )
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False, padding_mode=padding_mode)
+        # The 1x1 shortcut of stride s is applied as x[::s, ::s] followed by a stride-1 1x1 convolution (the same
+        # numbers): torch 2.13's CPU backward of a strided 1x1 convolution in channels-last corrupts the heap for
+        # inputs of 8 or fewer channels (narrow CPU presets train in channels-last).
+        self.stride = int(stride)
+        self.downsample = nn.Sequential(nn.Conv2d(in_planes, planes, 1, bias=False)) if downsample else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(x))
-        residual = x if self.downsample is None else self.downsample(out)
+        if self.downsample is None:
+            residual = x
+        else:
+            residual = self.downsample(out[..., :: self.stride, :: self.stride] if self.stride > 1 else out)
         out = self.conv1(out)
         out = F.relu(self.bn2(out))
         out = self.conv2(out)
@@ -70,34 +99,66 @@ class PreActBasicBlock(nn.Module):
 class GlobalBackbone(nn.Module):
     """GMIC's ResNet-22 (B, 1, H, W) -> dict of the three tapped feature maps.
 
-    Returns ``{"layer3": (B, 64, H/16, W/16) raw, "layer4": (B, 128, H/32, W/32) raw,
-    "final": (B, 256, H/64, W/64) after final BN + ReLU}`` (sizes for 2944x1920: 184x120, 92x60, 46x30).
+    Returns ``{"layer3": (B, 4w, H/s0, W/s0) raw, "layer4": (B, 8w, H/2s0, W/2s0) raw, "final": (B, 16w, H/4s0,
+    W/4s0) after final BN + ReLU}``. With the defaults (the paper's global module) w = 16 and the stride of
+    ``layer3`` is s0 = 16: 184x120, 92x60 and 46x30 maps for a 2944x1920 input.
+
+    Args:
+        in_channels: image channels.
+        width: planes of the first layer; the five layers have width x (1, 2, 4, 8, 16) planes.
+        strides: stride of each of the five layers.
+        blocks_per_layer: pre-activation blocks per layer (2 in GMIC's ResNet-22).
+        stem_stride: stride of the 7x7 stem convolution (2).
+        stem_pool: the stem's 3x3 max-pool of stride 2 (no padding).
+        padding_mode: ``"zeros"`` (the paper) or ``"replicate"``, for every 3x3 and 7x7 convolution. After
+            per-image standardisation the zero padding is brighter than the background, a frame that units next to
+            the border can read image-wide statistics from; replication removes that frame.
+        planes: explicit planes of the five layers (overrides ``width``); ``first_planes``: the stem's (default:
+            the first layer's).
+
+    The receptive field and the stride of each tap follow from ``stem_stride``, ``stem_pool``, ``strides`` and
+    ``blocks_per_layer`` (see :func:`receptive_fields`): 211 / 435 / 883 px at strides 16 / 32 / 64 for the paper's
+    setting.
     """
 
     def __init__(
         self,
         in_channels: int = 1,
-        first_planes: int = 16,
-        planes: Sequence[int] = (16, 32, 64, 128, 256),
+        width: int = 16,
         strides: Sequence[int] = (1, 2, 2, 2, 2),
         blocks_per_layer: int = 2,
+        stem_stride: int = 2,
+        stem_pool: bool = True,
+        padding_mode: str = "zeros",
+        planes: Sequence[int] | None = None,
+        first_planes: int | None = None,
     ) -> None:
         super().__init__()
+        for name, value in (("width", width), ("blocks_per_layer", blocks_per_layer), ("stem_stride", stem_stride)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
+        planes = tuple(width * m for m in (1, 2, 4, 8, 16)) if planes is None else tuple(planes)
         if len(planes) != 5 or len(strides) != 5:
-            raise ValueError(f"planes and strides must have 5 entries (five layers), got {planes}, {strides}")
-        self.first_conv = nn.Conv2d(in_channels, first_planes, 7, stride=2, padding=3, bias=False)
-        self.first_pool = nn.MaxPool2d(3, stride=2, padding=0)
+            raise ValueError(f"planes and strides must have 5 entries (five layers), got {planes}, {tuple(strides)}")
+        first_planes = planes[0] if first_planes is None else first_planes
+        self.first_conv = nn.Conv2d(
+            in_channels, first_planes, 7, stride=stem_stride, padding=3, bias=False, padding_mode=padding_mode
+        )
+        self.first_pool = nn.MaxPool2d(3, stride=2, padding=0) if stem_pool else nn.Identity()
         layers = []
         in_planes = first_planes
         for p, s in zip(planes, strides):
             # GMIC gives the first block of every layer a 1x1 shortcut conv, even at stride 1 with equal width.
-            blocks = [PreActBasicBlock(in_planes, p, stride=s, downsample=True)]
-            blocks += [PreActBasicBlock(p, p) for _ in range(blocks_per_layer - 1)]
+            blocks = [PreActBasicBlock(in_planes, p, stride=s, downsample=True, padding_mode=padding_mode)]
+            blocks += [PreActBasicBlock(p, p, padding_mode=padding_mode) for _ in range(blocks_per_layer - 1)]
             layers.append(nn.Sequential(*blocks))
             in_planes = p
         self.layer_list = nn.ModuleList(layers)
         self.final_bn = nn.BatchNorm2d(in_planes)
         self.out_channels = tuple(planes[2:])
+        self.tap_strides, self.receptive_fields = receptive_fields(stem_stride, stem_pool, strides, blocks_per_layer)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         h = self.first_pool(self.first_conv(x))
@@ -112,6 +173,31 @@ class GlobalBackbone(nn.Module):
         return taps
 
 
+def receptive_fields(
+    stem_stride: int = 2,
+    stem_pool: bool = True,
+    strides: Sequence[int] = (1, 2, 2, 2, 2),
+    blocks_per_layer: int = 2,
+) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Strides and receptive fields (input pixels, per side) of the backbone's three taps (layers 3, 4, 5).
+
+    The receptive field grows by (k - 1) x (the input stride) with every k x k convolution or pooling; 1x1
+    shortcuts add nothing. The paper's global module: strides (16, 32, 64), receptive fields (211, 435, 883).
+    """
+    field, jump = 7, int(stem_stride)
+    if stem_pool:
+        field, jump = field + 2 * jump, jump * 2
+    taps_stride, taps_field = [], []
+    for i, s in enumerate(strides):
+        field += 2 * jump  # conv1 of the first block, at the input's stride
+        jump *= int(s)
+        field += 2 * jump + (blocks_per_layer - 1) * 4 * jump  # its conv2, then two 3x3 convs per further block
+        if i >= 2:
+            taps_stride.append(jump)
+            taps_field.append(field)
+    return tuple(taps_stride), tuple(taps_field)
+
+
 class GlobalNetwork(nn.Module):
     """GLAM's global module: multi-scale saliency S_0, S_1, S_2, their combination S_g, y_g and z_g.
 
@@ -123,12 +209,17 @@ class GlobalNetwork(nn.Module):
         pool_after_upsampling: pool every scale after nearest-upsampling it to S_0's size, as the authors'
             code does; otherwise each scale is pooled at its native resolution.
         in_channels: image channels (1 for mammograms).
+        backbone: keyword arguments of :class:`GlobalBackbone` (width, strides, blocks_per_layer, stem_stride,
+            stem_pool, padding_mode); the paper's ResNet-22 when empty.
+        pool_in_breast: set every scale's map to 0 on cells that lie mostly outside the breast
+            (:func:`breast_cells`) before pooling: lesions are in the breast, and the background and the window's
+            padding then cannot carry the image's prediction. Off in the paper.
 
-    Forward: image (B, 1, H, W) -> dict with
-        ``saliency_scales``: tuple of S_0 (B, 2, H/16, W/16), S_1 (B, 2, H/32, W/32), S_2 (B, 2, H/64, W/64);
-        ``saliency_global``: S_g (B, 2, H/16, W/16);
+    Forward: image (B, 1, H, W) -> dict with (s0 = the backbone's ``layer3`` stride, 16 by default)
+        ``saliency_scales``: tuple of S_0 (B, 2, H/s0, W/s0), S_1 (B, 2, H/2s0, W/2s0), S_2 (B, 2, H/4s0, W/4s0);
+        ``saliency_global``: S_g (B, 2, H/s0, W/s0);
         ``y_scales``: (B, 3, 2) per-scale top-t% pooled predictions; ``y_global``: y_g (B, 2), their mean;
-        ``z_global``: z_g (B, 256), the spatial max of the last feature map (used by the fusion head).
+        ``z_global``: z_g (B, 16 w), the spatial max of the last feature map (used by the fusion head).
     """
 
     def __init__(
@@ -138,6 +229,8 @@ class GlobalNetwork(nn.Module):
         t: float = 0.03,
         pool_after_upsampling: bool = False,
         in_channels: int = 1,
+        backbone: Mapping[str, Any] | None = None,
+        pool_in_breast: bool = False,
     ) -> None:
         super().__init__()
         if len(gammas) != 3 or any(g < 0 for g in gammas) or abs(sum(gammas) - 1.0) > 1e-6:
@@ -146,7 +239,8 @@ class GlobalNetwork(nn.Module):
         self.t = check_fraction(t, "t")
         self.pool_after_upsampling = bool(pool_after_upsampling)
         self.num_classes = num_classes
-        self.downsampling_branch = GlobalBackbone(in_channels=in_channels)
+        self.pool_in_breast = bool(pool_in_breast)
+        self.downsampling_branch = GlobalBackbone(in_channels=in_channels, **dict(backbone or {}))
         c3, c4, c5 = self.downsampling_branch.out_channels
         self.postprocess_module = nn.Module()
         self.postprocess_module.gn_conv_1 = nn.Conv2d(c3, num_classes, 1, bias=False)
@@ -160,6 +254,8 @@ class GlobalNetwork(nn.Module):
         s0 = torch.sigmoid(pm.gn_conv_1(taps["layer3"]))
         s1 = torch.sigmoid(pm.gn_conv_2(taps["layer4"]))
         s2 = torch.sigmoid(pm.gn_conv_last(taps["final"]))
+        if self.pool_in_breast:
+            s0, s1, s2 = (s * breast_cells(x, s.shape[-2:]).to(s.dtype) for s in (s0, s1, s2))
         size = s0.shape[-2:]
         upsampled = [s0, nearest_resize(s1, size), nearest_resize(s2, size)]
         saliency_global = sum(g * s for g, s in zip(self.gammas, upsampled))

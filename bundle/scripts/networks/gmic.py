@@ -11,7 +11,8 @@ on the attended representation, and the fusion head on [z_g, z_l] (:class:`~scri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from monai.networks.nets import ResNet
@@ -35,6 +36,8 @@ class GMIC(nn.Module):
         local_width: first-layer width of the ResNet-18 local module (64: h_k is 512-d).
         attention_hidden: hidden size of the gated attention (128).
         num_classes: classes (benign, malignant).
+        backbone, pool_in_breast: the global module's backbone and pooling options (see
+            :class:`~scripts.networks.cam.CAM`).
 
     Forward: ``image`` (B, 1, H, W) standardised mammograms -> dict with
 
@@ -54,6 +57,8 @@ class GMIC(nn.Module):
         local_width: int = 64,
         attention_hidden: int = 128,
         num_classes: int = 2,
+        backbone: Mapping[str, Any] | None = None,
+        pool_in_breast: bool = False,
     ) -> None:
         super().__init__()
         self.patch_size = as_pair(patch_size, "patch_size")
@@ -62,7 +67,7 @@ class GMIC(nn.Module):
         if isinstance(local_width, bool) or not isinstance(local_width, int) or local_width < 1:
             raise ValueError(f"local_width must be a positive int, got {local_width!r}")
         self.num_patches = num_patches
-        self.global_network = CAM(num_classes=num_classes, t=t_global)
+        self.global_network = CAM(num_classes=num_classes, t=t_global, backbone=backbone, pool_in_breast=pool_in_breast)
         widths = [local_width * m for m in (1, 2, 4, 8)]
         # torchvision's ResNet-18 layout (7x7/2 stem, max-pool, strides 1/2/2/2, conv + BN shortcuts) ending in the
         # global average: one h_k per patch, no classifier (feed_forward=False)

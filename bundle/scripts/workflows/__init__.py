@@ -2,6 +2,7 @@
 
 from .batch import GLAMPrepareBatch
 from .checkpoints import StageCheckpointer, plain_state_dict, save_atomic
+from .datasets import training_dataset
 from .distributed import (
     RankBarrier,
     SyncBuffers,
@@ -30,6 +31,7 @@ from .sampler import BalancedEpochSampler, positive_flags
 
 __all__ = [
     "GLAMPrepareBatch",
+    "training_dataset",
     "BalancedEpochSampler",
     "positive_flags",
     "EpochSeeder",
