@@ -171,6 +171,27 @@ def test_unet_map_is_a_probability_map_of_the_image_size_and_its_score_is_top_t(
         UNetSaliency(features=(4, 4, 8))
 
 
+def test_unet_input_stride_runs_on_the_pooled_image_and_upsamples_its_logits():
+    import torch.nn.functional as F
+
+    from scripts.networks import UNetSaliency
+
+    torch.manual_seed(5)
+    model = UNetSaliency(t=0.01, features=TINY_UNET, input_stride=2).eval()
+    x = images(seed=5)
+    with torch.no_grad():
+        out = model(x)
+        # the same U-Net on a 2x2 block average of the image, its logits bilinearly resized to the image's size
+        half = x.unflatten(-1, (-1, 2)).unflatten(-3, (-1, 2)).mean(dim=(-3, -1))
+        expected = F.interpolate(model.unet(half), size=x.shape[-2:], mode="bilinear", align_corners=False)
+    assert out["logits"].shape == (2, 2, *SIZE)
+    torch.testing.assert_close(out["logits"], expected)
+    torch.testing.assert_close(out["saliency_global"], torch.sigmoid(expected))
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="input_stride"):
+            UNetSaliency(features=TINY_UNET, input_stride=bad)
+
+
 # -- losses --------------------------------------------------------------------------------------------------------
 def test_cam_and_gmic_losses_by_formula():
     from scripts.losses import CAMLoss, GMICLoss

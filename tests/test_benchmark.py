@@ -137,10 +137,10 @@ def test_presets_declare_a_budget_and_an_existing_search_space():
         assert budget.trials >= 1 and budget.epochs >= 1
     assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_full.yaml")[0]["image_size"] == [2944, 1920]
     # the U-Net overlay comes after the preset and sets its widths: the CPU preset's go on the command line
-    assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1].model_overrides == {
-        "unet": {"unet_features": [8, 8, 16, 32, 64, 8]}
-    }
-    assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]["image_size"] == [368, 240]
+    cpu_budget = presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1]
+    assert set(cpu_budget.model_overrides) == {"unet"} and len(cpu_budget.model_overrides["unet"]["unet_features"]) == 6
+    assert cpu_budget.wall_limit_h == 3
+    assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]["image_size"] == [736, 480]
 
 
 # -- metrics and acceptance --------------------------------------------------------------------------------------
@@ -154,24 +154,34 @@ def test_acceptance_checks_on_hand_made_rows():
     rows = {
         "GLAM": _row((0.40, 0.30), (0.45, 0.35), (0.30, 0.20), (0.85, 0.75)),
         "GMIC": _row((0.30, 0.30), (0.40, 0.30), (0.25, 0.10), (0.88, 0.80)),  # benign Dice tied: GLAM does not beat it
-        "CAM": _row((0.20, 0.20), (0.30, 0.20), (0.20, 0.05), (0.86, 0.70)),  # benign AUC 0.05 away
-        "U-Net": _row((0.50, 0.40), (0.60, 0.30), (0.40, 0.25), (None, None)),  # benign img PxAP below GLAM
+        "CAM": _row((0.20, 0.20), (0.30, 0.20), (0.20, 0.05), (0.86, 0.70)),
+        "U-Net": _row((0.50, 0.40), (0.60, 0.30), (0.40, 0.25), (None, None)),  # benign Dice under 0.5
     }
-    checks = {c.condition: c for c in metrics.acceptance_checks(rows)}
-    assert len(checks) == 3 * 2 * 2 + 2 * 2 + 3 * 2
+    # pointing game pooled over lesions: (0.9 * 10 + 0.7 * 30) / 40 = 0.75; S_g peaks on the border 3 / 40
+    rows["GLAM"]["pointing_game"] = {"malignant": 0.9, "benign": 0.7}
+    rows["GLAM"]["n_lesion"] = {"malignant": 10, "benign": 30}
+    glam_global = {"peak_on_border": {"malignant": 0.0, "benign": 0.1}, "n_lesion": {"malignant": 10, "benign": 30}}
+    checks = {c.condition: c for c in metrics.acceptance_checks(rows, glam_global, 2.5 * 3600, 3 * 3600)}
+    # 2 metrics x 2 orderings x 2 classes, AUC and U-Net per class, pointing game, border, wall time
+    assert len(checks) == 8 + 2 + 2 + 3
     failing = {name for name, c in checks.items() if not c.holds}
     assert failing == {
         "GLAM beats GMIC: Dice benign",
-        "GLAM AUC within 0.03 of CAM: benign",
-        "GLAM AUC within 0.03 of GMIC: benign",  # 0.75 vs 0.80
-        "U-Net above GLAM: image-level PxAP benign",
+        "U-Net above GLAM, Dice >= 0.5: benign",
+        "GLAM pointing game (S_c) >= 0.8",
     }
-    assert checks["GLAM AUC within 0.03 of GMIC: malignant"].holds  # |0.85 - 0.88| = 0.03 is within
-    assert checks["GLAM AUC within 0.03 of CAM: benign"].detail == "0.750 vs 0.700 (+0.050)"
-    # a missing model fails its checks instead of passing them
+    # the best baseline's AUC is GMIC's (0.88 / 0.80): 0.85 and 0.75 are within 0.05
+    assert checks["GLAM AUC within 0.05 of the best baseline: benign"].detail == "0.750 vs GMIC 0.800"
+    assert checks["GLAM pointing game (S_c) >= 0.8"].detail == "0.750"
+    assert checks["GLAM's S_g peaks on the border for < 10% of lesions"].detail == "0.075"
+    assert checks["whole run within 3 h"].detail == "150 min"
+    # a missing model or value fails its checks instead of passing them
     checks = {c.condition: c for c in metrics.acceptance_checks({k: v for k, v in rows.items() if k != "CAM"})}
-    assert not checks["GLAM beats CAM: Dice malignant"].holds
-    assert checks["GLAM beats CAM: Dice malignant"].detail == "0.400 vs n/a"
+    assert not checks["GMIC beats CAM: Dice malignant"].holds
+    assert checks["GMIC beats CAM: Dice malignant"].detail == "0.300 vs n/a"
+    assert not checks["GLAM's S_g peaks on the border for < 10% of lesions"].holds
+    assert "whole run within 3 h" not in checks
+    assert not metrics.acceptance_checks(rows, glam_global, 3.5 * 3600, 3 * 3600)[-1].holds
 
 
 def test_selection_score_table_row_and_relative_gain():
@@ -192,6 +202,12 @@ def test_selection_score_table_row_and_relative_gain():
     assert metrics.validation_dice(summary) == pytest.approx(0.4)
     row = metrics.table_row(summary, "S_g")
     assert row["dice"]["malignant"] == 0.4 and row["pxap_dataset"]["benign"] == 0.25 and row["auc"]["benign"] == 0.7
+    assert row["pointing_game"]["benign"] is None and row["n_lesion"] == {"benign": 0, "malignant": 0}
+    summary["metrics"]["S_g"]["benign"]["pointing_game"] = 0.5
+    summary["metrics"]["S_g"]["malignant"]["pointing_game"] = 1.0
+    summary["n_lesion_images"] = {"benign": 3, "malignant": 1}
+    row = metrics.table_row(summary, "S_g")
+    assert metrics.pooled_rate(row, "pointing_game") == pytest.approx((0.5 * 3 + 1.0) / 4)
     assert metrics.relative_gain(0.390, 0.325) == pytest.approx(0.2)  # the paper's +20 % malignant
     assert metrics.relative_gain(0.335, 0.240) == pytest.approx(0.3958, abs=1e-4)  # and +40 % benign
     assert metrics.relative_gain(0.3, 0.0) is None and metrics.relative_gain(None, 0.3) is None
@@ -252,7 +268,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     work, docs = tmp_path / "work", tmp_path / "docs"
     results = tmp_path / "out" / "results.md"
     argv = ["--preset", str(TINY_PRESET), "--work_dir", str(work), "--docs_dir", str(docs), "--results", str(results)]
-    argv += ["--threads", "1"]
+    argv += ["--threads", "1", "--jobs", "2"]
     assert cli.main(argv) == 0, capsys.readouterr().out
     text = results.read_text()
 
@@ -289,7 +305,13 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     d = local["metrics"]["S_l"]["malignant"]
     assert f"| S_l (local, global frozen) | {_cell(d['dice_mean'], d['dice_std'])} |" in text
     assert "## Relative Dice gain of GLAM over GMIC" in text and "| malignant |" in text
-    assert re.search(r"(\d+) of 22 hold", text)
+    assert re.search(r"(\d+) of 14 hold", text)  # no wall-time limit in the tiny preset
+    # localisation: every model's pointing game, and what needs no learning on the test split
+    for name, map_key in (("GLAM", "S_c"), ("GLAM", "S_g"), ("GMIC", "S_g"), ("CAM", "S_g"), ("U-Net", "S_g")):
+        path, _ = test_reports[name] if name != "GLAM" or map_key == "S_c" else test_reports["GLAM"]
+        hit = json.loads(path.read_text())["metrics"][map_key]["malignant"]["pointing_game"]
+        assert re.search(rf"^\| {re.escape(name)} \| {map_key} \| {re.escape(_cell(hit))} \|", text, flags=re.M), name
+    assert "| no learning: the brightest 16-px cell |" in text and "| max | " in text
     assert len(re.findall(r"^\| (GLAM|CAM|GMIC|U-Net) \| 0 \| ", text, flags=re.M)) == 4  # one trial each
     for model in ("glam", "cam", "gmic", "unet"):
         val = json.loads((work / model / "trial_00" / "validation" / "metrics.json").read_text())
@@ -299,7 +321,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert "python scripts/benchmark.py --preset " in text
     assert "- test: " in text and "differ from the generator's calibrated defaults" in text
     # figures, linked relative to results.md
-    for name in ("benchmark_dice_scatter.png", "benchmark_examples.png"):
+    for name in ("benchmark_dice_scatter.png", "benchmark_examples.png", "benchmark_glam_maps.png"):
         png = docs / "images" / name
         assert Image.open(png).size[0] > 100
         assert f"(../docs/images/{name})" in text
@@ -311,6 +333,13 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert not any(v.ndim == 4 and v.shape[0] == 32 for v in unet.values())
     examples = np.asarray(Image.open(docs / "images" / "benchmark_examples.png"))
     assert examples.shape[1] == 5 * 160 + 4 * 4  # input, ground truth, CAM, GMIC, GLAM S_c
+    glam_maps = np.asarray(Image.open(docs / "images" / "benchmark_glam_maps.png"))
+    assert glam_maps.shape == examples.shape  # input, ground truth, S_g, S_l, S_c
+    # the patches are outlined on S_l and S_c (the last two panels) and not on S_g
+    from scripts.visualize import PATCH_COLOUR
+
+    is_patch = np.all(glam_maps == np.array(PATCH_COLOUR, np.uint8), axis=-1)
+    assert is_patch[:, 3 * 164 :].sum() > 0 and is_patch[:, : 3 * 164].sum() == 0
     # GLAM's global module per scale, from the selected checkpoint and from the last epoch (a last.pt is loaded)
     scales = np.asarray(Image.open(docs / "images" / "benchmark_global_scales.png"))
     assert scales.shape[0] == examples.shape[0] and scales.shape[1] == 10 * 160 + 9 * 4
@@ -318,10 +347,13 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     glam_global = next(work.glob("glam/trial_*/models/global"))
     entries = figures.global_scale_models([Path("a.yaml")], {"t_global": 0.5}, glam_global)
     assert [e[2].name for e in entries] == ["model.pt", "last.pt"] and all(e[2].is_file() for e in entries)
-    assert entries[0][3] == {k: f"selected {k} (1/{d})" for k, d in (("S_0", 16), ("S_1", 32), ("S_2", 64))} | {
-        "S_g": "selected S_g"
+    assert entries[0][3] == {
+        "S_0": "selected S_0 (finest)",
+        "S_1": "selected S_1",
+        "S_2": "selected S_2 (coarsest)",
+        "S_g": "selected S_g",
     }
-    assert list(entries[1][3].values())[0] == "last S_0 (1/16)"
+    assert list(entries[1][3].values())[0] == "last S_0 (finest)"
     assert entries[0][1] == {"t_global": 0.5, "stage": "global", "validate#postprocessing#scales": True}
 
     # a second run finds every step done: nothing re-runs (logs untouched), the same tables come out
@@ -334,10 +366,15 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert {p: p.stat().st_mtime_ns for p in (work / "logs").iterdir()} == logs
     assert (work / "timings.json").read_text() == timings
     second = results.read_text()
-    strip = lambda s: re.sub(r"(Generated by .*?\. |of this invocation of the driver: [^(]*)", "", s)  # noqa: E731
+    strip = lambda s: re.sub(  # noqa: E731
+        r"(Generated by .*?\. |Wall time of the run: [^(]*|this invocation of the driver: [^;]*)", "", s
+    )
+    invocations = json.loads((work / "invocations.json").read_text())
+    assert len(invocations) == 2 and all(i["wall_s"] > 0 for i in invocations)
     assert strip(second) == strip(text)
     steps_total = sum(json.loads(timings).values())
-    assert f"Wall time of all the workflow steps: {report._minutes(steps_total)};" in second
+    assert f"the workflow steps added up, 2 at a time: {report._minutes(steps_total)})" in second
+    assert f"Wall time of the run: {report._minutes(sum(i['wall_s'] for i in invocations))}" in second
 
     # an interrupted run (here: one test evaluation lost) re-runs that step only; findings written by hand beside
     # the results are carried into them
@@ -351,6 +388,14 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         f"| CAM | {_cell(json.loads(test_reports['CAM'][0].read_text())['metrics']['S_g']['malignant']['dice_mean'])}"
         in (results.read_text())
     )
+
+    # a replicate on another data seed: CAM trained again with its selected hyper-parameters on new data
+    assert cli.main([*argv, "--models", "cam", "--variation_seeds", "4"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"(\w+): running", out) == ["cam_seed4_train", "cam_seed4_test"]
+    replicate = json.loads((work / "seed_4" / "cam" / "test" / "metrics.json").read_text())
+    assert "_seed4_" in replicate["datalist"]
+    assert "### The same models trained on the data of seed 4" in results.read_text()
 
     # a work folder whose trials ran with other hyper-parameters is refused, naming the trial
     trial = work / "gmic" / "trial_00" / "trial.json"

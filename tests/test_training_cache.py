@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 import torch
 from conftest import TINY_CONFIG, TRAIN_CONFIG
 from monai.bundle import ConfigParser

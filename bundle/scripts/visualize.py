@@ -31,7 +31,8 @@ def overlay(image: np.ndarray, maps: np.ndarray, strength: float = 0.8) -> np.nd
     return rgb.astype(np.uint8)
 
 
-def _draw_boxes(rgb: np.ndarray, boxes: Sequence[Sequence[int]], width: int) -> None:
+def draw_boxes(rgb: np.ndarray, boxes: Sequence[Sequence[int]], width: int) -> None:
+    """Outline boxes (top, left, height, width) on an (H, W, 3) image in place, ``width`` px thick."""
     h, w = rgb.shape[:2]
     for r, c, bh, bw in boxes:
         r0, c0, r1, c1 = max(0, r), max(0, c), min(h, r + bh), min(w, c + bw)
@@ -65,7 +66,7 @@ def saliency_panel(
             raise ValueError(f"maps must have the image's size {(h, w)}, got {np.asarray(m).shape}")
         panel = overlay(image, m)
         if boxes is not None:
-            _draw_boxes(panel, boxes, line)
+            draw_boxes(panel, boxes, line)
         panels.append(panel)
     out = np.full((h, len(panels) * (w + separator) - separator, 3), 255, np.uint8)
     for i, p in enumerate(panels):

@@ -1,7 +1,15 @@
 """The driver: prepares the dataset (:func:`prepare_data`), runs every model's trials, selection, GLAM's later
-stages and the test evaluations as workflow steps in the order ``scripts/benchmark.py``'s docstring describes
+stages, the test evaluations and the replicates on other data seeds as workflow steps, ``jobs`` of them at a time
 (:func:`run_benchmark`), then the figures and ``results.md``; and the command line (:func:`build_parser`,
-:func:`main`)."""
+:func:`main`).
+
+Order of the work: (1) every (model, trial) training + validation evaluation; (2) per model, the trial with the best
+validation Dice is selected, then GLAM's local and joint stages and every model's test evaluation; (3) per variation
+seed, every model retrained with its selected hyper-parameters on data generated with that seed (no search), GLAM's
+later stages, and test evaluations. Steps inside (2) and (3) that depend on each other run in order; independent ones
+run side by side. On 2 CPU cores two single-threaded steps do about 1.4x the work of one two-threaded step
+(docs/performance.md), hence ``--jobs`` defaults to the usable cores and ``--threads`` to the cores per job.
+"""
 
 from __future__ import annotations
 
@@ -12,22 +20,25 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .figures import make_figures
 from .files import write_json
 from .metrics import read_metrics, table_row, validation_dice
 from .paths import BUNDLE_ROOT, DEFAULT_SEARCH, EVAL_CONFIG, TRAIN_CONFIG, display_path
-from .presets import MODELS, BenchmarkError, Budget, read_preset
-from .report import ModelResult, write_results
+from .presets import MODELS, BenchmarkError, Budget, ModelSpec, read_preset
+from .report import ModelResult, Replicate, write_results
 from .search import load_search_space, sample_trials, trial_overrides
 from .steps import Runner, Step, bundle_command
 
 
-def prepare_data(preset: Path, work_dir: Path, datalist: str | None) -> Path:
-    """The preset's synthetic dataset under ``<work_dir>/data`` (generated once), or ``datalist``; checked once
-    here so that the workflows can skip their own check."""
+def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int | None = None) -> Path:
+    """The preset's synthetic dataset under ``<work_dir>/data`` (generated once; ``seed`` replaces the preset's
+    ``benchmark_data_seed``), or ``datalist``; checked once here so that the workflows can skip their own check."""
     from monai.bundle import ConfigParser
 
     from scripts.data import assert_datalist_ok
@@ -38,12 +49,165 @@ def prepare_data(preset: Path, work_dir: Path, datalist: str | None) -> Path:
         if "benchmark_data_root" not in parser.get():
             raise BenchmarkError(f"{preset}: needs 'benchmark_data_root' (or pass --datalist)")
         parser["benchmark_data_root"] = str(work_dir / "data")
+        if seed is not None:
+            parser["benchmark_data_seed"] = int(seed)
         datalist = str(parser.get_parsed_content("datalist"))
     path = Path(datalist).resolve()
     if not path.is_file():
         raise BenchmarkError(f"--datalist {path}: file not found")
     assert_datalist_ok(str(path))
     return path
+
+
+def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """What needs no learning on the test split (:func:`~glam_benchmark.trivial.no_learning_baselines`): the
+    cell of the brightest-cell map is that of GLAM's S_g under the preset. None when the test split is empty."""
+    import torch
+    from monai.bundle import ConfigParser
+
+    from .trivial import no_learning_baselines, preprocess_items
+
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(preset)])
+    parser["datalist"] = str(datalist)
+    parser["bundle_root"] = str(BUNDLE_ROOT)
+    parser["stage"] = "global"
+    items = parser.get_parsed_content("datalist_content").get("test", [])
+    if not items:
+        return None
+    start = time.monotonic()
+    split = preprocess_items(items, parser.get_parsed_content("validate#preprocessing"))
+    network = parser.get_parsed_content("network_def").eval()
+    with torch.no_grad():
+        cell = split["image"].shape[-2] // network(split["image"][:1].float())["saliency_global"].shape[-2]
+    out = no_learning_baselines(
+        split["image"], split["mask"], split["label"], cell, float(parser.get_parsed_content("pointing_tolerance"))
+    )
+    log(f"[benchmark] no-learning baselines on {len(items)} test images in {time.monotonic() - start:.0f} s")
+    return out
+
+
+@dataclass(frozen=True)
+class ModelSteps:
+    """How one model's workflow steps are built: its config files for training and for evaluation, and the
+    overrides every one of its commands shares."""
+
+    spec: ModelSpec
+    train_cfg: list[Path]
+    eval_cfg: list[Path]
+    stage: dict[str, str]
+
+    @classmethod
+    def of(cls, spec: ModelSpec, preset: Path) -> ModelSteps:
+        extra = [spec.overlay] if spec.overlay else []
+        stage = {"stage": "global"} if spec.overlay is None else {}
+        return cls(spec, [TRAIN_CONFIG, preset, *extra], [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra], stage)
+
+    def train(self, name: str, overrides: Mapping[str, Any], done: Path, stage: str | None = None) -> Step:
+        extra = {"stage": stage} if stage else {}
+        return Step(
+            name, bundle_command("training", self.train_cfg, {**overrides, **extra, "resume": True}), done, True
+        )
+
+    def evaluate(self, name: str, overrides: Mapping[str, Any], eval_dir: Path, **extra: Any) -> Step:
+        command = bundle_command("evaluating", self.eval_cfg, {**overrides, **extra, "eval_dir": str(eval_dir)})
+        return Step(name, command, eval_dir / "metrics.json")
+
+
+def _check_trial_record(saved: Path, record: Mapping[str, Any]) -> None:
+    if saved.is_file():
+        previous = json.loads(saved.read_text())
+        if previous.get("params") != record["params"]:
+            raise BenchmarkError(
+                f"{saved}: this trial ran with {previous.get('params')}, the search now draws {record['params']} "
+                "(another preset or search file?): use another --work_dir"
+            )
+    else:
+        write_json(saved, record)
+
+
+def run_trial(
+    runner: Runner, steps: ModelSteps, k: int, params: Mapping[str, Any], trial_dir: Path, overrides: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Train one trial and evaluate its selected checkpoint on the validation split; returns the trial record
+    (params, overrides, validation row and score when it finished) and the names of its steps."""
+    name = steps.spec.name
+    record: dict[str, Any] = {"model": name, "index": k, "params": dict(params)}
+    _check_trial_record(trial_dir / "trial.json", record)
+    train = steps.train(f"{name}_trial{k:02d}_train", overrides, trial_dir / "global_trained.json")
+    val_dir = trial_dir / "validation"
+    validate = steps.evaluate(f"{name}_trial{k:02d}_validation", overrides, val_dir, eval_split="validation")
+    if runner.run(train) and runner.run(validate):
+        summary = read_metrics(validate.done_file)
+        record["validation"] = table_row(summary, "S_g")
+        record["score"] = validation_dice(summary)
+    else:
+        runner.skip(validate.name, f"{train.name} failed")
+    record["overrides"] = overrides
+    return record, [train.name, validate.name]
+
+
+def finish_model(
+    runner: Runner, steps: ModelSteps, tag: str, model_dir: Path, overrides: Mapping[str, Any], target: Any
+) -> list[str]:
+    """After selection (or for a replicate): GLAM's local and joint stages, then the test evaluation(s); the
+    reports go to ``target`` (a :class:`ModelResult` or :class:`Replicate`). Returns the step names."""
+    names: list[str] = []
+    if steps.spec.name != "glam":
+        eval_dir = model_dir / "test"
+        step = steps.evaluate(f"{tag}_test", overrides, eval_dir)
+        names.append(step.name)
+        if runner.run(step):
+            target.test = read_metrics(step.done_file)
+            target.test_csv = eval_dir / "metrics.csv"
+        return names
+    for stage_name in ("local", "joint"):
+        step = steps.train(f"{tag}_{stage_name}", overrides, model_dir / f"{stage_name}_trained.json", stage_name)
+        names.append(step.name)
+        if not runner.run(step):
+            runner.skip(f"{tag}_test", f"{step.name} failed")
+            return names
+    for stage_name, attr in (("local", "test_local"), ("joint", "test")):
+        eval_dir = model_dir / f"test_{stage_name}"
+        step = steps.evaluate(f"{tag}_test_{stage_name}", overrides, eval_dir, stage=stage_name)
+        names.append(step.name)
+        if runner.run(step):
+            setattr(target, attr, read_metrics(step.done_file))
+            if stage_name == "joint":
+                target.test_csv = eval_dir / "metrics.csv"
+    return names
+
+
+def replicate_model(
+    runner: Runner, steps: ModelSteps, seed: int, datalist: Path, seed_dir: Path, selected: Mapping[str, Any]
+) -> tuple[Replicate, list[str]]:
+    """The selected trial's hyper-parameters trained again on the data of another seed, then its later stages and
+    test evaluation(s): the variation of Table 1 across data sets."""
+    name = steps.spec.name
+    model_dir = seed_dir / name
+    overrides = {
+        **selected["overrides"],
+        "datalist": str(datalist),
+        "ckpt_root": str(model_dir / "models"),
+        "output_root": str(model_dir / "eval"),
+    }
+    replicate = Replicate(seed=seed, datalist=datalist)
+    tag = f"{name}_seed{seed}"
+    train = steps.train(f"{tag}_train", overrides, model_dir / "global_trained.json")
+    names = [train.name]
+    if runner.run(train):
+        names += finish_model(runner, steps, tag, model_dir, overrides, replicate)
+    else:
+        runner.skip(f"{tag}_test", f"{train.name} failed")
+    return replicate, names
+
+
+def _in_parallel(jobs: int, calls: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run the calls on ``jobs`` threads (each call runs its workflow steps as subprocesses); results in order."""
+    if jobs <= 1 or len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
 def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -54,6 +218,8 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
     config, budget = read_preset(preset)
     if args.trials is not None:
         budget = Budget(**{**budget.__dict__, "trials": args.trials})
+    if args.variation_seeds is not None:
+        budget = Budget(**{**budget.__dict__, "variation_seeds": tuple(args.variation_seeds)})
     search_path = Path(args.search).resolve()
     space = load_search_space(search_path, budget.search_space)
     work_dir = Path(args.work_dir).resolve()
@@ -64,56 +230,30 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
     datalist = prepare_data(preset, work_dir, args.datalist)
     common = {"datalist": str(datalist), "check_data": False, "bundle_root": str(BUNDLE_ROOT)}
     lr = config["learning_rate"]
+    model_steps = {name: ModelSteps.of(MODELS[name], preset) for name in args.models}
+    results = {name: ModelResult(MODELS[name]) for name in args.models}
+    step_names: dict[str, list[str]] = {name: [] for name in args.models}
 
-    results: dict[str, ModelResult] = {}
+    # (1) every trial of every model
+    trial_calls = []
     for name in args.models:
-        spec = MODELS[name]
-        result = ModelResult(spec)
-        results[name] = result
-        extra = [spec.overlay] if spec.overlay else []
-        train_cfg = [TRAIN_CONFIG, preset, *extra]
-        eval_cfg = [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra]
-        stage = {"stage": "global"} if spec.overlay is None else {}
-        steps: list[str] = []
         for k, params in enumerate(sample_trials(space, name, budget.trials)):
             trial_dir = work_dir / name / f"trial_{k:02d}"
-            record = {"model": name, "index": k, "params": params}
-            saved = trial_dir / "trial.json"
-            if saved.is_file():
-                previous = json.loads(saved.read_text())
-                if previous.get("params") != params:
-                    raise BenchmarkError(
-                        f"{saved}: this trial ran with {previous.get('params')}, the search now draws {params} "
-                        "(another preset or search file?): use another --work_dir"
-                    )
-            else:
-                write_json(saved, record)
             folders = {"ckpt_root": str(trial_dir / "models"), "output_root": str(trial_dir / "eval")}
             overrides = {**common, **folders, **budget.model_overrides.get(name, {}), **trial_overrides(params, lr)}
-            overrides.update(stage)
-            train = Step(
-                f"{name}_trial{k:02d}_train",
-                bundle_command("training", train_cfg, {**overrides, "resume": True}),
-                trial_dir / "global_trained.json",
-                marker=True,
+            overrides.update(model_steps[name].stage)
+            trial_calls.append(
+                lambda s=model_steps[name], k=k, p=params, d=trial_dir, o=overrides: run_trial(runner, s, k, p, d, o)
             )
-            val_dir = trial_dir / "validation"
-            validate = Step(
-                f"{name}_trial{k:02d}_validation",
-                bundle_command(
-                    "evaluating", eval_cfg, {**overrides, "eval_split": "validation", "eval_dir": str(val_dir)}
-                ),
-                val_dir / "metrics.json",
-            )
-            steps += [train.name, validate.name]
-            if runner.run(train) and runner.run(validate):
-                summary = read_metrics(validate.done_file)
-                record["validation"] = table_row(summary, "S_g")
-                record["score"] = validation_dice(summary)
-            else:
-                runner.skip(validate.name, f"{train.name} failed")
-            record["overrides"] = overrides
-            result.trials.append(record)
+    for record, names in _in_parallel(args.jobs, trial_calls):
+        results[record["model"]].trials.append(record)
+        step_names[record["model"]] += names
+
+    # (2) selection, GLAM's later stages, test evaluations; (3) the replicates on other data seeds
+    later = []
+    seed_data = {seed: prepare_data(preset, work_dir, None, seed) for seed in budget.variation_seeds}
+    for name in args.models:
+        result = results[name]
         scored = [t for t in result.trials if "score" in t and not math.isnan(t["score"])]
         if not scored:
             runner.skip(f"{name}_test", "no trial finished with a validation Dice")
@@ -121,49 +261,38 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         best = max(scored, key=lambda t: (t["score"], -t["index"]))
         result.selected = best["index"]
         trial_dir = work_dir / name / f"trial_{best['index']:02d}"
-        overrides = best["overrides"]
-        if name == "glam":
-            ok = True
-            for stage_name in ("local", "joint"):
-                step = Step(
-                    f"glam_trial{best['index']:02d}_{stage_name}",
-                    bundle_command("training", train_cfg, {**overrides, "stage": stage_name, "resume": True}),
-                    trial_dir / f"{stage_name}_trained.json",
-                    marker=True,
-                )
-                steps.append(step.name)
-                ok = ok and runner.run(step)
-            if ok:
-                for stage_name, attr in (("local", "test_local"), ("joint", "test")):
-                    eval_dir = trial_dir / f"test_{stage_name}"
-                    step = Step(
-                        f"glam_trial{best['index']:02d}_test_{stage_name}",
-                        bundle_command(
-                            "evaluating", eval_cfg, {**overrides, "stage": stage_name, "eval_dir": str(eval_dir)}
-                        ),
-                        eval_dir / "metrics.json",
-                    )
-                    steps.append(step.name)
-                    if runner.run(step):
-                        setattr(result, attr, read_metrics(step.done_file))
-                        if stage_name == "joint":
-                            result.test_csv = eval_dir / "metrics.csv"
-        else:
-            eval_dir = trial_dir / "test"
-            step = Step(
-                f"{name}_trial{best['index']:02d}_test",
-                bundle_command("evaluating", eval_cfg, {**overrides, "eval_dir": str(eval_dir)}),
-                eval_dir / "metrics.json",
+        tag = f"{name}_trial{best['index']:02d}"
+        later.append(
+            lambda n=name, s=model_steps[name], t=tag, d=trial_dir, b=best: (
+                n,
+                None,
+                finish_model(runner, s, t, d, b["overrides"], results[n]),
             )
-            steps.append(step.name)
-            if runner.run(step):
-                result.test = read_metrics(step.done_file)
-                result.test_csv = eval_dir / "metrics.csv"
-        timed = [runner.timings.get(s) for s in steps]
+        )
+        for seed, data in seed_data.items():
+            later.append(
+                lambda n=name, s=model_steps[name], seed=seed, data=data, b=best: (
+                    n,
+                    *replicate_model(runner, s, seed, data, work_dir / f"seed_{seed}", b),
+                )
+            )
+    for name, replicate, names in _in_parallel(args.jobs, later):
+        step_names[name] += names
+        if replicate is not None:
+            results[name].replicates.append(replicate)
+    for name, result in results.items():
+        result.trials.sort(key=lambda t: t["index"])
+        result.replicates.sort(key=lambda r: r.seed)
+        timed = [runner.timings.get(s) for s in step_names[name]]
         result.wall_s = float(sum(t for t in timed if t is not None))
         result.wall_complete = all(t is not None for t in timed)
 
     figures = make_figures(results, work_dir, docs_dir, datalist, budget, preset, common, runner)
+    try:
+        trivial = test_baselines(preset, datalist, (lambda _: None) if args.quiet else print)
+    except Exception as err:  # a report without this section beats no report after hours of training
+        runner.skip("no_learning_baselines", f"{type(err).__name__}: {err}")
+        trivial = None
     total = time.monotonic() - start
     command = "python scripts/benchmark.py " + shlex.join(list(argv))
     out = write_results(
@@ -177,10 +306,13 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         budget=budget,
         datalist=datalist,
         threads=args.threads,
+        jobs=args.jobs,
         total_wall_s=total,
+        run_wall_s=runner.run_wall_s(),
         steps_wall_s=float(sum(runner.timings.values())),
         failures=runner.failures,
         figures=figures,
+        trivial=trivial,
     )
     if not args.quiet:
         held = sum(c.holds for c in out["checks"])
@@ -191,7 +323,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def _default_threads() -> int:
+def _usable_cores() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
@@ -201,7 +333,7 @@ def _default_threads() -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="GLAM's Table-1 benchmark: random search, training and test evaluation of GLAM, CAM, GMIC and "
-        "a U-Net on a synthetic dataset, then docs/results.md and two figures.",
+        "a U-Net on a synthetic dataset (and replicates on other data seeds), then docs/results.md and its figures.",
     )
     parser.add_argument("--preset", required=True, help="size preset, e.g. configs/benchmark_cpu.yaml")
     parser.add_argument("--search", default=str(DEFAULT_SEARCH), help="search space file (default %(default)s)")
@@ -214,7 +346,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--trials", type=int, default=None, help="override the preset's number of trials")
     parser.add_argument(
-        "--threads", type=int, default=_default_threads(), help="OMP_NUM_THREADS of each step (default: usable cores)"
+        "--variation_seeds",
+        type=int,
+        nargs="*",
+        default=None,
+        help="data seeds of the replicates (default: the preset's benchmark#variation_seeds; none to skip them)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=_usable_cores(), help="workflow steps run side by side (default: usable cores)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="OMP_NUM_THREADS of each step (default: usable cores / jobs)"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
@@ -224,6 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.threads is None:
+        args.threads = max(1, _usable_cores() // args.jobs)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.trials is not None and args.trials < 1:
@@ -233,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.search).is_file():
         parser.error(f"--search {args.search}: file not found")
     args.models = list(dict.fromkeys(args.models))
+    if args.datalist and args.variation_seeds:
+        parser.error("--variation_seeds needs the preset's synthetic data (not --datalist)")
     try:
         return run_benchmark(args, argv)
     except BenchmarkError as err:

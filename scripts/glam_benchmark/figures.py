@@ -105,7 +105,8 @@ def example_rows(items: Sequence[Mapping[str, Any]], models: Sequence[FigureMode
     """Run each model once on each item with the bundle's evaluation pipeline, in this process.
 
     Per item returns ``image`` (H, W), ``mask`` (2, H, W) and, under its title, each (2, H, W) map a model's
-    entry names, all at the preprocessed image's size.
+    entry names, all at the preprocessed image's size; ``patch_boxes`` (K, 4) rows (top, left, height, width) when
+    a model crops patches (GLAM).
     """
     import torch
     from monai.bundle import ConfigParser
@@ -134,22 +135,34 @@ def example_rows(items: Sequence[Mapping[str, Any]], models: Sequence[FigureMode
             out = postprocessing(decollate_batch({"image": image, "label": targets, "pred": pred})[0])
             for map_key, title in maps.items():
                 row[title] = out[map_key].detach().float().cpu().numpy()
+            if "patch_boxes" in pred:
+                row["patch_boxes"] = pred["patch_boxes"][0].detach().cpu().numpy().astype(int)
             row["image"] = out["image"].detach().float().cpu().numpy()[0]
             row["mask"] = out["lesion_mask"].detach().float().cpu().numpy()
     return rows
 
 
-def examples_figure(rows: Sequence[Mapping[str, np.ndarray]], titles: Sequence[str], separator: int = 4) -> np.ndarray:
+def examples_figure(
+    rows: Sequence[Mapping[str, np.ndarray]],
+    titles: Sequence[str],
+    separator: int = 4,
+    boxes_on: Sequence[str] = (),
+) -> np.ndarray:
     """One row per image: input, ground truth, then each model's map as a coloured overlay (benign green,
-    malignant red) -> (H', W', 3) uint8."""
-    from scripts.visualize import overlay
+    malignant red), with the row's ``patch_boxes`` outlined on the panels named in ``boxes_on`` -> (H', W', 3)
+    uint8."""
+    from scripts.visualize import draw_boxes, overlay
 
     strips = []
     h, w = rows[0]["image"].shape
     strips.append(_label_strip(["input", "ground truth", *titles], w, separator))
     for row in rows:
         panels = [overlay(row["image"], np.zeros((0, h, w))), overlay(row["image"], 0.5 * (row["mask"] > 0))]
-        panels += [overlay(row["image"], row[t]) for t in titles]
+        for t in titles:
+            panel = overlay(row["image"], row[t])
+            if t in boxes_on and "patch_boxes" in row:
+                draw_boxes(panel, row["patch_boxes"].tolist(), width=max(1, h // 240))
+            panels.append(panel)
         line = np.full((h, len(panels) * (w + separator) - separator, 3), 255, np.uint8)
         for i, p in enumerate(panels):
             line[:, i * (w + separator) : i * (w + separator) + w] = p
@@ -175,7 +188,7 @@ def _figure_titles(models: Sequence[FigureModel]) -> list[str]:
 
 
 #: GLAM's global maps in the scales figure: output key -> title
-GLOBAL_SCALE_MAPS = {"S_0": "S_0 (1/16)", "S_1": "S_1 (1/32)", "S_2": "S_2 (1/64)", "S_g": "S_g"}
+GLOBAL_SCALE_MAPS = {"S_0": "S_0 (finest)", "S_1": "S_1", "S_2": "S_2 (coarsest)", "S_g": "S_g"}
 
 
 def global_scale_models(configs: Sequence[Path], overrides: Mapping[str, Any], global_dir: Path) -> list[FigureModel]:
@@ -208,7 +221,7 @@ def make_figures(
 
     from scripts.data.datalist import load_datalist, resolve_paths
 
-    figures: dict[str, Path | None] = {"scatter": None, "examples": None, "scales": None}
+    figures: dict[str, Path | None] = {"scatter": None, "examples": None, "scales": None, "glam": None}
     images = docs_dir / "images"
     glam = results.get("glam")
     if glam is not None and glam.test_csv is not None and glam.test_csv.is_file():
@@ -243,6 +256,11 @@ def make_figures(
     figures["examples"] = images / "benchmark_examples.png"
     write_png(figures["examples"], examples_figure(example_rows(items, models), _figure_titles(models)))
     if "glam" in ready:
+        configs, overrides, ckpt, _ = models[ready.index("glam")]
+        glam_model = [(configs, overrides, ckpt, {"S_g": "S_g", "S_l": "S_l", "S_c": "S_c"})]
+        figures["glam"] = images / "benchmark_glam_maps.png"
+        glam_rows = example_rows(items, glam_model)
+        write_png(figures["glam"], examples_figure(glam_rows, ["S_g", "S_l", "S_c"], boxes_on=("S_l", "S_c")))
         r = results["glam"]
         global_dir = work_dir / "glam" / f"trial_{r.selected:02d}" / "models" / "global"
         scale_models = global_scale_models(

@@ -39,7 +39,10 @@ class Budget:
     """The same budget for every model: ``trials`` random-search trials of ``epochs`` epochs of the model's one
     stage (GLAM: its global stage), then GLAM's local and joint stages with ``local_epochs`` / ``joint_epochs``
     from the selected global module; ``examples`` test images in the qualitative figure. ``model_overrides``: per
-    model, config ids set on its command lines (they win over the overlays, which are layered after the preset)."""
+    model, config ids set on its command lines (they win over the overlays, which are layered after the preset).
+    ``variation_seeds``: data seeds on which every model is trained again with its selected hyper-parameters (the
+    variation of the table across data sets); ``wall_limit_h``: the run's wall-time target, checked in the results
+    (None: no target)."""
 
     search_space: str
     trials: int
@@ -48,6 +51,8 @@ class Budget:
     joint_epochs: int
     examples: int
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    variation_seeds: tuple[int, ...] = ()
+    wall_limit_h: float | None = None
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -83,6 +88,22 @@ def _model_overrides(value: Any, preset: Path) -> dict[str, dict[str, Any]]:
     return {str(k): dict(v) for k, v in value.items()}
 
 
+def _seeds(value: Any, preset: Path) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise BenchmarkError(f"{preset}: benchmark#variation_seeds must be a list of data seeds, got {value!r}")
+    return tuple(_positive_int(v, f"{preset}: benchmark#variation_seeds", minimum=0) for v in value)
+
+
+def _hours(value: Any, preset: Path) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise BenchmarkError(f"{preset}: benchmark#wall_limit_h must be a positive number of hours, got {value!r}")
+    return float(value)
+
+
 def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
     """The merged ``train.yaml`` + preset configuration (raw, unparsed) and the benchmark budget it declares.
 
@@ -114,6 +135,8 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         joint_epochs=_positive_int(epochs["joint"], f"{preset}: epochs#joint"),
         examples=_positive_int(section["examples"], f"{preset}: benchmark#examples", minimum=0),
         model_overrides=_model_overrides(section.get("model_overrides"), preset),
+        variation_seeds=_seeds(section.get("variation_seeds"), preset),
+        wall_limit_h=_hours(section.get("wall_limit_h"), preset),
     )
     if not isinstance(config.get("learning_rate"), Mapping):
         raise BenchmarkError(f"{preset}: 'learning_rate' must be per stage (global, local, joint)")

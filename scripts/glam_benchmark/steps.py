@@ -1,6 +1,6 @@
 """Running the bundle's own workflows: the ``python -m monai.bundle run ...`` command line of a step
 (:func:`bundle_command`), a :class:`Step` and its proof of completion, and the :class:`Runner` that runs steps as
-subprocesses one at a time, logs them, records their wall times and skips those already done (resumability)."""
+subprocesses, logs them, records their wall times and skips those already done (resumability)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,8 +51,11 @@ class Step:
 
 @dataclass
 class Runner:
-    """Runs steps one at a time (the machine may be shared), logs each to ``<work_dir>/logs/<name>.log``, records
-    wall times in ``<work_dir>/timings.json`` and remembers failures."""
+    """Runs steps as subprocesses of ``threads`` threads each (several threads of the driver may call :meth:`run`
+    at once), logs each to ``<work_dir>/logs/<name>.log``, records step wall times in ``<work_dir>/timings.json``
+    and remembers failures. It also keeps the wall time of every invocation of the driver on this work folder in
+    ``<work_dir>/invocations.json`` (updated after each step), so a run resumed over several sessions knows its
+    whole wall time (:meth:`run_wall_s`)."""
 
     work_dir: Path
     threads: int
@@ -60,9 +64,25 @@ class Runner:
     failures: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
         path = self.work_dir / "timings.json"
         if path.is_file():
             self.timings = {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+        record = self.work_dir / "invocations.json"
+        self._invocations: list[dict[str, Any]] = json.loads(record.read_text()) if record.is_file() else []
+        self._invocations.append({"started": datetime.now().isoformat(timespec="seconds"), "wall_s": 0.0})
+
+    def record_invocation(self) -> None:
+        """Store this invocation's wall time so far."""
+        with self._lock:
+            self._invocations[-1]["wall_s"] = time.monotonic() - self._started
+            write_json(self.work_dir / "invocations.json", self._invocations)
+
+    def run_wall_s(self) -> float:
+        """Wall time of every invocation on this work folder, this one up to now."""
+        self.record_invocation()
+        return float(sum(i["wall_s"] for i in self._invocations))
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -91,7 +111,8 @@ class Runner:
         wall = time.monotonic() - start
         if done.returncode != 0:
             tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
-            self.failures[step.name] = f"exit status {done.returncode}; log {log}; last lines: " + " | ".join(tail)
+            with self._lock:
+                self.failures[step.name] = f"exit status {done.returncode}; log {log}; last lines: " + " | ".join(tail)
             self._log(f"{step.name}: FAILED after {wall:.0f} s ({self.failures[step.name]})")
             return False
         if step.marker:
@@ -99,10 +120,13 @@ class Runner:
         elif not step.done_file.is_file():
             self.failures[step.name] = f"finished without writing {step.done_file}; log {log}"
             return False
-        self.timings[step.name] = wall
-        write_json(self.work_dir / "timings.json", self.timings)
+        with self._lock:
+            self.timings[step.name] = wall
+            write_json(self.work_dir / "timings.json", self.timings)
+        self.record_invocation()
         self._log(f"{step.name}: finished in {wall:.0f} s")
         return True
 
     def skip(self, step_name: str, reason: str) -> None:
-        self.failures.setdefault(step_name, f"not run: {reason}")
+        with self._lock:
+            self.failures.setdefault(step_name, f"not run: {reason}")

@@ -1,0 +1,88 @@
+"""The localisation probe (scripts/probe_localisation.py) and what needs no learning
+(scripts/glam_benchmark/trivial.py): helpers against hand-made cases and loops, and one learning test."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+from glam_benchmark import trivial  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("probe_localisation", REPO_ROOT / "scripts" / "probe_localisation.py")
+probe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(probe)
+
+
+def loop_auc(scores, labels):
+    """Share of (positive, negative) pairs ranked right, ties half: the definition, pair by pair."""
+    total = count = 0.0
+    for s_p, y_p in zip(scores, labels):
+        for s_n, y_n in zip(scores, labels):
+            if y_p == 1 and y_n == 0:
+                total += 1.0 if s_p > s_n else 0.5 if s_p == s_n else 0.0
+                count += 1
+    return total / count
+
+
+def test_auc_matches_the_pairwise_definition_and_is_nan_without_both_classes():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, 40).astype(float)  # many ties
+    labels = rng.integers(0, 2, 40)
+    assert trivial.auc(scores, labels) == pytest.approx(loop_auc(scores, labels))
+    assert trivial.auc(np.array([0.1, 0.9]), np.array([0, 1])) == 1.0
+    assert np.isnan(trivial.auc(np.array([0.1, 0.2]), np.array([1, 1])))
+
+
+def test_breast_statistics_ignore_the_background():
+    image = torch.full((1, 1, 4, 4), -1.0)
+    image[0, 0, :2, :2] = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
+    stats = trivial.breast_statistics(image)
+    assert stats["max"][0] == 6.0 and stats["mean"][0] == 3.0
+    assert stats["std"][0] == pytest.approx(np.std([1, 2, 3, 6], ddof=1))
+
+
+def test_brightest_cell_map_peaks_on_the_brightest_block_and_the_baselines_count_hits():
+    images = torch.zeros(2, 1, 32, 32)
+    images[0, 0, 20:24, 4:8] = 5.0  # image 0: bright block at rows 16-23, cols 0-7 of the 8-px grid
+    images[1, 0, 0:4, 24:28] = 5.0  # image 1: bright block in the top-right cell
+    maps = trivial.brightest_cell_maps(images, 8)
+    assert maps.shape == (2, 2, 32, 32)
+    assert maps[0, 0, 16:24, 0:8].min() == 1.0 and maps[0, 0].sum() == 64.0  # one cell at 1, the rest 0
+    masks = torch.zeros(2, 2, 32, 32, dtype=torch.uint8)
+    masks[0, 1, 18:22, 2:6] = 1  # malignant lesion under image 0's bright block: a hit
+    masks[1, 0, 26:30, 2:6] = 1  # benign lesion far from image 1's bright block: a miss
+    labels = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    # the peak of a block of ones is its centre, (19.5, 3.5): within 1 px of the lesion's pixel centres
+    out = trivial.no_learning_baselines(images, masks, labels, cell=8, tolerance=1.0)
+    assert out["brightest_cell_hit"] == {"benign": 0.0, "malignant": 1.0}
+    assert out["brightest_cell_pooled"] == 0.5 and out["cell"] == 8
+    # the maximum ranks image 0 (the malignant one) and image 1 equally: AUC 0.5 for either class
+    assert out["statistics"]["max"]["malignant"] == 0.5
+
+
+def test_shift_batch_translates_and_fills_with_the_background():
+    images = torch.arange(16.0).reshape(1, 1, 4, 4) + 1
+    images[0, 0, 0, 0] = 0.0  # the minimum, used as the fill
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        shifted = probe.shift_batch(images, (2, 2), gen)
+        # every value is either the fill or one of the image's values, and one block of the image survives intact
+        assert set(shifted.flatten().tolist()) <= set(images.flatten().tolist())
+    assert torch.equal(probe.shift_batch(images, (0, 0), gen), images)
+
+
+def test_set_values_and_config_loading():
+    assert probe.parse_value("[1, 2]") == [1, 2] and probe.parse_value("1e-3") == 1e-3
+    assert probe.parse_value("replicate") == "replicate" and probe.parse_value("True") is True
+    parser = probe.load_parser(REPO_ROOT / "configs" / "benchmark_cpu.yaml", "cam", {"cam_t": 1.0})
+    assert parser.get("stage") == "global" and parser.get("cam_t") == 1.0
+    with pytest.raises(ValueError, match="--model"):
+        probe.load_parser(None, "unet", {})
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        probe.load_parser(REPO_ROOT / "missing.yaml", "glam", {})
