@@ -54,14 +54,16 @@ class Runner:
     """Runs steps as subprocesses of ``threads`` threads each (several threads of the driver may call :meth:`run`
     at once), logs each to ``<work_dir>/logs/<name>.log``, records step wall times in ``<work_dir>/timings.json``
     and remembers failures. It also keeps the wall time of every invocation of the driver on this work folder in
-    ``<work_dir>/invocations.json`` (updated after each step), so a run resumed over several sessions knows its
-    whole wall time (:meth:`run_wall_s`)."""
+    ``<work_dir>/invocations.json`` (updated after each step and every ``heartbeat_s`` seconds, so an invocation
+    that is killed still counts), so a run resumed over several sessions knows its whole wall time
+    (:meth:`run_wall_s`)."""
 
     work_dir: Path
     threads: int
     quiet: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    heartbeat_s: float = 60.0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -72,6 +74,12 @@ class Runner:
         record = self.work_dir / "invocations.json"
         self._invocations: list[dict[str, Any]] = json.loads(record.read_text()) if record.is_file() else []
         self._invocations.append({"started": datetime.now().isoformat(timespec="seconds"), "wall_s": 0.0})
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(self.heartbeat_s)
+            self.record_invocation()
 
     def record_invocation(self) -> None:
         """Store this invocation's wall time so far."""

@@ -92,10 +92,15 @@ def no_learning_baselines(
 def preprocess_items(items: Sequence[Mapping[str, Any]], transform: Any) -> dict[str, torch.Tensor]:
     """Images (N, 1, H, W) float16, masks (N, 2, H, W) uint8 and labels (N, 2) of datalist ``items`` after a
     deterministic preprocessing ``transform`` that gives ``image``, ``mask`` and ``label``."""
+    from monai.utils import convert_to_tensor
+
+    def plain(value: Any) -> torch.Tensor:  # no MetaTensor: the cache must load with weights_only=True
+        return convert_to_tensor(value, track_meta=False)
+
     images, masks, labels = [], [], []
     for item in items:
         d = transform(dict(item))
-        images.append(torch.as_tensor(d["image"]).to(torch.float16))
-        masks.append(torch.as_tensor(d["mask"]).to(torch.uint8))
-        labels.append(torch.as_tensor(d["label"], dtype=torch.float32).reshape(-1))
+        images.append(plain(d["image"]).to(torch.float16))
+        masks.append(plain(d["mask"]).to(torch.uint8))
+        labels.append(plain(d["label"]).to(torch.float32).reshape(-1))
     return {"image": torch.stack(images), "mask": torch.stack(masks), "label": torch.stack(labels)}
