@@ -214,3 +214,15 @@ def test_cli_reference_preset_on_a_datalist(inputs, tmp_path):
         row = by_name[Path(item["image"]).name]
         assert [int(row["label_benign"]), int(row["label_malignant"])] == list(item["label"])
         assert len(row["patch_boxes"].split(";")) == 1  # M = 1
+
+
+def test_inference_without_weights_stops_with_one_line_naming_the_file(tmp_path):
+    missing = tmp_path / "nowhere" / "model.pt"
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", str(INFERENCE_CONFIG)]
+    cmd += ["--meta_file", str(META), "--input_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")]
+    cmd += ["--ckpt_path", str(missing), "--bundle_root", "bundle"]  # the documented command line
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: model weights not found: {missing}: ") and "--ckpt_path" in last
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

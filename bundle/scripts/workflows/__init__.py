@@ -1,7 +1,7 @@
 """GLAM's training and evaluation workflows on MONAI / PyTorch-Ignite engines (used from ``configs/train.yaml``)."""
 
 from .batch import GLAMPrepareBatch
-from .checkpoints import StageCheckpointer, plain_state_dict, save_atomic
+from .checkpoints import StageCheckpointer, plain_state_dict, require_weights, save_atomic
 from .datasets import training_dataset
 from .distributed import (
     RankBarrier,
@@ -37,6 +37,7 @@ __all__ = [
     "EpochSeeder",
     "BestMetricState",
     "StageCheckpointer",
+    "require_weights",
     "save_atomic",
     "plain_state_dict",
     "SaliencyPanelWriter",

@@ -35,6 +35,20 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+WEIGHTS_HELP = (
+    "train GLAM (docs/training.md; the quick start writes runs/quickstart/models/joint/model.pt), convert the "
+    "authors' checkpoint (scripts/convert_nyukat_checkpoint.py), or pass --ckpt_path PATH"
+)
+
+
+def require_weights(path: str | os.PathLike) -> str:
+    """``path`` when it is a file; otherwise stop the workflow with one line that names the missing file and how to
+    get weights (``SystemExit``: the bundle runner's expression handling lets it through, so no traceback)."""
+    if not Path(path).is_file():
+        raise SystemExit(f"error: model weights not found: {path}: {WEIGHTS_HELP}")
+    return str(path)
+
+
 def _load_file(path: Path, what: str) -> Any:
     """``torch.load(path, weights_only=True)`` on the CPU; an unreadable file is a ``ValueError`` naming it."""
     try:
