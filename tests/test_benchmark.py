@@ -256,6 +256,27 @@ def test_a_step_whose_output_exists_is_skipped_and_a_failed_one_is_reported(tmp_
     assert steps.Runner(tmp_path, threads=1).timings.keys() == {"write", "train"}  # times survive a restart
 
 
+def test_invocation_wall_times_are_kept_by_a_heartbeat_until_the_runner_closes(tmp_path):
+    import time
+
+    import scripts.atomic  # noqa: F401  (the first write imports the bundle package, torch included: not timed here)
+
+    record = tmp_path / "invocations.json"
+    first = steps.Runner(tmp_path, threads=1, quiet=True, heartbeat_s=0.05)
+    time.sleep(0.3)  # no step finished: only the heartbeat has written
+    walls = [i["wall_s"] for i in json.loads(record.read_text())]
+    assert len(walls) == 1 and walls[0] >= 0.05
+    first.close()
+    second = steps.Runner(tmp_path, threads=1, quiet=True, heartbeat_s=0.05)
+    time.sleep(0.3)
+    kept = json.loads(record.read_text())
+    # the closed runner no longer writes: the file holds both invocations, the first as it was at close (about
+    # 0.3 s; a heartbeat still running would have raised it to about 0.6 s and dropped the second entry)
+    assert len(kept) == 2 and kept[0]["wall_s"] < 0.45
+    assert second.run_wall_s() == pytest.approx(sum(i["wall_s"] for i in json.loads(record.read_text())))
+    second.close()
+
+
 # -- end to end --------------------------------------------------------------------------------------------------
 def _cell(value, std=None):
     return "n/a" if value is None else (f"{value:.3f}" if std is None else f"{value:.3f} ± {std:.3f}")

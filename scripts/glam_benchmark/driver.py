@@ -227,100 +227,109 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
     results_path = Path(args.results).resolve() if args.results else docs_dir / "results.md"
     work_dir.mkdir(parents=True, exist_ok=True)
     runner = Runner(work_dir, args.threads, quiet=args.quiet)
-    datalist = prepare_data(preset, work_dir, args.datalist)
-    common = {"datalist": str(datalist), "check_data": False, "bundle_root": str(BUNDLE_ROOT)}
-    lr = config["learning_rate"]
-    model_steps = {name: ModelSteps.of(MODELS[name], preset) for name in args.models}
-    results = {name: ModelResult(MODELS[name]) for name in args.models}
-    step_names: dict[str, list[str]] = {name: [] for name in args.models}
+    try:
+        datalist = prepare_data(preset, work_dir, args.datalist)
+        common = {"datalist": str(datalist), "check_data": False, "bundle_root": str(BUNDLE_ROOT)}
+        lr = config["learning_rate"]
+        model_steps = {name: ModelSteps.of(MODELS[name], preset) for name in args.models}
+        results = {name: ModelResult(MODELS[name]) for name in args.models}
+        step_names: dict[str, list[str]] = {name: [] for name in args.models}
 
-    # (1) every trial of every model
-    trial_calls = []
-    for name in args.models:
-        for k, params in enumerate(sample_trials(space, name, budget.trials)):
-            trial_dir = work_dir / name / f"trial_{k:02d}"
-            folders = {"ckpt_root": str(trial_dir / "models"), "output_root": str(trial_dir / "eval")}
-            overrides = {**common, **folders, **budget.model_overrides.get(name, {}), **trial_overrides(params, lr)}
-            overrides.update(model_steps[name].stage)
-            trial_calls.append(
-                lambda s=model_steps[name], k=k, p=params, d=trial_dir, o=overrides: run_trial(runner, s, k, p, d, o)
-            )
-    for record, names in _in_parallel(args.jobs, trial_calls):
-        results[record["model"]].trials.append(record)
-        step_names[record["model"]] += names
+        # (1) every trial of every model
+        trial_calls = []
+        for name in args.models:
+            for k, params in enumerate(sample_trials(space, name, budget.trials)):
+                trial_dir = work_dir / name / f"trial_{k:02d}"
+                folders = {"ckpt_root": str(trial_dir / "models"), "output_root": str(trial_dir / "eval")}
+                overrides = {**common, **folders, **budget.model_overrides.get(name, {}), **trial_overrides(params, lr)}
+                overrides.update(model_steps[name].stage)
+                trial_calls.append(
+                    lambda s=model_steps[name], k=k, p=params, d=trial_dir, o=overrides: run_trial(
+                        runner, s, k, p, d, o
+                    )
+                )
+        for record, names in _in_parallel(args.jobs, trial_calls):
+            results[record["model"]].trials.append(record)
+            step_names[record["model"]] += names
 
-    # (2) selection, GLAM's later stages, test evaluations; (3) the replicates on other data seeds
-    later = []
-    seed_data = {seed: prepare_data(preset, work_dir, None, seed) for seed in budget.variation_seeds}
-    for name in args.models:
-        result = results[name]
-        scored = [t for t in result.trials if "score" in t and not math.isnan(t["score"])]
-        if not scored:
-            runner.skip(f"{name}_test", "no trial finished with a validation Dice")
-            continue
-        best = max(scored, key=lambda t: (t["score"], -t["index"]))
-        result.selected = best["index"]
-        trial_dir = work_dir / name / f"trial_{best['index']:02d}"
-        tag = f"{name}_trial{best['index']:02d}"
-        later.append(
-            lambda n=name, s=model_steps[name], t=tag, d=trial_dir, b=best: (
-                n,
-                None,
-                finish_model(runner, s, t, d, b["overrides"], results[n]),
-            )
-        )
-        for seed, data in seed_data.items():
+        # (2) selection, GLAM's later stages, test evaluations; (3) the replicates on other data seeds
+        later = []
+        seed_data = {seed: prepare_data(preset, work_dir, None, seed) for seed in budget.variation_seeds}
+        for name in args.models:
+            result = results[name]
+            scored = [t for t in result.trials if "score" in t and not math.isnan(t["score"])]
+            if not scored:
+                runner.skip(f"{name}_test", "no trial finished with a validation Dice")
+                continue
+            best = max(scored, key=lambda t: (t["score"], -t["index"]))
+            result.selected = best["index"]
+            trial_dir = work_dir / name / f"trial_{best['index']:02d}"
+            tag = f"{name}_trial{best['index']:02d}"
             later.append(
-                lambda n=name, s=model_steps[name], seed=seed, data=data, b=best: (
+                lambda n=name, s=model_steps[name], t=tag, d=trial_dir, b=best: (
                     n,
-                    *replicate_model(runner, s, seed, data, work_dir / f"seed_{seed}", b),
+                    None,
+                    finish_model(runner, s, t, d, b["overrides"], results[n]),
                 )
             )
-    for name, replicate, names in _in_parallel(args.jobs, later):
-        step_names[name] += names
-        if replicate is not None:
-            results[name].replicates.append(replicate)
-    for name, result in results.items():
-        result.trials.sort(key=lambda t: t["index"])
-        result.replicates.sort(key=lambda r: r.seed)
-        timed = [runner.timings.get(s) for s in step_names[name]]
-        result.wall_s = float(sum(t for t in timed if t is not None))
-        result.wall_complete = all(t is not None for t in timed)
+            for seed, data in seed_data.items():
+                later.append(
+                    lambda n=name, s=model_steps[name], seed=seed, data=data, b=best: (
+                        n,
+                        *replicate_model(runner, s, seed, data, work_dir / f"seed_{seed}", b),
+                    )
+                )
+        for name, replicate, names in _in_parallel(args.jobs, later):
+            step_names[name] += names
+            if replicate is not None:
+                results[name].replicates.append(replicate)
+        for name, result in results.items():
+            result.trials.sort(key=lambda t: t["index"])
+            result.replicates.sort(key=lambda r: r.seed)
+            timed = [runner.timings.get(s) for s in step_names[name]]
+            result.wall_s = float(sum(t for t in timed if t is not None))
+            result.wall_complete = all(t is not None for t in timed)
 
-    figures = make_figures(results, work_dir, docs_dir, datalist, budget, preset, common, runner)
-    try:
-        trivial = test_baselines(preset, datalist, (lambda _: None) if args.quiet else print)
-    except Exception as err:  # a report without this section beats no report after hours of training
-        runner.skip("no_learning_baselines", f"{type(err).__name__}: {err}")
-        trivial = None
-    total = time.monotonic() - start
-    command = "python scripts/benchmark.py " + shlex.join(list(argv))
-    out = write_results(
-        results_path,
-        docs_dir,
-        results,
-        command=command.strip(),
-        preset=display_path(preset),
-        search_path=display_path(search_path),
-        space=space,
-        budget=budget,
-        datalist=datalist,
-        threads=args.threads,
-        jobs=args.jobs,
-        total_wall_s=total,
-        run_wall_s=runner.run_wall_s(),
-        steps_wall_s=float(sum(runner.timings.values())),
-        failures=runner.failures,
-        figures=figures,
-        trivial=trivial,
-    )
-    if not args.quiet:
-        held = sum(c.holds for c in out["checks"])
-        print(f"[benchmark] wrote {results_path}; {held} of {len(out['checks'])} acceptance checks hold", flush=True)
-    if runner.failures:
-        print("[benchmark] failed or skipped steps:\n" + "\n".join(f"  {k}: {v}" for k, v in runner.failures.items()))
-        return 1
-    return 0
+        figures = make_figures(results, work_dir, docs_dir, datalist, budget, preset, common, runner)
+        try:
+            trivial = test_baselines(preset, datalist, (lambda _: None) if args.quiet else print)
+        except Exception as err:  # a report without this section beats no report after hours of training
+            runner.skip("no_learning_baselines", f"{type(err).__name__}: {err}")
+            trivial = None
+        total = time.monotonic() - start
+        command = "python scripts/benchmark.py " + shlex.join(list(argv))
+        out = write_results(
+            results_path,
+            docs_dir,
+            results,
+            command=command.strip(),
+            preset=display_path(preset),
+            search_path=display_path(search_path),
+            space=space,
+            budget=budget,
+            datalist=datalist,
+            threads=args.threads,
+            jobs=args.jobs,
+            total_wall_s=total,
+            run_wall_s=runner.run_wall_s(),
+            steps_wall_s=float(sum(runner.timings.values())),
+            failures=runner.failures,
+            figures=figures,
+            trivial=trivial,
+        )
+        if not args.quiet:
+            held = sum(c.holds for c in out["checks"])
+            print(
+                f"[benchmark] wrote {results_path}; {held} of {len(out['checks'])} acceptance checks hold", flush=True
+            )
+        if runner.failures:
+            print(
+                "[benchmark] failed or skipped steps:\n" + "\n".join(f"  {k}: {v}" for k, v in runner.failures.items())
+            )
+            return 1
+        return 0
+    finally:
+        runner.close()
 
 
 def _usable_cores() -> int:

@@ -74,12 +74,18 @@ class Runner:
         record = self.work_dir / "invocations.json"
         self._invocations: list[dict[str, Any]] = json.loads(record.read_text()) if record.is_file() else []
         self._invocations.append({"started": datetime.now().isoformat(timespec="seconds"), "wall_s": 0.0})
+        self._stopped = threading.Event()
         threading.Thread(target=self._heartbeat, daemon=True).start()
 
     def _heartbeat(self) -> None:
-        while True:
-            time.sleep(self.heartbeat_s)
+        while not self._stopped.wait(self.heartbeat_s):
             self.record_invocation()
+
+    def close(self) -> None:
+        """Stop the heartbeat, so that a later Runner on the same work folder (in this process or another) owns
+        invocations.json. The invocation's last record is the one :meth:`run_wall_s` wrote for the report (or the
+        last heartbeat or step, when the run stopped on an error)."""
+        self._stopped.set()
 
     def record_invocation(self) -> None:
         """Store this invocation's wall time so far."""
