@@ -1,9 +1,9 @@
 """Conversion of the GLAM authors' released checkpoints (github nyukat/GLAM) into this model's state dict.
 
-The authors' files are flat state dicts (GLAM_SPEC section 9) whose loader used ``strict=False``, which hides
-mismatches. Here every tensor is accounted for: it is mapped to exactly one parameter or buffer of :class:`GLAM`,
-or it is one of the known tensors without a counterpart (listed in :data:`NYUKAT_UNUSED_PREFIXES`), which are
-reported. Anything else, and any missing or mis-shaped tensor, raises a ``ValueError`` that names it.
+The authors' files are flat state dicts (docs/model.md, the authors' checkpoints) whose loader used ``strict=False``,
+which hides mismatches. Here every tensor is accounted for: it is mapped to exactly one parameter or buffer of
+:class:`GLAM`, or it is one of the known tensors without a counterpart (listed in :data:`NYUKAT_UNUSED_PREFIXES`),
+which are reported. Anything else, and any missing or mis-shaped tensor, raises a ``ValueError`` that names it.
 """
 
 from __future__ import annotations

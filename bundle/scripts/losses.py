@@ -1,4 +1,4 @@
-"""GLAM's training losses per stage (GLAM_SPEC section 4; the paper's section 3.2) and the baselines' losses."""
+"""GLAM's training losses per stage (the paper's section 3.2; docs/training.md) and the baselines' losses."""
 
 from __future__ import annotations
 

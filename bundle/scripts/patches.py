@@ -232,7 +232,7 @@ def render_saliency(
     stride: int = 4,
     gamma_c: float = 0.5,
 ) -> dict[str, torch.Tensor]:
-    """Render S_g, S_l and S_c on the image grid sampled every ``stride`` pixels (GLAM_SPEC section 5).
+    """Render S_g, S_l and S_c on the image grid sampled every ``stride`` pixels (docs/model.md, "Outputs").
 
     Output pixel (i, j) is image pixel (i * stride, j * stride), so ``stride=4`` gives exactly the full-size
     (``stride=1``) maps subsampled every 4 px. S_l: each patch map is nearest-upsampled to its patch and written at

@@ -31,7 +31,7 @@ from .paths import display_path
 from .presets import MODELS, Budget, ModelSpec
 from .search import SearchSpace
 
-#: the paper's Table 1 (GLAM_SPEC.md section 7; NYU data, test set), shown for reference next to ours
+#: the paper's Table 1 (NYU data, test set), shown for reference next to ours
 PAPER_TABLE1 = {
     "GLAM": {
         "dice": (0.390, 0.335),

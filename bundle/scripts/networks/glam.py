@@ -27,8 +27,9 @@ __all__ = ["GLAM", "STAGES", "REFERENCE_PRESET"]
 
 STAGES = ("global", "local", "joint")
 
-#: The authors' released inference behaviour (GLAM_SPEC sections 1-5): pooling after upsampling with t = 3%,
-#: concatenation aggregation with t = 30%, one patch of 512 px, gamma 0.2/0.6/0.2, gamma_c = 0.5.
+#: The authors' released inference behaviour (docs/model.md, the reference-compatible preset): pooling after
+#: upsampling with t = 3%, concatenation aggregation with t = 30%, one patch of 512 px, gamma 0.2/0.6/0.2,
+#: gamma_c = 0.5.
 REFERENCE_PRESET: dict[str, Any] = {
     "stage": "local",
     "patch_size": 512,

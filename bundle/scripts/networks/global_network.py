@@ -1,6 +1,6 @@
 """The global module f_g of GLAM: GMIC's pre-activation "ResNet-22" with three saliency heads.
 
-Layout (GLAM_SPEC section 1), for a (B, 1, 2944, 1920) input::
+Layout (docs/model.md), for a (B, 1, 2944, 1920) input::
 
     stem    conv 7x7/2 (1->16) + maxpool 3/2 (no padding)        16 x 735 x 479
     layer1  2 pre-activation blocks, 16 planes, stride 1         16 x 735 x 479
@@ -41,7 +41,7 @@ def nearest_resize(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
 
     Output pixel (i, j) takes input pixel (i * h // H, j * w // W). Unlike ``F.interpolate``, whose source
     index comes from a floating-point scale, this is exact for any size pair, so maps rendered at a stride
-    are exactly the full-size maps subsampled (GLAM_SPEC section 5).
+    are exactly the full-size maps subsampled (docs/model.md, "Outputs").
     """
     out_h, out_w = int(size[0]), int(size[1])
     in_h, in_w = x.shape[-2:]

@@ -21,7 +21,7 @@ class GLAMOutputsd(MapTransform):
     """Unpack one image's GLAM outputs (``d[pred_key]``, a dict) into flat entries at full image resolution.
 
     Writes ``S_g`` (and, when the model ran its local module, ``S_l`` and ``S_c``) as (2, H, W) maps rendered at
-    the resolution of ``d[label_key]["mask"]`` (or of ``d[image_key]``) exactly as GLAM_SPEC section 5 defines
+    the resolution of ``d[label_key]["mask"]`` (or of ``d[image_key]``) exactly as docs/model.md ("Outputs") defines
     them, plus ``y_global`` / ``y_local`` / ``y_fusion`` scores (2,), ``patch_boxes``, and, from dict targets,
     ``label`` (2,) and ``lesion_mask`` (2, H, W). (Not ``mask``: MONAI's engines send a postprocessed key that
     also names a batch entry back to the batch, where the metric handlers would not see it.)

@@ -1,4 +1,4 @@
-"""Mammogram preprocessing transforms (GLAM_SPEC section 8) as MONAI array / dictionary pairs."""
+"""Mammogram preprocessing transforms (docs/preprocessing.md) as MONAI array / dictionary pairs."""
 
 from scripts.transforms.mammo.array import (
     BestCenterWindow,

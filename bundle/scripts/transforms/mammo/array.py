@@ -78,7 +78,7 @@ def _check_horizontal_flip(value: Any) -> str:
 
 
 class FlipToRight(InvertibleTransform):
-    """Mirror the columns so that the breast faces right (chest wall at the left edge, GLAM_SPEC 8.2).
+    """Mirror the columns so that the breast faces right (chest wall at the left edge, docs/preprocessing.md).
 
     The decision, in order: an explicit ``flip``; the laterality given to the call or found in
     ``img.meta["laterality"]`` (R views are mirrored, or L views when ``horizontal_flip="YES"`` says the
@@ -136,7 +136,7 @@ class FlipToRight(InvertibleTransform):
 
 
 class CropBreast(CropForeground):
-    """The authors' breast crop (GLAM_SPEC 8.1) as an invertible MONAI crop.
+    """The authors' breast crop (docs/preprocessing.md) as an invertible MONAI crop.
 
     Box of the opened mask of pixels > 0 (erosion ``iterations`` times, largest component, dilation)
     plus up to ``buffer`` px at the top, the bottom and the side away from the chest wall. The box is
@@ -185,7 +185,7 @@ class CropBreast(CropForeground):
 
 
 class BestCenterWindow(CropForeground):
-    """The authors' fixed-size window around the "best centre" (GLAM_SPEC 8.3), zero-padded, invertible.
+    """The authors' fixed-size window around the "best centre" (docs/preprocessing.md), zero-padded, invertible.
 
     Expects a breast facing right (after :class:`FlipToRight`, usually after :class:`CropBreast`). The view
     comes from the call or ``meta["view"]``; whether the image was mirrored from ``meta["flipped_to_right"]``.
@@ -318,7 +318,7 @@ class RandBestCenterWindow(BestCenterWindow, Randomizable):
 
 
 class StandardizeImage(Transform):
-    """Per-image standardisation over the whole window: ``(x - mean) / max(std, eps)`` (GLAM_SPEC 8.4).
+    """Per-image standardisation over the whole window: ``(x - mean) / max(std, eps)`` (docs/preprocessing.md).
 
     MONAI's ``NormalizeIntensity`` uses the same population std but divides by 1 when std == 0 and by the
     raw std when it is tiny, so the authors' floor needs this transform. Statistics are computed in

@@ -4,7 +4,7 @@ Arrays here are 2-D ``(H, W)``: rows top-to-bottom, columns left-to-right. The M
 ``array.py`` / ``dictionary.py`` wrap these functions; keeping them free of MONAI lets tests compare them
 with independent computations.
 
-Facts from GLAM_SPEC.md section 8 (the authors' preprocessing):
+The authors' preprocessing (docs/preprocessing.md):
 
 - breast mask = pixels > 0, eroded 100 times with scipy's default 3x3 cross, largest 4-connected
   component, dilated 100 times; its bounding box plus up to 50 px at top, bottom and the side away
@@ -235,7 +235,7 @@ def best_center_window(
     method: str = "fast",
     default_view: str | None = "CC",
 ) -> WindowPlacement:
-    """The authors' window for a breast facing right (chest wall at column 0), see GLAM_SPEC.md 8.3.
+    """The authors' window for a breast facing right (chest wall at column 0), see docs/preprocessing.md.
 
     Args:
         image: ``(H, W)`` or ``(1, H, W)``, already flipped to face right (and usually cropped).

@@ -89,7 +89,7 @@ class FlipToRightd(MapTransform, InvertibleTransform):
         keys: image and mask keys.
         laterality_key: data field with 'L'/'R' (datalist ``laterality``); the source image's metadata is
             used when the field is missing or empty.
-        horizontal_flip: ``"NO"``/``"YES"`` default (GLAM_SPEC 8.2); a data field ``horizontal_flip_key``
+        horizontal_flip: ``"NO"``/``"YES"`` default (docs/preprocessing.md); a data field ``horizontal_flip_key``
             overrides it per item.
         source_key: image that decides when laterality is unknown (default: the first key present).
         facing_key: data field saying which way the stored breast faces (``"right"``/``"left"``, as the

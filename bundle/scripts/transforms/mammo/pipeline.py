@@ -85,7 +85,8 @@ def mammogram_transforms(
     max_shift: Sequence[int] | int = (32, 32),
     augmentations: Sequence[Callable] | None = None,
 ) -> Compose:
-    """Preprocessing of GLAM_SPEC section 8 for datalist items ``{"image": path, "mask_benign"?: path, ...}``.
+    """The authors' preprocessing (docs/preprocessing.md) for datalist items
+    ``{"image": path, "mask_benign"?: path, ...}``.
 
     Args:
         keys: image keys; the first one places the crop and the window for all keys.
