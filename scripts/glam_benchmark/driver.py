@@ -61,9 +61,11 @@ def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int |
 
 def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """What needs no learning on the test split (:func:`~glam_benchmark.trivial.no_learning_baselines`): the
-    cell of the brightest-cell map is that of GLAM's S_g under the preset. None when the test split is empty."""
-    import torch
+    cell of the brightest-cell map is that of GLAM's S_g under the preset (the stride of S_0, whose grid S_g
+    has). None when the test split is empty."""
     from monai.bundle import ConfigParser
+
+    from scripts.networks import GlobalBackbone
 
     from .trivial import no_learning_baselines, preprocess_items
 
@@ -71,15 +73,12 @@ def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = pr
     parser.read_config([str(TRAIN_CONFIG), str(preset)])
     parser["datalist"] = str(datalist)
     parser["bundle_root"] = str(BUNDLE_ROOT)
-    parser["stage"] = "global"
     items = parser.get_parsed_content("datalist_content").get("test", [])
     if not items:
         return None
     start = time.monotonic()
     split = preprocess_items(items, parser.get_parsed_content("validate#preprocessing"))
-    network = parser.get_parsed_content("network_def").eval()
-    with torch.no_grad():
-        cell = split["image"].shape[-2] // network(split["image"][:1].float())["saliency_global"].shape[-2]
+    cell = GlobalBackbone(**dict(parser.get_parsed_content("global_backbone") or {})).tap_strides[0]
     out = no_learning_baselines(
         split["image"], split["mask"], split["label"], cell, float(parser.get_parsed_content("pointing_tolerance"))
     )
