@@ -113,13 +113,13 @@ def test_breast_cells_and_pooling_in_the_breast() -> None:
     torch.manual_seed(0)
     net = GlobalNetwork(t=0.1, backbone={"width": 2, **SMALL_RF}, pool_in_breast=True).eval()
     out = net(image)
-    for s in out["saliency_scales"]:
+    for s in (out["saliency_scale0"], out["saliency_scale1"], out["saliency_scale2"]):
         inside = breast_cells(image, s.shape[-2:])
         assert (s * (1 - inside)).abs().max() == 0
     # y is the top-t pool of the masked maps: a background cell never sets it
     from scripts.pooling import top_t_pool
 
-    y0 = top_t_pool(out["saliency_scales"][0], 0.1)
+    y0 = top_t_pool(out["saliency_scale0"], 0.1)
     torch.testing.assert_close(out["y_scales"][:, 0], y0)
 
 

@@ -60,6 +60,29 @@ def test_ckpt_export_torchscript_equals_eager(tiny_checkpoint, tmp_path):
             torch.testing.assert_close(ts(x), net(x), rtol=0, atol=1e-6)
 
 
+def test_ckpt_export_scripted_as_the_model_zoo_ci_runs_it(tiny_checkpoint, tmp_path):
+    """The zoo's verifier calls ckpt_export without use_trace: torch.jit.script compiles the network's code."""
+    net, ckpt = tiny_checkpoint
+    out = tmp_path / "model.ts"
+    res = bundle_cli(
+        "ckpt_export", "network_def", "--filepath", str(out), "--ckpt_file", str(ckpt),
+        "--config_file", "configs/inference.yaml", *TINY_ARGS,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    ts = torch.jit.load(str(out))
+    assert isinstance(ts, torch.jit.ScriptModule)
+    # a scripted (not traced) module follows any input size, e.g. one it never saw
+    other_size = torch.randn(2, 1, 320, 192, generator=torch.Generator().manual_seed(11))
+    for x in [*new_inputs(), other_size]:
+        with torch.no_grad():
+            torch.testing.assert_close(ts(x), net(x), rtol=0, atol=1e-6)
+            expected = net.forward_all(x)
+            got = ts.forward_all(x)
+        assert set(got) == set(expected)
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=1e-6, msg=key)
+
+
 def test_onnx_export_equals_eager(tiny_checkpoint, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     net, ckpt = tiny_checkpoint

@@ -20,11 +20,18 @@ def _check_bag(patch_maps: torch.Tensor, patch_features: torch.Tensor | None) ->
         )
 
 
+def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
+    if mask.shape != scores.shape:
+        raise ValueError(f"mask must be (B, K) = {tuple(scores.shape)}, got shape {tuple(mask.shape)}")
+    if not bool(mask.any(dim=1).all()):
+        raise ValueError("mask must keep at least one patch per image")
+
+
 class ConcatTopTAggregation(nn.Module):
     """Concatenation aggregation: top-t% pooling over all K patch maps of an image jointly.
 
     Forward: patch_maps A (B, K, C, h, w), optional patch_features z (B, K, D) ->
-    ``{"y_local": (B, C), "z_local": (B, D) uniform mean of z_k, or None without features}``.
+    ``{"y_local": (B, C), "z_local": (B, D)}``, z_local the uniform mean of the z_k (only when they are given).
     The paper selects t = 0.2; the authors' inference code uses 0.3.
     """
 
@@ -32,14 +39,14 @@ class ConcatTopTAggregation(nn.Module):
         super().__init__()
         self.t = check_fraction(t, "t_local")
 
-    def forward(
-        self, patch_maps: torch.Tensor, patch_features: torch.Tensor | None = None
-    ) -> dict[str, torch.Tensor | None]:
-        _check_bag(patch_maps, patch_features)
+    def forward(self, patch_maps: torch.Tensor, patch_features: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        if not torch.jit.is_scripting():  # shapes in the message: Python only
+            _check_bag(patch_maps, patch_features)
         # (B, K, C, h, w) -> (B, C, K, h, w): the K maps of a class are pooled as one spatially concatenated map
-        y_local = top_t_pool(patch_maps.transpose(1, 2), self.t, start_dim=2)
-        z_local = None if patch_features is None else patch_features.mean(dim=1)
-        return {"y_local": y_local, "z_local": z_local}
+        out = {"y_local": top_t_pool(patch_maps.transpose(1, 2), self.t, start_dim=2)}
+        if patch_features is not None:
+            out["z_local"] = patch_features.mean(dim=1)
+        return out
 
     def extra_repr(self) -> str:
         return f"t={self.t}"
@@ -71,15 +78,14 @@ class GatedAttentionAggregation(nn.Module):
     def forward(
         self, patch_maps: torch.Tensor, patch_features: torch.Tensor, mask: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        _check_bag(patch_maps, patch_features)
+        if not torch.jit.is_scripting():  # shapes in the message: Python only
+            _check_bag(patch_maps, patch_features)
         scores = self.attn_w(torch.tanh(self.attn_v(patch_features)) * torch.sigmoid(self.attn_u(patch_features)))
         scores = scores.squeeze(-1).float()
         if mask is not None:
-            if mask.shape != scores.shape:
-                raise ValueError(f"mask must be (B, K) = {tuple(scores.shape)}, got shape {tuple(mask.shape)}")
             mask = mask.to(device=scores.device, dtype=torch.bool)
-            if not bool(mask.any(dim=1).all()):
-                raise ValueError("mask must keep at least one patch per image")
+            if not torch.jit.is_scripting():
+                _check_mask(mask, scores)
             scores = scores.masked_fill(~mask, float("-inf"))
         attention = torch.softmax(scores, dim=1)
         y_patches = top_t_pool(patch_maps, self.t, start_dim=3)  # (B, K, C)

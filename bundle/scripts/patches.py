@@ -4,6 +4,10 @@ Everything here is batched and stays on the tensors' device: no Python loop over
 synchronisation per patch (the only loops are over the K patches, which are few and sequential by nature).
 
 Boxes are integer tensors (B, K, 4) of (row, col, height, width) in input-image pixels.
+
+The functions GLAM's forward reaches compile with ``torch.jit.script`` (the model zoo exports the network that way):
+sizes are annotated ``list[int]`` (TorchScript's type of a shape; tuples work the same from Python) and the checks
+whose messages need Python run only outside TorchScript.
 """
 
 from __future__ import annotations
@@ -36,13 +40,15 @@ def as_pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def map_window_size(patch_size: Sequence[int], image_size: Sequence[int], map_size: Sequence[int]) -> tuple[int, int]:
+def map_window_size(patch_size: list[int], image_size: list[int], map_size: list[int]) -> tuple[int, int]:
     """The patch's size on the saliency map: round(p * h / H) rows, round(p * w / W) cols (at least 1)."""
-    # int(): sizes are tensors while tracing (TorchScript/ONNX export); the window is fixed per input size
-    return tuple(max(1, int(round(int(p) * int(m) / int(i)))) for p, m, i in zip(patch_size, map_size, image_size))
+    # int(): sizes are tensors while tracing (ONNX export); the window is fixed per input size
+    rows = max(1, int(round(int(patch_size[0]) * int(map_size[0]) / int(image_size[0]))))
+    cols = max(1, int(round(int(patch_size[1]) * int(map_size[1]) / int(image_size[1]))))
+    return rows, cols
 
 
-def max_disjoint_windows(map_size: Sequence[int], window: Sequence[int]) -> int:
+def max_disjoint_windows(map_size: list[int], window: tuple[int, int]) -> int:
     """How many disjoint windows of ``window`` tile a map of ``map_size`` (rows x cols of whole windows)."""
     return (int(map_size[0]) // int(window[0])) * (int(map_size[1]) // int(window[1]))
 
@@ -58,13 +64,14 @@ def _class_agnostic_map(saliency: torch.Tensor) -> torch.Tensor:
     A constant map (max == min) normalises to zeros instead of dividing by zero.
     """
     s = saliency.float()
+    # the clamp is float32's smallest normal number, torch.finfo(torch.float32).tiny (TorchScript has no finfo)
     lo = s.amin(dim=(-2, -1), keepdim=True)
     span = s.amax(dim=(-2, -1), keepdim=True) - lo
-    normalised = torch.where(span > 0, (s - lo) / span.clamp_min(torch.finfo(s.dtype).tiny), torch.zeros_like(s))
+    normalised = torch.where(span > 0, (s - lo) / span.clamp_min(1.1754943508222875e-38), torch.zeros_like(s))
     return normalised.sum(dim=1, keepdim=True)
 
 
-def select_map_windows(saliency: torch.Tensor, window: Sequence[int], num_patches: int) -> torch.Tensor:
+def select_map_windows(saliency: torch.Tensor, window: tuple[int, int], num_patches: int) -> torch.Tensor:
     """Greedy window selection on a saliency map (Algorithm 1, lines 6-13).
 
     Args:
@@ -77,15 +84,16 @@ def select_map_windows(saliency: torch.Tensor, window: Sequence[int], num_patche
         step the window with the largest average is taken (first index on ties, row = index // width), then
         zeroed.
     """
-    _check_maps(saliency)
+    if not torch.jit.is_scripting():
+        _check_maps(saliency)
     wh, ww = int(window[0]), int(window[1])
-    h, w = saliency.shape[-2:]
+    h, w = saliency.shape[-2], saliency.shape[-1]
     if wh > h or ww > w:
         raise ValueError(f"patch window {wh}x{ww} on the map does not fit the {h}x{w} saliency map")
     current = _class_agnostic_map(saliency)
     rows = torch.arange(h, device=saliency.device)
     cols = torch.arange(w, device=saliency.device)
-    corners = []
+    corners: list[torch.Tensor] = []
     for _ in range(num_patches):
         pooled = F.avg_pool2d(current, (wh, ww), stride=1)
         pooled_w = pooled.shape[-1]
@@ -99,14 +107,14 @@ def select_map_windows(saliency: torch.Tensor, window: Sequence[int], num_patche
 
 
 def map_to_image_boxes(
-    corners: torch.Tensor, map_size: Sequence[int], image_size: Sequence[int], patch_size: Sequence[int]
+    corners: torch.Tensor, map_size: list[int], image_size: list[int], patch_size: list[int]
 ) -> torch.Tensor:
     """Map window corners on the map to clamped patch boxes in the image (Algorithm 1, line 10).
 
     row_px = round(row / h * H) (halves round up; exact integer arithmetic), likewise for columns; the box is then
     shifted, if needed, to lie inside the image. Returns (B, K, 4) long boxes (row, col, height, width).
     """
-    (h, w), (H, W), (ph, pw) = map_size, image_size, patch_size
+    h, w, H, W, ph, pw = map_size[0], map_size[1], image_size[0], image_size[1], patch_size[0], patch_size[1]
     r = (2 * corners[..., 0] * H + h) // (2 * h)
     c = (2 * corners[..., 1] * W + w) // (2 * w)
     r = r.clamp(0, H - ph)
@@ -115,14 +123,19 @@ def map_to_image_boxes(
 
 
 def select_patch_boxes(
-    saliency: torch.Tensor, image_size: Sequence[int], patch_size: int | Sequence[int], num_patches: int
+    saliency: torch.Tensor, image_size: list[int], patch_size: list[int], num_patches: int
 ) -> torch.Tensor:
-    """Algorithm 1 end to end: S_g (B, C, h, w) -> (B, K, 4) patch boxes in an image of ``image_size``."""
-    patch_size = as_pair(patch_size, "patch_size")
-    _check_patch_count(num_patches, saliency.shape[-2:], image_size, patch_size)
-    window = map_window_size(patch_size, image_size, saliency.shape[-2:])
+    """Algorithm 1 end to end: S_g (B, C, h, w) -> (B, K, 4) patch boxes in an image of ``image_size``.
+
+    ``patch_size``: (rows, cols), or one int for square patches (Python only).
+    """
+    if not torch.jit.is_scripting():
+        patch_size = list(as_pair(patch_size, "patch_size"))
+        _check_patch_count(num_patches, saliency.shape[-2:], image_size, patch_size)
+    map_size = [saliency.shape[-2], saliency.shape[-1]]
+    window = map_window_size(patch_size, image_size, map_size)
     corners = select_map_windows(saliency, window, num_patches)
-    return map_to_image_boxes(corners, saliency.shape[-2:], image_size, patch_size)
+    return map_to_image_boxes(corners, map_size, image_size, patch_size)
 
 
 def _check_patch_count(
@@ -201,21 +214,24 @@ def random_patch_boxes(
     return torch.stack(boxes, dim=1)
 
 
-def crop_patches(
-    image: torch.Tensor, boxes: torch.Tensor, patch_size: int | Sequence[int] | None = None
-) -> torch.Tensor:
+def crop_patches(image: torch.Tensor, boxes: torch.Tensor, patch_size: list[int] | None = None) -> torch.Tensor:
     """Crop same-size patches: image (B, C, H, W), boxes (B, K, 4) -> patches (B, K, C, ph, pw).
 
     The boxes must lie inside the image (as produced by this module). ``patch_size`` avoids reading the size
-    from the boxes (one host read per batch, never per patch); all boxes must have that size.
+    from the boxes (one host read per batch, never per patch); all boxes must have that size. One int means a
+    square patch (Python only).
     """
-    if image.ndim != 4 or boxes.ndim != 3 or boxes.shape[-1] != 4 or boxes.shape[0] != image.shape[0]:
-        raise ValueError(
-            f"crop_patches needs image (B, C, H, W) and boxes (B, K, 4), got {tuple(image.shape)}, {tuple(boxes.shape)}"
-        )
+    if not torch.jit.is_scripting():
+        if image.ndim != 4 or boxes.ndim != 3 or boxes.shape[-1] != 4 or boxes.shape[0] != image.shape[0]:
+            raise ValueError(
+                "crop_patches needs image (B, C, H, W) and boxes (B, K, 4), "
+                f"got {tuple(image.shape)}, {tuple(boxes.shape)}"
+            )
+        if patch_size is not None:
+            patch_size = list(as_pair(patch_size, "patch_size"))
     if patch_size is None:
-        patch_size = tuple(int(v) for v in boxes[0, 0, 2:].tolist())
-    ph, pw = as_pair(patch_size, "patch_size")
+        patch_size = [int(boxes[0, 0, 2]), int(boxes[0, 0, 3])]
+    ph, pw = patch_size[0], patch_size[1]
     device = image.device
     b = torch.arange(image.shape[0], device=device)[:, None, None, None, None]
     ch = torch.arange(image.shape[1], device=device)[None, None, :, None, None]
@@ -228,7 +244,7 @@ def render_saliency(
     saliency_global: torch.Tensor,
     patch_maps: torch.Tensor,
     boxes: torch.Tensor,
-    image_size: Sequence[int],
+    image_size: list[int],
     stride: int = 4,
     gamma_c: float = 0.5,
 ) -> dict[str, torch.Tensor]:
@@ -253,19 +269,27 @@ def render_saliency(
     H, W = int(image_size[0]), int(image_size[1])
     if not 0.0 <= gamma_c <= 1.0:
         raise ValueError(f"gamma_c must be in [0, 1], got {gamma_c}")
-    if patch_maps.ndim != 5 or boxes.shape[:2] != patch_maps.shape[:2]:
-        raise ValueError(
-            f"patch_maps (B, K, C, a, b) and boxes (B, K, 4) disagree: {tuple(patch_maps.shape)}, {tuple(boxes.shape)}"
-        )
+    if not torch.jit.is_scripting():
+        if patch_maps.ndim != 5 or boxes.shape[:2] != patch_maps.shape[:2]:
+            raise ValueError(
+                "patch_maps (B, K, C, a, b) and boxes (B, K, 4) disagree: "
+                f"{tuple(patch_maps.shape)}, {tuple(boxes.shape)}"
+            )
     device = saliency_global.device
     img_rows = torch.arange(0, H, stride, device=device)
     img_cols = torch.arange(0, W, stride, device=device)
-    h, w = saliency_global.shape[-2:]
-    s_g = saliency_global[..., (img_rows * h // H)[:, None], (img_cols * w // W)[None, :]]
+    h, w = saliency_global.shape[-2], saliency_global.shape[-1]
+    s_g = saliency_global.index_select(-2, img_rows * h // H).index_select(-1, img_cols * w // W)
 
     patch_maps = patch_maps.float()  # maps are reported in float32 even when the model ran under autocast
     s_g = s_g.float()
-    B, K, C, a, b = patch_maps.shape
+    B, K, C, a, b = (
+        patch_maps.shape[0],
+        patch_maps.shape[1],
+        patch_maps.shape[2],
+        patch_maps.shape[3],
+        patch_maps.shape[4],
+    )
     ho, wo = img_rows.numel(), img_cols.numel()
     rel_r = img_rows[None, None, :] - boxes[..., 0, None]  # (B, K, ho)
     rel_c = img_cols[None, None, :] - boxes[..., 1, None]  # (B, K, wo)
@@ -300,5 +324,5 @@ class PatchSelector(nn.Module):
             raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
         self.num_patches = num_patches
 
-    def forward(self, saliency: torch.Tensor, image_size: Sequence[int]) -> torch.Tensor:
-        return select_patch_boxes(saliency, image_size, self.patch_size, self.num_patches)
+    def forward(self, saliency: torch.Tensor, image_size: list[int]) -> torch.Tensor:
+        return select_patch_boxes(saliency, image_size, list(self.patch_size), self.num_patches)

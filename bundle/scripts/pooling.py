@@ -33,7 +33,8 @@ def top_t_pool(x: torch.Tensor, t: float, start_dim: int = 2) -> torch.Tensor:
     Returns:
         ``x`` with the dimensions from ``start_dim`` on reduced, e.g. (B, C).
     """
-    t = check_fraction(t)
+    if not torch.jit.is_scripting():  # TorchScript cannot compile the check; the module checked t when built
+        t = check_fraction(t)
     flat = x.flatten(start_dim)
     k = num_top_values(flat.shape[-1], t)
     if k == flat.shape[-1]:

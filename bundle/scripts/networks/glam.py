@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -230,43 +229,63 @@ class GLAM(nn.Module):
         random_patch_mask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
     ) -> dict[str, torch.Tensor]:
-        check_image(image, self.patch_size if self.stage != "global" else None)
-        grad_context = torch.no_grad() if self.global_frozen else nullcontext()
-        with grad_context:
+        return self.forward_all(image, patch_boxes, random_patch_mask, generator)
+
+    def forward_all(
+        self,
+        image: torch.Tensor,
+        patch_boxes: torch.Tensor | None = None,
+        random_patch_mask: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The output dict of the class docstring (``forward`` of GLAM; subclasses may return less from ``forward``)."""
+        if not torch.jit.is_scripting():
+            check_image(image, self.patch_size if self.stage != "global" else None)
+        if self.global_frozen:
+            with torch.no_grad():
+                g = self.global_network(image)
+        else:
             g = self.global_network(image)
-        out: dict[str, torch.Tensor] = {
-            "y_global": g["y_global"],
-            "y_scales": g["y_scales"],
-            "z_global": g["z_global"],
-            "saliency_global": g["saliency_global"],
-        }
-        for i, s in enumerate(g["saliency_scales"]):
-            out[f"saliency_scale{i}"] = s
+        out: dict[str, torch.Tensor] = {}
+        for key in ("y_global", "y_scales", "z_global", "saliency_global"):
+            out[key] = g[key]
+        for key in ("saliency_scale0", "saliency_scale1", "saliency_scale2"):
+            out[key] = g[key]
         if self.stage == "global":
             return out
 
-        image_size = tuple(image.shape[-2:])
-        boxes = self._patch_boxes(image, g["saliency_global"], patch_boxes, random_patch_mask, generator)
-        B, K = boxes.shape[:2]
-        patches = crop_patches(image, boxes, self.patch_size)  # (B, K, 1, p, p)
+        image_size = [image.shape[-2], image.shape[-1]]
+        patch_size = [self.patch_size[0], self.patch_size[1]]
+        if torch.jit.is_scripting():
+            # the exported network runs Algorithm 1 (inference); given and random boxes are for training in Python
+            if patch_boxes is not None or random_patch_mask is not None:
+                raise RuntimeError("the TorchScript GLAM selects its patches itself: patch_boxes/random_patch_mask")
+            boxes = select_patch_boxes(g["saliency_global"].detach(), image_size, patch_size, self.num_patches_eval)
+        else:
+            boxes = self._patch_boxes(image, g["saliency_global"], patch_boxes, random_patch_mask, generator)
+        B, K = boxes.shape[0], boxes.shape[1]
+        patches = crop_patches(image, boxes, patch_size)  # (B, K, 1, p, p)
         local = self.local_network(patches.flatten(0, 1))
         patch_maps = local["patch_maps"].unflatten(0, (B, K))
         patch_features = local["patch_features"].unflatten(0, (B, K))
-        if self._aggregation_kind() == "attention":
-            agg = self.attention(patch_maps, patch_features)
+        attention = self.attention
+        if self._aggregation_kind() == "attention" and attention is not None:
+            agg = attention(patch_maps, patch_features)
             out["attention"] = agg["attention"]
         else:
             agg = self.concat_aggregation(patch_maps, patch_features)
         out["y_local"] = agg["y_local"]
         out["patch_boxes"] = boxes
         out["patch_maps"] = patch_maps
-        if self.stage == "joint":
-            out["y_fusion"] = self.fusion(g["z_global"], agg["z_local"])
+        fusion = self.fusion
+        if self.stage == "joint" and fusion is not None:
+            out["y_fusion"] = fusion(g["z_global"], agg["z_local"])
         maps = render_saliency(g["saliency_global"], patch_maps, boxes, image_size, stride=4, gamma_c=self.gamma_c)
         out["saliency_local"] = maps["saliency_local"]
         out["saliency"] = maps["saliency"]
         return out
 
+    @torch.jit.unused
     def _patch_boxes(
         self,
         image: torch.Tensor,

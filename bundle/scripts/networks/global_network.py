@@ -36,7 +36,7 @@ __all__ = [
 PADDING_MODES = ("zeros", "replicate")
 
 
-def nearest_resize(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+def nearest_resize(x: torch.Tensor, size: list[int]) -> torch.Tensor:
     """Nearest-neighbour resize of (B, C, h, w) maps to ``size`` with exact integer index arithmetic.
 
     Output pixel (i, j) takes input pixel (i * h // H, j * w // W). Unlike ``F.interpolate``, whose source
@@ -49,10 +49,10 @@ def nearest_resize(x: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
         return x
     rows = torch.arange(out_h, device=x.device) * in_h // out_h
     cols = torch.arange(out_w, device=x.device) * in_w // out_w
-    return x[..., rows[:, None], cols[None, :]]
+    return x.index_select(-2, rows).index_select(-1, cols)
 
 
-def breast_cells(image: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+def breast_cells(image: torch.Tensor, size: list[int]) -> torch.Tensor:
     """(B, 1, h, w) float mask of the map cells that lie mostly (> 50 %) on the breast, for (B, 1, H, W) images.
 
     The breast is every pixel above the image's minimum: after the preprocessing the background and the window's
@@ -216,7 +216,7 @@ class GlobalNetwork(nn.Module):
             padding then cannot carry the image's prediction. Off in the paper.
 
     Forward: image (B, 1, H, W) -> dict with (s0 = the backbone's ``layer3`` stride, 16 by default)
-        ``saliency_scales``: tuple of S_0 (B, 2, H/s0, W/s0), S_1 (B, 2, H/2s0, W/2s0), S_2 (B, 2, H/4s0, W/4s0);
+        ``saliency_scale0|1|2``: S_0 (B, 2, H/s0, W/s0), S_1 (B, 2, H/2s0, W/2s0), S_2 (B, 2, H/4s0, W/4s0);
         ``saliency_global``: S_g (B, 2, H/s0, W/s0);
         ``y_scales``: (B, 3, 2) per-scale top-t% pooled predictions; ``y_global``: y_g (B, 2), their mean;
         ``z_global``: z_g (B, 16 w), the spatial max of the last feature map (used by the fusion head).
@@ -248,22 +248,27 @@ class GlobalNetwork(nn.Module):
         self.postprocess_module.gn_conv_last = nn.Conv2d(c5, num_classes, 1, bias=False)
         self.representation_size = c5
 
-    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         taps = self.downsampling_branch(x)
         pm = self.postprocess_module
         s0 = torch.sigmoid(pm.gn_conv_1(taps["layer3"]))
         s1 = torch.sigmoid(pm.gn_conv_2(taps["layer4"]))
         s2 = torch.sigmoid(pm.gn_conv_last(taps["final"]))
         if self.pool_in_breast:
-            s0, s1, s2 = (s * breast_cells(x, s.shape[-2:]).to(s.dtype) for s in (s0, s1, s2))
+            s0 = s0 * breast_cells(x, s0.shape[-2:]).to(s0.dtype)
+            s1 = s1 * breast_cells(x, s1.shape[-2:]).to(s1.dtype)
+            s2 = s2 * breast_cells(x, s2.shape[-2:]).to(s2.dtype)
         size = s0.shape[-2:]
         upsampled = [s0, nearest_resize(s1, size), nearest_resize(s2, size)]
-        saliency_global = sum(g * s for g, s in zip(self.gammas, upsampled))
+        g0, g1, g2 = self.gammas
+        saliency_global = g0 * upsampled[0] + g1 * upsampled[1] + g2 * upsampled[2]
         pooled_maps = upsampled if self.pool_after_upsampling else [s0, s1, s2]
         y_scales = torch.stack([top_t_pool(s, self.t) for s in pooled_maps], dim=1)
         z_global = taps["final"].amax(dim=(-2, -1))
         return {
-            "saliency_scales": (s0, s1, s2),
+            "saliency_scale0": s0,
+            "saliency_scale1": s1,
+            "saliency_scale2": s2,
             "saliency_global": saliency_global,
             "y_scales": y_scales,
             "y_global": y_scales.mean(dim=1),

@@ -28,16 +28,12 @@ class GLAMSaliencyNet(GLAM):
         super().__init__(stage=stage, **kwargs)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return GLAM.forward(self, image)["saliency"]
-
-    def forward_all(self, image: torch.Tensor, **kwargs: Any) -> dict[str, torch.Tensor]:
-        """The GLAM output dict (see :class:`~scripts.networks.glam.GLAM`)."""
-        return GLAM.forward(self, image, **kwargs)
+        return self.forward_all(image)["saliency"]
 
 
 class GLAMInferer(Inferer):
-    """Runs a GLAM network and returns its whole output dict (``forward_all`` when the network has one, e.g.
-    :class:`GLAMSaliencyNet`; a plain :class:`~scripts.networks.glam.GLAM` already returns the dict)."""
+    """Runs a GLAM network and returns its whole output dict (``forward_all``: :class:`GLAMSaliencyNet`'s
+    ``forward`` returns S_c only; other networks, such as the baselines, are called as they are)."""
 
     def __call__(self, inputs: torch.Tensor, network: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         module = getattr(network, "module", network)  # DistributedDataParallel

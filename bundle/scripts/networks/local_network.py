@@ -129,11 +129,15 @@ class LocalNetwork(nn.Module):
         self.activation_checkpointing = bool(activation_checkpointing)
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
-        net = self.dn_resnet
-        if not (self.activation_checkpointing and self.training and torch.is_grad_enabled()):
-            return net(x)
+        if not torch.jit.is_scripting():  # checkpointing is for training; TorchScript compiles the inference path
+            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+                return self._checkpointed_features(x)
+        return self.dn_resnet(x)
+
+    def _checkpointed_features(self, x: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
+        net = self.dn_resnet
         # segments: the stem (its full-resolution maps are the largest of all) and every residual block, so that the
         # backward pass holds the segment inputs plus one block's activations at a time
         segments = [(self._stem, (net.conv1, net.bn1))]
