@@ -226,3 +226,36 @@ def test_inference_without_weights_stops_with_one_line_naming_the_file(tmp_path)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: model weights not found: {missing}: ") and "--ckpt_path" in last
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_dicom_with_zero_or_missing_pixel_spacing_gets_maps_and_a_warning(inputs, tmp_path, caplog):
+    """Spacing 0 (written by some exporters) or absent: the maps are written, stating 1 mm pixels, with a warning
+    naming the file (nibabel refused the zero affine before: 'Could not decompose affine' in errors.csv)."""
+    from _dicom_factory import make_dicom
+
+    from scripts.data import read_mammogram
+
+    pixels = np.zeros((256, 160), np.uint16)
+    pixels[40:220, :110] = 1500
+    pixels[100:120, 50:70] = 3000
+    folder = tmp_path / "in"
+    folder.mkdir()
+    zero = make_dicom(folder / "zero_spacing.dcm", pixels, spacing=(0.0, 0.0))
+    missing = make_dicom(folder / "no_spacing.dcm", pixels, spacing=None)
+    good = make_dicom(folder / "good_spacing.dcm", pixels, spacing=(0.07, 0.08))
+    assert read_mammogram(zero)[1]["spacing"] is None and read_mammogram(missing)[1]["spacing"] is None
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="scripts.workflows.inference"):
+        _run(
+            [INFERENCE_CONFIG, TINY_INFERENCE],
+            {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(inputs["ckpt"])},
+        )
+    assert _read_csv(out / "errors.csv") == []
+    rows = {Path(r["image"]).name: r for r in _read_csv(out / "predictions.csv")}
+    assert set(rows) == {"zero_spacing.dcm", "no_spacing.dcm", "good_spacing.dcm"}
+    for name, zooms in (("zero_spacing.dcm", (1.0, 1.0)), ("no_spacing.dcm", (1.0, 1.0)), (good.name, (0.08, 0.07))):
+        nifti = nib.load(str(out / "maps" / f"{rows[name]['output_stem']}_S_c.nii.gz"))
+        assert nifti.header.get_zooms()[:2] == pytest.approx(zooms)  # (x = column, y = row)
+    warned = [r.getMessage() for r in caplog.records if "no valid pixel spacing" in r.getMessage()]
+    assert sorted(Path(m.split(":")[0]).name for m in warned) == ["no_spacing.dcm", "zero_spacing.dcm"]
+    assert all("1 mm per pixel" in m for m in warned)

@@ -180,14 +180,23 @@ def dicom_view(ds: pydicom.Dataset) -> str | None:
     return None
 
 
+def _valid_spacing(row: float, col: float) -> tuple[float, float] | None:
+    """(row, col) mm when both are positive finite numbers; None (unknown) otherwise, e.g. the zeros some exporters
+    write."""
+    return (float(row), float(col)) if np.isfinite(row) and np.isfinite(col) and row > 0 and col > 0 else None
+
+
 def _dicom_spacing(ds: pydicom.Dataset) -> tuple[float, float] | None:
+    """(row, col) mm from PixelSpacing, else ImagerPixelSpacing; None when neither holds two positive numbers."""
     for keyword in ("PixelSpacing", "ImagerPixelSpacing"):
         value = ds.get(keyword)
         if value is not None and len(value) == 2:
             try:
-                return float(value[0]), float(value[1])
+                row, col = float(value[0]), float(value[1])
             except (TypeError, ValueError):
                 continue
+            if _valid_spacing(row, col) is not None:
+                return row, col
     return None
 
 
@@ -338,7 +347,7 @@ def _spacing_from_affine(affine: np.ndarray | None) -> tuple[float, float] | Non
         return None
     a = np.asarray(affine, dtype=np.float64)
     rank = a.shape[0] - 1
-    return float(np.linalg.norm(a[:rank, 0])), float(np.linalg.norm(a[:rank, 1]))
+    return _valid_spacing(np.linalg.norm(a[:rank, 0]), np.linalg.norm(a[:rank, 1]))
 
 
 def _read_pil(path: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:
@@ -410,10 +419,10 @@ def _read_nrrd(path: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:
     if directions is not None:
         vectors = [np.asarray(v, dtype=np.float64) for v in directions if v is not None and np.all(np.isfinite(v))]
         if len(vectors) >= 2:  # header order is x (column) first
-            spacing = float(np.linalg.norm(vectors[1])), float(np.linalg.norm(vectors[0]))
+            spacing = _valid_spacing(np.linalg.norm(vectors[1]), np.linalg.norm(vectors[0]))
     elif header.get("spacings") is not None and len(header["spacings"]) >= 2:
         sx, sy = (float(v) for v in header["spacings"][:2])
-        spacing = (sy, sx) if np.isfinite([sx, sy]).all() else None
+        spacing = _valid_spacing(sy, sx)
     return arr, {"format": "nrrd", "spacing": spacing}
 
 

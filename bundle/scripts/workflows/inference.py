@@ -195,12 +195,16 @@ def _save_png(path: Path, array: np.ndarray) -> None:
             tmp.unlink()
 
 
+#: pixel size (mm) the NIfTI maps state when the input's is unknown (PNG inputs; DICOMs without a valid spacing)
+FALLBACK_SPACING_MM = 1.0
+
+
 def _save_nifti(path: Path, maps: np.ndarray, spacing: Sequence[float] | None) -> None:
     """(C, H, W) -> NIfTI (W, H, 1, 1, C), intent 'vector': x = column, y = row as the readers expect."""
     import nibabel as nib
 
     data = np.ascontiguousarray(np.transpose(maps, (2, 1, 0))[:, :, None, None, :].astype(np.float32))
-    row_mm, col_mm = (float(s) for s in spacing) if spacing is not None else (1.0, 1.0)
+    row_mm, col_mm = (float(s) for s in spacing) if spacing is not None else (FALLBACK_SPACING_MM,) * 2
     img = nib.Nifti1Image(data, np.diag([col_mm, row_mm, 1.0, 1.0]))
     img.header.set_intent("vector", (), name="benign,malignant")
     img.header.set_xyzt_units("mm")
@@ -372,6 +376,13 @@ class GLAMInferenceWriter:
                 raise ValueError(f"{path}: inverted {name} has shape {back[name].shape[-2:]}, the file {(H, W)}")
         stem = self._stem(path)
         maps_dir = self.output_dir / "maps"
+        if meta.get("spacing") is None and meta.get("format") not in ("png", "pil"):  # those formats hold none
+            logger.warning(
+                "%s: no valid pixel spacing in the file (missing, zero or negative): the NIfTI maps state %g mm "
+                "per pixel",
+                path,
+                FALLBACK_SPACING_MM,
+            )
         for name in MAP_NAMES:
             m = back[name]
             _save_nifti(maps_dir / f"{stem}_{name}.nii.gz", m, meta.get("spacing"))
