@@ -132,17 +132,18 @@ class GLAMSaliencyInfer(BasicInferTask):
         parser["bundle_root"] = str(self.bundle_dir)
         self.gamma_c = float(parser.get_parsed_content("gamma_c"))
         self.transform = parser.get_parsed_content("preprocessing")
+        from scripts.networks import optimize_for_inference
+        from scripts.workflows import load_weights
+
         network = parser.get_parsed_content("network_def")
-        state = torch.load(model_path, map_location="cpu", weights_only=True)
-        if not isinstance(state, Mapping):
-            raise ValueError(f"model {model_path}: not a state dict")
         try:
-            network.load_state_dict(state, strict=True)
-        except RuntimeError as e:
+            network = load_weights(network, model_path)
+        except ValueError as e:
             raise ValueError(f"model {model_path} does not match the bundle's network_def: {e}") from e
-        logger.info("GLAM weights %s loaded strictly (%d tensors)", model_path, len(state))
+        logger.info("GLAM weights %s loaded strictly", model_path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.glam = network.to(self.device).eval()
+        # the inference config's precision: on CPU a bf16 copy where the CPU supports it (docs/inference.md)
+        self.glam = optimize_for_inference(network.to(self.device), str(parser.get_parsed_content("precision")))
         super().__init__(
             path=str(model_path),
             network=self.glam,

@@ -1,4 +1,5 @@
 from .cam import CAM
+from .fast_inference import AutocastInference, cpu_supports_bf16, optimize_for_inference, resolve_precision
 from .glam import GLAM, REFERENCE_PRESET, STAGES
 from .global_network import GlobalBackbone, GlobalNetwork, PreActBasicBlock
 from .gmic import GMIC
@@ -10,6 +11,10 @@ __all__ = [
     "GLAM",
     "GLAMSaliencyNet",
     "GLAMInferer",
+    "AutocastInference",
+    "optimize_for_inference",
+    "resolve_precision",
+    "cpu_supports_bf16",
     "REFERENCE_PRESET",
     "STAGES",
     "GlobalBackbone",

@@ -1,7 +1,7 @@
 """GLAM's training and evaluation workflows on MONAI / PyTorch-Ignite engines (used from ``configs/train.yaml``)."""
 
 from .batch import GLAMPrepareBatch
-from .checkpoints import StageCheckpointer, plain_state_dict, require_weights, save_atomic
+from .checkpoints import StageCheckpointer, load_weights, plain_state_dict, require_weights, save_atomic
 from .datasets import training_dataset
 from .distributed import (
     RankBarrier,
@@ -38,6 +38,7 @@ __all__ = [
     "BestMetricState",
     "StageCheckpointer",
     "require_weights",
+    "load_weights",
     "save_atomic",
     "plain_state_dict",
     "SaliencyPanelWriter",

@@ -17,7 +17,7 @@ from monai.utils import str2bool
 
 from ..atomic import atomic_write
 
-__all__ = ["save_atomic", "plain_state_dict", "StageCheckpointer"]
+__all__ = ["save_atomic", "plain_state_dict", "load_weights", "require_weights", "StageCheckpointer"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,42 @@ def _load_file(path: Path, what: str) -> Any:
         raise
     except Exception as err:
         raise ValueError(f"cannot read {what} {path}: {type(err).__name__}: {err}") from err
+
+
+def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
+    """Load a plain state dict (``weights_only``) into ``network``, strictly; returns ``network``.
+
+    A file that is not a state dict, or whose keys or shapes differ from the network's, is a ``ValueError`` that
+    names the file (and the keys).
+    """
+    state = _load_file(Path(path), "model weights")
+    if not isinstance(state, Mapping):
+        raise ValueError(f"model weights {path}: not a state dict (a mapping of tensor names to tensors)")
+    expected = network.state_dict()
+    problems = []
+    for what, keys in (
+        ("missing", [k for k in expected if k not in state]),
+        ("unexpected", [k for k in state if k not in expected]),
+    ):
+        if keys:
+            problems.append(f"{len(keys)} {what} key(s) ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})")
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and isinstance(state[k], torch.Tensor) and state[k].shape != v.shape
+    ]
+    if shapes:
+        problems.append(
+            f"{len(shapes)} shape mismatch(es) ({'; '.join(shapes[:3])}{'; ...' if len(shapes) > 3 else ''})"
+        )
+    if problems:
+        raise ValueError(
+            f"model weights {path} do not match the network: {', '.join(problems)}; were they trained with other "
+            "model settings (a preset)?"
+        )
+    network.load_state_dict(state, strict=True)
+    logger.info("weights %s loaded strictly (%d tensors)", path, len(state))
+    return network
 
 
 def _as_flag(value: Any, name: str) -> bool:

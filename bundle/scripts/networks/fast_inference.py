@@ -1,0 +1,110 @@
+"""A faster inference copy of a trained network: batch norms folded, channels-last memory, bf16 autocast on CPUs.
+
+On this project's 2-core CPU the full-size GLAM runs about twice as fast this way (docs/performance.md); the maps
+differ from float32's by a few thousandths (docs/inference.md gives the measured differences). ``precision="fp32"``
+returns the network unchanged, so float32 inference keeps exactly the reference numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["PRECISIONS", "AutocastInference", "cpu_supports_bf16", "resolve_precision", "optimize_for_inference"]
+
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def cpu_supports_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 convolutions on this CPU (AVX-512 BW/VL/DQ or newer); without it torch emulates
+    them, slower than float32."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return False
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """``"bf16"`` or ``"fp32"`` for ``precision`` in :data:`PRECISIONS` on ``device``.
+
+    ``"auto"``: bf16 on a CPU that supports it, fp32 elsewhere; on CUDA fp32, since the inference step's own AMP
+    (``amp: true``) already runs the network in reduced precision there.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "auto":
+        return precision
+    return "bf16" if torch.device(device).type == "cpu" and cpu_supports_bf16() else "fp32"
+
+
+def _as_float32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: _as_float32(v) for k, v in value.items()}
+    return value
+
+
+class AutocastInference(nn.Module):
+    """Runs ``network`` under ``torch.autocast`` with ``dtype`` on the input's device, inputs in channels-last memory;
+    floating-point outputs come back as float32.
+
+    The forward contract is the wrapped network's: ``forward(image)`` returns what ``network(image)`` returns (S_c
+    (B, 2, H/4, W/4) for :class:`~scripts.networks.GLAMSaliencyNet`), ``forward_all(image)`` its whole output dict
+    (when the network has ``forward_all``). Inference only: no gradients.
+    """
+
+    def __init__(self, network: nn.Module, dtype: torch.dtype = torch.bfloat16, channels_last: bool = True) -> None:
+        super().__init__()
+        self.network = network
+        self.dtype = dtype
+        self.channels_last = bool(channels_last)
+
+    def _run(self, fn: Any, image: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.channels_last:
+            image = image.contiguous(memory_format=torch.channels_last)
+        with torch.no_grad(), torch.autocast(image.device.type, dtype=self.dtype):
+            out = fn(image, *args, **kwargs)
+        return _as_float32(out)
+
+    def forward(self, image: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return self._run(self.network, image, *args, **kwargs)
+
+    def forward_all(self, image: torch.Tensor, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        if not hasattr(self.network, "forward_all"):
+            raise AttributeError(f"{type(self.network).__name__} has no forward_all")
+        return self._run(self.network.forward_all, image, *args, **kwargs)
+
+    def train(self, mode: bool = True) -> AutocastInference:
+        if mode:
+            raise ValueError("AutocastInference is for inference: it holds a network with folded batch norms")
+        return super().train(False)
+
+    def extra_repr(self) -> str:
+        return f"dtype={self.dtype}, channels_last={self.channels_last}"
+
+
+def optimize_for_inference(model: nn.Module, precision: str = "auto", channels_last: bool = True) -> nn.Module:
+    """An inference version of a trained ``model`` (load its weights first) with the same forward contract.
+
+    Args:
+        model: e.g. :class:`~scripts.networks.GLAMSaliencyNet` with its weights loaded, on its device.
+        precision: ``"fp32"``: ``model`` itself in eval mode (exactly the reference numbers); ``"bf16"``: an
+            eval-mode copy with the local module's batch norms folded into its convolutions (``fuse_for_inference``
+            where the model has it), in channels-last memory, run under bf16 autocast; ``"auto"``: see
+            :func:`resolve_precision`.
+        channels_last: channels-last memory for the bf16 copy (oneDNN's fast layout on CPUs).
+    """
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    if resolve_precision(precision, device) == "fp32":
+        return model.eval()
+    fast = model.fuse_for_inference() if hasattr(model, "fuse_for_inference") else copy.deepcopy(model).eval()
+    if channels_last:
+        fast = fast.to(memory_format=torch.channels_last)
+    return AutocastInference(fast, torch.bfloat16, channels_last=channels_last).eval()
