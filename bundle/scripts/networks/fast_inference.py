@@ -1,8 +1,9 @@
 """A faster inference copy of a trained network: batch norms folded, channels-last memory, bf16 autocast on CPUs.
 
-On this project's 2-core CPU the full-size GLAM runs about twice as fast this way (docs/performance.md); the maps
-differ from float32's by a few thousandths (docs/inference.md gives the measured differences). ``precision="fp32"``
-returns the network unchanged, so float32 inference keeps exactly the reference numbers.
+On CPUs with native bfloat16 (AVX512-BF16 or AMX) the full-size GLAM runs about twice as fast this way; without
+it bf16 is emulated and slower, so ``precision="auto"`` keeps float32 there (docs/performance.md). The maps differ
+from float32's by a few thousandths (docs/inference.md). ``precision="fp32"`` returns the network unchanged, so
+float32 inference keeps exactly the reference numbers.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 
 def cpu_supports_bf16() -> bool:
-    """Whether oneDNN runs bfloat16 convolutions on this CPU (AVX-512 BW/VL/DQ or newer); without it torch emulates
-    them, slower than float32."""
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX). Without it oneDNN emulates bf16 with
+    AVX-512 conversions: measured on a Xeon without AVX512-BF16, the full-size GLAM took 2.4x *longer* in bf16 than
+    in float32 (docs/performance.md)."""
+    cpu = getattr(torch, "cpu", None)
     try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a build without oneDNN
+        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+    except AttributeError:  # a torch without these probes
         return False
 
 
