@@ -259,3 +259,15 @@ def test_dicom_with_zero_or_missing_pixel_spacing_gets_maps_and_a_warning(inputs
     warned = [r.getMessage() for r in caplog.records if "no valid pixel spacing" in r.getMessage()]
     assert sorted(Path(m.split(":")[0]).name for m in warned) == ["no_spacing.dcm", "zero_spacing.dcm"]
     assert all("1 mm per pixel" in m for m in warned)
+
+
+def test_timing_json_counts_the_good_images_and_splits_the_wall_time(inputs):
+    timing = json.loads((inputs["out"] / "timing.json").read_text())
+    good = len(_read_csv(inputs["out"] / "predictions.csv"))
+    assert timing["images"] == good > 0
+    assert timing["images_per_min"] == pytest.approx(60 * good / timing["wall_s"])
+    shares = [timing[f"{k}_share"] for k in ("model", "writing", "waiting_for_data")]
+    assert all(0 < s < 1 for s in shares[:2]) and 0 <= shares[2] < 1
+    assert sum(shares) <= 1.0 + 1e-6  # parts of the wall time (the rest: other handlers, the engine)
+    for k in ("model", "writing", "waiting_for_data"):
+        assert timing[f"{k}_share"] == pytest.approx(timing[f"{k}_s"] / timing["wall_s"])

@@ -28,8 +28,10 @@ from .postprocessing import MAP_KEYS, GLAMOutputsd
 from .report import MetricsReport, check_checkpoint, eval_split_items
 from .runner import STAGE_ORDER, run_training, running_parser, stages_to_run
 from .sampler import BalancedEpochSampler, positive_flags
+from .throughput import InferenceThroughput
 
 __all__ = [
+    "InferenceThroughput",
     "GLAMPrepareBatch",
     "training_dataset",
     "BalancedEpochSampler",
