@@ -657,3 +657,29 @@ def test_resume_flag_from_the_command_line(tmp_path, value, expected):
 def test_resume_flag_rejects_other_text(tmp_path):
     with pytest.raises(ValueError, match="resume"):
         StageCheckpointer(tmp_path, {"network": torch.nn.Linear(1, 1)}, resume="maybe")
+
+
+@pytest.mark.parametrize("name", ["val_soft_dice", "val_pointing_game"])
+def test_selection_metric_picks_the_key_metric_and_leaves_the_others_additional(name):
+    from conftest import BUNDLE_ROOT, REPO_ROOT
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(
+        [str(BUNDLE_ROOT / "configs" / "train.yaml"), str(REPO_ROOT / "tests" / "configs" / "tiny.yaml")]
+    )
+    parser.update({"stage": "global", "selection_metric": name})
+    metrics = parser.get_parsed_content("validate#metrics")
+    key = parser.get_parsed_content("validate#key_metric")
+    additional = parser.get_parsed_content("validate#additional_metrics")
+    assert list(key) == [name] and key[name] is metrics[name]
+    assert set(additional) == set(metrics) - {name} and len(metrics) == 6
+
+
+def test_key_metric_names_the_choices_when_unknown():
+    from scripts.workflows import key_metric
+
+    with pytest.raises(
+        ValueError, match=r"selection_metric 'val_dice' is not a validation metric; choose one of \['a', 'b'\]"
+    ):
+        key_metric({"b": 1, "a": 2}, "val_dice")

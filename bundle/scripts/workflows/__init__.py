@@ -14,7 +14,7 @@ from .distributed import (
     rank_share,
     rank_zero_first,
 )
-from .handlers import BestMetricState, EpochSeeder
+from .handlers import BestMetricState, EpochSeeder, key_metric
 from .inference import (
     GLAMInferenceStep,
     GLAMInferenceWriter,
@@ -31,6 +31,7 @@ from .sampler import BalancedEpochSampler, positive_flags
 from .throughput import InferenceThroughput
 
 __all__ = [
+    "key_metric",
     "InferenceThroughput",
     "GLAMPrepareBatch",
     "training_dataset",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -11,7 +11,14 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
 
-__all__ = ["EpochSeeder", "BestMetricState"]
+__all__ = ["EpochSeeder", "BestMetricState", "key_metric"]
+
+
+def key_metric(metrics: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """``{name: metrics[name]}``: the evaluator's key metric (``key_val_metric``) chosen by name from all of them."""
+    if name not in metrics:
+        raise ValueError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
+    return {name: metrics[name]}
 
 
 def _rank() -> int:
