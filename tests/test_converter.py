@@ -10,6 +10,7 @@ from test_pooling import numpy_top_t
 
 from scripts.convert import convert_nyukat_state_dict, load_nyukat_glam
 from scripts.networks import GLAM
+from scripts.networks.settings import SETTINGS_KEY, decode_settings
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,7 @@ def test_authors_layout_size_matches_the_spec(authors_sd):
 
 def test_our_inference_layout_is_the_authors_without_the_unused_combine_conv():
     sd = GLAM.reference().state_dict()
+    assert decode_settings(sd.pop(SETTINGS_KEY))["patch_size"] == [512, 512]  # the settings record, not a weight
     assert len(sd) == 351
     assert sum(v.numel() for v in sd.values()) == 24_107_221 - 2 * 6
 
@@ -36,7 +38,7 @@ def test_every_tensor_lands_in_exactly_one_place(authors_sd):
     targets = list(report.mapped.values())
     assert len(targets) == len(set(targets)) == 351
     model_sd = model.state_dict()
-    assert set(targets) == set(model_sd)
+    assert set(targets) == set(model_sd) - {SETTINGS_KEY}
     for src, dst in report.mapped.items():
         assert torch.equal(model_sd[dst], authors_sd[src]), (src, dst)
     # values, not only names: every model tensor equals exactly the one source tensor mapped to it and no other
@@ -101,7 +103,9 @@ def test_bad_checkpoints_fail_loudly_naming_the_key(mutate, match):
 def test_dataparallel_prefix_is_accepted():
     sd = {"module." + k: v for k, v in authors_state_dict(seed=4).items()}
     converted, report = convert_nyukat_state_dict(sd)
-    assert len(converted) == 351 and len(report.mapped) == 351
+    assert len(converted) == 351 + 1 and len(report.mapped) == 351  # + the reference settings record
+    settings = decode_settings(converted[SETTINGS_KEY])
+    assert settings["aggregation"] == "concat" and settings["t_local"] == 0.3 and settings["joint_modules"] is False
 
 
 def test_converted_model_reproduces_the_authors_forward_pass():

@@ -94,8 +94,14 @@ def test_the_inference_config_loads_the_weights_then_optimises(tmp_path):
         load_weights(GLAMSaliencyNet(**tiny), tmp_path / "other.pt")
     wide = GLAMSaliencyNet(**{**tiny, "local_width": 8}).state_dict()
     torch.save(wide, tmp_path / "wide.pt")
-    with pytest.raises(ValueError, match=r"wide.pt do not match the network: \d+ shape mismatch\(es\) \(local_network"):
+    with pytest.raises(
+        ValueError, match=r"wide.pt were trained with other model settings .*local_width: checkpoint 8, network 4"
+    ):
         load_weights(GLAMSaliencyNet(**tiny), tmp_path / "wide.pt")
+    del wide["model_settings"]  # a checkpoint from before the settings record: the shapes tell
+    torch.save(wide, tmp_path / "wide_old.pt")
+    with pytest.raises(ValueError, match=r"wide_old.pt do not match the network: \d+ shape mismatch\(es\) \(local_net"):
+        load_weights(GLAMSaliencyNet(**tiny), tmp_path / "wide_old.pt")
     torch.save([torch.zeros(1)], tmp_path / "list.pt")
     with pytest.raises(ValueError, match="list.pt: not a state dict"):
         load_weights(GLAMSaliencyNet(**tiny), tmp_path / "list.pt")

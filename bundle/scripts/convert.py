@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .networks.glam import GLAM
+from .networks.settings import SETTINGS_KEY, decode_settings, encode_settings
 
 __all__ = [
     "ConversionReport",
@@ -132,6 +133,8 @@ def convert_nyukat_state_dict(
         converted[target] = value.detach().to("cpu", expected.dtype).clone()
         report.mapped[key] = target
     for target in template:
+        if target == SETTINGS_KEY:  # not a weight: the record is written below
+            continue
         if not target.startswith(_JOINT_PREFIXES) and target not in converted:
             problems.append(f"missing key for {target!r}")
     if problems:
@@ -146,6 +149,10 @@ def convert_nyukat_state_dict(
             if dst in joint_keys:
                 report.unfitted[src] = "the joint modules are incomplete in the checkpoint; not loaded"
                 del report.mapped[src]
+    if SETTINGS_KEY in template:
+        # the reference settings the weights were made for (the template's), with the joint modules they hold
+        settings = {**decode_settings(template[SETTINGS_KEY]), "joint_modules": report.has_joint_modules}
+        converted[SETTINGS_KEY] = encode_settings(settings)
     return converted, report
 
 

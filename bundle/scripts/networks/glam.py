@@ -21,6 +21,7 @@ from ..patches import (
 from ..pooling import check_fraction
 from .global_network import GlobalNetwork
 from .local_network import LocalNetwork
+from .settings import SETTINGS_KEY, decode_settings, encode_settings, settings_differences
 
 __all__ = ["GLAM", "STAGES", "REFERENCE_PRESET"]
 
@@ -164,6 +165,40 @@ class GLAM(nn.Module):
         self.stage = "joint"
         self.global_frozen = False
         self.set_stage(stage)
+        # how this network was built, inside every state dict it saves (scripts/networks/settings.py); the stage
+        # is not a setting: one checkpoint serves the next stage and inference
+        self.settings: dict[str, Any] = {
+            "patch_size": list(self.patch_size),
+            "num_patches_train": num_patches_train,
+            "num_patches_eval": num_patches_eval,
+            "t_global": float(t_global),
+            "t_local": float(t_local),
+            "global_pool_after_upsampling": bool(global_pool_after_upsampling),
+            "gammas": [float(g) for g in gammas],
+            "gamma_c": self.gamma_c,
+            "aggregation": aggregation,
+            "local_depth": int(local_depth),
+            "local_width": int(local_width),
+            "attention_hidden": int(attention_hidden),
+            "joint_modules": bool(joint_modules),
+            "global_backbone": dict(global_backbone or {}),
+            "pool_in_breast": bool(pool_in_breast),
+        }
+        self.register_buffer(SETTINGS_KEY, encode_settings(self.settings), persistent=True)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):
+        key = prefix + SETTINGS_KEY
+        if key in state_dict:
+            differences = settings_differences(decode_settings(state_dict[key]), self.settings)
+            if differences:
+                raise ValueError(
+                    "the checkpoint was trained with other model settings than this network's: "
+                    + "; ".join(differences)
+                    + " (build the network with the checkpoint's settings, e.g. the preset it was trained with)"
+                )
+        # this network's own record: inference choices (M, gamma_c) may differ, and older checkpoints have none
+        state_dict[key] = getattr(self, SETTINGS_KEY)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
 
     @classmethod
     def reference(cls, **overrides: Any) -> GLAM:

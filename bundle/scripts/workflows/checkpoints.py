@@ -16,6 +16,7 @@ from ignite.handlers import Checkpoint
 from monai.utils import str2bool
 
 from ..atomic import atomic_write
+from ..networks.settings import SETTINGS_KEY, decode_settings, settings_differences
 
 __all__ = ["save_atomic", "plain_state_dict", "load_weights", "require_weights", "StageCheckpointer"]
 
@@ -68,18 +69,28 @@ def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.
     state = _load_file(Path(path), "model weights")
     if not isinstance(state, Mapping):
         raise ValueError(f"model weights {path}: not a state dict (a mapping of tensor names to tensors)")
-    expected = network.state_dict()
+    saved_settings = state.get(SETTINGS_KEY)
+    if isinstance(saved_settings, torch.Tensor) and isinstance(getattr(network, "settings", None), Mapping):
+        differences = settings_differences(decode_settings(saved_settings), network.settings)
+        if differences:
+            raise ValueError(
+                f"model weights {path} were trained with other model settings than this network's: "
+                f"{'; '.join(differences)} (build the network with the settings, e.g. the preset, it was trained with)"
+            )
+    # the weights alone: the settings record is checked above, and older checkpoints have none
+    expected = {k: v for k, v in network.state_dict().items() if k != SETTINGS_KEY}
+    weights = {k: v for k, v in state.items() if k != SETTINGS_KEY}
     problems = []
     for what, keys in (
-        ("missing", [k for k in expected if k not in state]),
-        ("unexpected", [k for k in state if k not in expected]),
+        ("missing", [k for k in expected if k not in weights]),
+        ("unexpected", [k for k in weights if k not in expected]),
     ):
         if keys:
             problems.append(f"{len(keys)} {what} key(s) ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})")
     shapes = [
-        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        f"{k} {tuple(weights[k].shape)} vs {tuple(v.shape)}"
         for k, v in expected.items()
-        if k in state and isinstance(state[k], torch.Tensor) and state[k].shape != v.shape
+        if k in weights and isinstance(weights[k], torch.Tensor) and weights[k].shape != v.shape
     ]
     if shapes:
         problems.append(
