@@ -188,7 +188,8 @@ def _save_png(path: Path, array: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # keeps the extension for PIL
     try:
-        Image.fromarray(array).save(tmp, format="PNG")
+        # zlib level 3: half the time of PIL's default 6 on 16-bit maps, files about 1.6x larger (tens of KB)
+        Image.fromarray(array).save(tmp, format="PNG", compress_level=3)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
