@@ -95,7 +95,8 @@ def test_the_inference_config_loads_the_weights_then_optimises(tmp_path):
     wide = GLAMSaliencyNet(**{**tiny, "local_width": 8}).state_dict()
     torch.save(wide, tmp_path / "wide.pt")
     with pytest.raises(
-        ValueError, match=r"wide.pt were trained with other model settings .*local_width: checkpoint 8, network 4"
+        ValueError,
+        match=r"checkpoint .*wide.pt was trained with other model settings .*local_width: checkpoint 8, network 4",
     ):
         load_weights(GLAMSaliencyNet(**tiny), tmp_path / "wide.pt")
     del wide["model_settings"]  # a checkpoint from before the settings record: the shapes tell

@@ -21,7 +21,7 @@ from ..patches import (
 from ..pooling import check_fraction
 from .global_network import GlobalNetwork
 from .local_network import LocalNetwork
-from .settings import SETTINGS_KEY, decode_settings, encode_settings, settings_differences
+from .settings import SETTINGS_KEY, check_settings, encode_settings
 
 __all__ = ["GLAM", "STAGES", "REFERENCE_PRESET"]
 
@@ -189,13 +189,7 @@ class GLAM(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):
         key = prefix + SETTINGS_KEY
         if key in state_dict:
-            differences = settings_differences(decode_settings(state_dict[key]), self.settings)
-            if differences:
-                raise ValueError(
-                    "the checkpoint was trained with other model settings than this network's: "
-                    + "; ".join(differences)
-                    + " (build the network with the checkpoint's settings, e.g. the preset it was trained with)"
-                )
+            check_settings(state_dict[key], self.settings)
         # this network's own record: inference choices (M, gamma_c) may differ, and older checkpoints have none
         state_dict[key] = getattr(self, SETTINGS_KEY)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
@@ -257,15 +251,6 @@ class GLAM(nn.Module):
         return self.num_patches_train if self.training else self.num_patches_eval
 
     # -- forward ---------------------------------------------------------------------------------------------------
-    def forward(
-        self,
-        image: torch.Tensor,
-        patch_boxes: torch.Tensor | None = None,
-        random_patch_mask: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-    ) -> dict[str, torch.Tensor]:
-        return self.forward_all(image, patch_boxes, random_patch_mask, generator)
-
     def forward_all(
         self,
         image: torch.Tensor,
@@ -319,6 +304,9 @@ class GLAM(nn.Module):
         out["saliency_local"] = maps["saliency_local"]
         out["saliency"] = maps["saliency"]
         return out
+
+    # GLAM's forward is the whole output dict; GLAMSaliencyNet overrides forward and keeps forward_all
+    forward = forward_all
 
     @torch.jit.unused
     def _patch_boxes(

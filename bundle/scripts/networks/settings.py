@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["SETTINGS_KEY", "INFERENCE_CHOICES", "encode_settings", "decode_settings", "settings_differences"]
+__all__ = [
+    "SETTINGS_KEY",
+    "INFERENCE_CHOICES",
+    "encode_settings",
+    "decode_settings",
+    "settings_differences",
+    "check_settings",
+]
 
 #: the buffer's name in a module's state dict
 SETTINGS_KEY = "model_settings"
@@ -60,3 +67,14 @@ def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -
         for name in names
         if saved.get(name, missing) != current.get(name, missing)
     ]
+
+
+def check_settings(saved: torch.Tensor, current: Mapping[str, Any], source: str = "the checkpoint") -> None:
+    """``ValueError`` naming every setting that differs (see :func:`settings_differences`) between the record
+    ``saved`` (a :data:`SETTINGS_KEY` entry) and a network's ``current`` settings."""
+    differences = settings_differences(decode_settings(saved), current)
+    if differences:
+        raise ValueError(
+            f"{source} was trained with other model settings than this network's: {'; '.join(differences)} "
+            "(build the network with the settings it was trained with, e.g. its preset)"
+        )

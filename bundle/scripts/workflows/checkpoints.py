@@ -16,7 +16,7 @@ from ignite.handlers import Checkpoint
 from monai.utils import str2bool
 
 from ..atomic import atomic_write
-from ..networks.settings import SETTINGS_KEY, decode_settings, settings_differences
+from ..networks.settings import SETTINGS_KEY, check_settings
 
 __all__ = ["save_atomic", "plain_state_dict", "load_weights", "require_weights", "StageCheckpointer"]
 
@@ -71,12 +71,7 @@ def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.
         raise ValueError(f"model weights {path}: not a state dict (a mapping of tensor names to tensors)")
     saved_settings = state.get(SETTINGS_KEY)
     if isinstance(saved_settings, torch.Tensor) and isinstance(getattr(network, "settings", None), Mapping):
-        differences = settings_differences(decode_settings(saved_settings), network.settings)
-        if differences:
-            raise ValueError(
-                f"model weights {path} were trained with other model settings than this network's: "
-                f"{'; '.join(differences)} (build the network with the settings, e.g. the preset, it was trained with)"
-            )
+        check_settings(saved_settings, network.settings, f"the checkpoint {path}")  # before shapes: names the cause
     # the weights alone: the settings record is checked above, and older checkpoints have none
     expected = {k: v for k, v in network.state_dict().items() if k != SETTINGS_KEY}
     weights = {k: v for k, v in state.items() if k != SETTINGS_KEY}
