@@ -12,17 +12,23 @@ import pytest
 from PIL import Image
 
 from scripts.data.datalist import (
+    CSV_FLAVOURS,
+    DATALIST_PARSERS,
     SPLITS,
+    CsvRowError,
     DatalistError,
     check_patient_splits,
     detect_csv_flavour,
     items_from_csv,
     items_from_dicom_dir,
     load_datalist,
+    register_datalist_parser,
     resolve_paths,
     save_datalist,
     split_by_patient,
+    unregister_datalist_parser,
 )
+from scripts.data.datalist_parsers import ParsedRow
 from scripts.data.synthetic import make_synthetic_dataset, write_mask_png
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -206,6 +212,66 @@ def test_vindr_and_generic_csv(tmp_path):
     assert "label" not in items[1] and items[1]["laterality"] == "L"
     with pytest.raises(DatalistError, match="accepted layouts"):
         detect_csv_flavour(["file", "diagnosis"])
+
+
+def test_registry_lists_the_flavours():
+    # registration order is the order users see them in; CSV_FLAVOURS is read from the registry
+    assert list(DATALIST_PARSERS) == ["generic", "cbis-ddsm", "vindr-mammo"]
+    assert dict(CSV_FLAVOURS) == {name: parser.columns for name, parser in DATALIST_PARSERS.items()}
+    for name, parser in DATALIST_PARSERS.items():
+        assert parser.name == name and parser.parse.__doc__ and "Columns:" in parser.parse.__doc__
+        assert detect_csv_flavour(parser.signature) == name
+    # the most specific signature wins: a header with vindr's columns and an "image" column is vindr
+    assert detect_csv_flavour(["Image", "Study_ID", "image id"]) == "vindr-mammo"
+
+
+def test_unknown_csv_layout_names_file_columns_and_flavours(tmp_path):
+    csv_path = _write_csv(tmp_path / "odd.csv", ["File", "Diagnosis"], [["x.png", "mass"]])
+    with pytest.raises(DatalistError) as info:
+        items_from_csv(csv_path)
+    message = str(info.value)
+    assert message.startswith(f"{csv_path}: unrecognised CSV columns ['diagnosis', 'file']; accepted layouts: ")
+    for name, columns in CSV_FLAVOURS.items():
+        assert f"{name}: {columns}" in message
+
+
+@pytest.fixture
+def scanner_layout():
+    """A parser registered for the duration of one test, then unregistered."""
+
+    @register_datalist_parser("test-scanner", signature=["scan file", "image"], columns="scan_file, image, finding")
+    def parse_scanner_row(row, where, base):
+        """Columns: ``scan_file`` (the image), ``image`` (ignored), ``finding`` (cancer or none)."""
+        if row["finding"] not in ("cancer", "none"):
+            raise CsvRowError(f"{where}: finding must be cancer or none")
+        return ParsedRow(base / row["scan file"], [0, int(row["finding"] == "cancer")], {"patient_id": "P"})
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_datalist_parser("test-scanner", signature=["x"], columns="x")(parse_scanner_row)
+    yield "test-scanner"
+    unregister_datalist_parser("test-scanner")
+    assert "test-scanner" not in DATALIST_PARSERS and "test-scanner" not in CSV_FLAVOURS
+
+
+def test_registered_parser_is_used_then_unregistered(tmp_path, scanner_layout):
+    rows = [["a.dcm", "ignored", "cancer"], ["a.dcm", "ignored", "none"], ["b.dcm", "", "maybe"]]
+    csv_path = _write_csv(tmp_path / "scanner.csv", ["Scan_File", "image", "finding"], rows)
+    # its signature ("scan file", "image") is more specific than generic's ("image"), so it wins
+    assert detect_csv_flavour(["Scan_File", "image", "finding"]) == scanner_layout
+    assert list(CSV_FLAVOURS)[-1] == scanner_layout
+    items, problems = items_from_csv(csv_path, relative_to=tmp_path)
+    assert items == [{"image": "a.dcm", "label": [0, 1], "patient_id": "P"}]
+    assert problems == [f"{csv_path}:4: finding must be cancer or none"]
+    with pytest.raises(DatalistError, match="test-scanner: scan_file, image, finding"):
+        detect_csv_flavour(["nothing"])
+
+
+def test_unregistered_parser_is_gone(tmp_path):
+    # the fixture's parser must not outlive its test: generic reads that header again
+    assert "test-scanner" not in DATALIST_PARSERS
+    assert detect_csv_flavour(["Scan_File", "image", "finding"]) == "generic"
+    with pytest.raises(KeyError):
+        unregister_datalist_parser("test-scanner")
 
 
 def _cli():

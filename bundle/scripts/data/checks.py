@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..enums import CLASS_NAMES
 from .datalist import DatalistError, check_patient_splits, iter_items, load_datalist
 
 __all__ = [
@@ -35,8 +36,8 @@ __all__ = [
     "assert_datalist_ok",
 ]
 
-MASK_KEYS = {"mask_benign": 0, "mask_malignant": 1}
-CLASS_NAMES = ("benign", "malignant")
+# mask key -> channel of its class in ``label`` (the vocabulary's class order)
+MASK_KEYS = {f"mask_{cls}": channel for channel, cls in enumerate(CLASS_NAMES)}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,19 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write
+from ..enums import CLASS_NAMES, LesionClass
+from .datalist_parsers import (
+    CSV_FLAVOURS,
+    DATALIST_PARSERS,
+    CsvRow,
+    CsvRowError,
+    DatalistParser,
+    ParsedRow,
+    find_datalist_parser,
+    normalise_column,
+    register_datalist_parser,
+    unregister_datalist_parser,
+)
 
 __all__ = [
     "SPLITS",
@@ -35,13 +48,17 @@ __all__ = [
     "split_by_patient",
     "check_patient_splits",
     "CSV_FLAVOURS",
+    "DATALIST_PARSERS",
+    "CsvRowError",
+    "register_datalist_parser",
+    "unregister_datalist_parser",
     "detect_csv_flavour",
     "items_from_csv",
     "items_from_dicom_dir",
 ]
 
 SPLITS = ("training", "validation", "test")
-PATH_KEYS = ("image", "mask_benign", "mask_malignant")
+PATH_KEYS = ("image", *(f"mask_{cls}" for cls in CLASS_NAMES))
 
 
 class DatalistError(ValueError):
@@ -141,7 +158,7 @@ def _stratum(items: Sequence[Mapping[str, Any]]) -> str:
         malignant = any(int(lab[1]) == 1 for lab in labels)
     except (TypeError, ValueError, IndexError):
         return "unknown"
-    return "malignant" if malignant else "benign" if benign else "normal"
+    return LesionClass.MALIGNANT if malignant else LesionClass.BENIGN if benign else "normal"
 
 
 def split_by_patient(
@@ -210,7 +227,8 @@ def check_patient_splits(datalist: Mapping[str, Sequence[Mapping[str, Any]]], ra
 
 
 # ------------------------------------------------------------------------------------------------------------
-# building datalists from a DICOM folder or a CSV (used by scripts/make_datalist.py)
+# building datalists from a DICOM folder or a CSV (used by scripts/make_datalist.py); the CSV layouts themselves
+# are in datalist_parsers.py
 # ------------------------------------------------------------------------------------------------------------
 def _path_for_datalist(path: Path, relative_to: Path | None) -> str:
     """Path as written in the datalist: relative to the datalist's folder, or absolute when ``relative_to`` is
@@ -260,49 +278,18 @@ def items_from_dicom_dir(
     return items, skipped
 
 
-def _norm(name: str) -> str:
-    return " ".join(str(name).strip().lower().replace("_", " ").split())
-
-
-CSV_FLAVOURS = {
-    "generic": "image, patient_id, laterality, view, label_benign, label_malignant, mask_benign, mask_malignant",
-    "cbis-ddsm": "patient_id, left or right breast, image view, pathology, image file path, ROI mask file path",
-    "vindr-mammo": "study_id, image_id, laterality, view_position, breast_birads (finding_birads optional)",
-}
-
-
-def detect_csv_flavour(columns: Iterable[str]) -> str:
-    """'cbis-ddsm', 'vindr-mammo' or 'generic' from a CSV header (case, spaces and underscores ignored)."""
-    cols = {_norm(c) for c in columns}
-    if {"image file path", "pathology"} <= cols:
-        return "cbis-ddsm"
-    if {"study id", "image id"} <= cols:
-        return "vindr-mammo"
-    if "image" in cols:
-        return "generic"
-    accepted = "; ".join(f"{k}: {v}" for k, v in CSV_FLAVOURS.items())
-    raise DatalistError(f"unrecognised CSV columns {sorted(cols)}; accepted layouts: {accepted}")
-
-
-def _laterality(value: Any) -> str | None:
-    v = str(value or "").strip().upper()
-    return {"L": "L", "LEFT": "L", "R": "R", "RIGHT": "R"}.get(v)
-
-
-def _birads(value: Any) -> int | None:
-    digits = "".join(ch for ch in str(value or "") if ch.isdigit())
-    return int(digits[0]) if digits else None
-
-
-def _binary(value: Any, where: str) -> int | None:
-    v = str(value if value is not None else "").strip().lower()
-    if v in ("", "nan", "none", "null", "unknown"):
-        return None
-    if v in ("0", "0.0", "false", "no"):
-        return 0
-    if v in ("1", "1.0", "true", "yes"):
-        return 1
-    raise DatalistError(f"{where}: label must be 0/1 (or empty for unknown), got {value!r}")
+def detect_csv_flavour(columns: Iterable[str], source: str | os.PathLike | None = None) -> str:
+    """The registered flavour ('cbis-ddsm', 'vindr-mammo', 'generic', ...) of a CSV header (case, spaces and
+    underscores ignored); see :func:`~scripts.data.datalist_parsers.find_datalist_parser` for which one wins when
+    several match. An unknown layout raises :class:`DatalistError` naming the columns found, every known flavour
+    and, given ``source``, the file."""
+    cols = {normalise_column(c) for c in columns}
+    parser = find_datalist_parser(cols)
+    if parser is None:
+        accepted = "; ".join(f"{k}: {v}" for k, v in CSV_FLAVOURS.items())
+        prefix = "" if source is None else f"{source}: "
+        raise DatalistError(f"{prefix}unrecognised CSV columns {sorted(cols)}; accepted layouts: {accepted}")
+    return parser.name
 
 
 def items_from_csv(
@@ -316,89 +303,79 @@ def items_from_csv(
     File paths in the CSV are relative to ``root`` (default: the CSV's folder). Rows of the same image are
     merged: labels are OR-ed; several ROI masks of one class are merged (union) into ``mask_dir`` as 0/255 PNG.
     Returns ``(items, problems)``; a row with a problem is left out and named in ``problems``.
+    The layout is detected from the header and each row goes to that flavour's registered parser
+    (:mod:`scripts.data.datalist_parsers`).
+    """
+    csv_path = Path(csv_path)
+    parser, rows = _read_csv(csv_path)
+    base = Path(root) if root is not None else csv_path.parent
+    rel = None if relative_to is None else Path(relative_to)
+    problems: list[str] = []
+    merged: dict[str, dict[str, Any]] = {}  # image path -> its item, in order of first appearance
+    masks: dict[str, dict[str, list[Path]]] = defaultdict(lambda: defaultdict(list))  # image -> class -> ROIs
+    for line, row in enumerate(rows, start=2):  # line 1 is the header
+        where = f"{csv_path}:{line}"
+        try:
+            parsed = parser.parse(row, where, base)
+        except CsvRowError as err:
+            problems.append(str(err))
+            continue
+        for cls, path in parsed.masks.items():
+            masks[str(parsed.image)][cls].append(path)
+        problems += _merge_row(merged, parsed, where, rel)
+    out_dir = Path(mask_dir) if mask_dir else csv_path.parent / "merged_masks"
+    problems += _attach_masks(merged, masks, out_dir, rel)
+    items = [{k: v for k, v in it.items() if v is not None} for it in merged.values()]
+    return items, problems
+
+
+def _read_csv(csv_path: Path) -> tuple[DatalistParser, list[CsvRow]]:
+    """The parser for the CSV's layout and its rows keyed by normalised column name, values stripped.
+
+    The layout is detected before any row is read, so a file of another kind fails on its header alone.
     """
     import csv
 
-    csv_path = Path(csv_path)
     if not csv_path.is_file():
         raise DatalistError(f"{csv_path}: CSV file not found")
-    base = Path(root) if root is not None else csv_path.parent
-    rel = None if relative_to is None else Path(relative_to)
+    # utf-8-sig: spreadsheet exports often start with a byte order mark, which would glue itself to column 1
     with csv_path.open(newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
         if reader.fieldnames is None:
             raise DatalistError(f"{csv_path}: empty CSV (no header)")
-        flavour = detect_csv_flavour(reader.fieldnames)
-        rows = [{_norm(k): (v or "").strip() for k, v in row.items() if k is not None} for row in reader]
+        parser = DATALIST_PARSERS[detect_csv_flavour(reader.fieldnames, source=csv_path)]
+        # key None holds the cells beyond the header of a too-long row; a too-short row's missing cells are None
+        rows = [{normalise_column(k): (v or "").strip() for k, v in row.items() if k is not None} for row in reader]
+    return parser, rows
 
-    problems: list[str] = []
-    merged: dict[str, dict[str, Any]] = {}
-    masks: dict[str, dict[str, list[Path]]] = defaultdict(lambda: defaultdict(list))
-    for line, row in enumerate(rows, start=2):
-        where = f"{csv_path}:{line}"
-        try:
-            if flavour == "cbis-ddsm":
-                image = base / row["image file path"]
-                pathology = row.get("pathology", "").upper()
-                if pathology.startswith("MALIGNANT"):
-                    label = [0, 1]
-                elif pathology.startswith("BENIGN"):
-                    label = [1, 0]
-                else:
-                    raise DatalistError(f"{where}: pathology must be BENIGN, BENIGN_WITHOUT_CALLBACK or MALIGNANT")
-                fields = {
-                    "patient_id": row.get("patient id", ""),
-                    "laterality": _laterality(row.get("left or right breast")),
-                    "view": row.get("image view", "").upper() or None,
-                }
-                roi = row.get("roi mask file path", "")
-                if roi:
-                    masks[str(image)]["malignant" if label[1] else "benign"].append(base / roi)
-            elif flavour == "vindr-mammo":
-                study, image_id = row.get("study id", ""), row.get("image id", "")
-                if not study or not image_id:
-                    raise DatalistError(f"{where}: study_id and image_id are required")
-                image = base / "images" / study / f"{image_id}.dicom"
-                scores = [b for b in (_birads(row.get("breast birads")), _birads(row.get("finding birads"))) if b]
-                if not scores:
-                    raise DatalistError(f"{where}: no BI-RADS category in breast_birads/finding_birads")
-                top = max(scores)  # BI-RADS proxy: 1 normal, 2-3 benign, 4-5 malignant (suspicious)
-                label = [int(top in (2, 3)), int(top >= 4)]
-                fields = {
-                    "patient_id": study,
-                    "laterality": _laterality(row.get("laterality")),
-                    "view": row.get("view position", "").upper() or None,
-                }
-            else:
-                if not row.get("image"):
-                    raise DatalistError(f"{where}: empty image path")
-                image = base / row["image"]
-                lab = [_binary(row.get("label benign"), where), _binary(row.get("label malignant"), where)]
-                label = None if None in lab else lab
-                fields = {
-                    "patient_id": row.get("patient id", ""),
-                    "laterality": _laterality(row.get("laterality")),
-                    "view": row.get("view", "").upper() or None,
-                }
-                for cls in ("benign", "malignant"):
-                    if row.get(f"mask {cls}"):
-                        masks[str(image)][cls].append(base / row[f"mask {cls}"])
-        except DatalistError as err:
-            problems.append(str(err))
-            continue
-        key = str(image)
-        item = merged.setdefault(key, {"image": _path_for_datalist(image, rel)})
-        if label is None:
-            item.setdefault("label", None)
-        else:
-            old = item.get("label") or [0, 0]
-            item["label"] = [max(a, b) for a, b in zip(old, label)]
-        for k, v in fields.items():
-            if v:
-                if item.get(k) not in (None, v):
-                    problems.append(f"{where}: {k} {v!r} differs from {item[k]!r} on an earlier row of {image}")
-                item.setdefault(k, v)
 
+def _merge_row(merged: dict[str, dict[str, Any]], parsed: ParsedRow, where: str, rel: Path | None) -> list[str]:
+    """Fold one row into its image's item: labels are OR-ed (an unknown label stays unknown only until a row
+    knows it), fields come from the first row that gives them. Returns a problem per field that disagrees with an
+    earlier row (the earlier value is kept: rows of one image must describe one image)."""
+    item = merged.setdefault(str(parsed.image), {"image": _path_for_datalist(parsed.image, rel)})
+    if parsed.label is None:
+        item.setdefault("label", None)
+    else:
+        old = item.get("label") or [0, 0]
+        item["label"] = [max(a, b) for a, b in zip(old, parsed.label)]
+    problems = []
+    for key, value in parsed.fields.items():
+        if value:
+            if item.get(key) not in (None, value):
+                problems.append(
+                    f"{where}: {key} {value!r} differs from {item[key]!r} on an earlier row of {parsed.image}"
+                )
+            item.setdefault(key, value)
+    return problems
+
+
+def _attach_masks(
+    merged: dict[str, dict[str, Any]], masks: Mapping[str, Mapping[str, list[Path]]], out_dir: Path, rel: Path | None
+) -> list[str]:
+    """Set each item's ``mask_<class>``: its one ROI mask, or the union of several written to ``out_dir``.
+    Returns a problem per class whose masks could not be merged (the item then has no mask of that class)."""
+    problems = []
     for key, by_class in masks.items():
         item = merged[key]
         for cls, paths in by_class.items():
@@ -407,13 +384,12 @@ def items_from_csv(
                 item[f"mask_{cls}"] = _path_for_datalist(unique[0], rel)
                 continue
             try:
-                out = _merge_masks(unique, Path(mask_dir) if mask_dir else csv_path.parent / "merged_masks", key, cls)
+                out = _merge_masks(unique, out_dir, key, cls)
             except ValueError as err:
                 problems.append(f"{key}: {cls} masks not merged: {err}")
                 continue
             item[f"mask_{cls}"] = _path_for_datalist(out, rel)
-    items = [{k: v for k, v in it.items() if v is not None} for it in merged.values()]
-    return items, problems
+    return problems
 
 
 def _merge_masks(paths: Sequence[Path], out_dir: Path, image: str, cls: str) -> Path:
