@@ -28,6 +28,7 @@ from scripts.data.synthetic import (  # noqa: E402
     SyntheticMammogramGenerator,
     make_synthetic_dataset,
 )
+from scripts.enums import LesionClass  # noqa: E402
 
 BENIGN_RGB = (60, 220, 60)
 MALIGNANT_RGB = (255, 50, 50)
@@ -61,7 +62,7 @@ def _downsample(rgb: np.ndarray, masks: list[np.ndarray], factor: int) -> tuple[
 def _lesion_mask(case: SyntheticCase, les: dict) -> np.ndarray:
     """The mask pixels of one lesion (its class mask restricted to its bounding box)."""
     r0, c0, r1, c1 = les["bbox"]
-    full = case.mask_benign if les["class"] == "benign" else case.mask_malignant
+    full = case.mask_benign if les["class"] == LesionClass.BENIGN else case.mask_malignant
     own = np.zeros(full.shape, dtype=bool)
     own[r0:r1, c0:c1] = full[r0:r1, c0:c1] > 0
     return own
@@ -188,7 +189,7 @@ def calibration_table(n_breasts: int, seed: int, size: tuple[int, int]) -> str:
         }
         for les in case.lesions:
             r0, c0, r1, c1 = les["bbox"]
-            full = (case.mask_benign if les["class"] == "benign" else case.mask_malignant).astype(bool)
+            full = (case.mask_benign if les["class"] == LesionClass.BENIGN else case.mask_malignant).astype(bool)
             own = np.zeros_like(full)
             own[r0:r1, c0:c1] = full[r0:r1, c0:c1]
             if not own.any():
