@@ -360,6 +360,18 @@ def test_pipeline_training_is_reproducible_and_offers_no_left_right_mirroring(ex
     assert len(opt_in) == 1 and opt_in[0].flipper.spatial_axis in (0, (0,))
 
 
+def test_augmentation_settings_are_arguments_with_the_configs_defaults():
+    contrast, scale, shift = mammogram_augmentations()
+    assert (contrast.prob, scale.prob, shift.prob) == (0.5, 0.5, 0.5)
+    assert contrast.adjuster.gamma == (0.8, 1.25)
+    assert scale.scaler.factors == (-0.1, 0.1) and shift.shifter.offsets == (-0.1, 0.1)
+    contrast, scale, shift = mammogram_augmentations(prob=0.2, gamma=(0.9, 1.1), factors=0.3, offsets=0.05)
+    assert (contrast.prob, scale.prob, shift.prob) == (0.2, 0.2, 0.2)
+    assert contrast.adjuster.gamma == (0.9, 1.1)
+    assert scale.scaler.factors == (-0.3, 0.3) and shift.shifter.offsets == (-0.05, 0.05)
+    assert mammogram_augmentations(intensity=False) == []
+
+
 def test_drop_empty_keys_and_flipd_uses_the_data_field():
     img = half_disc(20, 16, 8, 10)
     d = DropEmptyKeysd(["m1", "m2", "m3"])({"m1": None, "m2": " ", "m3": "x.png", "image": 1})

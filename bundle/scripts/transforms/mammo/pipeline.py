@@ -5,6 +5,12 @@ authors crop first and flip afterwards; with the buffer put on the side away fro
 orders give the same pixels). Masks are binarised right after loading, so the geometric steps (which only
 cut and zero-pad, never interpolate) keep them exactly 0/1. Intensity augmentations come after
 standardisation, because standardisation would undo any global scale or shift applied before it.
+
+The bundle's configs write the same chains out as transform blocks (``bundle/configs/train.yaml``:
+``mammogram_prefix``, ``train#window`` / ``validate#window``, ``augmentations``; ``bundle/configs/inference.yaml``:
+``preprocessing``), so a user sees and changes every argument there. The defaults below are the values those
+blocks show, and ``tests/test_config_transforms.py`` checks that both build the same transforms with the same
+arguments and outputs: change a default in both places.
 """
 
 from __future__ import annotations
@@ -41,12 +47,18 @@ def mammogram_augmentations(
     mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
     intensity: bool = True,
     vertical_flip_prob: float = 0.0,
+    *,
+    prob: float = 0.5,
+    gamma: tuple[float, float] = (0.8, 1.25),
+    factors: float = 0.1,
+    offsets: float = 0.1,
 ) -> list[Callable]:
     """The default training augmentations that follow standardisation (the window shift is part of the
-    window step, see :func:`mammogram_transforms`).
+    window step, see :func:`mammogram_transforms`); ``augmentations`` of ``bundle/configs/train.yaml``.
 
-    - intensity jitter on the images: gamma in [0.8, 1.25], scale by 1 +- 0.1 and shift by +-0.1 (standardised
-      units), each with probability 0.5;
+    - intensity jitter on the images (``intensity``), each with probability ``prob`` (0.5):
+      ``RandAdjustContrastd`` with gamma in ``gamma`` ([0.8, 1.25]), ``RandScaleIntensityd`` by a factor in
+      1 +- ``factors`` (0.1) and ``RandShiftIntensityd`` by +- ``offsets`` (0.1, standardised units);
     - up-down flips (``RandFlipd`` on spatial axis 0, images and masks together) only when
       ``vertical_flip_prob > 0``: an explicit opt-in. Left-right mirroring (a flip about the vertical axis) is
       never offered: every breast must keep facing right, as the authors' window rule and the trained weights
@@ -56,9 +68,9 @@ def mammogram_augmentations(
     augs: list[Callable] = []
     if intensity:
         augs += [
-            RandAdjustContrastd(keys=keys, prob=0.5, gamma=(0.8, 1.25)),
-            RandScaleIntensityd(keys=keys, factors=0.1, prob=0.5),
-            RandShiftIntensityd(keys=keys, offsets=0.1, prob=0.5),
+            RandAdjustContrastd(keys=keys, prob=prob, gamma=tuple(gamma)),
+            RandScaleIntensityd(keys=keys, factors=factors, prob=prob),
+            RandShiftIntensityd(keys=keys, offsets=offsets, prob=prob),
         ]
     if vertical_flip_prob > 0:
         augs.append(RandFlipd(keys=keys + mask_keys, prob=vertical_flip_prob, spatial_axis=0, allow_missing_keys=True))
@@ -86,7 +98,9 @@ def mammogram_transforms(
     augmentations: Sequence[Callable] | None = None,
 ) -> Compose:
     """The authors' preprocessing (docs/preprocessing.md) for datalist items
-    ``{"image": path, "mask_benign"?: path, ...}``.
+    ``{"image": path, "mask_benign"?: path, ...}``: the chain of ``train#preprocessing`` (``train=True``) and
+    ``validate#preprocessing`` of ``bundle/configs/train.yaml`` before their ``target_transforms``, and of
+    ``preprocessing`` in ``bundle/configs/inference.yaml`` (``mask_keys=()``), with the same defaults.
 
     Args:
         keys: image keys; the first one places the crop and the window for all keys.
@@ -101,7 +115,7 @@ def mammogram_transforms(
             :class:`~scripts.transforms.mammo.dictionary.BestCenterWindowd`.
         crop, iterations, buffer: the authors' crop (skip it for images that are already cropped).
         standardize: per-image ``(x - mean) / max(std, 1e-5)`` of the images.
-        max_shift: the largest window shift (rows, cols) in training.
+        max_shift: the largest window shift (rows, cols) in training (``max_shift`` of ``train.yaml``).
         augmentations: transforms run after standardisation in training; default
             :func:`mammogram_augmentations` ``(keys, mask_keys)``.
 

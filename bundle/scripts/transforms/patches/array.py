@@ -19,7 +19,9 @@ from ...patches import _check_patch_count, as_pair, crop_patches, random_patch_b
 __all__ = ["SaliencyPatchCrop", "RandPatchCrop"]
 
 
-def _as_image(img: NdarrayOrTensor, name: str = "img") -> torch.Tensor:
+def _as_image(**named: NdarrayOrTensor) -> torch.Tensor:
+    """The one keyword argument as a (C, H, W) tensor; the keyword names it in the error (``_as_image(img=img)``)."""
+    ((name, img),) = named.items()
     image = convert_to_tensor(img, track_meta=False)
     if image.ndim != 3:
         raise ValueError(f"{name} must be channel-first (C, H, W), got shape {tuple(image.shape)}")
@@ -44,8 +46,8 @@ class SaliencyPatchCrop(Transform):
         self.num_patches = num_patches
 
     def __call__(self, img: NdarrayOrTensor, saliency: NdarrayOrTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        image = _as_image(img)
-        s = _as_image(saliency, "saliency").to(image.device)
+        image = _as_image(img=img)
+        s = _as_image(saliency=saliency).to(image.device)
         if not bool(torch.isfinite(s).all()):
             raise ValueError("saliency contains NaN or infinite values")
         image_size = tuple(image.shape[-2:])
@@ -81,7 +83,7 @@ class RandPatchCrop(Randomizable, Transform):
         self._seed = int(self.R.randint(0, 2**31 - 1))
 
     def __call__(self, img: NdarrayOrTensor, randomize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        image = _as_image(img)
+        image = _as_image(img=img)
         if randomize:
             self.randomize()
         generator = torch.Generator(device=image.device).manual_seed(self._seed)

@@ -23,7 +23,7 @@ __all__ = [
 
 def _crop_keys(transform: MapTransform, d: dict, boxes: torch.Tensor, patch_size: tuple[int, int]) -> dict:
     for key in transform.key_iterator(d):
-        image = _as_image(d[key], str(key))
+        image = _as_image(**{str(key): d[key]})
         d[key] = crop_patches(image[None], boxes[None].to(image.device), patch_size)[0]
     return d
 
