@@ -33,10 +33,13 @@ from monailabel.interfaces.tasks.infer_v2 import InferType
 from monailabel.tasks.infer.basic_infer import BasicInferTask
 from nrrd_io import write_nrrd_2d
 
+# the bundle folder is on sys.path before this module is imported (main.GLAMApp puts it there)
+from scripts.enums import CLASS_NAMES, LesionClass, MapName, OutputKey
+
 logger = logging.getLogger(__name__)
 
-CLASS_NAMES = ("benign", "malignant")
-LABELS = {"benign": 1, "malignant": 2}
+#: label value of each class in the served label maps: 0 background, then the classes in channel order
+LABELS = {c: i + 1 for i, c in enumerate(CLASS_NAMES)}
 OVERLAYS = ("label", "heatmap")
 EXTENSIONS = (".nrrd", ".nii.gz", ".nii", ".png")
 
@@ -56,7 +59,7 @@ def overlay_settings(request: Mapping[str, Any]) -> dict[str, Any]:
     overlay = str(_first(request.get("overlay", "label"))).lower()
     if overlay not in OVERLAYS:
         raise _bad_request(f"overlay must be one of {list(OVERLAYS)}, got {overlay!r}")
-    heatmap_class = str(_first(request.get("heatmap_class", "malignant"))).lower()
+    heatmap_class = str(_first(request.get("heatmap_class", LesionClass.MALIGNANT.value))).lower()
     if heatmap_class not in CLASS_NAMES:
         raise _bad_request(f"heatmap_class must be one of {list(CLASS_NAMES)}, got {heatmap_class!r}")
     try:
@@ -153,7 +156,7 @@ class GLAMSaliencyInfer(BasicInferTask):
             description="GLAM weakly supervised saliency (S_c) for 2-D mammograms: label map or heatmap",
             config={
                 "overlay": list(OVERLAYS),
-                "heatmap_class": ["malignant", "benign"],
+                "heatmap_class": [LesionClass.MALIGNANT.value, LesionClass.BENIGN.value],
                 "threshold": 0.5,
                 "result_extension": ".nrrd",
             },
@@ -193,7 +196,7 @@ class GLAMSaliencyInfer(BasicInferTask):
             if isinstance(v, torch.Tensor)
         }
         maps, boxes = maps_on_original(item, pred, self.transform, self.gamma_c)
-        result = overlay_map(maps["S_c"], settings)
+        result = overlay_map(maps[MapName.COMBINED], settings)
         # the reader's (row, col) spacing travels with the preprocessed image (NaN when the file has none)
         spacing = np.asarray(item["image"].meta.get("spacing", (np.nan, np.nan)), dtype=np.float64).reshape(-1)[:2]
         spacing = tuple(float(v) for v in spacing) if np.isfinite(spacing).all() else None
@@ -201,10 +204,9 @@ class GLAMSaliencyInfer(BasicInferTask):
         fd, out_file = tempfile.mkstemp(suffix=settings["result_extension"], prefix="glam_")
         os.close(fd)
         write_map(out_file, result, spacing)
-        y = pred["y_global"].tolist()
+        y = pred[OutputKey.Y_GLOBAL].tolist()
         result_json = {
-            "prob_benign": float(y[0]),
-            "prob_malignant": float(y[1]),
+            **{f"prob_{c}": float(y[i]) for i, c in enumerate(CLASS_NAMES)},
             "patch_boxes": [list(b) for b in boxes],
             **settings,
             "height": int(result.shape[0]),

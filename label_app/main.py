@@ -47,6 +47,8 @@ class GLAMApp(MONAILabelApp):
         for path in (str(self.bundle_dir), str(APP_DIR)):
             if path not in sys.path:
                 sys.path.insert(0, path)
+        from glam_infer import LABELS
+
         super().__init__(
             app_dir=app_dir,
             studies=studies,
@@ -54,7 +56,7 @@ class GLAMApp(MONAILabelApp):
             name="GLAM mammography saliency",
             description="GLAM (Liu et al., MIDL 2021) weakly supervised saliency maps for 2-D mammograms",
             version=json.loads((self.bundle_dir / "configs" / "metadata.json").read_text())["version"],
-            labels={"benign": 1, "malignant": 2},
+            labels=dict(LABELS),
         )
 
     def init_infers(self) -> dict[str, InferTask]:

@@ -35,10 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
+from scripts.enums import STAGES, Stage  # noqa: E402
 from scripts.losses import GLAMLoss  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
-
-STAGES = ("global", "local", "joint")
 
 
 def build(stage: str, args: argparse.Namespace, k: int, checkpointing: bool, device: torch.device):
@@ -134,7 +133,7 @@ def _one_peak(args, k: int, checkpointing: bool) -> dict:
 
 
 def cmd_peak(args, device) -> list[dict]:
-    net, loss_fn, opt = build("joint", args, args.k, args.checkpointing, device)
+    net, loss_fn, opt = build(Stage.JOINT, args, args.k, args.checkpointing, device)
     image, label = make_batch(args, args.batch, args.height, args.width, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -191,7 +190,7 @@ def cmd_memory(args, device) -> list[dict]:
 
 def _fits(args, device, k: int, ckpt: bool) -> bool:
     try:
-        net, loss_fn, opt = build("joint", args, k, ckpt, device)
+        net, loss_fn, opt = build(Stage.JOINT, args, k, ckpt, device)
         image, label = make_batch(args, args.batch, args.height, args.width, device)
         step(net, loss_fn, opt, image, label, device, args.bf16)
         _sync(device)
@@ -222,10 +221,10 @@ def cmd_scaling(args, device) -> list[dict]:
     rows = []
     for size in args.sizes:
         h, w = (int(v) for v in size.lower().split("x"))
-        rows.append(time_steps("joint", args, args.ks[0], args.checkpointing, device, h, w, args.batch))
+        rows.append(time_steps(Stage.JOINT, args, args.ks[0], args.checkpointing, device, h, w, args.batch))
     h, w = args.height, args.width
     for k in args.ks[1:]:
-        rows.append(time_steps("joint", args, k, args.checkpointing, device, h, w, args.batch))
+        rows.append(time_steps(Stage.JOINT, args, k, args.checkpointing, device, h, w, args.batch))
     return rows
 
 
@@ -240,7 +239,7 @@ def _ddp_worker(rank: int, world: int, args, port: int, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    net, loss_fn, opt = build("joint", args, args.k, args.checkpointing, device)
+    net, loss_fn, opt = build(Stage.JOINT, args, args.k, args.checkpointing, device)
     model = DistributedDataParallel(net, device_ids=[rank] if cuda else None, find_unused_parameters=False)
     image, label = make_batch(args, args.batch, args.height, args.width, device)
     times = []

@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from scripts.convert import load_nyukat_glam  # noqa: E402
+from scripts.enums import OutputKey  # noqa: E402
 from scripts.networks import optimize_for_inference, resolve_precision  # noqa: E402
 
 #: the authors' inference settings (their run script's parameters)
@@ -139,7 +140,7 @@ def full_size_image(path: Path, size: tuple[int, int]) -> torch.Tensor:
 def compare_outputs(theirs: nn.Module, y_theirs: torch.Tensor, ours_out: dict) -> dict:
     """|dy|, max / mean |dS_c| on our S_c grid, same patch."""
     s_theirs = torch.as_tensor(theirs.saliency_map).float()[..., ::4, ::4]
-    s_ours = ours_out["saliency"].float()
+    s_ours = ours_out[OutputKey.SALIENCY].float()
     their_corner = np.asarray(theirs.patch_locations).reshape(-1, 2)[0].astype(int).tolist()
     our_corner = ours_out["patch_boxes"][0, 0, :2].tolist()
     d = (s_ours - s_theirs).abs()

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from scripts.data.synthetic import SyntheticConfig, SyntheticMammogramGenerator  # noqa: E402
+from scripts.enums import MAP_NAMES  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
 
 
@@ -63,11 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"patch boxes (row, col, height, width): {out['patch_boxes'][0].tolist()}")
 
     panels = []
-    for title, maps in (
-        ("S_g", full["saliency_global_image"]),
-        ("S_l", full["saliency_local"]),
-        ("S_c", full["saliency"]),
-    ):
+    for title, maps in ((name, full[name]) for name in MAP_NAMES):
         s = maps[0].numpy()
         panel = _heat(image, s[0], (0, 200, 0))  # benign in green
         panel = Image.blend(panel, _heat(image, s[1], (220, 0, 0)), 0.5)  # malignant in red

@@ -45,6 +45,7 @@ import torch  # noqa: E402
 from glam_benchmark.trivial import STATISTICS, auc, no_learning_baselines, preprocess_items  # noqa: E402
 from monai.bundle import ConfigParser  # noqa: E402
 
+from scripts.enums import CLASS_NAMES, OutputKey, Stage  # noqa: E402
 from scripts.metrics import PointingGameMetric, SoftDiceMetric  # noqa: E402
 from scripts.networks.global_network import nearest_resize  # noqa: E402
 from scripts.workflows import BalancedEpochSampler, positive_flags  # noqa: E402
@@ -77,7 +78,7 @@ def load_parser(preset: Path | None, model: str, overrides: Mapping[str, Any]) -
     parser = ConfigParser()
     parser.read_config([str(f) for f in files])
     parser["bundle_root"] = str(BUNDLE_ROOT) if parser.get("bundle_root") == "." else parser.get("bundle_root")
-    parser["stage"] = "global"
+    parser["stage"] = Stage.GLOBAL
     for key, value in overrides.items():
         parser[key] = value
     return parser
@@ -86,7 +87,7 @@ def load_parser(preset: Path | None, model: str, overrides: Mapping[str, Any]) -
 def stage_value(parser: ConfigParser, key: str) -> Any:
     """A setting that may be one value or one per stage ({global: ..., local: ..., joint: ...})."""
     value = parser.get_parsed_content(key)
-    return value["global"] if isinstance(value, Mapping) else value
+    return value[Stage.GLOBAL] if isinstance(value, Mapping) else value
 
 
 # -- cached tensors --------------------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ def evaluate(
     split: Mapping[str, torch.Tensor],
     tolerance: float,
     border: float,
-    map_key: str = "saliency_global",
+    map_key: str = OutputKey.SALIENCY_GLOBAL,
     score_key: str = "y_global",
     batch_size: int = 8,
     memory_format: torch.memory_format = torch.contiguous_format,
@@ -243,15 +244,15 @@ def run_probe(
     network = network.to(memory_format=memory_format)
     with torch.no_grad():
         probe_out = network.eval()(val["image"][:1].float())
-    cell = val["image"].shape[-2] // probe_out["saliency_global"].shape[-2]
+    cell = val["image"].shape[-2] // probe_out[OutputKey.SALIENCY_GLOBAL].shape[-2]
 
     baselines = no_learning_baselines(val["image"], val["mask"], val["label"], cell, tolerance)
     log("no learning (validation): AUC of image-wide breast statistics, benign/malignant (any lesion)")
     for name in STATISTICS:
         b = baselines["statistics"][name]
-        log(f"  {name:6s} {_fmt_pair([b['benign'], b['malignant']])} ({b['any']:.2f})")
+        log(f"  {name:6s} {_fmt_pair([b[c] for c in CLASS_NAMES])} ({b['any']:.2f})")
     hits = baselines["brightest_cell_hit"]
-    log(f"  pointing game of the brightest {cell}-px cell: {_fmt_pair([hits['benign'], hits['malignant']])}")
+    log(f"  pointing game of the brightest {cell}-px cell: {_fmt_pair([hits[c] for c in CLASS_NAMES])}")
 
     loss_fn = parser.get_parsed_content("loss")
     history = []

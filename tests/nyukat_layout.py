@@ -1,5 +1,6 @@
-"""Test helpers: the GLAM authors' checkpoint layout (GLAM_SPEC section 9) built from the spec with random
-values, and an independent functional forward pass over those raw tensors written from the spec."""
+"""Test helpers: the GLAM authors' checkpoint layout (docs/model.md, "The reference-compatible preset and the
+authors' checkpoints") built with random values, and an independent functional forward pass over those raw tensors
+written from the paper and that description."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def _bn_eval(x: torch.Tensor, sd: dict, prefix: str) -> torch.Tensor:
 
 
 def reference_global(sd: dict, image: torch.Tensor) -> dict[str, torch.Tensor]:
-    """GMIC ResNet-22 (pre-activation) and the three heads, as GLAM_SPEC section 1 describes them."""
+    """GMIC ResNet-22 (pre-activation) and the three heads, as docs/model.md describes them."""
     h = F.conv2d(image, sd[GLOBAL + "first_conv.weight"], stride=2, padding=3)
     h = F.max_pool2d(h, 3, stride=2, padding=0)
     taps = []

@@ -140,4 +140,4 @@ def test_converted_model_reproduces_the_authors_forward_pass():
         s_c_full[b, :, r : r + 128, c : c + 128] = a[0].repeat_interleave(4, -2).repeat_interleave(4, -1)
     s_c_full = (s_g.repeat_interleave(16, -2).repeat_interleave(16, -1) + s_c_full) / 2
     torch.testing.assert_close(out["saliency"], s_c_full[..., ::4, ::4], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(model.full_resolution(out, (512, 320))["saliency"], s_c_full, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.full_resolution(out, (512, 320))["S_c"], s_c_full, rtol=1e-5, atol=1e-5)

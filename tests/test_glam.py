@@ -65,28 +65,28 @@ def test_quarter_maps_are_the_full_maps_sampled_every_4_px_and_sc_is_sg_half_out
     with torch.no_grad():
         out = model(x)
     full = model.full_resolution(out, x.shape[-2:])
-    assert full["saliency"].shape == (2, 2, 256, 192)
-    torch.testing.assert_close(full["saliency"][..., ::4, ::4], out["saliency"], rtol=0, atol=0)
-    torch.testing.assert_close(full["saliency_local"][..., ::4, ::4], out["saliency_local"], rtol=0, atol=0)
+    assert full["S_c"].shape == (2, 2, 256, 192)
+    torch.testing.assert_close(full["S_c"][..., ::4, ::4], out["saliency"], rtol=0, atol=0)
+    torch.testing.assert_close(full["S_l"][..., ::4, ::4], out["saliency_local"], rtol=0, atol=0)
     inside = torch.zeros(2, 1, 256, 192, dtype=torch.bool)
     for b in range(2):
         for r, c, h, w in out["patch_boxes"][b].tolist():
             inside[b, :, r : r + h, c : c + w] = True
-    s_g = full["saliency_global_image"]
-    torch.testing.assert_close(full["saliency"][~inside.expand_as(s_g)], (s_g / 2)[~inside.expand_as(s_g)])
-    assert (full["saliency_local"][~inside.expand_as(s_g)] == 0).all()
+    s_g = full["S_g"]
+    torch.testing.assert_close(full["S_c"][~inside.expand_as(s_g)], (s_g / 2)[~inside.expand_as(s_g)])
+    assert (full["S_l"][~inside.expand_as(s_g)] == 0).all()
 
 
 def test_render_overwrites_overlaps_in_order_and_handles_unaligned_boxes():
     s_g = torch.zeros(1, 2, 4, 4)
     maps = torch.stack([torch.full((2, 2, 2), 0.25), torch.full((2, 2, 2), 0.75)])[None]  # (1, K=2, 2, 2, 2)
     boxes = torch.tensor([[[1, 1, 8, 8], [5, 3, 8, 8]]])  # not aligned to the 4 px grid, overlapping
-    full = render_saliency(s_g, maps, boxes, (16, 16), stride=1, gamma_c=0.0)["saliency_local"]
+    full = render_saliency(s_g, maps, boxes, (16, 16), stride=1, gamma_c=0.0)["S_l"]
     expected = torch.zeros(1, 2, 16, 16)
     expected[..., 1:9, 1:9] = 0.25
     expected[..., 5:13, 3:11] = 0.75
     torch.testing.assert_close(full, expected)
-    quarter = render_saliency(s_g, maps, boxes, (16, 16), stride=4, gamma_c=0.0)["saliency_local"]
+    quarter = render_saliency(s_g, maps, boxes, (16, 16), stride=4, gamma_c=0.0)["S_l"]
     torch.testing.assert_close(quarter, full[..., ::4, ::4])
 
 
@@ -95,7 +95,7 @@ def test_gamma_c_weights_the_combination():
     maps = torch.rand(1, 1, 2, 4, 4)
     boxes = torch.tensor([[[0, 0, 16, 16]]])
     out = render_saliency(s_g, maps, boxes, (16, 16), stride=1, gamma_c=0.3)
-    torch.testing.assert_close(out["saliency"], 0.3 * out["saliency_global_image"] + 0.7 * out["saliency_local"])
+    torch.testing.assert_close(out["S_c"], 0.3 * out["S_g"] + 0.7 * out["S_l"])
 
 
 @pytest.mark.parametrize("stage", ["global", "local", "joint"])

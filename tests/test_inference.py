@@ -121,7 +121,7 @@ def _independent_window_maps(path: str, ckpt: Path):
     with torch.no_grad():
         outputs = net.forward_all(d["image"].as_tensor()[None])
     full = net.full_resolution(outputs, (256, 160))
-    return d["image"].meta, outputs, {"S_c": full["saliency"][0].numpy(), "S_l": full["saliency_local"][0].numpy()}
+    return d["image"].meta, outputs, {"S_c": full["S_c"][0].numpy(), "S_l": full["S_l"][0].numpy()}
 
 
 def test_inverted_map_matches_the_window_map_through_flip_crop_and_padding(inputs):

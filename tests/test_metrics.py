@@ -1,4 +1,4 @@
-"""Soft Dice and PxAP metrics against independent numpy computations (spec section 6, paper appendix E)."""
+"""Soft Dice and PxAP metrics against independent numpy computations (docs/metrics.md, paper appendix E)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Golden values of GLAM_SPEC.md section 8 on the authors' sample exam (skipped without ../shared)."""
+"""Golden values on the authors' sample exam (docs/preprocessing.md, "Golden values on the sample exam"; skipped
+without ../shared)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from scripts.data.readers import read_mammogram
 from scripts.transforms.mammo import breast_crop_box, mammogram_transforms, open_breast_mask, open_breast_mask_exact
 
 VIEWS = ("L-CC", "R-CC", "L-MLO", "R-MLO")
-# GLAM_SPEC.md section 8: image (H, W), best center (row, col), breast rows / cols in the window
+# image (H, W), best center (row, col), breast rows / cols in the window
 GOLDEN = {
     "L-CC": ((2023, 801), (1011, -211), (460, 2482), (0, 800)),
     "R-CC": ((2144, 801), (1072, -210), (400, 2518), (0, 750)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .enums import OutputKey
 from .pooling import check_fraction, top_t_pool
 
 __all__ = ["ConcatTopTAggregation", "GatedAttentionAggregation", "FusionHead"]
@@ -43,9 +44,9 @@ class ConcatTopTAggregation(nn.Module):
         if not torch.jit.is_scripting():  # shapes in the message: Python only
             _check_bag(patch_maps, patch_features)
         # (B, K, C, h, w) -> (B, C, K, h, w): the K maps of a class are pooled as one spatially concatenated map
-        out = {"y_local": top_t_pool(patch_maps.transpose(1, 2), self.t, start_dim=2)}
+        out = {OutputKey.Y_LOCAL.value: top_t_pool(patch_maps.transpose(1, 2), self.t, start_dim=2)}
         if patch_features is not None:
-            out["z_local"] = patch_features.mean(dim=1)
+            out[OutputKey.Z_LOCAL.value] = patch_features.mean(dim=1)
         return out
 
     def extra_repr(self) -> str:
@@ -91,7 +92,11 @@ class GatedAttentionAggregation(nn.Module):
         y_patches = top_t_pool(patch_maps, self.t, start_dim=3)  # (B, K, C)
         y_local = (attention.unsqueeze(-1) * y_patches.float()).sum(dim=1).to(y_patches.dtype)
         z_local = (attention.unsqueeze(-1) * patch_features.float()).sum(dim=1).to(patch_features.dtype)
-        return {"y_local": y_local, "z_local": z_local, "attention": attention}
+        return {
+            OutputKey.Y_LOCAL.value: y_local,
+            OutputKey.Z_LOCAL.value: z_local,
+            OutputKey.ATTENTION.value: attention,
+        }
 
 
 class FusionHead(nn.Module):

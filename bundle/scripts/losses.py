@@ -7,6 +7,11 @@ import torch.nn.functional as F
 from monai.losses import DiceLoss
 from torch import nn
 
+from .enums import STAGES, OutputKey, Stage
+
+# the global module's three maps S_0, S_1, S_2, each under the sparsity term
+SCALE_KEYS = (OutputKey.SALIENCY_SCALE0, OutputKey.SALIENCY_SCALE1, OutputKey.SALIENCY_SCALE2)
+
 __all__ = ["GLAMLoss", "CAMLoss", "GMICLoss", "MaskDiceBCELoss"]
 
 
@@ -22,7 +27,7 @@ def _l1(maps: torch.Tensor) -> torch.Tensor:
 
 
 def _check_labels(outputs: dict[str, torch.Tensor], target: torch.Tensor) -> None:
-    if target.ndim != 2 or target.shape != outputs["y_global"].shape:
+    if target.ndim != 2 or target.shape != outputs[OutputKey.Y_GLOBAL].shape:
         raise ValueError(
             f"target must be (B, 2) labels like y_global {tuple(outputs['y_global'].shape)}, "
             f"got shape {tuple(target.shape)}"
@@ -53,30 +58,30 @@ class GLAMLoss(nn.Module):
     Forward: ``(outputs, target)`` -> scalar loss. :meth:`components` gives the named terms for logging.
     """
 
-    def __init__(self, stage: str = "global", lambda_sparsity: float = 1e-4) -> None:
+    def __init__(self, stage: str = Stage.GLOBAL, lambda_sparsity: float = 1e-4) -> None:
         super().__init__()
-        if stage not in ("global", "local", "joint"):
-            raise ValueError(f"stage must be 'global', 'local' or 'joint', got {stage!r}")
-        self.stage = stage
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        self.stage = Stage(stage)
         self.lambda_sparsity = _check_lambda(lambda_sparsity)
 
     def components(self, outputs: dict[str, torch.Tensor], target: torch.Tensor) -> dict[str, torch.Tensor]:
         _check_labels(outputs, target)
         terms: dict[str, torch.Tensor] = {}
-        if self.stage in ("global", "joint"):
-            y_scales = outputs["y_scales"]
+        if self.stage in (Stage.GLOBAL, Stage.JOINT):
+            y_scales = outputs[OutputKey.Y_SCALES]
             terms["bce_global"] = sum(_bce(y_scales[:, n], target) for n in range(y_scales.shape[1]))
-            terms["l1_global"] = self.lambda_sparsity * sum(_l1(outputs[f"saliency_scale{n}"]) for n in range(3))
-        if self.stage in ("local", "joint"):
-            for key in ("y_local", "patch_maps"):
+            terms["l1_global"] = self.lambda_sparsity * sum(_l1(outputs[key]) for key in SCALE_KEYS)
+        if self.stage in (Stage.LOCAL, Stage.JOINT):
+            for key in (OutputKey.Y_LOCAL, OutputKey.PATCH_MAPS):
                 if key not in outputs:
                     raise ValueError(f"stage {self.stage!r} loss needs {key!r} in the model outputs (model stage?)")
-            terms["bce_local"] = _bce(outputs["y_local"], target)
-            terms["l1_local"] = self.lambda_sparsity * _l1(outputs["patch_maps"])
-        if self.stage == "joint":
-            if "y_fusion" not in outputs:
+            terms["bce_local"] = _bce(outputs[OutputKey.Y_LOCAL], target)
+            terms["l1_local"] = self.lambda_sparsity * _l1(outputs[OutputKey.PATCH_MAPS])
+        if self.stage == Stage.JOINT:
+            if OutputKey.Y_FUSION not in outputs:
                 raise ValueError("stage 'joint' loss needs 'y_fusion' in the model outputs (model stage?)")
-            terms["bce_fusion"] = _bce(outputs["y_fusion"], target)
+            terms["bce_fusion"] = _bce(outputs[OutputKey.Y_FUSION], target)
         return terms
 
     def forward(self, outputs: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
@@ -103,8 +108,8 @@ class CAMLoss(nn.Module):
     def components(self, outputs: dict[str, torch.Tensor], target: torch.Tensor) -> dict[str, torch.Tensor]:
         _check_labels(outputs, target)
         return {
-            "bce_global": _bce(outputs["y_global"], target),
-            "l1_global": self.lambda_sparsity * _l1(outputs["saliency_global"]),
+            "bce_global": _bce(outputs[OutputKey.Y_GLOBAL], target),
+            "l1_global": self.lambda_sparsity * _l1(outputs[OutputKey.SALIENCY_GLOBAL]),
         }
 
     def forward(self, outputs: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
@@ -123,8 +128,8 @@ class GMICLoss(CAMLoss):
         for key in ("y_local", "y_fusion"):
             if key not in outputs:
                 raise ValueError(f"GMICLoss needs {key!r} in the model outputs (a GMIC network)")
-        terms["bce_local"] = _bce(outputs["y_local"], target)
-        terms["bce_fusion"] = _bce(outputs["y_fusion"], target)
+        terms["bce_local"] = _bce(outputs[OutputKey.Y_LOCAL], target)
+        terms["bce_fusion"] = _bce(outputs[OutputKey.Y_FUSION], target)
         return terms
 
 
@@ -158,7 +163,7 @@ class MaskDiceBCELoss(nn.Module):
                 "MaskDiceBCELoss needs dict targets {'label': (B, 2), 'mask': (B, 2, H, W)}: "
                 "train with GLAMPrepareBatch(with_masks=True)"
             )
-        logits, label, mask = outputs["logits"], target["label"], target["mask"]
+        logits, label, mask = outputs[OutputKey.LOGITS], target["label"], target["mask"]
         if mask.shape != logits.shape or label.shape != logits.shape[:2]:
             raise ValueError(
                 f"logits {tuple(logits.shape)}, mask {tuple(mask.shape)} and label {tuple(label.shape)} disagree"

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .enums import MapName
+
 __all__ = [
     "as_pair",
     "map_window_size",
@@ -53,9 +55,9 @@ def max_disjoint_windows(map_size: list[int], window: tuple[int, int]) -> int:
     return (int(map_size[0]) // int(window[0])) * (int(map_size[1]) // int(window[1]))
 
 
-def _check_maps(saliency: torch.Tensor, name: str = "saliency") -> None:
+def _check_maps(saliency: torch.Tensor) -> None:
     if saliency.ndim != 4:
-        raise ValueError(f"{name} must be (B, C, h, w), got shape {tuple(saliency.shape)}")
+        raise ValueError(f"saliency must be (B, C, h, w), got shape {tuple(saliency.shape)}")
 
 
 def _class_agnostic_map(saliency: torch.Tensor) -> torch.Tensor:
@@ -263,8 +265,8 @@ def render_saliency(
         gamma_c: weight of S_g in S_c (0.5: the paper's average).
 
     Returns:
-        ``{"saliency_global_image": S_g, "saliency_local": S_l, "saliency": S_c}``, each
-        (B, C, ceil(H / stride), ceil(W / stride)).
+        ``{MapName.GLOBAL: S_g, MapName.LOCAL: S_l, MapName.COMBINED: S_c}`` (keys ``"S_g"``, ``"S_l"``,
+        ``"S_c"``), each (B, C, ceil(H / stride), ceil(W / stride)).
     """
     H, W = int(image_size[0]), int(image_size[1])
     if not 0.0 <= gamma_c <= 1.0:
@@ -306,7 +308,7 @@ def render_saliency(
     for k in range(K):  # sequential on purpose: later patches overwrite earlier ones
         s_l = torch.where(inside[:, k], values[:, k], s_l)
     s_c = gamma_c * s_g + (1.0 - gamma_c) * s_l
-    return {"saliency_global_image": s_g, "saliency_local": s_l, "saliency": s_c}
+    return {MapName.GLOBAL.value: s_g, MapName.LOCAL.value: s_l, MapName.COMBINED.value: s_c}
 
 
 class PatchSelector(nn.Module):

@@ -16,3 +16,6 @@ its docstring says what a run does. The modules, from the bottom up (each import
 This folder sits in the repository's ``scripts/``, which has no ``__init__.py`` on purpose (it must not shadow the
 bundle's ``scripts`` package), so the package is imported as ``glam_benchmark`` with ``scripts/`` on ``sys.path``.
 """
+
+# first: puts the bundle on sys.path, so that every module can import the bundle's ``scripts`` package
+from . import paths  # noqa: F401

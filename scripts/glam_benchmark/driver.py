@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scripts.enums import MapName, Stage
+
 from .figures import make_figures
 from .files import write_json
 from .metrics import read_metrics, table_row, validation_dice
@@ -99,7 +101,7 @@ class ModelSteps:
     @classmethod
     def of(cls, spec: ModelSpec, preset: Path) -> ModelSteps:
         extra = [spec.overlay] if spec.overlay else []
-        stage = {"stage": "global"} if spec.overlay is None else {}
+        stage = {"stage": Stage.GLOBAL} if spec.overlay is None else {}
         return cls(spec, [TRAIN_CONFIG, preset, *extra], [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra], stage)
 
     def train(self, name: str, overrides: Mapping[str, Any], done: Path, stage: str | None = None) -> Step:
@@ -138,7 +140,7 @@ def run_trial(
     validate = steps.evaluate(f"{name}_trial{k:02d}_validation", overrides, val_dir, eval_split="validation")
     if runner.run(train) and runner.run(validate):
         summary = read_metrics(validate.done_file)
-        record["validation"] = table_row(summary, "S_g")
+        record["validation"] = table_row(summary, MapName.GLOBAL)
         record["score"] = validation_dice(summary)
     else:
         runner.skip(validate.name, f"{train.name} failed")
@@ -160,19 +162,19 @@ def finish_model(
             target.test = read_metrics(step.done_file)
             target.test_csv = eval_dir / "metrics.csv"
         return names
-    for stage_name in ("local", "joint"):
+    for stage_name in (Stage.LOCAL, Stage.JOINT):
         step = steps.train(f"{tag}_{stage_name}", overrides, model_dir / f"{stage_name}_trained.json", stage_name)
         names.append(step.name)
         if not runner.run(step):
             runner.skip(f"{tag}_test", f"{step.name} failed")
             return names
-    for stage_name, attr in (("local", "test_local"), ("joint", "test")):
+    for stage_name, attr in ((Stage.LOCAL, "test_local"), (Stage.JOINT, "test")):
         eval_dir = model_dir / f"test_{stage_name}"
         step = steps.evaluate(f"{tag}_test_{stage_name}", overrides, eval_dir, stage=stage_name)
         names.append(step.name)
         if runner.run(step):
             setattr(target, attr, read_metrics(step.done_file))
-            if stage_name == "joint":
+            if stage_name == Stage.JOINT:
                 target.test_csv = eval_dir / "metrics.csv"
     return names
 

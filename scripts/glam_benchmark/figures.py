@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from scripts.enums import CLASS_NAMES, MAP_NAMES, MapName, Stage
+
 from .files import write_png
 from .metrics import CLASSES
 from .paths import EVAL_CONFIG, TRAIN_CONFIG
@@ -30,7 +32,9 @@ def _font(size: int = 14) -> Any:
         return ImageFont.load_default()
 
 
-def per_image_dice(csv_path: Path, maps: Sequence[str] = ("S_g", "S_l")) -> dict[str, list[tuple[float, ...]]]:
+def per_image_dice(
+    csv_path: Path, maps: Sequence[str] = (MapName.GLOBAL, MapName.LOCAL)
+) -> dict[str, list[tuple[float, ...]]]:
     """Per class, the (map_0, map_1, ...) soft Dice of every image that has a lesion of the class, from a
     ``metrics.csv`` (empty cells: no lesion of that class)."""
     out: dict[str, list[tuple[float, ...]]] = {c: [] for c in CLASSES}
@@ -50,7 +54,7 @@ def dice_scatter(points: Mapping[str, Sequence[tuple[float, float]]], title: str
 
     from scripts.visualize import CLASS_COLOURS
 
-    colours = {"benign": CLASS_COLOURS[0], "malignant": CLASS_COLOURS[1]}
+    colours = dict(zip(CLASS_NAMES, CLASS_COLOURS))
     values = [v for pts in points.values() for p in pts for v in p]
     top = max(0.1, math.ceil(max(values, default=0.0) * 10 - 1e-9) / 10)
     img = Image.new("RGB", (size, size), "white")
@@ -188,13 +192,13 @@ def _figure_titles(models: Sequence[FigureModel]) -> list[str]:
 
 
 #: GLAM's global maps in the scales figure: output key -> title
-GLOBAL_SCALE_MAPS = {"S_0": "S_0 (finest)", "S_1": "S_1", "S_2": "S_2 (coarsest)", "S_g": "S_g"}
+GLOBAL_SCALE_MAPS = {"S_0": "S_0 (finest)", "S_1": "S_1", "S_2": "S_2 (coarsest)", MapName.GLOBAL: str(MapName.GLOBAL)}
 
 
 def global_scale_models(configs: Sequence[Path], overrides: Mapping[str, Any], global_dir: Path) -> list[FigureModel]:
     """The :func:`example_rows` entries of GLAM's global module, every scale: the checkpoint the workflow selected
     (``model.pt``, the one the local stage started from) and the last epoch of the same run (``last.pt``)."""
-    overrides = {**overrides, "stage": "global", "validate#postprocessing#scales": True}
+    overrides = {**overrides, "stage": Stage.GLOBAL, "validate#postprocessing#scales": True}
     return [
         (
             list(configs),
@@ -247,22 +251,28 @@ def make_figures(
         configs = [TRAIN_CONFIG, preset, EVAL_CONFIG, *([spec.overlay] if spec.overlay else [])]
         overrides = dict(r.trials[r.selected]["overrides"])
         if key == "glam":
-            ckpt, title, map_key = trial_dir / "models" / "joint" / "model.pt", "GLAM S_c", "S_c"
-            overrides["stage"] = "joint"
+            ckpt, title, map_key = (
+                trial_dir / "models" / Stage.JOINT / "model.pt",
+                f"GLAM {MapName.COMBINED}",
+                MapName.COMBINED,
+            )
+            overrides["stage"] = Stage.JOINT
         else:
-            ckpt, title, map_key = trial_dir / "models" / key / "model.pt", spec.title, "S_g"
+            ckpt, title, map_key = trial_dir / "models" / key / "model.pt", spec.title, MapName.GLOBAL
         models.append((configs, overrides, ckpt, {map_key: title}))
     torch.set_num_threads(max(1, runner.threads))
     figures["examples"] = images / "benchmark_examples.png"
     write_png(figures["examples"], examples_figure(example_rows(items, models), _figure_titles(models)))
     if "glam" in ready:
         configs, overrides, ckpt, _ = models[ready.index("glam")]
-        glam_model = [(configs, overrides, ckpt, {"S_g": "S_g", "S_l": "S_l", "S_c": "S_c"})]
+        glam_model = [(configs, overrides, ckpt, {name: name for name in MAP_NAMES})]
         figures["glam"] = images / "benchmark_glam_maps.png"
         glam_rows = example_rows(items, glam_model)
-        write_png(figures["glam"], examples_figure(glam_rows, ["S_g", "S_l", "S_c"], boxes_on=("S_l", "S_c")))
+        write_png(
+            figures["glam"], examples_figure(glam_rows, list(MAP_NAMES), boxes_on=(MapName.LOCAL, MapName.COMBINED))
+        )
         r = results["glam"]
-        global_dir = work_dir / "glam" / f"trial_{r.selected:02d}" / "models" / "global"
+        global_dir = work_dir / "glam" / f"trial_{r.selected:02d}" / "models" / Stage.GLOBAL
         scale_models = global_scale_models(
             [TRAIN_CONFIG, preset, EVAL_CONFIG], dict(r.trials[r.selected]["overrides"]), global_dir
         )

@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from scripts.enums import LesionClass, MapName
+
 from .presets import BenchmarkError
 
-CLASSES = ("malignant", "benign")  # the paper's column order
+CLASSES = (LesionClass.MALIGNANT, LesionClass.BENIGN)  # the paper's column order
 #: the report's column groups: (key in a table row, title)
 METRIC_GROUPS = (
     ("dice", "Dice"),
@@ -43,7 +45,7 @@ def read_metrics(path: Path) -> dict[str, Any]:
         raise BenchmarkError(f"{path}: cannot read the metrics report ({err})") from err
 
 
-def validation_dice(summary: Mapping[str, Any], map_key: str = "S_g") -> float:
+def validation_dice(summary: Mapping[str, Any], map_key: str = MapName.GLOBAL) -> float:
     """The selection score of a trial: mean over the classes of the map's mean soft Dice (the workflow's key
     metric); classes without a lesion image in the split are left out; NaN when no class has one."""
     stats = summary["metrics"][map_key]

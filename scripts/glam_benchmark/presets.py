@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.enums import STAGES, Stage
+
 from .paths import BUNDLE_ROOT, TRAIN_CONFIG
 
 
@@ -125,14 +127,14 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
     parser.read_config([str(TRAIN_CONFIG), str(preset)])
     config = parser.get()
     epochs = config.get("epochs")
-    if not isinstance(epochs, Mapping) or not all(k in epochs for k in ("global", "local", "joint")):
+    if not isinstance(epochs, Mapping) or not all(k in epochs for k in STAGES):
         raise BenchmarkError(f"{preset}: 'epochs' must give the global, local and joint epochs, got {epochs!r}")
     budget = Budget(
         search_space=str(section["search_space"]),
         trials=_positive_int(section["trials"], f"{preset}: benchmark#trials"),
-        epochs=_positive_int(epochs["global"], f"{preset}: epochs#global"),
-        local_epochs=_positive_int(epochs["local"], f"{preset}: epochs#local"),
-        joint_epochs=_positive_int(epochs["joint"], f"{preset}: epochs#joint"),
+        epochs=_positive_int(epochs[Stage.GLOBAL], f"{preset}: epochs#global"),
+        local_epochs=_positive_int(epochs[Stage.LOCAL], f"{preset}: epochs#local"),
+        joint_epochs=_positive_int(epochs[Stage.JOINT], f"{preset}: epochs#joint"),
         examples=_positive_int(section["examples"], f"{preset}: benchmark#examples", minimum=0),
         model_overrides=_model_overrides(section.get("model_overrides"), preset),
         variation_seeds=_seeds(section.get("variation_seeds"), preset),

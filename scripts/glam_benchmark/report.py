@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from scripts.enums import CLASS_NAMES, LesionClass, MapName
+
 from .files import write_text
 from .metrics import (
     CLASSES,
@@ -195,7 +197,7 @@ class ModelResult:
 
 
 #: the map of each model that Table 1 reports (GLAM: S_c of the jointly trained model)
-TABLE1_MAPS = {"glam": "S_c", "gmic": "S_g", "cam": "S_g", "unet": "S_g"}
+TABLE1_MAPS = {"glam": MapName.COMBINED, "gmic": MapName.GLOBAL, "cam": MapName.GLOBAL, "unet": MapName.GLOBAL}
 
 
 def table1_rows(results: Mapping[str, Any], pick: Any = lambda r: r) -> dict[str, Any]:
@@ -243,7 +245,10 @@ def _localisation_lines(results: Mapping[str, Any], trivial: Mapping[str, Any] |
         "| model | map | pointing game malignant | pointing game benign | pooled | peak on the border (pooled) |",
         "|---|---|---|---|---|---|",
     ]
-    for key, map_key in (("glam", "S_c"), ("glam", "S_g"), ("gmic", "S_g"), ("cam", "S_g"), ("unet", "S_g")):
+    for key, map_key in (
+        ("glam", MapName.COMBINED),
+        *((key, MapName.GLOBAL) for key in ("glam", "gmic", "cam", "unet")),
+    ):
         r = results.get(key)
         if r is None or r.test is None:
             continue
@@ -256,8 +261,8 @@ def _localisation_lines(results: Mapping[str, Any], trivial: Mapping[str, Any] |
     if trivial:
         hits = trivial["brightest_cell_hit"]
         lines.append(
-            f"| no learning: the brightest {trivial['cell']}-px cell | - | {_fmt(hits['malignant'])} | "
-            f"{_fmt(hits['benign'])} | {_fmt(trivial['brightest_cell_pooled'])} | - |"
+            f"| no learning: the brightest {trivial['cell']}-px cell | - | {_fmt(hits[LesionClass.MALIGNANT])} | "
+            f"{_fmt(hits[LesionClass.BENIGN])} | {_fmt(trivial['brightest_cell_pooled'])} | - |"
         )
     return lines
 
@@ -289,7 +294,7 @@ def write_results(
     statistics' AUC, the brightest cell's pointing game)."""
     table1 = table1_rows(results)
     glam = results.get("glam")
-    glam_global = table_row(glam.test, "S_g") if glam is not None and glam.test else None
+    glam_global = table_row(glam.test, MapName.GLOBAL) if glam is not None and glam.test else None
     wall_limit = budget.wall_limit_h * 3600 if budget.wall_limit_h else None
     run_wall = run_wall_s if run_wall_s is not None else total_wall_s
     checks = acceptance_checks(
@@ -303,7 +308,7 @@ def write_results(
 
         rows = {k: v for k, v in table1_rows(results, pick).items() if isinstance(v, Mapping)}
         g = pick(glam) if glam is not None else None
-        variation_checks[seed] = acceptance_checks(rows, table_row(g.test, "S_g") if g and g.test else None)
+        variation_checks[seed] = acceptance_checks(rows, table_row(g.test, MapName.GLOBAL) if g and g.test else None)
     rel = lambda p: os.path.relpath(p, path.parent).replace(os.sep, "/")  # noqa: E731
     now = datetime.now(timezone.utc).astimezone()
 
@@ -397,7 +402,8 @@ def write_results(
             "|---|---|---|---|",
         ]
         for name, values in trivial["statistics"].items():
-            lines.append(f"| {name} | {_fmt(values['any'])} | {_fmt(values['benign'])} | {_fmt(values['malignant'])} |")
+            cells = [_fmt(values[k]) for k in ("any", *CLASS_NAMES)]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     n_hold = sum(c.holds for c in checks)
     lines += [
         "",
@@ -456,12 +462,12 @@ def write_results(
     ablation: dict[str, dict[str, Any] | None] = {}
     if glam is not None:
         local, joint = glam.test_local, glam.test
-        ablation["S_g (global alone)"] = table_row(local, "S_g") if local else None
-        ablation["S_l (local, global frozen)"] = table_row(local, "S_l") if local else None
-        ablation["S_c-sep"] = table_row(local, "S_c") if local else None
-        ablation["S_g after joint training"] = table_row(joint, "S_g") if joint else None
-        ablation["S_l after joint training"] = table_row(joint, "S_l") if joint else None
-        ablation["**S_c-joint (GLAM)**"] = table_row(joint, "S_c") if joint else None
+        ablation["S_g (global alone)"] = table_row(local, MapName.GLOBAL) if local else None
+        ablation["S_l (local, global frozen)"] = table_row(local, MapName.LOCAL) if local else None
+        ablation["S_c-sep"] = table_row(local, MapName.COMBINED) if local else None
+        ablation["S_g after joint training"] = table_row(joint, MapName.GLOBAL) if joint else None
+        ablation["S_l after joint training"] = table_row(joint, MapName.LOCAL) if joint else None
+        ablation["**S_c-joint (GLAM)**"] = table_row(joint, MapName.COMBINED) if joint else None
     else:
         ablation["GLAM"] = "not run"
     lines += _table1_lines(ablation, "map")

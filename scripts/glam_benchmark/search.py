@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from scripts.enums import Stage
+
 from .presets import MODELS, BenchmarkError, load_yaml
 
 
@@ -91,7 +93,7 @@ def trial_overrides(params: Mapping[str, float], learning_rate: Mapping[str, flo
     out: dict[str, Any] = {}
     for key, value in params.items():
         if key == "learning_rate":
-            out["learning_rate"] = {**{k: float(v) for k, v in learning_rate.items()}, "global": float(value)}
+            out["learning_rate"] = {**{k: float(v) for k, v in learning_rate.items()}, Stage.GLOBAL: float(value)}
         else:
             out[key] = float(value)
     return out

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-CLASS_NAMES = ("benign", "malignant")  # channel order of labels and masks
+from scripts.enums import CLASS_NAMES
+
 STATISTICS = ("max", "q99.9", "mean", "std")
 
 

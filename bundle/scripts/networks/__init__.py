@@ -1,6 +1,7 @@
+from ..enums import STAGES
 from .cam import CAM
 from .fast_inference import AutocastInference, cpu_supports_bf16, optimize_for_inference, resolve_precision
-from .glam import GLAM, REFERENCE_PRESET, STAGES
+from .glam import GLAM, REFERENCE_PRESET
 from .global_network import GlobalBackbone, GlobalNetwork, PreActBasicBlock
 from .gmic import GMIC
 from .inference import GLAMInferer, GLAMSaliencyNet

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..enums import OutputKey
 from ..pooling import check_fraction, top_t_pool
 from .glam import check_image
 from .global_network import GlobalBackbone, breast_cells
@@ -64,9 +65,9 @@ class CAM(nn.Module):
         if self.pool_in_breast:
             saliency = saliency * breast_cells(image, saliency.shape[-2:]).to(saliency.dtype)
         return {
-            "y_global": top_t_pool(saliency, self.t),
-            "saliency_global": saliency,
-            "z_global": features.amax(dim=(-2, -1)),
+            OutputKey.Y_GLOBAL: top_t_pool(saliency, self.t),
+            OutputKey.SALIENCY_GLOBAL: saliency,
+            OutputKey.Z_GLOBAL: features.amax(dim=(-2, -1)),
         }
 
     def extra_repr(self) -> str:

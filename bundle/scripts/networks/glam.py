@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..aggregation import ConcatTopTAggregation, FusionHead, GatedAttentionAggregation
+from ..enums import STAGES, MapName, OutputKey, Stage
 from ..patches import (
     _check_patch_count,
     as_pair,
@@ -23,15 +24,13 @@ from .global_network import GlobalNetwork
 from .local_network import LocalNetwork
 from .settings import SETTINGS_KEY, check_settings, encode_settings
 
-__all__ = ["GLAM", "STAGES", "REFERENCE_PRESET"]
-
-STAGES = ("global", "local", "joint")
+__all__ = ["GLAM", "REFERENCE_PRESET"]
 
 #: The authors' released inference behaviour (docs/model.md, the reference-compatible preset): pooling after
 #: upsampling with t = 3%, concatenation aggregation with t = 30%, one patch of 512 px, gamma 0.2/0.6/0.2,
 #: gamma_c = 0.5.
 REFERENCE_PRESET: dict[str, Any] = {
-    "stage": "local",
+    "stage": Stage.LOCAL.value,
     "patch_size": 512,
     "num_patches_eval": 1,
     "t_global": 0.03,
@@ -107,7 +106,7 @@ class GLAM(nn.Module):
 
     def __init__(
         self,
-        stage: str = "joint",
+        stage: str = Stage.JOINT,
         patch_size: int | Sequence[int] = 512,
         num_patches_train: int = 6,
         num_patches_eval: int = 1,
@@ -136,7 +135,7 @@ class GLAM(nn.Module):
             raise ValueError(f"gamma_c must be in [0, 1], got {gamma_c}")
         if aggregation not in (None, "concat", "attention"):
             raise ValueError(f"aggregation must be None, 'concat' or 'attention', got {aggregation!r}")
-        if not joint_modules and (stage == "joint" or aggregation == "attention"):
+        if not joint_modules and (stage == Stage.JOINT or aggregation == "attention"):
             raise ValueError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
         self.num_patches_train = num_patches_train
         self.num_patches_eval = num_patches_eval
@@ -162,7 +161,7 @@ class GLAM(nn.Module):
                 in_features=self.local_network.representation_size, hidden_features=attention_hidden, t=t_local
             )
             self.fusion = FusionHead(self.global_network.representation_size, self.local_network.representation_size)
-        self.stage = "joint"
+        self.stage = Stage.JOINT.value
         self.global_frozen = False
         self.set_stage(stage)
         # how this network was built, inside every state dict it saves (scripts/networks/settings.py); the stage
@@ -210,11 +209,11 @@ class GLAM(nn.Module):
         """
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
-        if stage == "joint" and self.fusion is None:
+        if stage == Stage.JOINT and self.fusion is None:
             raise ValueError("stage 'joint' needs the attention and fusion modules (joint_modules=True)")
-        self.stage = stage
-        self.freeze_global(stage == "local")
-        uses_local = stage != "global"
+        self.stage = str(Stage(stage))
+        self.freeze_global(stage == Stage.LOCAL)
+        uses_local = stage != Stage.GLOBAL
         uses_attention = self._aggregation_kind() == "attention" and uses_local
         for p in self.local_network.parameters():
             p.requires_grad_(uses_local)
@@ -223,7 +222,7 @@ class GLAM(nn.Module):
                 p.requires_grad_(uses_attention)
         if self.fusion is not None:
             for p in self.fusion.parameters():
-                p.requires_grad_(stage == "joint")
+                p.requires_grad_(stage == Stage.JOINT)
         return self
 
     def freeze_global(self, frozen: bool = True) -> GLAM:
@@ -243,7 +242,7 @@ class GLAM(nn.Module):
     def _aggregation_kind(self) -> str:
         if self.aggregation is not None:
             return self.aggregation
-        return "attention" if self.stage == "joint" else "concat"
+        return "attention" if self.stage == Stage.JOINT.value else "concat"
 
     @property
     def num_patches(self) -> int:
@@ -260,18 +259,24 @@ class GLAM(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """The output dict of the class docstring (``forward`` of GLAM; subclasses may return less from ``forward``)."""
         if not torch.jit.is_scripting():
-            check_image(image, self.patch_size if self.stage != "global" else None)
+            check_image(image, self.patch_size if self.stage != Stage.GLOBAL.value else None)
         if self.global_frozen:
             with torch.no_grad():
                 g = self.global_network(image)
         else:
             g = self.global_network(image)
         out: dict[str, torch.Tensor] = {}
-        for key in ("y_global", "y_scales", "z_global", "saliency_global"):
+        for key in (
+            OutputKey.Y_GLOBAL.value,
+            OutputKey.Y_SCALES.value,
+            OutputKey.Z_GLOBAL.value,
+            OutputKey.SALIENCY_GLOBAL.value,
+            OutputKey.SALIENCY_SCALE0.value,
+            OutputKey.SALIENCY_SCALE1.value,
+            OutputKey.SALIENCY_SCALE2.value,
+        ):
             out[key] = g[key]
-        for key in ("saliency_scale0", "saliency_scale1", "saliency_scale2"):
-            out[key] = g[key]
-        if self.stage == "global":
+        if self.stage == Stage.GLOBAL.value:
             return out
 
         image_size = [image.shape[-2], image.shape[-1]]
@@ -280,29 +285,35 @@ class GLAM(nn.Module):
             # the exported network runs Algorithm 1 (inference); given and random boxes are for training in Python
             if patch_boxes is not None or random_patch_mask is not None:
                 raise RuntimeError("the TorchScript GLAM selects its patches itself: patch_boxes/random_patch_mask")
-            boxes = select_patch_boxes(g["saliency_global"].detach(), image_size, patch_size, self.num_patches_eval)
+            boxes = select_patch_boxes(
+                g[OutputKey.SALIENCY_GLOBAL.value].detach(), image_size, patch_size, self.num_patches_eval
+            )
         else:
-            boxes = self._patch_boxes(image, g["saliency_global"], patch_boxes, random_patch_mask, generator)
+            boxes = self._patch_boxes(
+                image, g[OutputKey.SALIENCY_GLOBAL.value], patch_boxes, random_patch_mask, generator
+            )
         B, K = boxes.shape[0], boxes.shape[1]
         patches = crop_patches(image, boxes, patch_size)  # (B, K, 1, p, p)
         local = self.local_network(patches.flatten(0, 1))
-        patch_maps = local["patch_maps"].unflatten(0, (B, K))
-        patch_features = local["patch_features"].unflatten(0, (B, K))
+        patch_maps = local[OutputKey.PATCH_MAPS.value].unflatten(0, (B, K))
+        patch_features = local[OutputKey.PATCH_FEATURES.value].unflatten(0, (B, K))
         attention = self.attention
         if self._aggregation_kind() == "attention" and attention is not None:
             agg = attention(patch_maps, patch_features)
-            out["attention"] = agg["attention"]
+            out[OutputKey.ATTENTION.value] = agg[OutputKey.ATTENTION.value]
         else:
             agg = self.concat_aggregation(patch_maps, patch_features)
-        out["y_local"] = agg["y_local"]
-        out["patch_boxes"] = boxes
-        out["patch_maps"] = patch_maps
+        out[OutputKey.Y_LOCAL.value] = agg[OutputKey.Y_LOCAL.value]
+        out[OutputKey.PATCH_BOXES.value] = boxes
+        out[OutputKey.PATCH_MAPS.value] = patch_maps
         fusion = self.fusion
-        if self.stage == "joint" and fusion is not None:
-            out["y_fusion"] = fusion(g["z_global"], agg["z_local"])
-        maps = render_saliency(g["saliency_global"], patch_maps, boxes, image_size, stride=4, gamma_c=self.gamma_c)
-        out["saliency_local"] = maps["saliency_local"]
-        out["saliency"] = maps["saliency"]
+        if self.stage == Stage.JOINT.value and fusion is not None:
+            out[OutputKey.Y_FUSION.value] = fusion(g[OutputKey.Z_GLOBAL.value], agg[OutputKey.Z_LOCAL.value])
+        maps = render_saliency(
+            g[OutputKey.SALIENCY_GLOBAL.value], patch_maps, boxes, image_size, stride=4, gamma_c=self.gamma_c
+        )
+        out[OutputKey.SALIENCY_LOCAL.value] = maps[MapName.LOCAL.value]
+        out[OutputKey.SALIENCY.value] = maps[MapName.COMBINED.value]
         return out
 
     # GLAM's forward is the whole output dict; GLAMSaliencyNet overrides forward and keeps forward_all
@@ -346,8 +357,13 @@ class GLAM(nn.Module):
 
     def full_resolution(self, outputs: dict[str, torch.Tensor], image_size: Sequence[int]) -> dict[str, torch.Tensor]:
         """Render S_g, S_l and S_c at full input resolution (B, 2, H, W) from a forward's outputs."""
-        if "patch_maps" not in outputs:
+        if OutputKey.PATCH_MAPS not in outputs:
             raise ValueError("full_resolution needs the outputs of a 'local' or 'joint' stage forward")
         return render_saliency(
-            outputs["saliency_global"], outputs["patch_maps"], outputs["patch_boxes"], image_size, 1, self.gamma_c
+            outputs[OutputKey.SALIENCY_GLOBAL],
+            outputs[OutputKey.PATCH_MAPS],
+            outputs[OutputKey.PATCH_BOXES],
+            image_size,
+            1,
+            self.gamma_c,
         )

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..enums import OutputKey
 from ..pooling import check_fraction, top_t_pool
 
 __all__ = [
@@ -266,11 +267,11 @@ class GlobalNetwork(nn.Module):
         y_scales = torch.stack([top_t_pool(s, self.t) for s in pooled_maps], dim=1)
         z_global = taps["final"].amax(dim=(-2, -1))
         return {
-            "saliency_scale0": s0,
-            "saliency_scale1": s1,
-            "saliency_scale2": s2,
-            "saliency_global": saliency_global,
-            "y_scales": y_scales,
-            "y_global": y_scales.mean(dim=1),
-            "z_global": z_global,
+            OutputKey.SALIENCY_SCALE0.value: s0,
+            OutputKey.SALIENCY_SCALE1.value: s1,
+            OutputKey.SALIENCY_SCALE2.value: s2,
+            OutputKey.SALIENCY_GLOBAL.value: saliency_global,
+            OutputKey.Y_SCALES.value: y_scales,
+            OutputKey.Y_GLOBAL.value: y_scales.mean(dim=1),
+            OutputKey.Z_GLOBAL.value: z_global,
         }

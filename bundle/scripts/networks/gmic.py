@@ -19,6 +19,7 @@ from monai.networks.nets import ResNet
 from torch import nn
 
 from ..aggregation import FusionHead, GatedAttentionAggregation
+from ..enums import OutputKey
 from ..patches import as_pair, crop_patches, select_patch_boxes
 from .cam import CAM
 from .glam import check_image
@@ -92,7 +93,9 @@ class GMIC(nn.Module):
     def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
         check_image(image, self.patch_size)
         out = self.global_network(image)
-        boxes = select_patch_boxes(out["saliency_global"].detach(), image.shape[-2:], self.patch_size, self.num_patches)
+        boxes = select_patch_boxes(
+            out[OutputKey.SALIENCY_GLOBAL].detach(), image.shape[-2:], self.patch_size, self.num_patches
+        )
         B, K = boxes.shape[:2]
         patches = crop_patches(image, boxes, self.patch_size)  # (B, K, 1, ph, pw)
         h = self.local_network(patches.flatten(0, 1)).unflatten(0, (B, K))  # (B, K, D)
@@ -102,9 +105,9 @@ class GMIC(nn.Module):
         agg = self.attention(logits[..., None, None], h)
         out.update(
             patch_boxes=boxes,
-            attention=agg["attention"],
-            z_local=agg["z_local"],
-            y_local=torch.sigmoid(agg["y_local"]),
-            y_fusion=self.fusion(out["z_global"], agg["z_local"]),
+            attention=agg[OutputKey.ATTENTION],
+            z_local=agg[OutputKey.Z_LOCAL],
+            y_local=torch.sigmoid(agg[OutputKey.Y_LOCAL]),
+            y_fusion=self.fusion(out[OutputKey.Z_GLOBAL], agg[OutputKey.Z_LOCAL]),
         )
         return out

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from monai.inferers import Inferer
 
+from ..enums import OutputKey, Stage
 from .glam import GLAM
 
 __all__ = ["GLAMSaliencyNet", "GLAMInferer"]
@@ -22,13 +23,13 @@ class GLAMSaliencyNet(GLAM):
     the stage must run the local module (``local`` or ``joint``, default ``joint``) since S_c needs it.
     """
 
-    def __init__(self, stage: str = "joint", **kwargs: Any) -> None:
-        if stage == "global":
+    def __init__(self, stage: str = Stage.JOINT, **kwargs: Any) -> None:
+        if stage == Stage.GLOBAL:
             raise ValueError("GLAMSaliencyNet returns S_c, which needs the local module: stage 'local' or 'joint'")
         super().__init__(stage=stage, **kwargs)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return self.forward_all(image)["saliency"]
+        return self.forward_all(image)[OutputKey.SALIENCY.value]
 
 
 class GLAMInferer(Inferer):

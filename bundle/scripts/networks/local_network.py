@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from ..enums import OutputKey
+
 __all__ = ["BasicBlock", "ResNetHR", "LocalNetwork", "LOCAL_DEPTHS"]
 
 #: blocks per layer for the supported depths
@@ -171,6 +173,6 @@ class LocalNetwork(nn.Module):
         # The stem takes 3 channels for compatibility with ImageNet-style weights: repeat the grey patch.
         features = self._features(patches.expand(-1, 3, -1, -1))
         return {
-            "patch_maps": torch.sigmoid(self.gn_conv_last(features)),
-            "patch_features": features.mean(dim=(-2, -1)),
+            OutputKey.PATCH_MAPS.value: torch.sigmoid(self.gn_conv_last(features)),
+            OutputKey.PATCH_FEATURES.value: features.mean(dim=(-2, -1)),
         }

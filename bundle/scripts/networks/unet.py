@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from monai.networks.nets import BasicUNet
 from torch import nn
 
+from ..enums import OutputKey
 from ..pooling import check_fraction, top_t_pool
 from .glam import check_image
 
@@ -62,7 +63,11 @@ class UNetSaliency(nn.Module):
             logits = self.unet(F.avg_pool2d(image, s))
             logits = F.interpolate(logits, size=image.shape[-2:], mode="bilinear", align_corners=False)
         saliency = torch.sigmoid(logits)
-        return {"y_global": top_t_pool(saliency, self.t), "saliency_global": saliency, "logits": logits}
+        return {
+            OutputKey.Y_GLOBAL: top_t_pool(saliency, self.t),
+            OutputKey.SALIENCY_GLOBAL: saliency,
+            OutputKey.LOGITS: logits,
+        }
 
     def extra_repr(self) -> str:
         return f"t={self.t}, input_stride={self.input_stride}"

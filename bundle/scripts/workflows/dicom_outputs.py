@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from ..enums import CLASS_NAMES
+from .inference_files import write_replacing
+
 __all__ = [
     "DICOM_OUTPUT_MODES",
     "dicom_output_kinds",
@@ -32,7 +35,6 @@ SOFTWARE_VERSION = "glam-monai"
 # series numbers of the derived series, far from the scanner's usual 1..99
 SC_SERIES_NUMBER = 9901
 MAP_SERIES_NUMBER = 9902
-CLASS_NAMES = ("benign", "malignant")
 #: stored value of a fraction of 1 in the Segmentation (8 bits): read-back error <= 0.5 / FRACTIONAL_MAX
 FRACTIONAL_MAX = 255
 _TYPE2_SOURCE = (
@@ -166,14 +168,7 @@ def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
 
 
 def _save(ds: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")
-    try:
-        ds.save_as(str(tmp), enforce_file_format=True)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_replacing(path, lambda tmp: ds.save_as(str(tmp), enforce_file_format=True))
 
 
 def write_dicom_outputs(

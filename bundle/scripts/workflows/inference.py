@@ -5,12 +5,12 @@ The pieces plug into a MONAI ``SupervisedEvaluator``: :class:`SafeDataset` turns
 record instead of an exception, :func:`collate_inference` stacks the good images and carries the errors along,
 :class:`GLAMInferenceStep` is the evaluator's iteration (runs the inferer on the good images only) and
 :class:`GLAMInferenceWriter` (an Ignite handler) maps every map back through the preprocessing's inverse
-(``Invertd``) and writes the files.
+(``Invertd``, :func:`maps_on_original`) and has the writers of :mod:`scripts.workflows.inference_files` write the
+files.
 """
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 from collections.abc import Hashable, Mapping, Sequence
@@ -22,17 +22,30 @@ import torch
 from monai.data import Dataset, MetaTensor
 from monai.transforms import Compose, Invertd
 
-from ..atomic import atomic_write
 from ..data.readers import SUPPORTED_SUFFIXES, read_mammogram
+from ..enums import CLASS_NAMES, MAP_NAMES, MapName, OutputKey
 from ..patches import render_saliency
-from ..visualize import saliency_panel
 from .dicom_outputs import dicom_output_kinds, write_dicom_outputs
+from .inference_files import (
+    ERROR_KEY,
+    FALLBACK_SPACING_MM,
+    PREDICTION_COLUMNS,
+    InferenceTables,
+    MapFiles,
+    OutputStems,
+    PanelFiles,
+    error_record,
+    ground_truth_masks,
+    overlay_panel,
+    panel_title_lines,
+    prediction_row,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "ERROR_KEY",
-    "MAP_NAMES",
+    "FALLBACK_SPACING_MM",
     "PREDICTION_COLUMNS",
     "SafeDataset",
     "collate_inference",
@@ -44,24 +57,8 @@ __all__ = [
     "maps_on_original",
 ]
 
-#: key of the error message in an item that failed
-ERROR_KEY = "error"
-#: output name -> key of the full-resolution map returned by ``render_saliency``
-MAP_NAMES = {"S_g": "saliency_global_image", "S_l": "saliency_local", "S_c": "saliency"}
-CLASS_NAMES = ("benign", "malignant")
-PREDICTION_COLUMNS = [
-    "image",
-    "output_stem",
-    "prob_benign",
-    "prob_malignant",
-    "label_benign",
-    "label_malignant",
-    "height",
-    "width",
-    "patch_boxes",
-]
 
-
+# -- the inputs ------------------------------------------------------------------------------------------------------
 def _is_supported(path: Path) -> bool:
     name = path.name.lower()
     return any(name.endswith(s) for s in SUPPORTED_SUFFIXES)
@@ -123,9 +120,8 @@ class SafeDataset(Dataset):
         try:
             return super()._transform(index)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error record, by design
-            cause = _root_cause(exc)
             path = item.get("image") if isinstance(item, Mapping) else item
-            return {"image": str(path), ERROR_KEY: f"{type(cause).__name__}: {cause}"}
+            return error_record(path, _root_cause(exc))
 
 
 def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]:
@@ -165,6 +161,7 @@ class GLAMInferenceStep:
         return {"items": batch["items"], "errors": batch["errors"], "pred": pred}
 
 
+# -- back onto the file's geometry -----------------------------------------------------------------------------------
 def window_box_to_original(
     box: Sequence[int], meta: Mapping[str, Any], original_size: Sequence[int]
 ) -> tuple[int, int, int, int]:
@@ -182,66 +179,6 @@ def window_box_to_original(
     return max(0, r0), max(0, c0), min(H, r1), min(W, c1)
 
 
-def _save_png(path: Path, array: np.ndarray) -> None:
-    from PIL import Image
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # keeps the extension for PIL
-    try:
-        # zlib level 3: half the time of PIL's default 6 on 16-bit maps, files about 1.6x larger (tens of KB)
-        Image.fromarray(array).save(tmp, format="PNG", compress_level=3)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-#: pixel size (mm) the NIfTI maps state when the input's is unknown (PNG inputs; DICOMs without a valid spacing)
-FALLBACK_SPACING_MM = 1.0
-
-
-def _save_nifti(path: Path, maps: np.ndarray, spacing: Sequence[float] | None) -> None:
-    """(C, H, W) -> NIfTI (W, H, 1, 1, C), intent 'vector': x = column, y = row as the readers expect."""
-    import nibabel as nib
-
-    data = np.ascontiguousarray(np.transpose(maps, (2, 1, 0))[:, :, None, None, :].astype(np.float32))
-    row_mm, col_mm = (float(s) for s in spacing) if spacing is not None else (FALLBACK_SPACING_MM,) * 2
-    img = nib.Nifti1Image(data, np.diag([col_mm, row_mm, 1.0, 1.0]))
-    img.header.set_intent("vector", (), name="benign,malignant")
-    img.header.set_xyzt_units("mm")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")  # nibabel picks compression from the extension
-    try:
-        nib.save(img, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _panel_title(panel: np.ndarray, lines: Sequence[str]) -> np.ndarray:
-    """Put text lines above the panel, the font as large as fits the panel's width (at most 1/30 of its height)."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    width = panel.shape[1]
-    size = max(12, panel.shape[0] // 30)
-    font = ImageFont.load_default()
-    while size >= 8:
-        try:
-            font = ImageFont.load_default(size=size)
-        except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
-            break
-        if max(font.getlength(t) for t in lines) <= width - 8:
-            break
-        size -= 1
-    line_h = int(size * 1.25) + 2
-    strip = Image.new("RGB", (width, line_h * len(lines) + 4), (255, 255, 255))
-    draw = ImageDraw.Draw(strip)
-    for i, text in enumerate(lines):
-        draw.text((4, 2 + i * line_h), text, fill=(0, 0, 0), font=font)
-    return np.concatenate([np.asarray(strip), panel], axis=0)
-
-
 def invert_maps(item: Mapping[str, Any], maps: Mapping[str, torch.Tensor], transform: Compose) -> dict[str, np.ndarray]:
     """Window-coordinate maps ``name -> (C, h, w)`` -> arrays ``(C, H, W)`` on the original file's pixel grid,
     through ``Invertd(transform)`` with ``item["image"]`` (the preprocessed ``MetaTensor``) as the reference."""
@@ -250,6 +187,28 @@ def invert_maps(item: Mapping[str, Any], maps: Mapping[str, torch.Tensor], trans
         d[k] = MetaTensor(v.float())
     inv = Invertd(list(maps), transform=transform, orig_keys="image", nearest_interp=False)(d)
     return {k: np.asarray(torch.as_tensor(inv[k]).cpu().numpy(), dtype=np.float32) for k in maps}
+
+
+# key of the patch indicators inverted along with the maps (not a map name)
+_BOXES = "boxes"
+
+
+def _patch_indicators(boxes: torch.Tensor, window: tuple[int, ...]) -> torch.Tensor:
+    """(K, h, w): 1 inside patch k's box ``(row, col, height, width)``, 0 elsewhere."""
+    indicator = torch.zeros((boxes.shape[0], *window))
+    for k, (r, c, h, w) in enumerate(boxes.tolist()):
+        indicator[k, max(0, r) : r + h, max(0, c) : c + w] = 1.0
+    return indicator
+
+
+def _bounding_boxes(indicators: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """(K, H, W) inverted indicators -> ``(top, left, bottom, right)`` (end-exclusive) of each non-empty one."""
+    boxes = []
+    for k in range(indicators.shape[0]):
+        rows, cols = np.nonzero(indicators[k] > 0.5)
+        if rows.size:  # a patch entirely in padding has no pixel of the file
+            boxes.append((int(rows.min()), int(cols.min()), int(rows.max()) + 1, int(cols.max()) + 1))
+    return boxes
 
 
 def maps_on_original(
@@ -270,20 +229,36 @@ def maps_on_original(
         ``(top, left, bottom, right)`` (end-exclusive) on the file (patches entirely in padding are dropped).
     """
     window = tuple(item["image"].shape[-2:])
-    boxes = pred["patch_boxes"]
-    maps = render_saliency(pred["saliency_global"][None], pred["patch_maps"][None], boxes[None], window, 1, gamma_c)
-    to_invert = {name: maps[key][0] for name, key in MAP_NAMES.items()}
-    indicator = torch.zeros((boxes.shape[0], *window))
-    for k, (r, c, h, w) in enumerate(boxes.tolist()):
-        indicator[k, max(0, r) : r + h, max(0, c) : c + w] = 1.0
-    to_invert["boxes"] = indicator
+    boxes = pred[OutputKey.PATCH_BOXES]
+    maps = render_saliency(
+        pred[OutputKey.SALIENCY_GLOBAL][None], pred[OutputKey.PATCH_MAPS][None], boxes[None], window, 1, gamma_c
+    )
+    to_invert = {name: maps[name][0] for name in MAP_NAMES}
+    to_invert[_BOXES] = _patch_indicators(boxes, window)
     back = invert_maps(item, to_invert, transform)
-    boxes_orig = []
-    for k in range(back["boxes"].shape[0]):
-        rows, cols = np.nonzero(back["boxes"][k] > 0.5)
-        if rows.size:  # a patch entirely in padding has no pixel of the file
-            boxes_orig.append((int(rows.min()), int(cols.min()), int(rows.max()) + 1, int(cols.max()) + 1))
-    return {name: np.clip(back[name], 0.0, 1.0) for name in MAP_NAMES}, boxes_orig
+    return {name: np.clip(back[name], 0.0, 1.0) for name in MAP_NAMES}, _bounding_boxes(back[_BOXES])
+
+
+# -- the handler -----------------------------------------------------------------------------------------------------
+def _image_path(item: Mapping[str, Any]) -> str:
+    image = item["image"]
+    if isinstance(image, MetaTensor):
+        return str(image.meta.get("filename_or_obj", ""))
+    return str(image)
+
+
+def _labels(item: Mapping[str, Any]) -> list[int | str]:
+    """The item's image-level labels, one per class; empty cells when it has none (a folder has no labels)."""
+    label = item.get("label")
+    if isinstance(label, (list, tuple)) and len(label) == len(CLASS_NAMES):
+        return [int(v) for v in label]
+    return [""] * len(CLASS_NAMES)
+
+
+def _check_on_file_grid(path: str, maps: Mapping[str, np.ndarray], size: tuple[int, int]) -> None:
+    for name in MAP_NAMES:
+        if maps[name].shape[-2:] != size:
+            raise ValueError(f"{path}: inverted {name} has shape {maps[name].shape[-2:]}, the file {size}")
 
 
 class GLAMInferenceWriter:
@@ -295,6 +270,10 @@ class GLAMInferenceWriter:
     stops on an exception) ``predictions.csv`` and ``errors.csv``. Maps are rendered at full window resolution
     (``render_saliency``, stride 1) and taken back through ``Invertd(transform)``: window, padding, crop and flip
     undone, pixels the model never saw are 0.
+
+    The handler maps the outputs back and composes the writers: :class:`~.inference_files.OutputStems` (names),
+    :class:`~.inference_files.MapFiles`, :class:`~.inference_files.PanelFiles`, the DICOM objects of
+    :mod:`~scripts.workflows.dicom_outputs` and :class:`~.inference_files.InferenceTables` (the CSV files).
 
     Args:
         output_dir: where to write.
@@ -322,9 +301,20 @@ class GLAMInferenceWriter:
         self.panels = bool(panels)
         self.panel_height = panel_height
         self.dicom_kinds = dicom_output_kinds(dicom_outputs)
-        self.rows: list[dict[str, Any]] = []
-        self.errors: list[dict[str, str]] = []
-        self._stems: set[str] = set()
+        self.stems = OutputStems()
+        self.map_files = MapFiles(self.output_dir / "maps")
+        self.panel_files = PanelFiles(self.output_dir / "panels")
+        self.tables = InferenceTables(self.output_dir)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The predictions.csv rows so far."""
+        return self.tables.rows
+
+    @property
+    def errors(self) -> list[dict[str, str]]:
+        """The errors.csv rows so far."""
+        return self.tables.errors
 
     def attach(self, engine: Any) -> None:
         from ignite.engine import Events
@@ -335,9 +325,12 @@ class GLAMInferenceWriter:
         engine.add_event_handler(Events.EXCEPTION_RAISED, self._on_exception)
 
     def reset(self, engine: Any = None) -> None:
-        self.rows, self.errors, self._stems = [], [], set()
+        """Start a run: no rows, no errors, every stem free again."""
+        self.tables.reset()
+        self.stems.reset()
 
     def _on_exception(self, engine: Any, exc: BaseException) -> None:
+        # the images done so far keep their rows, the run still fails
         self.write_tables()
         raise exc
 
@@ -348,19 +341,7 @@ class GLAMInferenceWriter:
             try:
                 self.rows.append(self.write_item(item, {k: v[i] for k, v in out["pred"].items()}))
             except Exception as exc:  # noqa: BLE001 - one image's failure must not lose the others
-                self.errors.append({"image": str(_image_path(item)), ERROR_KEY: f"{type(exc).__name__}: {exc}"})
-
-    def _stem(self, path: str) -> str:
-        name = Path(path).name
-        for s in sorted(SUPPORTED_SUFFIXES, key=len, reverse=True):
-            if name.lower().endswith(s):
-                name = name[: -len(s)]
-                break
-        stem, n = name or "image", 2
-        while stem in self._stems:
-            stem, n = f"{name}_{n}", n + 1
-        self._stems.add(stem)
-        return stem
+                self.errors.append(error_record(_image_path(item), exc))
 
     def invert(self, item: Mapping[str, Any], maps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
         """Window-coordinate maps ``name -> (C, h, w)`` -> original-geometry arrays ``(C, H, W)``."""
@@ -368,86 +349,47 @@ class GLAMInferenceWriter:
 
     def write_item(self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """Write one image's files; returns its predictions.csv row."""
-        path = str(_image_path(item))
-        back, boxes_orig = maps_on_original(item, pred, self.transform, self.gamma_c)
-        original, meta = read_mammogram(path)
-        H, W = original.shape
-        for name in MAP_NAMES:
-            if back[name].shape[-2:] != (H, W):
-                raise ValueError(f"{path}: inverted {name} has shape {back[name].shape[-2:]}, the file {(H, W)}")
-        stem = self._stem(path)
-        maps_dir = self.output_dir / "maps"
-        if meta.get("spacing") is None and meta.get("format") not in ("png", "pil"):  # those formats hold none
-            logger.warning(
-                "%s: no valid pixel spacing in the file (missing, zero or negative): the NIfTI maps state %g mm "
-                "per pixel",
-                path,
-                FALLBACK_SPACING_MM,
-            )
-        for name in MAP_NAMES:
-            m = back[name]
-            _save_nifti(maps_dir / f"{stem}_{name}.nii.gz", m, meta.get("spacing"))
-            for c, cls in enumerate(CLASS_NAMES):
-                _save_png(maps_dir / f"{stem}_{name}_{cls}.png", np.round(m[c] * 65535).astype(np.uint16))
-        y = pred["y_global"].tolist()
-        label = item.get("label")
-        labels = [int(v) for v in label] if isinstance(label, (list, tuple)) and len(label) == 2 else ["", ""]
+        path = _image_path(item)
+        maps, boxes = maps_on_original(item, pred, self.transform, self.gamma_c)
+        image, meta = read_mammogram(path)
+        height, width = image.shape
+        _check_on_file_grid(path, maps, (height, width))
+        stem = self.stems(path)
+        self.map_files.write(path, stem, maps, meta)
+        scores = pred[OutputKey.Y_GLOBAL].tolist()
+        labels = _labels(item)
         panel = None
-        if self.panels or "sc" in self.dicom_kinds:
-            panel = self._write_panel(stem, item, original, back, boxes_orig, y, labels, save=self.panels)
-        if self.dicom_kinds and meta.get("format") == "dicom":
-            write_dicom_outputs(path, self.output_dir, stem, self.dicom_kinds, panel, back["S_c"])
-        elif self.dicom_kinds:
-            logger.info("%s: not a DICOM input, DICOM outputs %s skipped", path, "/".join(self.dicom_kinds))
-        return {
-            "image": path,
-            "output_stem": stem,
-            "prob_benign": f"{y[0]:.6f}",
-            "prob_malignant": f"{y[1]:.6f}",
-            "label_benign": labels[0],
-            "label_malignant": labels[1],
-            "height": H,
-            "width": W,
-            "patch_boxes": ";".join(" ".join(str(v) for v in b) for b in boxes_orig),
-        }
+        if self.panels or "sc" in self.dicom_kinds:  # the Secondary Capture shows the panel
+            panel = self._panel(path, item, image, maps, boxes, scores, labels)
+            if self.panels:
+                self.panel_files.write(stem, panel)
+        self._write_dicom(path, stem, meta, panel, maps)
+        return prediction_row(path, stem, scores, labels, (height, width), boxes)
 
-    def _write_panel(self, stem, item, original, back, boxes, y, labels, save: bool = True) -> np.ndarray:
-        masks = None
-        mask_paths = [item.get(f"mask_{cls}") for cls in CLASS_NAMES]
-        if all(isinstance(p, str) and p for p in mask_paths):
-            masks = np.stack([read_mammogram(p, mask=True)[0] for p in mask_paths])
-        step = 1
-        if self.panel_height and original.shape[0] > self.panel_height:
-            step = int(np.ceil(original.shape[0] / self.panel_height))
-        sub = (slice(None, None, step), slice(None, None, step))
-        maps = {name: back[name][(slice(None), *sub)] for name in MAP_NAMES}
-        small_boxes = [(t // step, left // step, (b - t) // step, (r - left) // step) for t, left, b, r in boxes]
-        panel = saliency_panel(original[sub], maps, small_boxes, None if masks is None else masks[(slice(None), *sub)])
-        truth = "" if labels[0] == "" else f"   label: benign {labels[0]}, malignant {labels[1]}"
-        lines = [
-            f"{Path(_image_path(item)).name}   y_g: benign {y[0]:.3f}, malignant {y[1]:.3f}{truth}",
-            f"image{' + ground truth' if masks is not None else ''} | S_g | S_l | S_c",
-            "green benign, red malignant, blue: selected patches",
-        ]
-        panel = _panel_title(panel, lines)
-        if save:
-            _save_png(self.output_dir / "panels" / f"{stem}_panel.png", panel)
-        return panel
+    def _panel(
+        self,
+        path: str,
+        item: Mapping[str, Any],
+        image: np.ndarray,
+        maps: Mapping[str, np.ndarray],
+        boxes: Sequence[tuple[int, int, int, int]],
+        scores: Sequence[float],
+        labels: Sequence[int | str],
+    ) -> np.ndarray:
+        masks = ground_truth_masks(item)
+        title = panel_title_lines(Path(path).name, scores, labels, with_masks=masks is not None)
+        return overlay_panel(image, maps, boxes, masks, title, self.panel_height)
+
+    def _write_dicom(
+        self, path: str, stem: str, meta: Mapping[str, Any], panel: np.ndarray | None, maps: Mapping[str, np.ndarray]
+    ) -> None:
+        if not self.dicom_kinds:
+            return
+        if meta.get("format") != "dicom":
+            logger.info("%s: not a DICOM input, DICOM outputs %s skipped", path, "/".join(self.dicom_kinds))
+            return
+        write_dicom_outputs(path, self.output_dir, stem, self.dicom_kinds, panel, maps[MapName.COMBINED])
 
     def write_tables(self, engine: Any = None) -> None:
         """Write predictions.csv and errors.csv (atomically; errors.csv has its header even when empty)."""
-        with atomic_write(self.output_dir / "predictions.csv", "w") as f:
-            writer = csv.DictWriter(f, fieldnames=PREDICTION_COLUMNS)
-            writer.writeheader()
-            writer.writerows(self.rows)
-        with atomic_write(self.output_dir / "errors.csv", "w") as f:
-            writer = csv.DictWriter(f, fieldnames=["image", ERROR_KEY])
-            writer.writeheader()
-            writer.writerows(self.errors)
-
-
-def _image_path(item: Mapping[str, Any]) -> str:
-    image = item["image"]
-    if isinstance(image, MetaTensor):
-        return str(image.meta.get("filename_or_obj", ""))
-    return str(image)
+        self.tables.write()

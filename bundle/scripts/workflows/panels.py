@@ -7,6 +7,7 @@ import os
 import numpy as np
 from ignite.engine import Engine, Events
 
+from ..enums import MAP_NAMES, OutputKey
 from ..visualize import saliency_panel
 
 __all__ = ["SaliencyPanelWriter"]
@@ -50,8 +51,8 @@ class SaliencyPanelWriter:
             if len(self._panels) >= self.num_images:
                 return
             image = np.asarray(item["image"].detach().cpu())[0, ::s, ::s]
-            maps = {k: np.asarray(item[k].detach().cpu())[:, ::s, ::s] for k in ("S_g", "S_l", "S_c") if k in item}
-            boxes = item.get("patch_boxes")
+            maps = {k: np.asarray(item[k].detach().cpu())[:, ::s, ::s] for k in MAP_NAMES if k in item}
+            boxes = item.get(OutputKey.PATCH_BOXES)
             boxes = None if boxes is None else [[v // s for v in b] for b in boxes.tolist()]
             mask = item.get("lesion_mask")
             mask = None if mask is None else np.asarray(mask.detach().cpu())[:, ::s, ::s]

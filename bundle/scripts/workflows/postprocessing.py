@@ -8,13 +8,17 @@ import torch
 from monai.transforms import MapTransform
 from monai.utils import str2bool
 
+from ..enums import MAP_NAMES, MapName, OutputKey
+from ..enums import MAP_OUTPUT_KEYS as MAP_KEYS
 from ..networks.global_network import nearest_resize
 from ..patches import render_saliency
 
 __all__ = ["GLAMOutputsd", "MAP_KEYS"]
 
-#: output key -> which GLAM map it holds
-MAP_KEYS = {"S_g": "saliency_global", "S_l": "saliency_local", "S_c": "saliency"}
+# network outputs passed on as they are; the keys this transform writes are plain values, as the network's are
+_PASSED_ON = tuple(k.value for k in (OutputKey.Y_GLOBAL, OutputKey.Y_LOCAL, OutputKey.Y_FUSION, OutputKey.PATCH_BOXES))
+# GLAM's global saliency scales, written as S_0, S_1, S_2
+_SCALE_KEYS = (OutputKey.SALIENCY_SCALE0, OutputKey.SALIENCY_SCALE1, OutputKey.SALIENCY_SCALE2)
 
 
 class GLAMOutputsd(MapTransform):
@@ -47,7 +51,7 @@ class GLAMOutputsd(MapTransform):
         pred_key: str = "pred",
         label_key: str = "label",
         image_key: str = "image",
-        score_key: str = "y_global",
+        score_key: str = OutputKey.Y_GLOBAL.value,
         scales: bool | str = False,
     ) -> None:
         super().__init__(keys=[pred_key])
@@ -60,7 +64,7 @@ class GLAMOutputsd(MapTransform):
     def __call__(self, data: Mapping[Hashable, object]) -> dict[Hashable, object]:
         d = dict(data)
         pred = d[self.pred_key]
-        if not isinstance(pred, Mapping) or "saliency_global" not in pred:
+        if not isinstance(pred, Mapping) or OutputKey.SALIENCY_GLOBAL not in pred:
             raise ValueError(f"GLAMOutputsd: {self.pred_key!r} must be a GLAM output dict, got {type(pred).__name__}")
         target = d.get(self.label_key)
         if isinstance(target, Mapping):
@@ -72,24 +76,24 @@ class GLAMOutputsd(MapTransform):
         size = tuple(reference.shape[-2:])
         if self.score_key not in pred:
             raise ValueError(f"GLAMOutputsd: score_key {self.score_key!r} is not a model output ({sorted(pred)})")
-        for key in ("y_global", "y_local", "y_fusion", "patch_boxes"):
+        for key in _PASSED_ON:
             if key in pred:
                 d[key] = pred[key]
-        d["y_global"] = pred[self.score_key]
-        if "patch_maps" in pred:
+        d[OutputKey.Y_GLOBAL.value] = pred[self.score_key]
+        if OutputKey.PATCH_MAPS in pred:
             maps = render_saliency(
-                pred["saliency_global"][None],
-                pred["patch_maps"][None],
-                pred["patch_boxes"][None],
+                pred[OutputKey.SALIENCY_GLOBAL][None],
+                pred[OutputKey.PATCH_MAPS][None],
+                pred[OutputKey.PATCH_BOXES][None],
                 size,
                 1,
                 self.gamma_c,
             )
-            d["S_g"], d["S_l"], d["S_c"] = (maps[k][0] for k in ("saliency_global_image", "saliency_local", "saliency"))
+            d.update({name: maps[name][0] for name in MAP_NAMES})
         else:
-            d["S_g"] = nearest_resize(pred["saliency_global"][None].float(), size)[0]
+            d[MapName.GLOBAL.value] = nearest_resize(pred[OutputKey.SALIENCY_GLOBAL][None].float(), size)[0]
         if self.scales:
-            for i in range(3):
-                if f"saliency_scale{i}" in pred:
-                    d[f"S_{i}"] = nearest_resize(pred[f"saliency_scale{i}"][None].float(), size)[0]
+            for i, key in enumerate(_SCALE_KEYS):
+                if key in pred:
+                    d[f"S_{i}"] = nearest_resize(pred[key][None].float(), size)[0]
         return d

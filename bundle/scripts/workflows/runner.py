@@ -17,9 +17,12 @@ from typing import Any
 
 from monai.bundle import ConfigParser
 
+from ..enums import STAGES
+
 __all__ = ["STAGE_ORDER", "run_training", "stages_to_run", "running_parser"]
 
-STAGE_ORDER = ("global", "local", "joint")
+#: the stages in training order (the vocabulary's order)
+STAGE_ORDER = STAGES
 logger = logging.getLogger(__name__)
 
 
