@@ -71,7 +71,7 @@ def test_bundle_license_is_apache_and_readme_links_the_data_licence():
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text
     data = (BUNDLE_ROOT / "docs" / "data_license.txt").read_text(encoding="utf-8")
-    assert "no patient data" in data and "scripts/data/synthetic.py" in data
+    assert "no patient data" in data and "scripts/data/synthetic/" in data
 
 
 def test_weights_with_a_wrong_key_fail_naming_the_key(tmp_path, capsys):
