@@ -38,8 +38,8 @@ import sys
 from pathlib import Path
 
 # The driver is the package beside this file. ``python scripts/benchmark.py`` puts this folder first on sys.path,
-# loading this file by path (importlib, as tests/test_benchmark.py does) does not. scripts/ is no package on purpose
-# (it must not shadow the bundle's ``scripts``), so the folder goes on sys.path instead of a relative import.
+# loading this file by path (importlib, as tests/tools/test_benchmark.py does) does not. scripts/ is no package on
+# purpose (it must not shadow the bundle's ``scripts``), so the folder goes on sys.path instead of a relative import.
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)

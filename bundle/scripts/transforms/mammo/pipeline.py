@@ -9,7 +9,7 @@ standardisation, because standardisation would undo any global scale or shift ap
 The bundle's configs write the same chains out as transform blocks (``bundle/configs/train.yaml``:
 ``mammogram_prefix``, ``train#window`` / ``validate#window``, ``augmentations``; ``bundle/configs/inference.yaml``:
 ``preprocessing``), so a user sees and changes every argument there. The defaults below are the values those
-blocks show, and ``tests/test_config_transforms.py`` checks that both build the same transforms with the same
+blocks show, and ``tests/transforms/test_config_transforms.py`` checks that both build the same transforms with the same
 arguments and outputs: change a default in both places.
 """
 

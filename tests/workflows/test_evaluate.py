@@ -21,7 +21,7 @@ import torch
 from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
 from ignite.engine import Engine, Events
 from monai.bundle import ConfigParser, ConfigWorkflow
-from test_pointing_game import loop_pointing
+from references import loop_pointing
 
 EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
 META = str(BUNDLE_ROOT / "configs" / "metadata.json")

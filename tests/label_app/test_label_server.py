@@ -309,15 +309,15 @@ def test_log_shows_strict_weights_and_no_key_mismatch(server):
 
 
 BUNDLE_TESTS = [
-    "tests/test_readers.py",
-    "tests/test_mammo_transforms.py",
-    "tests/test_synthetic.py",
-    "tests/test_datalist.py",
-    "tests/test_check_data.py",
-    "tests/test_patch_selection.py",
-    "tests/test_pooling.py",
-    "tests/test_metrics.py",
-    "tests/test_inference.py",
+    "tests/data/test_readers.py",
+    "tests/transforms/test_mammo_transforms.py",
+    "tests/data/test_synthetic.py",
+    "tests/data/test_datalist.py",
+    "tests/data/test_check_data.py",
+    "tests/networks/test_patch_selection.py",
+    "tests/networks/test_pooling.py",
+    "tests/metrics/test_metrics.py",
+    "tests/workflows/test_inference.py",
 ]
 
 

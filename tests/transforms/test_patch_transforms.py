@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 from monai.transforms import Compose
-from test_patch_selection import loop_algorithm_1
+from references import loop_algorithm_1
 
 from scripts.transforms.patches import RandPatchCrop, RandPatchCropd, SaliencyPatchCrop, SaliencyPatchCropd
 

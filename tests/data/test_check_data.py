@@ -16,7 +16,7 @@ from PIL import Image
 from scripts.data.checks import DataCheckError, assert_datalist_ok, check_datalist, run_data_checks
 from scripts.data.synthetic import make_synthetic_dataset, write_mask_png, write_png16
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from references import loop_algorithm_1
 
 from scripts.patches import (
     PatchSelector,
@@ -13,31 +14,6 @@ from scripts.patches import (
     select_map_windows,
     select_patch_boxes,
 )
-
-
-def loop_algorithm_1(saliency: np.ndarray, window: tuple[int, int], k: int) -> list[list[tuple[int, int]]]:
-    """Straightforward reference: per image, min-max each class (constant map -> 0), sum the classes, then K
-    times scan every window position in row-major order for the largest mean (first wins ties) and zero it."""
-    results = []
-    wh, ww = window
-    for sample in saliency.astype(np.float64):
-        total = np.zeros(sample.shape[1:])
-        for cls in sample:
-            span = cls.max() - cls.min()
-            total += (cls - cls.min()) / span if span > 0 else 0.0
-        corners = []
-        for _ in range(k):
-            best, best_pos = -np.inf, None
-            for r in range(total.shape[0] - wh + 1):
-                for c in range(total.shape[1] - ww + 1):
-                    mean = total[r : r + wh, c : c + ww].mean()
-                    if mean > best + 1e-9:
-                        best, best_pos = mean, (r, c)
-            corners.append(best_pos)
-            r, c = best_pos
-            total[r : r + wh, c : c + ww] = 0.0
-        results.append(corners)
-    return results
 
 
 @pytest.mark.parametrize("shape,window,k", [((23, 15), (4, 4), 3), ((12, 10), (3, 5), 4), ((9, 9), (9, 9), 1)])

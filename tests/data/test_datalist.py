@@ -31,7 +31,7 @@ from scripts.data.datalist import (
 from scripts.data.datalist_parsers import ParsedRow
 from scripts.data.synthetic import make_synthetic_dataset, write_mask_png
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _items(n_patients: int, positive_every: int = 4) -> list[dict]:

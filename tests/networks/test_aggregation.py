@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from test_pooling import numpy_top_t
+from references import numpy_top_t
 
 from scripts.aggregation import ConcatTopTAggregation, FusionHead, GatedAttentionAggregation
 

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 from nyukat_layout import authors_state_dict, reference_global, reference_local
-from test_patch_selection import loop_algorithm_1
-from test_pooling import numpy_top_t
+from references import loop_algorithm_1, numpy_top_t
 
 from scripts.convert import convert_nyukat_state_dict, load_nyukat_glam
 from scripts.networks import GLAM

@@ -8,43 +8,10 @@ import numpy as np
 import pytest
 import torch
 from ignite.engine import Engine
+from references import loop_pointing
 
 from scripts.handlers import PointingGame
 from scripts.metrics import PointingGameMetric, compute_pointing_game, map_peaks
-
-
-def loop_peak(m: np.ndarray) -> tuple[float, float, bool]:
-    """Peak of one (H, W) map by loops: first maximal pixel row-major, then its runs right and down."""
-    h, w = m.shape
-    best, r, c = -math.inf, 0, 0
-    for i in range(h):
-        for j in range(w):
-            if m[i, j] > best:
-                best, r, c = m[i, j], i, j
-    run_c = 0
-    while c + run_c < w and m[r, c + run_c] == best:
-        run_c += 1
-    run_r = 0
-    while r + run_r < h and m[r + run_r, c] == best:
-        run_r += 1
-    return r + (run_r - 1) / 2, c + (run_c - 1) / 2, bool(best > m.min())
-
-
-def loop_pointing(pred: np.ndarray, mask: np.ndarray, tolerance: float, border: float, measure: str) -> np.ndarray:
-    n, k, h, w = pred.shape
-    out = np.full((n, k), np.nan)
-    for i in range(n):
-        for c in range(k):
-            lesion = np.argwhere(mask[i, c] > 0)
-            if len(lesion) == 0:
-                continue
-            r, col, valid = loop_peak(pred[i, c])
-            if measure == "border":
-                out[i, c] = float(min(r, h - 1 - r, col, w - 1 - col) <= border or not valid)
-            else:
-                dist = min(math.hypot(r - a, col - b) for a, b in lesion)
-                out[i, c] = float(valid and dist <= tolerance)
-    return out
 
 
 def test_peak_of_an_upsampled_map_is_the_cell_centre() -> None:

@@ -1,20 +1,9 @@
 import numpy as np
 import pytest
 import torch
+from references import numpy_top_t
 
 from scripts.pooling import TopTPooling, num_top_values, top_t_pool
-
-
-def numpy_top_t(x: np.ndarray, t: float) -> np.ndarray:
-    """Independent reference: sort each map's values, average the largest k = max(1, round(n t))."""
-    b, c = x.shape[:2]
-    out = np.empty((b, c))
-    for i in range(b):
-        for j in range(c):
-            values = np.sort(x[i, j].ravel())[::-1]
-            k = max(1, int(round(values.size * t)))
-            out[i, j] = values[:k].mean()
-    return out
 
 
 @pytest.mark.parametrize("size", [(1, 1), (3, 5), (46, 30), (92, 60), (184, 120), (17, 129)])

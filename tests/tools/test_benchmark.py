@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SEARCH = REPO_ROOT / "configs" / "benchmark_search.yaml"
 TINY_PRESET = REPO_ROOT / "tests" / "configs" / "benchmark_tiny.yaml"
 
