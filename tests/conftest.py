@@ -59,13 +59,22 @@ def tiny_overrides(tmp_path: Path, datalist: str, **extra) -> dict:
 
 
 def assert_identical(a, b, where: str = "value") -> None:
-    """Nested dicts / lists / tensors equal bit for bit (tensors with ``torch.equal``); ``where`` names the path."""
+    """Nested dicts / lists / tensors / arrays equal bit for bit (tensors with ``torch.equal``, same dtype; a
+    MetaTensor's metadata and recorded operations too); ``where`` names the path."""
+    import numpy as np
     import torch
+    from monai.data import MetaTensor
 
     if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.shape == b.shape, where
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype, where
         diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-        assert torch.equal(a, b), f"{where} differs (max abs difference {diff:.3g})"
+        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b)), f"{where} differs (max abs difference {diff:.3g})"
+        if isinstance(a, MetaTensor):
+            assert isinstance(b, MetaTensor), where
+            assert_identical(dict(a.meta), dict(b.meta), f"{where}.meta")
+            assert [op["class"] for op in a.applied_operations] == [op["class"] for op in b.applied_operations], where
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b, err_msg=where)
     elif isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys differ"
         for k in a:

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG, assert_identical
 from monai.bundle import ConfigParser
-from monai.data import MetaTensor
 from monai.transforms import Compose, RandomizableTrait, Transform
 from PIL import Image
 
@@ -94,29 +93,6 @@ def assert_same_chain(got: Compose, want: Compose) -> None:
     assert got_types == [type(t).__name__ for t in want.transforms]
     for i, (a, b) in enumerate(zip(got.transforms, want.transforms)):
         assert describe(a) == describe(b), f"transform {i} ({got_types[i]}) has other arguments"
-
-
-def assert_identical(a, b, where: str = "item") -> None:
-    """Outputs equal bit for bit: tensors (``torch.equal``), a MetaTensor's metadata and recorded operations."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b)), f"{where} differs"
-        if isinstance(a, MetaTensor):
-            assert isinstance(b, MetaTensor), where
-            assert_identical(dict(a.meta), dict(b.meta), f"{where}.meta")
-            assert [op["class"] for op in a.applied_operations] == [op["class"] for op in b.applied_operations]
-    elif isinstance(a, np.ndarray):
-        np.testing.assert_array_equal(a, b, err_msg=where)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys differ"
-        for k in a:
-            assert_identical(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def breast(h: int, w: int, top: int, radius_rows: float, radius_cols: float, seed: int) -> np.ndarray:

@@ -2,9 +2,9 @@
 checked against the sampler's split, a single-process evaluation of the written checkpoints, and the rank-0-only
 outputs; plus the helpers of scripts.workflows.distributed.
 
-The torchrun children import this module (tests/ on their PYTHONPATH) for :class:`DDPProbe`, a handler that a test
-overlay appends to each stage's trainer: every rank records the images it trained and validated on, its epoch
-length, the evaluator's metrics and every checkpoint file it wrote.
+The torchrun children import this module (this folder and tests/ on their PYTHONPATH) for :class:`DDPProbe`, a
+handler that a test overlay appends to each stage's trainer: every rank records the images it trained and validated
+on, its epoch length, the evaluator's metrics and every checkpoint file it wrote.
 """
 
 from __future__ import annotations
@@ -165,7 +165,9 @@ def test_two_gloo_processes_train_all_stages_like_one(tmp_path, tiny_datalist):
         cmd += [f"--{key}", value]
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+        ),
         "GLOO_SOCKET_IFNAME": "lo",  # loopback only
         "OMP_NUM_THREADS": "1",
     }
