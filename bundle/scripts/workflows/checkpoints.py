@@ -17,16 +17,11 @@ from monai.utils import str2bool
 
 from ..atomic import atomic_write
 from ..networks.settings import SETTINGS_KEY, check_settings
+from .distributed import rank
 
 __all__ = ["save_atomic", "plain_state_dict", "load_weights", "require_weights", "StageCheckpointer"]
 
 logger = logging.getLogger(__name__)
-
-
-def _is_rank_zero() -> bool:
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or (
-        torch.distributed.get_rank() == 0
-    )
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
@@ -222,7 +217,7 @@ class StageCheckpointer:
         logger.info("resumed from %s (epoch %d of %s)", self.last_path, engine.state.epoch, engine.state.max_epochs)
 
     def save_last(self, engine: Engine) -> None:
-        if not _is_rank_zero():
+        if rank() != 0:
             return
         checkpoint = {}
         for name, obj in self.save_dict.items():
@@ -234,7 +229,7 @@ class StageCheckpointer:
 
     def save_best(self, evaluator: Engine) -> None:
         state = evaluator.state
-        if _is_rank_zero() and getattr(state, "best_metric_epoch", -1) == state.epoch:
+        if rank() == 0 and getattr(state, "best_metric_epoch", -1) == state.epoch:
             save_atomic(plain_state_dict(self.save_dict["network"]), self.best_path)
             logger.info(
                 "new best %s = %.4f at epoch %d: %s",
