@@ -229,6 +229,9 @@ def run_probe(
         "image_size": parser.get_parsed_content("image_size"),
         "crop": [parser.get_parsed_content("crop_iterations"), parser.get_parsed_content("crop_buffer")],
     }
+    spacing = parser.get_parsed_content("pixel_spacing") if "pixel_spacing" in parser else None
+    if spacing is not None:  # resampled inputs are other tensors; without it the key stays the one of older caches
+        settings["pixel_spacing"] = spacing
     start = time.perf_counter()
     train = preprocess_split(datalist["training"], transform, cache_dir, settings)
     val = preprocess_split(datalist["validation"], transform, cache_dir, settings)

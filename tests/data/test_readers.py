@@ -76,6 +76,34 @@ def test_all_formats_load_identically_as_rows_by_columns(tmp_path):
     assert read_mammogram(files["png"])[1]["spacing"] is None
 
 
+def test_png_phys_chunk_is_the_spacing(tmp_path):
+    """A PNG's pHYs chunk (pixels per metre, x = columns first) is the (row, col) spacing; absent, in unknown units
+    (aspect ratio only) or at an image editor's default 72 / 96 dpi it says nothing: None (NaN in MONAI's meta)."""
+    a = breast_like(40, 24)
+    Image.fromarray(a).save(tmp_path / "aniso.png", dpi=(25.4 / 0.4, 25.4 / 0.5))  # col 0.4 mm, row 0.5 mm
+    assert read_mammogram(tmp_path / "aniso.png")[1]["spacing"] == pytest.approx((0.5, 0.4))
+    loaded = LoadImaged("image", reader=MammogramReader())({"image": str(tmp_path / "aniso.png")})["image"]
+    np.testing.assert_allclose(loaded.meta["spacing"], (0.5, 0.4))
+    np.testing.assert_allclose(np.diag(np.asarray(loaded.affine))[:2], (0.5, 0.4))  # affine axis 0 = rows
+    mask = np.where(a > 0, 255, 0).astype(np.uint8)
+    Image.fromarray(mask).save(tmp_path / "mask.png", dpi=(25.4 / 0.1, 25.4 / 0.1))
+    assert read_mammogram(tmp_path / "mask.png", mask=True)[1]["spacing"] == pytest.approx((0.1, 0.1))
+    for dpi in (72, 96):
+        Image.fromarray(a).save(tmp_path / f"editor{dpi}.png", dpi=(dpi, dpi))
+        assert read_mammogram(tmp_path / f"editor{dpi}.png")[1]["spacing"] is None
+    # unit 0 (unknown): only an aspect ratio; PIL writes no such chunk, so splice one in before IDAT
+    raw = write_png(tmp_path / "plain.png", a).read_bytes()
+    body = struct.pack(">IIB", 2500, 2500, 0)
+    chunk = struct.pack(">I", len(body)) + b"pHYs" + body + struct.pack(">I", zlib.crc32(b"pHYs" + body))
+    idat = raw.index(b"IDAT") - 4
+    (tmp_path / "aspect.png").write_bytes(raw[:idat] + chunk + raw[idat:])
+    assert Image.open(tmp_path / "aspect.png").info.get("aspect") == (2500, 2500)
+    assert read_mammogram(tmp_path / "aspect.png")[1]["spacing"] is None
+    # TIFF resolution tags are not read as spacing (scanners and editors fill them with screen values)
+    Image.fromarray(a).save(tmp_path / "x.tif", dpi=(254, 254))
+    assert read_mammogram(tmp_path / "x.tif")[1]["spacing"] is None
+
+
 def test_suffixless_dicom_is_sniffed(tmp_path):
     a = breast_like()
     path = make_dicom(tmp_path / "IMG0001", a)

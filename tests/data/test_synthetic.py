@@ -17,8 +17,10 @@ from scripts.data.synthetic import (
     MAX_VALUE_12BIT,
     SyntheticConfig,
     SyntheticMammogramGenerator,
+    ensure_synthetic_dataset,
     make_synthetic_dataset,
     power_law_field,
+    synthetic_spacing_mm,
 )
 
 SMALL = (368, 240)
@@ -215,6 +217,25 @@ def test_png_dataset_files_match_the_generator_and_split_by_patient(tmp_path):
         views_per_patient.setdefault(it["patient_id"], set()).add((it["laterality"], it["view"]))
     assert all(len(v) == 4 for v in views_per_patient.values())
     assert json.loads((tmp_path / "generator.json").read_text())["seed"] == 4
+
+
+def test_png_files_state_the_spacing_the_size_stands_for(tmp_path):
+    """The PNG images and masks carry the generator's spacing in their pHYs chunk (0.1 mm at 1920 px wide), which the
+    reader returns; the folder of ensure_synthetic_dataset is still named by the settings alone."""
+    from scripts.data.readers import read_mammogram
+
+    assert synthetic_spacing_mm((736, 480)) == pytest.approx(0.4) and synthetic_spacing_mm((368, 240)) == 0.8
+    assert synthetic_spacing_mm((2944, 1920)) == pytest.approx(0.1)
+    assert SyntheticConfig(size=(256, 160)).spacing_mm == synthetic_spacing_mm((256, 160)) == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="size"):
+        synthetic_spacing_mm((736,))
+    datalist = ensure_synthetic_dataset(tmp_path, 4, size=SMALL, seed=1)
+    assert Path(datalist).parent.name == "synthetic_n4_368x240_seed1_png_default"
+    item = _load(Path(datalist).parent)["training"][0]
+    for key in ("image", "mask_benign"):
+        path = Path(datalist).parent / item[key]
+        assert Image.open(path).info["dpi"] == pytest.approx((25.4 / 0.8, 25.4 / 0.8), rel=1e-3)
+        assert read_mammogram(path, mask=key != "image")[1]["spacing"] == pytest.approx((0.8, 0.8))
 
 
 def test_dataset_is_reproducible_file_for_file(tmp_path):

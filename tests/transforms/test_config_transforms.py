@@ -19,6 +19,7 @@ from scripts.transforms import (
     BestCenterWindowd,
     CropBreastd,
     RandBestCenterWindowd,
+    ResampleToSpacingd,
     mammogram_augmentations,
     mammogram_transforms,
 )
@@ -41,6 +42,8 @@ def parse(files: list[Path], **overrides) -> ConfigParser:
     parser = ConfigParser()
     parser.read_config([str(f) for f in files])
     parser["bundle_root"] = str(BUNDLE_ROOT)
+    if INFERENCE_CONFIG in files:  # its model settings come from the checkpoint: none here, GLAM's defaults
+        parser["ckpt_path"] = str(BUNDLE_ROOT / "models" / "no_such_checkpoint.pt")
     for key, value in overrides.items():
         parser[key] = value
     return parser
@@ -55,6 +58,7 @@ def python_chain(parser: ConfigParser, chain: str, **settings) -> Compose:
             window=parser.get_parsed_content("image_size"),
             iterations=parser.get_parsed_content("crop_iterations"),
             buffer=parser.get_parsed_content("crop_buffer"),
+            pixel_spacing=parser.get_parsed_content("pixel_spacing"),
         )
         if train:
             settings["max_shift"] = parser.get_parsed_content("max_shift")
@@ -103,14 +107,14 @@ def breast(h: int, w: int, top: int, radius_rows: float, radius_cols: float, see
     return np.where(inside, rows * 100 + cols + texture, 0).astype(np.uint16)
 
 
-@pytest.fixture(scope="module")
-def items(tmp_path_factory) -> list[dict]:
+def write_items(root: Path, spacing_mm: float | None = None) -> list[dict]:
     """Three datalist items written as PNGs: a right CC view stored facing left (mirrored by the chain) with a
-    benign mask, a left MLO view with a malignant mask and no benign key, a left CC view with empty mask fields."""
-    root = tmp_path_factory.mktemp("config_transforms")
+    benign mask, a left MLO view with a malignant mask and no benign key, a left CC view with empty mask fields;
+    ``spacing_mm`` goes into the pHYs chunk of every file."""
+    options = {} if spacing_mm is None else {"dpi": (25.4 / spacing_mm,) * 2}
 
     def save(name: str, array: np.ndarray) -> str:
-        Image.fromarray(array).save(root / name)
+        Image.fromarray(array).save(root / name, **options)
         return str(root / name)
 
     r_cc = breast(300, 180, 20, 130, 150, seed=1)[:, ::-1].copy()  # chest wall on the right
@@ -145,6 +149,12 @@ def items(tmp_path_factory) -> list[dict]:
             "view": "CC",
         },
     ]
+
+
+@pytest.fixture(scope="module")
+def items(tmp_path_factory) -> list[dict]:
+    """The three items without a pixel spacing (plain PNGs)."""
+    return write_items(tmp_path_factory.mktemp("config_transforms"))
 
 
 def run(chain: Compose, items: list[dict], seed: int) -> list[dict]:
@@ -216,4 +226,28 @@ def test_overrides_reach_the_blocks(items):
     inference = parse([INFERENCE_CONFIG, TINY_INFERENCE_CONFIG], image_size=[192, 128], crop_iterations=3)
     chain = inference.get_parsed_content("preprocessing")
     assert_same_chain(chain, python_chain(inference, "inference"))
-    assert chain.transforms[-2].cropper.window == (192, 128) and chain.transforms[2].cropper.iterations == 3
+    crop = next(t for t in chain.transforms if isinstance(t, CropBreastd))
+    assert chain.transforms[-2].cropper.window == (192, 128) and crop.cropper.iterations == 3
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_pixel_spacing_reaches_the_blocks_and_resamples_like_python(tmp_path, chain):
+    """With `pixel_spacing` set, the config's ResampleToSpacingd and mammogram_transforms(pixel_spacing=...) are the
+    same transform and give bit-identical outputs on files at half the model's resolution (0.25 mm files, a 0.5 mm
+    model: every file halved before the crop, the masks with it)."""
+    _, files, config_id, _, _ = CHAINS[chain]
+    parser = parse(files, pixel_spacing=0.5)
+    config = parser.get_parsed_content(config_id)
+    python = python_chain(parser, chain)
+    assert_same_chain(config, python)
+    resample = next(t for t in config.transforms if isinstance(t, ResampleToSpacingd))
+    assert resample.resampler.pixel_spacing == (0.5, 0.5)
+    spaced = write_items(tmp_path, spacing_mm=0.25)
+    for seed in (0, 1):
+        assert_identical(run(config, spaced, seed), run(python, spaced, seed))
+    got = run(config, spaced, 0)
+    for d in got:  # the file's spacing stays in meta (maps on its grid carry it), the model's is added
+        assert np.allclose(d["image"].meta["spacing"], 0.25) and np.allclose(d["image"].meta["model_spacing"], 0.5)
+        assert not d["image"].meta["spacing_assumed"]
+    if chain != "inference":  # the masks were halved with their image: 20x20 -> 10x10, 12x20 -> 6x10
+        assert [[int(m.sum()) for m in d["mask"]] for d in got] == [[100, 0], [0, 60], [0, 0]]

@@ -350,6 +350,16 @@ def _spacing_from_affine(affine: np.ndarray | None) -> tuple[float, float] | Non
     return _valid_spacing(np.linalg.norm(a[:rank, 0]), np.linalg.norm(a[:rank, 1]))
 
 
+def _png_spacing(img: Any) -> tuple[float, float] | None:
+    """(row, col) mm from a PNG's pHYs chunk in pixels per metre (PIL reports it as dpi, ``px * 0.0254``); None when
+    absent, in unknown units, or 72 / 96 dpi: image editors write those by default, they say nothing of a detector."""
+    dpi = img.info.get("dpi") if img.format == "PNG" else None
+    ppm = [round(float(v) / 0.0254) for v in dpi] if dpi and len(dpi) == 2 else []
+    if len(ppm) != 2 or min(ppm) < 1 or set(ppm) <= {2835, 3780}:
+        return None
+    return _valid_spacing(1000.0 / ppm[1], 1000.0 / ppm[0])  # pHYs is x (columns) first
+
+
 def _read_pil(path: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:
     reader = PILReader(reverse_indexing=False)
     try:
@@ -369,11 +379,12 @@ def _read_pil(path: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:
             arr, _ = reader.get_data(img)
         except Exception as err:  # truncated or corrupt data surfaces only when decoding
             raise _fail(path, f"cannot decode image data, truncated or corrupt ({type(err).__name__}: {err})") from err
+        spacing = _png_spacing(img)
     finally:
         img.close()
     return _squeeze_to_2d(path, np.asarray(arr)), {
         "format": "png" if _suffix(path) == ".png" else "pil",
-        "spacing": None,
+        "spacing": spacing,
     }
 
 
@@ -483,8 +494,9 @@ def read_mammogram(
     Returns:
         ``(array, meta)``: array ``(H, W)`` float32; meta with ``filename``, ``format``, ``shape``, ``laterality``
         ('L'/'R'/None), ``laterality_source`` ('dicom'/'image'/None), ``view`` ('CC'/'MLO'/other/None),
-        ``patient_id``, ``spacing`` ((row, col) mm or None), ``photometric`` (DICOM only, else None), and for
-        DICOM the study/series/SOP UIDs and transfer syntax.
+        ``patient_id``, ``spacing`` ((row, col) mm or None; DICOM PixelSpacing / ImagerPixelSpacing, NIfTI / ITK
+        affine, NRRD header, PNG pHYs), ``photometric`` (DICOM only, else None), and for DICOM the study/series/SOP
+        UIDs and transfer syntax.
 
     Raises:
         MammogramReadError: missing, unreadable, truncated, non-grayscale, multi-frame/3-D or all-zero input.

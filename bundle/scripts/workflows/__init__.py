@@ -22,6 +22,7 @@ from .inference import (
     collate_inference,
     inference_items,
     maps_on_original,
+    spacing_note,
 )
 from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
@@ -67,6 +68,7 @@ __all__ = [
     "collate_inference",
     "inference_items",
     "maps_on_original",
+    "spacing_note",
     "GLAMInferenceStep",
     "GLAMInferenceWriter",
 ]

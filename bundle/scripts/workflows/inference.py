@@ -25,10 +25,12 @@ from monai.transforms import Compose, Invertd
 from ..data.readers import SUPPORTED_SUFFIXES, read_mammogram
 from ..enums import CLASS_NAMES, MAP_NAMES, MapName, OutputKey
 from ..patches import render_saliency
+from ..transforms.mammo.spacing import MODEL_SPACING_KEY, SPACING_ASSUMED_KEY, format_spacing
 from .dicom_outputs import dicom_output_kinds, write_dicom_outputs
 from .inference_files import (
     ERROR_KEY,
     FALLBACK_SPACING_MM,
+    NOTE_KEY,
     PREDICTION_COLUMNS,
     InferenceTables,
     MapFiles,
@@ -36,6 +38,7 @@ from .inference_files import (
     PanelFiles,
     error_record,
     ground_truth_masks,
+    note_record,
     overlay_panel,
     panel_title_lines,
     prediction_row,
@@ -46,6 +49,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ERROR_KEY",
     "FALLBACK_SPACING_MM",
+    "NOTE_KEY",
     "PREDICTION_COLUMNS",
     "SafeDataset",
     "collate_inference",
@@ -55,6 +59,7 @@ __all__ = [
     "window_box_to_original",
     "invert_maps",
     "maps_on_original",
+    "spacing_note",
 ]
 
 
@@ -255,6 +260,17 @@ def _labels(item: Mapping[str, Any]) -> list[int | str]:
     return [""] * len(CLASS_NAMES)
 
 
+def spacing_note(image: Any) -> str | None:
+    """``"pixel spacing unknown, assumed the model's 0.4 mm"`` for a preprocessed image (``MetaTensor``) whose file
+    states no pixel spacing while the model has one (``meta["spacing_assumed"]``, set by
+    :class:`~scripts.transforms.ResampleToSpacingd`: the image was used as it is); None otherwise."""
+    meta = image.meta if isinstance(image, MetaTensor) else {}
+    if not bool(meta.get(SPACING_ASSUMED_KEY, False)):
+        return None
+    model = format_spacing(np.asarray(meta[MODEL_SPACING_KEY]).reshape(-1))
+    return f"pixel spacing unknown, assumed the model's {model} mm"
+
+
 def _check_on_file_grid(path: str, maps: Mapping[str, np.ndarray], size: tuple[int, int]) -> None:
     for name in MAP_NAMES:
         if maps[name].shape[-2:] != size:
@@ -268,8 +284,10 @@ class GLAMInferenceWriter:
     channels benign/malignant) and ``maps/<stem>_<S>_<class>.png`` (16-bit, value = map x 65535) for S in S_g, S_l,
     S_c, all on the original file's pixel grid; ``panels/<stem>_panel.png``. At the end of the run (also when it
     stops on an exception) ``predictions.csv`` and ``errors.csv``. Maps are rendered at full window resolution
-    (``render_saliency``, stride 1) and taken back through ``Invertd(transform)``: window, padding, crop and flip
-    undone, pixels the model never saw are 0.
+    (``render_saliency``, stride 1) and taken back through ``Invertd(transform)``: window, padding, crop, flip and
+    the resampling to the model's pixel spacing undone, pixels the model never saw are 0. An image whose file states
+    no pixel spacing while the model has one is processed as it is, with a warning and a note in errors.csv
+    (:func:`spacing_note`).
 
     The handler maps the outputs back and composes the writers: :class:`~.inference_files.OutputStems` (names),
     :class:`~.inference_files.MapFiles`, :class:`~.inference_files.PanelFiles`, the DICOM objects of
@@ -313,8 +331,13 @@ class GLAMInferenceWriter:
 
     @property
     def errors(self) -> list[dict[str, str]]:
-        """The errors.csv rows so far."""
+        """The errors.csv rows of the inputs that failed so far."""
         return self.tables.errors
+
+    @property
+    def notes(self) -> list[dict[str, str]]:
+        """The errors.csv rows of the notes on processed images so far."""
+        return self.tables.notes
 
     def attach(self, engine: Any) -> None:
         from ignite.engine import Events
@@ -342,6 +365,11 @@ class GLAMInferenceWriter:
                 self.rows.append(self.write_item(item, {k: v[i] for k, v in out["pred"].items()}))
             except Exception as exc:  # noqa: BLE001 - one image's failure must not lose the others
                 self.errors.append(error_record(_image_path(item), exc))
+                continue
+            note = spacing_note(item["image"])
+            if note is not None:
+                logger.warning("%s: %s", _image_path(item), note)
+                self.notes.append(note_record(_image_path(item), note))
 
     def invert(self, item: Mapping[str, Any], maps: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
         """Window-coordinate maps ``name -> (C, h, w)`` -> original-geometry arrays ``(C, H, W)``."""

@@ -5,7 +5,8 @@
 - :class:`MapFiles`: ``maps/<stem>_<S>.nii.gz`` and ``maps/<stem>_<S>_<class>.png`` for S in S_g, S_l, S_c;
 - :func:`overlay_panel` and :class:`PanelFiles`: the titled overlay panel and ``panels/<stem>_panel.png``;
 - :class:`InferenceTables`: ``predictions.csv`` (one row per written image) and ``errors.csv`` (one row per input
-  that failed: a batch job reports every bad item and still finishes the good ones).
+  that failed: a batch job reports every bad item and still finishes the good ones; plus one note row per image
+  that was processed under an assumption, e.g. the model's pixel spacing for a file that states none).
 
 Every file is written beside its final name and renamed over it, so a reader never sees a torn file.
 """
@@ -28,6 +29,8 @@ from ..visualize import saliency_panel
 
 __all__ = [
     "ERROR_KEY",
+    "NOTE_KEY",
+    "ERROR_COLUMNS",
     "PREDICTION_COLUMNS",
     "FALLBACK_SPACING_MM",
     "write_replacing",
@@ -41,6 +44,7 @@ __all__ = [
     "overlay_panel",
     "PanelFiles",
     "error_record",
+    "note_record",
     "prediction_row",
     "InferenceTables",
 ]
@@ -50,6 +54,9 @@ logger = logging.getLogger(f"{__package__}.inference")
 
 #: key of the error message in an item that failed (and the second column of errors.csv)
 ERROR_KEY = "error"
+#: third column of errors.csv: what an image that was processed (its error cell empty) should be read with
+NOTE_KEY = "note"
+ERROR_COLUMNS = ["image", ERROR_KEY, NOTE_KEY]
 PREDICTION_COLUMNS = [
     "image",
     "output_stem",
@@ -61,7 +68,8 @@ PREDICTION_COLUMNS = [
 ]
 #: pixel size (mm) the NIfTI maps state when the input's is unknown (PNG inputs; DICOMs without a valid spacing)
 FALLBACK_SPACING_MM = 1.0
-# input formats that hold no pixel spacing at all: their maps get the fallback without a warning
+# input formats that seldom state a pixel spacing (a PNG may, in its pHYs chunk): their maps get the fallback without
+# a warning
 _FORMATS_WITHOUT_SPACING = ("png", "pil")
 
 
@@ -246,6 +254,11 @@ def error_record(path: str, exc: BaseException) -> dict[str, str]:
     return {"image": str(path), ERROR_KEY: f"{type(exc).__name__}: {exc}"}
 
 
+def note_record(path: str, note: str) -> dict[str, str]:
+    """An errors.csv row of an image that was processed: the input, an empty error and the note."""
+    return {"image": str(path), ERROR_KEY: "", NOTE_KEY: note}
+
+
 def prediction_row(
     path: str,
     stem: str,
@@ -269,20 +282,24 @@ def prediction_row(
 
 class InferenceTables:
     """The run's ``predictions.csv`` and ``errors.csv`` under ``output_dir``: rows collected per image, written
-    (atomically) at the end of the run, also when it stops on an exception."""
+    (atomically) at the end of the run, also when it stops on an exception.
+
+    errors.csv has the columns ``image``, ``error``, ``note``: first the inputs that failed (``error`` set), then the
+    notes on images that were processed (``error`` empty, ``note`` set), so a failure is a row with an error."""
 
     def __init__(self, output_dir: str | os.PathLike) -> None:
         self.output_dir = Path(output_dir)
         self.rows: list[dict[str, Any]] = []
         self.errors: list[dict[str, str]] = []
+        self.notes: list[dict[str, str]] = []
 
     def reset(self) -> None:
-        self.rows, self.errors = [], []
+        self.rows, self.errors, self.notes = [], [], []
 
     def write(self) -> None:
         """Write both files; errors.csv has its header even when empty."""
         _write_csv(self.output_dir / "predictions.csv", PREDICTION_COLUMNS, self.rows)
-        _write_csv(self.output_dir / "errors.csv", ["image", ERROR_KEY], self.errors)
+        _write_csv(self.output_dir / "errors.csv", ERROR_COLUMNS, [*self.errors, *self.notes])
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:

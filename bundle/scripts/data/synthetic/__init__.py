@@ -39,6 +39,7 @@ from .config import (
     LesionSpec,
     SyntheticCase,
     SyntheticConfig,
+    synthetic_spacing_mm,
 )
 from .config import FULL_SIZE_SPACING_MM as FULL_SIZE_SPACING_MM
 from .config import FULL_SIZE_WIDTH as FULL_SIZE_WIDTH
@@ -53,6 +54,7 @@ from .writers import write_mammogram_dicom, write_mask_png, write_nifti, write_p
 
 __all__ = [
     "SyntheticConfig",
+    "synthetic_spacing_mm",
     "SyntheticCase",
     "LesionSpec",
     "BreastPlan",

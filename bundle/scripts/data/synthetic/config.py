@@ -25,6 +25,7 @@ __all__ = [
     "REFERENCE_WIDTH",
     "FULL_SIZE_SPACING_MM",
     "FULL_SIZE_WIDTH",
+    "synthetic_spacing_mm",
 ]
 
 MAX_VALUE_12BIT = 4095
@@ -38,6 +39,14 @@ REFERENCE_WIDTH = 480
 # Full-size images (2944x1920) at about 0.1 mm per pixel; smaller images cover the same field.
 FULL_SIZE_SPACING_MM = 0.1
 FULL_SIZE_WIDTH = 1920
+
+
+def synthetic_spacing_mm(size: Sequence[int]) -> float:
+    """The isotropic pixel spacing (mm) that synthetic images of ``size`` (H, W) stand for: every size covers the field
+    of a 1920-px-wide image at 0.1 mm, so 736x480 is 0.4 mm and 368x240 0.8 mm (a preset's ``pixel_spacing``)."""
+    if len(size) != 2 or int(size[1]) < 1:
+        raise ValueError(f"size must be (H, W) with W >= 1, got {size!r}")
+    return FULL_SIZE_SPACING_MM * FULL_SIZE_WIDTH / int(size[1])
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,7 @@ class SyntheticConfig:
     @property
     def spacing_mm(self) -> float:
         """Isotropic pixel spacing: the field of a 1920-px-wide image at 0.1 mm, whatever the size."""
-        return FULL_SIZE_SPACING_MM * FULL_SIZE_WIDTH / self.size[1]
+        return synthetic_spacing_mm(self.size)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def _write_one(args: tuple) -> dict[str, Any]:
     image_rel = f"images/{stem}{_EXTENSIONS[fmt]}"
     spacing = config.spacing_mm
     if fmt == "png":
-        write_png16(out / image_rel, flip(case.image))
+        write_png16(out / image_rel, flip(case.image), spacing)
     elif fmt == "nii":
         write_nifti(out / image_rel, flip(case.image), spacing)
     else:
@@ -77,7 +77,7 @@ def _write_one(args: tuple) -> dict[str, Any]:
         if fmt == "nii":
             write_nifti(out / rel, flip(mask).astype(np.uint8), spacing)
         else:
-            write_mask_png(out / rel, flip(mask))
+            write_mask_png(out / rel, flip(mask), spacing)
         item[f"mask_{cls}"] = rel
     item.update(
         patient_id=case.patient_id,
@@ -113,8 +113,10 @@ def make_synthetic_dataset(
     patient (``fractions`` of patients for training/validation/test), and ``generator.json`` with the config.
 
     fmt: "png" (16-bit PNG, masks 0/255 PNG), "dcm" (MG DICOM For Presentation, masks 0/255 PNG) or "nii"
-    (NIfTI, masks 0/1 NIfTI). facing: "right" (every breast faces right) or "native" (right breasts mirrored so
-    the chest wall is at the right edge, as on a detector); default "native" for DICOM, "right" otherwise.
+    (NIfTI, masks 0/1 NIfTI). Every file states the pixel spacing the size stands for (``config.spacing_mm``): DICOM
+    PixelSpacing, the NIfTI affine, the PNG pHYs chunk (images and masks). facing: "right" (every breast faces
+    right) or "native" (right breasts mirrored so the chest wall is at the right edge, as on a detector); default
+    "native" for DICOM, "right" otherwise.
     photometric (DICOM only): "MONOCHROME2", "MONOCHROME1" or "mix" (every third image MONOCHROME1).
     The item key ``facing`` records the side the breast faces in the stored pixels.
     """

@@ -21,24 +21,32 @@ def _atomic_target(path: Path) -> Path:
     return path.with_name(f".tmp{os.getpid()}-{path.name}")
 
 
-def write_png16(path: str | os.PathLike, image: np.ndarray) -> None:
-    """(H, W) uint16 -> 16-bit grayscale PNG."""
+def _png_options(spacing_mm: float | None) -> dict[str, Any]:
+    """PIL's save options that write the pixel spacing as the PNG pHYs chunk (pixels per metre, rounded to whole
+    ones; PIL takes it as dpi), which the readers take as the image's spacing; none without a spacing."""
+    return {} if spacing_mm is None else {"dpi": (25.4 / float(spacing_mm),) * 2}
+
+
+def write_png16(path: str | os.PathLike, image: np.ndarray, spacing_mm: float | None = None) -> None:
+    """(H, W) uint16 -> 16-bit grayscale PNG; ``spacing_mm`` (isotropic) goes into its pHYs chunk."""
     from PIL import Image
 
     path = Path(path)
     arr = np.ascontiguousarray(image, dtype=np.uint16)
     tmp = _atomic_target(path)
-    Image.fromarray(arr).save(tmp, format="PNG")
+    Image.fromarray(arr).save(tmp, format="PNG", **_png_options(spacing_mm))
     os.replace(tmp, path)
 
 
-def write_mask_png(path: str | os.PathLike, mask: np.ndarray) -> None:
-    """(H, W) binary mask -> 8-bit PNG with values 0 and 255 (the authors' mask format)."""
+def write_mask_png(path: str | os.PathLike, mask: np.ndarray, spacing_mm: float | None = None) -> None:
+    """(H, W) binary mask -> 8-bit PNG with values 0 and 255 (the authors' mask format); ``spacing_mm`` as in
+    :func:`write_png16`."""
     from PIL import Image
 
     path = Path(path)
     tmp = _atomic_target(path)
-    Image.fromarray(np.where(np.asarray(mask) > 0, 255, 0).astype(np.uint8)).save(tmp, format="PNG")
+    mask_u8 = np.where(np.asarray(mask) > 0, 255, 0).astype(np.uint8)
+    Image.fromarray(mask_u8).save(tmp, format="PNG", **_png_options(spacing_mm))
     os.replace(tmp, path)
 
 

@@ -24,6 +24,14 @@ from scripts.transforms.mammo.dictionary import (
     StandardizeImaged,
 )
 from scripts.transforms.mammo.pipeline import mammogram_augmentations, mammogram_transforms
+from scripts.transforms.mammo.spacing import (
+    MODEL_SPACING_KEY,
+    SPACING_ASSUMED_KEY,
+    ResampleToSpacing,
+    ResampleToSpacingd,
+    as_pixel_spacing,
+    format_spacing,
+)
 
 __all__ = [
     "BestCenterWindow",
@@ -33,14 +41,20 @@ __all__ = [
     "DropEmptyKeysd",
     "FlipToRight",
     "FlipToRightd",
+    "MODEL_SPACING_KEY",
     "RandBestCenterWindow",
     "RandBestCenterWindowd",
+    "ResampleToSpacing",
+    "ResampleToSpacingd",
+    "SPACING_ASSUMED_KEY",
     "StandardizeImage",
     "StandardizeImaged",
     "WindowPlacement",
+    "as_pixel_spacing",
     "best_center_window",
     "breast_crop_box",
     "chest_wall_side",
+    "format_spacing",
     "mammogram_augmentations",
     "mammogram_transforms",
     "open_breast_mask",

@@ -1,10 +1,13 @@
-"""The preprocessing chain of GLAM as one MONAI ``Compose``: load, flip, crop, window, standardise (+ augment).
+"""The preprocessing chain of GLAM as one MONAI ``Compose``: load, resample to the model's pixel spacing, flip, crop,
+window, standardise (+ augment).
 
-Order and why: images are mirrored first so every later step can assume the chest wall at column 0 (the
-authors crop first and flip afterwards; with the buffer put on the side away from the chest wall the two
-orders give the same pixels). Masks are binarised right after loading, so the geometric steps (which only
-cut and zero-pad, never interpolate) keep them exactly 0/1. Intensity augmentations come after
-standardisation, because standardisation would undo any global scale or shift applied before it.
+Order and why: the resampling comes right after loading, so the crop's iterations and buffer and the window count
+pixels at the model's scale (it is the identity when the model's spacing is unknown). Images are mirrored next so
+every later step can assume the chest wall at column 0 (the authors crop first and flip afterwards; with the buffer
+put on the side away from the chest wall the two orders give the same pixels). Masks are resampled nearest-exact and
+binarised right after, so the geometric steps (which only cut and zero-pad, never interpolate) keep them exactly
+0/1. Intensity augmentations come after standardisation, because standardisation would undo any global scale or
+shift applied before it.
 
 The bundle's configs write the same chains out as transform blocks (``bundle/configs/train.yaml``:
 ``mammogram_prefix``, ``train#window`` / ``validate#window``, ``augmentations``; ``bundle/configs/inference.yaml``:
@@ -38,6 +41,7 @@ from scripts.transforms.mammo.dictionary import (
     RandBestCenterWindowd,
     StandardizeImaged,
 )
+from scripts.transforms.mammo.spacing import ResampleToSpacingd
 
 __all__ = ["mammogram_augmentations", "mammogram_transforms"]
 
@@ -85,6 +89,7 @@ def mammogram_transforms(
     *,
     load: bool = True,
     apply_voi: bool = True,
+    pixel_spacing: float | Sequence[float] | None = None,
     horizontal_flip: str = "NO",
     laterality_key: str | None = "laterality",
     view_key: str | None = "view",
@@ -110,6 +115,9 @@ def mammogram_transforms(
         load: start with ``LoadImaged`` + :class:`~scripts.data.readers.MammogramReader` (False when the items
             already hold ``(1, H, W)`` tensors).
         apply_voi: apply DICOM VOI LUT / window when present.
+        pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic; ``pixel_spacing`` of the configs): images
+            of known spacing are resampled to it (:class:`~scripts.transforms.mammo.spacing.ResampleToSpacingd`);
+            None (the default): nothing is resampled.
         horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
         view_key, reference_compatible, default_view: see
             :class:`~scripts.transforms.mammo.dictionary.BestCenterWindowd`.
@@ -137,6 +145,13 @@ def mammogram_transforms(
             chain.append(
                 LoadImaged(keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True)
             )
+    # the image's spacing decides for its masks too; masks nearest-exact, so they stay 0/1 (0/255) before binarising
+    modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
+    chain.append(
+        ResampleToSpacingd(
+            all_keys, pixel_spacing=pixel_spacing, source_key=source, mode=modes, allow_missing_keys=True
+        )
+    )
     if mask_keys:
         chain.append(AsDiscreted(keys=mask_keys, threshold=0.5, allow_missing_keys=True))
         # 0/1 masks as bytes: a quarter of the memory (a training cache holds them; the targets are made float later)
