@@ -109,7 +109,8 @@ class GLAMSaliencyInfer(BasicInferTask):
         bundle_dir: the GLAM bundle folder (``configs/inference.yaml``, ``scripts/``).
         model_path: a plain state dict for the inference config's ``network_def``; loaded with
             ``weights_only=True`` and strictly (a key or shape mismatch stops the server with the keys named).
-        presets: config files layered over ``inference.yaml`` (the size preset the weights were trained with).
+        presets: config files layered over ``inference.yaml``; not needed for a checkpoint that records its settings
+            (every checkpoint the bundle's training writes), which the network and the window are built from.
         device: ``"cuda"``/``"cpu"``; default CUDA when present.
     """
 
@@ -133,6 +134,8 @@ class GLAMSaliencyInfer(BasicInferTask):
         parser = ConfigParser()
         parser.read_config([str(config_file), *[str(p) for p in presets]])
         parser["bundle_root"] = str(self.bundle_dir)
+        # the network and the window are built from the checkpoint's settings record (presets still override)
+        parser["ckpt_path"] = str(model_path)
         self.gamma_c = float(parser.get_parsed_content("gamma_c"))
         self.transform = parser.get_parsed_content("preprocessing")
         from scripts.networks import optimize_for_inference
@@ -176,7 +179,7 @@ class GLAMSaliencyInfer(BasicInferTask):
 
     def __call__(self, request: Mapping[str, Any], callbacks: Any = None) -> tuple[str, dict[str, Any]]:
         """Run GLAM on ``request["image"]`` (a file path) and write the requested map to a temporary file."""
-        from scripts.workflows import maps_on_original
+        from scripts.workflows import maps_on_original, spacing_note
 
         begin = time.time()
         settings = overlay_settings(request)
@@ -214,5 +217,10 @@ class GLAMSaliencyInfer(BasicInferTask):
             "label_names": dict(LABELS),
             "latencies": {"total": round(time.time() - begin, 4)},
         }
+        # a file without a pixel spacing was used at the model's: say so, as the bundle's inference does
+        note = spacing_note(item["image"])
+        if note:
+            logger.warning("GLAM %s: %s", path, note)
+            result_json["note"] = note
         logger.info("GLAM %s: y_g benign %.4f malignant %.4f -> %s", path, y[0], y[1], out_file)
         return out_file, result_json

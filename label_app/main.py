@@ -3,11 +3,12 @@
 Started by ``scripts/start_label_server.sh`` (see docs/monailabel.md), or directly:
 
     monailabel start_server --app label_app --studies DIR --host 127.0.0.1 --port 8000 \
-        --conf bundle bundle --conf model runs/quickstart/models/joint/model.pt --conf preset configs/quickstart.yaml
+        --conf bundle bundle --conf model runs/quickstart/models/joint/model.pt
 
 ``--conf`` keys: ``bundle`` (the bundle folder; default ``../bundle`` beside this app), ``model`` (a state dict for
 the bundle's inference ``network_def``; default ``<bundle>/models/model.pt``), ``preset`` (config files layered
-over ``inference.yaml``, comma-separated: the size preset the weights were trained with), ``device``.
+over ``inference.yaml``, comma-separated; a checkpoint written by the bundle's training carries its settings and
+needs none), ``device``.
 
 A thin app on MONAI Label's ``BasicInferTask`` rather than the stock ``monaibundle`` app: the bundle's own
 preprocessing inverse puts every map on the original image geometry, the weights load strictly, and the app needs

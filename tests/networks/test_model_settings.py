@@ -1,11 +1,24 @@
 """A GLAM state dict records the settings the network was built with: a checkpoint of other settings is refused
 with them named; inference choices (M, gamma_c, K) may differ; checkpoints without the record load as before."""
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
-from scripts.networks import GLAM, GLAMSaliencyNet
-from scripts.networks.settings import SETTINGS_KEY, decode_settings, encode_settings, settings_differences
+from scripts.networks import GLAM, GLAMSaliencyNet, checkpoint_setting, read_checkpoint_settings
+from scripts.networks.settings import (
+    SETTINGS_KEY,
+    as_spacing,
+    bundle_version,
+    decode_settings,
+    encode_settings,
+    settings_differences,
+)
+
+BUNDLE = Path(__file__).resolve().parents[2] / "bundle"
 
 TINY = dict(patch_size=64, local_depth=18, local_width=4, global_backbone={"width": 4})
 
@@ -29,6 +42,9 @@ def test_the_state_dict_records_the_constructor_settings():
         "joint_modules": True,
         "global_backbone": {"width": 4},
         "pool_in_breast": True,
+        "image_size": [2944, 1920],
+        "pixel_spacing": None,
+        "bundle_version": json.loads((BUNDLE / "configs" / "metadata.json").read_text())["version"],
     }
     # the stage is not a setting: one checkpoint serves the next stage and inference
     other_stage = GLAMSaliencyNet(stage="local", t_global=0.05, gammas=(0.3, 0.4, 0.3), pool_in_breast=True, **TINY)
@@ -66,5 +82,54 @@ def test_settings_records_compare_by_value():
     assert torch.equal(encode_settings({**a, "gamma_c": 0.9}), encode_settings(b))
     assert settings_differences(a, b) == []  # gamma_c is an inference choice
     assert settings_differences({"t_global": 0.03}, {}) == ['t_global: checkpoint 0.03, network "(not recorded)"']
+    # a setting the checkpoint predates is not compared; the bundle version is information only
+    assert settings_differences({}, {"pixel_spacing": [0.4, 0.4]}) == []
+    assert settings_differences({"bundle_version": "0.1.0"}, {"bundle_version": "0.9.0"}) == []
     with pytest.raises(ValueError, match="not a settings record"):
         decode_settings(torch.tensor([255, 0, 1], dtype=torch.uint8))
+
+
+def test_window_and_spacing_are_settings():
+    net = GLAM(image_size=[736, 480], pixel_spacing=0.4, **TINY)
+    recorded = decode_settings(net.state_dict()[SETTINGS_KEY])
+    assert recorded["image_size"] == [736, 480] and recorded["pixel_spacing"] == [0.4, 0.4]
+    with pytest.raises(ValueError, match=r"image_size: checkpoint \[736, 480\], network \[368, 240\]"):
+        GLAM(image_size=(368, 240), pixel_spacing=0.4, **TINY).load_state_dict(net.state_dict())
+    with pytest.raises(ValueError, match=r"pixel_spacing: checkpoint \[0.4, 0.4\], network \[0.8, 0.4\]"):
+        GLAM(image_size=(736, 480), pixel_spacing=(0.8, 0.4), **TINY).load_state_dict(net.state_dict())
+    assert as_spacing(0.5) == (0.5, 0.5) and as_spacing([0.1, 0.2]) == (0.1, 0.2)
+    for bad in (0, -1.0, [0.1], "x", [0.1, float("nan")], True):
+        with pytest.raises(ValueError, match="pixel_spacing"):
+            as_spacing(bad)
+
+
+def test_the_bundle_version_is_recorded_and_never_compared():
+    assert bundle_version() == json.loads((BUNDLE / "configs" / "metadata.json").read_text())["version"]
+    state = GLAM(**TINY).state_dict()
+    state[SETTINGS_KEY] = encode_settings({**decode_settings(state[SETTINGS_KEY]), "bundle_version": "0.0.1"})
+    GLAM(**TINY).load_state_dict(state, strict=True)
+
+
+def test_checkpoint_settings_are_read_back(tmp_path):
+    path = tmp_path / "model.pt"
+    assert read_checkpoint_settings(path) is None  # no file: GLAM's defaults, the paper's values
+    assert checkpoint_setting(path, "patch_size") == 512 and checkpoint_setting(path, "image_size") == (2944, 1920)
+    assert checkpoint_setting(path, "patch_size", 256) == 256
+    torch.save(GLAM(image_size=(368, 240), pixel_spacing=0.8, **TINY).state_dict(), path)
+    assert checkpoint_setting(path, "patch_size") == [64, 64]
+    assert checkpoint_setting(path, "image_size") == [368, 240]
+    assert checkpoint_setting(path, "pixel_spacing") == [0.8, 0.8]
+    assert checkpoint_setting(path, "global_backbone") == {"width": 4}
+    # a new file at the same path is read again (the cache is keyed by the file's time and size)
+    torch.save(GLAM(image_size=(736, 480), **{**TINY, "patch_size": 128}).state_dict(), path)
+    os.utime(path, ns=(1, 1))
+    assert checkpoint_setting(path, "image_size") == [736, 480] and checkpoint_setting(path, "patch_size") == [128, 128]
+    legacy = tmp_path / "legacy.pt"
+    torch.save({k: v for k, v in GLAM(**TINY).state_dict().items() if k != SETTINGS_KEY}, legacy)
+    assert read_checkpoint_settings(legacy) is None and checkpoint_setting(legacy, "local_width") == 64
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="broken.pt"):
+        checkpoint_setting(broken, "patch_size")
+    with pytest.raises(KeyError, match="no_such_setting"):
+        checkpoint_setting(legacy, "no_such_setting")

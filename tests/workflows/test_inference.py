@@ -21,7 +21,7 @@ INFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference.yaml"
 REFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference_reference.yaml"
 TINY_INFERENCE = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
 META = BUNDLE_ROOT / "configs" / "metadata.json"
-TINY = dict(patch_size=64, local_depth=18, local_width=4)
+TINY = dict(patch_size=64, local_depth=18, local_width=4, image_size=(256, 160))
 MAPS = ("S_g", "S_l", "S_c")
 CORRUPT = "SYN00000_M_corrupt.png"  # sorts between the L and R views: in the middle of the folder
 

@@ -6,6 +6,7 @@ from .global_network import GlobalBackbone, GlobalNetwork, PreActBasicBlock
 from .gmic import GMIC
 from .inference import GLAMInferer, GLAMSaliencyNet
 from .local_network import BasicBlock, LocalNetwork, ResNetHR
+from .settings import checkpoint_setting, read_checkpoint_settings
 from .unet import UNetSaliency
 
 __all__ = [
@@ -27,4 +28,6 @@ __all__ = [
     "CAM",
     "GMIC",
     "UNetSaliency",
+    "checkpoint_setting",
+    "read_checkpoint_settings",
 ]

@@ -22,13 +22,14 @@ from ..patches import (
 from ..pooling import check_fraction
 from .global_network import GlobalNetwork
 from .local_network import LocalNetwork
-from .settings import SETTINGS_KEY, check_settings, encode_settings
+from .settings import SETTINGS_KEY, as_spacing, bundle_version, check_settings, encode_settings
 
 __all__ = ["GLAM", "REFERENCE_PRESET"]
 
 #: The authors' released inference behaviour (docs/model.md, the reference-compatible preset): pooling after
 #: upsampling with t = 3%, concatenation aggregation with t = 30%, one patch of 512 px, gamma 0.2/0.6/0.2,
-#: gamma_c = 0.5.
+#: gamma_c = 0.5, 2944x1920 windows; the pixel spacing of the authors' data is not published (docs/model.md), so it
+#: is unknown and inputs are not resampled.
 REFERENCE_PRESET: dict[str, Any] = {
     "stage": Stage.LOCAL.value,
     "patch_size": 512,
@@ -42,6 +43,8 @@ REFERENCE_PRESET: dict[str, Any] = {
     "local_depth": 34,
     "local_width": 64,
     "joint_modules": False,
+    "image_size": (2944, 1920),
+    "pixel_spacing": None,
 }
 
 
@@ -90,6 +93,10 @@ class GLAM(nn.Module):
             stem_stride, stem_pool, padding_mode); the paper's ResNet-22 when empty.
         pool_in_breast: the global module pools only map cells on the breast (see
             :class:`~scripts.networks.global_network.GlobalNetwork`).
+        image_size: the preprocessing window (rows, cols) the network is trained on; recorded in its settings for
+            inference to use the same window, not used by the forward pass (which takes any size).
+        pixel_spacing: the (row, col) pixel size in mm of the images the network is trained on (a number: the same
+            both ways), or None when unknown; recorded for inference, which resamples inputs of known spacing to it.
 
     Forward: ``image`` (B, 1, H, W) standardised mammograms; optional ``patch_boxes`` (B, K, 4) to use instead
     of Algorithm 1; optional ``random_patch_mask`` (B,) bool: those images get K random patches inside the breast
@@ -123,6 +130,8 @@ class GLAM(nn.Module):
         joint_modules: bool = True,
         global_backbone: Mapping[str, Any] | None = None,
         pool_in_breast: bool = False,
+        image_size: Sequence[int] = (2944, 1920),
+        pixel_spacing: float | Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         self.patch_size = as_pair(patch_size, "patch_size")
@@ -142,6 +151,9 @@ class GLAM(nn.Module):
         self.gamma_c = float(gamma_c)
         self.aggregation = aggregation
         check_fraction(t_local, "t_local")
+        image_size = as_pair(image_size, "image_size")
+        if pixel_spacing is not None:
+            pixel_spacing = as_spacing(pixel_spacing)
 
         self.global_network = GlobalNetwork(
             t=t_global,
@@ -182,6 +194,9 @@ class GLAM(nn.Module):
             "joint_modules": bool(joint_modules),
             "global_backbone": dict(global_backbone or {}),
             "pool_in_breast": bool(pool_in_breast),
+            "image_size": list(image_size),
+            "pixel_spacing": None if pixel_spacing is None else list(pixel_spacing),
+            "bundle_version": bundle_version(),
         }
         self.register_buffer(SETTINGS_KEY, encode_settings(self.settings), persistent=True)
 

@@ -7,13 +7,22 @@ from the network's raises a ``ValueError`` that names each setting that differs;
 (an older checkpoint, the authors' converted weights) loads as before.
 
 Some settings are choices made at inference (``INFERENCE_CHOICES``: M patches, gamma_c, K in training): they are
-recorded but may differ.
+recorded but may differ. The bundle version that wrote a checkpoint is recorded for information and never compared
+(``INFORMATIONAL``). A setting the checkpoint does not record (it predates the setting) is not compared either.
+
+The inference config and the MONAI Label app read a checkpoint's record back (:func:`checkpoint_setting`), so a
+network trained with a preset is rebuilt with that preset's settings without the preset.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Mapping
+import math
+import os
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,12 +34,40 @@ __all__ = [
     "decode_settings",
     "settings_differences",
     "check_settings",
+    "as_spacing",
+    "bundle_version",
+    "read_checkpoint_settings",
+    "checkpoint_setting",
 ]
 
 #: the buffer's name in a module's state dict
 SETTINGS_KEY = "model_settings"
 #: recorded, but a network may be built with other values than its checkpoint's
 INFERENCE_CHOICES = ("num_patches_eval", "num_patches_train", "gamma_c")
+#: recorded for information, never compared
+INFORMATIONAL = ("bundle_version",)
+#: the bundle's metadata, next to its scripts package (bundle/configs/metadata.json)
+_METADATA = Path(__file__).resolve().parents[2] / "configs" / "metadata.json"
+
+
+def bundle_version() -> str | None:
+    """The ``version`` of the bundle these scripts belong to (``configs/metadata.json``), None when not found."""
+    try:
+        return str(json.loads(_METADATA.read_text(encoding="utf-8"))["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def as_spacing(value: float | Sequence[float], name: str = "pixel_spacing") -> tuple[float, float]:
+    """A pixel spacing in mm as (row, col): a positive number (isotropic) or two positive numbers."""
+    values = [value] * 2 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    try:
+        row, col = (float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number or two (row, col) in mm, got {value!r}") from None
+    if not (row > 0 and col > 0 and math.isfinite(row) and math.isfinite(col)):
+        raise ValueError(f"{name} must be positive and finite (mm), got {value!r}")
+    return row, col
 
 
 def _plain(value: Any) -> Any:
@@ -57,10 +94,11 @@ def decode_settings(tensor: torch.Tensor) -> dict[str, Any]:
 
 
 def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"name: checkpoint X, network Y"`` for every setting outside :data:`INFERENCE_CHOICES` that differs (a setting
-    only one side records counts as differing)."""
+    """``"name: checkpoint X, network Y"`` for every setting outside :data:`INFERENCE_CHOICES` and
+    :data:`INFORMATIONAL` that differs. A setting only the checkpoint records counts as differing (the network
+    cannot honour it); one only the network has is skipped (the checkpoint predates it, its value is unknown)."""
     saved, current = _plain(saved), _plain(current)
-    names = sorted((set(saved) | set(current)) - set(INFERENCE_CHOICES))
+    names = sorted(set(saved) - set(INFERENCE_CHOICES) - set(INFORMATIONAL))
     missing = "(not recorded)"
     return [
         f"{name}: checkpoint {json.dumps(saved.get(name, missing))}, network {json.dumps(current.get(name, missing))}"
@@ -78,3 +116,46 @@ def check_settings(saved: torch.Tensor, current: Mapping[str, Any], source: str 
             f"{source} was trained with other model settings than this network's: {'; '.join(differences)} "
             "(build the network with the settings it was trained with, e.g. its preset)"
         )
+
+
+@lru_cache(maxsize=8)
+def _cached_record(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    record = state.get(SETTINGS_KEY) if isinstance(state, Mapping) else None
+    return decode_settings(record) if isinstance(record, torch.Tensor) else None
+
+
+def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The settings record of the checkpoint at ``path``; None when the file does not exist or has no record (an
+    older checkpoint). A file that cannot be read is a ``ValueError`` naming it. Read once per file version."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    stat = path.stat()
+    try:
+        record = _cached_record(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    except ValueError as err:
+        raise ValueError(f"the checkpoint {path}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - torch.load raises many types; the message names the file
+        raise ValueError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
+    return dict(record) if record is not None else None
+
+
+def _glam_default(name: str) -> Any:
+    from .glam import GLAM  # the network module imports this one
+
+    parameter = inspect.signature(GLAM.__init__).parameters.get(name)
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        raise KeyError(f"{name!r} is not a GLAM setting with a default")
+    return parameter.default
+
+
+def checkpoint_setting(path: str | os.PathLike, name: str, default: Any = inspect.Parameter.empty) -> Any:
+    """The value of setting ``name`` recorded in the checkpoint at ``path``; when the file is missing or does not
+    record it, ``default``, or else GLAM's own default for it (the paper's value). Used by the inference config
+    (``$scripts.networks.checkpoint_setting(@ckpt_path, 'patch_size')``) so that a checkpoint rebuilds the network it
+    was trained as."""
+    record = read_checkpoint_settings(path)
+    if record is not None and name in record:
+        return record[name]
+    return _glam_default(name) if default is inspect.Parameter.empty else default
