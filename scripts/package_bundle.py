@@ -1,22 +1,26 @@
 """Build the shareable model-zoo zip of bundle/ and verify it from a clean temporary folder.
 
     python scripts/package_bundle.py --out dist [--weights model.pt [--preset configs/quickstart.yaml]]
-        [--name glam_mammography] [--keep]
+        [--no-weights] [--name glam_mammography] [--keep]
 
 The zip holds ``<name>/{configs,scripts,docs,models}/`` and ``<name>/LICENSE`` (plus ``large_files.yml`` when the
-bundle has one); caches, training outputs and model files are left out, except ``--weights``, which is checked to
-load strictly into the inference config's ``network_def`` (``weights_only=True``) and shipped as
-``models/model.pt``. Weights trained with a size preset (image size, patch size, local network, ...) need
-``--preset`` with that preset: its model sizes (``PRESET_IDS``) are written into the packaged ``inference.yaml`` and
-``train.yaml`` and the input/output shapes into ``metadata.json``, so that the shared bundle builds the network the
-weights belong to. ``--out`` is a folder (the zip is named ``<name>_v<version>.zip``) or a ``.zip`` path.
+bundle has one); caches, training outputs and model files are left out, except the weights shipped as
+``models/model.pt``: the bundle's own ``models/model.pt`` (the demonstration model) by default, ``--weights`` in its
+place, none with ``--no-weights``. The weights are checked to load strictly into the inference config's
+``network_def`` (``weights_only=True``), built from the settings the checkpoint records (every checkpoint the
+bundle's training writes records them; inference.yaml reads them back), and ``metadata.json``'s input/output shapes
+are set to the recorded training window. Weights without a settings record (written before the bundle recorded
+them) need ``--preset`` with the preset they were trained with: its model ids (``PRESET_IDS``) are written into the
+packaged ``inference.yaml`` and ``train.yaml`` and the shapes into ``metadata.json``, so that the shared bundle
+builds the network the weights belong to; for weights with a record it is not needed (and is refused when it
+disagrees with the record). ``--out`` is a folder (the zip is named ``<name>_v<version>.zip``) or a ``.zip`` path.
 
 The verification unzips into a temporary folder and runs, in fresh interpreters whose only extra path entry is the
 unzipped bundle folder (never the repository): ``monai.bundle verify_metadata`` against
 ``../shared/schema/meta_schema_20240725.json`` when it exists; ConfigParser on every config, with every
 ``_target_`` and ``$import`` restricted to ``scripts.``, MONAI, torch/ignite and the standard library; and
 ``monai.bundle run inference`` on two synthetic images made by the bundle's own generator, with tiny network
-sizes and a random checkpoint (or, with ``--weights``, the shipped model.pt at the config's sizes).
+sizes and a random checkpoint (or, with shipped weights, models/model.pt in the window it records).
 Prints one line per step; the exit code is non-zero when any step fails, and the failing step is named.
 """
 
@@ -51,18 +55,25 @@ MODEL_SUFFIXES = {".pt", ".pth", ".ts", ".onnx", ".ckpt", ".safetensors", ".bin"
 # sizes of tests/configs/tiny_inference.yaml: the verification run takes seconds on a CPU
 TINY_NETWORK = {"patch_size": 64, "local_depth": 18, "local_width": 4}
 TINY_IMAGE = (256, 160)
-FULL_IMAGE = (1024, 640)  # --weights: the shipped network at its own sizes on a smaller window
+FULL_IMAGE = (1024, 640)  # shipped weights: synthetic images at most this large (in the weights' own window)
+# the bundle's shipped weights (relative to the bundle root): packaged unless --weights replaces them
+DEFAULT_WEIGHTS = Path("models") / "model.pt"
 STEP_TIMEOUT_S = 900
 # the ids of a size preset that define the network and its input (top-level ids of inference.yaml and train.yaml)
 PRESET_IDS = (
     "image_size",
+    "pixel_spacing",
     "patch_size",
     "num_patches_eval",
     "t_global",
     "t_local",
     "gamma_c",
+    "gammas",
     "local_depth",
     "local_width",
+    "global_backbone",
+    "pool_in_breast",
+    "attention_hidden",
     "aggregation",
     "global_pool_after_upsampling",
     "joint_modules",
@@ -136,36 +147,60 @@ def preset_values(preset: Path) -> dict[str, object]:
     return values
 
 
+def metadata_with_shapes(bundle_root: Path, image_size: object, step: str) -> str | None:
+    """The packaged ``metadata.json`` whose input shape is ``image_size`` (H, W) and output shape the
+    quarter-resolution map's; None when the bundle's metadata already says so (it is then shipped unchanged)."""
+    h, w = (int(v) for v in image_size)  # type: ignore[attr-defined]
+    if h % 4 or w % 4:
+        raise PackagingError(step, f"image_size {[h, w]} must be divisible by 4")
+    meta = json.loads((bundle_root / "configs" / "metadata.json").read_text(encoding="utf-8"))
+    fmt = meta["network_data_format"]
+    shapes = (fmt["inputs"]["image"]["spatial_shape"], fmt["outputs"]["pred"]["spatial_shape"])
+    if list(shapes[0]) == [h, w] and list(shapes[1]) == [h // 4, w // 4]:
+        return None
+    fmt["inputs"]["image"]["spatial_shape"] = [h, w]
+    fmt["outputs"]["pred"]["spatial_shape"] = [h // 4, w // 4]
+    return json.dumps(meta, indent=4) + "\n"
+
+
 def apply_preset(bundle_root: Path, values: dict[str, object]) -> dict[str, str]:
     """The packaged text of the configs and metadata with the preset's values written in.
 
-    Top-level lines ``id: value`` are rewritten in place (comments and layout kept); the metadata's input shape
-    becomes ``image_size`` and the output shape the quarter-resolution map's."""
-    replaced = {}
-    for rel in PRESET_CONFIGS:
-        text = (bundle_root / rel).read_text(encoding="utf-8")
-        for key, value in values.items():
-            pattern = re.compile(rf"^{re.escape(key)}:[^\n#]*?(?=\s*(#|$))", re.MULTILINE)
-            text, n = pattern.subn(f"{key}: {json.dumps(value)}", text, count=1)
-            if n == 0:
-                raise PackagingError("preset", f"{rel} has no top-level id {key!r} to set")
-        replaced[rel] = text
+    Top-level lines ``id: value`` are rewritten in place (comments and layout kept) in each of ``PRESET_CONFIGS``
+    that has the id (e.g. ``joint_modules`` is inference.yaml's only); an id neither has is an error. The metadata's
+    input shape becomes ``image_size`` and the output shape the quarter-resolution map's."""
+    texts = {rel: (bundle_root / rel).read_text(encoding="utf-8") for rel in PRESET_CONFIGS}
+    for key, value in values.items():
+        pattern = re.compile(rf"^{re.escape(key)}:[^\n#]*?(?=\s*(#|$))", re.MULTILINE)
+        found = 0
+        for rel, text in texts.items():
+            texts[rel], n = pattern.subn(f"{key}: {json.dumps(value)}", text, count=1)
+            found += n
+        if not found:
+            raise PackagingError("preset", f"none of {', '.join(PRESET_CONFIGS)} has a top-level id {key!r} to set")
+    replaced = dict(texts)
     if "image_size" in values:
-        h, w = (int(v) for v in values["image_size"])  # type: ignore[union-attr]
-        if h % 4 or w % 4:
-            raise PackagingError("preset", f"image_size {[h, w]} must be divisible by 4")
-        meta = json.loads((bundle_root / "configs" / "metadata.json").read_text(encoding="utf-8"))
-        fmt = meta["network_data_format"]
-        fmt["inputs"]["image"]["spatial_shape"] = [h, w]
-        fmt["outputs"]["pred"]["spatial_shape"] = [h // 4, w // 4]
-        replaced["configs/metadata.json"] = json.dumps(meta, indent=4) + "\n"
+        meta = metadata_with_shapes(bundle_root, values["image_size"], "preset")
+        if meta is not None:
+            replaced["configs/metadata.json"] = meta
     return replaced
+
+
+def recorded_settings(weights: Path) -> dict[str, object] | None:
+    """The model settings ``weights`` records (``scripts.networks.settings``); None for a checkpoint without them."""
+    from scripts.networks.settings import read_checkpoint_settings
+
+    try:
+        return read_checkpoint_settings(weights)
+    except ValueError as e:
+        raise PackagingError("weights", str(e)) from e
 
 
 def check_weights(weights: Path, bundle_root: Path, inference_config: str | None = None) -> None:
     """Raise PackagingError unless ``weights`` is a plain state dict that loads strictly into the inference
-    config's ``network_def`` (its default sizes, as the zoo tools build it; ``inference_config``: the packaged text
-    of ``configs/inference.yaml`` when it differs from the bundle's)."""
+    config's ``network_def`` as the zoo tools build it once the weights are ``models/model.pt`` (the settings the
+    weights record, GLAM's defaults for those they do not; ``inference_config``: the packaged text of
+    ``configs/inference.yaml`` when it differs from the bundle's)."""
     import torch
     import yaml
     from monai.bundle import ConfigParser
@@ -185,9 +220,16 @@ def check_weights(weights: Path, bundle_root: Path, inference_config: str | None
     else:
         parser.read_config(yaml.safe_load(inference_config))
     parser["bundle_root"] = str(bundle_root)
-    net = parser.get_parsed_content("network_def")
+    parser["ckpt_path"] = str(weights)  # the packaged inference.yaml reads these weights' settings record
+    try:
+        net = parser.get_parsed_content("network_def")
+    except Exception as e:  # noqa: BLE001 - e.g. a record the network refuses; the message names the setting
+        raise PackagingError(step, f"--weights {weights}: network_def cannot be built: {e}") from e
     expected = net.state_dict()
-    missing = sorted(set(expected) - set(state))
+    from scripts.networks.settings import SETTINGS_KEY
+
+    # a checkpoint without a settings record (older, or the authors' converted weights) loads as before
+    missing = sorted(set(expected) - set(state) - {SETTINGS_KEY})
     unexpected = sorted(set(state) - set(expected))
     shapes = [
         f"{k}: {tuple(state[k].shape)} != {tuple(v.shape)}"
@@ -205,20 +247,38 @@ def check_weights(weights: Path, bundle_root: Path, inference_config: str | None
         raise PackagingError(
             step, f"--weights {weights} does not match network_def of configs/inference.yaml: {'; '.join(parts)}"
         )
-    net.load_state_dict(state, strict=True)
+    try:
+        net.load_state_dict(state, strict=True)
+    except ValueError as e:  # the recorded settings differ from the network's (e.g. a disagreeing --preset)
+        raise PackagingError(step, f"--weights {weights}: {e}") from e
 
 
 def build_zip(
-    out: Path, name: str, bundle_root: Path = BUNDLE_ROOT, weights: Path | None = None, preset: Path | None = None
+    out: Path,
+    name: str,
+    bundle_root: Path = BUNDLE_ROOT,
+    weights: Path | None = None,
+    preset: Path | None = None,
+    ship_weights: bool = True,
 ) -> Path:
-    """Write the zip atomically and return its path."""
+    """Write the zip atomically and return its path. ``weights``: shipped as ``models/model.pt``; default the
+    bundle's own ``models/model.pt`` when it exists, none when ``ship_weights`` is False."""
     meta = json.loads((bundle_root / "configs" / "metadata.json").read_text(encoding="utf-8"))
     zip_path = out if out.suffix == ".zip" else out / f"{name}_v{meta['version']}.zip"
+    if weights is not None and not ship_weights:
+        raise PackagingError("weights", "--weights and --no-weights exclude each other")
     if preset is not None and weights is None:
         raise PackagingError("preset", "--preset describes the sizes of --weights: give both")
+    if weights is None and ship_weights and (bundle_root / DEFAULT_WEIGHTS).is_file():
+        weights = bundle_root / DEFAULT_WEIGHTS
     replaced = {} if preset is None else apply_preset(bundle_root, preset_values(preset))
     if weights is not None:
         check_weights(weights, bundle_root, replaced.get("configs/inference.yaml"))
+        window = (recorded_settings(weights) or {}).get("image_size")
+        if window is not None and "configs/metadata.json" not in replaced:
+            meta_text = metadata_with_shapes(bundle_root, window, "weights")
+            if meta_text is not None:
+                replaced["configs/metadata.json"] = meta_text
     with atomic_write(zip_path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(f"{name}/models/", "")  # the zoo layout has models/ even when no weights are shipped
         for src, rel in bundle_files(bundle_root):
@@ -378,7 +438,10 @@ def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, k
 
         shipped = (bundle_dir / "models" / "model.pt").is_file()
         h, w = TINY_IMAGE
-        if shipped:  # the network's own input size, on a smaller window when that is large (full size on a CPU)
+        # weights that record their window run in it (the record is checked against the network's settings);
+        # older ones in a window of the images' size
+        own_window = shipped and "image_size" in (recorded_settings(bundle_dir / "models" / "model.pt") or {})
+        if shipped:  # images of the network's input size, smaller when that is large (full size on a CPU)
             meta = json.loads((bundle_dir / "configs" / "metadata.json").read_text(encoding="utf-8"))
             shape = meta["network_data_format"]["inputs"]["image"]["spatial_shape"]
             h, w = (min(int(a), b) for a, b in zip(shape, FULL_IMAGE))
@@ -392,11 +455,12 @@ def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, k
             "input_dir": str(work / "inputs"),
             "output_dir": str(work / "out"),
             "num_workers": "0",
-            "image_size": f"[{h},{w}]",
             "crop_iterations": "5",
             "crop_buffer": "4",
             "panel_height": "None",
         }
+        if not own_window:
+            overrides["image_size"] = f"[{h},{w}]"
         if not shipped:
             overrides.update({k: str(v) for k, v in TINY_NETWORK.items()}, ckpt_path=str(work / "tiny_model.pt"))
         args = ["-m", "monai.bundle", "run", "inference", "--config_file", "configs/inference.yaml"]
@@ -422,9 +486,19 @@ def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, k
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for <name>_v<version>.zip, or a .zip path")
-    ap.add_argument("--weights", type=Path, help="state dict to ship as models/model.pt (checked first)")
+    weights = ap.add_mutually_exclusive_group()
+    weights.add_argument(
+        "--weights",
+        type=Path,
+        help="state dict to ship as models/model.pt instead of the bundle's own models/model.pt (checked first)",
+    )
+    weights.add_argument(
+        "--no-weights", action="store_true", help="ship no weights (models/ empty), e.g. with a large_files.yml"
+    )
     ap.add_argument(
-        "--preset", type=Path, help="size preset the weights were trained with (e.g. configs/quickstart.yaml)"
+        "--preset",
+        type=Path,
+        help="the preset --weights were trained with; only for weights that record no settings (older checkpoints)",
     )
     ap.add_argument("--name", default="glam_mammography", help="bundle name: the zip's top-level folder")
     ap.add_argument("--schema", type=Path, default=DEFAULT_SCHEMA, help="metadata schema (skipped when missing)")
@@ -436,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     step = "build"
     try:
         t = time.perf_counter()
-        zip_path = build_zip(args.out, args.name, weights=args.weights, preset=args.preset)
+        zip_path = build_zip(
+            args.out, args.name, weights=args.weights, preset=args.preset, ship_weights=not args.no_weights
+        )
         with zipfile.ZipFile(zip_path) as zf:
             n = len([i for i in zf.infolist() if not i.is_dir()])
         report.ok("build", f"{zip_path} ({n} files, {zip_path.stat().st_size / 1e6:.2f} MB)", time.perf_counter() - t)

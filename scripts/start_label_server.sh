@@ -10,7 +10,10 @@
 #    moved into place: an interrupted build is never used).
 # 2. Ingests DICOM files of the studies folder as NRRD beside them (label_app/ingest.py; geometry kept).
 # 3. Starts the server in the foreground on HOST:PORT (127.0.0.1 unless told otherwise) with label_app/ and the
-#    bundle (bundle/, whose models/model.pt is the default weights; --model and --preset for others).
+#    bundle (bundle/). The default weights are the shipped bundle/models/model.pt (a demonstration model trained
+#    on synthetic 736x480 images, not for real mammograms); --model for others. A checkpoint records the settings
+#    it was trained with and the app builds the network and the window from them, so no preset is needed;
+#    --preset only for checkpoints written before the bundle recorded settings.
 #
 # --setup-only stops after step 1 and prints the environment's python (tests use it).
 set -euo pipefail
@@ -20,7 +23,7 @@ MONAILABEL_SPEC="monailabel==0.8.5"
 REQUIREMENTS="$REPO/requirements-label.txt"
 
 studies="" port=8000 host=127.0.0.1 model="" preset="" device="" setup_only=0
-usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --studies) studies="${2:?--studies needs a folder}"; shift 2 ;;
@@ -64,7 +67,7 @@ fi
 [[ "$port" =~ ^[0-9]+$ ]] || { echo "start_label_server: --port $port: not a number" >&2; exit 2; }
 model="${model:-$REPO/bundle/models/model.pt}"
 [[ -f "$model" ]] || {
-  echo "start_label_server: no weights at $model: train a model (README quick start) and pass --model" >&2
+  echo "start_label_server: no weights at $model: pass --model (the repository ships bundle/models/model.pt)" >&2
   exit 2
 }
 conf=(--conf bundle "$REPO/bundle" --conf model "$(realpath "$model")")

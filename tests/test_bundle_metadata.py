@@ -33,3 +33,27 @@ def test_metadata_describes_glam_inputs_outputs_and_matches_the_pins():
     assert meta["monai_version"] == pins["monai"]
     assert meta["required_packages_version"]["pytorch-ignite"] == pins["pytorch-ignite"]
     assert meta["version"] in meta["changelog"]
+
+
+def test_metadata_shapes_are_the_shipped_models_window():
+    """network_data_format describes the shipped models/model.pt: its input is the training window the checkpoint
+    records (image_size) and its output the quarter-resolution map (the zoo's verify_net_in_out checks channels and
+    dtype only, not these shapes)."""
+    from scripts.networks import read_checkpoint_settings
+
+    settings = read_checkpoint_settings(BUNDLE_ROOT / "models" / "model.pt")
+    assert settings is not None, "the shipped model records no settings"
+    fmt = json.loads(META.read_text())["network_data_format"]
+    height, width = settings["image_size"]
+    assert fmt["inputs"]["image"]["spatial_shape"] == [height, width] == [736, 480]
+    assert fmt["outputs"]["pred"]["spatial_shape"] == [height // 4, width // 4] == [184, 120]
+
+
+def test_metadata_says_the_shipped_weights_are_a_synthetic_demonstration():
+    meta = json.loads(META.read_text())
+    for key in ("intended_use", "description"):
+        text = meta[key].lower()
+        assert "demonstration" in text and "synthetic" in text, key
+    assert "not for clinical" in meta["intended_use"].lower()
+    assert "pixel spacing" in meta["image_classes"] and "736x480" in meta["image_classes"]
+    assert "resampled to nothing" not in meta["image_classes"]

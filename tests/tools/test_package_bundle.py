@@ -34,7 +34,8 @@ def _names(zip_path) -> set[str]:
 
 def test_zip_keeps_the_zoo_layout_and_leaves_out_caches_outputs_and_models(tmp_path):
     """A copy of the bundle with the junk a working folder collects: none of it reaches the zip, every source
-    file does (compared with an independent walk of the copy)."""
+    file does (compared with an independent walk of the copy), and of the model files only the shipped
+    models/model.pt, byte for byte (none with ship_weights=False)."""
     tool = _load_tool()
     bundle = tmp_path / "bundle"
     shutil.copytree(BUNDLE_ROOT, bundle, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -47,12 +48,21 @@ def test_zip_keeps_the_zoo_layout_and_leaves_out_caches_outputs_and_models(tmp_p
     (bundle / "scripts" / "__pycache__").mkdir(exist_ok=True)
     (bundle / "scripts" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
     (bundle / "scripts" / "stray.pyc").write_bytes(b"\0")
-    for junk in ("eval/metrics.json", "runs/events.out", "inference/predictions.csv", "models/model.pt"):
+    junk_files = ("eval/metrics.json", "runs/events.out", "inference/predictions.csv")
+    for junk in (*junk_files, "models/joint/model.pt", "models/verify_model.ts", "models/model_key_metric=0.5.pt"):
         (bundle / junk).parent.mkdir(parents=True, exist_ok=True)
         (bundle / junk).write_bytes(b"x")
 
     zip_path = tool.build_zip(tmp_path / "dist", NAME, bundle_root=bundle)
     assert zip_path.name == f"{NAME}_v{VERSION}.zip"
+    names = _names(zip_path)
+    assert names == expected | {f"{NAME}/models/model.pt"}
+    with zipfile.ZipFile(zip_path) as zf:
+        assert zf.read(f"{NAME}/models/model.pt") == (BUNDLE_ROOT / "models" / "model.pt").read_bytes()
+        # the shipped model's window is already the metadata's: the file is shipped unchanged
+        assert zf.read(f"{NAME}/configs/metadata.json") == (BUNDLE_ROOT / "configs" / "metadata.json").read_bytes()
+
+    zip_path = tool.build_zip(tmp_path / "dist", NAME, bundle_root=bundle, ship_weights=False)
     names = _names(zip_path)
     assert names == expected
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
@@ -79,7 +89,7 @@ def test_weights_with_a_wrong_key_fail_naming_the_key(tmp_path, capsys):
 
     tool = _load_tool()
     state = GLAMSaliencyNet().state_dict()
-    first = next(iter(state))
+    first = next(k for k in state if k != "model_settings")  # a layer's weight, not the settings record
     state["not_a_layer.weight"] = state.pop(first)
     weights = tmp_path / "bad.pt"
     torch.save(state, weights)
@@ -88,6 +98,21 @@ def test_weights_with_a_wrong_key_fail_naming_the_key(tmp_path, capsys):
     assert "FAILED weights" in err
     assert "not_a_layer.weight" in err and first in err  # the unexpected and the missing key are both named
     assert not list(tmp_path.rglob("*.zip"))  # nothing half-built is left behind
+
+
+def test_no_weights_excludes_weights_and_needs_no_model(tmp_path, capsys):
+    """--no-weights: models/ stays empty; it cannot be combined with --weights."""
+    tool = _load_tool()
+    with pytest.raises(SystemExit):
+        tool.main(["--out", str(tmp_path / "dist"), "--no-weights", "--weights", str(tmp_path / "w.pt")])
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"\[weights\].*exclude each other"):
+        tool.build_zip(tmp_path / "dist", NAME, weights=tmp_path / "w.pt", ship_weights=False)
+    bundle = tmp_path / "bundle"
+    shutil.copytree(BUNDLE_ROOT, bundle, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "models"))
+    (bundle / "models").mkdir()
+    zip_path = tool.build_zip(tmp_path / "dist", NAME, bundle_root=bundle)  # a bundle without weights
+    assert not [n for n in _names(zip_path) if "/models/" in n]
 
 
 def test_training_checkpoint_is_not_a_state_dict(tmp_path):
@@ -115,7 +140,9 @@ def test_package_and_verify_from_a_clean_folder(tmp_path):
         assert f"ok     {step}" in res.stdout
     schema = REPO_ROOT.parent / "shared" / "schema" / "meta_schema_20240725.json"
     assert ("ok     verify_metadata" if schema.is_file() else "skip   verify_metadata") in res.stdout
-    assert "predictions.csv has 2 rows" in res.stdout
+    # by default the bundle's demonstration model is shipped and run in its own window, without any preset
+    assert "synthetic_inputs 2 images of 736x480" in res.stdout
+    assert "predictions.csv has 2 rows (shipped models/model.pt)" in res.stdout
     # the inference ran on the unzipped copy: its outputs and the bundle it used are in the kept folder
     assert (tmp_path / "verify" / "unzipped" / NAME / "configs" / "inference.yaml").is_file()
     rows = (tmp_path / "verify" / "out" / "predictions.csv").read_text(encoding="utf-8").strip().splitlines()
@@ -138,24 +165,65 @@ def test_a_config_reaching_outside_the_bundle_fails_the_config_step(tmp_path):
     assert "imports tests.conftest" in str(info.value) and "_target_ mypkg.Net" in str(info.value)
 
 
-def _tiny_weights(path, **sizes):
+def _tiny_weights(path, record: bool = True, **sizes):
+    """A random GLAM state dict; ``record=False``: without the settings record (a checkpoint from before the bundle
+    recorded settings)."""
     from scripts.networks import GLAMSaliencyNet
+    from scripts.networks.settings import SETTINGS_KEY
 
     torch.manual_seed(0)
-    torch.save(GLAMSaliencyNet(stage="joint", **sizes).state_dict(), path)
+    state = GLAMSaliencyNet(stage="joint", **sizes).state_dict()
+    if not record:
+        state.pop(SETTINGS_KEY)
+    torch.save(state, path)
     return path
 
 
+def test_weights_that_record_their_settings_need_no_preset(tmp_path):
+    """A checkpoint with its settings record (every checkpoint the bundle's training writes): packaged without a
+    preset, the configs are shipped unchanged, the metadata's shapes become the recorded window, and the packaged
+    inference.yaml builds the network the weights load into strictly. A preset that disagrees with the record is
+    refused, naming the setting."""
+    import yaml
+    from monai.bundle import ConfigParser
+
+    tool = _load_tool()
+    weights = _tiny_weights(tmp_path / "tiny.pt", patch_size=64, local_depth=18, local_width=4, image_size=(320, 192))
+    zip_path = tool.build_zip(tmp_path / "dist", NAME, weights=weights)
+    with zipfile.ZipFile(zip_path) as zf:
+        packaged = zf.read(f"{NAME}/configs/inference.yaml")
+        meta = json.loads(zf.read(f"{NAME}/configs/metadata.json"))
+        (tmp_path / "models").mkdir()
+        (tmp_path / "models" / "model.pt").write_bytes(zf.read(f"{NAME}/models/model.pt"))
+    assert packaged == (BUNDLE_ROOT / "configs" / "inference.yaml").read_bytes()
+    fmt = meta["network_data_format"]
+    assert fmt["inputs"]["image"]["spatial_shape"] == [320, 192]
+    assert fmt["outputs"]["pred"]["spatial_shape"] == [80, 48]
+    parser = ConfigParser(yaml.safe_load(packaged))
+    parser["bundle_root"] = str(tmp_path)  # the packaged models/model.pt
+    assert parser.get_parsed_content("image_size") == [320, 192]
+    net = parser.get_parsed_content("network_def")
+    net.load_state_dict(torch.load(tmp_path / "models" / "model.pt", weights_only=True), strict=True)
+    assert tuple(net.patch_size) == (64, 64)
+
+    other = tmp_path / "other.yaml"
+    other.write_text("patch_size: 32\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\[weights\].*patch_size: checkpoint \[64, 64\], network \[32, 32\]"):
+        tool.build_zip(tmp_path / "dist2", NAME, weights=weights, preset=other)
+    assert not list((tmp_path / "dist2").glob("*.zip"))
+
+
 def test_preset_writes_the_model_sizes_into_the_packaged_configs_and_metadata(tmp_path):
-    """Weights trained with a size preset: without --preset they are refused (the full-size network_def has other
-    shapes); with it, the packaged inference.yaml and train.yaml build the preset's network (parsed here by MONAI's
-    ConfigParser), comments are kept, and the metadata's shapes follow the image size."""
+    """Weights trained with a size preset before checkpoints recorded their settings: without --preset they are
+    refused (the full-size network_def has other shapes); with it, the packaged inference.yaml and train.yaml build
+    the preset's network (parsed here by MONAI's ConfigParser), comments are kept, and the metadata's shapes follow
+    the image size."""
     import yaml
     from monai.bundle import ConfigParser
 
     tool = _load_tool()
     preset = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
-    weights = _tiny_weights(tmp_path / "tiny.pt", patch_size=64, local_depth=18, local_width=4)
+    weights = _tiny_weights(tmp_path / "tiny.pt", record=False, patch_size=64, local_depth=18, local_width=4)
     with pytest.raises(ValueError, match=r"\[weights\].*does not match network_def"):
         tool.build_zip(tmp_path / "dist", NAME, weights=weights)
 
@@ -201,7 +269,7 @@ def test_preset_errors_name_the_file_and_the_id(tmp_path):
 def test_package_weights_with_their_preset_and_verify(tmp_path):
     """The sharing path for a model trained with a preset: the verification runs inference with the shipped
     weights at the preset's image size from the unzipped bundle alone."""
-    weights = _tiny_weights(tmp_path / "tiny.pt", patch_size=64, local_depth=18, local_width=4)
+    weights = _tiny_weights(tmp_path / "tiny.pt", record=False, patch_size=64, local_depth=18, local_width=4)
     preset = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
     res = subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(tmp_path / "dist"), "--weights", str(weights)]

@@ -14,6 +14,12 @@ TINY = {"patch_size": 64, "local_depth": 18, "local_width": 4}
 TINY_ARGS = [arg for k, v in TINY.items() for arg in (f"--{k}", str(v))]
 
 
+def tiny_args(ckpt) -> list[str]:
+    """The tiny sizes, and ``ckpt_path``: inference.yaml builds ``network_def`` from the settings recorded in the
+    checkpoint at ``ckpt_path`` (by default the shipped ``models/model.pt``, whose settings differ)."""
+    return [*TINY_ARGS, "--ckpt_path", str(ckpt)]
+
+
 def bundle_cli(*args: str) -> subprocess.CompletedProcess:
     # from the bundle folder, as the zoo runs its tools: `scripts` is importable from the working directory
     return subprocess.run(
@@ -51,7 +57,7 @@ def test_ckpt_export_torchscript_equals_eager(tiny_checkpoint, tmp_path):
     res = bundle_cli(
         "ckpt_export", "network_def", "--filepath", str(out), "--ckpt_file", str(ckpt),
         "--config_file", "configs/inference.yaml", "--use_trace", "True", "--input_shape", "[1, 1, 256, 160]",
-        *TINY_ARGS,
+        *tiny_args(ckpt),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     ts = torch.jit.load(str(out))
@@ -66,7 +72,7 @@ def test_ckpt_export_scripted_as_the_model_zoo_ci_runs_it(tiny_checkpoint, tmp_p
     out = tmp_path / "model.ts"
     res = bundle_cli(
         "ckpt_export", "network_def", "--filepath", str(out), "--ckpt_file", str(ckpt),
-        "--config_file", "configs/inference.yaml", *TINY_ARGS,
+        "--config_file", "configs/inference.yaml", *tiny_args(ckpt),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     ts = torch.jit.load(str(out))
@@ -92,7 +98,7 @@ def test_onnx_export_equals_eager(tiny_checkpoint, tmp_path):
         "--config_file", "configs/inference.yaml", "--input_shape", "[1, 1, 256, 160]", "--use_trace", "True",
         # the TorchScript-based exporter: torch.export (torch's default) cannot trace data-dependent patch selection
         "--converter_kwargs", "{'dynamo': False, 'opset_version': 18}",
-        *TINY_ARGS,
+        *tiny_args(ckpt),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -100,3 +106,33 @@ def test_onnx_export_equals_eager(tiny_checkpoint, tmp_path):
     for x in new_inputs():
         with torch.no_grad():
             np.testing.assert_allclose(session.run(None, {name: x.numpy()})[0], net(x).numpy(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_shipped_model_exports_as_the_zoo_verifier_runs_it(tmp_path):
+    """The model zoo's ci/verify_bundle.py torchscript step on the shipped models/model.pt: ckpt_export with the
+    bundle's configs and no overrides (scripted). The TorchScript module equals the eager network at the metadata's
+    input shape, and the output has the metadata's shape (which verify_net_in_out does not check)."""
+    import json
+
+    from monai.bundle import ConfigParser
+
+    from scripts.workflows import load_weights
+
+    out = tmp_path / "model.ts"
+    res = bundle_cli(
+        "ckpt_export", "network_def", "--filepath", str(out), "--ckpt_file", "models/model.pt",
+        "--config_file", "configs/inference.yaml", "--bundle_root", ".",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    fmt = json.loads((BUNDLE_ROOT / "configs" / "metadata.json").read_text())["network_data_format"]
+    parser = ConfigParser()
+    parser.read_config(str(BUNDLE_ROOT / "configs" / "inference.yaml"))
+    parser["bundle_root"] = str(BUNDLE_ROOT)
+    net = load_weights(parser.get_parsed_content("network_def"), BUNDLE_ROOT / "models" / "model.pt").eval()
+    ts = torch.jit.load(str(out))
+    x = torch.randn(1, 1, *fmt["inputs"]["image"]["spatial_shape"], generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = net(x)
+        torch.testing.assert_close(ts(x), expected, rtol=0, atol=1e-5)
+    assert list(expected.shape) == [1, fmt["outputs"]["pred"]["num_channels"], *fmt["outputs"]["pred"]["spatial_shape"]]
