@@ -4,6 +4,7 @@ so ``import scripts`` resolves to ``bundle/scripts`` (the repository's ``scripts
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,15 @@ SAMPLE_EXAM = SHARED_DIR / "sample_data" / "glam_exam0"
 
 if str(BUNDLE_ROOT) not in sys.path:
     sys.path.insert(0, str(BUNDLE_ROOT))
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n N: N workers share the cores, so each (and every process it starts) uses one thread instead of
+    # one per core; more only oversubscribes the machine
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
