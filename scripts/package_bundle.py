@@ -225,32 +225,16 @@ def check_weights(weights: Path, bundle_root: Path, inference_config: str | None
         net = parser.get_parsed_content("network_def")
     except Exception as e:  # noqa: BLE001 - e.g. a record the network refuses; the message names the setting
         raise PackagingError(step, f"--weights {weights}: network_def cannot be built: {e}") from e
-    expected = net.state_dict()
-    from scripts.networks.settings import SETTINGS_KEY
+    from scripts.workflows.checkpoints import load_weights
 
-    # a checkpoint without a settings record (older, or the authors' converted weights) loads as before
-    missing = sorted(set(expected) - set(state) - {SETTINGS_KEY})
-    unexpected = sorted(set(state) - set(expected))
-    shapes = [
-        f"{k}: {tuple(state[k].shape)} != {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        if unexpected:
-            parts.append(f"unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-        if missing:
-            parts.append(f"missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        if shapes:
-            parts.append(f"shape mismatches {shapes[:5]}")
-        raise PackagingError(
-            step, f"--weights {weights} does not match network_def of configs/inference.yaml: {'; '.join(parts)}"
-        )
+    # the bundle's own strict loader: it names missing / unexpected keys, shape mismatches and recorded settings
+    # that differ from the network's (a checkpoint without a record loads as before)
     try:
-        net.load_state_dict(state, strict=True)
-    except ValueError as e:  # the recorded settings differ from the network's (e.g. a disagreeing --preset)
-        raise PackagingError(step, f"--weights {weights}: {e}") from e
+        load_weights(net, weights)
+    except ValueError as e:
+        raise PackagingError(
+            step, f"--weights {weights} does not match network_def of configs/inference.yaml: {e}"
+        ) from e
 
 
 def build_zip(

@@ -11,12 +11,12 @@ import torch
 from scripts.networks import GLAM, GLAMSaliencyNet, checkpoint_setting, read_checkpoint_settings
 from scripts.networks.settings import (
     SETTINGS_KEY,
-    as_spacing,
     bundle_version,
     decode_settings,
     encode_settings,
     settings_differences,
 )
+from scripts.transforms.mammo import as_pixel_spacing
 
 BUNDLE = Path(__file__).resolve().parents[2] / "bundle"
 
@@ -97,10 +97,10 @@ def test_window_and_spacing_are_settings():
         GLAM(image_size=(368, 240), pixel_spacing=0.4, **TINY).load_state_dict(net.state_dict())
     with pytest.raises(ValueError, match=r"pixel_spacing: checkpoint \[0.4, 0.4\], network \[0.8, 0.4\]"):
         GLAM(image_size=(736, 480), pixel_spacing=(0.8, 0.4), **TINY).load_state_dict(net.state_dict())
-    assert as_spacing(0.5) == (0.5, 0.5) and as_spacing([0.1, 0.2]) == (0.1, 0.2)
+    assert as_pixel_spacing(0.5) == (0.5, 0.5) and as_pixel_spacing([0.1, 0.2]) == (0.1, 0.2)
     for bad in (0, -1.0, [0.1], "x", [0.1, float("nan")], True):
         with pytest.raises(ValueError, match="pixel_spacing"):
-            as_spacing(bad)
+            as_pixel_spacing(bad)
 
 
 def test_the_bundle_version_is_recorded_and_never_compared():

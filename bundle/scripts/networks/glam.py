@@ -20,9 +20,10 @@ from ..patches import (
     select_patch_boxes,
 )
 from ..pooling import check_fraction
+from ..transforms.mammo.spacing import as_pixel_spacing
 from .global_network import GlobalNetwork
 from .local_network import LocalNetwork
-from .settings import SETTINGS_KEY, as_spacing, bundle_version, check_settings, encode_settings
+from .settings import SETTINGS_KEY, bundle_version, check_settings, encode_settings
 
 __all__ = ["GLAM", "REFERENCE_PRESET"]
 
@@ -152,8 +153,7 @@ class GLAM(nn.Module):
         self.aggregation = aggregation
         check_fraction(t_local, "t_local")
         image_size = as_pair(image_size, "image_size")
-        if pixel_spacing is not None:
-            pixel_spacing = as_spacing(pixel_spacing)
+        pixel_spacing = as_pixel_spacing(pixel_spacing)
 
         self.global_network = GlobalNetwork(
             t=t_global,

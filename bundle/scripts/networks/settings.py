@@ -16,11 +16,11 @@ network trained with a preset is rebuilt with that preset's settings without the
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ __all__ = [
     "decode_settings",
     "settings_differences",
     "check_settings",
-    "as_spacing",
     "bundle_version",
     "read_checkpoint_settings",
     "checkpoint_setting",
@@ -56,18 +55,6 @@ def bundle_version() -> str | None:
         return str(json.loads(_METADATA.read_text(encoding="utf-8"))["version"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def as_spacing(value: float | Sequence[float], name: str = "pixel_spacing") -> tuple[float, float]:
-    """A pixel spacing in mm as (row, col): a positive number (isotropic) or two positive numbers."""
-    values = [value] * 2 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    try:
-        row, col = (float(v) for v in values)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number or two (row, col) in mm, got {value!r}") from None
-    if not (row > 0 and col > 0 and math.isfinite(row) and math.isfinite(col)):
-        raise ValueError(f"{name} must be positive and finite (mm), got {value!r}")
-    return row, col
 
 
 def _plain(value: Any) -> Any:
@@ -138,7 +125,8 @@ def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
         raise ValueError(f"the checkpoint {path}: {err}") from err
     except Exception as err:  # noqa: BLE001 - torch.load raises many types; the message names the file
         raise ValueError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
-    return dict(record) if record is not None else None
+    # a copy: the cached record is shared by every caller, and config values get mutated downstream
+    return copy.deepcopy(record)
 
 
 def _glam_default(name: str) -> Any:

@@ -55,16 +55,18 @@ _BLENDING_MODES = ("linear", "bilinear", "bicubic", "trilinear", "area")
 
 def as_pixel_spacing(value: Any) -> tuple[float, float] | None:
     """``(row, col)`` mm from a number (isotropic) or two numbers; None for None / ``"null"`` / ``"none"`` / ``""``
-    (unknown). Raises ``ValueError`` for anything else, e.g. zero, negative or three values."""
+    (unknown). Raises ``ValueError`` for anything else, e.g. zero, negative, a bool, one or three values. The one
+    parser of a pixel spacing: the model setting (``GLAM(pixel_spacing=...)``) and this module's transforms use it."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
-    values = convert_to_numpy(value, wrap_sequence=True) if not isinstance(value, str) else value
+    scalar = isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
+    values = [value, value] if scalar else value
     try:
-        flat = np.asarray(values, dtype=np.float64).reshape(-1)
+        if isinstance(values, (str, bool, np.bool_)):
+            raise TypeError
+        flat = np.asarray(convert_to_numpy(values, wrap_sequence=True), dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
         raise ValueError(f"pixel_spacing must be a number or (row, col) in mm, or None, got {value!r}") from None
-    if flat.size == 1:
-        flat = np.repeat(flat, 2)
     if flat.size != 2 or not (np.isfinite(flat).all() and (flat > 0).all()):
         raise ValueError(f"pixel_spacing must be one or two positive finite numbers (mm), or None, got {value!r}")
     return float(flat[0]), float(flat[1])
