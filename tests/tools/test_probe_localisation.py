@@ -102,6 +102,13 @@ def test_a_few_cpu_minutes_of_the_recipe_localise_well_above_chance(tmp_path):
     overrides = {
         "datalist": f"$scripts.data.synthetic.ensure_synthetic_dataset({data_root!r}, n=@quickstart_images, "
         "size=@image_size, seed=@seed, config=@quickstart_data)",
+        # the sizes it was measured at (the quick start's before it moved to 736x480)
+        "image_size": [368, 240],
+        "pixel_spacing": 0.8,
+        "crop_iterations": 12,
+        "crop_buffer": 6,
+        "max_shift": [4, 4],
+        "learning_rate": {"global": 1.0e-3, "local": 1.0e-3, "joint": 1.0e-4},
         "global_backbone": {"stem_pool": False, "blocks_per_layer": 1, "padding_mode": "replicate"},
         "pool_in_breast": True,
         "lambda_sparsity": 0.0,
