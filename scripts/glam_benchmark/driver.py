@@ -242,7 +242,12 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             for k, params in enumerate(sample_trials(space, name, budget.trials)):
                 trial_dir = work_dir / name / f"trial_{k:02d}"
                 folders = {"ckpt_root": str(trial_dir / "models"), "output_root": str(trial_dir / "eval")}
-                overrides = {**common, **folders, **budget.model_overrides.get(name, {}), **trial_overrides(params, lr)}
+                overrides = {
+                    **common,
+                    **folders,
+                    **budget.model_overrides.get(name, {}),
+                    **trial_overrides(params, lr, seed=k),
+                }
                 overrides.update(model_steps[name].stage)
                 trial_calls.append(
                     lambda s=model_steps[name], k=k, p=params, d=trial_dir, o=overrides: run_trial(

@@ -527,11 +527,12 @@ def write_results(
     lines += ["", "## Every trial", ""]
     lines += [
         "Hyper-parameters drawn by random search (log-uniform learning rate and lambda, t from the paper's set; "
-        "see the search file) and the validation soft Dice of the trial's selected checkpoint.",
+        "see the search file; trial k trains from torch seed k) and the validation soft Dice and pointing game "
+        "(both classes) of the trial's selected checkpoint.",
         "",
         "| model | trial | learning rate | lambda | t | val Dice malignant | val Dice benign | val Dice (mean) "
-        "| selected |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| val pointing game | selected |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results.values():
         for t in r.trials:
@@ -543,9 +544,10 @@ def write_results(
                 + (f"{p['lambda_sparsity']:.2e}" if "lambda_sparsity" in p else "-")
                 + f" | {'-' if t_value is None else f'{t_value:g}'} | "
                 + (
-                    " | ".join(_fmt(val["dice"][c]) for c in CLASSES) + f" | {_fmt(t['score'])}"
+                    " | ".join(_fmt(val["dice"][c]) for c in CLASSES)
+                    + f" | {_fmt(t['score'])} | {_fmt(pooled_rate(val, 'pointing_game'))}"
                     if val
-                    else "failed | failed | failed"
+                    else "failed | failed | failed | failed"
                 )
                 + f" | {'**yes**' if r.selected == t['index'] else ''} |"
             )

@@ -87,10 +87,13 @@ def sample_trials(space: SearchSpace, model: str, n: int) -> list[dict[str, floa
     return trials
 
 
-def trial_overrides(params: Mapping[str, float], learning_rate: Mapping[str, float]) -> dict[str, Any]:
+def trial_overrides(params: Mapping[str, float], learning_rate: Mapping[str, float], seed: int = 0) -> dict[str, Any]:
     """Bundle overrides of one trial: the searched learning rate replaces the ``global`` stage's (the stage every
-    model's search trains), the other ids are set as drawn."""
-    out: dict[str, Any] = {}
+    model's search trains), the other ids are set as drawn, and the trial trains from its own torch ``seed``
+    (initialisation, data order, augmentations): whether the weakly supervised maps start to localise within a
+    short budget depends on the initialisation (docs/results_findings.md, section 4), so trials that shared one
+    would all share that luck."""
+    out: dict[str, Any] = {"seed": int(seed)}
     for key, value in params.items():
         if key == "learning_rate":
             out["learning_rate"] = {**{k: float(v) for k, v in learning_rate.items()}, Stage.GLOBAL: float(value)}

@@ -79,9 +79,12 @@ def test_other_search_seed_gives_other_draws(tmp_path):
 
 def test_trial_overrides_replace_only_the_global_learning_rate():
     out = search.trial_overrides(
-        {"learning_rate": 2e-3, "lambda_sparsity": 1e-3, "cam_t": 1.0}, {"global": 1e-3, "local": 5e-4, "joint": 5e-5}
+        {"learning_rate": 2e-3, "lambda_sparsity": 1e-3, "cam_t": 1.0},
+        {"global": 1e-3, "local": 5e-4, "joint": 5e-5},
+        seed=3,
     )
     assert out == {
+        "seed": 3,
         "learning_rate": {"global": 2e-3, "local": 5e-4, "joint": 5e-5},
         "lambda_sparsity": 1e-3,
         "cam_t": 1.0,
