@@ -509,7 +509,7 @@ def write_results(
             "",
             "GLAM's global module on the same test images, scale by scale: S_0, S_1 and S_2 (from the finest to the "
             "coarsest grid, nearest-upsampled) and their weighted sum S_g, first from the checkpoint its workflow "
-            "selected by validation Dice (the one the local and joint stages started from), then from the last "
+            "selected (by its `selection_metric`; the one the local and joint stages started from), then from the last "
             "epoch of the same training run. Where a scale lights up away from the lesion, at the image border, "
             "its units answer for the whole image rather than for the place they sit at.",
             "",
