@@ -340,7 +340,17 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     for model in ("glam", "cam", "gmic", "unet"):
         val = json.loads((work / model / "trial_00" / "validation" / "metrics.json").read_text())
         assert val["split"] == "validation"
-        assert f"{metrics.validation_dice(val):.3f}" in text
+        # the trial table: validation Dice, then the pointing game pooled over the classes by their lesion counts
+        pairs = [
+            (val["metrics"]["S_g"][c]["pointing_game"], val["n_lesion_images"][c])
+            for c in ("malignant", "benign")
+            if val["n_lesion_images"][c] > 0
+        ]
+        pooled = sum(rate * n for rate, n in pairs) / sum(n for _, n in pairs)
+        assert f"| {metrics.validation_dice(val):.3f} | {pooled:.3f} |" in text, model
+        # trial k trains from torch seed k
+        command = (work / "logs" / f"{model}_trial00_train.log").read_text().splitlines()[0]
+        assert " --seed 0 " in command, model
     assert "torch " in text and "OMP_NUM_THREADS=1" in text and "## Wall time per model" in text
     assert "python scripts/benchmark.py --preset " in text
     assert "- test: " in text and "differ from the generator's calibrated defaults" in text
