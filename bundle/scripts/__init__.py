@@ -9,7 +9,14 @@ from .convert import convert_nyukat_state_dict, load_nyukat_glam
 from .losses import GLAMLoss
 from .metrics import PxAPMetric, SoftDiceMetric
 from .networks import GLAM, REFERENCE_PRESET, GlobalNetwork, LocalNetwork
-from .patches import PatchSelector, crop_patches, random_patch_boxes, render_saliency, select_patch_boxes
+from .patches import (
+    PatchSelector,
+    crop_patches,
+    random_patch_boxes,
+    render_saliency,
+    select_patch_boxes,
+    shift_patch_boxes,
+)
 from .pooling import TopTPooling
 
 __all__ = [
@@ -25,6 +32,7 @@ __all__ = [
     "PatchSelector",
     "select_patch_boxes",
     "random_patch_boxes",
+    "shift_patch_boxes",
     "crop_patches",
     "render_saliency",
     "convert_nyukat_state_dict",

@@ -28,6 +28,7 @@ __all__ = [
     "map_to_image_boxes",
     "select_patch_boxes",
     "random_patch_boxes",
+    "shift_patch_boxes",
     "crop_patches",
     "render_saliency",
     "PatchSelector",
@@ -214,6 +215,43 @@ def random_patch_boxes(
         overlaps = ((cand_r[None] - r[:, None]).abs() < ph) & ((cand_c[None] - c[:, None]).abs() < pw)
         available = available.masked_fill(overlaps, 0.0)
     return torch.stack(boxes, dim=1)
+
+
+def shift_patch_boxes(
+    boxes: torch.Tensor,
+    image_size: Sequence[int],
+    max_shift: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Move each box by its own random offset, uniform in ``[-max_shift, max_shift]`` pixels per axis, then shift it
+    back inside the image where it left it.
+
+    Algorithm 1 centres a lesion's patch on the lesion, so a local module trained only on such patches can score
+    them by where the lesion usually sits in the patch instead of by what it looks like; random offsets during
+    training take that cue away (a training augmentation: inference keeps Algorithm 1's boxes).
+
+    Args:
+        boxes: (B, K, 4) long boxes (row, col, height, width) inside the image.
+        image_size: (H, W) of the image the boxes are in.
+        max_shift: the largest offset in pixels (0: the boxes unchanged).
+        generator: a ``torch.Generator`` on the boxes' device, for reproducible draws.
+
+    Returns:
+        (B, K, 4) long boxes of the same sizes, inside the image.
+    """
+    if boxes.ndim != 3 or boxes.shape[-1] != 4:
+        raise ValueError(f"boxes must be (B, K, 4), got shape {tuple(boxes.shape)}")
+    if isinstance(max_shift, bool) or not isinstance(max_shift, int) or max_shift < 0:
+        raise ValueError(f"max_shift must be a non-negative int (pixels), got {max_shift!r}")
+    if generator is not None and generator.device.type != boxes.device.type:
+        raise ValueError(f"generator is on {generator.device} but the boxes are on {boxes.device}: use one device")
+    if max_shift == 0:
+        return boxes
+    offsets = torch.randint(-max_shift, max_shift + 1, (*boxes.shape[:-1], 2), generator=generator, device=boxes.device)
+    size = boxes[..., 2:]
+    limit = torch.tensor([int(image_size[0]), int(image_size[1])], device=boxes.device) - size
+    corner = torch.minimum((boxes[..., :2] + offsets).clamp(min=0), limit)
+    return torch.cat([corner, size], dim=-1)
 
 
 def crop_patches(image: torch.Tensor, boxes: torch.Tensor, patch_size: list[int] | None = None) -> torch.Tensor:

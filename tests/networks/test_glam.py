@@ -139,6 +139,20 @@ def test_random_patches_for_negatives_and_given_boxes():
     assert torch.equal(given["patch_boxes"], boxes)
 
 
+def test_patch_shift_moves_algorithm_1_boxes_in_training_only():
+    model = small_glam(stage="joint").train()
+    x = image()
+    selected = model(x)["patch_boxes"]
+    shifted = model(x, patch_shift=8, generator=torch.Generator().manual_seed(0))["patch_boxes"]
+    assert not torch.equal(shifted, selected)
+    assert (shifted - selected)[..., :2].abs().max() <= 8 and torch.equal(shifted[..., 2:], selected[..., 2:])
+    # the patches are cropped where the shifted boxes say, and S_l is drawn there
+    out = model(x, patch_shift=8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(out["patch_boxes"], shifted)
+    with pytest.raises(ValueError, match="patch_shift is a training augmentation"):
+        model.eval()(x, patch_shift=8)
+
+
 @pytest.mark.parametrize(
     "x,match",
     [

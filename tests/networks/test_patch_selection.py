@@ -13,6 +13,7 @@ from scripts.patches import (
     random_patch_boxes,
     select_map_windows,
     select_patch_boxes,
+    shift_patch_boxes,
 )
 
 
@@ -112,6 +113,37 @@ def test_random_patches_fall_back_to_overlap_when_space_runs_out():
     boxes = random_patch_boxes(image, 48, 3, generator=torch.Generator().manual_seed(0))
     assert boxes.shape == (1, 3, 4)
     assert int(boxes[..., 0].max()) <= 16 and int(boxes[..., 1].max()) <= 16
+
+
+def test_shifted_boxes_move_by_the_drawn_offsets_and_stay_inside():
+    H, W, p, s = 100, 80, 32, 10
+    corners = [(0, 0), (68, 48), (40, 30), (5, 44), (60, 3)]  # two corners of the image, the middle, near edges
+    boxes = torch.tensor([[[r, c, p, p] for r, c in corners]] * 64)  # (64, 5, 4)
+    shifted = shift_patch_boxes(boxes, (H, W), s, generator=torch.Generator().manual_seed(7))
+    # the same draw, then the clamping done by hand
+    offsets = torch.randint(-s, s + 1, (64, 5, 2), generator=torch.Generator().manual_seed(7)).numpy()
+    for b in range(64):
+        for k, (r, c) in enumerate(corners):
+            er = min(max(r + offsets[b, k, 0], 0), H - p)
+            ec = min(max(c + offsets[b, k, 1], 0), W - p)
+            assert shifted[b, k].tolist() == [er, ec, p, p]
+    middle = shifted[:, 2, :2] - boxes[:, 2, :2]
+    assert middle.abs().max() == s and len(set(middle.flatten().tolist())) > s  # the whole range is drawn
+    assert shifted.dtype == boxes.dtype
+    assert torch.equal(shift_patch_boxes(boxes, (H, W), 0), boxes)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((torch.zeros(2, 4), (10, 10), 2), r"boxes must be \(B, K, 4\)"),
+        ((torch.zeros(1, 1, 4, dtype=torch.long), (10, 10), -1), "max_shift must be a non-negative int"),
+        ((torch.zeros(1, 1, 4, dtype=torch.long), (10, 10), 2.5), "max_shift must be a non-negative int"),
+    ],
+)
+def test_bad_shift_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        shift_patch_boxes(*args)
 
 
 @pytest.mark.parametrize(

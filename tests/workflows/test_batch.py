@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY_CONFIG, TRAIN_CONFIG
+from monai.bundle import ConfigParser
 
 from scripts.workflows import (
     GLAMPrepareBatch,
@@ -26,6 +28,29 @@ def test_prepare_batch_random_patches_for_negatives_only():
     mask = torch.zeros(5, 2, 16, 8)
     _, target, _, kwargs = GLAMPrepareBatch(with_masks=True)({**batch, "mask": mask})
     assert set(target) == {"label", "mask"} and torch.equal(target["mask"], mask) and kwargs == {}
+
+
+def test_prepare_batch_patch_shift_for_the_local_module():
+    batch = {"image": torch.randn(2, 1, 16, 8), "label": torch.tensor([[1.0, 0.0], [0.0, 0.0]])}
+    kwargs = GLAMPrepareBatch(patch_shift=16)(batch)[3]
+    assert kwargs["patch_shift"] == 16 and isinstance(kwargs["generator"], torch.Generator)
+    assert "random_patch_mask" not in kwargs  # the joint stage: every image gets Algorithm 1's boxes, shifted
+    both = GLAMPrepareBatch(random_negatives=True, patch_shift=4)(batch)[3]
+    assert both["patch_shift"] == 4 and both["random_patch_mask"].tolist() == [False, True]
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="patch_shift must be a non-negative int"):
+            GLAMPrepareBatch(patch_shift=bad)
+
+
+@pytest.mark.parametrize("stage,shift,negatives", [("global", 0, False), ("local", 24, True), ("joint", 24, False)])
+def test_train_config_shifts_the_patches_of_the_local_and_joint_stages(stage, shift, negatives):
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(TINY_CONFIG)])
+    assert parser["patch_shift"] == 0  # the paper's fixed patches by default
+    parser["patch_shift"] = 24
+    parser["stage"] = stage
+    prepare = parser.get_parsed_content("train#prepare_batch")
+    assert (prepare.patch_shift, prepare.random_negatives) == (shift, negatives)
 
 
 def test_prepare_batch_generator_depends_on_seed_and_epoch_only():

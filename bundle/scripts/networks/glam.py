@@ -18,6 +18,7 @@ from ..patches import (
     random_patch_boxes,
     render_saliency,
     select_patch_boxes,
+    shift_patch_boxes,
 )
 from ..pooling import check_fraction
 from ..transforms.mammo.spacing import as_pixel_spacing
@@ -101,7 +102,9 @@ class GLAM(nn.Module):
 
     Forward: ``image`` (B, 1, H, W) standardised mammograms; optional ``patch_boxes`` (B, K, 4) to use instead
     of Algorithm 1; optional ``random_patch_mask`` (B,) bool: those images get K random patches inside the breast
-    (the negatives of stage 2), drawn with ``generator``. Returns a dict of tensors:
+    (the negatives of stage 2), drawn with ``generator``; optional ``patch_shift`` (pixels, training mode only):
+    Algorithm 1's boxes each move by a random offset of up to that many pixels per axis (also drawn with
+    ``generator``), so that a lesion does not always sit at the same place in its patch. Returns a dict of tensors:
 
     - ``y_global`` (B, 2): y_g, probabilities (benign, malignant): GLAM's classification output;
     - ``y_scales`` (B, 3, 2): per-scale pooled predictions; ``z_global`` (B, 256);
@@ -271,6 +274,7 @@ class GLAM(nn.Module):
         patch_boxes: torch.Tensor | None = None,
         random_patch_mask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        patch_shift: int = 0,
     ) -> dict[str, torch.Tensor]:
         """The output dict of the class docstring (``forward`` of GLAM; subclasses may return less from ``forward``)."""
         if not torch.jit.is_scripting():
@@ -305,7 +309,7 @@ class GLAM(nn.Module):
             )
         else:
             boxes = self._patch_boxes(
-                image, g[OutputKey.SALIENCY_GLOBAL.value], patch_boxes, random_patch_mask, generator
+                image, g[OutputKey.SALIENCY_GLOBAL.value], patch_boxes, random_patch_mask, generator, patch_shift
             )
         B, K = boxes.shape[0], boxes.shape[1]
         patches = crop_patches(image, boxes, patch_size)  # (B, K, 1, p, p)
@@ -342,6 +346,7 @@ class GLAM(nn.Module):
         patch_boxes: torch.Tensor | None,
         random_patch_mask: torch.Tensor | None,
         generator: torch.Generator | None,
+        patch_shift: int = 0,
     ) -> torch.Tensor:
         image_size = tuple(image.shape[-2:])
         if patch_boxes is not None:
@@ -353,6 +358,10 @@ class GLAM(nn.Module):
         k = self.num_patches
         _check_patch_count(k, saliency_global.shape[-2:], image_size, self.patch_size)
         boxes = select_patch_boxes(saliency_global.detach(), image_size, self.patch_size, k)
+        if patch_shift:
+            if not self.training:
+                raise ValueError("patch_shift is a training augmentation: inference keeps Algorithm 1's boxes")
+            boxes = shift_patch_boxes(boxes, image_size, patch_shift, generator)
         if random_patch_mask is not None:
             if random_patch_mask.shape != (image.shape[0],):
                 raise ValueError(

@@ -19,17 +19,25 @@ class GLAMPrepareBatch(PrepareBatch):
     - training: ``targets`` = labels (B, 2) for :class:`~scripts.losses.GLAMLoss`; with ``random_negatives``
       (stage 2 of the paper), ``kwargs`` asks the model to give the lesion-free images K random in-breast patches
       instead of Algorithm 1's, drawn from this object's generator (reseed it per epoch with :meth:`set_epoch`);
+      with ``patch_shift`` > 0 (stages ``local`` and ``joint``), Algorithm 1's boxes move by random offsets of up to
+      that many pixels, from the same generator;
     - evaluation: ``targets`` = ``{"label": (B, 2), "mask": (B, 2, H, W)}`` for the localisation metrics.
 
     Args:
         with_masks: return the dict targets (evaluators) instead of the labels.
         random_negatives: random patches for images whose label is all zeros (stage ``local`` training).
         seed: base seed of the patch generator.
+        patch_shift: the largest random offset (pixels) of Algorithm 1's patches in training; 0: none.
     """
 
-    def __init__(self, with_masks: bool = False, random_negatives: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self, with_masks: bool = False, random_negatives: bool = False, seed: int = 0, patch_shift: int = 0
+    ) -> None:
+        if isinstance(patch_shift, bool) or not isinstance(patch_shift, int) or patch_shift < 0:
+            raise ValueError(f"patch_shift must be a non-negative int (pixels), got {patch_shift!r}")
         self.with_masks = bool(with_masks)
         self.random_negatives = bool(random_negatives)
+        self.patch_shift = patch_shift
         self.seed = int(seed)
         self.epoch = 0
         self._generators: dict[str, torch.Generator] = {}
@@ -65,6 +73,9 @@ class GLAMPrepareBatch(PrepareBatch):
         model_kwargs: dict = {}
         if self.random_negatives:
             model_kwargs["random_patch_mask"] = label.sum(dim=1) == 0
+            model_kwargs["generator"] = self._generator(image.device)
+        if self.patch_shift:
+            model_kwargs["patch_shift"] = self.patch_shift
             model_kwargs["generator"] = self._generator(image.device)
         if label.shape[0] != image.shape[0]:
             raise ValueError(f"'label' has {label.shape[0]} rows for a batch of {image.shape[0]} images")
