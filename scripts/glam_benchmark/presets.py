@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,8 @@ class Budget:
     model, config ids set on its command lines (they win over the overlays, which are layered after the preset).
     ``variation_seeds``: data seeds on which every model is trained again with its selected hyper-parameters (the
     variation of the table across data sets); ``wall_limit_h``: the run's wall-time target, checked in the results
-    (None: no target)."""
+    (None: no target). ``local_learning_rate`` / ``joint_learning_rate`` and ``patch_shift``: GLAM's later stages as
+    the preset sets them (reported in the results; None: not a number in the preset)."""
 
     search_space: str
     trials: int
@@ -55,6 +56,9 @@ class Budget:
     model_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     variation_seeds: tuple[int, ...] = ()
     wall_limit_h: float | None = None
+    local_learning_rate: float | None = None
+    joint_learning_rate: float | None = None
+    patch_shift: int = 0
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -140,6 +144,20 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         variation_seeds=_seeds(section.get("variation_seeds"), preset),
         wall_limit_h=_hours(section.get("wall_limit_h"), preset),
     )
-    if not isinstance(config.get("learning_rate"), Mapping):
+    learning_rate = config.get("learning_rate")
+    if not isinstance(learning_rate, Mapping):
         raise BenchmarkError(f"{preset}: 'learning_rate' must be per stage (global, local, joint)")
+    shift = config.get("patch_shift", 0)
+    if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
+        raise BenchmarkError(f"{preset}: 'patch_shift' must be a non-negative int (pixels), got {shift!r}")
+    budget = replace(
+        budget,
+        local_learning_rate=_number(learning_rate.get(Stage.LOCAL)),
+        joint_learning_rate=_number(learning_rate.get(Stage.JOINT)),
+        patch_shift=shift,
+    )
     return config, budget
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

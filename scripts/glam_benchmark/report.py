@@ -163,6 +163,10 @@ def _short(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _at_rate(learning_rate: float | None) -> str:
+    return "" if learning_rate is None else f" (learning rate {learning_rate:g})"
+
+
 def _minutes(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"
@@ -339,9 +343,15 @@ def write_results(
         "global stage; each epoch is every training image with a lesion plus as many lesion-free ones), the "
         "epoch of each stage selected by the workflow's `selection_metric` (the preset's; train.yaml's default is the "
         "validation soft Dice), the trial with the best validation "
-        f"Dice kept. GLAM then trains its local stage for {budget.local_epochs} and its joint stage for "
-        f"{budget.joint_epochs} epoch(s) from the selected global module (the paper: 30 trials of 50 epochs, "
-        "then 20 local and < 5 joint epochs)."
+        f"Dice kept. GLAM then trains its local stage for {budget.local_epochs}{_at_rate(budget.local_learning_rate)} "
+        f"and its joint stage for {budget.joint_epochs} epoch(s){_at_rate(budget.joint_learning_rate)} from the "
+        "selected global module"
+        + (
+            f", on Algorithm 1's patches moved by random offsets of up to {budget.patch_shift} px (`patch_shift`)"
+            if budget.patch_shift
+            else ""
+        )
+        + " (the paper: 30 trials of 50 epochs, then 20 local and < 5 joint epochs)."
         + (
             f" Variation: every model trained again with its selected hyper-parameters on the data of seed(s) "
             f"{', '.join(str(x) for x in budget.variation_seeds)} (same settings, other images), no new search."

@@ -118,6 +118,9 @@ def test_bad_search_and_preset_files_are_named(tmp_path):
     preset.write_text("benchmark: {search_space: cpu, trials: 0, examples: 1}\n")
     with pytest.raises(presets.BenchmarkError, match=r"benchmark#trials must be an integer >= 1"):
         presets.read_preset(preset)
+    preset.write_text("benchmark: {search_space: cpu, trials: 1, examples: 1}\npatch_shift: -4\n")
+    with pytest.raises(presets.BenchmarkError, match=r"preset.yaml: 'patch_shift' must be a non-negative int"):
+        presets.read_preset(preset)
 
 
 def test_command_line_errors(tmp_path, capsys):
@@ -143,6 +146,10 @@ def test_presets_declare_a_budget_and_an_existing_search_space():
     cpu_budget = presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1]
     assert set(cpu_budget.model_overrides) == {"unet"} and len(cpu_budget.model_overrides["unet"]["unet_features"]) == 6
     assert cpu_budget.wall_limit_h == 3
+    # GLAM's later stages as the results state them
+    assert (cpu_budget.local_learning_rate, cpu_budget.joint_learning_rate, cpu_budget.patch_shift) == (1e-4, 1e-5, 32)
+    full_budget = presets.read_preset(REPO_ROOT / "configs" / "benchmark_full.yaml")[1]
+    assert full_budget.patch_shift == 0  # the paper's patches
     assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]["image_size"] == [736, 480]
 
 
@@ -295,6 +302,10 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     argv += ["--threads", "1", "--jobs", "2"]
     assert cli.main(argv) == 0, capsys.readouterr().out
     text = results.read_text()
+    assert (
+        "GLAM then trains its local stage for 1 (learning rate 0.001) and its joint stage for 1 epoch(s) (learning "
+        "rate 0.0001) from the selected global module, on Algorithm 1's patches moved by random offsets of up to 8 px"
+    ) in " ".join(text.split())
 
     # Table 1: every model row, every column, values as in each model's test metrics.json
     header = "| model | " + " | ".join(
