@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,9 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
     epochs = config.get("epochs")
     if not isinstance(epochs, Mapping) or not all(k in epochs for k in STAGES):
         raise BenchmarkError(f"{preset}: 'epochs' must give the global, local and joint epochs, got {epochs!r}")
+    learning_rate = config.get("learning_rate")
+    if not isinstance(learning_rate, Mapping):
+        raise BenchmarkError(f"{preset}: 'learning_rate' must be per stage (global, local, joint)")
     budget = Budget(
         search_space=str(section["search_space"]),
         trials=_positive_int(section["trials"], f"{preset}: benchmark#trials"),
@@ -143,18 +146,9 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         model_overrides=_model_overrides(section.get("model_overrides"), preset),
         variation_seeds=_seeds(section.get("variation_seeds"), preset),
         wall_limit_h=_hours(section.get("wall_limit_h"), preset),
-    )
-    learning_rate = config.get("learning_rate")
-    if not isinstance(learning_rate, Mapping):
-        raise BenchmarkError(f"{preset}: 'learning_rate' must be per stage (global, local, joint)")
-    shift = config.get("patch_shift", 0)
-    if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
-        raise BenchmarkError(f"{preset}: 'patch_shift' must be a non-negative int (pixels), got {shift!r}")
-    budget = replace(
-        budget,
         local_learning_rate=_number(learning_rate.get(Stage.LOCAL)),
         joint_learning_rate=_number(learning_rate.get(Stage.JOINT)),
-        patch_shift=shift,
+        patch_shift=_positive_int(config.get("patch_shift", 0), f"{preset}: patch_shift", minimum=0),
     )
     return config, budget
 

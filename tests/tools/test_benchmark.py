@@ -119,7 +119,7 @@ def test_bad_search_and_preset_files_are_named(tmp_path):
     with pytest.raises(presets.BenchmarkError, match=r"benchmark#trials must be an integer >= 1"):
         presets.read_preset(preset)
     preset.write_text("benchmark: {search_space: cpu, trials: 1, examples: 1}\npatch_shift: -4\n")
-    with pytest.raises(presets.BenchmarkError, match=r"preset.yaml: 'patch_shift' must be a non-negative int"):
+    with pytest.raises(presets.BenchmarkError, match=r"preset.yaml: patch_shift must be an integer >= 0, got -4"):
         presets.read_preset(preset)
 
 

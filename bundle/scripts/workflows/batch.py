@@ -73,9 +73,9 @@ class GLAMPrepareBatch(PrepareBatch):
         model_kwargs: dict = {}
         if self.random_negatives:
             model_kwargs["random_patch_mask"] = label.sum(dim=1) == 0
-            model_kwargs["generator"] = self._generator(image.device)
         if self.patch_shift:
             model_kwargs["patch_shift"] = self.patch_shift
+        if model_kwargs:  # both draw from the per-epoch patch generator
             model_kwargs["generator"] = self._generator(image.device)
         if label.shape[0] != image.shape[0]:
             raise ValueError(f"'label' has {label.shape[0]} rows for a batch of {image.shape[0]} images")
