@@ -45,6 +45,7 @@ import torch  # noqa: E402
 from glam_benchmark.trivial import STATISTICS, auc, no_learning_baselines, preprocess_items  # noqa: E402
 from monai.bundle import ConfigParser  # noqa: E402
 
+from scripts.atomic import atomic_write  # noqa: E402
 from scripts.enums import CLASS_NAMES, OutputKey, Stage  # noqa: E402
 from scripts.metrics import PointingGameMetric, SoftDiceMetric  # noqa: E402
 from scripts.networks.global_network import nearest_resize  # noqa: E402
@@ -106,10 +107,9 @@ def preprocess_split(
     if path.is_file():
         return torch.load(path, weights_only=True)
     split = preprocess_items(items, transform)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(split, tmp)
-    tmp.replace(path)
+    # a unique temporary name: two probes started together on one cache (a paired comparison) both write it
+    with atomic_write(path) as f:
+        torch.save(split, f)
     return split
 
 

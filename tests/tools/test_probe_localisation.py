@@ -88,6 +88,41 @@ def test_set_values_and_config_loading():
         probe.load_parser(REPO_ROOT / "missing.yaml", "glam", {})
 
 
+def test_the_cache_is_computed_once_and_written_under_a_unique_temporary_name(tmp_path, monkeypatch):
+    calls = []
+
+    def transform(item):  # a deterministic preprocessing that counts its calls
+        calls.append(item["id"])
+        return {
+            "image": torch.full((1, 2, 2), float(item["id"])),
+            "mask": torch.zeros(2, 2, 2),
+            "label": torch.tensor([0, 1]),
+        }
+
+    items = [{"id": 1}, {"id": 2}]
+    first = probe.preprocess_split(items, transform, tmp_path, {"image_size": [2, 2]})
+    again = probe.preprocess_split(items, transform, tmp_path, {"image_size": [2, 2]})
+    assert calls == [1, 2] and torch.equal(again["image"], first["image"]) and again["image"][1].max() == 2.0
+    assert [p.suffix for p in tmp_path.iterdir()] == [".pt"]  # no temporary file left behind
+    probe.preprocess_split(items, transform, tmp_path, {"image_size": [4, 4]})  # other settings: another file
+    assert calls == [1, 2, 1, 2] and len(list(tmp_path.iterdir())) == 2
+
+    # a second probe finishing the same cache file while the first writes it: both succeed, the file is whole
+    real_save, nested = torch.save, []
+
+    def save_twice(obj, f):
+        real_save(obj, f)
+        if not nested:  # the other probe writes and renames its file between this one's write and its rename
+            nested.append(True)
+            probe.preprocess_split(items, transform, tmp_path / "shared", {"image_size": [2, 2]})
+
+    monkeypatch.setattr(probe.torch, "save", save_twice)
+    shared = probe.preprocess_split(items, transform, tmp_path / "shared", {"image_size": [2, 2]})
+    monkeypatch.undo()
+    assert torch.equal(shared["image"], first["image"])
+    assert torch.equal(torch.load(next((tmp_path / "shared").glob("*.pt")), weights_only=True)["image"], first["image"])
+
+
 @pytest.mark.slow
 def test_a_few_cpu_minutes_of_the_recipe_localise_well_above_chance(tmp_path):
     """The learning test: the CPU benchmark's global module (small receptive fields, replicate padding,
