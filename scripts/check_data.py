@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                 {"split": p.split, "index": p.index, "key": p.key, "file": p.file, "message": p.message}
                 for p in report.problems
             ],
+            # image -> the (row, col) mm its file states, null when none (images that were read)
+            "pixel_spacing": {image: None if v is None else list(v) for image, v in report.spacings.items()},
         }
         tmp = args.json.with_name(f".tmp-{args.json.name}")
         tmp.write_text(json.dumps(payload, indent=2) + "\n")

@@ -162,6 +162,9 @@ def test_check_data_cli_report_and_exit_status(tmp_path, good_root, capsys):
         assert fname in out
     payload = json.loads((tmp_path / "report.json").read_text())
     assert len(payload["problems"]) == len(errors) and payload["n_items"] == 14
+    # the images that were read, each with the spacing its file states (the synthetic PNGs' pHYs) or null
+    stated = [v for v in payload["pixel_spacing"].values() if v is not None]
+    assert stated and all(len(v) == 2 and min(v) > 0 for v in stated)
     assert cli.main([str(good_root / "datalist.json"), "--list-ok"]) == 0
     out = capsys.readouterr().out
     assert "4 ok" in out and out.count("\nok ") == 4
@@ -209,3 +212,37 @@ def test_structural_problems(tmp_path):
     problems = check_datalist({"training": ["just a string", {"label": [0, 0]}]}, tmp_path)
     assert [p.index for p in problems] == [0, 1]
     assert "must be an object" in str(problems[0]) and "missing 'image'" in str(problems[1])
+
+
+def test_pixel_spacing_is_summarised_and_unknown_spacing_warned_against_the_model(tmp_path, caplog):
+    img = np.full((40, 30), 500, np.uint16)
+    write_png16(tmp_path / "at_04.png", img, spacing_mm=0.4)  # pHYs: 2500 px/m
+    write_png16(tmp_path / "at_01.png", img, spacing_mm=0.1)
+    write_png16(tmp_path / "none_a.png", img)  # no pHYs: unknown
+    write_png16(tmp_path / "none_b.png", img)
+    items = [{"image": name, "patient_id": f"p{i}"} for i, name in enumerate(["at_04.png", "at_01.png", "none_a.png"])]
+    data = {"training": items, "test": [{"image": "none_b.png", "patient_id": "p9"}]}
+
+    report = run_data_checks(data, tmp_path)
+    assert report.ok
+    assert report.spacings[str(tmp_path / "at_04.png")] == pytest.approx((0.4, 0.4), rel=1e-3)
+    assert report.unknown_spacing == [str(tmp_path / "none_a.png"), str(tmp_path / "none_b.png")]
+    line = report.format().splitlines()[1]
+    assert line.startswith("pixel spacing: 2 of 4 image(s) state one (0.1-0.4 mm); without: ")
+    assert "none_a.png" in line and "none_b.png" in line and "at_01" not in line
+    # nothing read, nothing to say; all stated and equal: one value, no list
+    assert run_data_checks(data, tmp_path, read_files=False).spacing_summary() is None
+    uniform = run_data_checks({"training": items[:1]}, tmp_path).spacing_summary()
+    assert uniform == "pixel spacing: 1 of 1 image(s) state one (0.4 mm)"
+
+    with caplog.at_level("WARNING", logger="scripts.data.checks"):
+        assert_datalist_ok(data, tmp_path)  # the model's spacing unknown: nothing is assumed, nothing to warn
+        assert not caplog.records
+        assert_datalist_ok(data, tmp_path, pixel_spacing=0.4)
+    (record,) = caplog.records
+    assert "2 of 4 image(s) state no pixel spacing" in record.getMessage() and "0.4 mm" in record.getMessage()
+    assert "none_a.png" in record.getMessage() and "at_04.png" not in record.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="scripts.data.checks"):
+        assert_datalist_ok({"training": items[:2]}, tmp_path, pixel_spacing=[0.4, 0.4])  # every image states one
+    assert not caplog.records

@@ -94,6 +94,27 @@ def test_good_data_passes_the_check_and_training_starts(tmp_path, tiny_datalist,
     assert len(calls["check"]) == 1 and calls["train"] == ["global"]
 
 
+def test_images_without_a_pixel_spacing_are_named_when_the_model_has_one(tmp_path, tiny_datalist, calls, caplog):
+    """train.yaml passes its pixel_spacing to the check: a PNG without pHYs is warned about, training starts."""
+    from PIL import Image
+
+    data = resolve_paths(load_datalist(tiny_datalist), Path(tiny_datalist).parent)
+    plain = tmp_path / "no_phys.png"
+    Image.open(data["training"][0]["image"]).save(plain)  # the same pixels, no pHYs chunk
+    data["training"][0]["image"] = str(plain)
+    path = tmp_path / "datalist.json"
+    path.write_text(json.dumps(data))
+    with caplog.at_level("WARNING", logger="scripts.data.checks"):
+        _workflow(tmp_path, str(path), pixel_spacing=0.8).run()
+    messages = [r.getMessage() for r in caplog.records if r.name == "scripts.data.checks"]
+    assert len(messages) == 1 and str(plain) in messages[0] and "0.8 mm" in messages[0], messages
+    assert calls["train"] == ["global"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="scripts.data.checks"):
+        _workflow(tmp_path, str(path)).run()  # the tiny preset's model spacing: null, nothing is assumed
+    assert not [r for r in caplog.records if r.name == "scripts.data.checks"]
+
+
 @pytest.mark.slow
 def test_command_line_fails_within_seconds_listing_the_bad_files(tmp_path, bad_datalist):
     datalist, bad_files = bad_datalist

@@ -11,13 +11,19 @@ masks are binary and have the image's size; ``label`` is absent/null (unknown) o
 with masks (a lesion pixel under label 0 is an error; with ``strict_masks`` an empty mask under label 1 too);
 ``laterality``/``facing`` take their allowed values. Across items: no patient (or image) in two splits and no
 image listed twice.
+
+Not a problem but worth knowing before training: the pixel spacing the images state (DICOM PixelSpacing, NIfTI / ITK
+geometry, PNG pHYs). The report counts the images that state one and those that do not; given the model's
+``pixel_spacing``, ``assert_datalist_ok`` logs a warning naming the images without one, which the preprocessing
+takes at the model's spacing unresampled (inference notes the same in ``errors.csv``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,8 @@ import numpy as np
 
 from ..enums import CLASS_NAMES
 from .datalist import DatalistError, check_patient_splits, iter_items, load_datalist
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DataProblem",
@@ -69,10 +77,33 @@ class DataCheckReport:
     problems: list[DataProblem] = field(default_factory=list)
     n_items: int = 0
     ok_items: list[tuple[str, int, str]] = field(default_factory=list)  # (split, index, image)
+    # image path -> the (row, col) mm its file states, None when it states none; only for images that were read
+    spacings: dict[str, tuple[float, float] | None] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def unknown_spacing(self) -> list[str]:
+        """The images read whose file states no pixel spacing."""
+        return [image for image, spacing in self.spacings.items() if spacing is None]
+
+    def spacing_summary(self) -> str | None:
+        """One line on the pixel spacings the images state; None when no image was read."""
+        if not self.spacings:
+            return None
+        known = [s for s in self.spacings.values() if s is not None]
+        line = f"pixel spacing: {len(known)} of {len(self.spacings)} image(s) state one"
+        if known:
+            values = np.asarray(known, dtype=float)
+            low, high = float(values.min()), float(values.max())
+            line += f" ({low:.4g} mm)" if np.isclose(low, high, rtol=1e-3) else f" ({low:.4g}-{high:.4g} mm)"
+        unknown = self.unknown_spacing
+        if unknown:
+            shown = ", ".join(f"'{p}'" for p in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+            line += f"; without: {shown}"
+        return line
 
     def format(self, list_ok: bool = False) -> str:
         """A human-readable report: a summary line, then one line per problem (and per valid item on request)."""
@@ -81,6 +112,9 @@ class DataCheckReport:
             f"{self.source}: {self.n_items} item(s) checked, {len(self.ok_items)} ok, {len(bad)} with problems, "
             f"{len(self.problems)} problem(s) in total"
         ]
+        spacing = self.spacing_summary()
+        if spacing is not None:
+            lines.append(spacing)
         lines += [f"ERROR {p}" for p in self.problems]
         if list_ok:
             lines += [f"ok    {split}[{index}] '{image}'" for split, index, image in self.ok_items]
@@ -100,20 +134,20 @@ def _resolve(value: str, base_dir: Path | None) -> Path:
     return p if p.is_absolute() or base_dir is None else base_dir / p
 
 
-def _read(path: Path, mask: bool) -> tuple[np.ndarray | None, str | None]:
-    """(array, None) or (None, problem) without raising: batch checks report every bad file."""
+def _read(path: Path, mask: bool) -> tuple[np.ndarray | None, str | None, Any]:
+    """(array, None, meta) or (None, problem, None) without raising: batch checks report every bad file."""
     from .readers import MammogramReadError, read_mammogram
 
     try:
-        arr, _ = read_mammogram(path, mask=mask)
+        arr, meta = read_mammogram(path, mask=mask)
     except MammogramReadError as err:
-        return None, getattr(err, "problem", None) or str(err)
+        return None, getattr(err, "problem", None) or str(err), None
     except Exception as err:  # a reader bug or an exotic file must not stop the other items from being checked
-        return None, f"cannot be read ({type(err).__name__}: {err})"
+        return None, f"cannot be read ({type(err).__name__}: {err})", None
     arr = np.asarray(arr)
     if arr.ndim != 2:
-        return None, f"expected a 2-D (H, W) array, got shape {arr.shape}"
-    return arr, None
+        return None, f"expected a 2-D (H, W) array, got shape {arr.shape}", None
+    return arr, None, meta
 
 
 def _label_problem(label: Any) -> str | None:
@@ -155,7 +189,7 @@ def run_data_checks(
     seen_images: dict[str, list[str]] = defaultdict(list)
     for split, index, item in iter_items(data):
         report.n_items += 1
-        found = _check_item(split, index, item, base, read_files, strict_masks)
+        found = _check_item(split, index, item, base, read_files, strict_masks, report.spacings)
         report.problems += found
         if isinstance(item, Mapping) and isinstance(item.get("image"), str):
             seen_images[str(_resolve(item["image"], base))].append(f"{split}[{index}]")
@@ -168,8 +202,23 @@ def run_data_checks(
     return report
 
 
+def _stated_spacing(meta: Any) -> tuple[float, float] | None:
+    """The (row, col) mm a reader's ``meta`` states; None when it states none (absent, NaN)."""
+    value = meta.get("spacing") if isinstance(meta, Mapping) else None
+    if value is None:
+        return None
+    row, col = (float(v) for v in value)
+    return (row, col) if np.isfinite(row) and np.isfinite(col) else None
+
+
 def _check_item(
-    split: str, index: int, item: Any, base: Path | None, read_files: bool, strict_masks: bool
+    split: str,
+    index: int,
+    item: Any,
+    base: Path | None,
+    read_files: bool,
+    strict_masks: bool,
+    spacings: dict[str, tuple[float, float] | None],
 ) -> list[DataProblem]:
     problems: list[DataProblem] = []
 
@@ -194,11 +243,12 @@ def _check_item(
     image_shape = None
     if read_files:
         image_path = _resolve(image_value, base)
-        arr, problem = _read(image_path, mask=False)
+        arr, problem, meta = _read(image_path, mask=False)
         if problem is not None:
             add(problem, "image", image_path)
         else:
             image_shape = arr.shape
+            spacings[str(image_path)] = _stated_spacing(meta)
     for key, cls in MASK_KEYS.items():
         value = item.get(key)
         if value is None:
@@ -209,7 +259,7 @@ def _check_item(
         if not read_files:
             continue
         mask_path = _resolve(value, base)
-        mask, problem = _read(mask_path, mask=True)
+        mask, problem, _ = _read(mask_path, mask=True)
         if problem is not None:
             add(problem, key, mask_path)
             continue
@@ -250,9 +300,26 @@ def assert_datalist_ok(
     base_dir: str | os.PathLike | None = None,
     *,
     strict_masks: bool = True,
+    pixel_spacing: float | Sequence[float] | None = None,
 ) -> DataCheckReport:
-    """Run the checks and raise :class:`DataCheckError` (listing every problem) if there is any."""
+    """Run the checks and raise :class:`DataCheckError` (listing every problem) if there is any.
+
+    ``pixel_spacing``: the model's (a number or (row, col) mm; None: unknown). When it is set, images whose file
+    states no spacing are logged as a warning: the preprocessing uses them at their stored resolution as if they had
+    the model's spacing, which is right only if they do. Training goes on.
+    """
     report = run_data_checks(datalist, base_dir, strict_masks=strict_masks)
     if not report.ok:
         raise DataCheckError(report)
+    unknown = report.unknown_spacing
+    if pixel_spacing is not None and unknown:
+        model = pixel_spacing if isinstance(pixel_spacing, (int, float)) else tuple(pixel_spacing)
+        logger.warning(
+            "%s: %d of %d image(s) state no pixel spacing; they are used unresampled, as if at the model's %s mm: %s",
+            report.source,
+            len(unknown),
+            len(report.spacings),
+            model,
+            ", ".join(unknown[:5]) + (", ..." if len(unknown) > 5 else ""),
+        )
     return report
