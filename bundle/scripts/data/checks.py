@@ -202,15 +202,6 @@ def run_data_checks(
     return report
 
 
-def _stated_spacing(meta: Any) -> tuple[float, float] | None:
-    """The (row, col) mm a reader's ``meta`` states; None when it states none (absent, NaN)."""
-    value = meta.get("spacing") if isinstance(meta, Mapping) else None
-    if value is None:
-        return None
-    row, col = (float(v) for v in value)
-    return (row, col) if np.isfinite(row) and np.isfinite(col) else None
-
-
 def _check_item(
     split: str,
     index: int,
@@ -248,7 +239,7 @@ def _check_item(
             add(problem, "image", image_path)
         else:
             image_shape = arr.shape
-            spacings[str(image_path)] = _stated_spacing(meta)
+            spacings[str(image_path)] = meta.get("spacing")  # the readers' (row, col) mm, None when unknown
     for key, cls in MASK_KEYS.items():
         value = item.get(key)
         if value is None:
@@ -308,18 +299,20 @@ def assert_datalist_ok(
     states no spacing are logged as a warning: the preprocessing uses them at their stored resolution as if they had
     the model's spacing, which is right only if they do. Training goes on.
     """
+    from ..transforms.mammo.spacing import as_pixel_spacing, format_spacing
+
+    model_spacing = as_pixel_spacing(pixel_spacing)  # a bad value fails here, before every file is read
     report = run_data_checks(datalist, base_dir, strict_masks=strict_masks)
     if not report.ok:
         raise DataCheckError(report)
     unknown = report.unknown_spacing
-    if pixel_spacing is not None and unknown:
-        model = pixel_spacing if isinstance(pixel_spacing, (int, float)) else tuple(pixel_spacing)
+    if model_spacing is not None and unknown:
         logger.warning(
             "%s: %d of %d image(s) state no pixel spacing; they are used unresampled, as if at the model's %s mm: %s",
             report.source,
             len(unknown),
             len(report.spacings),
-            model,
+            format_spacing(model_spacing),
             ", ".join(unknown[:5]) + (", ..." if len(unknown) > 5 else ""),
         )
     return report
