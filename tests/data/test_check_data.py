@@ -246,3 +246,5 @@ def test_pixel_spacing_is_summarised_and_unknown_spacing_warned_against_the_mode
     with caplog.at_level("WARNING", logger="scripts.data.checks"):
         assert_datalist_ok({"training": items[:2]}, tmp_path, pixel_spacing=[0.4, 0.4])  # every image states one
     assert not caplog.records
+    with pytest.raises(ValueError, match="pixel_spacing"):
+        assert_datalist_ok(data, tmp_path, pixel_spacing=-0.4)
