@@ -1,6 +1,8 @@
-"""The preprocessing chains written out as transform blocks in the configs are the chains of
-``mammogram_transforms()``: the same transforms in the same order, with the same arguments, giving bit-identical
-outputs (with the same random draws) on synthetic mammograms; overrides of the size ids reach the blocks."""
+"""The preprocessing chains written out as transform blocks in the configs are the chains of the Python builders:
+the same transforms in the same order, with the same arguments. Training and validation run each chain in two halves
+(cached per image: ``mammogram_cache_transforms``; per step, on the device: ``mammogram_step_transforms``), which
+together give ``mammogram_transforms()``'s images bit for bit (with the same random draws) on synthetic mammograms;
+overrides of the size ids reach the blocks."""
 
 from __future__ import annotations
 
@@ -12,27 +14,32 @@ import pytest
 import torch
 from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG, assert_identical
 from monai.bundle import ConfigParser
-from monai.transforms import Compose, RandomizableTrait, Transform
+from monai.transforms import Compose, CopyItemsd, DeleteItemsd, RandomizableTrait, Transform
 from PIL import Image
 
 from scripts.transforms import (
+    BestCenterRegiond,
     BestCenterWindowd,
     CropBreastd,
-    RandBestCenterWindowd,
+    RandWindowShiftd,
     ResampleToSpacingd,
     mammogram_augmentations,
+    mammogram_cache_transforms,
+    mammogram_step_transforms,
     mammogram_transforms,
 )
 
 INFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference.yaml"
 TINY_INFERENCE_CONFIG = TINY_CONFIG.parent / "tiny_inference.yaml"
 MASK_KEYS = ["mask_benign", "mask_malignant"]
-# chain name -> (config files without / with the tiny sizes, config id of the Compose, train, mask keys)
+# chain name -> (config files without / with the tiny sizes, config id of the (cached) Compose, train, mask keys)
 CHAINS = {
     "train": ([TRAIN_CONFIG], [TRAIN_CONFIG, TINY_CONFIG], "train#preprocessing", True, MASK_KEYS),
     "validate": ([TRAIN_CONFIG], [TRAIN_CONFIG, TINY_CONFIG], "validate#preprocessing", False, MASK_KEYS),
     "inference": ([INFERENCE_CONFIG], [INFERENCE_CONFIG, TINY_INFERENCE_CONFIG], "preprocessing", False, []),
 }
+#: the config id of each split chain's per-step half
+STEP_IDS = {"train": "train#batch_transforms", "validate": "validate#batch_transforms"}
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -49,22 +56,51 @@ def parse(files: list[Path], **overrides) -> ConfigParser:
     return parser
 
 
+def _settings(parser: ConfigParser, train: bool) -> dict:
+    settings = dict(
+        window=parser.get_parsed_content("image_size"),
+        iterations=parser.get_parsed_content("crop_iterations"),
+        buffer=parser.get_parsed_content("crop_buffer"),
+        pixel_spacing=parser.get_parsed_content("pixel_spacing"),
+    )
+    if train:
+        settings["max_shift"] = parser.get_parsed_content("max_shift")
+    return settings
+
+
 def python_chain(parser: ConfigParser, chain: str, **settings) -> Compose:
-    """``mammogram_transforms`` with the parser's settings (none: its own defaults), followed by the config's
-    ``target_transforms`` for train and validate (they are not part of ``mammogram_transforms``)."""
+    """The Python version of the config id ``CHAINS[chain][2]``: ``mammogram_transforms`` (inference), or for train
+    and validate ``mammogram_cache_transforms`` between the config's own bookkeeping blocks (record the path, drop
+    the masks GLAM's training does not use, stack the masks, ``target_transforms``), with the parser's settings
+    (``from_parser=False``: the builders' own defaults)."""
     _, _, _, train, mask_keys = CHAINS[chain]
     if settings.pop("from_parser", True):
-        settings.update(
-            window=parser.get_parsed_content("image_size"),
-            iterations=parser.get_parsed_content("crop_iterations"),
-            buffer=parser.get_parsed_content("crop_buffer"),
-            pixel_spacing=parser.get_parsed_content("pixel_spacing"),
-        )
-        if train:
-            settings["max_shift"] = parser.get_parsed_content("max_shift")
-    t = mammogram_transforms(keys=["image"], mask_keys=mask_keys, train=train, **settings)
-    tail = parser.get_parsed_content("target_transforms") if mask_keys else []
-    return Compose(list(t.transforms) + list(tail))
+        settings.update(_settings(parser, train))
+    if chain == "inference":
+        return mammogram_transforms(keys=["image"], mask_keys=mask_keys, train=train, **settings)
+    settings.pop("augmentations", None)
+    with_masks = not train or parser.get_parsed_content("train_with_masks")
+    # the config's blocks name the mask keys even where GLAM's training drops the masks first (allow_missing_keys)
+    cache = mammogram_cache_transforms(keys=["image"], mask_keys=mask_keys, train=train, **settings)
+    head = [CopyItemsd(keys="image", names="image_path")] + ([] if with_masks else [DeleteItemsd(keys=MASK_KEYS)])
+    stack = [parser.get_parsed_content("stack_masks")] if with_masks else []
+    return Compose(head + list(cache.transforms) + stack + list(parser.get_parsed_content("target_transforms")))
+
+
+def python_steps(parser: ConfigParser, chain: str, from_parser: bool = True, **settings) -> Compose:
+    """The Python version of the per-step half (``STEP_IDS``): ``mammogram_step_transforms`` on the stacked mask."""
+    train = CHAINS[chain][3]
+    if from_parser:
+        settings.update({k: v for k, v in _settings(parser, train).items() if k in ("window", "max_shift")})
+    return mammogram_step_transforms(keys=["image"], mask_keys=["mask"], train=train, **settings)
+
+
+def full_chain(parser: ConfigParser, chain: str) -> Compose:
+    """What the model sees: the config's cached chain, then its per-step chain (the inference chain is one piece)."""
+    cached = parser.get_parsed_content(CHAINS[chain][2])
+    if chain not in STEP_IDS:
+        return cached
+    return Compose(list(cached.transforms) + list(parser.get_parsed_content(STEP_IDS[chain]).transforms))
 
 
 def describe(obj, depth: int = 0):
@@ -165,60 +201,104 @@ def run(chain: Compose, items: list[dict], seed: int) -> list[dict]:
 # -------------------------------------------------------------------------------------------------- tests
 
 
+def stacked(d: dict) -> torch.Tensor:
+    """The (2, H, W) uint8 masks of a one-piece chain's output, zeros for an absent class (as StackMasksd stacks)."""
+    size = tuple(d["image"].shape[-2:])
+    return torch.stack(
+        [torch.as_tensor(d[k])[0] if k in d else torch.zeros(size, dtype=torch.uint8) for k in MASK_KEYS]
+    )
+
+
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 def test_config_defaults_are_the_python_defaults(chain):
-    """The configs alone (the paper's sizes) show mammogram_transforms()'s own defaults."""
+    """The configs alone (the paper's sizes) show the Python builders' own defaults."""
     files, _, config_id, _, _ = CHAINS[chain]
     parser = parse(files)
     assert_same_chain(parser.get_parsed_content(config_id), python_chain(parser, chain, from_parser=False))
+    if chain in STEP_IDS:
+        assert_same_chain(parser.get_parsed_content(STEP_IDS[chain]), python_steps(parser, chain, from_parser=False))
 
 
-@pytest.mark.parametrize("chain", sorted(CHAINS))
-def test_config_chain_equals_mammogram_transforms(items, chain):
-    _, files, config_id, train, _ = CHAINS[chain]
-    parser = parse(files)
+@pytest.mark.parametrize(
+    "chain, train_masks", [("inference", False), ("train", False), ("train", True), ("validate", False)]
+)
+def test_config_chain_equals_mammogram_transforms(items, chain, train_masks):
+    """Blocks = builders; the cached half then the per-step half give mammogram_transforms()'s window, standardised
+    and augmented with the same draws, bit for bit; the masks follow their image (GLAM's training drops them)."""
+    _, files, config_id, train, mask_keys = CHAINS[chain]
+    parser = parse(files, train_masks=train_masks)
     config, python = parser.get_parsed_content(config_id), python_chain(parser, chain)
     assert_same_chain(config, python)
+    if chain in STEP_IDS:
+        assert_same_chain(parser.get_parsed_content(STEP_IDS[chain]), python_steps(parser, chain))
     size = tuple(parser.get_parsed_content("image_size"))
+    one_piece = mammogram_transforms(keys=["image"], mask_keys=mask_keys, train=train, **_settings(parser, train))
     for seed in (0, 1):
-        got, want = run(config, items, seed), run(python, items, seed)
-        assert_identical(got, want)
-        assert all(tuple(d["image"].shape) == (1, *size) for d in got)
-    assert [bool(d["image"].meta["flipped_to_right"]) for d in got] == [True, False, False]  # R mirrored, L kept
-    if chain != "inference":
-        # the masks followed their image into the window (benign 20x20 px, malignant 12x20 px, the third none)
-        assert [[int(m.sum()) for m in d["mask"]] for d in got] == [[400, 0], [0, 240], [0, 0]]
+        got, want = run(full_chain(parser, chain), items, seed), run(one_piece, items, seed)
+        assert all(tuple(d["image"].shape) == (1, *size) and d["image"].dtype == torch.float32 for d in got)
+        for g, w in zip(got, want):
+            assert torch.equal(torch.as_tensor(g["image"]), w["image"].as_tensor())
+    if chain == "inference":
+        assert [bool(d["image"].meta["flipped_to_right"]) for d in got] == [True, False, False]  # R mirrored, L kept
+        return
+    cached = run(config, items, 0)
+    assert all(d["image"].dtype == torch.uint16 and type(d["image"]) is torch.Tensor for d in cached)
+    assert [d["image_path"] for d in got] == [it["image"] for it in items]
+    assert [d["label"].tolist() for d in got] == [it["label"] for it in items]
+    if chain == "train" and not train_masks:
+        assert all("mask" not in d for d in cached + got)
+        return
+    # the masks followed their image into the window (benign 20x20 px, malignant 12x20 px, the third none)
+    assert [[int(m.sum()) for m in d["mask"]] for d in got] == [[400, 0], [0, 240], [0, 0]]
+    assert all(d["mask"].dtype == torch.uint8 for d in cached)
+    for g, w in zip(got, want):
+        assert torch.equal(g["mask"], stacked(w))
     if train:  # the random window shift and the augmentations are drawn: another seed, other outputs
-        assert any(not torch.equal(a["image"], b["image"]) for a, b in zip(run(config, items, 0), got))
+        assert any(
+            not torch.equal(a["image"], b["image"]) for a, b in zip(run(full_chain(parser, chain), items, 0), got)
+        )
 
 
-def test_the_cache_stops_at_the_end_of_the_deterministic_prefix():
-    """train_cache (CacheDataset) keeps the transforms before the first random one: exactly mammogram_prefix."""
+def test_the_cached_chains_are_deterministic_and_the_random_work_is_per_step():
+    """train_cache / val_cache keep the whole cached chain (MONAI caches up to the first random transform: there is
+    none), and every random transform runs in the per-step chain, the window shift first."""
     parser = parse([TRAIN_CONFIG, TINY_CONFIG])
-    train = parser.get_parsed_content("train#preprocessing")
-    prefix = parser.get_parsed_content("mammogram_prefix")
-    first_random = train.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform))
-    assert first_random == len(prefix) and isinstance(train.transforms[first_random], RandBestCenterWindowd)
-    assert not any(isinstance(t, RandomizableTrait) for t in prefix)
+    for config_id in ("train#preprocessing", "validate#preprocessing"):
+        chain = parser.get_parsed_content(config_id)
+        assert (
+            chain.get_index_of_first(lambda t: isinstance(t, RandomizableTrait) or not isinstance(t, Transform)) is None
+        )
+    steps = parser.get_parsed_content("train#batch_transforms")
+    assert isinstance(steps.transforms[0], RandWindowShiftd)
+    assert [type(t).__name__ for t in steps.transforms if isinstance(t, RandomizableTrait)] == [
+        "RandWindowShiftd",
+        "RandAdjustContrastd",
+        "RandScaleIntensityd",
+        "RandShiftIntensityd",
+    ]
+    assert not any(
+        isinstance(t, RandomizableTrait) for t in parser.get_parsed_content("validate#batch_transforms").transforms
+    )
 
 
 def test_overrides_reach_the_blocks(items):
     sizes = {"image_size": [192, 128], "max_shift": [2, 3], "crop_iterations": 3, "crop_buffer": 2}
     parser = parse([TRAIN_CONFIG, TINY_CONFIG], **sizes, **{"augmentations#1#factors": 0.2})
     train = parser.get_parsed_content("train#preprocessing")
-    window = next(t for t in train.transforms if isinstance(t, RandBestCenterWindowd))
-    assert window.cropper.window == (192, 128) and window.max_shift == (2, 3) and window.cropper.iterations == 3
+    region = next(t for t in train.transforms if isinstance(t, BestCenterRegiond))
+    assert region.cropper.window == (192, 128) and region.cropper.max_shift == (2, 3) and region.cropper.iterations == 3
     crop = next(t for t in train.transforms if isinstance(t, CropBreastd))
     assert (crop.cropper.iterations, crop.cropper.buffer) == (3, 2)
-    augmentations = mammogram_augmentations(["image"], MASK_KEYS, factors=0.2)
-    python = mammogram_transforms(
-        keys=["image"], mask_keys=MASK_KEYS, window=(192, 128), train=True, iterations=3, buffer=2, max_shift=(2, 3)
+    steps = parser.get_parsed_content("train#batch_transforms")
+    assert steps.transforms[0].cropper.window == (192, 128) and steps.transforms[0].cropper.max_shift == (2, 3)
+    augmentations = mammogram_augmentations(["image"], ["mask"], factors=0.2)
+    python = mammogram_step_transforms(
+        keys=["image"], mask_keys=["mask"], window=(192, 128), train=True, max_shift=(2, 3), augmentations=augmentations
     )
-    python = Compose(
-        list(python.transforms)[: -len(augmentations)] + augmentations + parser.get_parsed_content("target_transforms")
-    )
-    assert_same_chain(train, python)
-    assert_identical(run(train, items, 5), run(python, items, 5))
+    assert_same_chain(steps, python)
+    assert_same_chain(train, python_chain(parser, "train"))
+    whole = Compose(list(python_chain(parser, "train").transforms) + list(python.transforms))
+    assert_identical(run(full_chain(parser, "train"), items, 5), run(whole, items, 5))
     validate = parser.get_parsed_content("validate#preprocessing")
     assert next(t for t in validate.transforms if isinstance(t, BestCenterWindowd)).cropper.window == (192, 128)
     assert all(tuple(d["image"].shape) == (1, 192, 128) for d in run(validate, items, 0))
@@ -232,22 +312,25 @@ def test_overrides_reach_the_blocks(items):
 
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 def test_pixel_spacing_reaches_the_blocks_and_resamples_like_python(tmp_path, chain):
-    """With `pixel_spacing` set, the config's ResampleToSpacingd and mammogram_transforms(pixel_spacing=...) are the
-    same transform and give bit-identical outputs on files at half the model's resolution (0.25 mm files, a 0.5 mm
-    model: every file halved before the crop, the masks with it)."""
+    """With `pixel_spacing` set, the config's ResampleToSpacingd and the builders' (pixel_spacing=...) are the same
+    transform and give bit-identical outputs on files at half the model's resolution (0.25 mm files, a 0.5 mm model:
+    every file halved before the crop, the masks with it)."""
     _, files, config_id, _, _ = CHAINS[chain]
-    parser = parse(files, pixel_spacing=0.5)
+    parser = parse(files, pixel_spacing=0.5, train_masks=True)
     config = parser.get_parsed_content(config_id)
-    python = python_chain(parser, chain)
-    assert_same_chain(config, python)
+    assert_same_chain(config, python_chain(parser, chain))
     resample = next(t for t in config.transforms if isinstance(t, ResampleToSpacingd))
     assert resample.resampler.pixel_spacing == (0.5, 0.5)
     spaced = write_items(tmp_path, spacing_mm=0.25)
+    python = python_chain(parser, chain)
+    if chain in STEP_IDS:
+        python = Compose(list(python.transforms) + list(python_steps(parser, chain).transforms))
     for seed in (0, 1):
-        assert_identical(run(config, spaced, seed), run(python, spaced, seed))
-    got = run(config, spaced, 0)
-    for d in got:  # the file's spacing stays in meta (maps on its grid carry it), the model's is added
-        assert np.allclose(d["image"].meta["spacing"], 0.25) and np.allclose(d["image"].meta["model_spacing"], 0.5)
-        assert not d["image"].meta["spacing_assumed"]
-    if chain != "inference":  # the masks were halved with their image: 20x20 -> 10x10, 12x20 -> 6x10
+        assert_identical(run(full_chain(parser, chain), spaced, seed), run(python, spaced, seed))
+    got = run(full_chain(parser, chain), spaced, 0)
+    if chain == "inference":  # the file's spacing stays in meta (maps on its grid carry it), the model's is added
+        for d in got:
+            assert np.allclose(d["image"].meta["spacing"], 0.25) and np.allclose(d["image"].meta["model_spacing"], 0.5)
+            assert not d["image"].meta["spacing_assumed"]
+    else:  # the masks were halved with their image: 20x20 -> 10x10, 12x20 -> 6x10
         assert [[int(m.sum()) for m in d["mask"]] for d in got] == [[100, 0], [0, 60], [0, 0]]

@@ -65,7 +65,7 @@ class DDPProbe:
 
         def files(engine) -> list[str]:
             # MONAI's engines decollate the batch into one dict per image
-            return [os.path.basename(item["image"].meta["filename_or_obj"]) for item in engine.state.batch]
+            return [os.path.basename(item["image_path"]) for item in engine.state.batch]
 
         trainer.add_event_handler(
             Events.ITERATION_COMPLETED, lambda e: self._write(event="train", epoch=e.state.epoch, files=files(e))

@@ -1,13 +1,22 @@
-"""The training dataset's cache of the deterministic preprocessing: same items as without it, reused, never stale."""
+"""The cache of the deterministic preprocessing (train_cache / val_cache): the same items as without it, compact
+(uint16 images, uint8 masks), reused across datasets and processes (disk), and never stale."""
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
 import torch
 from conftest import TINY_CONFIG, TRAIN_CONFIG
 from monai.bundle import ConfigParser
-from monai.data.utils import set_rnd
+from monai.data import PersistentDataset
+from monai.transforms import Compose, Transform
+from PIL import Image
 
-from scripts.workflows import training_dataset
+from scripts.workflows import cache_mode, training_dataset
 
 
 def _parser(datalist: str, **overrides) -> ConfigParser:
@@ -19,31 +28,104 @@ def _parser(datalist: str, **overrides) -> ConfigParser:
     return parser
 
 
-def _items(dataset, seed: int) -> list[dict]:
-    set_rnd(dataset, seed)
+class CountCalls(Transform):
+    """Counts the items that went through the chain (a cache hit skips the whole chain)."""
+
+    def __init__(self) -> None:
+        self._calls = 0  # private: not part of the cache's hash of the transforms' settings
+
+    def __call__(self, data):
+        self._calls += 1
+        return dict(data)
+
+
+def _chain(parser: ConfigParser, config_id: str) -> tuple[Compose, CountCalls]:
+    counter = CountCalls()
+    return Compose([counter, *parser.get_parsed_content(config_id).transforms]), counter
+
+
+def _items(dataset) -> list[dict]:
     return [dataset[i] for i in range(len(dataset))]
 
 
-def test_cached_items_equal_uncached_ones_with_the_same_random_draws(tiny_datalist: str):
-    parser = _parser(tiny_datalist)
+def _assert_same_items(got: list[dict], want: list[dict]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert set(g) == set(w)
+        for key in w:
+            if isinstance(w[key], torch.Tensor):
+                assert g[key].dtype == w[key].dtype and torch.equal(g[key], w[key]), key
+            else:
+                assert g[key] == w[key], key
+
+
+@pytest.mark.parametrize("config_id", ["train#preprocessing", "validate#preprocessing"])
+def test_memory_and_disk_caches_give_the_uncached_items(tmp_path, tiny_datalist: str, config_id: str):
+    parser = _parser(tiny_datalist, train_masks=True)
     data = parser.get_parsed_content("train_datalist")[:6]
-    transform = parser.get_parsed_content("train#preprocessing")
-    reference = _items(training_dataset(data, transform), seed=7)
-    cached = training_dataset(data, transform, cache="true")  # as a command-line override arrives
-    assert len(cached._cache) == 6  # filled on construction
-    for want, got in zip(reference, _items(cached, seed=7)):
-        assert set(got) == set(want)
-        for key in ("image", "mask", "label"):
-            assert torch.equal(torch.as_tensor(got[key]), torch.as_tensor(want[key])), key
-    # the random window shift and augmentations still change from one epoch to the next
-    other = _items(cached, seed=8)
-    assert any(not torch.equal(a["image"], b["image"]) for a, b in zip(other, reference))
+    chain, counter = _chain(parser, config_id)
+    reference = _items(training_dataset(data, chain, cache="none"))
+    assert counter._calls == 6
+    memory = training_dataset(data, chain, cache="true")  # as a command-line override arrives: memory
+    assert counter._calls == 12  # filled on construction
+    _assert_same_items(_items(memory), reference)
+    disk = training_dataset(data, chain, cache="disk", cache_dir=tmp_path / "cache")
+    assert isinstance(disk, PersistentDataset) and disk.weights_only
+    _assert_same_items(_items(disk), reference)  # the first pass computes and writes ...
+    assert counter._calls == 18 and len(list((tmp_path / "cache").glob("*.pt"))) == 6
+    again = training_dataset(data, chain, cache="disk", cache_dir=tmp_path / "cache")
+    _assert_same_items(_items(again), reference)  # ... another dataset (a later stage or run) only reads
+    assert counter._calls == 18
+    # compact: the image as uint16 (the synthetic PNGs' own values), the masks as bytes, plain tensors
+    entry = reference[0]
+    assert entry["image"].dtype == torch.uint16 and entry["mask"].dtype == torch.uint8
+    assert type(entry["image"]) is torch.Tensor
+    window = parser.get_parsed_content("image_size")
+    margin = parser.get_parsed_content("max_shift") if config_id.startswith("train") else [0, 0]
+    assert list(entry["image"].shape[-2:]) == [w + 2 * m for w, m in zip(window, margin)]
 
 
-def test_the_cache_holds_the_deterministic_prefix_with_masks_as_bytes(tiny_datalist: str):
-    parser = _parser(tiny_datalist, train_cache=True)
-    dataset = parser.get_parsed_content("train#dataset")
-    entry = dataset._cache[0]
-    assert entry["image"].dtype == torch.float32 and entry["mask_benign"].dtype == torch.uint8
-    # cropped to the breast, not yet windowed to the model's input size
-    assert tuple(entry["image"].shape[-2:]) != tuple(parser.get_parsed_content("image_size"))
+def test_a_changed_file_or_setting_is_never_served_from_the_cache(tmp_path, tiny_datalist: str):
+    parser = _parser(tiny_datalist)
+    data = [dict(d) for d in parser.get_parsed_content("train_datalist")[:2]]
+    # a copy of the first image, to rewrite
+    image = tmp_path / "image.png"
+    image.write_bytes(Path(data[0]["image"]).read_bytes())
+    data[0]["image"] = str(image)
+    chain, counter = _chain(parser, "train#preprocessing")
+    cache = tmp_path / "cache"
+    before = training_dataset(data, chain, cache="disk", cache_dir=cache)[0]["image"]
+    assert counter._calls == 1
+    # the same path, new pixels (written a moment later: another modification time)
+    pixels = np.asarray(Image.open(image))
+    time.sleep(0.01)
+    Image.fromarray((pixels // 2).astype(pixels.dtype)).save(image)
+    os.utime(image, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    after = training_dataset(data, chain, cache="disk", cache_dir=cache)[0]["image"]
+    assert counter._calls == 2 and not torch.equal(after, before)
+    # another crop setting: other cache files, another region
+    changed, counter2 = _chain(_parser(tiny_datalist, crop_buffer=0), "train#preprocessing")
+    training_dataset(data, changed, cache="disk", cache_dir=cache)[0]
+    assert counter2._calls == 1 and len(list(cache.glob("*.pt"))) == 3
+
+
+def test_train_and_validation_datasets_cache_as_configured(tmp_path, tiny_datalist: str):
+    parser = _parser(tiny_datalist, train_cache="disk", val_cache="memory", output_root=str(tmp_path / "eval"))
+    train = parser.get_parsed_content("train#dataset")
+    assert isinstance(train, PersistentDataset) and Path(train.cache_dir) == tmp_path / "cache"
+    assert type(parser.get_parsed_content("validate#dataset")).__name__ == "CacheDataset"
+
+
+def test_cache_mode_values():
+    assert [cache_mode(v) for v in ("disk", "Memory", "none", True, "false", None)] == [
+        "disk",
+        "memory",
+        "none",
+        "memory",
+        "none",
+        "none",
+    ]
+    with pytest.raises(ValueError, match="cache must be one of"):
+        cache_mode("ssd")
+    with pytest.raises(ValueError, match="needs a cache_dir"):
+        training_dataset([], Compose([]), cache="disk")

@@ -23,10 +23,10 @@ REDUCTIONS = ("mean", "std")
 
 
 def check_inputs(y_pred: Any, y: Any, check_values: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a batch and return it as plain tensors (MetaTensor meta data dropped, no copy).
+    """Validate a batch and return it as plain tensors (MetaTensor meta data dropped; no copy unless half precision).
 
     Args:
-        y_pred: (B, C, H, W) scores in [0, 1], any real dtype.
+        y_pred: (B, C, H, W) scores in [0, 1], any real dtype (bf16 / fp16 are converted to float32).
         y: (B, C, H, W) binary masks (bool, integer or floating 0/1).
         check_values: also check that the scores lie in [0, 1] (NaN fails) and that the masks are binary.
             Costs one device-to-host synchronisation per call.
@@ -40,6 +40,8 @@ def check_inputs(y_pred: Any, y: Any, check_values: bool = True) -> tuple[torch.
         raise ValueError(f"y must be a torch.Tensor of shape (B, C, H, W), got {type(y).__name__}.")
     y_pred = convert_to_tensor(y_pred, track_meta=False)
     y = convert_to_tensor(y, track_meta=False)
+    if y_pred.dtype in (torch.bfloat16, torch.float16):  # autocast outputs: sums and sorts need float32's precision
+        y_pred = y_pred.float()
     if y_pred.ndim != 4:
         raise ValueError(f"y_pred must be 4-D (B, C, H, W), got shape {tuple(y_pred.shape)}.")
     if y.ndim != 4:

@@ -21,9 +21,11 @@ class StackMasksd(MapTransform):
 
     Args:
         keys: the per-class mask keys, in channel order.
-        output_key: where the stacked (C, H, W) float mask goes.
+        output_key: where the stacked (C, H, W) mask goes.
         reference_key: the image whose spatial size the masks must have (and that sizes the zeros).
         remove_keys: drop the per-class keys afterwards (so batches collate whatever masks an item had).
+        dtype: of the stacked mask (``torch.uint8`` keeps a cached 0/1 mask at a quarter of float32's bytes; the
+            training workflows make it float on the device).
     """
 
     def __init__(
@@ -32,8 +34,10 @@ class StackMasksd(MapTransform):
         output_key: str = "mask",
         reference_key: str = "image",
         remove_keys: bool = True,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__(keys, allow_missing_keys=True)
+        self.dtype = dtype
         self.output_key = output_key
         self.reference_key = reference_key
         self.remove_keys = remove_keys
@@ -47,11 +51,11 @@ class StackMasksd(MapTransform):
         for key in self.keys:
             value = d.get(key)
             if value is None or (isinstance(value, str) and not value.strip()):
-                channels.append(torch.zeros(size))
+                channels.append(torch.zeros(size, dtype=self.dtype))
                 continue
             if isinstance(value, str):  # a path: the loading transform did not run on this key
                 raise ValueError(f"{key} is still a file path ({value!r}): load the masks before StackMasksd")
-            mask = convert_to_tensor(value, track_meta=False, dtype=torch.float32)
+            mask = convert_to_tensor(value, track_meta=False, dtype=self.dtype)
             if mask.ndim == 3 and mask.shape[0] == 1:
                 mask = mask[0]
             if tuple(mask.shape) != size:

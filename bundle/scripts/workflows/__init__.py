@@ -2,7 +2,7 @@
 
 from .batch import GLAMPrepareBatch
 from .checkpoints import StageCheckpointer, load_weights, plain_state_dict, require_weights, save_atomic
-from .datasets import training_dataset
+from .datasets import CACHE_MODES, cache_mode, single_thread_worker, training_dataset
 from .distributed import (
     RankBarrier,
     SyncBuffers,
@@ -26,6 +26,7 @@ from .inference import (
 )
 from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
+from .precision import AutocastInferer, amp_plan
 from .report import MetricsReport, check_checkpoint, eval_split_items
 from .runner import STAGE_ORDER, run_training, running_parser, stages_to_run
 from .sampler import BalancedEpochSampler, positive_flags
@@ -36,6 +37,11 @@ __all__ = [
     "InferenceThroughput",
     "GLAMPrepareBatch",
     "training_dataset",
+    "CACHE_MODES",
+    "cache_mode",
+    "single_thread_worker",
+    "AutocastInferer",
+    "amp_plan",
     "BalancedEpochSampler",
     "positive_flags",
     "EpochSeeder",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
+from monai.data import decollate_batch, list_data_collate
+from monai.data.meta_obj import get_track_meta, set_track_meta
+from monai.data.utils import set_rnd
 from monai.engines.utils import PrepareBatch
 
 __all__ = ["GLAMPrepareBatch"]
@@ -23,15 +27,27 @@ class GLAMPrepareBatch(PrepareBatch):
       that many pixels, from the same generator;
     - evaluation: ``targets`` = ``{"label": (B, 2), "mask": (B, 2, H, W)}`` for the localisation metrics.
 
+    With ``transform``, the batch is first moved to the device and each of its images goes through ``transform``
+    there (the per-step preprocessing: window shift, standardisation, augmentations; ``train#batch_transforms``),
+    then the batch is collated again: the loader delivers the cached uint16 regions and the device does the
+    per-step work. Its random transforms draw, image after image, from one stream per (seed, epoch, rank) restarted
+    by :meth:`set_epoch`, so a run's augmentations do not depend on the number of loader workers.
+
     Args:
         with_masks: return the dict targets (evaluators) instead of the labels.
         random_negatives: random patches for images whose label is all zeros (stage ``local`` training).
         seed: base seed of the patch generator.
         patch_shift: the largest random offset (pixels) of Algorithm 1's patches in training; 0: none.
+        transform: per-image dictionary transform run on the device (keys of the batch: ``image``, ``mask``, ...).
     """
 
     def __init__(
-        self, with_masks: bool = False, random_negatives: bool = False, seed: int = 0, patch_shift: int = 0
+        self,
+        with_masks: bool = False,
+        random_negatives: bool = False,
+        seed: int = 0,
+        patch_shift: int = 0,
+        transform: Callable | None = None,
     ) -> None:
         if isinstance(patch_shift, bool) or not isinstance(patch_shift, int) or patch_shift < 0:
             raise ValueError(f"patch_shift must be a non-negative int (pixels), got {patch_shift!r}")
@@ -39,22 +55,41 @@ class GLAMPrepareBatch(PrepareBatch):
         self.random_negatives = bool(random_negatives)
         self.patch_shift = patch_shift
         self.seed = int(seed)
+        self.transform = transform
         self.epoch = 0
         self._generators: dict[str, torch.Generator] = {}
+        self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Restart the patch generator from a seed that depends only on (seed, epoch, rank), for exact resumption."""
+        """Restart the patch generator and the transform's random state from seeds that depend only on (seed,
+        epoch, rank), for exact resumption."""
         self.epoch = int(epoch)
         self._generators.clear()
+        if self.transform is not None:
+            set_rnd(self.transform, (self.seed * 1_000_003 + self.epoch * 1_009 + _rank()) % (2**31))
 
     def _generator(self, device: torch.device) -> torch.Generator:
         key = str(device)
         if key not in self._generators:
-            dist = torch.distributed
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-            seed = (self.seed * 100_003 + self.epoch * 1_009 + rank) % (2**63)
+            seed = (self.seed * 100_003 + self.epoch * 1_009 + _rank()) % (2**63)
             self._generators[key] = torch.Generator(device=device).manual_seed(seed)
         return self._generators[key]
+
+    def _transform_on_device(
+        self, batchdata: Mapping[str, Any], device: str | torch.device | None, non_blocking: bool
+    ) -> dict[str, Any]:
+        moved = {
+            k: v.to(device=device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in batchdata.items()
+        }
+        # plain tensors on the device: MONAI's transforms would otherwise wrap every intermediate in a MetaTensor
+        track_meta = get_track_meta()
+        set_track_meta(False)
+        try:
+            items = [self.transform(item) for item in decollate_batch(moved, detach=False)]
+        finally:
+            set_track_meta(track_meta)
+        return list_data_collate(items)
 
     def __call__(
         self,
@@ -66,6 +101,8 @@ class GLAMPrepareBatch(PrepareBatch):
         for key in ("image", "label") + (("mask",) if self.with_masks else ()):
             if key not in batchdata:
                 raise ValueError(f"GLAM batches need a {key!r} entry, got keys {sorted(batchdata)}")
+        if self.transform is not None:
+            batchdata = self._transform_on_device(batchdata, device, non_blocking)
         image = batchdata["image"].to(device=device, non_blocking=non_blocking, **kwargs)
         label = batchdata["label"].to(device=device, non_blocking=non_blocking).float()
         if label.ndim != 2 or label.shape[1] != 2:
@@ -86,3 +123,8 @@ class GLAMPrepareBatch(PrepareBatch):
                 raise ValueError(f"'mask' must be (B, 2, H, W) = {expected} for these images, got {tuple(mask.shape)}")
             return image, {"label": label, "mask": mask}, (), model_kwargs
         return image, label, (), model_kwargs
+
+
+def _rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -38,6 +38,8 @@ class GLAMOutputsd(MapTransform):
     ``S_2`` (H/64), each nearest-upsampled to the output resolution (S_g is their gamma-weighted sum): what each
     scale of the global module looks at, for diagnostic figures (models without scales write none).
 
+    Floating-point outputs are converted to float32 first (a bf16 autocast forward pass returns bf16 ones).
+
     Args:
         gamma_c: S_c = gamma_c S_g + (1 - gamma_c) S_l (the model's setting).
         pred_key, label_key, image_key: where the model outputs, the targets and the image are.
@@ -66,6 +68,9 @@ class GLAMOutputsd(MapTransform):
         pred = d[self.pred_key]
         if not isinstance(pred, Mapping) or OutputKey.SALIENCY_GLOBAL not in pred:
             raise ValueError(f"GLAMOutputsd: {self.pred_key!r} must be a GLAM output dict, got {type(pred).__name__}")
+        # under bf16 autocast the network returns bf16 scores and maps; the metrics, the AUC (numpy has no bfloat16),
+        # the panels and the reports all read float32 from here on
+        pred = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in pred.items()}
         target = d.get(self.label_key)
         if isinstance(target, Mapping):
             d["label"] = target["label"]

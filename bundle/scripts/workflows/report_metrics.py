@@ -94,8 +94,11 @@ class GatheredMetrics:
 
 
 def _batch_path(batch_item: Any, output_item: Any, image_key: str) -> str:
-    """The image file of one decollated item, from the ``meta["filename_or_obj"]`` of the batch's or the output's
-    ``image_key``; empty when neither has one."""
+    """The image file of one decollated item: the batch's ``image_path`` (the cached chains record it, since their
+    cached images carry no metadata), else the ``meta["filename_or_obj"]`` of the batch's or the output's
+    ``image_key``; empty when none has one."""
+    if isinstance(batch_item, Mapping) and batch_item.get("image_path"):
+        return str(batch_item["image_path"])
     for item in (batch_item, output_item):
         image = item.get(image_key) if isinstance(item, Mapping) else None
         meta = getattr(image, "meta", None)

@@ -1,11 +1,15 @@
 """Mammogram preprocessing transforms (docs/preprocessing.md) as MONAI array / dictionary pairs."""
 
 from scripts.transforms.mammo.array import (
+    BestCenterRegion,
     BestCenterWindow,
     CropBreast,
     FlipToRight,
+    QuantizeToUint16,
     RandBestCenterWindow,
+    RandWindowShift,
     StandardizeImage,
+    window_shift_range,
 )
 from scripts.transforms.mammo.breast import (
     WindowPlacement,
@@ -16,14 +20,22 @@ from scripts.transforms.mammo.breast import (
     open_breast_mask_exact,
 )
 from scripts.transforms.mammo.dictionary import (
+    BestCenterRegiond,
     BestCenterWindowd,
     CropBreastd,
     DropEmptyKeysd,
     FlipToRightd,
+    QuantizeToUint16d,
     RandBestCenterWindowd,
+    RandWindowShiftd,
     StandardizeImaged,
 )
-from scripts.transforms.mammo.pipeline import mammogram_augmentations, mammogram_transforms
+from scripts.transforms.mammo.pipeline import (
+    mammogram_augmentations,
+    mammogram_cache_transforms,
+    mammogram_step_transforms,
+    mammogram_transforms,
+)
 from scripts.transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_ASSUMED_KEY,
@@ -34,6 +46,8 @@ from scripts.transforms.mammo.spacing import (
 )
 
 __all__ = [
+    "BestCenterRegion",
+    "BestCenterRegiond",
     "BestCenterWindow",
     "BestCenterWindowd",
     "CropBreast",
@@ -42,8 +56,12 @@ __all__ = [
     "FlipToRight",
     "FlipToRightd",
     "MODEL_SPACING_KEY",
+    "QuantizeToUint16",
+    "QuantizeToUint16d",
     "RandBestCenterWindow",
     "RandBestCenterWindowd",
+    "RandWindowShift",
+    "RandWindowShiftd",
     "ResampleToSpacing",
     "ResampleToSpacingd",
     "SPACING_ASSUMED_KEY",
@@ -56,7 +74,10 @@ __all__ = [
     "chest_wall_side",
     "format_spacing",
     "mammogram_augmentations",
+    "mammogram_cache_transforms",
+    "mammogram_step_transforms",
     "mammogram_transforms",
     "open_breast_mask",
     "open_breast_mask_exact",
+    "window_shift_range",
 ]

@@ -28,10 +28,13 @@ from scripts.transforms.mammo.breast import (
 )
 
 __all__ = [
+    "BestCenterRegion",
     "BestCenterWindow",
+    "QuantizeToUint16",
     "CropBreast",
     "FlipToRight",
     "RandBestCenterWindow",
+    "RandWindowShift",
     "StandardizeImage",
     "first_channel",
     "normalize_laterality",
@@ -315,6 +318,147 @@ class RandBestCenterWindow(BestCenterWindow, Randomizable):
         p = self.placement(img, view, mirrored)
         start = shifted_window_start(p, tuple(first_channel(img).shape), self._offset)
         return self.apply(img, p, start, mode=mode, lazy=lazy)
+
+
+def window_shift_range(
+    placement: WindowPlacement, image_shape: tuple[int, int], max_shift: tuple[int, int]
+) -> np.ndarray:
+    """Per axis, the lowest and highest window offset that :func:`shifted_window_start` can produce for offsets drawn
+    in ``[-max_shift, max_shift]``: ``(2, 2)`` int64, rows ``[low, high]`` for (rows, cols); always contains 0.
+
+    Clamping a drawn offset into this range moves the window exactly as ``shifted_window_start`` does.
+    """
+    out = np.zeros((2, 2), dtype=np.int64)
+    for axis, (start, size, extent, shift) in enumerate(zip(placement.start, placement.size, image_shape, max_shift)):
+        low = min(start, 0) - start
+        high = max(start + size, extent) - size - start
+        out[axis] = (max(-shift, low), min(shift, high))
+    return out
+
+
+class BestCenterRegion(BestCenterWindow):
+    """The part of the image that :class:`RandBestCenterWindow` can cut its window from: the best-centre window grown
+    by ``max_shift`` px on every side, ``(C, rows + 2 max_shift_r, cols + 2 max_shift_c)``, zero-padded.
+
+    It is deterministic, so a training cache can hold it, and :class:`RandWindowShift` then cuts the shifted window from
+    it at every step: for the same offset, the same pixels as :class:`RandBestCenterWindow` (the rule that keeps the
+    window inside the union of the image and the unshifted window is the clamping range
+    ``meta["window_shift_range"]``, see :func:`window_shift_range`). Also writes ``meta["best_center"]``,
+    ``meta["window_start"]`` (the unshifted window, input coordinates) and ``meta["window_size"]``.
+
+    Args:
+        max_shift: the largest window shift (rows, cols), as ``RandBestCenterWindow``'s.
+        kwargs: :class:`BestCenterWindow`'s arguments (``window``, ``reference_compatible``, ``iterations``, ...).
+    """
+
+    def __init__(self, max_shift: Sequence[int] | int = (32, 32), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_shift = parse_max_shift(max_shift)
+
+    def apply_region(
+        self, img: torch.Tensor, placement: WindowPlacement, image_shape: tuple[int, int]
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Cut the region of ``placement`` from ``img`` ``(C, H, W)`` (of spatial shape ``image_shape``); returns
+        ``(region, shift_range)``."""
+        shift = np.asarray(self.max_shift, dtype=np.int64)
+        start = np.asarray(placement.start, dtype=np.int64) - shift
+        end = start + np.asarray(placement.size, dtype=np.int64) + 2 * shift
+        shift_range = window_shift_range(placement, image_shape, self.max_shift)
+        out = self.crop_pad(img, start, end, lazy=False)
+        if isinstance(out, MetaTensor):
+            out.meta["best_center"] = np.asarray(placement.best_center, dtype=np.int64)
+            out.meta["window_start"] = np.asarray(placement.start, dtype=np.int64)
+            out.meta["window_size"] = np.asarray(placement.size, dtype=np.int64)
+            out.meta["window_shift_range"] = shift_range
+        return out, shift_range
+
+    def __call__(  # type: ignore[override]
+        self, img: torch.Tensor, view: str | None = None, mirrored: bool | None = None, lazy: bool | None = None
+    ) -> torch.Tensor:
+        """``img``: ``(C, H, W)``; returns ``(C, rows + 2 max_shift_r, cols + 2 max_shift_c)``."""
+        region, _ = self.apply_region(img, self.placement(img, view, mirrored), tuple(first_channel(img).shape))
+        return region
+
+
+class RandWindowShift(Randomizable, Transform):
+    """Cut the model's window from a :class:`BestCenterRegion` at a random offset: the per-step half of
+    :class:`RandBestCenterWindow`, for any device (tensor slicing only, no copy).
+
+    The offset is drawn uniformly in ``[-max_shift, max_shift]`` per axis, as ``RandBestCenterWindow`` draws it,
+    then clamped into the region's ``window_shift_range``; with the same random state both give the same window.
+    ``randomize=False`` with no offset drawn yet, or ``max_shift`` 0, cuts the unshifted window.
+
+    Args:
+        window: ``(rows, cols)`` of the model input.
+        max_shift: the region's margin (rows, cols), the ``max_shift`` of its ``BestCenterRegion``.
+    """
+
+    backend = [TransformBackends.TORCH]
+
+    def __init__(self, window: Sequence[int] = (2944, 1920), max_shift: Sequence[int] | int = (32, 32)) -> None:
+        if len(window) != 2 or min(int(s) for s in window) < 1:
+            raise ValueError(f"window must be (rows, cols) of positive ints, got {window!r}")
+        self.window = (int(window[0]), int(window[1]))
+        self.max_shift = parse_max_shift(max_shift)
+        self._offset = (0, 0)
+
+    def randomize(self, data: Any = None) -> None:
+        self._offset = draw_window_offset(self.R, self.max_shift)
+
+    def crop(self, region: torch.Tensor, shift_range: Any, offset: Sequence[int]) -> torch.Tensor:
+        """The window at ``offset`` (clamped into ``shift_range``, ``(2, 2)``) of ``region`` ``(C, Hr, Wr)``."""
+        expected = tuple(w + 2 * s for w, s in zip(self.window, self.max_shift))
+        if tuple(region.shape[-2:]) != expected:
+            raise ValueError(
+                f"RandWindowShift: a region of spatial shape {tuple(region.shape[-2:])} is not the window "
+                f"{self.window} grown by max_shift {self.max_shift} ({expected}); the cache and this transform disagree"
+            )
+        bounds = np.asarray(convert_to_numpy(shift_range), dtype=np.int64).reshape(2, 2)
+        top, left = (s + int(np.clip(o, lo, hi)) for s, o, (lo, hi) in zip(self.max_shift, offset, bounds))
+        return region[..., top : top + self.window[0], left : left + self.window[1]]
+
+    def __call__(self, region: torch.Tensor, shift_range: Any = None, randomize: bool = True) -> torch.Tensor:
+        """``region``: ``(C, rows + 2 max_shift_r, cols + 2 max_shift_c)``; ``shift_range`` defaults to
+        ``region.meta["window_shift_range"]``. Returns ``(C, rows, cols)``."""
+        if randomize:
+            self.randomize()
+        if shift_range is None:
+            shift_range = _meta(region).get("window_shift_range")
+            if shift_range is None:
+                raise ValueError("RandWindowShift needs the region's window_shift_range (argument or meta)")
+        return self.crop(region, shift_range, self._offset)
+
+
+class QuantizeToUint16(Transform):
+    """Store intensities as uint16, a quarter of float32's bytes in a cache and on the way to the device.
+
+    Images whose values are integers in [0, 65535] (16-bit PNGs, most DICOMs before a VOI LUT) are kept exactly.
+    Others are mapped linearly from ``[min(0, min), max]`` onto ``[0, 65535]`` (so 0, the padding value, stays
+    the lowest value; 16 bits over the range), and ``meta["intensity_scale"]`` / ``meta["intensity_offset"]`` give
+    ``x = q * scale + offset`` back. :class:`StandardizeImage` is unchanged by such a map (up to the 16-bit
+    rounding), so the standardised model input does not need the original intensities.
+    """
+
+    backend = [TransformBackends.TORCH]
+
+    def __call__(self, img: NdarrayOrTensor) -> torch.Tensor:
+        t = convert_to_tensor(img, track_meta=get_track_meta())
+        plain = t.as_tensor() if isinstance(t, MetaTensor) else t
+        x = plain.detach().to(torch.float64)
+        low = min(float(x.min()), 0.0) if x.numel() else 0.0
+        high = float(x.max()) if x.numel() else 0.0
+        if low >= 0 and high <= 65535 and bool(torch.equal(x, x.round())):
+            scale, offset, q = 1.0, 0.0, x
+        else:
+            scale = (high - low) / 65535 if high > low else 1.0
+            offset = low
+            q = ((x - low) / scale).round().clamp_(0, 65535)
+        out = q.to(torch.uint16)
+        if isinstance(t, MetaTensor):
+            out = MetaTensor(out, meta=dict(t.meta), applied_operations=list(t.applied_operations))
+            out.meta["intensity_scale"] = scale
+            out.meta["intensity_offset"] = offset
+        return out
 
 
 class StandardizeImage(Transform):

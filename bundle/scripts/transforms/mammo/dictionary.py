@@ -19,9 +19,12 @@ from monai.transforms import InvertibleTransform, MapTransform, Randomizable
 from monai.transforms.croppad.dictionary import Cropd
 
 from scripts.transforms.mammo.array import (
+    BestCenterRegion,
     BestCenterWindow,
     CropBreast,
     FlipToRight,
+    QuantizeToUint16,
+    RandWindowShift,
     StandardizeImage,
     draw_window_offset,
     first_channel,
@@ -30,11 +33,14 @@ from scripts.transforms.mammo.array import (
 from scripts.transforms.mammo.breast import shifted_window_start
 
 __all__ = [
+    "BestCenterRegiond",
     "BestCenterWindowd",
     "CropBreastd",
     "DropEmptyKeysd",
     "FlipToRightd",
+    "QuantizeToUint16d",
     "RandBestCenterWindowd",
+    "RandWindowShiftd",
     "StandardizeImaged",
 ]
 
@@ -249,6 +255,107 @@ class RandBestCenterWindowd(BestCenterWindowd, Randomizable):
         start = shifted_window_start(placement, tuple(first_channel(d[src]).shape), self._offset)
         for key in self.key_iterator(d):
             d[key] = self.cropper.apply(d[key], placement, start=start, lazy=False)
+        return d
+
+
+class BestCenterRegiond(BestCenterWindowd):
+    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterRegion`: the window grown by ``max_shift`` on
+    every side, placed on ``source_key`` and cut from every key; ``d[shift_range_key]`` gets the (2, 2) int64 range
+    of window offsets (:func:`~scripts.transforms.mammo.array.window_shift_range`) that :class:`RandWindowShiftd`
+    clamps its draws into.
+
+    The deterministic half of :class:`RandBestCenterWindowd`, for a cache: ``BestCenterRegiond`` then
+    ``RandWindowShiftd`` give ``RandBestCenterWindowd``'s windows.
+
+    Args:
+        keys: image and mask keys.
+        max_shift: the largest window shift (rows, cols).
+        shift_range_key: where the offset range goes.
+        kwargs: :class:`BestCenterWindowd`'s arguments (``source_key``, ``view_key``, ``window``, ...).
+    """
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        max_shift: Sequence[int] | int = (32, 32),
+        shift_range_key: str = "window_shift_range",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(keys, **kwargs)
+        window = self.cropper
+        self.cropper = BestCenterRegion(
+            max_shift=max_shift,
+            window=window.window,
+            reference_compatible=window.reference_compatible,
+            iterations=window.iterations,
+            method=window.method,
+            default_view=window.default_view,
+        )
+        self.shift_range_key = shift_range_key
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor], lazy: bool | None = None) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        src, placement = self._placement(d)
+        image_shape = tuple(first_channel(d[src]).shape)
+        shift_range = None
+        for key in self.key_iterator(d):
+            d[key], shift_range = self.cropper.apply_region(d[key], placement, image_shape)
+        d[self.shift_range_key] = torch.as_tensor(shift_range, dtype=torch.int64)
+        return d
+
+
+class RandWindowShiftd(Randomizable, MapTransform):
+    """Dictionary :class:`~scripts.transforms.mammo.array.RandWindowShift`: one random offset (drawn as
+    :class:`RandBestCenterWindowd` draws it) cuts the window from every key's region. Runs on any device.
+
+    Args:
+        keys: image and mask keys holding :class:`BestCenterRegiond` regions.
+        window: ``(rows, cols)`` of the model input.
+        max_shift: the regions' margin, the ``max_shift`` of ``BestCenterRegiond``.
+        shift_range_key: where ``BestCenterRegiond`` put the offset range.
+    """
+
+    backend = RandWindowShift.backend
+
+    def __init__(
+        self,
+        keys: KeysCollection,
+        window: Sequence[int] = (2944, 1920),
+        max_shift: Sequence[int] | int = (32, 32),
+        shift_range_key: str = "window_shift_range",
+        allow_missing_keys: bool = False,
+    ) -> None:
+        MapTransform.__init__(self, keys, allow_missing_keys)
+        self.cropper = RandWindowShift(window=window, max_shift=max_shift)
+        self.shift_range_key = shift_range_key
+        self._offset = (0, 0)
+
+    def randomize(self, data: Any = None) -> None:
+        self._offset = draw_window_offset(self.R, self.cropper.max_shift)
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        if self.shift_range_key not in d:
+            raise ValueError(f"RandWindowShiftd: no {self.shift_range_key!r} in the data (run BestCenterRegiond first)")
+        self.randomize()
+        for key in self.key_iterator(d):
+            d[key] = self.cropper.crop(d[key], d[self.shift_range_key], self._offset)
+        return d
+
+
+class QuantizeToUint16d(MapTransform):
+    """Dictionary :class:`~scripts.transforms.mammo.array.QuantizeToUint16` (images only, not masks)."""
+
+    backend = QuantizeToUint16.backend
+
+    def __init__(self, keys: KeysCollection, allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.quantizer = QuantizeToUint16()
+
+    def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = self.quantizer(d[key])
         return d
 
 

@@ -9,11 +9,17 @@ binarised right after, so the geometric steps (which only cut and zero-pad, neve
 0/1. Intensity augmentations come after standardisation, because standardisation would undo any global scale or
 shift applied before it.
 
+Training splits the chain in two (docs/performance.md): what is deterministic per image, up to the window's region
+grown by the largest shift and the image stored as uint16 (:func:`mammogram_cache_transforms`), runs once per image
+in the loader and is cached; the window shift, the standardisation and the augmentations
+(:func:`mammogram_step_transforms`) run at every step on the device the model runs on, per image of the batch. For
+the same random draws the two halves give :func:`mammogram_transforms`'s images.
+
 The bundle's configs write the same chains out as transform blocks (``bundle/configs/train.yaml``:
-``mammogram_prefix``, ``train#window`` / ``validate#window``, ``augmentations``; ``bundle/configs/inference.yaml``:
-``preprocessing``), so a user sees and changes every argument there. The defaults below are the values those
-blocks show, and ``tests/transforms/test_config_transforms.py`` checks that both build the same transforms with the same
-arguments and outputs: change a default in both places.
+``mammogram_prefix``, ``train#region`` / ``validate#window``, ``train#window``, ``augmentations``;
+``bundle/configs/inference.yaml``: ``preprocessing``), so a user sees and changes every argument there. The defaults
+below are the values those blocks show, and ``tests/transforms/test_config_transforms.py`` checks that both build the
+same transforms with the same arguments and outputs: change a default in both places.
 """
 
 from __future__ import annotations
@@ -34,16 +40,24 @@ from monai.transforms import (
 
 from scripts.data.readers import MammogramReader
 from scripts.transforms.mammo.dictionary import (
+    BestCenterRegiond,
     BestCenterWindowd,
     CropBreastd,
     DropEmptyKeysd,
     FlipToRightd,
+    QuantizeToUint16d,
     RandBestCenterWindowd,
+    RandWindowShiftd,
     StandardizeImaged,
 )
 from scripts.transforms.mammo.spacing import ResampleToSpacingd
 
-__all__ = ["mammogram_augmentations", "mammogram_transforms"]
+__all__ = [
+    "mammogram_augmentations",
+    "mammogram_cache_transforms",
+    "mammogram_step_transforms",
+    "mammogram_transforms",
+]
 
 
 def mammogram_augmentations(
@@ -81,59 +95,20 @@ def mammogram_augmentations(
     return augs
 
 
-def mammogram_transforms(
-    keys: Sequence[str] = ("image",),
-    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
-    window: Sequence[int] = (2944, 1920),
-    train: bool = False,
+def _deterministic_prefix(
+    keys: list[str],
+    mask_keys: list[str],
     *,
-    load: bool = True,
-    apply_voi: bool = True,
-    pixel_spacing: float | Sequence[float] | None = None,
-    horizontal_flip: str = "NO",
-    laterality_key: str | None = "laterality",
-    view_key: str | None = "view",
-    crop: bool = True,
-    iterations: int = 100,
-    buffer: int = 50,
-    reference_compatible: bool = True,
-    default_view: str | None = "CC",
-    standardize: bool = True,
-    max_shift: Sequence[int] | int = (32, 32),
-    augmentations: Sequence[Callable] | None = None,
-) -> Compose:
-    """The authors' preprocessing (docs/preprocessing.md) for datalist items
-    ``{"image": path, "mask_benign"?: path, ...}``: the chain of ``train#preprocessing`` (``train=True``) and
-    ``validate#preprocessing`` of ``bundle/configs/train.yaml`` before their ``target_transforms``, and of
-    ``preprocessing`` in ``bundle/configs/inference.yaml`` (``mask_keys=()``), with the same defaults.
-
-    Args:
-        keys: image keys; the first one places the crop and the window for all keys.
-        mask_keys: optional per-image masks (missing, None or "" values are skipped); binarised (> 0.5 -> 1).
-        window: ``(rows, cols)`` of the model input.
-        train: add the random window shift (``max_shift`` px) and ``augmentations``.
-        load: start with ``LoadImaged`` + :class:`~scripts.data.readers.MammogramReader` (False when the items
-            already hold ``(1, H, W)`` tensors).
-        apply_voi: apply DICOM VOI LUT / window when present.
-        pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic; ``pixel_spacing`` of the configs): images
-            of known spacing are resampled to it (:class:`~scripts.transforms.mammo.spacing.ResampleToSpacingd`);
-            None (the default): nothing is resampled.
-        horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
-        view_key, reference_compatible, default_view: see
-            :class:`~scripts.transforms.mammo.dictionary.BestCenterWindowd`.
-        crop, iterations, buffer: the authors' crop (skip it for images that are already cropped).
-        standardize: per-image ``(x - mean) / max(std, 1e-5)`` of the images.
-        max_shift: the largest window shift (rows, cols) in training (``max_shift`` of ``train.yaml``).
-        augmentations: transforms run after standardisation in training; default
-            :func:`mammogram_augmentations` ``(keys, mask_keys)``.
-
-    Returns:
-        a ``Compose``; its output images are ``(1, *window)`` float32 MetaTensors that remember every geometric
-        step, so ``Invertd`` maps a window-sized map back to the file's geometry.
-    """
-    keys, mask_keys = list(keys), list(mask_keys)
-    if not keys:
-        raise ValueError("keys must name at least one image key")
+    load: bool,
+    apply_voi: bool,
+    pixel_spacing: float | Sequence[float] | None,
+    horizontal_flip: str,
+    laterality_key: str | None,
+    crop: bool,
+    iterations: int,
+    buffer: int,
+) -> list[Callable]:
+    """Drop empty mask fields, load, resample to the model's spacing, binarise the masks as bytes, mirror, crop."""
     all_keys = keys + mask_keys
     source = keys[0]
     chain: list[Callable] = []
@@ -169,8 +144,81 @@ def mammogram_transforms(
         chain.append(
             CropBreastd(all_keys, source_key=source, iterations=iterations, buffer=buffer, allow_missing_keys=True)
         )
+    return chain
+
+
+def _check_keys(keys: Sequence[str], mask_keys: Sequence[str]) -> tuple[list[str], list[str]]:
+    keys, mask_keys = list(keys), list(mask_keys)
+    if not keys:
+        raise ValueError("keys must name at least one image key")
+    return keys, mask_keys
+
+
+def mammogram_transforms(
+    keys: Sequence[str] = ("image",),
+    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
+    window: Sequence[int] = (2944, 1920),
+    train: bool = False,
+    *,
+    load: bool = True,
+    apply_voi: bool = True,
+    pixel_spacing: float | Sequence[float] | None = None,
+    horizontal_flip: str = "NO",
+    laterality_key: str | None = "laterality",
+    view_key: str | None = "view",
+    crop: bool = True,
+    iterations: int = 100,
+    buffer: int = 50,
+    reference_compatible: bool = True,
+    default_view: str | None = "CC",
+    standardize: bool = True,
+    max_shift: Sequence[int] | int = (32, 32),
+    augmentations: Sequence[Callable] | None = None,
+) -> Compose:
+    """The authors' preprocessing (docs/preprocessing.md) for datalist items
+    ``{"image": path, "mask_benign"?: path, ...}`` as one per-image chain: the chain of ``preprocessing`` in
+    ``bundle/configs/inference.yaml`` (``mask_keys=()``), and, split in two (:func:`mammogram_cache_transforms` then
+    :func:`mammogram_step_transforms`), of the training and validation chains of ``bundle/configs/train.yaml``.
+
+    Args:
+        keys: image keys; the first one places the crop and the window for all keys.
+        mask_keys: optional per-image masks (missing, None or "" values are skipped); binarised (> 0.5 -> 1).
+        window: ``(rows, cols)`` of the model input.
+        train: add the random window shift (``max_shift`` px) and ``augmentations``.
+        load: start with ``LoadImaged`` + :class:`~scripts.data.readers.MammogramReader` (False when the items
+            already hold ``(1, H, W)`` tensors).
+        apply_voi: apply DICOM VOI LUT / window when present.
+        pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic; ``pixel_spacing`` of the configs): images
+            of known spacing are resampled to it (:class:`~scripts.transforms.mammo.spacing.ResampleToSpacingd`);
+            None (the default): nothing is resampled.
+        horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
+        view_key, reference_compatible, default_view: see
+            :class:`~scripts.transforms.mammo.dictionary.BestCenterWindowd`.
+        crop, iterations, buffer: the authors' crop (skip it for images that are already cropped).
+        standardize: per-image ``(x - mean) / max(std, 1e-5)`` of the images.
+        max_shift: the largest window shift (rows, cols) in training (``max_shift`` of ``train.yaml``).
+        augmentations: transforms run after standardisation in training; default
+            :func:`mammogram_augmentations` ``(keys, mask_keys)``.
+
+    Returns:
+        a ``Compose``; its output images are ``(1, *window)`` float32 MetaTensors that remember every geometric
+        step, so ``Invertd`` maps a window-sized map back to the file's geometry.
+    """
+    keys, mask_keys = _check_keys(keys, mask_keys)
+    chain = _deterministic_prefix(
+        keys,
+        mask_keys,
+        load=load,
+        apply_voi=apply_voi,
+        pixel_spacing=pixel_spacing,
+        horizontal_flip=horizontal_flip,
+        laterality_key=laterality_key,
+        crop=crop,
+        iterations=iterations,
+        buffer=buffer,
+    )
     window_args = dict(
-        source_key=source,
+        source_key=keys[0],
         view_key=view_key,
         window=tuple(window),
         reference_compatible=reference_compatible,
@@ -179,9 +227,93 @@ def mammogram_transforms(
         allow_missing_keys=True,
     )
     if train:
-        chain.append(RandBestCenterWindowd(all_keys, max_shift=max_shift, **window_args))
+        chain.append(RandBestCenterWindowd(keys + mask_keys, max_shift=max_shift, **window_args))
     else:
-        chain.append(BestCenterWindowd(all_keys, **window_args))
+        chain.append(BestCenterWindowd(keys + mask_keys, **window_args))
+    if standardize:
+        chain.append(StandardizeImaged(keys))
+    if train:
+        chain.extend(mammogram_augmentations(keys, mask_keys) if augmentations is None else augmentations)
+    return Compose(chain)
+
+
+def mammogram_cache_transforms(
+    keys: Sequence[str] = ("image",),
+    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
+    window: Sequence[int] = (2944, 1920),
+    train: bool = False,
+    *,
+    load: bool = True,
+    apply_voi: bool = True,
+    pixel_spacing: float | Sequence[float] | None = None,
+    horizontal_flip: str = "NO",
+    laterality_key: str | None = "laterality",
+    view_key: str | None = "view",
+    crop: bool = True,
+    iterations: int = 100,
+    buffer: int = 50,
+    reference_compatible: bool = True,
+    default_view: str | None = "CC",
+    max_shift: Sequence[int] | int = (32, 32),
+) -> Compose:
+    """The deterministic half of :func:`mammogram_transforms` (same arguments), run once per image and cached:
+    the prefix (load, resample, masks as bytes, mirror, crop), then in training the window's region grown by
+    ``max_shift`` (:class:`~scripts.transforms.mammo.dictionary.BestCenterRegiond`, its offset range in
+    ``d["window_shift_range"]``) or else the window itself, then the images as uint16
+    (:class:`~scripts.transforms.mammo.dictionary.QuantizeToUint16d`). :func:`mammogram_step_transforms` finishes.
+    """
+    keys, mask_keys = _check_keys(keys, mask_keys)
+    chain = _deterministic_prefix(
+        keys,
+        mask_keys,
+        load=load,
+        apply_voi=apply_voi,
+        pixel_spacing=pixel_spacing,
+        horizontal_flip=horizontal_flip,
+        laterality_key=laterality_key,
+        crop=crop,
+        iterations=iterations,
+        buffer=buffer,
+    )
+    window_args = dict(
+        source_key=keys[0],
+        view_key=view_key,
+        window=tuple(window),
+        reference_compatible=reference_compatible,
+        iterations=iterations,
+        default_view=default_view,
+        allow_missing_keys=True,
+    )
+    if train:
+        chain.append(BestCenterRegiond(keys + mask_keys, max_shift=max_shift, **window_args))
+    else:
+        chain.append(BestCenterWindowd(keys + mask_keys, **window_args))
+    chain.append(QuantizeToUint16d(keys))
+    return Compose(chain)
+
+
+def mammogram_step_transforms(
+    keys: Sequence[str] = ("image",),
+    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
+    window: Sequence[int] = (2944, 1920),
+    train: bool = False,
+    *,
+    standardize: bool = True,
+    max_shift: Sequence[int] | int = (32, 32),
+    augmentations: Sequence[Callable] | None = None,
+) -> Compose:
+    """The per-step half of :func:`mammogram_transforms` (same arguments) on the output of
+    :func:`mammogram_cache_transforms`, for one image on any device: in training the random window shift
+    (:class:`~scripts.transforms.mammo.dictionary.RandWindowShiftd`), then the standardisation and, in training,
+    the augmentations. Its random transforms come in :func:`mammogram_transforms`'s order, so with the same random
+    state both draw the same numbers.
+    """
+    keys, mask_keys = _check_keys(keys, mask_keys)
+    chain: list[Callable] = []
+    if train:
+        chain.append(
+            RandWindowShiftd(keys + mask_keys, window=tuple(window), max_shift=max_shift, allow_missing_keys=True)
+        )
     if standardize:
         chain.append(StandardizeImaged(keys))
     if train:
