@@ -42,7 +42,13 @@ for _path in (BUNDLE_ROOT, REPO_ROOT / "scripts"):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from glam_benchmark.trivial import STATISTICS, auc, no_learning_baselines, preprocess_items  # noqa: E402
+from glam_benchmark.trivial import (  # noqa: E402
+    STATISTICS,
+    auc,
+    no_learning_baselines,
+    preprocess_items,
+    validation_transform,
+)
 from monai.bundle import ConfigParser  # noqa: E402
 
 from scripts.atomic import atomic_write  # noqa: E402
@@ -224,7 +230,7 @@ def run_probe(
     ``{"baselines": ..., "epochs": [per-epoch dicts]}``."""
     torch.manual_seed(seed)
     datalist = parser.get_parsed_content("datalist_content")
-    transform = parser.get_parsed_content("validate#preprocessing")
+    transform = validation_transform(parser)
     settings = {
         "image_size": parser.get_parsed_content("image_size"),
         "crop": [parser.get_parsed_content("crop_iterations"), parser.get_parsed_content("crop_buffer")],

@@ -69,7 +69,7 @@ def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = pr
 
     from scripts.networks import GlobalBackbone
 
-    from .trivial import no_learning_baselines, preprocess_items
+    from .trivial import no_learning_baselines, preprocess_items, validation_transform
 
     parser = ConfigParser()
     parser.read_config([str(TRAIN_CONFIG), str(preset)])
@@ -79,7 +79,7 @@ def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = pr
     if not items:
         return None
     start = time.monotonic()
-    split = preprocess_items(items, parser.get_parsed_content("validate#preprocessing"))
+    split = preprocess_items(items, validation_transform(parser))
     cell = GlobalBackbone(**dict(parser.get_parsed_content("global_backbone") or {})).tap_strides[0]
     out = no_learning_baselines(
         split["image"], split["mask"], split["label"], cell, float(parser.get_parsed_content("pointing_tolerance"))

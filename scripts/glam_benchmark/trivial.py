@@ -90,6 +90,17 @@ def no_learning_baselines(
     }
 
 
+def validation_transform(parser: Any) -> Any:
+    """The validation preprocessing of a parsed ``train.yaml`` as one per-image transform: its cached half
+    (``validate#preprocessing``: the window, uint16) then its per-step half (``validate#batch_transforms``: the
+    standardisation), i.e. the model's input as the validation workflow makes it, with ``mask`` and ``label``."""
+    from monai.transforms import Compose
+
+    return Compose(
+        [parser.get_parsed_content("validate#preprocessing"), parser.get_parsed_content("validate#batch_transforms")]
+    )
+
+
 def preprocess_items(items: Sequence[Mapping[str, Any]], transform: Any) -> dict[str, torch.Tensor]:
     """Images (N, 1, H, W) float16, masks (N, 2, H, W) uint8 and labels (N, 2) of datalist ``items`` after a
     deterministic preprocessing ``transform`` that gives ``image``, ``mask`` and ``label``."""

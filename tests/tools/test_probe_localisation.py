@@ -39,6 +39,27 @@ def test_auc_matches_the_pairwise_definition_and_is_nan_without_both_classes():
     assert np.isnan(trivial.auc(np.array([0.1, 0.2]), np.array([1, 1])))
 
 
+def test_the_probe_and_the_baselines_see_the_validation_workflows_model_inputs(tiny_datalist):
+    """validation_transform (the probe's and the trivial baselines' data) = the cached validation chain then its
+    per-step half: the standardised window the validation evaluator feeds the model, with masks and labels."""
+    from conftest import TINY_CONFIG, TRAIN_CONFIG
+    from monai.bundle import ConfigParser
+    from monai.data import list_data_collate
+
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(TINY_CONFIG)])
+    parser["datalist"] = tiny_datalist
+    items = parser.get_parsed_content("val_datalist")[:3]
+    split = trivial.preprocess_items(items, trivial.validation_transform(parser))
+    cached = [parser.get_parsed_content("validate#preprocessing")(dict(item)) for item in items]
+    image, targets, _, _ = parser.get_parsed_content("validate#prepare_batch")(list_data_collate(cached), "cpu")
+    torch.testing.assert_close(split["image"].float(), image.to(torch.float16).float(), rtol=0, atol=0)
+    assert torch.equal(split["mask"], targets["mask"].to(torch.uint8)) and torch.equal(split["label"], targets["label"])
+    flat = split["image"].float().flatten(1)
+    torch.testing.assert_close(flat.mean(1), torch.zeros(3), rtol=0, atol=2e-3)
+    torch.testing.assert_close(flat.std(1, unbiased=False), torch.ones(3), rtol=0, atol=2e-3)
+
+
 def test_breast_statistics_ignore_the_background():
     image = torch.full((1, 1, 4, 4), -1.0)
     image[0, 0, :2, :2] = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
@@ -158,7 +179,7 @@ def test_a_few_cpu_minutes_of_the_recipe_localise_well_above_chance(tmp_path):
     # chance: maps of uniform noise peak anywhere; their hit rate on the same validation lesions
     val = probe.preprocess_split(
         parser.get_parsed_content("datalist_content")["validation"],
-        parser.get_parsed_content("validate#preprocessing"),
+        probe.validation_transform(parser),
         tmp_path / "cache",
         {
             "image_size": parser.get_parsed_content("image_size"),
