@@ -77,7 +77,7 @@ def test_training_and_evaluation_run_bf16_on_the_cpu_with_amp_true(tmp_path, tin
         trainer = parser.get_parsed_content("train#trainer")
         evaluator = parser.get_parsed_content("validate#evaluator")
         metrics: dict = {}
-        evaluator.add_event_handler(Events.COMPLETED, lambda e: metrics.update(e.state.metrics))
+        evaluator.add_event_handler(Events.COMPLETED, lambda e, m=metrics: m.update(e.state.metrics))
         parser.get_parsed_content("run_stage")
         for h in handles:
             h.remove()
