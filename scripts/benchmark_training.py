@@ -4,6 +4,7 @@
     python scripts/benchmark_training.py memory  [--device cuda] [--bf16] --ks 1 2 3 [--budgets-gb 16 40 80]
     python scripts/benchmark_training.py scaling [--sizes 736x480 1472x960 2944x1920] [--ks 1 2 4]
     python scripts/benchmark_training.py ddp     [--height 368 --width 240 --patch 128 ...]
+    python scripts/benchmark_training.py pipeline --datalist D/datalist.json [--num-workers 14] [--stage global]
 
 - ``speed``: one optimiser step per stage (global, local with the global module frozen, joint), random images and
   labels at the model's full size by default; images/s = batch / best step time over ``--repeats`` after
@@ -16,6 +17,12 @@
 - ``scaling``: step time of the joint stage as the image size and K grow (a table).
 - ``ddp``: joint-stage throughput of DistributedDataParallel with 2 processes against 1 (gloo on CPU, NCCL on
   CUDA with 2 devices), each rank with ``--batch`` images, on the same total cores (CPU: threads split).
+- ``pipeline``: the training workflow's own objects (``bundle/configs/train.yaml`` + ``--config`` presets, sizes,
+  workers, cache and device from the flags) on a real datalist, in one run: the PNG/DICOM decode of each image once,
+  the first pass that fills the cache (with the share of each cached transform), the loader in steady state
+  (``--num-workers`` processes, cache warm), the per-step device transforms (with their shares), the model-only
+  step on a prepared batch, and the whole training step (loader + device transforms + model, MONAI's trainer
+  without validation); the whole step against the model-only step is the fraction of the model's speed reached.
 
 Prints a Markdown table; ``--json PATH`` also writes the figures.
 """
@@ -38,6 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 from scripts.enums import STAGES, Stage  # noqa: E402
 from scripts.losses import GLAMLoss  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
+from scripts.patches import map_window_size, max_disjoint_windows  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TRAIN_CONFIG = REPO_ROOT / "bundle" / "configs" / "train.yaml"
 
 
 def build(stage: str, args: argparse.Namespace, k: int, checkpointing: bool, device: torch.device):
@@ -175,17 +186,32 @@ def cmd_memory(args, device) -> list[dict]:
         rows.append(summary)
     if args.search and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
+        limit = max_patches(args)
         for ckpt in (False, True):
             for budget in args.budgets_gb:
+                max_k = _search_max_k(args, device, ckpt, budget * 1e9 / total, limit)
                 rows.append(
                     {
                         "k": "search",
                         "checkpointing": ckpt,
                         "budget_gb": budget,
-                        "max_k": _search_max_k(args, device, ckpt, budget * 1e9 / total),
+                        "max_k": max_k,
+                        "image_limit_k": limit,
+                        "limited_by": "image" if max_k == limit else "memory",
                     }
                 )
     return rows
+
+
+def max_patches(args) -> int:
+    """The largest K Algorithm 1 can select in an image of ``--height`` x ``--width``: the disjoint patch windows on
+    the global module's map (its size read off a forward pass on the meta device, which allocates nothing)."""
+    net = GLAM(stage=Stage.GLOBAL, patch_size=args.patch, local_depth=18, local_width=1).to("meta")
+    with torch.no_grad():
+        image = torch.empty(1, 1, args.height, args.width, device="meta")
+        map_size = list(net.global_network(image)["saliency_global"].shape[-2:])
+    window = map_window_size([args.patch] * 2, [args.height, args.width], map_size)
+    return max_disjoint_windows(map_size, window)
 
 
 def _fits(args, device, k: int, ckpt: bool) -> bool:
@@ -201,20 +227,27 @@ def _fits(args, device, k: int, ckpt: bool) -> bool:
         torch.cuda.empty_cache()
 
 
-def _search_max_k(args, device, ckpt: bool, fraction: float) -> int:
-    torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
+def largest_fitting(fits, limit: int) -> int:
+    """The largest K in [1, ``limit``] with ``fits(K)`` (0 if none), for a ``fits`` that is monotone (true up to some
+    K): doubling from 1, then bisecting; never asks for a K above ``limit``."""
+    lo, hi = 0, 1
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _search_max_k(args, device, ckpt: bool, fraction: float, limit: int) -> int:
+    """The largest K <= ``limit`` whose joint step fits in ``fraction`` of the device's memory (0: not even K = 1)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), index)
     try:
-        lo, hi = 0, 1
-        while _fits(args, device, hi, ckpt):
-            lo, hi = hi, hi * 2
-            if hi > 256:
-                return lo
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if _fits(args, device, mid, ckpt) else (lo, mid)
-        return lo
+        return largest_fitting(lambda k: _fits(args, device, k, ckpt), limit)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
 
 
 def cmd_scaling(args, device) -> list[dict]:
@@ -288,6 +321,174 @@ def cmd_ddp(args, device) -> list[dict]:
     return rows
 
 
+def pipeline_parser(args, device: torch.device, work_dir: Path):
+    """``train.yaml`` + ``--config`` presets with the flags' sizes, stage, workers, cache and device."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), *[str(c) for c in args.config]])
+    overrides = {
+        "bundle_root": str(REPO_ROOT / "bundle"),
+        "datalist": str(Path(args.datalist).resolve()),
+        "dataset_dir": str(Path(args.datalist).resolve().parent),
+        "stage": args.stage,
+        "device": f"$torch.device({str(device)!r})",
+        "amp": bool(args.bf16),
+        "channels_last": bool(args.channels_last),
+        "num_workers": args.num_workers,
+        "train_cache": args.cache,
+        "check_data": False,
+        "ckpt_root": str(work_dir / "models"),
+        "output_root": str(work_dir / "eval"),
+        "image_size": [args.height, args.width],
+        "patch_size": args.patch,
+        "num_patches": args.k,
+        "local_depth": args.local_depth,
+        "local_width": args.local_width,
+        "batch_size": {s: args.batch for s in STAGES},
+        "activation_checkpointing": bool(args.checkpointing),
+    }
+    if args.cache_dir:
+        overrides["cache_dir"] = str(args.cache_dir)
+    for key, value in overrides.items():
+        parser[key] = value
+    return parser
+
+
+def _timed_chain(transforms, item, totals: dict, device: torch.device):
+    for t in transforms:
+        start = time.perf_counter()
+        item = t(item)
+        _sync(device)
+        totals[type(t).__name__] = totals.get(type(t).__name__, 0.0) + time.perf_counter() - start
+    return item
+
+
+def _share_rows(stage: str, totals: dict, images: int) -> list[dict]:
+    whole = sum(totals.values()) or 1.0
+    return [
+        {"measure": f"{stage}: {name}", "ms_per_image": 1000 * t / images, "share": t / whole}
+        for name, t in sorted(totals.items(), key=lambda kv: -kv[1])
+    ]
+
+
+def _rate_row(measure: str, images: int, seconds: float, note: str = "") -> dict:
+    return {"measure": measure, "images_per_s": images / seconds, "ms_per_image": 1000 * seconds / images, "note": note}
+
+
+def cmd_pipeline(args, device) -> list[dict]:
+    """See the module docstring (``pipeline``)."""
+    import tempfile
+
+    from monai.data import decollate_batch
+    from monai.data.meta_obj import set_track_meta
+
+    from scripts.data.readers import read_mammogram
+
+    if not args.datalist:
+        raise SystemExit("pipeline needs --datalist (a MONAI datalist of mammograms, e.g. from make_synthetic.py)")
+    work_dir = Path(tempfile.mkdtemp(prefix="glam_pipeline_"))
+    parser = pipeline_parser(args, device, work_dir)
+    items = parser.get_parsed_content("train_datalist")
+    rows: list[dict] = []
+
+    # 1. decoding each file once: the floor the cached loader is compared with
+    sample = items[: args.profile_images]
+    start = time.perf_counter()
+    for item in sample:
+        read_mammogram(item["image"])
+    rows.append(_rate_row("decode the image file once", len(sample), time.perf_counter() - start, "main process"))
+
+    # 2. the cached half, transform by transform (what filling the cache costs per image)
+    totals: dict = {}
+    chain = parser.get_parsed_content("train#preprocessing")
+    for item in sample:
+        _timed_chain(chain.transforms, dict(item), totals, torch.device("cpu"))
+    rows.append(_rate_row("cached half (fill)", len(sample), sum(totals.values()), "main process"))
+    rows += _share_rows("cached", totals, len(sample))
+
+    # 3. fill the cache through the dataset, then the loader in steady state
+    start = time.perf_counter()
+    dataset = parser.get_parsed_content("train#dataset")
+    for i in range(len(dataset)):
+        dataset[i]
+    rows.append(_rate_row(f"fill the {args.cache} cache", len(dataset), time.perf_counter() - start, "main process"))
+    loader = parser.get_parsed_content("train#dataloader")
+    sampler = parser.get_parsed_content("train#sampler")
+    batches = []
+    count, seconds = 0, 0.0
+    for epoch in range(args.loader_epochs + 1):  # the first epoch starts the workers: not timed
+        sampler.set_epoch(epoch)
+        start = time.perf_counter()
+        n = 0
+        for batch in loader:
+            n += int(batch["image"].shape[0])
+            if len(batches) < 3:
+                batches.append(batch)
+        if epoch > 0:
+            count, seconds = count + n, seconds + time.perf_counter() - start
+    note = f"{args.num_workers} worker(s), one thread each" if args.num_workers else "main process"
+    rows.append(_rate_row(f"loader, {args.cache} cache warm", count, seconds, note))
+
+    # 4. the per-step half on the device, transform by transform
+    prepare = parser.get_parsed_content("train#prepare_batch")
+    memory_format = parser.get_parsed_content("memory_format")
+    totals = {}
+    images = 0
+    for batch in batches:
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        set_track_meta(False)
+        try:
+            for item in decollate_batch(moved, detach=False):
+                _timed_chain(prepare.transform.transforms, item, totals, device)
+                images += 1
+        finally:
+            set_track_meta(True)
+    rows.append(_rate_row("per-step half on the device", images, sum(totals.values()), str(device)))
+    rows += _share_rows("per-step", totals, images)
+
+    # 5. the model-only step on one prepared batch
+    network, loss_fn = parser.get_parsed_content("network"), parser.get_parsed_content("loss")
+    optimizer, inferer = parser.get_parsed_content("optimizer"), parser.get_parsed_content("train#inferer")
+    image, target, _, kwargs = prepare(batches[0], device, False, memory_format=memory_format)
+    network.train()
+    times = []
+    for i in range(args.warmup + args.repeats):
+        _sync(device)
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(inferer(image, network, **kwargs), target).backward()
+        optimizer.step()
+        _sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+    model = _rate_row("model-only step", image.shape[0] * len(times), sum(times), f"batch {image.shape[0]}")
+    rows.append(model)
+
+    # 6. the whole training step: MONAI's trainer from the same config, without its handlers (no validation)
+    parser["train#handlers"] = []
+    parser["train#trainer#max_epochs"] = 1
+    parser["train#trainer#epoch_length"] = args.warmup + args.steps
+    trainer = parser.get_parsed_content("train#trainer")
+    stamps: list[float] = []
+
+    def stamp(engine) -> None:
+        _sync(device)
+        stamps.append(time.perf_counter())
+
+    from ignite.engine import Events
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, stamp)
+    trainer.run()
+    steady = stamps[args.warmup - 1 :] if args.warmup else stamps
+    whole = _rate_row(
+        "whole training step", args.batch * (len(steady) - 1), steady[-1] - steady[0], "loader + device + model"
+    )
+    whole["of_model_only"] = whole["images_per_s"] / model["images_per_s"]
+    rows.append(whole)
+    return rows
+
+
 def markdown(rows: list[dict]) -> str:
     keys = list(dict.fromkeys(k for r in rows for k in r))
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -299,7 +500,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=["speed", "memory", "scaling", "ddp", "_peak"])
+    ap.add_argument("mode", choices=["speed", "memory", "scaling", "ddp", "pipeline", "_peak"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--height", type=int, default=2944)
     ap.add_argument("--width", type=int, default=1920)
@@ -319,6 +520,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    pipe = ap.add_argument_group("pipeline")
+    pipe.add_argument("--datalist", type=Path, help="a MONAI datalist of mammogram files (its 'training' split)")
+    pipe.add_argument("--config", type=Path, nargs="*", default=[], help="presets layered over train.yaml")
+    pipe.add_argument("--stage", choices=list(STAGES), default=Stage.GLOBAL.value)
+    pipe.add_argument("--num-workers", type=int, default=min(14, max(0, (os.cpu_count() or 1) - 2)))
+    pipe.add_argument("--cache", choices=["none", "memory", "disk"], default="disk")
+    pipe.add_argument("--cache-dir", type=Path, help="disk cache folder (default: a new temporary one)")
+    pipe.add_argument("--profile-images", type=int, default=8, help="images decoded and profiled one by one")
+    pipe.add_argument("--loader-epochs", type=int, default=2, help="timed loader epochs after a first one")
+    pipe.add_argument("--steps", type=int, default=20, help="timed whole-training steps after --warmup")
     args = ap.parse_args(argv)
     for name in ("height", "width", "patch", "k", "batch", "repeats"):
         if getattr(args, name) < 1:
@@ -328,7 +539,14 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
-    modes = {"speed": cmd_speed, "memory": cmd_memory, "scaling": cmd_scaling, "ddp": cmd_ddp, "_peak": cmd_peak}
+    modes = {
+        "speed": cmd_speed,
+        "memory": cmd_memory,
+        "scaling": cmd_scaling,
+        "ddp": cmd_ddp,
+        "pipeline": cmd_pipeline,
+        "_peak": cmd_peak,
+    }
     rows = modes[args.mode](args, device)
     if args.mode == "_peak":
         print(json.dumps(rows[0]))
@@ -344,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(rows))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({**info, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({**info, "rows": rows}, indent=2, default=str))
     return 0
 
 

@@ -79,3 +79,68 @@ def test_bad_arguments_are_named():
     ):
         res = subprocess.run([sys.executable, str(SCRIPT), "speed", *args], capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and message in res.stderr
+
+
+def test_largest_fitting_k_doubles_bisects_and_stops_at_the_images_limit():
+    tool = _tool()
+    asked: list[int] = []
+
+    def fits_up_to(n: int):
+        def fits(k: int) -> bool:
+            asked.append(k)
+            return k <= n
+
+        return fits
+
+    assert tool.largest_fitting(fits_up_to(9), 15) == 9 and max(asked) <= 15
+    asked.clear()
+    assert tool.largest_fitting(fits_up_to(100), 15) == 15 and max(asked) == 15  # the image's limit, not 16
+    assert tool.largest_fitting(fits_up_to(0), 15) == 0
+    assert tool.largest_fitting(fits_up_to(1), 1) == 1
+
+
+@pytest.mark.parametrize("size, patch, expected", [((2944, 1920), 512, 15), ((736, 480), 128, 15), ((256, 160), 64, 8)])
+def test_max_patches_counts_the_disjoint_patch_windows_on_the_global_map(size, patch, expected):
+    """2944x1920 with 512 px patches: S_g is 184x120 (stride 16), a patch 32x32 cells, 5 x 3 = 15 windows (the K = 16
+    the GPU search asked for did not fit); 256x160 with 64 px: 16x10 cells of 4x4, 4 x 2 = 8."""
+    import argparse
+
+    assert _tool().max_patches(argparse.Namespace(height=size[0], width=size[1], patch=patch)) == expected
+
+
+def test_pipeline_measures_every_stage_of_the_input_pipeline(tmp_path, tiny_datalist):
+    """One run on the tiny data: decode, the cached half and its transforms, the loader, the per-step half and its
+    transforms, the model-only and the whole training step, with the whole step's fraction of the model's speed."""
+    out = tmp_path / "pipeline.json"
+    cmd = [sys.executable, str(SCRIPT), "pipeline", "--datalist", tiny_datalist, "--config"]
+    cmd += [str(REPO_ROOT / "tests" / "configs" / "tiny.yaml"), *TINY, "--k", "2", "--batch", "2", "--num-workers", "1"]
+    cmd += ["--steps", "3", "--warmup", "1", "--repeats", "1", "--loader-epochs", "1", "--json", str(out)]
+    cmd += ["--cache-dir", str(tmp_path / "cache")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {r["measure"]: r for r in json.loads(out.read_text())["rows"]}
+    for measure in (
+        "decode the image file once",
+        "cached half (fill)",
+        "fill the disk cache",
+        "loader, disk cache warm",
+        "per-step half on the device",
+        "model-only step",
+        "whole training step",
+    ):
+        assert rows[measure]["images_per_s"] > 0, measure
+        assert rows[measure]["ms_per_image"] == pytest.approx(1000 / rows[measure]["images_per_s"])
+    cached = {m.split(": ", 1)[1]: r["share"] for m, r in rows.items() if m.startswith("cached: ")}
+    steps = {m.split(": ", 1)[1]: r["share"] for m, r in rows.items() if m.startswith("per-step: ")}
+    assert {"LoadImaged", "CropBreastd", "BestCenterRegiond", "QuantizeToUint16d"} <= set(cached)
+    assert set(steps) == {
+        "RandWindowShiftd",
+        "StandardizeImaged",
+        "RandAdjustContrastd",
+        "RandScaleIntensityd",
+        "RandShiftIntensityd",
+    }
+    assert sum(cached.values()) == pytest.approx(1) and sum(steps.values()) == pytest.approx(1)
+    whole = rows["whole training step"]
+    assert whole["of_model_only"] == pytest.approx(whole["images_per_s"] / rows["model-only step"]["images_per_s"])
+    assert len(list((tmp_path / "cache").glob("*.pt"))) == len(json.loads(open(tiny_datalist).read())["training"])

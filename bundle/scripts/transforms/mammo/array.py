@@ -443,17 +443,17 @@ class QuantizeToUint16(Transform):
 
     def __call__(self, img: NdarrayOrTensor) -> torch.Tensor:
         t = convert_to_tensor(img, track_meta=get_track_meta())
-        plain = t.as_tensor() if isinstance(t, MetaTensor) else t
-        x = plain.detach().to(torch.float64)
-        low = min(float(x.min()), 0.0) if x.numel() else 0.0
-        high = float(x.max()) if x.numel() else 0.0
-        if low >= 0 and high <= 65535 and bool(torch.equal(x, x.round())):
-            scale, offset, q = 1.0, 0.0, x
+        plain = (t.as_tensor() if isinstance(t, MetaTensor) else t).detach()
+        lowest, high = (float(v) for v in torch.aminmax(plain)) if plain.numel() else (0.0, 0.0)
+        low = min(lowest, 0.0)
+        # within [0, 65535] the cast is defined, and it is exact when the values are integers (the round trip says so)
+        out = plain.to(torch.uint16) if low >= 0 and high <= 65535 else None
+        if out is not None and torch.equal(out.to(plain.dtype), plain):
+            scale, offset = 1.0, 0.0
         else:
             scale = (high - low) / 65535 if high > low else 1.0
             offset = low
-            q = ((x - low) / scale).round().clamp_(0, 65535)
-        out = q.to(torch.uint16)
+            out = ((plain.to(torch.float64) - low) / scale).round_().clamp_(0, 65535).to(torch.uint16)
         if isinstance(t, MetaTensor):
             out = MetaTensor(out, meta=dict(t.meta), applied_operations=list(t.applied_operations))
             out.meta["intensity_scale"] = scale
