@@ -87,3 +87,38 @@ def test_prepare_batch_missing_keys_and_bad_mask_raise():
         GLAMPrepareBatch(with_masks=True)(batch)
     with pytest.raises(ValueError, match="'mask'"):
         GLAMPrepareBatch(with_masks=True)({**batch, "mask": torch.zeros(2, 2, 4, 5)})
+
+
+def test_the_per_step_transform_runs_image_by_image_on_the_batch_and_restarts_per_epoch():
+    """The training config's per-step chain on a batch of uint16 regions: each image is shifted, standardised and
+    augmented by the same chain applied to it alone with the epoch's random state (drawn image after image); the
+    masks are cut with their image; the offset range stays on the host; set_epoch(e) replays epoch e."""
+    from monai.data.utils import set_rnd
+
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(TINY_CONFIG)])
+    parser["train_masks"] = True
+    prepare = parser.get_parsed_content("train#prepare_batch")
+    window, shift = parser.get_parsed_content("image_size"), parser.get_parsed_content("max_shift")
+    g = torch.Generator().manual_seed(0)
+    rows, cols = window[0] + 2 * shift[0], window[1] + 2 * shift[1]
+    batch = {
+        "image": torch.randint(0, 4096, (3, 1, rows, cols), generator=g).to(torch.uint16),
+        "mask": (torch.rand(3, 2, rows, cols, generator=g) > 0.9).to(torch.uint8),
+        "label": torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]),
+        "window_shift_range": torch.tensor([[[-4, 4], [-4, 4]], [[0, 2], [-1, 0]], [[-3, 0], [0, 4]]]),
+    }
+    prepare.set_epoch(3)
+    image, target, _, _ = prepare(batch, torch.device("cpu"))
+    # the reference: the same chain, item by item, from the state set_epoch(3) gives it
+    chain = parser.get_parsed_content("train#batch_transforms")
+    set_rnd(chain, (parser.get_parsed_content("seed") * 1_000_003 + 3 * 1_009) % (2**31))
+    for i in range(3):
+        item = chain({k: v[i] for k, v in batch.items()})
+        assert torch.equal(image[i], item["image"]) and torch.equal(target["mask"][i], item["mask"].float())
+    assert image.dtype == torch.float32 and tuple(image.shape) == (3, 1, *window)
+    assert torch.equal(target["label"], batch["label"])
+    prepare.set_epoch(3)
+    assert torch.equal(prepare(batch, torch.device("cpu"))[0], image)  # the epoch replays
+    prepare.set_epoch(4)
+    assert not torch.equal(prepare(batch, torch.device("cpu"))[0], image)

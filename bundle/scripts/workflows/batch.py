@@ -13,6 +13,9 @@ from monai.engines.utils import PrepareBatch
 
 __all__ = ["GLAMPrepareBatch"]
 
+#: the batch entries moved to the device before the per-step transforms (the rest stays where the loader put it)
+_DEVICE_KEYS = ("image", "mask")
+
 
 class GLAMPrepareBatch(PrepareBatch):
     """``prepare_batch`` for GLAM trainers and evaluators.
@@ -78,8 +81,10 @@ class GLAMPrepareBatch(PrepareBatch):
     def _transform_on_device(
         self, batchdata: Mapping[str, Any], device: str | torch.device | None, non_blocking: bool
     ) -> dict[str, Any]:
+        # the pixels travel; small bookkeeping (the window's offset range) stays on the host, where the transforms
+        # read it, so that no value comes back from the device image by image
         moved = {
-            k: v.to(device=device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            k: v.to(device=device, non_blocking=non_blocking) if k in _DEVICE_KEYS and isinstance(v, torch.Tensor) else v
             for k, v in batchdata.items()
         }
         # plain tensors on the device: MONAI's transforms would otherwise wrap every intermediate in a MetaTensor
