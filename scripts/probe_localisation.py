@@ -10,7 +10,9 @@ The model, its loss, the data, the preprocessing and the optimiser settings come
 probe trains what the training workflow would train in its global stage. What it changes to be fast: the
 deterministic preprocessing (load, flip, crop, window, standardise) runs once and its tensors are cached on disk
 (``--cache``), training draws balanced epochs from those tensors with a random translation of up to the preset's
-``max_shift`` as the only augmentation, and nothing is written but the cache.
+``max_shift`` as the only augmentation, and nothing is written but the cache. On a GPU (``--device cuda``, the
+default when there is one) the cached tensors are moved to the device once and the module trains and evaluates in
+bf16 autocast (``--no-bf16``: float32); on the CPU it runs in float32 unless ``--bf16``.
 
 Before training it prints what needs no learning on the validation split: the classification AUC of image-wide
 intensity statistics of the breast (its maximum, 99.9th percentile, mean, standard deviation: if one of them
@@ -40,7 +42,6 @@ for _path in (BUNDLE_ROOT, REPO_ROOT / "scripts"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from glam_benchmark.trivial import (  # noqa: E402
     STATISTICS,
@@ -128,8 +129,8 @@ def shift_batch(images: torch.Tensor, max_shift: Sequence[int], generator: torch
         return images
     fill = images.amin(dim=(-2, -1), keepdim=True)
     shifted = torch.roll(images, (dr, dc), dims=(-2, -1))
-    rows = torch.arange(images.shape[-2])
-    cols = torch.arange(images.shape[-1])
+    rows = torch.arange(images.shape[-2], device=images.device)
+    cols = torch.arange(images.shape[-1], device=images.device)
     wrapped_r = (rows < dr) if dr > 0 else (rows >= images.shape[-2] + dr)
     wrapped_c = (cols < dc) if dc > 0 else (cols >= images.shape[-1] + dc)
     wrapped = wrapped_r[:, None] | wrapped_c[None, :]
@@ -151,8 +152,10 @@ def evaluate(
     score_key: str = "y_global",
     batch_size: int = 8,
     memory_format: torch.memory_format = torch.contiguous_format,
+    autocast: torch.dtype | None = None,
 ) -> dict[str, list[float]]:
-    """AUC per class, soft Dice, pointing-game hit rate and share of peaks on the border, per class."""
+    """AUC per class, soft Dice, pointing-game hit rate and share of peaks on the border, per class, on the device of
+    ``split`` (the network's), the forward pass autocast to ``autocast`` when given."""
     network.eval()
     dice, hit = SoftDiceMetric(check_values=False), PointingGameMetric(tolerance=tolerance, check_values=False)
     on_border = PointingGameMetric(border=border, measure="border", check_values=False)
@@ -160,16 +163,17 @@ def evaluate(
     with torch.no_grad():
         for sl in batches(split["image"], batch_size):
             x = split["image"][sl].float().contiguous(memory_format=memory_format)
-            out = network(x)
+            with torch.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                out = network(x)
             maps = nearest_resize(out[map_key].float(), x.shape[-2:])
             masks = split["mask"][sl]
             dice(maps, masks)
             hit(maps, masks)
             on_border(maps, masks)
-            scores.append(out[score_key].float())
+            scores.append(out[score_key].float().cpu())
     network.train()
     y = torch.cat(scores).numpy()
-    labels = split["label"].numpy()
+    labels = split["label"].cpu().numpy()
     return {
         "auc": [auc(y[:, c], labels[:, c]) for c in range(labels.shape[1])],
         "dice": dice.aggregate().tolist(),
@@ -188,13 +192,16 @@ def train_epochs(
     max_shift: Sequence[int] = (0, 0),
     seed: int = 0,
     memory_format: torch.memory_format = torch.contiguous_format,
-) -> Iterator[tuple[int, float, float]]:
+    autocast: torch.dtype | None = None,
+) -> Iterator[tuple[int, float, float, int]]:
     """Adam with the training workflow's cosine decay (to 0.1 x), balanced epochs (every positive plus as many
-    negatives); yields (epoch, mean loss, seconds) after each epoch."""
+    negatives), on the device of ``train`` (the network's), the forward pass autocast to ``autocast`` when given
+    (the loss in float32, no gradient scaler: bf16); yields (epoch, mean loss, seconds, images) after each epoch.
+    The draws (epochs, shifts) come from CPU generators, so a device changes the arithmetic, not the draws."""
     params = [p for p in network.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=learning_rate)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs, eta_min=learning_rate * 0.1)
-    sampler = BalancedEpochSampler(positive_flags([{"label": y.tolist()} for y in train["label"]]), seed=seed)
+    sampler = BalancedEpochSampler(positive_flags([{"label": y.tolist()} for y in train["label"].cpu()]), seed=seed)
     generator = torch.Generator().manual_seed(seed)
     network.train()
     for epoch in range(1, epochs + 1):
@@ -203,15 +210,18 @@ def train_epochs(
         order = torch.as_tensor(list(sampler))
         losses = []
         for sl in batches(order, batch_size):
-            idx = order[sl]
+            idx = order[sl].to(train["image"].device)
             x = shift_batch(train["image"][idx].float(), max_shift, generator).contiguous(memory_format=memory_format)
-            loss = loss_fn(network(x), train["label"][idx])
+            with torch.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                out = network(x)
+            loss = loss_fn(out, train["label"][idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            losses.append(float(loss.detach()))
+            losses.append(loss.detach())
         schedule.step()
-        yield epoch, float(np.mean(losses)), time.perf_counter() - start
+        mean_loss = float(torch.stack(losses).double().mean())  # one host synchronisation per epoch
+        yield epoch, mean_loss, time.perf_counter() - start, len(order)
 
 
 def _fmt_pair(values: Sequence[float]) -> str:
@@ -225,9 +235,12 @@ def run_probe(
     seed: int = 0,
     channels_last: bool = True,
     log: Any = print,
+    device: str | torch.device = "cpu",
+    bf16: bool = False,
 ) -> dict[str, Any]:
     """Build the configured global module, cache the data, print the baselines and the per-epoch metrics; returns
-    ``{"baselines": ..., "epochs": [per-epoch dicts]}``."""
+    ``{"baselines": ..., "epochs": [per-epoch dicts]}``. The module and the cached tensors go to ``device``; ``bf16``
+    autocasts its forward passes."""
     torch.manual_seed(seed)
     datalist = parser.get_parsed_content("datalist_content")
     transform = validation_transform(parser)
@@ -250,9 +263,11 @@ def run_probe(
     border = float(parser.get_parsed_content("peak_border"))
     network = parser.get_parsed_content("network_def")
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    network = network.to(memory_format=memory_format)
-    with torch.no_grad():
-        probe_out = network.eval()(val["image"][:1].float())
+    device = torch.device(device)
+    autocast = torch.bfloat16 if bf16 else None
+    network = network.to(device=device, memory_format=memory_format)
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        probe_out = network.eval()(val["image"][:1].float().to(device))
     cell = val["image"].shape[-2] // probe_out[OutputKey.SALIENCY_GLOBAL].shape[-2]
 
     baselines = no_learning_baselines(val["image"], val["mask"], val["label"], cell, tolerance)
@@ -264,6 +279,9 @@ def run_probe(
     log(f"  pointing game of the brightest {cell}-px cell: {_fmt_pair([hits[c] for c in CLASS_NAMES])}")
 
     loss_fn = parser.get_parsed_content("loss")
+    # the cached tensors (float16 images, uint8 masks) live on the device for the whole run
+    train, val = ({k: v.to(device) for k, v in split.items()} for split in (train, val))
+    log(f"device: {device}{', bf16 autocast' if bf16 else ', float32'}")
     history = []
     epochs_iter = train_epochs(
         network,
@@ -275,14 +293,16 @@ def run_probe(
         max_shift=tuple(parser.get_parsed_content("max_shift")),
         seed=seed,
         memory_format=memory_format,
+        autocast=autocast,
     )
-    for epoch, loss, seconds in epochs_iter:
-        ev = evaluate(network, val, tolerance, border, memory_format=memory_format)
-        ev.update(epoch=epoch, loss=loss, seconds=seconds)
+    for epoch, loss, seconds, images in epochs_iter:
+        ev = evaluate(network, val, tolerance, border, memory_format=memory_format, autocast=autocast)
+        ev.update(epoch=epoch, loss=loss, seconds=seconds, images_per_s=images / seconds)
         history.append(ev)
         log(
             f"epoch {epoch:3d}  loss {loss:.3f}  AUC b/m {_fmt_pair(ev['auc'])}  Dice {_fmt_pair(ev['dice'])}  "
-            f"pointing game {_fmt_pair(ev['hit'])}  peak on border {_fmt_pair(ev['border'])}  {seconds:.0f} s"
+            f"pointing game {_fmt_pair(ev['hit'])}  peak on border {_fmt_pair(ev['border'])}  {seconds:.1f} s "
+            f"({images / seconds:.0f} images/s)"
         )
     return {"baselines": baselines, "epochs": history, "cell": cell, "tolerance": tolerance}
 
@@ -297,6 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--no-channels-last", action="store_true", help="train in contiguous memory format")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where the module trains")
+    p.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bf16 autocast of the forward passes (default: on CUDA, off on the CPU)",
+    )
     p.add_argument("--json", type=Path, help="also write the baselines and per-epoch metrics to this file")
     return p
 
@@ -314,7 +341,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     parser = load_parser(args.preset, args.model, overrides)
-    result = run_probe(parser, args.epochs, args.cache, args.seed, channels_last=not args.no_channels_last)
+    bf16 = torch.device(args.device).type == "cuda" if args.bf16 is None else args.bf16
+    result = run_probe(
+        parser,
+        args.epochs,
+        args.cache,
+        args.seed,
+        channels_last=not args.no_channels_last,
+        device=args.device,
+        bf16=bf16,
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=float) + "\n")

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, requires_cuda
 
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 from glam_benchmark import trivial  # noqa: E402
@@ -107,6 +107,34 @@ def test_set_values_and_config_loading():
         probe.load_parser(None, "unet", {})
     with pytest.raises(FileNotFoundError, match="missing.yaml"):
         probe.load_parser(REPO_ROOT / "missing.yaml", "glam", {})
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_the_probe_runs_on_a_device_in_bf16_and_repeats_itself_in_float32(tmp_path, tiny_datalist, device):
+    """Two epochs on the tiny data: float32 twice gives the same figures (the draws come from CPU generators);
+    with bf16 the global module's convolutions ran in bf16 and every figure is defined; images/s per epoch."""
+
+    def parser():  # a fresh one per run: a parser keeps the network it built (and trained)
+        return probe.load_parser(REPO_ROOT / "tests" / "configs" / "tiny.yaml", "glam", {"datalist": tiny_datalist})
+
+    runs = [probe.run_probe(parser(), 2, tmp_path / "cache", log=lambda _: None, device=device) for _ in range(2)]
+    for a, b in zip(runs[0]["epochs"], runs[1]["epochs"]):  # assert_equal: NaN (a class without lesions) == NaN
+        np.testing.assert_equal(*({k: v for k, v in e.items() if k not in ("seconds", "images_per_s")} for e in (a, b)))
+    dtypes = set()
+    conv = torch.nn.Conv2d.forward
+
+    def spy(self, x):
+        out = conv(self, x)
+        dtypes.add(out.dtype)
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.nn.Conv2d, "forward", spy)
+        bf16 = probe.run_probe(parser(), 2, tmp_path / "cache", log=lambda _: None, device=device, bf16=True)
+    assert dtypes == {torch.bfloat16}
+    for epoch in bf16["epochs"]:
+        assert np.isfinite(epoch["loss"]) and epoch["images_per_s"] > 0
+        assert all(0 <= v <= 1 for v in epoch["hit"] + epoch["dice"] if not np.isnan(v))
 
 
 def test_the_cache_is_computed_once_and_written_under_a_unique_temporary_name(tmp_path, monkeypatch):
