@@ -83,10 +83,10 @@ class GLAMPrepareBatch(PrepareBatch):
     ) -> dict[str, Any]:
         # the pixels travel; small bookkeeping (the window's offset range) stays on the host, where the transforms
         # read it, so that no value comes back from the device image by image
-        moved = {
-            k: v.to(device=device, non_blocking=non_blocking) if k in _DEVICE_KEYS and isinstance(v, torch.Tensor) else v
-            for k, v in batchdata.items()
-        }
+        moved = dict(batchdata)
+        for key in _DEVICE_KEYS:
+            if isinstance(moved.get(key), torch.Tensor):
+                moved[key] = moved[key].to(device=device, non_blocking=non_blocking)
         # plain tensors on the device: MONAI's transforms would otherwise wrap every intermediate in a MetaTensor
         track_meta = get_track_meta()
         set_track_meta(False)
