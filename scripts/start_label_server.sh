@@ -70,6 +70,22 @@ if [[ $setup_only == 0 ]] && ! is_loopback "$host" && [[ $auth_on == 0 && $insec
   echo "  that authenticates (docs/monailabel.md, Security), or pass --insecure-no-auth to serve anyway." >&2
   exit 2
 fi
+if [[ $setup_only == 0 ]]; then  # checked before the environment is built: a mistake is told at once
+  [[ -n "$studies" ]] || { echo "start_label_server: --studies DIR is required" >&2; usage >&2; exit 2; }
+  [[ -d "$studies" ]] || { echo "start_label_server: --studies $studies: not a folder" >&2; exit 2; }
+  [[ "$port" =~ ^[0-9]+$ ]] || { echo "start_label_server: --port $port: not a number" >&2; exit 2; }
+  model="${model:-$REPO/bundle/models/model.pt}"
+  [[ -f "$model" ]] || {
+    echo "start_label_server: no weights at $model: pass --model (the repository ships bundle/models/model.pt)" >&2
+    exit 2
+  }
+  conf=(--conf bundle "$REPO/bundle" --conf model "$(realpath "$model")")
+  if [[ -n "$preset" ]]; then
+    [[ -f "$preset" ]] || { echo "start_label_server: --preset $preset: no such file" >&2; exit 2; }
+    conf+=(--conf preset "$(realpath "$preset")")
+  fi
+  if [[ -n "$device" ]]; then conf+=(--conf device "$device"); fi
+fi
 
 key="$( (cat "$REQUIREMENTS"; echo "$MONAILABEL_SPEC") | sha256sum | cut -c1-16)"
 root="${GLAM_LABEL_ENV_ROOT:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/glam-monailabel}"
@@ -94,21 +110,6 @@ if [[ $setup_only == 1 ]]; then
   echo "$python"
   exit 0
 fi
-
-[[ -n "$studies" ]] || { echo "start_label_server: --studies DIR is required" >&2; usage >&2; exit 2; }
-[[ -d "$studies" ]] || { echo "start_label_server: --studies $studies: not a folder" >&2; exit 2; }
-[[ "$port" =~ ^[0-9]+$ ]] || { echo "start_label_server: --port $port: not a number" >&2; exit 2; }
-model="${model:-$REPO/bundle/models/model.pt}"
-[[ -f "$model" ]] || {
-  echo "start_label_server: no weights at $model: pass --model (the repository ships bundle/models/model.pt)" >&2
-  exit 2
-}
-conf=(--conf bundle "$REPO/bundle" --conf model "$(realpath "$model")")
-if [[ -n "$preset" ]]; then
-  [[ -f "$preset" ]] || { echo "start_label_server: --preset $preset: no such file" >&2; exit 2; }
-  conf+=(--conf preset "$(realpath "$preset")")
-fi
-[[ -n "$device" ]] && conf+=(--conf device "$device")
 
 if [[ ${#cors[@]} -gt 0 ]]; then
   MONAI_LABEL_CORS_ORIGINS="[$(printf '"%s",' "${cors[@]}")"
