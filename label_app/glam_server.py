@@ -6,10 +6,12 @@ credentials, parses the ``params`` form field without checking it and offers rou
 the studies folder. Here, on that same app object (its routers, its lifespan that creates the GLAM app):
 
 - Cross-origin access: MONAI Label's allow-all ``CORSMiddleware`` is replaced; no origin is granted unless
-  ``MONAI_LABEL_CORS_ORIGINS`` lists it (MONAI Label's setting; entries normalized to ``scheme://host[:port]``, as
-  browsers send them). A request whose ``Origin`` is neither the server's own nor listed is refused (403), also
-  the form POSTs a browser sends without asking first; a ``Host`` other than the loopback names and
-  ``GLAM_LABEL_ALLOWED_HOSTS`` is refused (400: DNS rebinding).
+  ``GLAM_LABEL_CORS_ORIGINS`` lists it (comma-separated ``scheme://host[:port]``). MONAI Label's own
+  ``MONAI_LABEL_CORS_ORIGINS`` cannot serve: with it set, MONAI Label 0.8.5 fails to start (its settings are not
+  JSON-serializable), and it turns every entry into ``scheme://host/``, which no browser sends. A request whose
+  ``Origin`` is neither the server's own nor listed is refused (403), also the form POSTs a browser sends without
+  asking first; a ``Host`` other than the loopback names and ``GLAM_LABEL_ALLOWED_HOSTS`` is refused (400: DNS
+  rebinding).
 - The ``params`` and ``info`` form fields must be JSON objects (400 naming the field); ``session_id`` is refused
   (400: sessions are off in the GLAM app).
 - Not offered (404): ``/model`` (the checkpoint: download, replace, delete), ``/logs``, ``/proxy`` (DICOMweb),
@@ -116,7 +118,7 @@ class RequestGuard:
         if not host or urlsplit(origin).netloc.lower() != host.lower():
             raise RequestRefused(
                 f"cross-origin request from {origin!r} refused: the server grants no origin it was not given "
-                "(MONAI_LABEL_CORS_ORIGINS, start_label_server.sh --cors-origin)",
+                "(GLAM_LABEL_CORS_ORIGINS, start_label_server.sh --cors-origin)",
                 403,
             )
 
@@ -217,15 +219,14 @@ def _install_token_check(api: FastAPI) -> None:
 
 def configure(api: FastAPI) -> FastAPI:
     """Make MONAI Label's FastAPI app ``api`` the GLAM server (module docstring); before it starts."""
-    origins = parse_origins(settings.MONAI_LABEL_CORS_ORIGINS)
+    origins = parse_origins(o for o in os.environ.get("GLAM_LABEL_CORS_ORIGINS", "").split(",") if o.strip())
     hosts = allowed_hosts(os.environ.get("GLAM_LABEL_ALLOWED_HOSTS"))
     api.user_middleware[:] = [m for m in api.user_middleware if m.cls is not CORSMiddleware]
     api.add_middleware(RequestGuard, origins=origins, hosts=hosts)
     if origins:  # outside the guard: it answers the preflights of the listed origins
+        # no credentials (cookies): a bearer token in the Authorization header, MONAI Label's auth, needs none
         methods = ["GET", "HEAD", "POST", "PUT", "DELETE"]
-        api.add_middleware(
-            CORSMiddleware, allow_origins=origins, allow_credentials=True, allow_methods=methods, allow_headers=["*"]
-        )
+        api.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=methods, allow_headers=["*"])
     api.add_exception_handler(RequestRefused, _refused)
     api.add_exception_handler(MONAILabelException, _monailabel_error)
     if settings.MONAI_LABEL_AUTH_ENABLE:

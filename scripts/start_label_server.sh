@@ -111,9 +111,9 @@ if [[ $setup_only == 1 ]]; then
   exit 0
 fi
 
-if [[ ${#cors[@]} -gt 0 ]]; then
-  MONAI_LABEL_CORS_ORIGINS="[$(printf '"%s",' "${cors[@]}")"
-  export MONAI_LABEL_CORS_ORIGINS="${MONAI_LABEL_CORS_ORIGINS%,}]"
+if [[ ${#cors[@]} -gt 0 ]]; then  # label_app/glam_server.py grants these origins, no other
+  GLAM_LABEL_CORS_ORIGINS="$(printf '%s,' "${cors[@]}")"
+  export GLAM_LABEL_CORS_ORIGINS="${GLAM_LABEL_CORS_ORIGINS%,}"
 fi
 if ! is_loopback "$host"; then  # the names the server answers for (a Host header is checked: DNS rebinding)
   case "$host" in 0.0.0.0 | :: | "[::]") extra="*" ;; *) extra="$host" ;; esac
