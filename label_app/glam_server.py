@@ -13,7 +13,8 @@ the studies folder. Here, on that same app object (its routers, its lifespan tha
   asking first; a ``Host`` other than the loopback names and ``GLAM_LABEL_ALLOWED_HOSTS`` is refused (400: DNS
   rebinding).
 - The ``params`` and ``info`` form fields must be JSON objects (400 naming the field); ``session_id`` is refused
-  (400: sessions are off in the GLAM app).
+  (400: sessions are off in the GLAM app); an inference needs an input (a datastore id or an uploaded file) and
+  cannot ask for ``output=dicom_seg`` (MONAI Label answered both with 500).
 - Not offered (404): ``/model`` (the checkpoint: download, replace, delete), ``/logs``, ``/proxy`` (DICOMweb),
   ``/ohif``, ``/infer/wsi*``, ``/reload``, and ``/train`` and ``/scoring`` (the app has neither: they started a
   subprocess that failed) (:data:`REMOVED_ROUTES`).
@@ -28,8 +29,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -58,6 +61,7 @@ from monailabel.interfaces.exception import (  # noqa: E402
     MONAILabelError,
     MONAILabelException,
 )
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +76,7 @@ REMOVED_ROUTES = ("/model", "/logs", "/proxy", "/ohif", "/infer/wsi", "/infer/ws
 #: the algorithms a realm's RSA public key verifies (never HMAC: the key is public)
 TOKEN_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+INFER_PATH = re.compile(r"/infer/[^/]+")
 
 
 def _host_of(netloc: str) -> str:
@@ -93,8 +98,9 @@ class RequestGuard:
         try:
             self._check_headers(Request(scope))
             self._check_path(scope)
-            self._check_query(scope)
-            receive = await self._check_form(scope, receive)
+            query = self._check_query(scope)
+            receive, fields = await self._check_form(scope, receive)
+            self._check_infer_input(scope, query, fields)
         except RequestRefused as e:
             logger.info("refused %s %s: %s", scope.get("method"), scope.get("path"), e)
             await JSONResponse({"detail": str(e)}, status_code=e.status_code)(scope, receive, send)
@@ -129,25 +135,37 @@ class RequestGuard:
             raise RequestRefused(f"{path}: not offered by the GLAM server", 404)
 
     @staticmethod
-    def _check_query(scope: Scope) -> None:
+    def _check_query(scope: Scope) -> dict[str, list[str]]:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         if any(v for v in query.get("session_id", [])):
             raise RequestRefused(
                 "session_id: MONAI Label sessions are not enabled in the GLAM app; name a datastore image or "
                 "upload the file with the request"
             )
+        return query
 
     @staticmethod
-    async def _check_form(scope: Scope, receive: Receive) -> Receive:
-        """Read a form body, check its JSON fields, and hand the app a ``receive`` that replays the body."""
+    def _check_infer_input(scope: Scope, query: dict[str, list[str]], fields: set[str]) -> None:
+        """``POST /infer/{model}``: an input (MONAI Label answers 500 without one) and an output the app writes."""
+        if scope.get("method") != "POST" or not INFER_PATH.fullmatch(scope.get("path", "")):
+            return
+        if "dicom_seg" in query.get("output", []):
+            raise RequestRefused("output=dicom_seg needs a DICOMweb datastore: ask for output=image or json")
+        if not any(query.get("image", [])) and "file" not in fields:
+            raise RequestRefused("no input: name a datastore image (?image=ID) or upload one as the form field 'file'")
+
+    @staticmethod
+    async def _check_form(scope: Scope, receive: Receive) -> tuple[Receive, set[str]]:
+        """Read a form body, check its JSON fields, and hand the app a ``receive`` that replays the body; the names
+        of the form's fields (none for another body)."""
         content_type = Request(scope).headers.get("content-type", "").split(";")[0].strip().lower()
         if scope.get("method") not in ("POST", "PUT", "PATCH") or content_type not in _FORM_TYPES:
-            return receive
+            return receive, set()
         chunks, more = [], True
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                return receive  # the client went away: nothing to check
+                return receive, set()  # the client went away: nothing to check
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         body, replayed = b"".join(chunks), False
@@ -164,15 +182,15 @@ class RequestGuard:
 
         try:
             form = await Request(scope, once).form()
-        except HTTPException as e:  # malformed multipart: Starlette names the problem
+        except StarletteHTTPException as e:  # malformed multipart: Starlette names the problem
             raise RequestRefused(f"malformed form data: {e.detail}") from None
         try:
             for field in JSON_FORM_FIELDS:
                 if field in form:
                     json_object(field, form[field])
+            return replay, set(form.keys())
         finally:
             await form.close()
-        return replay
 
 
 async def _refused(request: Request, exc: Exception) -> JSONResponse:
@@ -217,6 +235,25 @@ def _install_token_check(api: FastAPI) -> None:
     api.dependency_overrides[auth.get_current_user] = current_user
 
 
+def _close_apps_on_shutdown(api: FastAPI) -> None:
+    """After MONAI Label's shutdown, ``close()`` the apps it created (the GLAM app removes its temporary folder):
+    uvicorn ends on a stop signal by raising it again, so ``atexit`` handlers never run."""
+    from monailabel.interfaces.utils.app import apps
+
+    original = api.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[Any]:
+        async with original(app) as state:
+            yield state
+        for instance in list(apps.values()):
+            close = getattr(instance, "close", None)
+            if callable(close):
+                close()
+
+    api.router.lifespan_context = lifespan
+
+
 def configure(api: FastAPI) -> FastAPI:
     """Make MONAI Label's FastAPI app ``api`` the GLAM server (module docstring); before it starts."""
     origins = parse_origins(o for o in os.environ.get("GLAM_LABEL_CORS_ORIGINS", "").split(",") if o.strip())
@@ -231,6 +268,7 @@ def configure(api: FastAPI) -> FastAPI:
     api.add_exception_handler(MONAILabelException, _monailabel_error)
     if settings.MONAI_LABEL_AUTH_ENABLE:
         _install_token_check(api)
+    _close_apps_on_shutdown(api)
     setattr(api.state, SERVER_FLAG, True)
     logger.info(
         "GLAM server: cross-origin access for %s; hosts %s; authentication %s; not offered: %s",

@@ -85,7 +85,8 @@ class GLAMApp(MONAILabelApp):
         # a path is accepted only there (an upload of this request), never elsewhere on the machine
         self.scratch = Path(tempfile.mkdtemp(prefix="glam_label_")).resolve()
         tempfile.tempdir = str(self.scratch)
-        atexit.register(shutil.rmtree, self.scratch, True)
+        atexit.register(self.close)
+        logger.info("GLAM temporary folder (uploads, results): %s", self.scratch)
 
         super().__init__(
             app_dir=app_dir,
@@ -96,6 +97,10 @@ class GLAMApp(MONAILabelApp):
             version=json.loads((self.bundle_dir / "configs" / "metadata.json").read_text())["version"],
             labels=dict(LABELS),
         )
+
+    def close(self) -> None:
+        """Remove the app's temporary folder (``glam_server`` calls this at shutdown, ``atexit`` otherwise)."""
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def init_datastore(self) -> Datastore:
         from glam_datastore import GLAMDatastore

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -145,3 +146,5 @@ def running_server(studies: Path, log: Path, *args: str, env: Mapping[str, str] 
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
     assert proc.poll() is not None and not srv.is_up()  # stopped
+    scratch = re.findall(r"GLAM temporary folder \(uploads, results\): (\S+)", log.read_text())
+    assert scratch and not any(Path(p).exists() for p in scratch), scratch  # removed at shutdown

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import pytest
 from conftest import BUNDLE_ROOT, REPO_ROOT
-from label_client import label_python, running_server
+from label_client import free_port, label_python, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -229,6 +229,8 @@ def test_malformed_requests_answer_4xx_naming_the_problem_and_the_server_stays_u
         (("POST", f"/infer/glam?image={ID}", {"params": '{"save_label": "maybe"}'}), 400, "save_label must be"),
         (("PUT", f"/datastore/image/info?image={ID}", {"info": "[1]"}), 400, "form field 'info' must be"),
         (("POST", "/activelearning/nope", None), 404, "strategy 'nope' is not offered"),
+        (("POST", "/infer/glam?image=&output=json", {"params": "{}"}), 400, "no input: name a datastore image"),
+        (("POST", f"/infer/glam?image={ID}&output=dicom_seg", {"params": "{}"}), 400, "output=dicom_seg needs"),
     ]
     for (method, path, fields), status, message in cases:
         got, _, body = server.form(method, path, fields) if fields is not None else server.request(method, path)
@@ -241,6 +243,9 @@ def test_malformed_requests_answer_4xx_naming_the_problem_and_the_server_stays_u
         assert leak not in detail, detail
     got, _, body = server.form("PUT", "/datastore/image?image=tool", {}, {"file": ("tool.exe", b"MZ")})
     assert got == 400 and "of type '.exe'" in _json(body)["detail"]
+    broken = {"Content-Type": "multipart/form-data; boundary=xyz"}
+    got, _, body = server.request("POST", f"/infer/glam?image={ID}", b"--xyz\r\nno headers, no end", broken)
+    assert got == 400 and _json(body)["detail"].startswith("malformed form data"), body[:300]
     assert server.get("/info/")["models"]["glam"]["type"] == "segmentation"  # still up
     assert server.log.read_text().count("Traceback") == tracebacks
 
@@ -283,6 +288,17 @@ def test_a_short_concurrent_load_is_all_answered(server, site):
     median = statistics.median(latencies)
     print(f"16 concurrent /infer: wall {wall:.1f} s, median {median:.1f} s, max {latencies[-1]:.1f} s")
     assert server.get("/info/")["name"] == "GLAM mammography saliency"
+
+
+def test_the_app_refuses_monailabels_default_server(tmp_path):
+    """Started the plain MONAI Label way, in its own FastAPI app (every web origin let in, no checks), the app
+    stops before the server listens, naming the option to use."""
+    cmd = [label_python(), "-m", "monailabel.main", "start_server", "--app", str(REPO_ROOT / "label_app")]
+    cmd += ["--studies", str(tmp_path), "--host", "127.0.0.1", "--port", str(free_port())]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode != 0
+    assert "pass --uvicorn_app glam_server:app" in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
+    assert "Application startup failed" in res.stdout + res.stderr
 
 
 def test_label_app_units_pass_in_the_label_environment():
