@@ -84,7 +84,9 @@ def _host_of(netloc: str) -> str:
 
 
 class RequestGuard:
-    """Pure ASGI middleware: the ``Host`` and ``Origin`` checks and the JSON form fields (module docstring)."""
+    """Pure ASGI middleware answering what MONAI Label's routes do not check (module docstring): the ``Host`` and
+    ``Origin`` headers, the routes not offered, ``session_id``, the JSON form fields (the form is read here and
+    replayed to the app) and the input of an inference. A refusal is JSON ``{"detail": message}`` with its 4xx."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], origins: Sequence[str], hosts: Sequence[str]) -> None:
         self.app = app

@@ -68,9 +68,6 @@ def _check_served_safely() -> None:
 class GLAMApp(MONAILabelApp):
     def __init__(self, app_dir: str, studies: str, conf: dict[str, str]) -> None:
         conf = conf or {}
-        if str(APP_DIR) not in sys.path:
-            sys.path.insert(0, str(APP_DIR))
-        _check_served_safely()
         self.bundle_dir = _conf_path(conf, "bundle", APP_DIR.parent / "bundle")
         self.model_path = _conf_path(conf, "model", self.bundle_dir / "models" / "model.pt")
         self.presets = [Path(p).expanduser().resolve() for p in conf.get("preset", "").split(",") if p.strip()]
@@ -79,6 +76,7 @@ class GLAMApp(MONAILabelApp):
         for path in (str(self.bundle_dir), str(APP_DIR)):
             if path not in sys.path:
                 sys.path.insert(0, path)
+        _check_served_safely()
         from glam_infer import LABELS
 
         # MONAI Label writes every upload to a temporary file: the app's own folder, so an inference input given as
