@@ -317,16 +317,16 @@ def test_label_app_units_pass_in_the_label_environment():
 # -- authentication: MONAI Label's token check, turned on by --auth-realm, against a stand-in realm ------------------
 @pytest.fixture(scope="module")
 def realm():
-    """tests/label_app/stub_realm.py on a free 127.0.0.1 port: its URI and tokens signed by its key (and others)."""
+    """tests/label_app/keycloak_standin.py on a free 127.0.0.1 port: its URI and its tokens (docstring there)."""
     proc = subprocess.Popen(
-        [label_python(), str(Path(__file__).with_name("stub_realm.py"))],
+        [label_python(), str(Path(__file__).with_name("keycloak_standin.py"))],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
         line = proc.stdout.readline()
-        assert line, f"the stub realm did not start (exit {proc.poll()})"
+        assert line, f"the stand-in realm did not start (exit {proc.poll()})"
         yield json.loads(line)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

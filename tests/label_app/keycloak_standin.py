@@ -2,7 +2,7 @@
 python, which has PyJWT and cryptography): on a free 127.0.0.1 port it answers every GET with the realm's JSON,
 whose ``public_key`` is what MONAI Label fetches from ``MONAI_LABEL_AUTH_REALM_URI``.
 
-    python stub_realm.py
+    python keycloak_standin.py
 
 prints one JSON line ``{"realm": URI, "tokens": {...}}`` and serves until it is terminated. Tokens (RS256, as
 Keycloak signs them): ``user`` (role monailabel-user), ``annotator`` (monailabel-user and monailabel-annotator),
