@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 LABELS = {c: i + 1 for i, c in enumerate(CLASS_NAMES)}
 OVERLAYS = ("label", "heatmap")
 EXTENSIONS = (".nrrd", ".nii.gz", ".nii", ".png")
+#: the name of an input uploaded with the request in messages (its file on the server is a temporary one)
+UPLOADED = "the uploaded file"
 
 
 def _first(value: Any) -> Any:
@@ -84,6 +86,30 @@ def overlay_map(saliency: np.ndarray, settings: Mapping[str, Any]) -> np.ndarray
     winner = np.argmax(saliency, axis=0)  # ties go to benign, the lower class
     strongest = np.max(saliency, axis=0)
     return np.where(strongest >= settings["threshold"], winner + 1, 0).astype(np.uint8)
+
+
+def outputs_as_float32(out: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The first item of a batch of network outputs on the CPU, floating-point outputs as float32: a network under
+    bf16 autocast (CUDA) or run as a bf16 copy (CPU) returns bfloat16, which numpy has no type for."""
+    return {
+        k: (v[0].detach().float() if v.is_floating_point() else v[0].detach()).cpu()
+        for k, v in out.items()
+        if isinstance(v, torch.Tensor)
+    }
+
+
+def unreadable_image_message(exc: BaseException, path: str, name: str) -> str:
+    """Why ``path`` could not be preprocessed, as batch inference reports it: the first error under MONAI's
+    "applying transform ..." wrappers (the reader's own problem for a ``MammogramReadError``), with the server's
+    path of the file replaced by ``name``, the name the client knows it by."""
+    from scripts.data.readers import MammogramReadError
+    from scripts.workflows import root_cause
+
+    cause = root_cause(exc)
+    text = cause.problem if isinstance(cause, MammogramReadError) else f"{type(cause).__name__}: {cause}"
+    for shown in {path, os.path.realpath(path)}:
+        text = text.replace(shown, name)
+    return text
 
 
 def write_map(path: str, array: np.ndarray, spacing: Sequence[float] | None) -> None:
@@ -184,20 +210,19 @@ class GLAMSaliencyInfer(BasicInferTask):
         begin = time.time()
         settings = overlay_settings(request)
         path = request.get("image")
+        # the name the client knows the input by (GLAMApp.infer sets it: the datastore id or UPLOADED)
+        name = str(request.get("image_name") or (os.path.basename(path) if isinstance(path, str) else path))
+        shown = name if name == UPLOADED else f"image {name!r}"
         if not isinstance(path, str) or not os.path.isfile(path):
-            raise _bad_request(f"image {path!r}: no such file")
+            raise _bad_request(f"{shown}: no such file")
         try:
             item = self.transform({"image": path})
-        except Exception as e:  # the bundle's reader names the file and the problem
-            raise _bad_request(f"image {path}: cannot be preprocessed ({e})") from e
+        except Exception as e:  # noqa: BLE001 - any reader or transform failure is the input's problem: 400
+            raise _bad_request(f"{shown} cannot be read: {unreadable_image_message(e, path, name)}") from e
         amp = self.device.type == "cuda"
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=amp):
             out = self.glam.forward_all(torch.as_tensor(item["image"])[None].to(self.device))
-        pred = {
-            k: (v[0].detach().float() if v.is_floating_point() else v[0].detach()).cpu()
-            for k, v in out.items()
-            if isinstance(v, torch.Tensor)
-        }
+        pred = outputs_as_float32(out)
         maps, boxes = maps_on_original(item, pred, self.transform, self.gamma_c)
         result = overlay_map(maps[MapName.COMBINED], settings)
         # the reader's (row, col) spacing travels with the preprocessed image (NaN when the file has none)

@@ -1,8 +1,10 @@
 """MONAI Label app serving the GLAM bundle's saliency maps (one segmentation model, ``glam``).
 
-Started by ``scripts/start_label_server.sh`` (see docs/monailabel.md), or directly:
+Started by ``scripts/start_label_server.sh`` (see docs/monailabel.md), or directly, with this folder on
+``PYTHONPATH`` and MONAI Label's ``--uvicorn_app`` option naming the app's server (``glam_server.py``):
 
-    monailabel start_server --app label_app --studies DIR --host 127.0.0.1 --port 8000 \
+    PYTHONPATH=label_app python -m monailabel.main start_server --app label_app --studies DIR \
+        --host 127.0.0.1 --port 8000 --uvicorn_app glam_server:app \
         --conf bundle bundle --conf model runs/quickstart/models/joint/model.pt
 
 ``--conf`` keys: ``bundle`` (the bundle folder; default ``../bundle`` beside this app), ``model`` (a state dict for
@@ -13,17 +15,29 @@ needs none), ``device``.
 A thin app on MONAI Label's ``BasicInferTask`` rather than the stock ``monaibundle`` app: the bundle's own
 preprocessing inverse puts every map on the original image geometry, the weights load strictly, and the app needs
 neither torchvision nor SAM2 (see docs/monailabel.md).
+
+Nothing a request names reaches outside the studies folder: the datastore is :class:`~glam_datastore.GLAMDatastore`
+(ids, tags and paths checked), an inference input is a datastore id or a file uploaded with the request (written to
+the app's own temporary folder), MONAI Label's sessions (kept outside the studies folder) are off, whole-slide
+inference is refused and the checkpoint is not offered for download or replacement (``model_file``).
 """
 
 from __future__ import annotations
 
+import atexit
+import copy
 import json
 import logging
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from monailabel.config import settings
 from monailabel.interfaces.app import MONAILabelApp
+from monailabel.interfaces.datastore import Datastore, DefaultLabelTag
 from monailabel.interfaces.tasks.infer_v2 import InferTask
 
 APP_DIR = Path(__file__).resolve().parent
@@ -37,6 +51,20 @@ def _conf_path(conf: dict[str, str], key: str, default: Path) -> Path:
     return Path(value).expanduser().resolve() if value else default
 
 
+def _check_served_safely() -> None:
+    """Refuse to start inside MONAI Label's own FastAPI app unless ``glam_server`` configured it: that app grants
+    every web origin access with credentials (and keeps routes that read or write outside the studies folder)."""
+    from glam_safety import SERVER_FLAG
+
+    served = sys.modules.get("monailabel.app")
+    if served is not None and not getattr(served.app.state, SERVER_FLAG, False):
+        raise RuntimeError(
+            "label_app must be served by its own server module: pass --uvicorn_app glam_server:app with label_app/ "
+            "on PYTHONPATH (scripts/start_label_server.sh does both); MONAI Label's default app lets any web page "
+            "drive the server"
+        )
+
+
 class GLAMApp(MONAILabelApp):
     def __init__(self, app_dir: str, studies: str, conf: dict[str, str]) -> None:
         conf = conf or {}
@@ -48,7 +76,15 @@ class GLAMApp(MONAILabelApp):
         for path in (str(self.bundle_dir), str(APP_DIR)):
             if path not in sys.path:
                 sys.path.insert(0, path)
+        _check_served_safely()
         from glam_infer import LABELS
+
+        # MONAI Label writes every upload to a temporary file: the app's own folder, so an inference input given as
+        # a path is accepted only there (an upload of this request), never elsewhere on the machine
+        self.scratch = Path(tempfile.mkdtemp(prefix="glam_label_")).resolve()
+        tempfile.tempdir = str(self.scratch)
+        atexit.register(self.close)
+        logger.info("GLAM temporary folder (uploads, results): %s", self.scratch)
 
         super().__init__(
             app_dir=app_dir,
@@ -59,6 +95,26 @@ class GLAMApp(MONAILabelApp):
             version=json.loads((self.bundle_dir / "configs" / "metadata.json").read_text())["version"],
             labels=dict(LABELS),
         )
+
+    def close(self) -> None:
+        """Remove the app's temporary folder (``glam_server`` calls this at shutdown, ``atexit`` otherwise)."""
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def init_datastore(self) -> Datastore:
+        from glam_datastore import GLAMDatastore
+
+        if self.studies.startswith(("http://", "https://")):
+            raise ValueError(f"studies {self.studies}: the GLAM app serves a local studies folder, not a remote store")
+        logger.info("GLAM datastore: %s (ids, tags and paths confined to it)", self.studies)
+        return GLAMDatastore(
+            self.studies,
+            extensions=settings.MONAI_LABEL_DATASTORE_FILE_EXT,
+            auto_reload=settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD,
+            read_only=settings.MONAI_LABEL_DATASTORE_READ_ONLY,
+        )
+
+    def _load_sessions(self, load: bool = False) -> None:
+        return None  # MONAI Label keeps sessions outside the studies folder; GLAM takes uploads with the request
 
     def init_infers(self) -> dict[str, InferTask]:
         from glam_infer import GLAMSaliencyInfer
@@ -76,13 +132,80 @@ class GLAMApp(MONAILabelApp):
     def init_trainers(self) -> dict[str, Any]:
         return {}  # GLAM trains with the bundle's three-stage workflow, not from annotations
 
-    def infer(self, request: dict[str, Any], datastore: Any = None) -> dict[str, Any]:
-        """Saved maps (``save_label``) go under their own label tag unless the client names one, so a heatmap never
-        lands among a reader's annotations: ``glam_label`` or ``glam_heatmap_<class>``."""
-        if str(request.get("save_label", "false")).lower() in ("true", "1", "yes") and not request.get("label_tag"):
-            from glam_infer import overlay_settings
+    def model_file(self, model: str, validate: bool = True) -> None:
+        return None  # the checkpoint lies outside the studies folder: not downloaded, replaced or deleted over HTTP
 
-            settings = overlay_settings(request)
-            overlay, cls = settings["overlay"], settings["heatmap_class"]
-            request["label_tag"] = "glam_label" if overlay == "label" else f"glam_heatmap_{cls}"
-        return super().infer(request, datastore)
+    def infer_wsi(self, request: dict[str, Any], datastore: Any = None) -> dict[str, Any]:
+        from glam_safety import RequestRefused
+
+        raise RequestRefused(f"whole-slide inference is not offered: use /infer/{MODEL_NAME}", 404)
+
+    def next_sample(self, request: dict[str, Any]) -> dict[str, Any]:
+        from glam_safety import RequestRefused
+
+        strategy = request.get("strategy") or "random"
+        if strategy not in self._strategies:
+            raise RequestRefused(f"strategy {strategy!r} is not offered; strategies: {sorted(self._strategies)}", 404)
+        return super().next_sample(request)
+
+    def _upload(self, image: Any) -> str | None:
+        """``image`` if it is a file MONAI Label wrote for this request's upload (in the app's temporary folder)."""
+        if not isinstance(image, str) or not os.path.isabs(image):
+            return None
+        path = Path(image)
+        if path.parent != self.scratch or not path.name.startswith(tempfile.template):
+            return None
+        return image if path.is_file() and not path.is_symlink() else None
+
+    def infer(self, request: dict[str, Any], datastore: Any = None) -> dict[str, Any]:
+        """MONAI Label's ``infer`` for GLAM's one model, with the input confined to the datastore.
+
+        ``request["image"]`` is a datastore id (checked: a name, not a path; 404 when the datastore has none) or the
+        file MONAI Label wrote for an upload of this request; anything else is refused (400) whether or not such a
+        file exists. ``save_label`` keeps the map in the datastore (datastore images only, as in MONAI Label) under
+        ``label_tag``, by default its own tag, so a heatmap never lands among a reader's annotations: ``glam_label``
+        or ``glam_heatmap_<class>``."""
+        from glam_infer import UPLOADED, overlay_settings
+        from glam_safety import RequestRefused, as_bool, check_name
+        from monailabel.utils.others.generic import handle_torch_linalg_multithread
+
+        datastore = datastore if datastore else self.datastore()
+        model = request.get("model")
+        task = self._infers.get(model) if isinstance(model, str) else None
+        if task is None:
+            raise RequestRefused(f"model {model!r} is not served here; models: {sorted(self._infers)}", 404)
+        request = copy.deepcopy(request)
+        request["description"] = task.description
+        image = request.get("image")
+        upload = self._upload(image)
+        if upload is None:
+            image_id = check_name(image, "image id")
+            path = datastore.get_image_uri(image_id)
+            if not path:
+                raise RequestRefused(f"image id {image_id!r} is not in the datastore", 404)
+            request["image"], request["image_name"] = path, image_id
+        else:
+            image_id = None
+            request["image_name"] = UPLOADED
+        save = image_id is not None and as_bool(request.get("save_label"), "save_label")
+        tag = None
+        if save:
+            shown = overlay_settings(request)
+            own_tag = "glam_label" if shown["overlay"] == "label" else f"glam_heatmap_{shown['heatmap_class']}"
+            tag = check_name(request.get("label_tag") or own_tag, "label tag")
+
+        if self._infers_threadpool:
+
+            def run(t: InferTask, r: dict[str, Any]) -> Any:
+                handle_torch_linalg_multithread(r)
+                return t(r)
+
+            future = self._infers_threadpool.submit(run, task, request)
+            result_file, result_json = future.result(settings.MONAI_LABEL_INFER_TIMEOUT)
+        else:
+            result_file, result_json = task(request)
+
+        label_id = result_file
+        if save and result_file and os.path.exists(result_file):
+            label_id = datastore.save_label(image_id, result_file, tag, {"model": model, "params": result_json})
+        return {"label": label_id, "tag": DefaultLabelTag.ORIGINAL, "file": result_file, "params": result_json}

@@ -13,81 +13,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
-import uuid
 from pathlib import Path
 
-import nrrd
 import numpy as np
 import pytest
 from conftest import BUNDLE_ROOT, REPO_ROOT
+from label_client import label_python, running_server
 from PIL import Image
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = REPO_ROOT / "scripts" / "start_label_server.sh"
 SHIPPED = BUNDLE_ROOT / "models" / "model.pt"
 SIZE = (736, 480)  # the shipped model's window (synthetic 0.4 mm images)
-SETUP_TIMEOUT_S = 1500
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _multipart(fields: dict[str, str], files: dict[str, Path] | None = None) -> tuple[bytes, str]:
-    boundary = uuid.uuid4().hex
-    body = b""
-    for name, value in fields.items():
-        body += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
-    for name, path in (files or {}).items():
-        body += (
-            (
-                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{path.name}"\r\n'
-                "Content-Type: application/octet-stream\r\n\r\n"
-            ).encode()
-            + path.read_bytes()
-            + b"\r\n"
-        )
-    body += f"--{boundary}--\r\n".encode()
-    return body, f"multipart/form-data; boundary={boundary}"
-
-
-class Server:
-    def __init__(self, port: int, log: Path) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-        self.log = log
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.base + path, timeout=60) as r:
-            return json.loads(r.read())
-
-    def infer(self, query: str, params: dict | None = None, upload: Path | None = None) -> tuple[int, bytes]:
-        body, ctype = _multipart({"params": json.dumps(params or {})}, {"file": upload} if upload else None)
-        req = urllib.request.Request(f"{self.base}/infer/glam?{query}", data=body, method="POST")
-        req.add_header("Content-Type", ctype)
-        try:
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-
-    def infer_map(self, tmp: Path, query: str, params: dict, upload: Path | None = None) -> tuple[np.ndarray, dict]:
-        """(map (H, W) as the bundle's convention, NRRD header) of an output=image request."""
-        status, content = self.infer(query + "&output=image", params, upload)
-        assert status == 200, content[:500]
-        path = tmp / f"{uuid.uuid4().hex}.nrrd"
-        path.write_bytes(content)
-        array, header = nrrd.read(str(path), index_order="C")
-        return array, header
 
 
 @pytest.fixture(scope="module")
@@ -133,37 +72,9 @@ def label_setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(label_setup):
-    res = subprocess.run(["bash", str(SCRIPT), "--setup-only"], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
-    assert res.returncode == 0, res.stderr[-3000:]
-    port = _free_port()
-    log = label_setup["root"] / "server.log"
     # as from a fresh clone: no --model, no --preset (the shipped model and the settings it records)
-    cmd = ["bash", str(SCRIPT), "--studies", str(label_setup["studies"]), "--port", str(port), "--device", "cpu"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    srv = Server(port, log)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                srv.get("/info/")
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"server did not start (exit {proc.poll()}):\n{log.read_text()[-4000:]}")
-                time.sleep(1)
+    with running_server(label_setup["studies"], label_setup["root"] / "server.log") as srv:
         yield srv
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    assert proc.poll() is not None  # stopped
-    with pytest.raises((urllib.error.URLError, ConnectionError)):
-        srv.get("/info/")
 
 
 def _bundle_s_c(setup, stem: str) -> np.ndarray:
@@ -331,9 +242,7 @@ BUNDLE_TESTS = [
 def test_bundle_unit_tests_pass_in_the_label_environment():
     """The bundle runs inside the label server, whose environment has numpy 1.26 and pydicom 2.x: its readers,
     transforms, generator, metrics and inference pieces are tested there too."""
-    res = subprocess.run(["bash", str(SCRIPT), "--setup-only"], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
-    assert res.returncode == 0, res.stderr[-3000:]
-    python = res.stdout.strip().splitlines()[-1]
+    python = label_python()
     versions = subprocess.run(
         [python, "-c", "import numpy, pydicom, monai, torch; print(numpy.__version__, pydicom.__version__)"],
         capture_output=True,

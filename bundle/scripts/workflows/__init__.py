@@ -22,6 +22,7 @@ from .inference import (
     collate_inference,
     inference_items,
     maps_on_original,
+    root_cause,
     spacing_note,
 )
 from .panels import SaliencyPanelWriter
@@ -74,6 +75,7 @@ __all__ = [
     "collate_inference",
     "inference_items",
     "maps_on_original",
+    "root_cause",
     "spacing_note",
     "GLAMInferenceStep",
     "GLAMInferenceWriter",

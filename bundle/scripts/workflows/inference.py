@@ -101,7 +101,7 @@ def inference_items(
     return [{"image": str(p)} for p in files]
 
 
-def _root_cause(exc: BaseException) -> BaseException:
+def root_cause(exc: BaseException) -> BaseException:
     """The first error in the chain that is not one of MONAI's "applying transform ..." wrappers (the reader's
     own message, e.g. a ``MammogramReadError`` naming the file and the problem)."""
     seen = set()
@@ -126,7 +126,7 @@ class SafeDataset(Dataset):
             return super()._transform(index)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error record, by design
             path = item.get("image") if isinstance(item, Mapping) else item
-            return error_record(path, _root_cause(exc))
+            return error_record(path, root_cause(exc))
 
 
 def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]:

@@ -1,0 +1,285 @@
+"""The GLAM label server: MONAI Label's FastAPI app, configured for a safe default before it starts.
+
+Named with MONAI Label's ``--uvicorn_app glam_server:app`` (this folder on ``PYTHONPATH``); ``scripts/
+start_label_server.sh`` does both. MONAI Label's app (``monailabel.app:app``) answers every web origin with
+credentials, parses the ``params`` form field without checking it and offers routes that read or write files outside
+the studies folder. Here, on that same app object (its routers, its lifespan that creates the GLAM app):
+
+- Cross-origin access: MONAI Label's allow-all ``CORSMiddleware`` is replaced; no origin is granted unless
+  ``GLAM_LABEL_CORS_ORIGINS`` lists it (comma-separated ``scheme://host[:port]``). MONAI Label's own
+  ``MONAI_LABEL_CORS_ORIGINS`` cannot serve: with it set, MONAI Label 0.8.5 fails to start (its settings are not
+  JSON-serializable), and it turns every entry into ``scheme://host/``, which no browser sends. A request whose
+  ``Origin`` is neither the server's own nor listed is refused (403), also the form POSTs a browser sends without
+  asking first; a ``Host`` other than the loopback names and ``GLAM_LABEL_ALLOWED_HOSTS`` is refused (400: DNS
+  rebinding).
+- The ``params`` and ``info`` form fields must be JSON objects (400 naming the field); ``session_id`` is refused
+  (400: sessions are off in the GLAM app); an inference needs an input (a datastore id or an uploaded file) and
+  cannot ask for ``output=dicom_seg`` (MONAI Label answered both with 500).
+- Not offered (404): ``/model`` (the checkpoint: download, replace, delete), ``/logs``, ``/proxy`` (DICOMweb),
+  ``/ohif``, ``/infer/wsi*``, ``/reload``, and ``/train`` and ``/scoring`` (the app has neither: they started a
+  subprocess that failed) (:data:`REMOVED_ROUTES`).
+- Authentication: with ``MONAI_LABEL_AUTH_ENABLE=true`` MONAI Label's token check runs as configured
+  (``MONAI_LABEL_AUTH_REALM_URI``, roles, claims) with the RSA algorithms PyJWT 2 needs to be told (MONAI Label
+  0.8.5 names none, so every token was refused).
+- Refusals (:class:`glam_safety.RequestRefused`) and MONAI Label's not-found errors answer 4xx with the message,
+  not 500 with a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+APP_DIR = Path(__file__).resolve().parent
+if str(APP_DIR) not in sys.path:
+    sys.path.insert(0, str(APP_DIR))
+
+from fastapi import Depends, FastAPI, HTTPException, Request  # noqa: E402
+from fastapi.middleware.cors import CORSMiddleware  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
+from glam_safety import (  # noqa: E402
+    JSON_FORM_FIELDS,
+    SERVER_FLAG,
+    RequestRefused,
+    allowed_hosts,
+    json_object,
+    normalize_origin,
+    parse_origins,
+)
+from monailabel.app import app  # noqa: E402
+from monailabel.config import settings  # noqa: E402
+from monailabel.interfaces.exception import (  # noqa: E402
+    ImageNotFoundException,
+    LabelNotFoundException,
+    MONAILabelError,
+    MONAILabelException,
+)
+from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: routes GLAM does not offer (they read or write outside the studies folder, or serve what the app does not have):
+#: these paths and everything under them answer 404
+REMOVED_ROUTES = ("/model", "/logs", "/proxy", "/ohif", "/infer/wsi", "/infer/wsi_v2", "/reload", "/train", "/scoring")
+#: the algorithms a realm's RSA public key verifies (never HMAC: the key is public)
+TOKEN_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
+_FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+INFER_PATH = re.compile(r"/infer/[^/]+")
+
+
+def _host_of(netloc: str) -> str:
+    return (urlsplit("//" + netloc).hostname or "").lower()
+
+
+class RequestGuard:
+    """Pure ASGI middleware answering what MONAI Label's routes do not check (module docstring): the ``Host`` and
+    ``Origin`` headers, the routes not offered, ``session_id``, the JSON form fields (the form is read here and
+    replayed to the app) and the input of an inference. A refusal is JSON ``{"detail": message}`` with its 4xx."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], origins: Sequence[str], hosts: Sequence[str]) -> None:
+        self.app = app
+        self.origins = set(origins)
+        self.hosts = set(hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            self._check_headers(Request(scope))
+            self._check_path(scope)
+            query = self._check_query(scope)
+            receive, fields = await self._check_form(scope, receive)
+            self._check_infer_input(scope, query, fields)
+        except RequestRefused as e:
+            logger.info("refused %s %s: %s", scope.get("method"), scope.get("path"), e)
+            await JSONResponse({"detail": str(e)}, status_code=e.status_code)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _check_headers(self, request: Request) -> None:
+        host = request.headers.get("host", "")
+        if "*" not in self.hosts and _host_of(host) not in self.hosts:
+            raise RequestRefused(
+                f"host {host!r} is not a name this server answers for: loopback names and GLAM_LABEL_ALLOWED_HOSTS"
+            )
+        origin = request.headers.get("origin")
+        if origin is None:
+            return  # not sent by a browser's cross-origin machinery (Slicer, scripts)
+        try:
+            if normalize_origin(origin) in self.origins:
+                return
+        except ValueError:
+            pass  # "null" (a sandboxed page or a file) and other non-origins: refused below
+        if not host or urlsplit(origin).netloc.lower() != host.lower():
+            raise RequestRefused(
+                f"cross-origin request from {origin!r} refused: the server grants no origin it was not given "
+                "(GLAM_LABEL_CORS_ORIGINS, start_label_server.sh --cors-origin)",
+                403,
+            )
+
+    @staticmethod
+    def _check_path(scope: Scope) -> None:
+        path = scope.get("path", "")
+        if any(path == p or path.startswith(p + "/") for p in REMOVED_ROUTES):
+            raise RequestRefused(f"{path}: not offered by the GLAM server", 404)
+
+    @staticmethod
+    def _check_query(scope: Scope) -> dict[str, list[str]]:
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        if any(v for v in query.get("session_id", [])):
+            raise RequestRefused(
+                "session_id: MONAI Label sessions are not enabled in the GLAM app; name a datastore image or "
+                "upload the file with the request"
+            )
+        return query
+
+    @staticmethod
+    def _check_infer_input(scope: Scope, query: dict[str, list[str]], fields: set[str]) -> None:
+        """``POST /infer/{model}``: an input (MONAI Label answers 500 without one) and an output the app writes."""
+        if scope.get("method") != "POST" or not INFER_PATH.fullmatch(scope.get("path", "")):
+            return
+        if "dicom_seg" in query.get("output", []):
+            raise RequestRefused("output=dicom_seg needs a DICOMweb datastore: ask for output=image or json")
+        if not any(query.get("image", [])) and "file" not in fields:
+            raise RequestRefused("no input: name a datastore image (?image=ID) or upload one as the form field 'file'")
+
+    @staticmethod
+    async def _check_form(scope: Scope, receive: Receive) -> tuple[Receive, set[str]]:
+        """Read a form body, check its JSON fields, and hand the app a ``receive`` that replays the body; the names
+        of the form's fields (none for another body)."""
+        content_type = Request(scope).headers.get("content-type", "").split(";")[0].strip().lower()
+        if scope.get("method") not in ("POST", "PUT", "PATCH") or content_type not in _FORM_TYPES:
+            return receive, set()
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return receive, set()  # the client went away: nothing to check
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
+
+        async def once() -> Message:  # the body, for the check
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def replay() -> Message:  # the body, then the client's own messages, for the app
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return await once()
+
+        try:
+            form = await Request(scope, once).form()
+        except StarletteHTTPException as e:  # malformed multipart: Starlette names the problem
+            raise RequestRefused(f"malformed form data: {e.detail}") from None
+        try:
+            for field in JSON_FORM_FIELDS:
+                if field in form:
+                    json_object(field, form[field])
+            return replay, set(form.keys())
+        finally:
+            await form.close()
+
+
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestRefused)
+    return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+
+
+async def _monailabel_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, MONAILabelException)
+    if isinstance(exc, (ImageNotFoundException, LabelNotFoundException)):
+        return JSONResponse({"detail": exc.msg}, status_code=404)
+    if exc.error == MONAILabelError.INVALID_INPUT:
+        return JSONResponse({"detail": exc.msg}, status_code=400)
+    raise exc  # a server-side failure stays a 500 with its traceback in the log
+
+
+def _install_token_check(api: FastAPI) -> None:
+    """MONAI Label's bearer-token check (``get_current_user``) with the token's algorithm named."""
+    import jwt
+    import requests
+    from monailabel.endpoints.user import auth
+
+    async def current_user(token: str = Depends(auth.oauth2_scheme)) -> auth.User:
+        try:
+            key = auth.get_public_key(settings.MONAI_LABEL_AUTH_REALM_URI)
+        except requests.RequestException as e:
+            raise HTTPException(503, f"cannot fetch the realm's public key ({type(e).__name__})") from None
+        try:
+            payload = jwt.decode(token, key, algorithms=list(TOKEN_ALGORITHMS), options={"verify_aud": False})
+        except jwt.InvalidTokenError as e:
+            raise HTTPException(401, f"invalid token: {e}", headers={"WWW-Authenticate": "Bearer"}) from None
+        roles: Any = payload
+        for part in settings.MONAI_LABEL_AUTH_TOKEN_ROLES.split("#"):
+            roles = roles.get(part) if isinstance(roles, dict) else None
+        return auth.User(
+            username=str(payload.get(settings.MONAI_LABEL_AUTH_TOKEN_USERNAME) or ""),
+            email=payload.get(settings.MONAI_LABEL_AUTH_TOKEN_EMAIL),
+            name=payload.get(settings.MONAI_LABEL_AUTH_TOKEN_NAME),
+            roles=[str(r) for r in roles] if isinstance(roles, list) else [],
+        )
+
+    api.dependency_overrides[auth.get_current_user] = current_user
+
+
+def _close_apps_on_shutdown(api: FastAPI) -> None:
+    """After MONAI Label's shutdown, ``close()`` the apps it created (the GLAM app removes its temporary folder):
+    uvicorn ends on a stop signal by raising it again, so ``atexit`` handlers never run."""
+    from monailabel.interfaces.utils.app import apps
+
+    original = api.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[Any]:
+        async with original(app) as state:
+            yield state
+        for instance in list(apps.values()):
+            close = getattr(instance, "close", None)
+            if callable(close):
+                close()
+
+    api.router.lifespan_context = lifespan
+
+
+def configure(api: FastAPI) -> FastAPI:
+    """Make MONAI Label's FastAPI app ``api`` the GLAM server (module docstring); before it starts."""
+    origins = parse_origins(o for o in os.environ.get("GLAM_LABEL_CORS_ORIGINS", "").split(",") if o.strip())
+    hosts = allowed_hosts(os.environ.get("GLAM_LABEL_ALLOWED_HOSTS"))
+    api.user_middleware[:] = [m for m in api.user_middleware if m.cls is not CORSMiddleware]
+    api.add_middleware(RequestGuard, origins=origins, hosts=hosts)
+    if origins:  # outside the guard: it answers the preflights of the listed origins
+        # no credentials (cookies): a bearer token in the Authorization header, MONAI Label's auth, needs none
+        methods = ["GET", "HEAD", "POST", "PUT", "DELETE"]
+        api.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=methods, allow_headers=["*"])
+    api.add_exception_handler(RequestRefused, _refused)
+    api.add_exception_handler(MONAILabelException, _monailabel_error)
+    if settings.MONAI_LABEL_AUTH_ENABLE:
+        _install_token_check(api)
+    _close_apps_on_shutdown(api)
+    setattr(api.state, SERVER_FLAG, True)
+    logger.info(
+        "GLAM server: cross-origin access for %s; hosts %s; authentication %s; not offered: %s",
+        origins or "no origin",
+        hosts,
+        f"on ({settings.MONAI_LABEL_AUTH_REALM_URI})" if settings.MONAI_LABEL_AUTH_ENABLE else "off",
+        list(REMOVED_ROUTES),
+    )
+    return api
+
+
+configure(app)

@@ -1,0 +1,186 @@
+"""label_app's MONAI Label pieces without a server: the confined datastore, the float32 outputs and the message of
+an unreadable image. They import MONAI Label, so they run in the label environment
+(test_label_server_security.py runs this file there); in the project's environment they are skipped."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO_ROOT
+
+pytest.importorskip("monailabel")
+sys.path.insert(0, str(REPO_ROOT / "label_app"))
+
+import torch  # noqa: E402
+from glam_datastore import GLAMDatastore  # noqa: E402
+from glam_infer import outputs_as_float32, unreadable_image_message  # noqa: E402
+from glam_safety import RequestRefused  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from scripts.data.readers import MammogramReadError, read_mammogram  # noqa: E402
+from scripts.enums import OutputKey  # noqa: E402
+
+BAD_IDS = ["../outside_marker", "../../pwned", "/abs/path", "..\\x", ".", ".."]
+
+
+def _png(path: Path, value: int = 100) -> Path:
+    Image.fromarray(np.full((8, 6), value, np.uint8)).save(path)
+    return path
+
+
+def _tree(root: Path, skip: Path) -> dict[str, str]:
+    """Every file under ``root`` except under ``skip``: relative path -> sha256."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and skip not in p.parents
+    }
+
+
+@pytest.fixture
+def layout(tmp_path):
+    """``tmp/outer/inner/studies`` with one image, a secret beside it and an upload waiting in a temp folder."""
+    studies = tmp_path / "outer" / "inner" / "studies"
+    studies.mkdir(parents=True)
+    _png(studies / "SYN00000_L_CC.png")
+    _png(tmp_path / "outer" / "secret.png", 7)
+    (tmp_path / "upload").mkdir()
+    return tmp_path, studies, _png(tmp_path / "upload" / "tmpabc12345.png", 50)
+
+
+def _store(studies: Path) -> GLAMDatastore:
+    return GLAMDatastore(str(studies), extensions=["*.png", "*.nrrd"], auto_reload=False)
+
+
+def test_every_route_method_refuses_paths_and_writes_nothing_outside(layout):
+    root, studies, upload = layout
+    store = _store(studies)
+    before = _tree(root, studies)
+    calls = []
+    for bad in BAD_IDS:
+        calls += [
+            ("get_image_uri", lambda b=bad: store.get_image_uri(b)),
+            ("get_image_info", lambda b=bad: store.get_image_info(b)),
+            ("add_image", lambda b=bad: store.add_image(b, str(upload), {})),
+            ("remove_image", lambda b=bad: store.remove_image(b)),
+            ("update_image_info", lambda b=bad: store.update_image_info(b, {"a": 1})),
+            ("save_label (image)", lambda b=bad: store.save_label(b, str(upload), "final", {})),
+            ("save_label (tag)", lambda b=bad: store.save_label("SYN00000_L_CC", str(upload), b, {})),
+            ("get_label_uri (tag)", lambda b=bad: store.get_label_uri("SYN00000_L_CC", b)),
+            ("get_label_uri (id)", lambda b=bad: store.get_label_uri(b, "final")),
+            ("get_label_info", lambda b=bad: store.get_label_info("SYN00000_L_CC", b)),
+            ("remove_label", lambda b=bad: store.remove_label("SYN00000_L_CC", b)),
+            ("update_label_info", lambda b=bad: store.update_label_info("SYN00000_L_CC", b, {})),
+        ]
+    for name, call in calls:
+        with pytest.raises(RequestRefused) as err:
+            call()
+        assert err.value.status_code == 400, name
+    assert _tree(root, studies) == before
+    assert sorted(store.list_images()) == ["SYN00000_L_CC"]
+
+
+def test_uploads_and_labels_land_in_the_studies_folder(layout):
+    _, studies, upload = layout
+    store = _store(studies)
+    assert store.add_image("new image", str(upload), {"by": "test"}) == "new image"
+    assert (studies / "new image.png").read_bytes() == upload.read_bytes()
+    assert store.save_label("new image", str(upload), "glam_label", {}) == "new image"
+    assert (studies / "labels" / "glam_label" / "new image.png").is_file()
+    assert store.get_label_uri("new image", "glam_label") == str(studies / "labels" / "glam_label" / "new image.png")
+    with pytest.raises(RequestRefused, match="starts with '.'"):
+        store.add_image(".hidden", str(upload), {})
+    with pytest.raises(RequestRefused, match="must be a JSON object"):
+        store.add_image("x", str(upload), ["not", "a", "dict"])  # type: ignore[arg-type]
+
+
+def test_file_types_the_datastore_does_not_list_are_refused(layout):
+    root, studies, _ = layout
+    exe = root / "upload" / "tmpzzz.exe"
+    exe.write_bytes(b"MZ")
+    store = _store(studies)
+    with pytest.raises(RequestRefused, match=r"of type '\.exe'"):
+        store.add_image("tool", str(exe), {})
+    with pytest.raises(RequestRefused, match="without extension"):
+        store.save_label("SYN00000_L_CC", str(exe.with_suffix("")), "final", {})
+    assert not list(studies.glob("tool*"))
+
+
+def test_records_of_an_older_datastore_file_that_lead_outside_are_dropped(layout):
+    root, studies, _ = layout
+    # what the issue's PUT left behind: the file outside and its record in datastore_v2.json
+    _png(root / "outer" / "inner" / "curl_marker.png")
+    (studies / "labels" / "x").mkdir(parents=True)
+    record = {"ext": ".png", "info": {}}
+    (studies / "datastore_v2.json").write_text(
+        json.dumps(
+            {
+                "name": "n",
+                "description": "d",
+                "images_dir": ".",
+                "labels_dir": "labels",
+                "objects": {
+                    "../curl_marker": {"image": record, "labels": {}},
+                    "SYN00000_L_CC": {"image": record, "labels": {"../../pwned": record}},
+                },
+            }
+        )
+    )
+    store = _store(studies)
+    assert store.list_images() == ["SYN00000_L_CC"]
+    assert store.get_labels_by_image_id("SYN00000_L_CC") == {}
+    kept = json.loads((studies / "datastore_v2.json").read_text())["objects"]
+    assert set(kept) == {"SYN00000_L_CC"} and kept["SYN00000_L_CC"]["labels"] == {}
+
+
+def test_a_link_the_owner_put_in_the_folder_is_still_served(layout):
+    root, studies, _ = layout
+    os.symlink(root / "outer" / "secret.png", studies / "linked.png")
+    store = _store(studies)
+    assert Path(store.get_image_uri("linked")) == (root / "outer" / "secret.png").resolve()
+
+
+def test_an_archive_of_no_labelled_image_is_not_found(layout):
+    with pytest.raises(RequestRefused, match="no image has a final label") as err:
+        _store(layout[1]).get_dataset_archive(None)
+    assert err.value.status_code == 404
+
+
+def test_bfloat16_outputs_reach_numpy_as_float32():
+    """A network under bf16 autocast on CUDA (or the bf16 CPU copy) returns bfloat16, which numpy cannot hold: the
+    app's conversion casts to float32, keeps integer outputs and drops what is not a tensor."""
+    saliency = torch.rand(1, 2, 5, 3).to(torch.bfloat16)
+    boxes = torch.tensor([[[1, 2, 3, 4]]])
+    with pytest.raises(TypeError):
+        saliency[0].numpy()  # the failure the conversion prevents
+    out = outputs_as_float32({OutputKey.SALIENCY_GLOBAL: saliency, OutputKey.PATCH_BOXES: boxes, "note": "text"})
+    assert set(out) == {OutputKey.SALIENCY_GLOBAL, OutputKey.PATCH_BOXES}
+    maps = out[OutputKey.SALIENCY_GLOBAL].numpy()
+    assert maps.dtype == np.float32 and maps.shape == (2, 5, 3)
+    np.testing.assert_array_equal(maps, saliency[0].float().numpy())
+    assert out[OutputKey.PATCH_BOXES].dtype == torch.int64 and out[OutputKey.PATCH_BOXES].tolist() == [[1, 2, 3, 4]]
+
+
+def test_an_unreadable_image_is_reported_by_its_root_cause_without_the_servers_path(tmp_path):
+    upload = tmp_path / "glam_label_x" / "tmpq1w2e3r4.png"
+    upload.parent.mkdir()
+    upload.write_bytes(b"not an image at all")
+    try:
+        try:
+            read_mammogram(upload)
+        except MammogramReadError as e:  # as MONAI's Compose wraps it
+            raise RuntimeError("applying transform <monai.transforms.compose.Compose object at 0x7f>") from e
+    except RuntimeError as wrapped:
+        message = unreadable_image_message(wrapped, str(upload), "the uploaded file")
+    assert "applying transform" not in message and "0x7f" not in message
+    assert str(tmp_path) not in message and upload.name not in message
+    assert message and not message.startswith(str(upload))
+    # any other error: the type and the message, the path replaced by the client's name
+    other = ValueError(f"{upload} has shape (3, 4, 5, 6)")
+    assert unreadable_image_message(other, str(upload), "SYN1") == "ValueError: SYN1 has shape (3, 4, 5, 6)"
