@@ -15,25 +15,27 @@ from .distributed import (
     rank_zero_first,
 )
 from .handlers import BestMetricState, EpochSeeder, key_metric
-from .inference import (
-    GLAMInferenceStep,
-    GLAMInferenceWriter,
-    SafeDataset,
-    collate_inference,
-    inference_items,
-    maps_on_original,
-    spacing_note,
-)
+from .inference import GLAMInferenceStep, maps_on_original, spacing_note
+from .inference_files import OutputSelection
+from .inference_folder import InferenceOutputFolder, OutputFolderRefused, file_sha256
+from .inference_inputs import SafeDataset, collate_inference, inference_items
+from .inference_writer import GLAMInferenceWriter
 from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
 from .report import MetricsReport, check_checkpoint, eval_split_items
 from .runner import STAGE_ORDER, run_training, running_parser, stages_to_run
 from .sampler import BalancedEpochSampler, positive_flags
-from .throughput import InferenceThroughput
+from .throughput import InferenceProgress, InferenceThroughput, show_inference_log
 
 __all__ = [
     "key_metric",
     "InferenceThroughput",
+    "InferenceProgress",
+    "show_inference_log",
+    "InferenceOutputFolder",
+    "OutputFolderRefused",
+    "OutputSelection",
+    "file_sha256",
     "GLAMPrepareBatch",
     "training_dataset",
     "BalancedEpochSampler",
