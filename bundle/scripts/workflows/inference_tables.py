@@ -288,14 +288,18 @@ class InferenceTables:
         last error of each input that is not in predictions.csv (the errors of inputs that have since succeeded are
         dropped), sorted by input, then each note once, sorted by input."""
         self.predictions.close()
-        predictions = sorted(self.predictions.open(), key=lambda r: r["image"])
-        self.predictions.replace_rows(predictions)
+        rows = self.predictions.open()
+        predictions = sorted(rows, key=lambda r: r["image"])
+        if predictions != rows:  # a file already in order is left as it is
+            self.predictions.replace_rows(predictions)
         done = {row["image"] for row in predictions}
         self.errors.close()
         rows = self.errors.open()
         last_error = {row["image"]: row for row in rows if row[ERROR_KEY] and row["image"] not in done}
         notes = {(row["image"], row[NOTE_KEY]): row for row in rows if not row[ERROR_KEY]}
-        self.errors.replace_rows([*(last_error[k] for k in sorted(last_error)), *(notes[k] for k in sorted(notes))])
+        compacted = [*(last_error[k] for k in sorted(last_error)), *(notes[k] for k in sorted(notes))]
+        if compacted != rows:
+            self.errors.replace_rows(compacted)
 
     def close(self) -> None:
         self.predictions.close()
