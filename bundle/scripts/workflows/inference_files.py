@@ -190,8 +190,9 @@ def write_replacing(path: Path, write: Callable[[Path], None]) -> None:
 
 def quantize(maps: np.ndarray) -> np.ndarray:
     """Maps in [0, 1] -> ``round(map x 65535)`` as uint16 (values outside [0, 1] are clipped)."""
-    scaled = np.multiply(np.clip(maps, 0.0, 1.0), np.float32(MAP_SCALE), dtype=np.float32)
+    scaled = np.multiply(maps, np.float32(MAP_SCALE), dtype=np.float32)
     scaled += np.float32(0.5)
+    np.clip(scaled, 0.0, MAP_SCALE + 0.5, out=scaled)
     return scaled.astype(np.uint16)
 
 
