@@ -66,11 +66,13 @@ def full_size_weights(path: Path, seed: int = 0) -> Path:
     """A randomly initialised paper-size GLAMSaliencyNet (its settings record included) saved to ``path``."""
     import torch
 
+    from scripts.enums import Stage
     from scripts.networks import GLAMSaliencyNet
 
     if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(seed)
-        torch.save(GLAMSaliencyNet(stage="joint").state_dict(), path)
+        torch.save(GLAMSaliencyNet(stage=Stage.JOINT).state_dict(), path)
     return path
 
 
