@@ -176,3 +176,20 @@ def test_a_table_torn_by_a_crash_loses_only_its_partial_line(tmp_path, caplog):
     (tmp_path / "other.csv").write_text("image,score\r\n")
     with pytest.raises(ValueError, match=r"other.csv: its columns \['image', 'score'\] are not"):
         AppendOnlyCsv(tmp_path / "other.csv", ERROR_COLUMNS).open()
+
+
+def test_an_output_folder_inside_the_input_folder_is_not_read_as_input(odd_folder, tmp_path):
+    """Outputs written into the input folder (maps are .nii.gz and .png, named like inputs): a rerun lists the same
+    inputs as the first run, none of its own files."""
+    from scripts.workflows.inference_inputs import inference_items
+
+    folder = tmp_path / "in"
+    shutil.copytree(odd_folder["folder"] / "x.png", folder)  # one good image
+    out = folder / "out"
+    overrides = {**odd_folder["overrides"], "input_dir": str(folder), "output_dir": str(out)}
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
+    assert list((out / "maps").glob("*.nii.gz")) and list((out / "panels").glob("*.png"))
+    assert inference_items(folder, output_dir=out) == [{"image": str(folder / "inner.png")}]
+    assert len(inference_items(folder)) > 1  # what it would read without the exclusion
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
+    assert len(_rows(out / "predictions.csv")) == 1 and _rows(out / "errors.csv") == []

@@ -72,7 +72,7 @@ class GLAMInferenceStep:
             network = engine.network
             network.eval()
             device = next(network.parameters()).device
-            image = batch["image"].to(device, non_blocking=True)
+            image = batch["image"].to(device)
             precise = contextlib.nullcontext() if self.amp else _exact_float32(device)
             with torch.no_grad(), precise, torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp):
                 out = engine.inferer(image, network)

@@ -67,12 +67,15 @@ def _classify(entry: os.DirEntry) -> str | None:
     return f"not a regular file ({link}{kind})"
 
 
-def scan_input_folder(folder: str | os.PathLike) -> list[dict[str, str]]:
+def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.PathLike] = ()) -> list[dict[str, str]]:
     """Every entry under ``folder`` whose name looks like an input, sorted by path: ``{"image": path}`` for a file to
     read, ``{"image": path, "error": "MammogramReadError: <path>: <problem>"}`` for any other entry with such a
     name. Hidden entries (a name starting with ".") are skipped; real sub-folders are searched (a folder named like
     an image is both reported and searched), linked folders are not (a link could lead in a circle). A sub-folder
-    that cannot be listed is itself an error item (what it holds cannot be known)."""
+    that cannot be listed is itself an error item (what it holds cannot be known). Folders in ``exclude`` (the run's
+    output folder, when it lies inside the input folder) are not searched: a rerun must not take its own maps for
+    inputs."""
+    excluded = {os.path.realpath(p) for p in exclude if str(p)}
     items: list[dict[str, str]] = []
     root = os.fspath(Path(folder))  # normalised as pathlib writes it: "x/a.png" for "./x/"
     pending = [root]
@@ -91,6 +94,8 @@ def scan_input_folder(folder: str | os.PathLike) -> list[dict[str, str]]:
                 continue
             named_like_input = looks_like_an_input(entry.name)
             if entry.is_dir(follow_symlinks=False):
+                if os.path.realpath(entry.path) in excluded:
+                    continue
                 pending.append(entry.path)
                 if named_like_input:
                     items.append(_entry_error(entry.path, "a folder, not an image file (its contents are searched)"))
@@ -106,10 +111,11 @@ def inference_items(
     input_dir: str | os.PathLike | None = None,
     datalist: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     split: str = "test",
+    output_dir: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
     """The inputs to run on: every entry under ``input_dir`` that looks like an input (:func:`scan_input_folder`,
-    the odd ones carrying their error), or, when ``input_dir`` is empty, the items of ``datalist[split]`` (paths
-    already resolved).
+    the odd ones carrying their error; ``output_dir`` is not searched), or, when ``input_dir`` is empty, the items of
+    ``datalist[split]`` (paths already resolved).
 
     Raises ``ValueError`` naming the folder or the split when there is nothing to run on.
     """
@@ -125,7 +131,7 @@ def inference_items(
     folder = Path(input_dir)
     if not folder.is_dir():
         raise ValueError(f"input_dir {str(folder)!r} is not a folder")
-    items = scan_input_folder(folder)
+    items = scan_input_folder(folder, exclude=[output_dir] if output_dir else [])
     if not items:
         raise ValueError(f"input_dir {str(folder)!r} holds no file of a supported type {SUPPORTED_SUFFIXES}")
     return items
