@@ -3,13 +3,15 @@
 every input once and the run's own model time.
 
     python scripts/benchmark_inference.py                    # the shipped model, 16 PNGs of 2944x1920 (CPU figure)
-    python scripts/benchmark_inference.py --weights full --n 512 -- --batch_size 16     # GPU: the full-size network
+    python scripts/benchmark_inference.py --weights full --n 64 --copies 8 -- --batch_size 16   # GPU, full size
 
 The folder is generated once (``scripts/make_synthetic.py``'s generator, 16-bit PNGs stating 0.1 mm pixels at
-2944x1920) and kept under ``data/``. ``--weights full`` saves a randomly initialised paper-size GLAMSaliencyNet
-(2944x1920 window, ResNet-34-HR patches, no pixel spacing: nothing is resampled); ``shipped`` is
-``bundle/models/model.pt`` (a 736x480 window at 0.4 mm: each input is resampled to it and its maps back). Arguments
-after ``--`` go to the inference command (e.g. ``--outputs``, ``--num_workers``, ``--writer_threads``).
+2944x1920) and kept under ``data/``; ``--copies K`` runs on K symbolic links to each image (K x n inputs, each
+decoded and written separately) for a long run without generating K times as many. ``--weights full`` saves a
+randomly initialised paper-size GLAMSaliencyNet (2944x1920 window, ResNet-34-HR patches, no pixel spacing: nothing
+is resampled); ``shipped`` is ``bundle/models/model.pt`` (a 736x480 window at 0.4 mm: each input is resampled to it
+and its maps back). Arguments after ``--`` go to the inference command (e.g. ``--outputs``, ``--num_workers``,
+``--writer_threads``).
 
 In one invocation it times decoding every file with PIL (before and after the run, single thread), runs the
 command into a fresh output folder, and prints the run's ``timing.json`` split with the ratio
@@ -48,8 +50,9 @@ def decode_seconds(files: list[Path]) -> float:
     return time.perf_counter() - begin
 
 
-def make_folder(folder: Path, n: int, size: tuple[int, int], seed: int) -> list[Path]:
-    """``n`` synthetic PNG mammograms in ``folder/images`` (generated once)."""
+def make_folder(folder: Path, n: int, size: tuple[int, int], seed: int, copies: int = 1) -> tuple[Path, list[Path]]:
+    """``n`` synthetic PNG mammograms in ``folder/images`` (generated once); with ``copies`` > 1 a folder
+    ``folder/copies<K>`` of K links to each. Returns the input folder and its files."""
     images = folder / "images"
     files = sorted(images.glob("*.png")) if images.is_dir() else []
     if len(files) < n:
@@ -59,7 +62,18 @@ def make_folder(folder: Path, n: int, size: tuple[int, int], seed: int) -> list[
         print(f"generating {n} synthetic {size[0]}x{size[1]} PNGs in {folder} ...", flush=True)
         make_synthetic_dataset(folder, n, size=size, seed=seed, fmt="png")
         files = sorted(images.glob("*.png"))
-    return files[:n]
+    files = files[:n]
+    if copies <= 1:
+        if len(list(images.glob("*.png"))) == n:
+            return images, files
+        copies = 1  # a folder of exactly n: links to the first n
+    linked = folder / f"links_n{n}_x{copies}"
+    shutil.rmtree(linked, ignore_errors=True)
+    linked.mkdir()
+    for k in range(copies):
+        for f in files:
+            (linked / f"c{k}_{f.name}").symlink_to(f.resolve())
+    return linked, sorted(linked.iterdir())
 
 
 def full_size_weights(path: Path, seed: int = 0) -> Path:
@@ -94,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=16, help="images in the folder")
     parser.add_argument("--size", type=int, nargs=2, default=(2944, 1920), metavar=("H", "W"))
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--copies", type=int, default=1, help="links to each image in the input folder")
     parser.add_argument("--data", type=Path, default=None, help="the folder (default data/benchmark_inference_...)")
     parser.add_argument("--weights", default="shipped", help="shipped | full | a checkpoint path")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a temporary one, removed)")
@@ -102,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     height, width = args.size
     data = args.data or REPO_ROOT / "data" / f"benchmark_inference_n{args.n}_{height}x{width}_seed{args.seed}"
-    files = make_folder(data, args.n, (height, width), args.seed)
+    inputs, files = make_folder(data, args.n, (height, width), args.seed, args.copies)
     work = Path(tempfile.mkdtemp(prefix="glam_benchmark_inference_"))
     if args.weights == "shipped":
         ckpt = SHIPPED
@@ -115,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out)
     cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", "bundle/configs/inference.yaml"]
     cmd += ["--meta_file", "bundle/configs/metadata.json", "--bundle_root", "bundle"]
-    cmd += ["--input_dir", str(data / "images"), "--output_dir", str(out), "--ckpt_path", str(ckpt), *extra]
+    cmd += ["--input_dir", str(inputs), "--output_dir", str(out), "--ckpt_path", str(ckpt), *extra]
 
     load_before = os.getloadavg()
     decode_before = decode_seconds(files)
@@ -135,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     bound = decode + timing["model_s"]
     result = {
         "images": timing["images"],
+        "distinct_images": args.n,
         "size": [height, width],
         "weights": str(args.weights),
         "extra_args": extra,
