@@ -308,3 +308,33 @@ def test_a_read_only_output_folder_stops_the_run_before_any_image_is_read(tiny_r
             subprocess.run(["chattr", "-i", str(out)], capture_output=True, check=False)
         out.chmod(0o755)
     assert reads == [] and list(out.iterdir()) == []  # no image read, nothing written
+
+
+def test_weights_that_do_not_load_stop_the_run_before_the_output_folder_is_touched(tiny_run, case, tmp_path):
+    state = torch.load(case["ckpt"], weights_only=True)
+    del state[next(k for k in state if k.endswith(".weight"))]  # its settings record reads, strict loading fails
+    broken = tmp_path / "broken.pt"
+    torch.save(state, broken)
+    with pytest.raises(Exception) as raised:
+        tiny_run(ckpt_path=str(broken))
+    assert "broken.pt" in repr(raised.value) + repr(raised.value.__cause__)
+    assert not (tmp_path / "out").exists()
+    out = tiny_run()
+    assert len(list(csv.DictReader(open(out / "predictions.csv", newline="", encoding="utf-8")))) == 3
+
+
+def test_the_record_of_a_run_that_wrote_nothing_gives_way(tmp_path):
+    """A run that opened the folder and stopped before its first image protects nothing: another run may use the
+    folder (its record replaces the first); once an image is written, the record holds."""
+    from scripts.workflows import InferenceOutputFolder, OutputFolderRefused, OutputSelection
+
+    first = InferenceOutputFolder(tmp_path / "out", {"checkpoint_sha256": "a"}, OutputSelection())
+    first.open([])
+    first.finish()
+    second = InferenceOutputFolder(tmp_path / "out", {"checkpoint_sha256": "b"}, OutputSelection())
+    second.open([])
+    second.tables.add_error({"image": "x.png", "error": "E: x"})
+    second.finish()
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["settings"]["checkpoint_sha256"] == "b"
+    with pytest.raises(OutputFolderRefused, match='checkpoint_sha256: "b" there, "a" now'):
+        InferenceOutputFolder(tmp_path / "out", {"checkpoint_sha256": "a"}, OutputSelection()).open([])

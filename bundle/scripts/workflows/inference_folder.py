@@ -5,8 +5,9 @@ output folder"):
 2. checked for writing: a probe file in the folder and in every sub-folder the run writes to;
 3. temporary files that an interrupted run left are removed;
 4. its record ``run.json`` (the checkpoint's SHA-256, the model settings, the preprocessing and output settings) is
-   compared with this run's: a folder of another run is refused with the settings that differ, a folder that holds
-   outputs but no record (an earlier version, another program) is refused too, nothing in it is changed;
+   compared with this run's: a folder of another run is refused with the settings that differ (unless that run
+   wrote nothing: its record is replaced), a folder that holds outputs but no record (an earlier version, another
+   program) is refused too, nothing in it is changed;
 5. the tables are taken up: an image is done when its predictions.csv row exists and every file the row lists is
    complete; rows whose files are missing or damaged are dropped and their images run again;
 6. every input gets its file stem (kept for an input the folder already has, new and unique otherwise) and the
@@ -261,6 +262,12 @@ class InferenceOutputFolder:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise self._refused(f"its {RUN_RECORD} cannot be read ({type(err).__name__}: {err})") from err
         differences = _differences(recorded, self.settings)
+        if differences and not self._holds_outputs():
+            # a run that stopped before its first image (e.g. weights that did not load): nothing to protect
+            logger.info("%s: replacing the record of a run that wrote no image (%s)", self.path, "; ".join(differences))
+            with atomic_write(record_path, "w") as f:
+                json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
+            return
         if differences:
             raise self._refused(
                 f"holds the outputs of another run ({RUN_RECORD}), which this run would mix with its own: "
@@ -268,6 +275,18 @@ class InferenceOutputFolder:
                 + ". Choose another --output_dir, or run with that run's settings to resume it; nothing there was "
                 "changed"
             )
+
+    def _holds_outputs(self) -> bool:
+        """Whether a table has a row or a sub-folder holds a file."""
+        for name in _RUN_OUTPUTS:
+            path = self.path / name
+            if path.is_file():
+                with open(path, "rb") as f:
+                    if len([line for line in f.read().splitlines() if line.strip()]) > 1:
+                        return True
+            elif path.is_dir() and any(path.iterdir()):
+                return True
+        return False
 
     def _has_content(self, name: str) -> bool:
         path = self.path / name
