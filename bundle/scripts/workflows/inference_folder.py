@@ -1,13 +1,13 @@
-"""The output folder of an inference run, opened before the first image (docs/inference.md, "Resuming and reusing an
-output folder"):
+"""The output folder of an inference run, opened before the first image (docs/inference.md, "Nothing lost:
+interruptions, resuming, reusing a folder"):
 
 1. created if needed and locked (one run at a time writes into a folder; the lock goes with the process);
-2. checked for writing: a probe file in the folder and in every sub-folder the run writes to;
-3. temporary files that an interrupted run left are removed;
-4. its record ``run.json`` (the checkpoint's SHA-256, the model settings, the preprocessing and output settings) is
+2. its record ``run.json`` (the checkpoint's SHA-256, the model settings, the preprocessing and output settings) is
    compared with this run's: a folder of another run is refused with the settings that differ (unless that run
    wrote nothing: its record is replaced), a folder that holds outputs but no record (an earlier version, another
-   program) is refused too, nothing in it is changed;
+   program) is refused too; a refused folder is left as it was;
+3. checked for writing: a probe file in the folder and in every sub-folder the run writes to;
+4. temporary files that an interrupted run left are removed, and this run's record is written;
 5. the tables are taken up: an image is done when its predictions.csv row exists and every file the row lists is
    complete; rows whose files are missing or damaged are dropped and their images run again;
 6. every input gets its file stem (kept for an input the folder already has, new and unique otherwise) and the
@@ -185,9 +185,12 @@ class InferenceOutputFolder:
             return self.plan
         self._lock()
         try:
+            write_record = self._check_record()  # refuses before anything in the folder is changed
             self._check_writable()
             self._remove_temporaries()
-            self._check_record()
+            if write_record:
+                with atomic_write(self.path / RUN_RECORD, "w") as f:
+                    json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
             try:
                 predictions, _ = self.tables.open()
             except (OSError, ValueError) as err:
@@ -245,7 +248,8 @@ class InferenceOutputFolder:
         if removed:
             logger.info("%s: removed %d temporary files left by an interrupted run", self.path, removed)
 
-    def _check_record(self) -> None:
+    def _check_record(self) -> bool:
+        """Refuse a folder of another run (or of unknown provenance); whether this run's record is to be written."""
         record_path = self.path / RUN_RECORD
         if not record_path.exists():
             found = [name for name in _RUN_OUTPUTS if (self.path / name).exists() and self._has_content(name)]
@@ -254,27 +258,24 @@ class InferenceOutputFolder:
                     f"holds {', '.join(found)} but no {RUN_RECORD} (outputs of an earlier version or another "
                     "program): choose another --output_dir; nothing there was changed"
                 )
-            with atomic_write(record_path, "w") as f:
-                json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
-            return
+            return True
         try:
             recorded = json.loads(record_path.read_text(encoding="utf-8"))["settings"]
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise self._refused(f"its {RUN_RECORD} cannot be read ({type(err).__name__}: {err})") from err
         differences = _differences(recorded, self.settings)
-        if differences and not self._holds_outputs():
-            # a run that stopped before its first image (e.g. weights that did not load): nothing to protect
+        if not differences:
+            return False
+        if not self._holds_outputs():
+            # a run that stopped before its first image: nothing to protect
             logger.info("%s: replacing the record of a run that wrote no image (%s)", self.path, "; ".join(differences))
-            with atomic_write(record_path, "w") as f:
-                json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
-            return
-        if differences:
-            raise self._refused(
-                f"holds the outputs of another run ({RUN_RECORD}), which this run would mix with its own: "
-                + "; ".join(differences)
-                + ". Choose another --output_dir, or run with that run's settings to resume it; nothing there was "
-                "changed"
-            )
+            return True
+        raise self._refused(
+            f"holds the outputs of another run ({RUN_RECORD}), which this run would mix with its own: "
+            + "; ".join(differences)
+            + ". Choose another --output_dir, or run with that run's settings to resume it; nothing there was "
+            "changed"
+        )
 
     def _holds_outputs(self) -> bool:
         """Whether a table has a row or a sub-folder holds a file."""
