@@ -21,6 +21,7 @@ __all__ = [
     "MAP_NAMES",
     "OutputKey",
     "MAP_OUTPUT_KEYS",
+    "InferenceOutput",
 ]
 
 
@@ -88,3 +89,14 @@ MAP_OUTPUT_KEYS: dict[str, str] = {
     MapName.LOCAL: OutputKey.SALIENCY_LOCAL,
     MapName.COMBINED: OutputKey.SALIENCY,
 }
+
+
+class InferenceOutput(StrEnum):
+    """What an inference run writes besides ``predictions.csv`` and ``errors.csv``, as the ``outputs`` setting names
+    it (docs/inference.md); the maps themselves are named by :class:`MapName` (``S_c`` in ``outputs``: the S_c map
+    as NIfTI). The values are part of the interface: they are what users type."""
+
+    PANEL = "panel"  # panels/<stem>_panel.png: the image with an overlay of each written map
+    PNG = "png"  # maps/<stem>_<map>_<class>.png: each written map also as 16-bit PNGs, one per class
+    DICOM_SC = "dicom_sc"  # dicom/<stem>_sc.dcm: the panel as a DICOM Secondary Capture (DICOM inputs)
+    DICOM_MAP = "dicom_map"  # dicom/<stem>_map.dcm: S_c as a FRACTIONAL DICOM Segmentation (DICOM inputs)

@@ -58,7 +58,7 @@ def label_setup(tmp_path_factory):
     cmd = [sys.executable, "-m", "monai.bundle", "run", "inference"]
     cmd += ["--config_file", str(BUNDLE_ROOT / "configs" / "inference.yaml")]
     cmd += ["--meta_file", str(BUNDLE_ROOT / "configs" / "metadata.json"), "--bundle_root", str(BUNDLE_ROOT)]
-    cmd += ["--input_dir", str(originals), "--output_dir", str(bundle_out), "--panels", "false"]
+    cmd += ["--input_dir", str(originals), "--output_dir", str(bundle_out), "--outputs", "[S_c,png]"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO_ROOT)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return {

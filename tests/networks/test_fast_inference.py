@@ -55,9 +55,10 @@ def test_bf16_keeps_the_contract_and_is_close_on_the_same_patches(network_and_im
 def test_precision_auto_follows_the_device(monkeypatch):
     monkeypatch.setattr(fast_inference, "cpu_supports_bf16", lambda: True)
     assert resolve_precision("auto", "cpu") == "bf16"
-    assert resolve_precision("auto", "cuda") == "fp32"  # the inference step's AMP runs reduced precision there
+    assert resolve_precision("auto", "cuda") == "bf16"  # the folded, channels-last bf16 copy on a GPU
     monkeypatch.setattr(fast_inference, "cpu_supports_bf16", lambda: False)
     assert resolve_precision("auto", "cpu") == "fp32"
+    assert resolve_precision("auto", "cuda") == "bf16"  # whatever the CPU
     assert resolve_precision("bf16", "cpu") == "bf16" and resolve_precision("fp32", "cuda") == "fp32"
     with pytest.raises(ValueError, match="precision must be one of"):
         resolve_precision("fp16", "cpu")

@@ -1,6 +1,7 @@
 """The inference workflow (bundle/configs/inference.yaml) on tiny synthetic PNG and DICOM inputs with a randomly
 initialised tiny GLAMSaliencyNet: files, geometry on the original image, probabilities, errors.csv, the reference
-preset and datalist mode."""
+preset and datalist mode. The comparisons with an independent forward pass run in float32 (``precision: fp32`` in
+tests/configs/tiny_inference.yaml, true float32 on CUDA too) on the workflow's own device."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ TINY_INFERENCE = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
 META = BUNDLE_ROOT / "configs" / "metadata.json"
 TINY = dict(patch_size=64, local_depth=18, local_width=4, image_size=(256, 160))
 MAPS = ("S_g", "S_l", "S_c")
+#: every output (the default is S_c and the panel)
+ALL_OUTPUTS = ["S_g", "S_l", "S_c", "png", "panel"]
+#: the maps are stored as round(map x 65535): read back within half a step
+MAP_TOLERANCE = 0.5 / 65535 + 1e-7
 CORRUPT = "SYN00000_M_corrupt.png"  # sorts between the L and R views: in the middle of the folder
 
 
@@ -68,7 +73,8 @@ def inputs(tmp_path_factory) -> dict:
     ckpt = root / "model.pt"
     torch.save(GLAMSaliencyNet(stage="joint", **TINY).state_dict(), ckpt)
     out = root / "out"
-    _run([INFERENCE_CONFIG, TINY_INFERENCE], {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(ckpt)})
+    overrides = {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(ckpt), "outputs": ALL_OUTPUTS}
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
     return {"root": root, "folder": folder, "ckpt": ckpt, "out": out, "png_datalist": png}
 
 
@@ -90,6 +96,8 @@ def test_every_good_image_has_all_outputs_on_the_original_geometry(inputs):
             maps = _nifti_maps(out / "maps" / f"{stem}_{name}.nii.gz")
             assert maps.shape == (2, *original.shape)
             assert maps.min() >= 0.0 and maps.max() <= 1.0
+            stored = np.asarray(nib.load(str(out / "maps" / f"{stem}_{name}.nii.gz")).dataobj.get_unscaled())
+            assert stored.dtype == np.uint16  # 16-bit integers, scaled by 1/65535 on reading
             for c, cls in enumerate(("benign", "malignant")):
                 png = np.asarray(read_mammogram(out / "maps" / f"{stem}_{name}_{cls}.png", mask=True)[0])
                 assert png.shape == original.shape
@@ -98,7 +106,12 @@ def test_every_good_image_has_all_outputs_on_the_original_geometry(inputs):
 
         panel = Image.open(out / "panels" / f"{stem}_panel.png")
         assert panel.mode == "RGB" and panel.height > original.shape[0] and panel.width >= 4 * original.shape[1]
-    assert not list(out.rglob(".tmp*"))  # atomic writes leave no temporary files
+        listed = sorted(row["files"].split(";"))
+        assert listed == sorted(
+            [f"maps/{stem}_{m}{ext}" for m in MAPS for ext in (".nii.gz", "_benign.png", "_malignant.png")]
+            + [f"panels/{stem}_panel.png"]
+        )
+    assert not [p for p in out.rglob(".*") if p.is_file()]  # atomic writes leave no temporary files
 
 
 def test_errors_csv_names_the_corrupt_file_and_why(inputs):
@@ -109,19 +122,23 @@ def test_errors_csv_names_the_corrupt_file_and_why(inputs):
 
 
 def _independent_window_maps(path: str, ckpt: Path):
-    """Preprocess and run the model directly, render S_l and S_c at full window resolution."""
+    """Preprocess and run the model directly (in float32, on the device the workflow uses), render S_l and S_c at
+    full window resolution."""
     from scripts.networks import GLAMSaliencyNet
     from scripts.transforms import mammogram_transforms
+    from scripts.workflows.inference import _exact_float32
 
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")  # inference.yaml's device
     t = mammogram_transforms(keys=["image"], mask_keys=[], window=(256, 160), train=False, iterations=5, buffer=4)
     d = t({"image": path})
     net = GLAMSaliencyNet(stage="joint", **TINY)
     net.load_state_dict(torch.load(ckpt, weights_only=True), strict=True)
-    net.eval()
-    with torch.no_grad():
-        outputs = net.forward_all(d["image"].as_tensor()[None])
-    full = net.full_resolution(outputs, (256, 160))
-    return d["image"].meta, outputs, {"S_c": full["S_c"][0].numpy(), "S_l": full["S_l"][0].numpy()}
+    net.to(device).eval()
+    with torch.no_grad(), _exact_float32(device):
+        outputs = net.forward_all(d["image"].as_tensor()[None].to(device))
+        full = net.full_resolution(outputs, (256, 160))
+    outputs = {k: v.cpu() for k, v in outputs.items() if isinstance(v, torch.Tensor)}
+    return d["image"].meta, outputs, {"S_c": full["S_c"][0].cpu().numpy(), "S_l": full["S_l"][0].cpu().numpy()}
 
 
 def test_inverted_map_matches_the_window_map_through_flip_crop_and_padding(inputs):
@@ -148,7 +165,7 @@ def test_inverted_map_matches_the_window_map_through_flip_crop_and_padding(input
         back = _nifti_maps(inputs["out"] / "maps" / f"{row['output_stem']}_{map_name}.nii.gz")
         expected = np.zeros((2, H, W), np.float32)
         expected[:, inside] = window_maps[map_name][:, win_r[inside], win_c[inside]]
-        np.testing.assert_allclose(back, expected, atol=1e-6)
+        np.testing.assert_allclose(back, expected, atol=MAP_TOLERANCE, rtol=0)
 
     # patch boxes: from the model's window boxes through the same offsets, and S_l > 0 exactly on them
     boxes = []
@@ -157,18 +174,24 @@ def test_inverted_map_matches_the_window_map_through_flip_crop_and_padding(input
         f0, f1 = c + left + c1, c + w + left + c1  # columns of the mirrored image
         boxes.append((max(0, r0), max(0, W - f1), min(H, r1), min(W, W - f0)))
     assert boxes and row["patch_boxes"] == ";".join(" ".join(str(v) for v in b) for b in boxes)
+    # S_l > 0 exactly on the boxes (values below half a 16-bit step are stored as 0: compared on the window map)
     s_l = _nifti_maps(inputs["out"] / "maps" / f"{row['output_stem']}_S_l.nii.gz").max(axis=0)
+    window_s_l = np.zeros((H, W), np.float32)
+    window_s_l[inside] = window_maps["S_l"].max(axis=0)[win_r[inside], win_c[inside]]
     covered = np.zeros((H, W), bool)
     for t, lft, b, rgt in boxes:
         covered[t:b, lft:rgt] = True
-    np.testing.assert_array_equal(s_l > 0, covered & inside)
+    np.testing.assert_array_equal(window_s_l > 0, covered & inside)
+    np.testing.assert_array_equal(s_l > 0, window_s_l >= 0.5 / 65535)
 
 
 def test_batch_of_only_failures_and_bad_inputs(tmp_path):
     from scripts.workflows import GLAMInferenceStep, collate_inference, inference_items
 
-    batch = collate_inference([{"image": "a.png", "error": "ValueError: x"}, {"image": "b.png", "error": "E: y"}])
+    records = [{"image": "a.png", "error": "ValueError: x", "load_s": 0.25}, {"image": "b.png", "error": "E: y"}]
+    batch = collate_inference(records)
     assert batch["image"] is None and batch["items"] == [] and len(batch["errors"]) == 2
+    assert batch["load_s"] == 0.25  # the loading seconds travel with the batch for timing.json
     assert GLAMInferenceStep()(None, batch)["pred"] is None  # the network is not called
     with pytest.raises(ValueError, match="holds no file of a supported type"):
         inference_items(tmp_path)
@@ -264,10 +287,59 @@ def test_dicom_with_zero_or_missing_pixel_spacing_gets_maps_and_a_warning(inputs
 def test_timing_json_counts_the_good_images_and_splits_the_wall_time(inputs):
     timing = json.loads((inputs["out"] / "timing.json").read_text())
     good = len(_read_csv(inputs["out"] / "predictions.csv"))
-    assert timing["images"] == good > 0
+    assert timing["images"] == timing["written"] == good > 0 and timing["failed"] == 1 and timing["skipped"] == 0
+    assert timing["images_per_s"] == pytest.approx(good / timing["wall_s"])
     assert timing["images_per_min"] == pytest.approx(60 * good / timing["wall_s"])
-    shares = [timing[f"{k}_share"] for k in ("model", "writing", "waiting_for_data")]
-    assert all(0 < s < 1 for s in shares[:2]) and 0 <= shares[2] < 1
-    assert sum(shares) <= 1.0 + 1e-6  # parts of the wall time (the rest: other handlers, the engine)
-    for k in ("model", "writing", "waiting_for_data"):
+    parts = ("model", "waiting_for_data", "waiting_for_writers", "other")
+    assert sum(timing[f"{k}_s"] for k in parts) == pytest.approx(timing["wall_s"])  # the wall time, split
+    assert timing["model_share"] > 0 and all(0 <= timing[f"{k}_share"] < 1 for k in parts)
+    for k in parts:
         assert timing[f"{k}_share"] == pytest.approx(timing[f"{k}_s"] / timing["wall_s"])
+    # the work beside the engine: loading (every input, the corrupt one too) and the writer threads' parts
+    assert timing["loading_s"] > 0 and timing["writer_threads"] >= 1
+    writing_parts = sum(timing[f"writing_{k}_s"] for k in ("maps_back", "map_files", "panel", "dicom"))
+    assert 0 < writing_parts <= timing["writing_s"] and timing["writing_dicom_s"] == 0.0
+
+
+def test_default_outputs_are_the_s_c_map_and_the_panel(inputs, tmp_path):
+    """Without ``outputs``: per image the S_c NIfTI and the panel (image | S_c), which its row lists; no S_g / S_l,
+    no PNG maps. The S_c map is the one the full run wrote."""
+    from PIL import Image
+
+    out = tmp_path / "out"
+    overrides = {"input_dir": str(inputs["folder"]), "output_dir": str(out), "ckpt_path": str(inputs["ckpt"])}
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
+    rows = _read_csv(out / "predictions.csv")
+    full = {r["image"]: r for r in _read_csv(inputs["out"] / "predictions.csv")}
+    assert sorted(r["image"] for r in rows) == sorted(full)
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    stems = sorted(r["output_stem"] for r in rows)
+    expected = [f"maps/{s}_S_c.nii.gz" for s in stems] + [f"panels/{s}_panel.png" for s in stems]
+    assert files == sorted([*expected, "errors.csv", "predictions.csv", "run.json", "timing.json"])
+    for row in rows:
+        assert row["files"] == f"maps/{row['output_stem']}_S_c.nii.gz;panels/{row['output_stem']}_panel.png"
+        assert row["prob_benign"] == full[row["image"]]["prob_benign"]
+        np.testing.assert_array_equal(
+            _nifti_maps(out / "maps" / f"{row['output_stem']}_S_c.nii.gz"),
+            _nifti_maps(inputs["out"] / "maps" / f"{full[row['image']]['output_stem']}_S_c.nii.gz"),
+        )
+        panel = Image.open(out / "panels" / f"{row['output_stem']}_panel.png")
+        height, width = int(row["height"]), int(row["width"])
+        assert panel.height > height and panel.width == 2 * width + 4  # two tiles: the image and S_c
+
+
+def test_outputs_setting_is_checked():
+    from scripts.workflows import OutputSelection
+
+    assert OutputSelection.parse(["S_c", "panel"]) == OutputSelection()
+    selection = OutputSelection.parse("S_g, S_c ,png", dicom_outputs="both")
+    assert selection.maps == ("S_g", "S_c") and selection.png and not selection.panel
+    assert selection.dicom == ("sc", "map") and selection.names() == ["S_g", "S_c", "png", "dicom_sc", "dicom_map"]
+    assert selection.files("x", dicom_input=False)["S_g_benign"] == "maps/x_S_g_benign.png"
+    assert "dicom_sc" in selection.files("x", dicom_input=True) and "dicom_sc" not in selection.files("x", False)
+    with pytest.raises(ValueError, match=r"unknown \['nifti'\]"):
+        OutputSelection.parse(["S_c", "nifti"])
+    with pytest.raises(ValueError, match="name at least one map"):
+        OutputSelection.parse(["png", "panel"])
+    with pytest.raises(ValueError, match="dicom_outputs must be one of"):
+        OutputSelection.parse(["S_c"], dicom_outputs="pdf")

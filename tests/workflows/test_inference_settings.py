@@ -128,3 +128,39 @@ def test_the_authors_preset_overlay_still_builds_their_network(case, tmp_path):
     torch.save(GLAM.reference().state_dict(), tmp_path / "converted.pt")
     alone = _parser({"ckpt_path": str(tmp_path / "converted.pt")}).get_parsed_content("network_def")
     assert alone.settings == expected and alone.stage == "local"
+
+
+def test_the_default_precision_on_cuda_is_bf16_and_fp32_turns_the_autocast_off(monkeypatch, tmp_path):
+    """inference.yaml's ``amp`` (the step's bf16 autocast) follows the device and ``precision``, read with CUDA
+    reported present: on by default, off with ``precision: fp32``; ``auto`` resolves to the bf16 copy on CUDA."""
+    from scripts.networks import resolve_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _parser({"ckpt_path": str(tmp_path / "x.pt")}).get_parsed_content("amp") is True
+    assert _parser({"ckpt_path": str(tmp_path / "x.pt"), "precision": "fp32"}).get_parsed_content("amp") is False
+    assert _parser({"ckpt_path": str(tmp_path / "x.pt")}).get_parsed_content("amp_dtype") == torch.bfloat16
+    assert resolve_precision(_parser({}).get_parsed_content("precision"), "cuda") == "bf16"
+    assert _parser({}).get_parsed_content("batch_size") == 8  # batched on the GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _parser({"ckpt_path": str(tmp_path / "x.pt")}).get_parsed_content("amp") is False
+
+
+def test_the_step_hands_float32_to_the_writers_under_bf16_autocast(case):
+    """With the step's autocast on (bf16, here on the CPU) the network computes in bf16, and every floating-point
+    output reaches the writers as float32, close to the float32 step's."""
+    from scripts.networks import GLAMInferer, GLAMSaliencyNet
+    from scripts.workflows import GLAMInferenceStep, collate_inference
+
+    torch.manual_seed(0)
+    net = GLAMSaliencyNet(stage="joint", **PRESET_SETTINGS).eval()
+    engine = type("Engine", (), {"network": net, "inferer": GLAMInferer()})()
+    image = torch.randn(2, 1, 256, 160)
+    batch = collate_inference([{"image": image[0]}, {"image": image[1]}])
+    bf16 = GLAMInferenceStep(amp=True, amp_dtype=torch.bfloat16)(engine, batch)["pred"]
+    fp32 = GLAMInferenceStep(amp=False)(engine, batch)["pred"]
+    floating = [k for k, v in fp32.items() if v.is_floating_point()]
+    assert "saliency" in floating and "y_global" in floating
+    for key in floating:
+        assert bf16[key].dtype == torch.float32 and bf16[key].device.type == "cpu", key
+    assert not torch.equal(bf16["y_global"], fp32["y_global"])  # the autocast did run in bf16
+    torch.testing.assert_close(bf16["y_global"], fp32["y_global"], atol=0.02, rtol=0)

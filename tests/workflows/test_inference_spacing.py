@@ -76,6 +76,7 @@ def _run(folder: Path, out: Path, ckpt: Path) -> None:
         input_dir=str(folder),
         output_dir=str(out),
         ckpt_path=str(ckpt),
+        outputs=["S_g", "S_c"],
     )
     wf.initialize()
     wf.run()

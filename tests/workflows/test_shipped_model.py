@@ -31,7 +31,6 @@ RECIPE = REPO_ROOT / "configs" / "benchmark_cpu.yaml"
 SIZE = (736, 480)
 #: the model zoo's limit on one file in a bundle (its CONTRIBUTING.md, "Model storage")
 ZOO_FILE_LIMIT_BYTES = 25_000_000
-MAP_NAMES = ("S_g", "S_l", "S_c")
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -130,15 +129,14 @@ def test_shipped_model_runs_from_the_documented_command(shipped_run):
         top, left, bottom, right = (int(v) for v in row["patch_boxes"].split())  # M = 1 patch
         assert 0 <= top < bottom <= height and 0 <= left < right <= width
         stem = row["output_stem"]
-        for name in MAP_NAMES:
-            nifti = nib.load(str(out / "maps" / f"{stem}_{name}.nii.gz"))
-            assert nifti.shape == (width, height, 1, 1, 2)  # x = column, y = row, channels benign / malignant
-            np.testing.assert_allclose(nifti.header.get_zooms()[:2], meta["spacing"][::-1], rtol=1e-3)
-            maps = np.asarray(nifti.dataobj, dtype=np.float32)
-            assert np.isfinite(maps).all() and maps.min() >= 0.0 and maps.max() <= 1.0
-            for c in ("benign", "malignant"):
-                png = np.asarray(Image.open(out / "maps" / f"{stem}_{name}_{c}.png"))
-                assert png.shape == (height, width) and png.dtype == np.uint16
-        s_c = np.asarray(nib.load(str(out / "maps" / f"{stem}_S_c.nii.gz")).dataobj, dtype=np.float32)
+        # the default outputs: the S_c map and the panel, listed in the row; S_g, S_l and PNG maps only on request
+        assert row["files"] == f"maps/{stem}_S_c.nii.gz;panels/{stem}_panel.png"
+        assert not list((out / "maps").glob(f"{stem}_S_[gl]*")) and not list((out / "maps").glob(f"{stem}*.png"))
+        nifti = nib.load(str(out / "maps" / f"{stem}_S_c.nii.gz"))
+        assert nifti.shape == (width, height, 1, 1, 2)  # x = column, y = row, channels benign / malignant
+        np.testing.assert_allclose(nifti.header.get_zooms()[:2], meta["spacing"][::-1], rtol=1e-3)
+        s_c = np.asarray(nifti.dataobj, dtype=np.float32)
+        assert np.isfinite(s_c).all() and s_c.min() >= 0.0 and s_c.max() <= 1.0
         assert s_c.max() - s_c.min() > 0.05  # the trained model's map varies over the image
-        assert (out / "panels" / f"{stem}_panel.png").is_file()
+        panel = Image.open(out / "panels" / f"{stem}_panel.png")
+        assert panel.mode == "RGB" and panel.width == 2 * width + 4  # the image and S_c

@@ -1,4 +1,5 @@
-"""A faster inference copy of a trained network: batch norms folded, channels-last memory, bf16 autocast on CPUs.
+"""A faster inference copy of a trained network: batch norms folded, channels-last memory, bf16 autocast (CUDA, and
+CPUs with native bf16).
 
 On CPUs with native bfloat16 (AVX512-BF16 or AMX) the full-size GLAM runs about twice as fast this way; without
 it bf16 is emulated and slower, so ``precision="auto"`` keeps float32 there (docs/performance.md). The maps differ
@@ -33,14 +34,15 @@ def cpu_supports_bf16() -> bool:
 def resolve_precision(precision: str, device: torch.device | str) -> str:
     """``"bf16"`` or ``"fp32"`` for ``precision`` in :data:`PRECISIONS` on ``device``.
 
-    ``"auto"``: bf16 on a CPU that supports it, fp32 elsewhere; on CUDA fp32, since the inference step's own AMP
-    (``amp: true``) already runs the network in reduced precision there.
+    ``"auto"``: bf16 on CUDA (tensor cores; the fast copy there runs folded, channels-last and under bf16
+    autocast) and on a CPU that supports it natively, fp32 on other CPUs (emulated bf16 is slower than float32).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "auto":
         return precision
-    return "bf16" if torch.device(device).type == "cpu" and cpu_supports_bf16() else "fp32"
+    kind = torch.device(device).type
+    return "bf16" if kind == "cuda" or (kind == "cpu" and cpu_supports_bf16()) else "fp32"
 
 
 def _as_float32(value: Any) -> Any:

@@ -26,6 +26,7 @@ from .mammo import (
     mammogram_transforms,
 )
 from .patches import RandPatchCrop, RandPatchCropd, SaliencyPatchCrop, SaliencyPatchCropd
+from .thumbnail import Thumbnail, Thumbnaild, thumbnail_step
 
 __all__ = [
     "FlipToRight",
@@ -55,4 +56,7 @@ __all__ = [
     "SaliencyPatchCropd",
     "RandPatchCrop",
     "RandPatchCropd",
+    "Thumbnail",
+    "Thumbnaild",
+    "thumbnail_step",
 ]

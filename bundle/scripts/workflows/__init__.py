@@ -15,27 +15,28 @@ from .distributed import (
     rank_zero_first,
 )
 from .handlers import BestMetricState, EpochSeeder, key_metric
-from .inference import (
-    GLAMInferenceStep,
-    GLAMInferenceWriter,
-    SafeDataset,
-    collate_inference,
-    inference_items,
-    maps_on_original,
-    root_cause,
-    spacing_note,
-)
+from .inference import GLAMInferenceStep, maps_on_original, spacing_note
+from .inference_files import OutputSelection
+from .inference_folder import InferenceOutputFolder, OutputFolderRefused, file_sha256
+from .inference_inputs import SafeDataset, collate_inference, inference_items, root_cause
+from .inference_writer import GLAMInferenceWriter
 from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
 from .precision import AutocastInferer, amp_plan
 from .report import MetricsReport, check_checkpoint, eval_split_items
 from .runner import STAGE_ORDER, run_training, running_parser, stages_to_run
 from .sampler import BalancedEpochSampler, positive_flags
-from .throughput import InferenceThroughput
+from .throughput import InferenceProgress, InferenceThroughput, show_inference_log
 
 __all__ = [
     "key_metric",
     "InferenceThroughput",
+    "InferenceProgress",
+    "show_inference_log",
+    "InferenceOutputFolder",
+    "OutputFolderRefused",
+    "OutputSelection",
+    "file_sha256",
     "GLAMPrepareBatch",
     "training_dataset",
     "CACHE_MODES",

@@ -16,14 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_write
 from ..enums import CLASS_NAMES
-from .inference_files import write_replacing
 
 __all__ = [
     "DICOM_OUTPUT_MODES",
     "dicom_output_kinds",
     "secondary_capture",
     "saliency_segmentation",
+    "dicom_objects",
+    "save_dicom",
     "write_dicom_outputs",
 ]
 
@@ -167,8 +169,34 @@ def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
     )
 
 
-def _save(ds: Any, path: Path) -> None:
-    write_replacing(path, lambda tmp: ds.save_as(str(tmp), enforce_file_format=True))
+def save_dicom(ds: Any, path: str | os.PathLike) -> None:
+    """Write a DICOM object as a file at ``path`` (with its file meta information)."""
+    ds.save_as(str(path), enforce_file_format=True)
+
+
+def dicom_objects(
+    source_path: str | os.PathLike,
+    kinds: Sequence[str],
+    panel: np.ndarray | None = None,
+    s_c: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """``kind -> DICOM object`` for the kinds asked: ``"sc"`` (the Secondary Capture of ``panel``, (H', W', 3)
+    uint8) and / or ``"map"`` (the Segmentation of ``s_c``, (2, H, W) float on the source grid), both referencing
+    the DICOM file ``source_path`` (its header is read)."""
+    source = _read_source(source_path)
+    objects = {}
+    for kind in kinds:
+        if kind == "sc":
+            if panel is None:
+                raise ValueError(f"{source_path}: a Secondary Capture needs the overlay panel")
+            objects[kind] = secondary_capture(source, panel)
+        elif kind == "map":
+            if s_c is None:
+                raise ValueError(f"{source_path}: a Segmentation needs S_c")
+            objects[kind] = saliency_segmentation(source, s_c)
+        else:
+            raise ValueError(f"unknown DICOM output kind {kind!r} (sc, map)")
+    return objects
 
 
 def write_dicom_outputs(
@@ -179,23 +207,12 @@ def write_dicom_outputs(
     panel: np.ndarray | None = None,
     s_c: np.ndarray | None = None,
 ) -> list[Path]:
-    """Write ``output_dir/dicom/<stem>_sc.dcm`` (``panel``: (H', W', 3) uint8) and/or ``<stem>_map.dcm`` (the
-    Segmentation; ``s_c``: (2, H, W) float on the source grid) for the kinds asked (``"sc"``, ``"map"``), atomically.
+    """Write ``output_dir/dicom/<stem>_sc.dcm`` and / or ``<stem>_map.dcm`` (:func:`dicom_objects`) atomically.
     Returns the paths written."""
-    source = _read_source(source_path)
     written = []
-    for kind in kinds:
-        if kind == "sc":
-            if panel is None:
-                raise ValueError(f"{source_path}: a Secondary Capture needs the overlay panel")
-            ds = secondary_capture(source, panel)
-        elif kind == "map":
-            if s_c is None:
-                raise ValueError(f"{source_path}: a Segmentation needs S_c")
-            ds = saliency_segmentation(source, s_c)
-        else:
-            raise ValueError(f"unknown DICOM output kind {kind!r} (sc, map)")
+    for kind, ds in dicom_objects(source_path, kinds, panel, s_c).items():
         path = Path(output_dir) / "dicom" / f"{stem}_{kind}.dcm"
-        _save(ds, path)
+        with atomic_write(path, "wb") as f:
+            ds.save_as(f, enforce_file_format=True)
         written.append(path)
     return written

@@ -1,188 +1,252 @@
-"""The files of a GLAM inference run, one writer per kind (composed by
-:class:`~scripts.workflows.inference.GLAMInferenceWriter`, see docs/inference.md for the layout):
+"""The files of a GLAM inference run (see docs/inference.md for the layout and the measurements behind the formats):
 
-- :class:`OutputStems`: the file-name stem of each input, unique within the run;
-- :class:`MapFiles`: ``maps/<stem>_<S>.nii.gz`` and ``maps/<stem>_<S>_<class>.png`` for S in S_g, S_l, S_c;
-- :func:`overlay_panel` and :class:`PanelFiles`: the titled overlay panel and ``panels/<stem>_panel.png``;
-- :class:`InferenceTables`: ``predictions.csv`` (one row per written image) and ``errors.csv`` (one row per input
-  that failed: a batch job reports every bad item and still finishes the good ones; plus one note row per image
-  that was processed under an assumption, e.g. the model's pixel spacing for a file that states none).
-
-Every file is written beside its final name and renamed over it, so a reader never sees a torn file.
+- :class:`OutputSelection`: what a run writes (the ``outputs`` setting) and the file names of one image;
+- :class:`StagedFiles`: one image's files, written under temporary names and renamed into place together;
+- :func:`save_nifti`: a map (C, H, W) in [0, 1] as a gzip NIfTI of 16-bit integers with ``scl_slope`` 1/65535
+  (readers get floats within 0.5/65535 of the map);
+- :func:`save_png`: an 8-bit RGB or 16-bit grey array as a PNG;
+- :func:`overlay_panel`: the titled overlay panel of one image, from the thumbnail taken when it was loaded.
 """
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_write
-from ..data.readers import SUPPORTED_SUFFIXES, read_mammogram
-from ..enums import CLASS_NAMES, MAP_NAMES
+from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
 from ..visualize import saliency_panel
+from .dicom_outputs import DICOM_OUTPUT_MODES
 
 __all__ = [
-    "ERROR_KEY",
-    "NOTE_KEY",
-    "ERROR_COLUMNS",
-    "PREDICTION_COLUMNS",
     "FALLBACK_SPACING_MM",
+    "MAP_SCALE",
+    "TEMPORARY_PREFIX",
+    "is_temporary",
+    "OutputSelection",
+    "StagedFiles",
     "write_replacing",
+    "quantize",
     "save_png",
     "save_nifti",
-    "OutputStems",
-    "MapFiles",
-    "ground_truth_masks",
     "panel_title_lines",
     "add_title",
     "overlay_panel",
-    "PanelFiles",
-    "error_record",
-    "note_record",
-    "prediction_row",
-    "InferenceTables",
 ]
 
 # the warnings keep the name of the module that wrote these files before they had their own (log filters use it)
 logger = logging.getLogger(f"{__package__}.inference")
 
-#: key of the error message in an item that failed (and the second column of errors.csv)
-ERROR_KEY = "error"
-#: third column of errors.csv: what an image that was processed (its error cell empty) should be read with
-NOTE_KEY = "note"
-ERROR_COLUMNS = ["image", ERROR_KEY, NOTE_KEY]
-PREDICTION_COLUMNS = [
-    "image",
-    "output_stem",
-    *(f"prob_{c}" for c in CLASS_NAMES),
-    *(f"label_{c}" for c in CLASS_NAMES),
-    "height",
-    "width",
-    "patch_boxes",
-]
 #: pixel size (mm) the NIfTI maps state when the input's is unknown (PNG inputs; DICOMs without a valid spacing)
 FALLBACK_SPACING_MM = 1.0
-# input formats that seldom state a pixel spacing (a PNG may, in its pHYs chunk): their maps get the fallback without
-# a warning
+#: maps are stored as round(map x MAP_SCALE) in 16 bits (NIfTI with scl_slope 1 / MAP_SCALE, PNG)
+MAP_SCALE = 65535
+#: temporary files of this module start with this; :func:`is_temporary` also knows ``atomic_write``'s
+TEMPORARY_PREFIX = ".tmp-"
+# zlib level of the PNGs (maps and panels): measured on 2944x1920 maps and their panels, level 1 took about half the
+# time of PIL's default 6 for files about 10 % larger (docs/inference.md, "Formats")
+PNG_LEVEL = 1
+# formats that seldom state a pixel spacing (a PNG may, in its pHYs chunk): their maps get the fallback without a
+# warning
 _FORMATS_WITHOUT_SPACING = ("png", "pil")
+# the folders of each kind of file under the output folder
+MAPS_DIR, PANELS_DIR, DICOM_DIR = "maps", "panels", "dicom"
 
 
-# -- writing one file ------------------------------------------------------------------------------------------------
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of the temporary names this workflow writes (``.tmp-…`` here, ``.<name>.<random>.tmp``
+    by ``scripts.atomic.atomic_write``): what an interrupted run leaves behind."""
+    return (
+        name.startswith(TEMPORARY_PREFIX) or name.startswith(".tmp") or (name.startswith(".") and name.endswith(".tmp"))
+    )
+
+
+# -- what to write ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OutputSelection:
+    """What a run writes besides the tables: ``maps`` (map names, as NIfTI), ``png`` (those maps also as 16-bit PNGs
+    per class), ``panel``, ``dicom`` (``"sc"`` and / or ``"map"``, DICOM inputs only)."""
+
+    maps: tuple[str, ...] = (MapName.COMBINED.value,)
+    png: bool = False
+    panel: bool = True
+    dicom: tuple[str, ...] = ()
+
+    #: the names the ``outputs`` setting accepts
+    NAMES = (*MAP_NAMES, *(o.value for o in InferenceOutput))
+
+    @classmethod
+    def parse(cls, outputs: str | Sequence[str] | None, dicom_outputs: str | None = "none") -> OutputSelection:
+        """``outputs``: a list of names (or one comma-separated string) from :attr:`NAMES`; ``dicom_outputs``
+        (``none | sc | map | both``, the older setting) adds the DICOM objects. A ValueError names an unknown name."""
+        if outputs is None:
+            names: list[str] = []
+        elif isinstance(outputs, str):
+            names = [n.strip() for n in outputs.split(",") if n.strip()]
+        else:
+            names = [str(n).strip() for n in outputs]
+        unknown = sorted({n for n in names if n not in cls.NAMES})
+        if unknown:
+            raise ValueError(f"outputs: unknown {unknown}; choose from {list(cls.NAMES)}")
+        key = "none" if dicom_outputs is None else str(dicom_outputs).strip().lower()
+        if key not in DICOM_OUTPUT_MODES:
+            raise ValueError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {dicom_outputs!r}")
+        dicom = set(DICOM_OUTPUT_MODES[key])
+        dicom |= {"sc" for n in names if n == InferenceOutput.DICOM_SC} | {
+            "map" for n in names if n == InferenceOutput.DICOM_MAP
+        }
+        maps = tuple(m for m in MAP_NAMES if m in names)
+        if InferenceOutput.PNG in names and not maps:
+            raise ValueError("outputs: 'png' writes the chosen maps as PNG too: name at least one map (e.g. S_c)")
+        return cls(
+            maps,
+            InferenceOutput.PNG in names,
+            InferenceOutput.PANEL in names,
+            tuple(k for k in ("sc", "map") if k in dicom),
+        )
+
+    def names(self) -> list[str]:
+        """The selection as the ``outputs`` setting writes it (the run record compares it)."""
+        out = [*self.maps]
+        out += [InferenceOutput.PNG.value] if self.png else []
+        out += [InferenceOutput.PANEL.value] if self.panel else []
+        out += [{"sc": InferenceOutput.DICOM_SC, "map": InferenceOutput.DICOM_MAP}[k].value for k in self.dicom]
+        return out
+
+    def folders(self) -> list[str]:
+        """The sub-folders this selection writes into."""
+        return [MAPS_DIR] * bool(self.maps) + [PANELS_DIR] * self.panel + [DICOM_DIR] * bool(self.dicom)
+
+    def files(self, stem: str, dicom_input: bool) -> dict[str, str]:
+        """``what -> relative path`` of one image's files: ``<map>`` (NIfTI), ``<map>_<class>`` (PNG), ``panel``,
+        ``dicom_sc``, ``dicom_map`` (DICOM inputs only)."""
+        files = {}
+        for name in self.maps:
+            files[name] = f"{MAPS_DIR}/{stem}_{name}.nii.gz"
+            for cls in CLASS_NAMES if self.png else ():
+                files[f"{name}_{cls}"] = f"{MAPS_DIR}/{stem}_{name}_{cls}.png"
+        if self.panel:
+            files[InferenceOutput.PANEL.value] = f"{PANELS_DIR}/{stem}_panel.png"
+        for kind in self.dicom if dicom_input else ():
+            files[f"dicom_{kind}"] = f"{DICOM_DIR}/{stem}_{kind}.dcm"
+        return files
+
+    def maps_needed(self) -> tuple[str, ...]:
+        """The maps to bring back onto the file: those written, and S_c for a DICOM Segmentation."""
+        needed = set(self.maps) | ({MapName.COMBINED.value} if "map" in self.dicom else set())
+        return tuple(m for m in MAP_NAMES if m in needed)
+
+    def needs_panel(self) -> bool:
+        return self.panel or "sc" in self.dicom  # the Secondary Capture shows the panel
+
+
+# -- writing files ---------------------------------------------------------------------------------------------------
+class StagedFiles:
+    """One image's files under ``root``: each is written to a temporary name beside its final one
+    (``.tmp-<pid>-<name>``, ending with the final name so that writers that pick the format from the extension still
+    do), and :meth:`commit` renames them all into place once every one is complete; :meth:`discard` removes them."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self._staged: list[tuple[Path, Path, str]] = []
+
+    def path(self, relative: str) -> Path:
+        """The temporary path to write ``relative``'s content to."""
+        final = self.root / relative
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}-{final.name}")
+        self._staged.append((tmp, final, relative))
+        return tmp
+
+    def commit(self) -> list[str]:
+        """Rename every staged file into place; returns their relative paths."""
+        for tmp, final, _ in self._staged:
+            os.replace(tmp, final)
+        done = [relative for _, _, relative in self._staged]
+        self._staged = []
+        return done
+
+    def discard(self) -> None:
+        for tmp, _, _ in self._staged:
+            tmp.unlink(missing_ok=True)
+        self._staged = []
+
+
 def write_replacing(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` to a temporary file beside ``path``, then rename it over ``path``.
-
-    The temporary name ends with ``path``'s name, so writers that choose the format from the extension (PIL,
-    nibabel's compression) still do; it is removed when ``write`` fails.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp{os.getpid()}-{path.name}")
+    """``write(tmp)`` to a temporary file beside ``path``, then rename it over ``path`` (removed when ``write``
+    fails)."""
+    staged = StagedFiles(path.parent)
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        write(staged.path(path.name))
+        staged.commit()
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        staged.discard()
+
+
+def quantize(maps: np.ndarray) -> np.ndarray:
+    """Maps in [0, 1] -> ``round(map x 65535)`` as uint16 (values outside [0, 1] are clipped)."""
+    scaled = np.multiply(maps, np.float32(MAP_SCALE), dtype=np.float32)
+    scaled += np.float32(0.5)
+    np.clip(scaled, 0.0, MAP_SCALE + 0.5, out=scaled)
+    return scaled.astype(np.uint16)
 
 
 def save_png(path: Path, array: np.ndarray) -> None:
-    """An 8-bit RGB or 16-bit grey array as a PNG file."""
+    """An 8-bit RGB or 16-bit grey array as a PNG file at ``path`` (written as it is: stage it for atomicity)."""
     from PIL import Image
 
-    # zlib level 3: half the time of PIL's default 6 on 16-bit maps, files about 1.6x larger (tens of KB)
-    write_replacing(path, lambda tmp: Image.fromarray(array).save(tmp, format="PNG", compress_level=3))
+    Image.fromarray(array).save(path, format="PNG", compress_level=PNG_LEVEL)
 
 
-def save_nifti(path: Path, maps: np.ndarray, spacing: Sequence[float] | None) -> None:
-    """(C, H, W) -> NIfTI (W, H, 1, 1, C), intent 'vector': x = column, y = row as the readers expect.
+def save_nifti(path: Path, quantized: np.ndarray, spacing: Sequence[float] | None) -> None:
+    """(C, H, W) uint16 (:func:`quantize`) -> gzip NIfTI (W, H, 1, 1, C), intent 'vector', ``scl_slope`` 1/65535 (a
+    reader's floats are the map within 0.5/65535): x = column, y = row as the readers expect.
 
-    ``spacing``: the (row, column) pixel size in mm; None states :data:`FALLBACK_SPACING_MM`.
+    ``spacing``: the (row, column) pixel size in mm; None states :data:`FALLBACK_SPACING_MM`. The transposed view is
+    handed to nibabel as it is: NIfTI stores x fastest, which is the (C, H, W) array's own memory order.
     """
     import nibabel as nib
 
-    data = np.ascontiguousarray(np.transpose(maps, (2, 1, 0))[:, :, None, None, :].astype(np.float32))
+    if quantized.dtype != np.uint16 or quantized.ndim != 3:
+        raise ValueError(f"save_nifti takes (C, H, W) uint16 maps, got {quantized.dtype} {quantized.shape}")
     row_mm, col_mm = (float(s) for s in spacing) if spacing is not None else (FALLBACK_SPACING_MM,) * 2
-    img = nib.Nifti1Image(data, np.diag([col_mm, row_mm, 1.0, 1.0]))
+    img = nib.Nifti1Image(np.transpose(quantized, (2, 1, 0))[:, :, None, None, :], np.diag([col_mm, row_mm, 1.0, 1.0]))
+    img.header.set_slope_inter(1.0 / MAP_SCALE, 0.0)
     img.header.set_intent("vector", (), name=",".join(CLASS_NAMES))
     img.header.set_xyzt_units("mm")
-    write_replacing(path, lambda tmp: nib.save(img, str(tmp)))
+    nib.save(img, str(path))
 
 
-# -- file names ------------------------------------------------------------------------------------------------------
-def _strip_suffix(name: str) -> str:
-    # the longest suffix first: ".nii.gz" before ".gz"
-    for suffix in sorted(SUPPORTED_SUFFIXES, key=len, reverse=True):
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
-class OutputStems:
-    """The stem of each input's output files: its file name without the suffix, made unique within the run by
-    ``_2``, ``_3``, ... (inputs from different folders may share a name)."""
-
-    def __init__(self) -> None:
-        self._used: set[str] = set()
-
-    def reset(self) -> None:
-        self._used = set()
-
-    def __call__(self, path: str) -> str:
-        name = _strip_suffix(Path(path).name)
-        stem, n = name or "image", 2
-        while stem in self._used:
-            stem, n = f"{name}_{n}", n + 1
-        self._used.add(stem)
-        return stem
-
-
-# -- saliency maps ---------------------------------------------------------------------------------------------------
-class MapFiles:
-    """Per image and map S (S_g, S_l, S_c): ``<folder>/<stem>_<S>.nii.gz`` (float32, one channel per class, with the
-    input's pixel spacing) and ``<folder>/<stem>_<S>_<class>.png`` (16-bit, value = map x 65535)."""
-
-    def __init__(self, folder: str | os.PathLike) -> None:
-        self.folder = Path(folder)
-
-    def write(self, path: str, stem: str, maps: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        """Write the files of one image: ``maps`` name -> (C, H, W) in [0, 1]; ``meta`` the reader's metadata of
-        the input file ``path`` (its ``spacing`` goes into the NIfTI files)."""
-        spacing = meta.get("spacing")
-        if spacing is None and meta.get("format") not in _FORMATS_WITHOUT_SPACING:
-            logger.warning(
-                "%s: no valid pixel spacing in the file (missing, zero or negative): the NIfTI maps state %g mm "
-                "per pixel",
-                path,
-                FALLBACK_SPACING_MM,
-            )
-        for name in MAP_NAMES:
-            save_nifti(self.folder / f"{stem}_{name}.nii.gz", maps[name], spacing)
-            for c, cls in enumerate(CLASS_NAMES):
-                save_png(self.folder / f"{stem}_{name}_{cls}.png", np.round(maps[name][c] * 65535).astype(np.uint16))
+def file_spacing(meta: Mapping[str, Any], path: str) -> tuple[float, float] | None:
+    """The (row, col) mm the input file states (the reader's ``spacing``, NaN when unknown) or None, with a warning
+    for a format that should have stated one."""
+    value = meta.get("spacing")
+    flat = None if value is None else np.asarray(value, dtype=np.float64).reshape(-1)
+    if flat is not None and flat.size == 2 and np.isfinite(flat).all() and (flat > 0).all():
+        return float(flat[0]), float(flat[1])
+    if meta.get("format") not in _FORMATS_WITHOUT_SPACING:
+        logger.warning(
+            "%s: no valid pixel spacing in the file (missing, zero or negative): the NIfTI maps state %g mm per pixel",
+            path,
+            FALLBACK_SPACING_MM,
+        )
+    return None
 
 
 # -- overlay panels --------------------------------------------------------------------------------------------------
-def ground_truth_masks(item: Mapping[str, Any]) -> np.ndarray | None:
-    """The item's lesion masks (C, H, W) from its ``mask_<class>`` paths; None unless every class has one."""
-    paths = [item.get(f"mask_{cls}") for cls in CLASS_NAMES]
-    if not all(isinstance(p, str) and p for p in paths):
-        return None
-    return np.stack([read_mammogram(p, mask=True)[0] for p in paths])
-
-
 def panel_title_lines(
-    file_name: str, scores: Sequence[float], labels: Sequence[int | str], with_masks: bool
+    file_name: str, scores: Sequence[float], labels: Sequence[int | str], maps: Sequence[str], with_masks: bool
 ) -> list[str]:
     """The panel's title: the file, its scores y_g (and labels, when known), what each tile shows, the colours."""
     truth = "" if labels[0] == "" else "   label: " + ", ".join(f"{c} {labels[i]}" for i, c in enumerate(CLASS_NAMES))
     return [
         f"{file_name}   y_g: " + ", ".join(f"{c} {scores[i]:.3f}" for i, c in enumerate(CLASS_NAMES)) + truth,
-        f"image{' + ground truth' if with_masks else ''} | " + " | ".join(MAP_NAMES),
+        f"image{' + ground truth' if with_masks else ''} | " + " | ".join(maps),
         "green benign, red malignant, blue: selected patches",
     ]
 
@@ -210,100 +274,26 @@ def add_title(panel: np.ndarray, lines: Sequence[str]) -> np.ndarray:
     return np.concatenate([np.asarray(strip), panel], axis=0)
 
 
-def _panel_step(rows: int, max_rows: int | None) -> int:
-    """Pixel step that brings ``rows`` to at most ``max_rows`` (None or 0: full resolution)."""
-    return int(np.ceil(rows / max_rows)) if max_rows and rows > max_rows else 1
-
-
 def overlay_panel(
-    image: np.ndarray,
+    thumbnail: np.ndarray,
     maps: Mapping[str, np.ndarray],
     boxes: Sequence[tuple[int, int, int, int]],
     masks: np.ndarray | None,
     title: Sequence[str],
-    max_rows: int | None = None,
+    step: int = 1,
 ) -> np.ndarray:
-    """The titled panel of one image (:func:`~scripts.visualize.saliency_panel`: the image with its masks, then the
-    maps with the patches), every ``step``-th pixel so that the image has at most ``max_rows`` rows.
+    """The titled panel of one image (:func:`~scripts.visualize.saliency_panel`: the image with its masks, then each
+    map with the patches), at the thumbnail's resolution.
 
-    ``image`` (H, W); ``maps`` name -> (C, H, W); ``boxes`` (top, left, bottom, right), end-exclusive; ``masks``
-    (C, H, W) or None. Returns (rows, cols, 3) uint8.
+    ``thumbnail`` (h, w): every ``step``-th pixel of the image (``scripts.transforms.Thumbnail``); ``maps`` name ->
+    (C, H, W) on the image's full grid (every ``step``-th pixel is shown); ``boxes`` (top, left, bottom, right) on
+    the full grid, end-exclusive; ``masks`` (C, h, w) thumbnails or None. Returns (rows, cols, 3) uint8.
     """
-    step = _panel_step(image.shape[0], max_rows)
-    sub = (slice(None, None, step), slice(None, None, step))
-    small_maps = {name: maps[name][(slice(None), *sub)] for name in MAP_NAMES}
+    sub = (slice(None), slice(None, None, step), slice(None, None, step))
+    small_maps = {name: maps[name][sub] for name in maps}
+    for name, m in small_maps.items():
+        if m.shape[-2:] != thumbnail.shape:
+            raise ValueError(f"{name} at step {step} has shape {m.shape[-2:]}, the thumbnail {thumbnail.shape}")
     # saliency_panel draws (top, left, height, width)
     small_boxes = [(t // step, left // step, (b - t) // step, (r - left) // step) for t, left, b, r in boxes]
-    small_masks = None if masks is None else masks[(slice(None), *sub)]
-    return add_title(saliency_panel(image[sub], small_maps, small_boxes, small_masks), title)
-
-
-class PanelFiles:
-    """``<folder>/<stem>_panel.png``: the overlay panels as RGB PNG files."""
-
-    def __init__(self, folder: str | os.PathLike) -> None:
-        self.folder = Path(folder)
-
-    def write(self, stem: str, panel: np.ndarray) -> None:
-        save_png(self.folder / f"{stem}_panel.png", panel)
-
-
-# -- tables ----------------------------------------------------------------------------------------------------------
-def error_record(path: str, exc: BaseException) -> dict[str, str]:
-    """An errors.csv row: the input and ``"<ExceptionType>: <message>"``."""
-    return {"image": str(path), ERROR_KEY: f"{type(exc).__name__}: {exc}"}
-
-
-def note_record(path: str, note: str) -> dict[str, str]:
-    """An errors.csv row of an image that was processed: the input, an empty error and the note."""
-    return {"image": str(path), ERROR_KEY: "", NOTE_KEY: note}
-
-
-def prediction_row(
-    path: str,
-    stem: str,
-    scores: Sequence[float],
-    labels: Sequence[int | str],
-    size: tuple[int, int],
-    boxes: Iterable[Sequence[int]],
-) -> dict[str, Any]:
-    """A predictions.csv row: the input, its stem, the scores y_g (6 decimals) and labels per class, the file's
-    size and the patch boxes on the file (``top left bottom right`` per patch, patches separated by ``;``)."""
-    return {
-        "image": path,
-        "output_stem": stem,
-        **{f"prob_{c}": f"{scores[i]:.6f}" for i, c in enumerate(CLASS_NAMES)},
-        **{f"label_{c}": labels[i] for i, c in enumerate(CLASS_NAMES)},
-        "height": size[0],
-        "width": size[1],
-        "patch_boxes": ";".join(" ".join(str(v) for v in b) for b in boxes),
-    }
-
-
-class InferenceTables:
-    """The run's ``predictions.csv`` and ``errors.csv`` under ``output_dir``: rows collected per image, written
-    (atomically) at the end of the run, also when it stops on an exception.
-
-    errors.csv has the columns ``image``, ``error``, ``note``: first the inputs that failed (``error`` set), then the
-    notes on images that were processed (``error`` empty, ``note`` set), so a failure is a row with an error."""
-
-    def __init__(self, output_dir: str | os.PathLike) -> None:
-        self.output_dir = Path(output_dir)
-        self.rows: list[dict[str, Any]] = []
-        self.errors: list[dict[str, str]] = []
-        self.notes: list[dict[str, str]] = []
-
-    def reset(self) -> None:
-        self.rows, self.errors, self.notes = [], [], []
-
-    def write(self) -> None:
-        """Write both files; errors.csv has its header even when empty."""
-        _write_csv(self.output_dir / "predictions.csv", PREDICTION_COLUMNS, self.rows)
-        _write_csv(self.output_dir / "errors.csv", ERROR_COLUMNS, [*self.errors, *self.notes])
-
-
-def _write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
-    with atomic_write(path, "w") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+    return add_title(saliency_panel(thumbnail, small_maps, small_boxes, masks), title)

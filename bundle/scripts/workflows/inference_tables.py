@@ -1,0 +1,306 @@
+"""``predictions.csv`` and ``errors.csv`` of an inference run, appended row by row as each image completes.
+
+Each row reaches the file in one ``write`` on a descriptor opened for appending, so the tables are valid CSV at every
+moment: after the process is killed (SIGKILL included) they hold exactly the images that completed. A table that
+a power cut left with a torn last line is repaired when it is opened again (the partial line is dropped: its image
+is then simply not done).
+
+Cells are written so that nothing is lost and nothing is run: in the text columns (paths, stems, messages, file
+lists) a backslash is doubled and a character that is not printable text, e.g. a byte of a file name that is not
+valid UTF-8, is written as ``\\xNN`` (``\\uNNNN`` for other lone surrogates), and a cell that a spreadsheet would
+run as a formula (starting with ``=``, ``+``, ``-``, ``@``, or a quote) gets a leading ``'``. :func:`unescape_text`
+gives the original back.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_write
+from ..enums import CLASS_NAMES
+
+__all__ = [
+    "ERROR_KEY",
+    "NOTE_KEY",
+    "FILES_KEY",
+    "ERROR_COLUMNS",
+    "PREDICTION_COLUMNS",
+    "escape_text",
+    "unescape_text",
+    "csv_cell",
+    "error_record",
+    "note_record",
+    "prediction_row",
+    "AppendOnlyCsv",
+    "InferenceTables",
+]
+
+logger = logging.getLogger(__name__)
+
+#: key of the error message in an item that failed (and the second column of errors.csv)
+ERROR_KEY = "error"
+#: third column of errors.csv: what an image that was processed (its error cell empty) should be read with
+NOTE_KEY = "note"
+#: the predictions.csv column listing an image's files (relative to the output folder, separated by ";")
+FILES_KEY = "files"
+ERROR_COLUMNS = ["image", ERROR_KEY, NOTE_KEY]
+PREDICTION_COLUMNS = [
+    "image",
+    "output_stem",
+    *(f"prob_{c}" for c in CLASS_NAMES),
+    *(f"label_{c}" for c in CLASS_NAMES),
+    "height",
+    "width",
+    "patch_boxes",
+    FILES_KEY,
+]
+# the columns whose cells are free text (escaped and neutralised); the others are numbers this module formats
+_TEXT_COLUMNS = frozenset({"image", "output_stem", ERROR_KEY, NOTE_KEY, FILES_KEY})
+# first characters that make a spreadsheet evaluate a cell (OWASP "CSV injection"), and the quote that marks them
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
+
+
+# -- cells -----------------------------------------------------------------------------------------------------------
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if ch == "\\":
+        return "\\\\"
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, as Python's surrogateescape keeps it in a str
+        return f"\\x{code - 0xDC00:02x}"
+    if 0xD800 <= code <= 0xDFFF:
+        return f"\\u{code:04x}"
+    if code < 0x20 or code == 0x7F:
+        return f"\\x{code:02x}"
+    return ch
+
+
+def escape_text(text: str) -> str:
+    """``text`` as valid, printable UTF-8 on one line, losslessly (see the module docstring); plain text is
+    unchanged."""
+    if text.isprintable() and "\\" not in text:
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:
+            pass
+    return "".join(_escape_char(ch) for ch in text)
+
+
+def unescape_text(cell: str) -> str:
+    """The text :func:`csv_cell` wrote ``cell`` for: the leading ``'`` of a neutralised cell dropped, ``\\\\``,
+    ``\\xNN`` and ``\\uNNNN`` decoded (bytes 0x80-0xFF back to surrogateescape characters, so that
+    ``os.fsencode`` gives the file name's bytes)."""
+    if len(cell) >= 2 and cell[0] == "'" and cell[1] in _FORMULA_STARTS:
+        cell = cell[1:]
+    out, i = [], 0
+    while i < len(cell):
+        ch = cell[i]
+        if ch == "\\" and i + 1 < len(cell):
+            kind = cell[i + 1]
+            if kind == "\\":
+                out.append("\\")
+                i += 2
+                continue
+            width = {"x": 2, "u": 4}.get(kind)
+            if width is not None:
+                code = int(cell[i + 2 : i + 2 + width], 16)
+                out.append(chr(0xDC00 + code) if kind == "x" and code >= 0x80 else chr(code))
+                i += 2 + width
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def csv_cell(value: Any) -> Any:
+    """A text cell as written: escaped (:func:`escape_text`) and, when a spreadsheet would run it as a formula,
+    prefixed with ``'``. Other values are returned as they are."""
+    if not isinstance(value, str):
+        return value
+    text = escape_text(value)
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text
+
+
+# -- rows ------------------------------------------------------------------------------------------------------------
+def error_record(path: str | os.PathLike, exc: BaseException | str) -> dict[str, str]:
+    """An errors.csv row: the input and ``"<ExceptionType>: <message>"`` (or the message given)."""
+    message = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    return {"image": os.fspath(path), ERROR_KEY: message}
+
+
+def note_record(path: str | os.PathLike, note: str) -> dict[str, str]:
+    """An errors.csv row of an image that was processed: the input, an empty error and the note."""
+    return {"image": os.fspath(path), ERROR_KEY: "", NOTE_KEY: note}
+
+
+def prediction_row(
+    path: str,
+    stem: str,
+    scores: Sequence[float],
+    labels: Sequence[int | str],
+    size: tuple[int, int],
+    boxes: Iterable[Sequence[int]],
+    files: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A predictions.csv row: the input, its stem, the scores y_g (6 decimals) and labels per class, the file's
+    size, the patch boxes on the file (``top left bottom right`` per patch, patches separated by ``;``) and the
+    image's files (relative to the output folder, separated by ``;``)."""
+    return {
+        "image": path,
+        "output_stem": stem,
+        **{f"prob_{c}": f"{scores[i]:.6f}" for i, c in enumerate(CLASS_NAMES)},
+        **{f"label_{c}": labels[i] for i, c in enumerate(CLASS_NAMES)},
+        "height": size[0],
+        "width": size[1],
+        "patch_boxes": ";".join(" ".join(str(v) for v in b) for b in boxes),
+        FILES_KEY: ";".join(files),
+    }
+
+
+def _line(columns: Sequence[str], row: Mapping[str, Any], escape: bool) -> bytes:
+    buffer = io.StringIO()
+    values = [row.get(c, "") for c in columns]
+    csv.writer(buffer).writerow([csv_cell(v) if escape and c in _TEXT_COLUMNS else v for c, v in zip(columns, values)])
+    # the cells are valid text once escaped; a value this module did not escape must not stop the row either
+    return buffer.getvalue().encode("utf-8", errors="backslashreplace")
+
+
+# -- one table -------------------------------------------------------------------------------------------------------
+class AppendOnlyCsv:
+    """A CSV file with a fixed header, appended one row per ``write`` (thread-safe).
+
+    :meth:`open` creates it with its header (atomically) or takes up an existing one: a torn last line is dropped,
+    a header that differs is a ``ValueError`` naming the file, and the rows already there are returned as stored
+    (escaped cells). :meth:`replace_rows` rewrites it atomically (used to compact it at the end of a run).
+    """
+
+    def __init__(self, path: str | os.PathLike, columns: Sequence[str]) -> None:
+        self.path = Path(path)
+        self.columns = list(columns)
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def open(self) -> list[dict[str, str]]:
+        if not self.path.exists():
+            self._write_all([])
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            logger.warning(
+                "%s: dropped a torn last line (%d bytes) left by an interrupted run", self.path, len(data) - keep
+            )
+            with open(self.path, "r+b") as f:
+                f.truncate(keep)
+            data = data[:keep]
+        if not data:
+            self._write_all([])
+            data = self.path.read_bytes()
+        reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace"), newline=""))
+        header = next(reader, [])
+        if header != self.columns:
+            raise ValueError(
+                f"{self.path}: its columns {header} are not those this version writes {self.columns} (a table of "
+                "another version or program)"
+            )
+        rows = [dict(zip(self.columns, r)) for r in reader if r]
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_BINARY", 0))
+        return rows
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Write one row (text cells escaped) with a single ``write``."""
+        line = _line(self.columns, row, escape=True)
+        with self._lock:
+            if self._fd is None:
+                raise RuntimeError(f"{self.path} is not open")
+            written = 0
+            while written < len(line):  # a regular file takes it whole; a short write (disk full) is completed or fails
+                written += os.write(self._fd, line[written:])
+
+    def replace_rows(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Atomically replace the file by its header and ``rows`` (cells as stored: not escaped again)."""
+        with self._lock:
+            self._close_fd()
+            self._write_all(rows)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_BINARY", 0))
+
+    def _write_all(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        with atomic_write(self.path, "wb") as f:
+            f.write(_line(self.columns, dict(zip(self.columns, self.columns)), escape=False))
+            for row in rows:
+                f.write(_line(self.columns, row, escape=False))
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_fd()
+
+
+# -- the run's two tables --------------------------------------------------------------------------------------------
+class InferenceTables:
+    """The run's ``predictions.csv`` (one row per image whose outputs are all written) and ``errors.csv`` (columns
+    ``image``, ``error``, ``note``: a row with an ``error`` for each input that failed, a row with a ``note`` for
+    an image processed under an assumption) under ``output_dir``, appended as images complete.
+
+    A run that resumes appends to them; :meth:`compact` (at the end of a run) sorts them and leaves in errors.csv
+    only the last error of each input that is still not in predictions.csv, and each note once.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike) -> None:
+        self.output_dir = Path(output_dir)
+        self.predictions = AppendOnlyCsv(self.output_dir / "predictions.csv", PREDICTION_COLUMNS)
+        self.errors = AppendOnlyCsv(self.output_dir / "errors.csv", ERROR_COLUMNS)
+        self.failed = 0
+        self.written = 0
+        self._count_lock = threading.Lock()
+
+    def open(self) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        """Create or take up both tables; returns the rows already there (predictions, errors), cells as stored."""
+        self.failed = self.written = 0
+        return self.predictions.open(), self.errors.open()
+
+    def add_prediction(self, row: Mapping[str, Any]) -> None:
+        self.predictions.append(row)
+        with self._count_lock:
+            self.written += 1
+
+    def add_error(self, record: Mapping[str, Any]) -> None:
+        self.errors.append(record)
+        with self._count_lock:
+            self.failed += 1
+
+    def add_note(self, record: Mapping[str, Any]) -> None:
+        self.errors.append(record)
+
+    def compact(self) -> None:
+        """Rewrite both tables (atomically) in a stable order: predictions.csv sorted by input; errors.csv with the
+        last error of each input that is not in predictions.csv (the errors of inputs that have since succeeded are
+        dropped), sorted by input, then each note once, sorted by input."""
+        self.predictions.close()
+        rows = self.predictions.open()
+        predictions = sorted(rows, key=lambda r: r["image"])
+        if predictions != rows:  # a file already in order is left as it is
+            self.predictions.replace_rows(predictions)
+        done = {row["image"] for row in predictions}
+        self.errors.close()
+        rows = self.errors.open()
+        last_error = {row["image"]: row for row in rows if row[ERROR_KEY] and row["image"] not in done}
+        notes = {(row["image"], row[NOTE_KEY]): row for row in rows if not row[ERROR_KEY]}
+        compacted = [*(last_error[k] for k in sorted(last_error)), *(notes[k] for k in sorted(notes))]
+        if compacted != rows:
+            self.errors.replace_rows(compacted)
+
+    def close(self) -> None:
+        self.predictions.close()
+        self.errors.close()
