@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
-from scripts.enums import STAGES, Stage  # noqa: E402
+from scripts.enums import STAGES, OutputKey, Stage  # noqa: E402
 from scripts.losses import GLAMLoss  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
 from scripts.patches import map_window_size, max_disjoint_windows  # noqa: E402
@@ -209,7 +209,7 @@ def max_patches(args) -> int:
     net = GLAM(stage=Stage.GLOBAL, patch_size=args.patch, local_depth=18, local_width=1).to("meta")
     with torch.no_grad():
         image = torch.empty(1, 1, args.height, args.width, device="meta")
-        map_size = list(net.global_network(image)["saliency_global"].shape[-2:])
+        map_size = list(net.global_network(image)[OutputKey.SALIENCY_GLOBAL].shape[-2:])
     window = map_window_size([args.patch] * 2, [args.height, args.width], map_size)
     return max_disjoint_windows(map_size, window)
 
