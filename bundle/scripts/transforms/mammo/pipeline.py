@@ -95,27 +95,39 @@ def mammogram_augmentations(
     return augs
 
 
-def _deterministic_prefix(
+#: the arguments of the builders that shape the chain up to the window (passed on by name)
+_CHAIN_SETTINGS = (
+    "load",
+    "apply_voi",
+    "pixel_spacing",
+    "horizontal_flip",
+    "laterality_key",
+    "view_key",
+    "crop",
+    "iterations",
+    "buffer",
+    "reference_compatible",
+    "default_view",
+)
+
+
+def _chain_to_window(
     keys: list[str],
     mask_keys: list[str],
-    *,
-    load: bool,
-    apply_voi: bool,
-    pixel_spacing: float | Sequence[float] | None,
-    horizontal_flip: str,
-    laterality_key: str | None,
-    crop: bool,
-    iterations: int,
-    buffer: int,
+    window: Sequence[int],
+    window_step: type,
+    max_shift: Sequence[int] | int,
+    settings: dict,
 ) -> list[Callable]:
-    """Drop empty mask fields, load, resample to the model's spacing, binarise the masks as bytes, mirror, crop."""
+    """Drop empty mask fields, load, resample to the model's spacing, binarise the masks as bytes, mirror, crop, then
+    ``window_step`` (``BestCenterWindowd``, ``RandBestCenterWindowd`` or ``BestCenterRegiond``) on every key."""
     all_keys = keys + mask_keys
     source = keys[0]
     chain: list[Callable] = []
     if mask_keys:
         chain.append(DropEmptyKeysd(mask_keys))
-    if load:
-        chain.append(LoadImaged(keys=keys, reader=MammogramReader(apply_voi=apply_voi), image_only=True))
+    if settings["load"]:
+        chain.append(LoadImaged(keys=keys, reader=MammogramReader(apply_voi=settings["apply_voi"]), image_only=True))
         if mask_keys:
             chain.append(
                 LoadImaged(keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True)
@@ -124,7 +136,7 @@ def _deterministic_prefix(
     modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
     chain.append(
         ResampleToSpacingd(
-            all_keys, pixel_spacing=pixel_spacing, source_key=source, mode=modes, allow_missing_keys=True
+            all_keys, pixel_spacing=settings["pixel_spacing"], source_key=source, mode=modes, allow_missing_keys=True
         )
     )
     if mask_keys:
@@ -134,16 +146,27 @@ def _deterministic_prefix(
     chain.append(
         FlipToRightd(
             all_keys,
-            laterality_key=laterality_key,
-            horizontal_flip=horizontal_flip,
+            laterality_key=settings["laterality_key"],
+            horizontal_flip=settings["horizontal_flip"],
             source_key=source,
             allow_missing_keys=True,
         )
     )
-    if crop:
-        chain.append(
-            CropBreastd(all_keys, source_key=source, iterations=iterations, buffer=buffer, allow_missing_keys=True)
-        )
+    if settings["crop"]:
+        crop_args = dict(iterations=settings["iterations"], buffer=settings["buffer"])
+        chain.append(CropBreastd(all_keys, source_key=source, allow_missing_keys=True, **crop_args))
+    window_args = dict(
+        source_key=source,
+        view_key=settings["view_key"],
+        window=tuple(window),
+        reference_compatible=settings["reference_compatible"],
+        iterations=settings["iterations"],
+        default_view=settings["default_view"],
+        allow_missing_keys=True,
+    )
+    if window_step is not BestCenterWindowd:
+        window_args["max_shift"] = max_shift
+    chain.append(window_step(all_keys, **window_args))
     return chain
 
 
@@ -204,32 +227,11 @@ def mammogram_transforms(
         a ``Compose``; its output images are ``(1, *window)`` float32 MetaTensors that remember every geometric
         step, so ``Invertd`` maps a window-sized map back to the file's geometry.
     """
+    given = locals()
     keys, mask_keys = _check_keys(keys, mask_keys)
-    chain = _deterministic_prefix(
-        keys,
-        mask_keys,
-        load=load,
-        apply_voi=apply_voi,
-        pixel_spacing=pixel_spacing,
-        horizontal_flip=horizontal_flip,
-        laterality_key=laterality_key,
-        crop=crop,
-        iterations=iterations,
-        buffer=buffer,
-    )
-    window_args = dict(
-        source_key=keys[0],
-        view_key=view_key,
-        window=tuple(window),
-        reference_compatible=reference_compatible,
-        iterations=iterations,
-        default_view=default_view,
-        allow_missing_keys=True,
-    )
-    if train:
-        chain.append(RandBestCenterWindowd(keys + mask_keys, max_shift=max_shift, **window_args))
-    else:
-        chain.append(BestCenterWindowd(keys + mask_keys, **window_args))
+    settings = {k: v for k, v in given.items() if k in _CHAIN_SETTINGS}
+    step = RandBestCenterWindowd if train else BestCenterWindowd
+    chain = _chain_to_window(keys, mask_keys, window, step, max_shift, settings)
     if standardize:
         chain.append(StandardizeImaged(keys))
     if train:
@@ -262,32 +264,12 @@ def mammogram_cache_transforms(
     ``d["window_shift_range"]``) or else the window itself, then the images as uint16
     (:class:`~scripts.transforms.mammo.dictionary.QuantizeToUint16d`). :func:`mammogram_step_transforms` finishes.
     """
+    given = locals()
     keys, mask_keys = _check_keys(keys, mask_keys)
-    chain = _deterministic_prefix(
-        keys,
-        mask_keys,
-        load=load,
-        apply_voi=apply_voi,
-        pixel_spacing=pixel_spacing,
-        horizontal_flip=horizontal_flip,
-        laterality_key=laterality_key,
-        crop=crop,
-        iterations=iterations,
-        buffer=buffer,
+    settings = {k: v for k, v in given.items() if k in _CHAIN_SETTINGS}
+    chain = _chain_to_window(
+        keys, mask_keys, window, BestCenterRegiond if train else BestCenterWindowd, max_shift, settings
     )
-    window_args = dict(
-        source_key=keys[0],
-        view_key=view_key,
-        window=tuple(window),
-        reference_compatible=reference_compatible,
-        iterations=iterations,
-        default_view=default_view,
-        allow_missing_keys=True,
-    )
-    if train:
-        chain.append(BestCenterRegiond(keys + mask_keys, max_shift=max_shift, **window_args))
-    else:
-        chain.append(BestCenterWindowd(keys + mask_keys, **window_args))
     chain.append(QuantizeToUint16d(keys))
     return Compose(chain)
 
