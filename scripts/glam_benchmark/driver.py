@@ -345,6 +345,14 @@ def _usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _default_jobs() -> int:
+    """Workflow steps side by side: one on a GPU machine (each step trains on the GPU, which one step keeps busy; the
+    cores go to its loader), else one per usable core (two one-thread steps beat one two-thread step on CPUs)."""
+    import torch
+
+    return 1 if torch.cuda.is_available() else _usable_cores()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="GLAM's Table-1 benchmark: random search, training and test evaluation of GLAM, CAM, GMIC and "
@@ -368,7 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="data seeds of the replicates (default: the preset's benchmark#variation_seeds; none to skip them)",
     )
     parser.add_argument(
-        "--jobs", type=int, default=_usable_cores(), help="workflow steps run side by side (default: usable cores)"
+        "--jobs",
+        type=int,
+        default=_default_jobs(),
+        help="workflow steps run side by side (default: 1 with a GPU, else the usable cores)",
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="OMP_NUM_THREADS of each step (default: usable cores / jobs)"
