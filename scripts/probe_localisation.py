@@ -42,6 +42,7 @@ for _path in (BUNDLE_ROOT, REPO_ROOT / "scripts"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from glam_benchmark.trivial import (  # noqa: E402
     STATISTICS,
@@ -56,7 +57,13 @@ from scripts.atomic import atomic_write  # noqa: E402
 from scripts.enums import CLASS_NAMES, OutputKey, Stage  # noqa: E402
 from scripts.metrics import PointingGameMetric, SoftDiceMetric  # noqa: E402
 from scripts.networks.global_network import nearest_resize  # noqa: E402
-from scripts.workflows import BalancedEpochSampler, positive_flags  # noqa: E402
+from scripts.workflows import (  # noqa: E402
+    BalancedEpochSampler,
+    load_weights,
+    plain_state_dict,
+    positive_flags,
+    save_atomic,
+)
 
 TRAIN_CONFIG = BUNDLE_ROOT / "configs" / "train.yaml"
 OVERLAYS = {"glam": None, "cam": "baseline_cam.yaml", "gmic": "baseline_gmic.yaml"}
@@ -237,10 +244,17 @@ def run_probe(
     log: Any = print,
     device: str | torch.device = "cpu",
     bf16: bool = False,
+    init: Path | None = None,
+    save: Path | None = None,
+    test: bool = False,
 ) -> dict[str, Any]:
     """Build the configured global module, cache the data, print the baselines and the per-epoch metrics; returns
-    ``{"baselines": ..., "epochs": [per-epoch dicts]}``. The module and the cached tensors go to ``device``; ``bf16``
-    autocasts its forward passes."""
+    ``{"baselines": ..., "epochs": [per-epoch dicts], "best_epoch": ...}``. The module and the cached tensors go to
+    ``device``; ``bf16`` autocasts its forward passes. ``init``: start from this checkpoint's weights (a model.pt of
+    the same settings, e.g. a module trained on other lesions) instead of a fresh initialisation. The best epoch is
+    the one with the highest validation pointing game (mean over the classes); ``save`` writes its weights (a
+    model.pt, with the settings record), and ``test`` evaluates them on the test split with the no-learning
+    baselines of that split (``result["test"]``, ``result["test_baselines"]``)."""
     torch.manual_seed(seed)
     datalist = parser.get_parsed_content("datalist_content")
     transform = validation_transform(parser)
@@ -262,6 +276,9 @@ def run_probe(
     tolerance = float(parser.get_parsed_content("pointing_tolerance"))
     border = float(parser.get_parsed_content("peak_border"))
     network = parser.get_parsed_content("network_def")
+    if init is not None:
+        load_weights(network, init)
+        log(f"initialised from {init}")
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     device = torch.device(device)
     autocast = torch.bfloat16 if bf16 else None
@@ -295,16 +312,41 @@ def run_probe(
         memory_format=memory_format,
         autocast=autocast,
     )
+    best_score, best_epoch, best_state = -1.0, 0, plain_state_dict(network)
     for epoch, loss, seconds, images in epochs_iter:
         ev = evaluate(network, val, tolerance, border, memory_format=memory_format, autocast=autocast)
         ev.update(epoch=epoch, loss=loss, seconds=seconds, images_per_s=images / seconds)
         history.append(ev)
+        score = float(np.nanmean(ev["hit"])) if not all(math.isnan(v) for v in ev["hit"]) else -1.0
+        if score > best_score:
+            best_score, best_epoch, best_state = score, epoch, plain_state_dict(network)
         log(
             f"epoch {epoch:3d}  loss {loss:.3f}  AUC b/m {_fmt_pair(ev['auc'])}  Dice {_fmt_pair(ev['dice'])}  "
             f"pointing game {_fmt_pair(ev['hit'])}  peak on border {_fmt_pair(ev['border'])}  {seconds:.1f} s "
             f"({images / seconds:.0f} images/s)"
         )
-    return {"baselines": baselines, "epochs": history, "cell": cell, "tolerance": tolerance}
+    result = {"baselines": baselines, "epochs": history, "cell": cell, "tolerance": tolerance, "best_epoch": best_epoch}
+    log(f"best epoch (validation pointing game): {best_epoch}")
+    if save is not None:
+        save_atomic(best_state, save)
+        log(f"wrote {save}")
+    if test:
+        test_split = preprocess_split(datalist["test"], transform, cache_dir, settings)
+        result["test_baselines"] = no_learning_baselines(
+            test_split["image"], test_split["mask"], test_split["label"], cell, tolerance
+        )
+        network.load_state_dict(best_state)
+        test_split = {k: v.to(device) for k, v in test_split.items()}
+        result["test"] = evaluate(
+            network, test_split, tolerance, border, memory_format=memory_format, autocast=autocast
+        )
+        t, hits = result["test"], result["test_baselines"]["brightest_cell_hit"]
+        log(
+            f"test ({len(test_split['image'])} images, epoch {best_epoch}): AUC b/m {_fmt_pair(t['auc'])}  Dice "
+            f"{_fmt_pair(t['dice'])}  pointing game {_fmt_pair(t['hit'])}  peak on border {_fmt_pair(t['border'])}  "
+            f"(brightest cell: {_fmt_pair([hits[c] for c in CLASS_NAMES])})"
+        )
+    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="bf16 autocast of the forward passes (default: on CUDA, off on the CPU)",
     )
     p.add_argument("--json", type=Path, help="also write the baselines and per-epoch metrics to this file")
+    p.add_argument("--init", type=Path, help="start from this model.pt (same settings) instead of a fresh module")
+    p.add_argument("--save", type=Path, help="write the best epoch's weights (validation pointing game) here")
+    p.add_argument("--test", action="store_true", help="evaluate the best epoch on the test split at the end")
     return p
 
 
@@ -350,6 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         channels_last=not args.no_channels_last,
         device=args.device,
         bf16=bf16,
+        init=args.init,
+        save=args.save,
+        test=args.test,
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import numpy as np
@@ -135,6 +136,40 @@ def test_the_probe_runs_on_a_device_in_bf16_and_repeats_itself_in_float32(tmp_pa
     for epoch in bf16["epochs"]:
         assert np.isfinite(epoch["loss"]) and epoch["images_per_s"] > 0
         assert all(0 <= v <= 1 for v in epoch["hit"] + epoch["dice"] if not np.isnan(v))
+
+
+def test_the_probe_saves_its_best_epoch_tests_it_and_starts_from_a_saved_module(tmp_path, tiny_datalist):
+    """--save writes the epoch of the best validation pointing game (reloaded, it scores that epoch's validation
+    figures again); --test scores it on the test split beside that split's no-learning baselines; --init starts
+    from a saved module, strictly (a module of other settings is refused by name)."""
+
+    def parser(**overrides):
+        preset = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
+        return probe.load_parser(preset, "glam", {"datalist": tiny_datalist, **overrides})
+
+    lines: list[str] = []
+    saved = tmp_path / "best.pt"
+    result = probe.run_probe(parser(), 3, tmp_path / "cache", log=lines.append, save=saved, test=True)
+    hits = [float(np.nanmean(e["hit"])) for e in result["epochs"]]
+    assert result["best_epoch"] == 1 + int(np.argmax(hits)) and saved.is_file()
+    network = probe.load_weights(parser().get_parsed_content("network_def"), saved)
+    val = probe.preprocess_split(
+        parser().get_parsed_content("datalist_content")["validation"],
+        probe.validation_transform(parser()),
+        tmp_path / "cache",
+        {"image_size": [256, 160], "crop": [5, 4]},
+    )
+    again = probe.evaluate(network, val, result["tolerance"], 4.0, memory_format=torch.channels_last)
+    best = result["epochs"][result["best_epoch"] - 1]
+    np.testing.assert_allclose(again["hit"], best["hit"])
+    np.testing.assert_allclose(again["dice"], best["dice"], rtol=1e-6)
+    n_test = len(json.loads(open(tiny_datalist).read())["test"])
+    assert set(result["test"]) == {"auc", "dice", "hit", "border"} and "brightest_cell_hit" in result["test_baselines"]
+    assert any(line.startswith(f"test ({n_test} images, epoch {result['best_epoch']})") for line in lines)
+    probe.run_probe(parser(), 1, tmp_path / "cache", log=lines.append, init=saved)
+    assert f"initialised from {saved}" in lines
+    with pytest.raises(ValueError, match="patch_size"):
+        probe.run_probe(parser(patch_size=32), 1, tmp_path / "cache", log=lines.append, init=saved)
 
 
 def test_the_cache_is_computed_once_and_written_under_a_unique_temporary_name(tmp_path, monkeypatch):
