@@ -231,6 +231,11 @@ def train_epochs(
         yield epoch, mean_loss, time.perf_counter() - start, len(order)
 
 
+def _snapshot(network: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The network's weights now, as a model.pt holds them (copies: on the CPU ``.cpu()`` would alias the live ones)."""
+    return {k: v.clone() for k, v in plain_state_dict(network).items()}
+
+
 def _fmt_pair(values: Sequence[float]) -> str:
     return "/".join("n/a" if math.isnan(v) else f"{v:.2f}" for v in values)
 
@@ -312,14 +317,14 @@ def run_probe(
         memory_format=memory_format,
         autocast=autocast,
     )
-    best_score, best_epoch, best_state = -1.0, 0, plain_state_dict(network)
+    best_score, best_epoch, best_state = -1.0, 0, _snapshot(network)
     for epoch, loss, seconds, images in epochs_iter:
         ev = evaluate(network, val, tolerance, border, memory_format=memory_format, autocast=autocast)
         ev.update(epoch=epoch, loss=loss, seconds=seconds, images_per_s=images / seconds)
         history.append(ev)
         score = float(np.nanmean(ev["hit"])) if not all(math.isnan(v) for v in ev["hit"]) else -1.0
         if score > best_score:
-            best_score, best_epoch, best_state = score, epoch, plain_state_dict(network)
+            best_score, best_epoch, best_state = score, epoch, _snapshot(network)
         log(
             f"epoch {epoch:3d}  loss {loss:.3f}  AUC b/m {_fmt_pair(ev['auc'])}  Dice {_fmt_pair(ev['dice'])}  "
             f"pointing game {_fmt_pair(ev['hit'])}  peak on border {_fmt_pair(ev['border'])}  {seconds:.1f} s "
