@@ -318,6 +318,15 @@ def run_probe(
         autocast=autocast,
     )
     best_score, best_epoch, best_state = -1.0, 0, _snapshot(network)
+    if init is not None:  # epoch 0: the loaded module as it is (what it brings to these lesions)
+        ev = evaluate(network, val, tolerance, border, memory_format=memory_format, autocast=autocast)
+        ev.update(epoch=0, loss=float("nan"), seconds=0.0, images_per_s=float("nan"))
+        history.append(ev)
+        best_score = float(np.nanmean(ev["hit"])) if not all(math.isnan(v) for v in ev["hit"]) else -1.0
+        log(
+            f"epoch   0  (loaded)    AUC b/m {_fmt_pair(ev['auc'])}  Dice {_fmt_pair(ev['dice'])}  "
+            f"pointing game {_fmt_pair(ev['hit'])}  peak on border {_fmt_pair(ev['border'])}"
+        )
     for epoch, loss, seconds, images in epochs_iter:
         ev = evaluate(network, val, tolerance, border, memory_format=memory_format, autocast=autocast)
         ev.update(epoch=epoch, loss=loss, seconds=seconds, images_per_s=images / seconds)
@@ -330,7 +339,14 @@ def run_probe(
             f"pointing game {_fmt_pair(ev['hit'])}  peak on border {_fmt_pair(ev['border'])}  {seconds:.1f} s "
             f"({images / seconds:.0f} images/s)"
         )
-    result = {"baselines": baselines, "epochs": history, "cell": cell, "tolerance": tolerance, "best_epoch": best_epoch}
+    result = {
+        "baselines": baselines,
+        "epochs": history,
+        "cell": cell,
+        "tolerance": tolerance,
+        "best_epoch": best_epoch,
+        "images": {"training": len(train["image"]), "validation": len(val["image"])},
+    }
     log(f"best epoch (validation pointing game): {best_epoch}")
     if save is not None:
         save_atomic(best_state, save)
@@ -380,8 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.epochs < 1:
-        raise SystemExit("--epochs must be >= 1")
+    if args.epochs < (0 if args.init else 1):
+        raise SystemExit("--epochs must be >= 1 (0 with --init: score the loaded module only)")
     overrides = {}
     for item in args.set:
         key, sep, value = item.partition("=")
