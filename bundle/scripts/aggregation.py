@@ -110,4 +110,5 @@ class FusionHead(nn.Module):
         self.linear = nn.Linear(global_features + local_features, num_classes)
 
     def forward(self, z_global: torch.Tensor, z_local: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(self.linear(torch.cat([z_global, z_local.to(z_global.dtype)], dim=1)))
+        # a float32 probability under bf16 autocast (see GlobalNetwork.forward)
+        return torch.sigmoid(self.linear(torch.cat([z_global, z_local.to(z_global.dtype)], dim=1)).float())

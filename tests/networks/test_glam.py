@@ -228,6 +228,37 @@ def test_full_size_shapes():
     assert (ph, pw) == (512, 512) and r % 16 == 0 and c % 16 == 0
 
 
+def test_probabilities_stay_float32_under_bf16_autocast():
+    """Every probability a loss reads is float32 under bf16 autocast (bf16 rounds 0.9995 to 1.0, where the BCE of a
+    negative label is clamped at 100 instead of 7.6): GLAM's and the baselines' maps and scores, and a fusion head
+    made to output sigmoid(7.6) keeps that value and its loss."""
+    import torch.nn.functional as F
+
+    from scripts.aggregation import FusionHead
+    from scripts.networks import CAM, GMIC, UNetSaliency
+
+    keys = ("y_global", "y_scales", "saliency_global", "saliency_scale0", "saliency_scale2", "patch_maps", "y_local")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        glam = small_glam(stage="joint").eval()(image())
+        cam = CAM(t=0.25).eval()(image())
+        gmic = GMIC(patch_size=64, num_patches=2, t_global=0.1, local_width=4, attention_hidden=8).eval()(image())
+        unet = UNetSaliency(t=0.01, features=(4, 4, 8, 8, 8, 4)).eval()(image())
+    assert {k: glam[k].dtype for k in (*keys, "y_fusion")} == dict.fromkeys((*keys, "y_fusion"), torch.float32)
+    for out in (cam, gmic, unet):
+        assert out["y_global"].dtype == out["saliency_global"].dtype == torch.float32
+    assert gmic["y_local"].dtype == gmic["y_fusion"].dtype == torch.float32
+    head = FusionHead(4, 4, 2)
+    with torch.no_grad():
+        head.linear.weight.zero_()
+        head.linear.bias.fill_(7.6)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = head(torch.ones(1, 4), torch.ones(1, 4))
+    assert y.dtype == torch.float32 and float(y.max()) < 1.0
+    # log(1 + e^x) at the bf16 logit 7.59375 (the bias rounded to bf16): 7.5943, where the bf16 probability gave 100
+    loss = F.binary_cross_entropy(y, torch.zeros_like(y))
+    torch.testing.assert_close(loss, torch.tensor(7.5943), rtol=1e-4, atol=0)
+
+
 @requires_cuda
 def test_cuda_matches_cpu_in_float32():
     model = small_glam(stage="joint").eval()

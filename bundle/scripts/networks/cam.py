@@ -61,7 +61,7 @@ class CAM(nn.Module):
     def forward(self, image: torch.Tensor) -> dict[str, torch.Tensor]:
         check_image(image)
         features = self.backbone(image)["final"]
-        saliency = torch.sigmoid(self.saliency_head(features))
+        saliency = torch.sigmoid(self.saliency_head(features).float())  # float32 under bf16 autocast, as GLAM's
         if self.pool_in_breast:
             saliency = saliency * breast_cells(image, saliency.shape[-2:]).to(saliency.dtype)
         return {

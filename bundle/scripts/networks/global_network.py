@@ -252,9 +252,12 @@ class GlobalNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         taps = self.downsampling_branch(x)
         pm = self.postprocess_module
-        s0 = torch.sigmoid(pm.gn_conv_1(taps["layer3"]))
-        s1 = torch.sigmoid(pm.gn_conv_2(taps["layer4"]))
-        s2 = torch.sigmoid(pm.gn_conv_last(taps["final"]))
+        # probabilities in float32 (under bf16 autocast the logits are bf16): bf16 has no value between 0.996 and
+        # 1, so a confident map would round to exactly 1.0, its top-t score too, and the BCE of a negative label
+        # would hit its clamp (100) with a gradient of 1e12
+        s0 = torch.sigmoid(pm.gn_conv_1(taps["layer3"]).float())
+        s1 = torch.sigmoid(pm.gn_conv_2(taps["layer4"]).float())
+        s2 = torch.sigmoid(pm.gn_conv_last(taps["final"]).float())
         if self.pool_in_breast:
             s0 = s0 * breast_cells(x, s0.shape[-2:]).to(s0.dtype)
             s1 = s1 * breast_cells(x, s1.shape[-2:]).to(s1.dtype)

@@ -107,7 +107,7 @@ class GMIC(nn.Module):
             patch_boxes=boxes,
             attention=agg[OutputKey.ATTENTION],
             z_local=agg[OutputKey.Z_LOCAL],
-            y_local=torch.sigmoid(agg[OutputKey.Y_LOCAL]),
+            y_local=torch.sigmoid(agg[OutputKey.Y_LOCAL].float()),  # float32 under bf16 autocast, as GLAM's
             y_fusion=self.fusion(out[OutputKey.Z_GLOBAL], agg[OutputKey.Z_LOCAL]),
         )
         return out

@@ -173,6 +173,7 @@ class LocalNetwork(nn.Module):
         # The stem takes 3 channels for compatibility with ImageNet-style weights: repeat the grey patch.
         features = self._features(patches.expand(-1, 3, -1, -1))
         return {
-            OutputKey.PATCH_MAPS.value: torch.sigmoid(self.gn_conv_last(features)),
+            # float32 probabilities under bf16 autocast (see GlobalNetwork.forward)
+            OutputKey.PATCH_MAPS.value: torch.sigmoid(self.gn_conv_last(features).float()),
             OutputKey.PATCH_FEATURES.value: features.mean(dim=(-2, -1)),
         }

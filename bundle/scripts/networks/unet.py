@@ -62,7 +62,7 @@ class UNetSaliency(nn.Module):
         else:
             logits = self.unet(F.avg_pool2d(image, s))
             logits = F.interpolate(logits, size=image.shape[-2:], mode="bilinear", align_corners=False)
-        saliency = torch.sigmoid(logits)
+        saliency = torch.sigmoid(logits.float())  # float32 under bf16 autocast, as GLAM's
         return {
             OutputKey.Y_GLOBAL: top_t_pool(saliency, self.t),
             OutputKey.SALIENCY_GLOBAL: saliency,
