@@ -40,6 +40,9 @@ PROBE = REPO_ROOT / "scripts" / "probe_localisation.py"
 RUN_KEYS = {"name", "data", "epochs", "train_images", "init", "set", "seed"}
 
 
+from scripts.enums import CLASS_NAMES  # noqa: E402
+
+
 def load_plan(path: Path) -> dict[str, Any]:
     """The plan, checked: every run names a data set of the plan, an ``init`` of an earlier run or an existing file,
     and a unique name; errors name the plan and the run."""
@@ -186,7 +189,7 @@ def report(plan: Mapping[str, Any], work_dir: Path) -> str:
             _pair(best.get("hit")),
             _pair(test.get("hit")),
             _pair(test.get("auc")),
-            _pair([cell.get("benign"), cell.get("malignant")]) if cell else "-",
+            _pair([cell.get(c) for c in CLASS_NAMES]) if cell else "-",
             f"{sum(trained) / len(trained):.0f}" if trained else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
