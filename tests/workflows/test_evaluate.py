@@ -367,3 +367,32 @@ def test_report_under_two_gloo_processes_equals_one_process(tmp_path):
         assert (tmp_path / "ddp.0" / name).read_text() == (tmp_path / "single" / name).read_text()
     summary = json.loads((tmp_path / "single" / "metrics.json").read_text())
     assert summary["n_images"] == 7 and summary["maps"] == ["S_g", "S_c"]
+
+
+def test_report_reads_the_validation_handlers_details_and_a_rerun_attaches_afresh(tmp_path):
+    """The report's per-image values are the metric handlers' ``engine.state.metric_details`` (the validation's
+    path, what MetricsSaver reads); a second run of the engine detaches the first run's handlers."""
+    from scripts.handlers import PointingGame, PxAP, SoftDice
+    from scripts.workflows import MetricsReport
+
+    items = _synthetic_outputs(5)
+    engine = Engine(lambda e, batch: batch)
+    report = MetricsReport(tmp_path, print_table=False)
+    report.attach(engine)
+    engine.run([items[0:2], items[2:5]])
+    kinds = {"dice": SoftDice, "pxap": PxAP, "hit": PointingGame, "border": PointingGame}
+    for m in ("S_g", "S_c"):
+        for suffix, kind in kinds.items():
+            assert isinstance(report.metrics.handlers[m][suffix], kind)
+            assert engine.state.metric_details[f"{m}_{suffix}"].shape == (5, 2)
+            assert f"{m}_{suffix}" in engine.state.metrics
+        dice = engine.state.metric_details[f"{m}_dice"]
+        for row, values in zip(report.rows, dice.tolist()):
+            assert [row[f"{m}_dice_{c}"] for c in CLASSES] == ["" if np.isnan(v) else repr(v) for v in values]
+    first = (tmp_path / "metrics.csv").read_text()
+    old = [h for handlers in report.metrics.handlers.values() for h in handlers.values()]
+    engine.run([items[0:2], items[2:5]])
+    assert not any(h.is_attached(engine) for h in old)  # else every run would add a set of handlers
+    assert all(h.is_attached(engine) for handlers in report.metrics.handlers.values() for h in handlers.values())
+    assert engine.state.metric_details["S_g_dice"].shape == (5, 2)
+    assert (tmp_path / "metrics.csv").read_text() == first

@@ -1,14 +1,14 @@
 """The evaluation report of a GLAM model: every number of the paper's Table 1 from one pass over a split.
 
 :class:`MetricsReport` is an Ignite handler for a MONAI ``SupervisedEvaluator`` whose postprocessing is
-:class:`~scripts.workflows.postprocessing.GLAMOutputsd`. Per iteration it feeds the decollated outputs to the
-bundle's metric objects (on the device of the maps): per map (``S_g``, and ``S_l``/``S_c`` when the model ran its
-local module) a :class:`~scripts.metrics.SoftDiceMetric`, a :class:`~scripts.metrics.PxAPMetric` (per-image APs
-plus the pooled histograms: memory does not grow with the split) and two
-:class:`~scripts.metrics.PointingGameMetric` (hit rate; share of peaks on the image border), and one
-``monai.metrics.ROCAUCMetric`` for the image-level probabilities ``y_global``. When the evaluator completes, the
-per-image values and the aggregates are gathered across ranks by the metrics themselves (collective calls on every
-rank), and rank 0 writes
+:class:`~scripts.workflows.postprocessing.GLAMOutputsd`. It computes its numbers on the validation's path: on the
+first iteration it attaches, per map (``S_g``, and ``S_l``/``S_c`` when the model ran its local module), the
+metric handlers train.yaml's ``validate#metrics`` is made of (:class:`~scripts.handlers.SoftDice`,
+:class:`~scripts.handlers.PxAP` at the dataset level, two :class:`~scripts.handlers.PointingGame`: hit rate and
+share of peaks on the border) with ``save_details=True``, and feeds one ``monai.metrics.ROCAUCMetric`` with the
+image-level probabilities ``y_global``. When the evaluator completes, the handlers have gathered the per-image
+values across ranks into ``engine.state.metric_details`` (collective calls on every rank); the report reduces
+them, adds the dataset-level PxAP of the pooled histograms and the AUC, and rank 0 writes
 
 - ``metrics.csv``: one row per image (image path, labels, ``y_global``, then per map and class soft Dice,
   image-level PxAP and the pointing-game hit (1/0); empty where undefined: the image has no lesion of that class);
@@ -18,10 +18,16 @@ rank), and rank 0 writes
 
 atomically, and prints the summary as a plain-text table in the layout of the paper's Table 1.
 
-The handler composes three collaborators, one per job: collecting and gathering the values
-(:class:`~scripts.workflows.report_metrics.ReportMetrics`), computing the rows and the summary
+The handler composes three collaborators, one per job: collecting and gathering the values through the metric
+handlers (:class:`~scripts.workflows.report_metrics.ReportMetrics`), computing the rows and the summary
 (:func:`~scripts.workflows.report_metrics.per_image_rows`, :func:`~scripts.workflows.report_metrics.report_summary`)
-and writing them (:mod:`scripts.workflows.report_files`).
+and writing them (:mod:`scripts.workflows.report_files`). The writing is not ``monai.handlers.MetricsSaver``'s: it
+reads the same ``engine.state.metric_details``, but writes one ``<metric>_raw.csv`` per handler and a
+``metrics.csv`` of name/value lines, where the report's files (read by the benchmark, the docs and the MONAI Label
+app) hold one row per image with every map and class, and a summary with per-class statistics and the
+dataset-level PxAP. A ``MetricsSaver`` attached to the evaluator beside the report can still write its files from
+the report's handlers (``<map>_dice``, ``<map>_pxap``, ``<map>_hit``, ``<map>_border``), in another folder: its
+``metrics.csv`` would replace the report's.
 
 The two helpers :func:`check_checkpoint` and :func:`eval_split_items` validate what ``configs/evaluate.yaml``
 is asked to evaluate before anything is built, so that bad arguments fail early with a message naming them.
@@ -141,6 +147,7 @@ class MetricsReport:
         self.summary: dict[str, Any] = {}
         self.rows: list[dict[str, str]] = []
         self.table = ""
+        self.metrics: ReportMetrics | None = None
         self.reset()
 
     @property
@@ -152,7 +159,9 @@ class MetricsReport:
         return self.output_dir / f"{self.prefix}.csv"
 
     def reset(self) -> None:
-        """Start a new evaluation: fresh metrics, no map chosen yet."""
+        """Start a new evaluation: fresh metrics (the previous evaluation's handlers detached), no map chosen yet."""
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.detach()
         self.metrics = ReportMetrics(
             self.class_names,
             self.maps,
@@ -173,15 +182,12 @@ class MetricsReport:
 
     def update(self, engine: Engine) -> None:
         """Add the iteration's decollated outputs (one dict is one image), with the batch's image paths."""
-        outputs = engine.state.output
-        if isinstance(outputs, Mapping):
-            outputs = [outputs]
-        batch = engine.state.batch if isinstance(engine.state.batch, list) else [None] * len(outputs)
-        self.metrics.update(outputs, batch)
+        self.metrics.update(engine)
 
-    def compute(self) -> tuple[list[dict[str, str]], dict[str, Any]]:
-        """Per-image rows and the summary. Collective under DDP: call it on every rank."""
-        gathered = self.metrics.gather()
+    def compute(self, engine: Engine) -> tuple[list[dict[str, str]], dict[str, Any]]:
+        """Per-image rows and the summary, once the metric handlers of ``engine`` completed. Collective under DDP:
+        call it on every rank."""
+        gathered = self.metrics.gather(engine)
         settings = {
             "pxap_step": self.pxap_step,
             "pointing_tolerance_px": self.pointing_tolerance,
@@ -192,9 +198,9 @@ class MetricsReport:
             gathered, self.class_names, self.info, settings
         )
 
-    def complete(self, engine: Engine | None = None) -> None:
+    def complete(self, engine: Engine) -> None:
         """Gather, then (rank 0) write ``metrics.json`` / ``metrics.csv`` and print the table."""
-        self.rows, self.summary = self.compute()
+        self.rows, self.summary = self.compute(engine)
         self.table = format_table(self.summary)
         if rank() != 0:
             return

@@ -1,9 +1,14 @@
 """The numbers of the evaluation report (:class:`~scripts.workflows.report.MetricsReport`): collecting them per
-image, gathering them across ranks, and turning them into the per-image rows and the summary.
+image through the validation's metric handlers, gathering them across ranks, and turning them into the per-image
+rows and the summary.
 
-- :class:`ReportMetrics` feeds each iteration's decollated outputs to the bundle's metric objects (per map a
-  :class:`MapMetrics`, plus one ``ROCAUCMetric`` for the image-level scores) and, at the end, gathers everything
-  (:meth:`ReportMetrics.gather`, collective under DDP) into a :class:`GatheredMetrics` on the CPU;
+- :class:`ReportMetrics` attaches, per map, the bundle's Ignite metric handlers (the classes train.yaml's
+  ``validate#metrics`` uses: :class:`~scripts.handlers.SoftDice`, :class:`~scripts.handlers.PxAP`,
+  :class:`~scripts.handlers.PointingGame`) with ``save_details=True``, so that, as in validation, each publishes
+  its value in ``engine.state.metrics`` and its (N, C) per-image values, gathered across ranks, in
+  ``engine.state.metric_details`` (what ``monai.handlers.MetricsSaver`` reads); plus one ``ROCAUCMetric`` for the
+  image-level scores. At the end (:meth:`ReportMetrics.gather`, collective under DDP) it reads those details, adds
+  the dataset-level PxAP of the pooled histograms and the AUC, into a :class:`GatheredMetrics` on the CPU;
 - :func:`per_image_rows` and :func:`report_summary` build the CSV rows and the JSON summary from it, without
   collective calls.
 """
@@ -18,12 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from ignite.engine import Engine
+from monai.handlers import from_engine
 from monai.metrics import ROCAUCMetric
 from monai.utils import string_list_all_gather
 
-from ..metrics import PointingGameMetric, PxAPMetric, SoftDiceMetric
+from ..handlers import PointingGame, PxAP, SoftDice
+from ..metrics._common import nan_reduce
 
-__all__ = ["MAP_STATS", "MapMetrics", "ReportMetrics", "GatheredMetrics", "per_image_rows", "report_summary"]
+__all__ = ["MAP_STATS", "map_handlers", "ReportMetrics", "GatheredMetrics", "per_image_rows", "report_summary"]
 
 # the warnings keep the name of the module that computed them before it had its own (log filters use it)
 logger = logging.getLogger(f"{__package__}.report")
@@ -39,38 +47,40 @@ MAP_STATS = (
     "peak_on_border",
 )
 
+#: the metric handlers of one map, by the suffix of their name (``<map>_<suffix>`` in ``engine.state.metrics``)
+HANDLER_SUFFIXES = ("dice", "pxap", "hit", "border")
 
-class MapMetrics:
-    """The metrics of one map, on the device of the maps: soft Dice, PxAP (per-image APs plus the pooled
-    histograms, so memory does not grow with the split), pointing-game hits and peaks on the image border."""
 
-    def __init__(self, pxap_step: float, pointing_tolerance: float, peak_border: float, check_values: bool) -> None:
-        self.dice = SoftDiceMetric(check_values=check_values)
-        self.pxap = PxAPMetric(level="dataset", step=pxap_step, check_values=check_values)
+def _decollated(output: Any) -> list[Mapping[str, Any]]:
+    """The evaluator's output as a list of per-image dicts (one dict is one image)."""
+    return [output] if isinstance(output, Mapping) else list(output)
+
+
+def map_handlers(
+    map_key: str,
+    mask_key: str,
+    pxap_step: float,
+    pointing_tolerance: float,
+    peak_border: float,
+    check_values: bool,
+) -> dict[str, PxAP | SoftDice | PointingGame]:
+    """The metric handlers of one map, by :data:`HANDLER_SUFFIXES`: soft Dice, PxAP (per-image APs plus the pooled
+    histograms of the dataset level: memory does not grow with the split), pointing-game hits and peaks on the
+    image border, each keeping its (N, C) per-image values (``save_details=True``).
+
+    Built like train.yaml's ``validate#metrics`` (``class_index=None``: the published value is the mean over the
+    classes with a lesion image); the report reads the per-class numbers from the details."""
+
+    def transform(output: Any) -> tuple[list[Any], list[Any]]:
+        return from_engine([map_key, mask_key])(_decollated(output))
+
+    return {
+        "dice": SoftDice(output_transform=transform, check_values=check_values),
+        "pxap": PxAP(level="dataset", step=pxap_step, output_transform=transform, check_values=check_values),
         # the range checks of the Dice already ran on these maps
-        self.hit = PointingGameMetric(tolerance=pointing_tolerance, check_values=False)
-        self.border = PointingGameMetric(border=peak_border, measure="border", check_values=False)
-
-    def __call__(self, maps: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> None:
-        for metric in (self.dice, self.pxap, self.hit, self.border):
-            metric(maps, masks)
-
-    def per_image(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(N, C) soft Dice, image-level PxAP and pointing-game hit of every image (gathered across ranks)."""
-        return self.dice.get_buffer(), self.pxap.get_buffer(), self.hit.get_buffer()
-
-    def stats(self) -> dict[str, list[float]]:
-        """:data:`MAP_STATS` -> one value per class (NaN where no image has a lesion of the class)."""
-        stats = {
-            "dice_mean": self.dice.aggregate("mean"),
-            "dice_std": self.dice.aggregate("std"),
-            "pxap_image_mean": self.pxap.aggregate("mean", level="image"),
-            "pxap_image_std": self.pxap.aggregate("std", level="image"),
-            "pxap_dataset": self.pxap.aggregate("mean", level="dataset"),
-            "pointing_game": self.hit.aggregate("mean"),
-            "peak_on_border": self.border.aggregate("mean"),
-        }
-        return {k: v.cpu().tolist() for k, v in stats.items()}
+        "hit": PointingGame(tolerance=pointing_tolerance, output_transform=transform, check_values=False),
+        "border": PointingGame(border=peak_border, measure="border", output_transform=transform, check_values=False),
+    }
 
 
 @dataclass
@@ -107,12 +117,28 @@ def _batch_path(batch_item: Any, output_item: Any, image_key: str) -> str:
     return ""
 
 
+def _map_stats(details: Mapping[str, torch.Tensor], dataset_pxap: torch.Tensor) -> dict[str, list[float]]:
+    """:data:`MAP_STATS` -> one value per class (NaN where no image has a lesion of the class), from one map's
+    per-image details (the same reductions as the metrics' ``aggregate``) and its dataset-level PxAP."""
+    stats = {
+        "dice_mean": nan_reduce(details["dice"], "mean"),
+        "dice_std": nan_reduce(details["dice"], "std"),
+        "pxap_image_mean": nan_reduce(details["pxap"], "mean"),
+        "pxap_image_std": nan_reduce(details["pxap"], "std"),
+        "pxap_dataset": dataset_pxap,
+        "pointing_game": nan_reduce(details["hit"], "mean"),
+        "peak_on_border": nan_reduce(details["border"], "mean"),
+    }
+    return {k: v.cpu().tolist() for k, v in stats.items()}
+
+
 class ReportMetrics:
-    """Collects the report's per-image values, iteration by iteration, in the bundle's metric objects.
+    """Collects the report's per-image values, iteration by iteration, through the bundle's metric handlers.
 
     One object per evaluation (:meth:`MetricsReport.reset <scripts.workflows.report.MetricsReport.reset>` makes a
-    fresh one). The set of maps is fixed by the first update (it depends on the model's stage). Args as
-    :class:`~scripts.workflows.report.MetricsReport`.
+    fresh one, after :meth:`detach` of the previous one). The set of maps is fixed by the first update (it depends
+    on the model's stage); that update attaches the maps' handlers to the engine under ``<map>_<suffix>`` names.
+    Args as :class:`~scripts.workflows.report.MetricsReport`.
     """
 
     def __init__(
@@ -130,7 +156,7 @@ class ReportMetrics:
     ) -> None:
         self.class_names = list(class_names)
         self.maps = list(maps)
-        self._map_metric_args = dict(
+        self._handler_args = dict(
             pxap_step=pxap_step,
             pointing_tolerance=pointing_tolerance,
             peak_border=peak_border,
@@ -138,20 +164,21 @@ class ReportMetrics:
         )
         self.image_key, self.mask_key, self.score_key, self.label_key = image_key, mask_key, score_key, label_key
         self.present: list[str] | None = None
-        self.map_metrics: dict[str, MapMetrics] = {}
+        #: map -> suffix -> handler, attached to the engine by the first update
+        self.handlers: dict[str, dict[str, PxAP | SoftDice | PointingGame]] = {}
         self.auc = ROCAUCMetric(average="none")
         self.paths: list[str] = []
+        self._engine: Engine | None = None
 
-    def update(self, outputs: Sequence[Mapping[str, Any]], batch: Sequence[Any]) -> None:
-        """Add one iteration: ``outputs`` the decollated outputs, ``batch`` the decollated batch (or Nones)."""
+    def update(self, engine: Engine) -> None:
+        """Add one iteration: the engine's decollated outputs, with the paths of its decollated batch."""
+        outputs = _decollated(engine.state.output)
         if not outputs:
             return
         self._check_keys(outputs[0])
-        self._fix_maps(outputs[0])
-        masks = [o[self.mask_key] for o in outputs]
-        for m in self.present:
-            self.map_metrics[m]([o[m] for o in outputs], masks)
+        self._fix_maps(engine, outputs[0])
         self.auc(*self._scores_and_labels(outputs))
+        batch = engine.state.batch if isinstance(engine.state.batch, list) else [None] * len(outputs)
         self.paths.extend(_batch_path(b, o, self.image_key) for b, o in zip(batch, outputs))
 
     def _check_keys(self, output: Mapping[str, Any]) -> None:
@@ -162,16 +189,32 @@ class ReportMetrics:
                     "use GLAMOutputsd as postprocessing and dict targets (GLAMPrepareBatch(with_masks=True))"
                 )
 
-    def _fix_maps(self, output: Mapping[str, Any]) -> None:
-        """The first update picks the maps present (and makes their metrics), later ones must have the same."""
+    def _fix_maps(self, engine: Engine, output: Mapping[str, Any]) -> None:
+        """The first update picks the maps present and attaches their handlers, later ones must have the same.
+
+        The handlers are attached while the engine fires ITERATION_COMPLETED: Ignite runs the handlers of an event
+        from its live list, so they take this first iteration too (:meth:`gather` checks that every handler saw
+        every image)."""
         present = [m for m in self.maps if m in output]
         if self.present is None:
             if not present:
                 raise ValueError(f"MetricsReport: none of the maps {self.maps} is in the evaluator's outputs")
             self.present = present
-            self.map_metrics = {m: MapMetrics(**self._map_metric_args) for m in present}
+            self._engine = engine
+            for m in present:
+                self.handlers[m] = map_handlers(m, self.mask_key, **self._handler_args)
+                for suffix, handler in self.handlers[m].items():
+                    handler.attach(engine, f"{m}_{suffix}")
         elif present != self.present:
             raise ValueError(f"MetricsReport: maps changed within an evaluation ({self.present} -> {present})")
+
+    def detach(self) -> None:
+        """Take the handlers off the engine (a new evaluation attaches its own)."""
+        if self._engine is not None:
+            for handlers in self.handlers.values():
+                for handler in handlers.values():
+                    handler.detach(self._engine)
+        self._engine = None
 
     def _scores_and_labels(self, outputs: Sequence[Mapping[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
         scores = torch.stack([torch.as_tensor(o[self.score_key]).reshape(-1).float() for o in outputs])
@@ -183,28 +226,36 @@ class ReportMetrics:
             )
         return scores, labels
 
-    def gather(self) -> GatheredMetrics:
-        """Everything collected, from every rank. Collective under DDP: call it on every rank."""
+    def gather(self, engine: Engine) -> GatheredMetrics:
+        """Everything collected, from every rank, after the handlers completed (their ``EPOCH_COMPLETED`` put the
+        gathered per-image values in ``engine.state.metric_details``). Collective under DDP: call it on every rank."""
         if self.present is None:
             raise ValueError("MetricsReport: no image was evaluated (empty split?)")
+        details = {
+            m: {suffix: engine.state.metric_details[f"{m}_{suffix}"] for suffix in HANDLER_SUFFIXES}
+            for m in self.present
+        }
         # the same collective calls, in the same order, on every rank
         paths = string_list_all_gather(self.paths)
         y_score, y_label = self.auc.get_buffer()
-        per_image = {m: self.map_metrics[m].per_image() for m in self.present}
         auc = self._aggregate_auc()
-        map_stats = {m: self.map_metrics[m].stats() for m in self.present}
-        dice0 = per_image[self.present[0]][0]
+        map_stats = {
+            m: _map_stats(details[m], self.handlers[m]["pxap"].metric_fn.aggregate(level="dataset"))
+            for m in self.present
+        }
         scores = y_score.cpu().tolist()
-        if not (len(paths) == len(scores) == dice0.shape[0]):
+        n_rows = {int(v.shape[0]) for d in details.values() for v in d.values()}
+        if n_rows != {len(paths)} or len(scores) != len(paths):
             raise RuntimeError(
-                f"MetricsReport: gathered {len(paths)} paths, {len(scores)} scores, {dice0.shape[0]} maps"
+                f"MetricsReport: gathered {len(paths)} paths, {len(scores)} scores, {sorted(n_rows)} per-image values"
             )
+        dice0 = details[self.present[0]]["dice"]
         return GatheredMetrics(
             maps=list(self.present),
             paths=paths,
             scores=scores,
             labels=y_label.cpu().tolist(),
-            per_image={m: tuple(v.cpu().tolist() for v in values) for m, values in per_image.items()},
+            per_image={m: tuple(d[k].cpu().tolist() for k in ("dice", "pxap", "hit")) for m, d in details.items()},
             n_lesion=(~torch.isnan(dice0)).sum(0).cpu().tolist(),
             auc=auc,
             map_stats=map_stats,

@@ -1,0 +1,216 @@
+"""scripts/glam_benchmark/report.py: ``write_results`` renders results.md from a template, and its text for a fixed
+synthetic run (every section present: failures, trivial baselines, a variation seed, findings, every figure) is
+compared with a stored rendering (tests/tools/data/benchmark_results.md, made by the function before it was split
+into sections). The run's hardware line and clock are pinned, so the comparison is of every byte."""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "data" / "benchmark_results.md"
+if str(REPO_ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+
+from glam_benchmark import presets, report, search  # noqa: E402
+
+CLASSES = ("benign", "malignant")
+MAPS = ("S_g", "S_l", "S_c")
+
+
+def _summary(base: float, maps=MAPS, missing_auc: bool = False) -> dict:
+    """A metrics.json of the evaluation report, with values derived from ``base``."""
+    stats = {}
+    for i, m in enumerate(maps):
+        stats[m] = {
+            c: {
+                "dice_mean": round(base + 0.01 * i + 0.02 * j, 6),
+                "dice_std": 0.05 + 0.001 * i,
+                "pxap_image_mean": round(base + 0.05 + 0.01 * i, 6),
+                "pxap_image_std": 0.07,
+                "pxap_dataset": round(base + 0.03 * j, 6),
+                "pointing_game": 0.5 + 0.1 * j,
+                "peak_on_border": 0.125 * i,
+            }
+            for j, c in enumerate(CLASSES)
+        }
+    return {
+        "split": "test",
+        "n_images": 6,
+        "classes": list(CLASSES),
+        "maps": list(maps),
+        "n_lesion_images": {"benign": 3, "malignant": 2},
+        "classification_auc": {"benign": None if missing_auc else 0.7, "malignant": base + 0.4},
+        "metrics": stats,
+        "pointing_tolerance_px": 16.0,
+    }
+
+
+def _csv(path: Path, base: float, maps=MAPS) -> Path:
+    """A metrics.csv: 6 images, some without a lesion of a class (empty cells)."""
+    columns = ["image"] + [f"{m}_{s}_{c}" for m in maps for s in ("dice", "pxap") for c in CLASSES]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(columns)
+        for n in range(6):
+            cells = [f"/data/img{n}.png"]
+            for k, _ in enumerate(columns[1:]):
+                cells.append("" if (n + k) % 4 == 0 else repr(round(base + 0.01 * ((n * 7 + k * 3) % 11), 6)))
+            writer.writerow(cells)
+    return path
+
+
+def _trial(index: int, lr: float, val: dict | None, **params) -> dict:
+    return {"index": index, "params": {"learning_rate": lr, **params}, "score": 0.3 + 0.01 * index, "validation": val}
+
+
+def _results(tmp_path: Path) -> dict:
+    from glam_benchmark.metrics import table_row
+
+    def result(key: str, base: float, maps, **extra) -> report.ModelResult:
+        folder = tmp_path / key
+        folder.mkdir()
+        val = table_row(_summary(base - 0.05, maps), maps[-1])
+        params = {"t_global": 0.01, "lambda_sparsity": 1e-5} if key == "glam" else {"cam_t": 0.1}
+        return report.ModelResult(
+            spec=presets.MODELS[key],
+            trials=[_trial(0, 1e-3, val, **params), _trial(1, 3e-4, None, **params)],
+            selected=0,
+            test=_summary(base, maps, missing_auc=key == "unet"),
+            test_csv=_csv(folder / "metrics.csv", base, maps),
+            replicates=[
+                report.Replicate(
+                    seed=2022,
+                    datalist=tmp_path / "d2022.json",
+                    test=_summary(base - 0.02, maps),
+                    test_csv=_csv(folder / "metrics_2022.csv", base - 0.02, maps),
+                )
+            ],
+            wall_s=3723.4 + 10 * base,
+            **extra,
+        )
+
+    return {
+        "glam": result("glam", 0.35, MAPS, test_local=_summary(0.3)),
+        "gmic": result("gmic", 0.3, ("S_g",), wall_complete=False),
+        "cam": result("cam", 0.2, ("S_g",)),
+        "unet": result("unet", 0.5, ("S_g",)),
+    }
+
+
+def render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
+    """results.md of a fixed synthetic run, with the hardware and the clock pinned."""
+    monkeypatch.setattr(report, "_hardware", lambda threads: [f"- CPU: test; OMP_NUM_THREADS={threads}"])
+
+    class FixedClock(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 11, 24, 12, 30, tzinfo=timezone.utc)
+
+    monkeypatch.setattr(report, "datetime", FixedClock)
+    monkeypatch.setenv("TZ", "UTC")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / report.FINDINGS_FILE).write_text("  A finding, written by hand.\n\n", encoding="utf-8")
+    data = tmp_path / "data"
+    data.mkdir()
+    datalist = data / "datalist.json"
+    items = [{"patient_id": p, "label": [p % 2, int(p == 3)]} for p in range(5)]
+    datalist.write_text(f'{{"training": {items}, "test": [{{"patient_id": 9}}]}}'.replace("'", '"'))
+    (data / "generator.json").write_text(
+        '{"seed": 7, "n": 6, "format": "png", "config": {"size": [736, 480], "lesion_prevalence": 0.6}}'
+    )
+    budget = presets.Budget(
+        search_space="cpu",
+        trials=2,
+        epochs=10,
+        local_epochs=4,
+        joint_epochs=2,
+        examples=4,
+        variation_seeds=(2022,),
+        wall_limit_h=3,
+        local_learning_rate=1e-4,
+        joint_learning_rate=1e-5,
+        patch_shift=32,
+    )
+    space = search.SearchSpace(name="cpu", params={}, models={}, seed=11)
+    figures = {name: tmp_path / "figures" / f"{name}.png" for name in ("scatter", "examples", "glam", "scales")}
+    trivial = {
+        "brightest_cell_hit": {"malignant": 0.25, "benign": 0.5},
+        "cell": 8,
+        "brightest_cell_pooled": 0.4,
+        "statistics": {"max": {"any": 0.87, "benign": 0.8, "malignant": 0.9}},
+    }
+    out = tmp_path / "docs" / "results.md"
+    returned = report.write_results(
+        out,
+        docs,
+        _results(tmp_path),
+        command="python scripts/benchmark.py --preset configs/benchmark_cpu.yaml",
+        preset=Path("configs/benchmark_cpu.yaml"),
+        search_path=Path("configs/benchmark_search.yaml"),
+        space=space,
+        budget=budget,
+        datalist=datalist,
+        threads=2,
+        jobs=1,
+        total_wall_s=1234.5,
+        run_wall_s=7000.0,
+        steps_wall_s=6900.0,
+        failures={"unet/trial1": "exit status 1"},
+        figures=figures,
+        trivial=trivial,
+    )
+    # tmp_path differs between runs: the golden text has a placeholder where it appears
+    return out.read_text(encoding="utf-8").replace(str(tmp_path), "<tmp>"), returned
+
+
+def test_results_md_equals_the_stored_rendering(tmp_path, monkeypatch):
+    text, returned = render(tmp_path, monkeypatch)
+    if os.environ.get("GLAM_UPDATE_GOLDEN"):  # regenerate after an intended change of results.md's text
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text == GOLDEN.read_text(encoding="utf-8")
+    assert set(returned) == {"table1", "checks", "variation_checks"}
+    assert list(returned["variation_checks"]) == [2022]
+    # every section is present, so that the comparison covers every branch of the template
+    for title in ("## Setup", "**Steps that failed", "## Table 1", "## Relative Dice gain", "## Where the maps point",
+                  "## Acceptance conditions", "## Variation", "### The same models trained on the data of seed 2022",
+                  "## Findings", "## Table 2", "## Figures", "## Wall time per model", "## Every trial",
+                  "## Reproduce"):  # fmt: skip
+        assert title in text, title
+
+
+def test_results_md_without_optional_sections(tmp_path, monkeypatch):
+    """No failures, trivial baselines, variation seeds, findings nor figures: their sections are left out."""
+    monkeypatch.setattr(report, "_hardware", lambda threads: ["- CPU: test"])
+    datalist = tmp_path / "datalist.json"
+    datalist.write_text('{"test": []}')
+    out = tmp_path / "results.md"
+    results = {"cam": _results(tmp_path)["cam"]}
+    report.write_results(
+        out,
+        tmp_path,
+        results,
+        command="x",
+        preset=Path("p.yaml"),
+        search_path=Path("s.yaml"),
+        space=search.SearchSpace(name="cpu", params={}, models={}, seed=0),
+        budget=presets.Budget(search_space="cpu", trials=1, epochs=1, local_epochs=1, joint_epochs=1, examples=1),
+        datalist=datalist,
+        threads=1,
+        total_wall_s=60.0,
+        steps_wall_s=50.0,
+        failures={},
+        figures={},
+    )
+    text = out.read_text(encoding="utf-8")
+    for title in ("**Steps that failed", "### The same models", "## Findings", "![", "What image-wide statistics"):
+        assert title not in text, title
+    assert "| GLAM | not run |" in text and "| GLAM | not run | not run |" in text
+    assert text.endswith("`<work_dir>/logs/`.\n")
