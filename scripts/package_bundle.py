@@ -15,12 +15,26 @@ packaged ``inference.yaml`` and ``train.yaml`` and the shapes into ``metadata.js
 builds the network the weights belong to; for weights with a record it is not needed (and is refused when it
 disagrees with the record). ``--out`` is a folder (the zip is named ``<name>_v<version>.zip``) or a ``.zip`` path.
 
+The zip also holds ``configs/inference.json``, written from the packaged ``inference.yaml``: MONAI's
+``monai.bundle.load(name, bundle_dir=..., workflow_type="inference")`` builds ``network_def`` only from
+``configs/{workflow_type}.json`` (without it, it returns the bare state dict). Its content is the YAML's as MONAI
+parses it (``yaml.safe_load``; the comments stay in the YAML, the file to edit), except ``bundle_root``: ``load``
+parses the config from whatever folder the caller is in, so the JSON's bundle root is the folder of the ``scripts``
+package the config imports (the unzipped bundle, which the caller puts on ``sys.path``), and ``ckpt_path``, from
+which ``network_def`` reads the shipped weights' settings, is that bundle's ``models/model.pt`` from anywhere. An
+override (``--bundle_root``, as the model zoo's tools pass it) replaces it as in the YAML.
+
 The verification unzips into a temporary folder and runs, in fresh interpreters whose only extra path entry is the
 unzipped bundle folder (never the repository): ``monai.bundle verify_metadata`` against
 ``../shared/schema/meta_schema_20240725.json`` when it exists; ConfigParser on every config, with every
 ``_target_`` and ``$import`` restricted to ``scripts.``, MONAI, torch/ignite and the standard library; and
 ``monai.bundle run inference`` on two synthetic images made by the bundle's own generator, with tiny network
-sizes and a random checkpoint (or, with shipped weights, models/model.pt in the window it records).
+sizes and a random checkpoint (or, with shipped weights, models/model.pt in the window it records). With shipped
+weights also: ``monai.bundle.load(name, bundle_dir=<unzipped>, workflow_type="inference")`` from another working
+folder must return the network built by ``configs/inference.json`` (its class from the unzipped bundle) holding
+exactly the tensors of models/model.pt, and S_c of the expected shape; and the model zoo's data-shape check,
+``monai.bundle verify_net_in_out network_def`` on ``configs/inference.json`` with ``--bundle_root`` as the zoo's
+``ci/verify_bundle.py`` calls it.
 Prints one line per step; the exit code is non-zero when any step fails, and the failing step is named.
 """
 
@@ -81,6 +95,12 @@ PRESET_IDS = (
     "crop_buffer",
 )
 PRESET_CONFIGS = ("configs/inference.yaml", "configs/train.yaml")
+INFERENCE_YAML = "configs/inference.yaml"
+# what `monai.bundle.load(..., workflow_type="inference")` reads: MONAI looks for configs/{workflow_type}.json only
+INFERENCE_JSON = "configs/inference.json"
+# inference.json's bundle_root: the folder holding the `scripts` package the config imports (`$import os` and
+# `$import scripts` are among its imports), i.e. the unzipped bundle whichever folder `load` is called from
+SELF_LOCATING_ROOT = "$os.path.dirname(os.path.dirname(os.path.abspath(scripts.__file__)))"
 
 
 class PackagingError(ValueError):
@@ -196,6 +216,29 @@ def recorded_settings(weights: Path) -> dict[str, object] | None:
         raise PackagingError("weights", str(e)) from e
 
 
+def inference_json(yaml_text: str) -> str:
+    """The text of ``configs/inference.json`` for the packaged ``inference.yaml`` text ``yaml_text``: the content
+    MONAI reads from the YAML (its ``ConfigParser`` loads YAML with ``yaml.safe_load``) with ``bundle_root``
+    replaced by :data:`SELF_LOCATING_ROOT`, so that ``monai.bundle.load`` finds the bundle's weights (and their
+    settings record) from any working folder."""
+    import yaml
+
+    step = "inference_json"
+    try:
+        content = yaml.safe_load(yaml_text)
+    except yaml.YAMLError as e:
+        raise PackagingError(step, f"{INFERENCE_YAML} is not valid YAML ({e})") from e
+    if not isinstance(content, dict) or "bundle_root" not in content:
+        raise PackagingError(step, f"{INFERENCE_YAML} has no top-level bundle_root to locate the bundle by")
+    imports = content.get("imports") or []
+    # the expression needs both modules in the config's globals; without them load() would fail on a NameError
+    missing = [m for m in ("$import os", "$import scripts") if m not in imports]
+    if missing:
+        raise PackagingError(step, f"{INFERENCE_YAML} lacks the imports {missing} that bundle_root's expression needs")
+    content["bundle_root"] = SELF_LOCATING_ROOT
+    return json.dumps(content, indent=4) + "\n"
+
+
 def check_weights(weights: Path, bundle_root: Path, inference_config: str | None = None) -> None:
     """Raise PackagingError unless ``weights`` is a plain state dict that loads strictly into the inference
     config's ``network_def`` as the zoo tools build it once the weights are ``models/model.pt`` (the settings the
@@ -263,6 +306,13 @@ def build_zip(
             meta_text = metadata_with_shapes(bundle_root, window, "weights")
             if meta_text is not None:
                 replaced["configs/metadata.json"] = meta_text
+    if (bundle_root / INFERENCE_JSON).exists():
+        # it is generated from inference.yaml: a hand-written one would be overwritten or disagree with the YAML
+        raise PackagingError(
+            "inference_json", f"{bundle_root / INFERENCE_JSON} exists; it is written from {INFERENCE_YAML}: remove it"
+        )
+    yaml_text = replaced.get(INFERENCE_YAML, (bundle_root / INFERENCE_YAML).read_text(encoding="utf-8"))
+    generated = {INFERENCE_JSON: inference_json(yaml_text)}
     with atomic_write(zip_path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(f"{name}/models/", "")  # the zoo layout has models/ even when no weights are shipped
         for src, rel in bundle_files(bundle_root):
@@ -270,6 +320,8 @@ def build_zip(
                 zf.writestr(f"{name}/{rel}", replaced[rel])
             else:
                 zf.write(src, f"{name}/{rel}")
+        for rel, text in generated.items():
+            zf.writestr(f"{name}/{rel}", text)
         if weights is not None:
             zf.write(weights, f"{name}/models/model.pt")
     return zip_path
@@ -281,12 +333,13 @@ def _clean_env(bundle_dir: Path) -> dict[str, str]:
     return env
 
 
-def _run(step: str, args: list[str], bundle_dir: Path) -> str:
-    """Run ``python args`` from the bundle folder with only it on the path; PackagingError on failure."""
+def _run(step: str, args: list[str], bundle_dir: Path, cwd: Path | None = None) -> str:
+    """Run ``python args`` with only the bundle folder on the path, from ``cwd`` (default the bundle folder);
+    PackagingError on failure."""
     try:
         res = subprocess.run(
             [sys.executable, *args],
-            cwd=bundle_dir,
+            cwd=bundle_dir if cwd is None else cwd,
             env=_clean_env(bundle_dir),
             capture_output=True,
             text=True,
@@ -382,6 +435,40 @@ if tiny:
 print(len(list(inputs.iterdir())), "images")
 """
 
+# Runs with only the unzipped bundle on the path and from another folder, as a user of the zoo's API would:
+# monai.bundle.load must return the network of configs/inference.json holding the shipped tensors.
+_MONAI_LOAD = r"""
+import json, sys
+from pathlib import Path
+import torch
+from monai.bundle import load
+bundle_dir, name, h, w = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+root = (bundle_dir / name).resolve()
+net = load(name, bundle_dir=str(bundle_dir), workflow_type="inference", device="cpu")
+if not isinstance(net, torch.nn.Module):
+    sys.exit(f"monai.bundle.load returned a {type(net).__name__}, not a network")
+source = Path(sys.modules[type(net).__module__].__file__).resolve()
+assert source.is_relative_to(root), f"the network class comes from {source}, not from {root}"
+from scripts.networks.settings import SETTINGS_KEY, decode_settings, settings_differences
+shipped = torch.load(root / "models" / "model.pt", map_location="cpu", weights_only=True)
+state = net.state_dict()
+# load() copies only the tensors whose names and shapes match, silently: compare every one
+tensors = set(shipped) - {SETTINGS_KEY}
+assert tensors == set(state) - {SETTINGS_KEY}, f"names differ: {sorted(tensors ^ (set(state) - {SETTINGS_KEY}))[:10]}"
+differ = [k for k in sorted(tensors) if not torch.equal(state[k], shipped[k])]
+assert not differ, f"{len(differ)} tensors differ from models/model.pt, e.g. {differ[:5]}"
+# the network keeps its own settings record (bundle version included): it must say what the shipped one says
+if SETTINGS_KEY in shipped:
+    diffs = settings_differences(decode_settings(shipped[SETTINGS_KEY]), decode_settings(state[SETTINGS_KEY]))
+    assert not diffs, f"the network was built with other settings than the weights record: {diffs}"
+meta = json.loads((root / "configs" / "metadata.json").read_text(encoding="utf-8"))
+channels = meta["network_data_format"]["outputs"]["pred"]["num_channels"]
+with torch.no_grad():
+    out = net.eval()(torch.rand(1, 1, h, w))
+assert tuple(out.shape) == (1, channels, h // 4, w // 4), f"S_c of shape {tuple(out.shape)} for a {h}x{w} input"
+print(f"loaded: {type(net).__name__} with the {len(tensors)} tensors of models/model.pt; S_c {tuple(out.shape)}")
+"""
+
 
 def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, keep: Path | None = None) -> None:
     """Unzip into a clean temporary folder and check it as described in the module docstring."""
@@ -429,6 +516,31 @@ def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, k
             meta = json.loads((bundle_dir / "configs" / "metadata.json").read_text(encoding="utf-8"))
             shape = meta["network_data_format"]["inputs"]["image"]["spatial_shape"]
             h, w = (min(int(a), b) for a, b in zip(shape, FULL_IMAGE))
+        if shipped:
+            t = time.perf_counter()
+            # from the work folder, not the bundle's: load() must find the bundle by itself
+            out = _run(
+                "monai_load", ["-c", _MONAI_LOAD, str(bundle_dir.parent), name, str(h), str(w)], bundle_dir, work
+            )
+            loaded = [line for line in out.splitlines() if line.startswith("loaded: ")]
+            report.ok("monai_load", loaded[-1][len("loaded: ") :] if loaded else "", time.perf_counter() - t)
+
+            t = time.perf_counter()
+            # the model zoo's data-shape check (ci/verify_bundle.py: verify_net_in_out with bundle_root) at the
+            # metadata's shapes
+            out = _run(
+                "verify_net_in_out",
+                ["-m", "monai.bundle", "verify_net_in_out", "network_def", "--meta_file", "configs/metadata.json"]
+                + ["--config_file", INFERENCE_JSON, "--bundle_root", str(bundle_dir)],
+                bundle_dir,
+            )
+            if "data shape of network is verified with no error" not in out:
+                raise PackagingError("verify_net_in_out", f"no confirmation in the output:\n{out[-2000:]}")
+            report.ok("verify_net_in_out", f"{INFERENCE_JSON} at the metadata's shapes", time.perf_counter() - t)
+        else:
+            report.skip("monai_load", "no weights shipped")
+            report.skip("verify_net_in_out", "no weights shipped")
+
         t = time.perf_counter()
         _run("synthetic_inputs", ["-c", _MAKE_INPUTS, str(work), str(h), str(w), "0" if shipped else "1"], bundle_dir)
         report.ok("synthetic_inputs", f"2 images of {h}x{w}", time.perf_counter() - t)

@@ -1,13 +1,16 @@
-"""scripts/package_bundle.py: the zip's file list, the --weights check, and the verification from a clean folder."""
+"""scripts/package_bundle.py: the zip's file list, the --weights check, configs/inference.json for
+``monai.bundle.load``, and the verification from a clean folder."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +59,7 @@ def test_zip_keeps_the_zoo_layout_and_leaves_out_caches_outputs_and_models(tmp_p
     zip_path = tool.build_zip(tmp_path / "dist", NAME, bundle_root=bundle)
     assert zip_path.name == f"{NAME}_v{VERSION}.zip"
     names = _names(zip_path)
+    expected |= {f"{NAME}/configs/inference.json"}  # generated for monai.bundle.load
     assert names == expected | {f"{NAME}/models/model.pt"}
     with zipfile.ZipFile(zip_path) as zf:
         assert zf.read(f"{NAME}/models/model.pt") == (BUNDLE_ROOT / "models" / "model.pt").read_bytes()
@@ -136,8 +140,12 @@ def test_package_and_verify_from_a_clean_folder(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     zip_path = tmp_path / "dist" / f"{NAME}_v{VERSION}.zip"
     assert f"bundle verified: {zip_path}" in res.stdout
-    for step in ("build", "unzip", "load_configs", "synthetic_inputs", "inference"):
+    for step in ("build", "unzip", "load_configs", "monai_load", "verify_net_in_out", "synthetic_inputs", "inference"):
         assert f"ok     {step}" in res.stdout
+    # monai.bundle.load gave the network of configs/inference.json with every shipped tensor
+    assert (
+        "monai_load       GLAMSaliencyNet with the 200 tensors of models/model.pt; S_c (1, 2, 184, 120)" in res.stdout
+    )
     schema = REPO_ROOT.parent / "shared" / "schema" / "meta_schema_20240725.json"
     assert ("ok     verify_metadata" if schema.is_file() else "skip   verify_metadata") in res.stdout
     # by default the bundle's demonstration model is shipped and run in its own window, without any preset
@@ -281,3 +289,111 @@ def test_package_weights_with_their_preset_and_verify(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "synthetic_inputs 2 images of 256x160" in res.stdout
     assert "predictions.csv has 2 rows (shipped models/model.pt)" in res.stdout
+
+
+def test_inference_json_is_the_packaged_yaml_with_a_self_locating_bundle_root(tmp_path):
+    """configs/inference.json holds what MONAI reads from the packaged inference.yaml (the preset's sizes
+    included), except bundle_root: an expression locating the bundle by its scripts package. A hand-written
+    inference.json in the bundle is refused rather than overwritten."""
+    import yaml
+
+    tool = _load_tool()
+    weights = _tiny_weights(tmp_path / "tiny.pt", record=False, patch_size=64, local_depth=18, local_width=4)
+    preset = REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"
+    zip_path = tool.build_zip(tmp_path / "dist", NAME, weights=weights, preset=preset)
+    with zipfile.ZipFile(zip_path) as zf:
+        from_yaml = yaml.safe_load(zf.read(f"{NAME}/configs/inference.yaml"))
+        from_json = json.loads(zf.read(f"{NAME}/configs/inference.json"))
+    assert from_yaml["patch_size"] == 64 and from_yaml["bundle_root"] == "."
+    assert from_json.pop("bundle_root") == "$os.path.dirname(os.path.dirname(os.path.abspath(scripts.__file__)))"
+    from_yaml.pop("bundle_root")
+    assert from_json == from_yaml
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(BUNDLE_ROOT, bundle, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "models"))
+    (bundle / "configs" / "inference.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\[inference_json\].*inference\.json exists"):
+        tool.build_zip(tmp_path / "dist2", NAME, bundle_root=bundle)
+    (bundle / "configs" / "inference.json").unlink()
+    text = (bundle / "configs" / "inference.yaml").read_text(encoding="utf-8")
+    (bundle / "configs" / "inference.yaml").write_text(text.replace("  - $import os\n", ""), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\[inference_json\].*lacks the imports \['\$import os'\]"):
+        tool.build_zip(tmp_path / "dist2", NAME, bundle_root=bundle)
+    assert not list((tmp_path / "dist2").glob("*.zip"))
+
+
+# Run in a fresh interpreter whose only extra path entry is the unzipped bundle, from a folder that is not the
+# bundle's (as a user calls MONAI's API): what monai.bundle.load returns, saved for the test to compare.
+_LOAD = r"""
+import json, sys
+from pathlib import Path
+import torch
+import monai
+bundle_dir, name, out = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+h, w = int(sys.argv[4]), int(sys.argv[5])
+net = monai.bundle.load(name, bundle_dir=str(bundle_dir), workflow_type="inference", device="cpu")
+info = {"type": type(net).__name__, "is_module": isinstance(net, torch.nn.Module)}
+if info["is_module"]:
+    torch.save(net.state_dict(), out / "loaded.pt")
+    info["source"] = sys.modules[type(net).__module__].__file__
+    info["patch_size"] = list(net.patch_size)
+    x = torch.rand(1, 1, h, w, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        net.eval()
+        info["forward"] = list(net(x).shape)
+        info["forward_all"] = {k: list(v.shape) for k, v in net.forward_all(x).items() if torch.is_tensor(v)}
+(out / "loaded.json").write_text(json.dumps(info))
+"""
+
+
+def _monai_load(zip_path: Path, tmp_path: Path, window: tuple[int, int]) -> tuple[dict, dict | None]:
+    """Unzip ``zip_path`` and call monai.bundle.load on it in a clean interpreter; (what it returned, its state)."""
+    with zipfile.ZipFile(zip_path) as zf:
+        zf.extractall(tmp_path / "unzipped")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(PYTHONPATH=str(tmp_path / "unzipped" / NAME), PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1")
+    args = [str(tmp_path / "unzipped"), NAME, str(elsewhere), *map(str, window)]
+    res = subprocess.run(
+        [sys.executable, "-c", _LOAD, *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    info = json.loads((elsewhere / "loaded.json").read_text())
+    state = torch.load(elsewhere / "loaded.pt", weights_only=True) if info["is_module"] else None
+    return info, state
+
+
+@pytest.mark.parametrize("weights", ["shipped", "tiny"])
+def test_monai_load_returns_the_network_holding_the_packaged_weights(tmp_path, weights):
+    """monai.bundle.load(name, bundle_dir, workflow_type="inference") on the unzipped bundle, from another folder
+    with only the bundle on the path, returns the GLAM network of configs/inference.json (its class from the
+    bundle) whose tensors are the packaged weights', one by one (load() itself copies matching names and shapes
+    silently), built with the settings those weights record; it runs on an input of their window. The tiny weights
+    (other sizes than the repository's models/model.pt) show the network follows the packaged checkpoint."""
+    from scripts.networks.settings import SETTINGS_KEY, decode_settings, settings_differences
+
+    tool = _load_tool()
+    if weights == "shipped":
+        source, window, patch = BUNDLE_ROOT / "models" / "model.pt", (736, 480), [128, 128]
+        zip_path = tool.build_zip(tmp_path / "dist", NAME)
+    else:
+        window, patch = (256, 160), [64, 64]
+        source = _tiny_weights(tmp_path / "tiny.pt", patch_size=64, local_depth=18, local_width=4, image_size=window)
+        zip_path = tool.build_zip(tmp_path / "dist", NAME, weights=source)
+    info, state = _monai_load(zip_path, tmp_path, window)
+
+    assert info["is_module"], f"monai.bundle.load returned a {info['type']}"
+    assert info["type"] == "GLAMSaliencyNet" and info["patch_size"] == patch
+    assert Path(info["source"]).resolve().is_relative_to((tmp_path / "unzipped" / NAME).resolve())
+    expected = torch.load(source, weights_only=True)
+    assert set(state) == set(expected)
+    for key, tensor in expected.items():
+        if key != SETTINGS_KEY:  # the network keeps its own record (it names this bundle's version)
+            assert torch.equal(state[key], tensor), key
+    assert settings_differences(decode_settings(expected[SETTINGS_KEY]), decode_settings(state[SETTINGS_KEY])) == []
+    h, w = window
+    assert info["forward"] == [1, 2, h // 4, w // 4]  # S_c, what the zoo's tools call the network for
+    outputs = info["forward_all"]
+    assert outputs["saliency"] == outputs["saliency_local"] == [1, 2, h // 4, w // 4]
+    assert outputs["y_global"] == [1, 2]
