@@ -227,7 +227,7 @@ class GLAM(nn.Module):
         key = prefix + SETTINGS_KEY
         if key in state_dict:
             check_settings(state_dict[key], self.settings)
-        # this network's own record: inference choices (M, gamma_c) may differ, and older checkpoints have none
+        # this network's own record: inference choices (M, gamma_c, t...) may differ, and older checkpoints have none
         state_dict[key] = getattr(self, SETTINGS_KEY)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
 
