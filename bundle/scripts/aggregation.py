@@ -1,14 +1,30 @@
-"""Patch-evidence aggregation (concatenation or gated attention) and the global-local fusion head."""
+"""Patch-evidence aggregation (concatenation or gated attention), its registry, and the global-local fusion head.
+
+GLAM picks its aggregation by name through :data:`AGGREGATIONS` (``aggregation`` in train.yaml): a new aggregation
+is one :func:`register_aggregation` call, and GLAM builds, freezes and calls it without an edit of its own code.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .enums import OutputKey
+from .enums import OutputKey, Stage
 from .pooling import check_fraction, top_t_pool
+from .registry import Registry
 
-__all__ = ["ConcatTopTAggregation", "GatedAttentionAggregation", "FusionHead"]
+__all__ = [
+    "ConcatTopTAggregation",
+    "GatedAttentionAggregation",
+    "FusionHead",
+    "AggregationSpec",
+    "AGGREGATIONS",
+    "PAPER_AGGREGATION",
+    "register_aggregation",
+]
 
 
 def _check_bag(patch_maps: torch.Tensor, patch_features: torch.Tensor | None) -> None:
@@ -112,3 +128,69 @@ class FusionHead(nn.Module):
     def forward(self, z_global: torch.Tensor, z_local: torch.Tensor) -> torch.Tensor:
         # a float32 probability under bf16 autocast (see GlobalNetwork.forward)
         return torch.sigmoid(self.linear(torch.cat([z_global, z_local.to(z_global.dtype)], dim=1)).float())
+
+
+#: builds an aggregation module from (in_features D, hidden_features, t): the patch representation size of the
+#: local module, GLAM's ``attention_hidden`` and its ``t_local``
+AggregationFactory = Callable[[int, int, float], nn.Module]
+
+
+@dataclass(frozen=True)
+class AggregationSpec:
+    """How GLAM builds and holds one aggregation.
+
+    The module built by ``factory`` takes ``patch_maps`` (B, K, C, h, w) and ``patch_features`` (B, K, D) and
+    returns a dict with ``y_local`` (B, C) and ``z_local`` (B, D) (the fusion head's input in the joint stage), and
+    optionally ``attention`` (B, K), which GLAM passes on as an output. It should compile with ``torch.jit.script``
+    for the network to export that way (the model zoo's check); eager use and tracing need no more than the above.
+
+    Attributes:
+        factory: ``(in_features, hidden_features, t) -> nn.Module``.
+        attribute: the GLAM attribute holding the module, hence the prefix of its weights in a state dict
+            (``attention.attn_v.weight``): part of the checkpoint format, so a registered name keeps it forever.
+        joint_module: one of the joint modules (the authors' gated attention): held only by networks built with
+            ``joint_modules=True``, whose checkpoints carry its weights whichever aggregation they were trained with.
+    """
+
+    factory: AggregationFactory
+    attribute: str
+    joint_module: bool = False
+
+
+#: the aggregations GLAM can be built with, by name (the value of its ``aggregation`` argument)
+AGGREGATIONS = Registry("GLAM aggregations", "patch-evidence aggregation modules, by the name `aggregation` takes")
+
+#: the paper's aggregation per stage, GLAM's ``aggregation=None``: concatenation while the local module trains
+#: alone, gated attention in the joint stage (the global stage runs no local module)
+PAPER_AGGREGATION: dict[str, str] = {Stage.LOCAL.value: "concat", Stage.JOINT.value: "attention"}
+
+
+def register_aggregation(
+    name: str,
+    factory: AggregationFactory,
+    attribute: str | None = None,
+    joint_module: bool = False,
+    description: str = "",
+) -> AggregationSpec:
+    """Register an aggregation under ``name`` (a Python identifier, new), held by GLAM at ``attribute``
+    (``"<name>_aggregation"`` by default). Returns its :class:`AggregationSpec`."""
+    spec = AggregationSpec(factory=factory, attribute=attribute or f"{name}_aggregation", joint_module=joint_module)
+    if not spec.attribute.isidentifier():
+        raise ValueError(f"the attribute of aggregation {name!r} must be a Python identifier, got {spec.attribute!r}")
+    return AGGREGATIONS.register(name, description)(spec)
+
+
+# Registration order is construction order in GLAM, hence the order random initial weights are drawn in: the two
+# paper aggregations come first, as they were built before the registry, so a seed gives the same network.
+register_aggregation(
+    "concat",
+    lambda in_features, hidden_features, t: ConcatTopTAggregation(t=t),
+    description="top-t% pooling of the K patch maps as one map; z_l the mean of the z_k (no weights)",
+)
+register_aggregation(
+    "attention",
+    lambda in_features, hidden_features, t: GatedAttentionAggregation(in_features, hidden_features, t=t),
+    attribute="attention",
+    joint_module=True,
+    description="gated attention MIL pooling (Ilse et al. 2018) of the top-t% pooled patch maps and of the z_k",
+)

@@ -1,12 +1,15 @@
 """A GLAM state dict records the settings the network was built with: a checkpoint of other settings is refused
-with them named; inference choices (M, gamma_c, K) may differ; checkpoints without the record load as before."""
+with them named; inference choices (M, gamma_c, K, the score pooling) may differ; checkpoints without the record load
+as before."""
 
 import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from references import numpy_top_t
 
 from scripts.networks import GLAM, GLAMSaliencyNet, checkpoint_setting, read_checkpoint_settings
 from scripts.networks.settings import (
@@ -55,9 +58,9 @@ def test_other_settings_are_refused_by_name():
     saved = GLAM(**TINY).state_dict()
     with pytest.raises(
         ValueError,
-        match=r"patch_size: checkpoint \[64, 64\], network \[32, 32\].*t_global: checkpoint 0.03, network 0.1",
+        match=r"patch_size: checkpoint \[64, 64\], network \[32, 32\].*pool_in_breast: checkpoint false, network true",
     ):
-        GLAM(**{**TINY, "patch_size": 32, "t_global": 0.1}).load_state_dict(saved)
+        GLAM(**{**TINY, "patch_size": 32, "pool_in_breast": True}).load_state_dict(saved)
     with pytest.raises(
         ValueError,
         match=r"global_backbone: checkpoint \{\"width\": 4\}, network \{\"padding_mode\": \"replicate\", \"wid",
@@ -76,12 +79,44 @@ def test_inference_choices_may_differ_and_old_checkpoints_load():
     GLAM(**{**TINY, "t_global": 0.1}).load_state_dict(legacy, strict=True)  # no record: nothing to compare
 
 
+def test_score_pooling_is_an_inference_choice_and_changes_the_scores_as_pooling_predicts():
+    """t_global, t_local and global_pool_after_upsampling change no weight: a checkpoint loads into a network built
+    with other values, its maps and patches stay the same, and its scores are the new top-t% pooling of those maps
+    (computed here independently, by sorting)."""
+    torch.manual_seed(0)
+    trained = GLAMSaliencyNet(stage="local", **TINY).eval()
+    chosen = GLAMSaliencyNet(stage="local", t_global=0.25, t_local=0.5, global_pool_after_upsampling=True, **TINY)
+    chosen.load_state_dict(trained.state_dict(), strict=True)
+    assert settings_differences(trained.settings, chosen.settings) == []
+    x = torch.randn(2, 1, 256, 192, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        before, after = trained.eval().forward_all(x), chosen.eval().forward_all(x)
+    for key in ("saliency_global", "saliency_scale0", "saliency_scale2", "patch_boxes", "patch_maps", "saliency"):
+        assert torch.equal(before[key], after[key]), key
+    # y_scales: every scale nearest-upsampled to S_0's size (pooling after upsampling), then its top 25%
+    s0 = after["saliency_scale0"]
+    scales = [s0] + [
+        after[f"saliency_scale{i}"].repeat_interleave(2**i, -2).repeat_interleave(2**i, -1) for i in (1, 2)
+    ]
+    assert all(s.shape == s0.shape for s in scales)
+    expected_scales = np.stack([numpy_top_t(s.numpy(), 0.25) for s in scales], axis=1)  # (B, 3, C)
+    np.testing.assert_allclose(after["y_scales"].numpy(), expected_scales, rtol=1e-6)
+    np.testing.assert_allclose(after["y_global"].numpy(), expected_scales.mean(axis=1), rtol=1e-6)
+    # y_local: the K patch maps of a class side by side (concatenation), their top 50%
+    maps = after["patch_maps"].numpy()  # (B, K, C, h, w)
+    side_by_side = np.concatenate(list(maps.transpose(1, 0, 2, 3, 4)), axis=-1)  # (B, C, h, K w)
+    np.testing.assert_allclose(after["y_local"].numpy(), numpy_top_t(side_by_side, 0.5), rtol=1e-6)
+    assert not torch.allclose(before["y_global"], after["y_global"])  # the choice did change the scores
+    assert not torch.allclose(before["y_local"], after["y_local"])
+
+
 def test_settings_records_compare_by_value():
     a = {"gammas": (0.2, 0.6, 0.2), "global_backbone": {"width": 4, "stem_pool": False}, "gamma_c": 0.5}
     b = {"gammas": [0.2, 0.6, 0.2], "global_backbone": {"stem_pool": False, "width": 4}, "gamma_c": 0.9}
     assert torch.equal(encode_settings({**a, "gamma_c": 0.9}), encode_settings(b))
     assert settings_differences(a, b) == []  # gamma_c is an inference choice
-    assert settings_differences({"t_global": 0.03}, {}) == ['t_global: checkpoint 0.03, network "(not recorded)"']
+    assert settings_differences({"local_width": 4}, {}) == ['local_width: checkpoint 4, network "(not recorded)"']
+    assert settings_differences({"t_global": 0.03, "t_local": 0.2}, {}) == []  # score pooling: inference choices
     # a setting the checkpoint predates is not compared; the bundle version is information only
     assert settings_differences({}, {"pixel_spacing": [0.4, 0.4]}) == []
     assert settings_differences({"bundle_version": "0.1.0"}, {"bundle_version": "0.9.0"}) == []

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..aggregation import ConcatTopTAggregation, FusionHead, GatedAttentionAggregation
+from ..aggregation import AGGREGATIONS, PAPER_AGGREGATION, AggregationSpec, FusionHead
 from ..enums import STAGES, MapName, OutputKey, Stage
 from ..patches import (
     _check_patch_count,
@@ -84,7 +84,8 @@ class GLAM(nn.Module):
         gammas: weights of S_0, S_1, S_2 in S_g.
         gamma_c: weight of S_g in S_c = gamma_c S_g + (1 - gamma_c) S_l.
         aggregation: ``None`` for the paper's choice per stage (concatenation in ``local``, gated attention in
-            ``joint``) or ``"concat"`` / ``"attention"`` in every stage.
+            ``joint``), or a name in :data:`~scripts.aggregation.AGGREGATIONS` (``"concat"``, ``"attention"`` or
+            one registered with :func:`~scripts.aggregation.register_aggregation`) for every stage.
         local_depth, local_width: the local ResNet-HR (34, 64 in the paper; smaller for tests and CPU presets).
         activation_checkpointing: recompute the local module's activations in backward to fit more patches.
         attention_hidden: hidden size of the gated attention (128).
@@ -146,9 +147,10 @@ class GLAM(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {k!r}")
         if not 0.0 <= float(gamma_c) <= 1.0:
             raise ValueError(f"gamma_c must be in [0, 1], got {gamma_c}")
-        if aggregation not in (None, "concat", "attention"):
-            raise ValueError(f"aggregation must be None, 'concat' or 'attention', got {aggregation!r}")
-        if not joint_modules and (stage == Stage.JOINT or aggregation == "attention"):
+        chosen: AggregationSpec | None = None
+        if aggregation is not None:
+            chosen = AGGREGATIONS.look_up(aggregation, "aggregation")
+        if not joint_modules and (stage == Stage.JOINT or (chosen is not None and chosen.joint_module)):
             raise ValueError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
         self.num_patches_train = num_patches_train
         self.num_patches_eval = num_patches_eval
@@ -168,13 +170,31 @@ class GLAM(nn.Module):
         self.local_network = LocalNetwork(
             depth=local_depth, width=local_width, activation_checkpointing=activation_checkpointing
         )
-        self.concat_aggregation = ConcatTopTAggregation(t=t_local)
-        self.attention: GatedAttentionAggregation | None = None
+        # the aggregation each stage runs (its name in AGGREGATIONS); the global stage runs none
+        self.stage_aggregation: dict[str, str] = {
+            stage_name: aggregation or default for stage_name, default in PAPER_AGGREGATION.items()
+        }
+        # held: the paper's two (concatenation, without weights, always: ``concat_aggregation`` has always been
+        # there; gated attention with the joint modules, since their checkpoints carry its weights whatever
+        # aggregation they trained with) and the chosen one. Built in registration order, which keeps the order the
+        # initial weights are drawn in, so a seed gives the same network as before the registry.
+        held = {*PAPER_AGGREGATION.values(), *self.stage_aggregation.values()}
+        self.held_aggregations: list[str] = []
+        for name, spec in AGGREGATIONS:
+            if name not in held:
+                continue
+            if spec.joint_module and not joint_modules:
+                setattr(self, spec.attribute, None)  # e.g. ``attention`` is None in the authors' inference layout
+                continue
+            if spec.attribute in self.__dict__ or spec.attribute in self._modules:
+                raise ValueError(f"aggregation {name!r}: GLAM already has an attribute {spec.attribute!r}")
+            self.add_module(
+                spec.attribute,
+                spec.factory(self.local_network.representation_size, int(attention_hidden), float(t_local)),
+            )
+            self.held_aggregations.append(name)
         self.fusion: FusionHead | None = None
         if joint_modules:
-            self.attention = GatedAttentionAggregation(
-                in_features=self.local_network.representation_size, hidden_features=attention_hidden, t=t_local
-            )
             self.fusion = FusionHead(self.global_network.representation_size, self.local_network.representation_size)
         self.stage = Stage.JOINT.value
         self.global_frozen = False
@@ -207,7 +227,7 @@ class GLAM(nn.Module):
         key = prefix + SETTINGS_KEY
         if key in state_dict:
             check_settings(state_dict[key], self.settings)
-        # this network's own record: inference choices (M, gamma_c) may differ, and older checkpoints have none
+        # this network's own record: inference choices (M, gamma_c, t...) may differ, and older checkpoints have none
         state_dict[key] = getattr(self, SETTINGS_KEY)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
 
@@ -232,12 +252,13 @@ class GLAM(nn.Module):
         self.stage = str(Stage(stage))
         self.freeze_global(stage == Stage.LOCAL)
         uses_local = stage != Stage.GLOBAL
-        uses_attention = self._aggregation_kind() == "attention" and uses_local
         for p in self.local_network.parameters():
             p.requires_grad_(uses_local)
-        if self.attention is not None:
-            for p in self.attention.parameters():
-                p.requires_grad_(uses_attention)
+        # only the stage's own aggregation trains (none in the global stage)
+        active = self.stage_aggregation.get(self.stage)
+        for name in self.held_aggregations:
+            for p in getattr(self, AGGREGATIONS.look_up(name, "aggregation").attribute).parameters():
+                p.requires_grad_(name == active)
         if self.fusion is not None:
             for p in self.fusion.parameters():
                 p.requires_grad_(stage == Stage.JOINT)
@@ -257,10 +278,22 @@ class GLAM(nn.Module):
             self.global_network.eval()
         return self
 
-    def _aggregation_kind(self) -> str:
-        if self.aggregation is not None:
-            return self.aggregation
-        return "attention" if self.stage == Stage.JOINT.value else "concat"
+    def aggregation_module(self, stage: str | None = None) -> nn.Module:
+        """The aggregation module that ``stage`` (default: the current one) runs; the global stage runs none, and
+        gets the local stage's (so that the TorchScript copy has one to compile)."""
+        stage = self.stage if stage is None else str(Stage(stage))
+        name = self.stage_aggregation.get(stage, self.stage_aggregation[Stage.LOCAL.value])
+        return getattr(self, AGGREGATIONS.look_up(name, "aggregation").attribute)
+
+    def __prepare_scriptable__(self) -> GLAM:
+        """The copy ``torch.jit.script`` compiles: TorchScript resolves attributes by their names in the source, not
+        by a name held in a variable, so the copy also holds the current stage's aggregation as
+        ``scripted_aggregation``, which the scripted forward calls (the eager network is left as it is; the
+        exported state dict has that module's weights under both names)."""
+        clone = copy.copy(self)
+        clone._modules = dict(self._modules)  # its own module table: adding to it leaves this network unchanged
+        clone._modules["scripted_aggregation"] = self.aggregation_module()
+        return clone
 
     @property
     def num_patches(self) -> int:
@@ -316,12 +349,12 @@ class GLAM(nn.Module):
         local = self.local_network(patches.flatten(0, 1))
         patch_maps = local[OutputKey.PATCH_MAPS.value].unflatten(0, (B, K))
         patch_features = local[OutputKey.PATCH_FEATURES.value].unflatten(0, (B, K))
-        attention = self.attention
-        if self._aggregation_kind() == "attention" and attention is not None:
-            agg = attention(patch_maps, patch_features)
-            out[OutputKey.ATTENTION.value] = agg[OutputKey.ATTENTION.value]
+        if torch.jit.is_scripting():
+            agg = self.scripted_aggregation(patch_maps, patch_features)  # see __prepare_scriptable__
         else:
-            agg = self.concat_aggregation(patch_maps, patch_features)
+            agg = self.aggregation_module()(patch_maps, patch_features)
+        if OutputKey.ATTENTION.value in agg:  # attention weights (B, K), from aggregations that have them
+            out[OutputKey.ATTENTION.value] = agg[OutputKey.ATTENTION.value]
         out[OutputKey.Y_LOCAL.value] = agg[OutputKey.Y_LOCAL.value]
         out[OutputKey.PATCH_BOXES.value] = boxes
         out[OutputKey.PATCH_MAPS.value] = patch_maps

@@ -6,9 +6,17 @@ so every checkpoint the workflows write carries them, while the file stays a pla
 from the network's raises a ``ValueError`` that names each setting that differs; a state dict without the record
 (an older checkpoint, the authors' converted weights) loads as before.
 
-Some settings are choices made at inference (``INFERENCE_CHOICES``: M patches, gamma_c, K in training): they are
-recorded but may differ. The bundle version that wrote a checkpoint is recorded for information and never compared
-(``INFORMATIONAL``). A setting the checkpoint does not record (it predates the setting) is not compared either.
+Some settings are choices made at inference (``INFERENCE_CHOICES``): they change no weight, so a network may be
+built with other values than its checkpoint's; they are recorded but may differ. They are M patches, K in
+training, gamma_c (S_c's mix of S_g and S_l) and how the maps are pooled into the image-level scores (``t_global``,
+``t_local``, ``global_pool_after_upsampling``: they change y_global, y_scales and y_local, no map). Every other
+setting is compared: it shapes the weights (sizes, depths, backbone, the joint modules), decides which weights run
+(``aggregation``: the gated attention and the fusion head learn on the aggregation a checkpoint trained with, and a
+network built with concatenation holds attention weights that never trained), changes the maps the local module
+learned from and the patches Algorithm 1 picks in them (``gammas``, ``pool_in_breast``, ``patch_size``), or the
+input scale the convolutions learned (``image_size``, ``pixel_spacing``). The bundle version that wrote a
+checkpoint is recorded for information and never compared (``INFORMATIONAL``). A setting the checkpoint does not
+record (it predates the setting) is not compared either.
 
 The inference config and the MONAI Label app read a checkpoint's record back (:func:`checkpoint_setting`), so a
 network trained with a preset is rebuilt with that preset's settings without the preset.
@@ -41,8 +49,16 @@ __all__ = [
 
 #: the buffer's name in a module's state dict
 SETTINGS_KEY = "model_settings"
-#: recorded, but a network may be built with other values than its checkpoint's
-INFERENCE_CHOICES = ("num_patches_eval", "num_patches_train", "gamma_c")
+#: recorded, but a network may be built with other values than its checkpoint's (they change no weight; see the
+#: module's docstring for why the others are compared)
+INFERENCE_CHOICES = (
+    "num_patches_eval",
+    "num_patches_train",
+    "gamma_c",
+    "t_global",
+    "t_local",
+    "global_pool_after_upsampling",
+)
 #: recorded for information, never compared
 INFORMATIONAL = ("bundle_version",)
 #: the bundle's metadata, next to its scripts package (bundle/configs/metadata.json)
