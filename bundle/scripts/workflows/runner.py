@@ -112,14 +112,15 @@ def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage"
         per stage, what the last entry of its ``stage_run_id`` list evaluated to (train.yaml: a summary dict).
     """
     names = stages_to_run(stage)  # a bad stage name fails before anything is built
+    this_rank = rank()
     rank_zero_only: Sequence[str] = ()
-    if "rank_zero_only" in parser and rank() != 0:
+    if "rank_zero_only" in parser and this_rank != 0:
         rank_zero_only = parser.get_parsed_content("rank_zero_only")
     results = []
     for name in names:
         logger.info("GLAM training: stage %s", name)
         config = copy.deepcopy(parser.get())
-        disable_on_other_ranks(config, rank_zero_only)
+        disable_on_other_ranks(config, rank_zero_only, rank_=this_rank)
         stage_parser = ConfigParser(config, globals=dict(parser.globals))
         stage_parser["stage"] = name
         result = stage_parser.get_parsed_content(stage_run_id)
