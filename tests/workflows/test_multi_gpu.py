@@ -383,15 +383,47 @@ def test_overlay_passes_monai_train_properties(tmp_path, tiny_datalist, torchrun
     assert isinstance(wf.parser.get_parsed_content("network"), torch.nn.parallel.DistributedDataParallel)
 
 
-def test_rank_zero_first_makes_files_once_per_filesystem_then_reuses_the_value(tmp_path):
+def test_rank_zero_first_evaluates_once_and_reuses_the_value(tmp_path):
     from monai.bundle import ConfigParser
 
     from scripts.workflows import rank_zero_first
-    from scripts.workflows.distributed import _first_phase
 
-    # global rank 0, then the first process of every other node, then the rest
-    assert [_first_phase(r, lr) for r, lr in [(0, 0), (4, 0), (8, 0), (1, 1), (5, 1), (7, 3)]] == [0, 1, 1, 2, 2, 2]
     marker = tmp_path / "made.txt"
     parser = ConfigParser({"made": f"$open({str(marker)!r}, 'a').write('x')"})
     rank_zero_first(parser, ["made"])  # no process group: this process is rank 0
     assert parser.get_parsed_content("made") == 1 and marker.read_text() == "x"  # evaluated once, value kept
+
+
+def _rank_zero_first_worker(rank: int, port: int, local_ranks: list[int], log: str) -> None:
+    """One torchrun-like process: joins a gloo group through init_distributed, logs its turn, leaves."""
+    import time
+
+    from monai.bundle import ConfigParser
+
+    from scripts.workflows import destroy_distributed, init_distributed, rank_zero_first
+
+    env = {"RANK": str(rank), "LOCAL_RANK": str(local_ranks[rank]), "WORLD_SIZE": str(len(local_ranks))}
+    os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    init_distributed(backend="gloo")
+    # the later ranks would write first without the turns: rank r sleeps less the higher r is
+    parser = ConfigParser(
+        {
+            "turn": f"$__import__('time').sleep({0.2 * (len(local_ranks) - rank)}) or "
+            f"open({log!r}, 'a').write('{rank}\\n')"
+        }
+    )
+    rank_zero_first(parser, ["turn"])
+    time.sleep(0.01)
+    destroy_distributed()
+
+
+@pytest.mark.slow
+def test_rank_zero_first_takes_global_rank_zero_then_each_nodes_first_process_then_the_rest(tmp_path):
+    """Three gloo processes posing as two nodes (local ranks 0, 1 and 0): rank 0 writes first, then rank 2 (the
+    second node's first process), then rank 1, although the later ranks would be quicker (about a minute on 2 CPU
+    cores: every process imports MONAI)."""
+    import torch.multiprocessing as mp
+
+    log = tmp_path / "turns.txt"
+    mp.spawn(_rank_zero_first_worker, args=(free_port(), [0, 1, 0], str(log)), nprocs=3, join=True)
+    assert [int(line) for line in log.read_text().split()] == [0, 2, 1]

@@ -11,13 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import ignite.distributed as idist
 import torch
-import torch.distributed as dist
 from monai.metrics import CumulativeIterationMetric
-from monai.utils import IgniteInfo, convert_to_tensor, min_version, optional_import
-from monai.utils.dist import get_dist_device
-
-idist, has_ignite = optional_import("ignite", IgniteInfo.OPT_IMPORT_VERSION, min_version, "distributed")
+from monai.utils import convert_to_tensor
 
 REDUCTIONS = ("mean", "std")
 
@@ -90,25 +87,19 @@ def nan_reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 def is_distributed() -> bool:
-    """Whether a process group of more than one rank is running (ignite's view first, as MONAI's gather)."""
-    if has_ignite:
-        return idist.get_world_size() > 1
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """Whether a process group of more than one rank is running (ignite's view, as MONAI's gather)."""
+    return idist.get_world_size() > 1
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum ``tensor`` over all ranks (a copy; the input is left alone). Identity without a process group.
 
-    The tensor travels to the backend's device (CPU for gloo, the rank's GPU for NCCL) and comes back.
+    ``ignite.distributed.all_reduce`` moves the tensor to the backend's device (CPU for gloo, the rank's GPU for
+    NCCL) and back.
     """
     if not is_distributed():
         return tensor.clone()
-    if has_ignite:
-        return idist.all_reduce(tensor.clone(), op="SUM")
-    device = get_dist_device()
-    out = tensor.to(device, copy=True)
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out.to(tensor.device)
+    return idist.all_reduce(tensor.clone(), op="SUM")
 
 
 class PerImageMetric(CumulativeIterationMetric):

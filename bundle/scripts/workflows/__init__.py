@@ -24,7 +24,15 @@ from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
 from .precision import AutocastInferer, amp_plan
 from .report import MetricsReport, check_checkpoint, eval_split_items
-from .runner import STAGE_ORDER, run_training, running_parser, stages_to_run
+from .runner import (
+    STAGE_ORDER,
+    GLAMTrainingWorkflow,
+    active_parser,
+    run_stages,
+    run_training,
+    running_parser,
+    stages_to_run,
+)
 from .sampler import BalancedEpochSampler, positive_flags
 from .throughput import InferenceProgress, InferenceThroughput, show_inference_log
 
@@ -60,6 +68,9 @@ __all__ = [
     "check_checkpoint",
     "eval_split_items",
     "STAGE_ORDER",
+    "GLAMTrainingWorkflow",
+    "active_parser",
+    "run_stages",
     "run_training",
     "running_parser",
     "stages_to_run",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from monai.data import decollate_batch, list_data_collate
 from monai.data.meta_obj import get_track_meta, set_track_meta
@@ -69,12 +70,12 @@ class GLAMPrepareBatch(PrepareBatch):
         self.epoch = int(epoch)
         self._generators.clear()
         if self.transform is not None:
-            set_rnd(self.transform, (self.seed * 1_000_003 + self.epoch * 1_009 + _rank()) % (2**31))
+            set_rnd(self.transform, (self.seed * 1_000_003 + self.epoch * 1_009 + idist.get_rank()) % (2**31))
 
     def _generator(self, device: torch.device) -> torch.Generator:
         key = str(device)
         if key not in self._generators:
-            seed = (self.seed * 100_003 + self.epoch * 1_009 + _rank()) % (2**63)
+            seed = (self.seed * 100_003 + self.epoch * 1_009 + idist.get_rank()) % (2**63)
             self._generators[key] = torch.Generator(device=device).manual_seed(seed)
         return self._generators[key]
 
@@ -128,8 +129,3 @@ class GLAMPrepareBatch(PrepareBatch):
                 raise ValueError(f"'mask' must be (B, 2, H, W) = {expected} for these images, got {tuple(mask.shape)}")
             return image, {"label": label, "mask": mask}, (), model_kwargs
         return image, label, (), model_kwargs
-
-
-def _rank() -> int:
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

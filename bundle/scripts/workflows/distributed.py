@@ -1,8 +1,9 @@
 """Helpers of the DistributedDataParallel overlay (``configs/multi_gpu_train.yaml``) for runs under ``torchrun``.
 
-One process per device: the process group is initialised once per process (in the bundle's ``initialize``, before
-``training`` runs the stages in their fresh copies of the configuration) and destroyed once at the end
-(``finalize``). Logging and TensorBoard handlers are disabled on ranks other than 0 *before* they are built, so that
+One process per device. The rank logic is PyTorch-Ignite's (``ignite.distributed``, the same view MONAI's metric
+gathering uses): the process group is joined through ``idist.initialize`` once per process, before the stages run
+in their fresh copies of the configuration, and left through ``idist.finalize`` once at the end. Logging and
+TensorBoard handlers are disabled on ranks other than 0 *before* they are built (in each stage's copy), so that
 only rank 0 opens event files; metrics, checkpoint loading and everything else run on every rank.
 """
 
@@ -14,9 +15,11 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 import torch.distributed as dist
 from ignite.engine import Engine, Events
+from monai.data import partition_dataset
 
 __all__ = [
     "TORCHRUN_ENV",
@@ -53,18 +56,14 @@ RANK_ZERO_ONLY = (
 )
 
 
-def _initialized() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 def world_size() -> int:
     """Number of processes of the running group (1 without one)."""
-    return dist.get_world_size() if _initialized() else 1
+    return idist.get_world_size()
 
 
 def rank() -> int:
     """Global rank of this process (0 without a process group)."""
-    return dist.get_rank() if _initialized() else 0
+    return idist.get_rank()
 
 
 def local_device() -> torch.device:
@@ -96,10 +95,12 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> t
     device = local_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if _initialized():
+    if dist.is_available() and dist.is_initialized():
+        idist.sync()  # a group made elsewhere: ignite keeps its view of it instead of re-reading it at every call
         return device
     if not dist.is_available():
         raise ValueError("torch.distributed is not available in this PyTorch build")
+    # ignite would fill in a 1-process group for a missing environment: a run started without torchrun must fail
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
         raise ValueError(
@@ -107,53 +108,45 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> t
             "torchrun --nproc_per_node=N -m monai.bundle run training --config_file ..."
         )
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    idist.initialize(backend, timeout=timedelta(seconds=timeout_s))
     logger.info("process group: backend %s, rank %d of %d, device %s", backend, rank(), world_size(), device)
     return device
 
 
 def barrier() -> None:
     """Wait for every rank (no-op without a process group)."""
-    if _initialized():
-        dist.barrier()
+    idist.barrier()
 
 
 def destroy_distributed() -> None:
     """Leave the process group after every rank got here (no-op without one)."""
-    if _initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _first_phase(rank_: int, local_rank: int) -> int:
-    """0 for global rank 0, 1 for the other nodes' first local process, 2 for everyone else."""
-    if rank_ == 0:
-        return 0
-    return 1 if local_rank == 0 else 2
+    if dist.is_available() and dist.is_initialized():
+        idist.barrier()
+        idist.finalize()
 
 
 def rank_zero_first(parser: Any, ids: Sequence[str]) -> None:
     """Evaluate the config items ``ids`` of ``parser`` on rank 0 first, then on each node's first process, then on
-    the other ranks, with a barrier between: for items that create files on first use (the quick start's
-    synthetic dataset), which concurrent processes would otherwise race to create. Later references to the items
-    reuse the parser's evaluated values."""
-    phase = _first_phase(rank(), int(os.environ.get("LOCAL_RANK", "0")))
-    for turn in range(3):
-        if phase == turn:
-            for id_ in ids:
-                parser.get_parsed_content(id_)
-        barrier()
+    the other ranks (``ignite.distributed.one_rank_first``, global then local): for items that create files on first
+    use (the quick start's synthetic dataset), which concurrent processes would otherwise race to create, on a
+    shared filesystem (rank 0's turn) as well as on each node's own disk (the node's first process). Later
+    references to the items reuse the parser's evaluated values."""
+    with idist.one_rank_first(rank=0, local=False), idist.one_rank_first(rank=0, local=True):
+        for id_ in ids:
+            parser.get_parsed_content(id_)
 
 
 def rank_share(items: Sequence[Any], num_replicas: int | None = None, rank_: int | None = None) -> list[Any]:
     """This rank's share of ``items``: ``items[rank::num_replicas]``, without padding or shuffling.
 
-    The same split as ``monai.data.DistributedSampler(even_divisible=False, shuffle=False)``, applied to a datalist
-    before a ``CacheDataset`` is built, so that each rank caches only its own images and every image is evaluated
-    exactly once (metrics gathered over the ranks are those of one process on the whole list).
+    ``monai.data.partition_dataset(even_divisible=False, shuffle=False)`` (the split of
+    ``monai.data.DistributedSampler(even_divisible=False, shuffle=False)``), applied to a datalist before a
+    ``CacheDataset`` is built, so that each rank caches only its own images and every image is evaluated exactly
+    once (metrics gathered over the ranks are those of one process on the whole list).
 
     Raises:
-        ValueError: fewer items than ranks (a rank would have nothing to evaluate).
+        ValueError: fewer items than ranks (a rank would have nothing to evaluate, and the metric gathering would
+            wait for it forever).
     """
     n = world_size() if num_replicas is None else int(num_replicas)
     r = rank() if rank_ is None else int(rank_)
@@ -161,7 +154,7 @@ def rank_share(items: Sequence[Any], num_replicas: int | None = None, rank_: int
         raise ValueError(f"rank must be in [0, {n}), got {r}")
     if len(items) < n:
         raise ValueError(f"{len(items)} item(s) cannot be shared by {n} processes: every rank needs at least one")
-    return list(items[r::n])
+    return list(partition_dataset(list(items), num_partitions=n, shuffle=False, even_divisible=False)[r])
 
 
 def _target_name(component: Any) -> str | None:

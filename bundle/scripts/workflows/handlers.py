@@ -6,6 +6,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import ignite.distributed as idist
 import numpy as np
 import torch
 from ignite.engine import Engine, Events
@@ -19,11 +20,6 @@ def key_metric(metrics: Mapping[str, Any], name: str) -> dict[str, Any]:
     if name not in metrics:
         raise ValueError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
     return {name: metrics[name]}
-
-
-def _rank() -> int:
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 class EpochSeeder:
@@ -62,7 +58,7 @@ class EpochSeeder:
         # the rank enters the per-process streams (augmentations, patches, worker seeds) so that data-parallel
         # processes do not draw identical random numbers; samplers keep (seed, epoch) via set_epoch, which they need
         # to agree on one permutation across ranks
-        epoch_seed = (self.seed * 1_000_003 + epoch * 1_009 + _rank()) % (2**31)
+        epoch_seed = (self.seed * 1_000_003 + epoch * 1_009 + idist.get_rank()) % (2**31)
         for target in self.targets:
             target.set_epoch(epoch)
         for dataset in self.datasets:

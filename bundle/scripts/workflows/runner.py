@@ -1,11 +1,18 @@
-"""Run GLAM's three training stages in order from one bundle command.
+"""Run GLAM's three training stages in order as one MONAI bundle workflow.
 
 ``train.yaml`` describes one stage, parameterised by its ``stage`` id (``global``, ``local`` or ``joint``), so
 that every stage is a complete MONAI train workflow (its own trainer, evaluator, handlers and checkpoint folder)
-that passes ``ConfigWorkflow.check_properties()``. Its default ``training`` entry calls :func:`run_training`,
-which runs the stage named by ``stage``, or all three in order for ``stage: all``: each in a fresh copy of the
-running bundle's merged configuration (the config files, presets and command-line overrides), with ``stage``
-set, so that nothing of one stage's objects leaks into the next and every override applies to every stage.
+that passes ``ConfigWorkflow.check_properties()``. :func:`run_stages` runs the stage named by ``stage``, or all
+three in order for ``stage: all``: each in a fresh copy of the bundle's merged configuration (the config files,
+presets, command-line overrides and the handlers MONAI's ``--tracking`` patched in), with ``stage`` set, so that
+nothing of one stage's objects leaks into the next and every override applies to every stage.
+
+:class:`GLAMTrainingWorkflow` is that run as a ``ConfigWorkflow``: ``initialize`` joins the process group when the
+configuration asks for one (``distributed: true``, ``multi_gpu_train.yaml``), ``run`` evaluates ``training`` with
+the workflow's own parser handed to :func:`run_training`, ``finalize`` leaves the group. ``python -m monai.bundle run
+training`` builds MONAI's plain ``ConfigWorkflow`` (its ``run`` has no way to name another class, and
+``--workflow_name`` cannot import ``scripts`` before MONAI puts the bundle root on ``sys.path``); for that command
+:func:`run_training` finds the running parser itself (:func:`running_parser`).
 """
 
 from __future__ import annotations
@@ -13,17 +20,33 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
-from monai.bundle import ConfigParser
+from monai.bundle import ConfigParser, ConfigWorkflow
+from monai.utils import str2bool
 
 from ..enums import STAGES
+from .distributed import destroy_distributed, disable_on_other_ranks, init_distributed, quiet_other_ranks, rank
 
-__all__ = ["STAGE_ORDER", "run_training", "stages_to_run", "running_parser"]
+__all__ = [
+    "STAGE_ORDER",
+    "GLAMTrainingWorkflow",
+    "active_parser",
+    "run_stages",
+    "run_training",
+    "stages_to_run",
+    "running_parser",
+]
 
 #: the stages in training order (the vocabulary's order)
 STAGE_ORDER = STAGES
 logger = logging.getLogger(__name__)
+
+#: the parser of the GLAMTrainingWorkflow whose ``run`` is under way (None under MONAI's plain ConfigWorkflow)
+_ACTIVE_PARSER: ContextVar[ConfigParser | None] = ContextVar("glam_active_parser", default=None)
 
 
 def stages_to_run(stage: str) -> list[str]:
@@ -38,8 +61,12 @@ def stages_to_run(stage: str) -> list[str]:
 def running_parser() -> ConfigParser:
     """The ``ConfigParser`` whose content is being evaluated (the caller of this config expression).
 
-    MONAI evaluates ``$`` expressions inside ``ConfigParser.get_parsed_content``; the parser is found on the call
-    stack there. Raises ``RuntimeError`` when called from outside a bundle config.
+    Only for ``python -m monai.bundle run``, whose plain ``ConfigWorkflow`` hands its parser to nothing: MONAI
+    evaluates ``$`` expressions inside ``ConfigParser.get_parsed_content``, so the parser is found on the call stack
+    there. :class:`GLAMTrainingWorkflow` passes its parser explicitly (:func:`active_parser`).
+
+    Raises:
+        RuntimeError: called from outside a bundle config.
     """
     frame = inspect.currentframe()
     try:
@@ -53,24 +80,130 @@ def running_parser() -> ConfigParser:
     raise RuntimeError("running_parser() must be called from a bundle config expression (no ConfigParser found)")
 
 
-def run_training(stage: str, stage_run_id: str = "run_stage", parser: ConfigParser | None = None) -> list[Any]:
-    """Run one stage or all three: for each, a deep copy of the bundle's merged config with ``stage`` set, whose
-    ``stage_run_id`` entry (set determinism, check the data, ``train#trainer.run()``) is then evaluated.
+def active_parser() -> ConfigParser:
+    """The running training workflow's parser: the :class:`GLAMTrainingWorkflow`'s own, else (the plain
+    ``monai.bundle run`` command) the one evaluating the calling config expression."""
+    parser = _ACTIVE_PARSER.get()
+    return running_parser() if parser is None else parser
+
+
+@contextmanager
+def _active(parser: ConfigParser) -> Iterator[None]:
+    token = _ACTIVE_PARSER.set(parser)
+    try:
+        yield
+    finally:
+        _ACTIVE_PARSER.reset(token)
+
+
+def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage") -> list[Any]:
+    """Run one stage or all three: for each, a deep copy of ``parser``'s merged config with ``stage`` set, whose
+    ``stage_run_id`` entry (set determinism, ``train#trainer.run()``, a summary) is then evaluated.
+
+    On ranks other than 0 of a process group, the copy's logging and drawing handlers (the config's
+    ``rank_zero_only`` class names, if it has that entry) are disabled before anything in it is built.
 
     Args:
+        parser: the bundle's parser (its raw content is copied, never modified).
         stage: ``"all"``, ``"global"``, ``"local"`` or ``"joint"``.
         stage_run_id: the config id that runs one stage.
-        parser: the running bundle's parser (found on the call stack when omitted).
 
     Returns:
         per stage, what the last entry of its ``stage_run_id`` list evaluated to (train.yaml: a summary dict).
     """
-    parser = running_parser() if parser is None else parser
+    names = stages_to_run(stage)  # a bad stage name fails before anything is built
+    this_rank = rank()
+    rank_zero_only: Sequence[str] = ()
+    if "rank_zero_only" in parser and this_rank != 0:
+        rank_zero_only = parser.get_parsed_content("rank_zero_only")
     results = []
-    for name in stages_to_run(stage):
+    for name in names:
         logger.info("GLAM training: stage %s", name)
-        stage_parser = ConfigParser(copy.deepcopy(parser.get()), globals=dict(parser.globals))
+        config = copy.deepcopy(parser.get())
+        disable_on_other_ranks(config, rank_zero_only, rank_=this_rank)
+        stage_parser = ConfigParser(config, globals=dict(parser.globals))
         stage_parser["stage"] = name
         result = stage_parser.get_parsed_content(stage_run_id)
         results.append(result[-1] if isinstance(result, list) and result else result)
     return results
+
+
+def run_training(stage: str, stage_run_id: str = "run_stage", parser: ConfigParser | None = None) -> list[Any]:
+    """:func:`run_stages` on ``parser``, by default the running training workflow's (:func:`active_parser`).
+
+    train.yaml's ``training`` entry: ``$scripts.workflows.run_training(@stage)``.
+    """
+    return run_stages(active_parser() if parser is None else parser, stage, stage_run_id)
+
+
+class GLAMTrainingWorkflow(ConfigWorkflow):
+    """GLAM's multi-stage training as a MONAI bundle workflow that owns its process group.
+
+    The same run as ``python -m monai.bundle run training`` (``run_id`` defaults to ``"training"``), from Python::
+
+        wf = GLAMTrainingWorkflow(config_file=["configs/train.yaml"], meta_file="configs/metadata.json", stage="all")
+        wf.initialize()
+        summaries = wf.run()[-1]  # one dict per stage
+        wf.finalize()
+
+    With ``distributed: true`` (``multi_gpu_train.yaml``, under ``torchrun``) ``initialize`` joins the process
+    group (``dist_backend``, ``dist_timeout_s``) and quiets the other ranks' logging, and ``finalize`` leaves it,
+    also when ``training`` left it already. Every argument is ``ConfigWorkflow``'s, including ``tracking``: its
+    handlers are patched into the merged configuration that every stage copies.
+    """
+
+    def __init__(
+        self,
+        config_file: str | Sequence[str],
+        meta_file: str | Sequence[str] | None = None,
+        logging_file: str | bool | None = None,
+        init_id: str = "initialize",
+        run_id: str = "training",
+        final_id: str = "finalize",
+        tracking: str | dict | None = None,
+        workflow_type: str | None = "train",
+        properties_path: Any = None,
+        **override: Any,
+    ) -> None:
+        super().__init__(
+            config_file=config_file,
+            meta_file=meta_file,
+            logging_file=logging_file,
+            init_id=init_id,
+            run_id=run_id,
+            final_id=final_id,
+            tracking=tracking,
+            workflow_type=workflow_type,
+            properties_path=properties_path,
+            **override,
+        )
+        self._joined_group = False
+
+    def _distributed(self) -> bool:
+        return str2bool(str(self.parser.get("distributed", False)))
+
+    def initialize(self) -> Any:
+        """Parse the configuration, join the process group if it is a distributed run, evaluate ``initialize``."""
+        result = super().initialize()
+        if self._distributed() and not self._joined_group:
+            init_distributed(
+                backend=self.parser.get_parsed_content("dist_backend"),
+                timeout_s=self.parser.get_parsed_content("dist_timeout_s"),
+            )
+            quiet_other_ranks(self.parser.get_parsed_content("log_level_other_ranks"))
+            self._joined_group = True
+        return result
+
+    def run(self) -> Any:
+        """Evaluate ``run_id`` (``training``), with this workflow's parser as the one the stages copy."""
+        with _active(self.parser):
+            return super().run()
+
+    def finalize(self) -> Any:
+        """Evaluate ``finalize``, then leave the process group this workflow joined."""
+        try:
+            return super().finalize()
+        finally:
+            if self._joined_group:
+                destroy_distributed()
+                self._joined_group = False

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import ignite.distributed as idist
 import numpy as np
-import torch
 from torch.utils.data import Sampler
 
 __all__ = ["BalancedEpochSampler", "positive_flags"]
@@ -45,7 +45,7 @@ class BalancedEpochSampler(Sampler[int]):
         positives: one flag per dataset item, True for images with a lesion (see :func:`positive_flags`).
         seed: base seed.
         negatives_per_positive: negatives drawn per positive (1 in the paper); all negatives when there are fewer.
-        num_replicas, rank: data-parallel split (default: from ``torch.distributed`` when it is initialised).
+        num_replicas, rank: data-parallel split (default: the running process group's, ``ignite.distributed``).
     """
 
     def __init__(
@@ -61,10 +61,8 @@ class BalancedEpochSampler(Sampler[int]):
             raise ValueError("BalancedEpochSampler needs a non-empty dataset")
         if negatives_per_positive < 0:
             raise ValueError(f"negatives_per_positive must be >= 0, got {negatives_per_positive}")
-        if num_replicas is None or rank is None:
-            dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-            num_replicas = torch.distributed.get_world_size() if dist and num_replicas is None else (num_replicas or 1)
-            rank = torch.distributed.get_rank() if dist and rank is None else (rank or 0)
+        num_replicas = idist.get_world_size() if num_replicas is None else num_replicas
+        rank = idist.get_rank() if rank is None else rank
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
         self.pos = np.flatnonzero(flags)
