@@ -51,13 +51,13 @@ def _font(size: int = 13):
         return ImageFont.load_default()
 
 
-def line_panel(series: Series, title: str, log_y: bool = False, size: tuple[int, int] = (460, 300)) -> np.ndarray:
+def line_panel(series: Series, title: str, log_y: bool = False, size: tuple[int, int] = (580, 300)) -> np.ndarray:
     """A line chart of ``series`` (name -> [(epoch, value)]) with axes, ticks and a legend -> (H, W, 3) uint8.
     Non-finite values (an AUC with one class absent) and, on a log scale, values <= 0 are left out."""
     from PIL import Image, ImageDraw
 
     width, height = size
-    left, right, top, bottom = 62, 12, 26, 34
+    left, right, top, bottom = 62, 130, 26, 34  # the legend goes right of the plot
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
     font = _font()
@@ -106,7 +106,7 @@ def line_panel(series: Series, title: str, log_y: bool = False, size: tuple[int,
             draw.line(xy, fill=colour, width=2)
         for u, v in xy:
             draw.ellipse([u - 3, v - 3, u + 3, v + 3], fill=colour)
-        draw.text((width - right - 150, top + 4 + 14 * i), name, fill=colour, font=font)
+        draw.text((width - right + 10, top + 4 + 14 * i), name, fill=colour, font=font)
     return np.asarray(img)
 
 

@@ -325,4 +325,4 @@ def test_the_curves_script_draws_the_logged_scalars(tracked_training, tmp_path):
             assert [v for _, v in scalars[key]] == pytest.approx([v for _, v in tracked], rel=1e-6), (stage, key)
     png = tmp_path / "curves.png"
     assert plot.main([str(tracked_training["root"] / "eval"), str(png)]) == 0
-    assert Image.open(png).size == (920, 900)  # 2 panels of 460 x 300 per stage
+    assert Image.open(png).size == (1160, 900)  # 2 panels of 580 x 300 per stage
