@@ -95,3 +95,32 @@ def assert_identical(a, b, where: str = "value") -> None:
             assert_identical(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.fixture(autouse=True)
+def _bundle_logging_conf_keeps_pytest_capture(monkeypatch):
+    """Every ``ConfigWorkflow`` over ``bundle/configs`` applies ``bundle/configs/logging.conf`` (as ``monai.bundle run``
+    does), and ``logging.config.fileConfig`` replaces the root logger's handlers, pytest's log capture (``caplog``)
+    among them. The conf is applied as it is; pytest's handlers are put back at once, and what the conf added to
+    the root logger (its console handler, its level) is undone after the test, so that no test leaks it."""
+    import logging
+
+    import monai.bundle.workflows as bundle_workflows
+
+    root = logging.getLogger()
+    level, added = root.level, []
+    apply = bundle_workflows.fileConfig
+
+    def file_config(*args, **kwargs):
+        pytest_handlers = [h for h in root.handlers if type(h).__module__.startswith("_pytest")]
+        apply(*args, **kwargs)
+        added.extend(h for h in root.handlers if h not in added)
+        for handler in pytest_handlers:
+            root.addHandler(handler)
+
+    monkeypatch.setattr(bundle_workflows, "fileConfig", file_config)
+    yield
+    for handler in added:
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(level)
