@@ -35,6 +35,7 @@ folder must return the network built by ``configs/inference.json`` (its class fr
 exactly the tensors of models/model.pt, and S_c of the expected shape; and the model zoo's data-shape check,
 ``monai.bundle verify_net_in_out network_def`` on ``configs/inference.json`` with ``--bundle_root`` as the zoo's
 ``ci/verify_bundle.py`` calls it.
+The steps that run inside the unzipped bundle are the scripts in ``scripts/bundle_checks/``.
 Prints one line per step; the exit code is non-zero when any step fails, and the failing step is named.
 """
 
@@ -73,6 +74,8 @@ FULL_IMAGE = (1024, 640)  # shipped weights: synthetic images at most this large
 # the bundle's shipped weights (relative to the bundle root): packaged unless --weights replaces them
 DEFAULT_WEIGHTS = Path("models") / "model.pt"
 STEP_TIMEOUT_S = 900
+#: the steps that run inside the unzipped bundle, in fresh interpreters
+CHECK_SCRIPTS = Path(__file__).resolve().parent / "bundle_checks"
 # the ids of a size preset that define the network and its input (top-level ids of inference.yaml and train.yaml)
 PRESET_IDS = (
     "image_size",
@@ -327,6 +330,12 @@ def build_zip(
     return zip_path
 
 
+def _check_script(name: str) -> str:
+    """The text of ``scripts/bundle_checks/<name>.py``, run with ``python -c`` inside the unzipped bundle (so that the
+    repository's folders are not on the path: a script file would put its own folder there)."""
+    return (CHECK_SCRIPTS / f"{name}.py").read_text(encoding="utf-8")
+
+
 def _clean_env(bundle_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env.update(PYTHONPATH=str(bundle_dir), PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1")
@@ -350,124 +359,6 @@ def _run(step: str, args: list[str], bundle_dir: Path, cwd: Path | None = None) 
     if res.returncode != 0:
         raise PackagingError(step, f"exit code {res.returncode}:\n{(res.stdout + res.stderr)[-3000:]}")
     return res.stdout + res.stderr
-
-
-# Runs inside the unzipped bundle: proves `scripts` comes from there and nothing from the repository is on the
-# path, then reads every config and restricts what it can reach.
-_CONFIG_CHECK = r"""
-import ast, sys, json
-from pathlib import Path
-import scripts
-from monai.bundle import ConfigParser
-from monai.bundle.config_item import ComponentLocator
-repo = sys.argv[1]
-here = Path.cwd().resolve()
-assert Path(scripts.__file__).resolve().is_relative_to(here), f"scripts imported from {scripts.__file__}"
-# the interpreter's own environment may live inside the repository (.venv): only its installed packages count
-env = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
-bad = [
-    p for p in sys.path
-    if p and Path(p).resolve().is_relative_to(Path(repo))
-    and not any(Path(p).resolve().is_relative_to(e) for e in [here, *env])
-]
-assert not bad, f"repository on sys.path: {bad}"
-ALLOWED = {"scripts", "monai", "torch", "ignite", "numpy"} | set(sys.stdlib_module_names)
-locator = ComponentLocator()
-problems, n = [], 0
-def walk(node, where):
-    if isinstance(node, dict):
-        t = node.get("_target_")
-        if isinstance(t, str):
-            top = t.split(".")[0]
-            if "." in t and top not in ALLOWED:
-                problems.append(f"{where}: _target_ {t}")
-            elif "." not in t and locator.get_component_module_name(t) is None:
-                problems.append(f"{where}: _target_ {t} is not a MONAI component")
-        for k, v in node.items():
-            walk(v, f"{where}.{k}")
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            walk(v, f"{where}[{i}]")
-    elif isinstance(node, str) and node.startswith("$") and ("import " in node):
-        for stmt in ast.parse(node[1:]).body:
-            names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else [stmt.module or ""]
-            problems.extend(f"{where}: imports {m}" for m in names if m.split(".")[0] not in ALLOWED)
-files = [f for f in sorted(Path("configs").iterdir()) if f.suffix in (".yaml", ".yml", ".json")]
-layered = []
-for f in files:
-    # an overlay (evaluate.yaml, multi_gpu_train.yaml, inference_reference.yaml) only loads over its base config
-    for base in [None, "train.yaml", "inference.yaml"]:
-        parser = ConfigParser()
-        try:
-            parser.read_config([f"configs/{base}", str(f)] if base else str(f))
-            parser.parse()
-        except KeyError as e:
-            err = e
-            continue
-        break
-    else:
-        sys.exit(f"{f}: does not load alone nor over train.yaml or inference.yaml: {err}")
-    if base:
-        layered.append(f"{f.name} over {base}")
-    walk(parser.get(), f.name)
-    n += 1
-if problems:
-    sys.exit("configs reach outside scripts./MONAI/torch: " + "; ".join(problems))
-print(f"{n} configs parsed" + (f" ({', '.join(layered)})" if layered else ""))
-"""
-
-_MAKE_INPUTS = r"""
-import shutil, sys
-from pathlib import Path
-import torch
-from scripts.data.synthetic import make_synthetic_dataset
-from scripts.networks import GLAMSaliencyNet
-work, h, w, tiny = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
-make_synthetic_dataset(work / "synthetic", 2, size=(h, w), seed=11, fmt="png")
-inputs = work / "inputs"
-inputs.mkdir()
-for f in sorted((work / "synthetic" / "images").iterdir())[:2]:
-    shutil.copy(f, inputs / f.name)
-if tiny:
-    torch.manual_seed(0)
-    torch.save(GLAMSaliencyNet(stage="joint", patch_size=64, local_depth=18, local_width=4).state_dict(),
-               work / "tiny_model.pt")
-print(len(list(inputs.iterdir())), "images")
-"""
-
-# Runs with only the unzipped bundle on the path and from another folder, as a user of the zoo's API would:
-# monai.bundle.load must return the network of configs/inference.json holding the shipped tensors.
-_MONAI_LOAD = r"""
-import json, sys
-from pathlib import Path
-import torch
-from monai.bundle import load
-bundle_dir, name, h, w = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-root = (bundle_dir / name).resolve()
-net = load(name, bundle_dir=str(bundle_dir), workflow_type="inference", device="cpu")
-if not isinstance(net, torch.nn.Module):
-    sys.exit(f"monai.bundle.load returned a {type(net).__name__}, not a network")
-source = Path(sys.modules[type(net).__module__].__file__).resolve()
-assert source.is_relative_to(root), f"the network class comes from {source}, not from {root}"
-from scripts.networks.settings import SETTINGS_KEY, decode_settings, settings_differences
-shipped = torch.load(root / "models" / "model.pt", map_location="cpu", weights_only=True)
-state = net.state_dict()
-# load() copies only the tensors whose names and shapes match, silently: compare every one
-tensors = set(shipped) - {SETTINGS_KEY}
-assert tensors == set(state) - {SETTINGS_KEY}, f"names differ: {sorted(tensors ^ (set(state) - {SETTINGS_KEY}))[:10]}"
-differ = [k for k in sorted(tensors) if not torch.equal(state[k], shipped[k])]
-assert not differ, f"{len(differ)} tensors differ from models/model.pt, e.g. {differ[:5]}"
-# the network keeps its own settings record (bundle version included): it must say what the shipped one says
-if SETTINGS_KEY in shipped:
-    diffs = settings_differences(decode_settings(shipped[SETTINGS_KEY]), decode_settings(state[SETTINGS_KEY]))
-    assert not diffs, f"the network was built with other settings than the weights record: {diffs}"
-meta = json.loads((root / "configs" / "metadata.json").read_text(encoding="utf-8"))
-channels = meta["network_data_format"]["outputs"]["pred"]["num_channels"]
-with torch.no_grad():
-    out = net.eval()(torch.rand(1, 1, h, w))
-assert tuple(out.shape) == (1, channels, h // 4, w // 4), f"S_c of shape {tuple(out.shape)} for a {h}x{w} input"
-print(f"loaded: {type(net).__name__} with the {len(tensors)} tensors of models/model.pt; S_c {tuple(out.shape)}")
-"""
 
 
 def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, keep: Path | None = None) -> None:
@@ -504,7 +395,7 @@ def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, k
             report.skip("verify_metadata", f"schema not found at {schema}")
 
         t = time.perf_counter()
-        out = _run("load_configs", ["-c", _CONFIG_CHECK, str(REPO_ROOT)], bundle_dir)
+        out = _run("load_configs", ["-c", _check_script("check_configs"), str(REPO_ROOT)], bundle_dir)
         report.ok("load_configs", out.strip().splitlines()[-1], time.perf_counter() - t)
 
         shipped = (bundle_dir / "models" / "model.pt").is_file()
@@ -520,7 +411,10 @@ def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, k
             t = time.perf_counter()
             # from the work folder, not the bundle's: load() must find the bundle by itself
             out = _run(
-                "monai_load", ["-c", _MONAI_LOAD, str(bundle_dir.parent), name, str(h), str(w)], bundle_dir, work
+                "monai_load",
+                ["-c", _check_script("monai_load"), str(bundle_dir.parent), name, str(h), str(w)],
+                bundle_dir,
+                work,
             )
             loaded = [line for line in out.splitlines() if line.startswith("loaded: ")]
             report.ok("monai_load", loaded[-1][len("loaded: ") :] if loaded else "", time.perf_counter() - t)
@@ -542,7 +436,11 @@ def verify_zip(zip_path: Path, name: str, schema: Path | None, report: Report, k
             report.skip("verify_net_in_out", "no weights shipped")
 
         t = time.perf_counter()
-        _run("synthetic_inputs", ["-c", _MAKE_INPUTS, str(work), str(h), str(w), "0" if shipped else "1"], bundle_dir)
+        _run(
+            "synthetic_inputs",
+            ["-c", _check_script("make_inputs"), str(work), str(h), str(w), "0" if shipped else "1"],
+            bundle_dir,
+        )
         report.ok("synthetic_inputs", f"2 images of {h}x{w}", time.perf_counter() - t)
 
         t = time.perf_counter()

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-STAGES = ("global", "local", "joint")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
+
+from scripts.enums import STAGES  # noqa: E402
+
 LOSS_TAGS = ("train_loss_epoch", "train_bce_global", "train_l1_global", "train_bce_local", "train_l1_local")
 LOSS_TAGS += ("train_bce_fusion",)
 VAL_TAGS = ("val_soft_dice", "val_dice_benign", "val_dice_malignant", "val_pointing_game", "val_auc_benign")

@@ -5,270 +5,47 @@ the hardware and dataset the run used, wall times and every trial (:func:`write_
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from scripts.enums import CLASS_NAMES, LesionClass, MapName
+from scripts.enums import CLASS_NAMES, MapName
 
 from .files import write_text
 from .metrics import (
     CLASSES,
-    METRIC_GROUPS,
     ORDERINGS,
     acceptance_checks,
-    bootstrap_orderings,
-    per_image_values,
     pooled_rate,
     relative_gain,
     row_value,
     table_row,
 )
-from .paths import display_path
-from .presets import MODELS, Budget, ModelSpec
+from .presets import Budget
+
+# ModelResult, Replicate, table1_rows and PAPER_TABLE1 are imported from here by the driver, the figures and the tests
+from .report_tables import (  # noqa: F401
+    FINDINGS_FILE,
+    PAPER_TABLE1,
+    ModelResult,
+    Replicate,
+    _at_rate,
+    _bootstrap_lines,
+    _dataset_lines,
+    _fmt,
+    _hardware,
+    _localisation_lines,
+    _minutes,
+    _per_image,
+    _short,
+    _table1_lines,
+    _tuple_like,
+    table1_rows,
+)
 from .search import SearchSpace
-
-#: the paper's Table 1 (NYU data, test set), shown for reference next to ours
-PAPER_TABLE1 = {
-    "GLAM": {
-        "dice": (0.390, 0.335),
-        "pxap_image": (0.461, 0.396),
-        "pxap_dataset": (0.341, 0.215),
-        "auc": (0.882, 0.770),
-    },
-    "GMIC": {
-        "dice": (0.325, 0.240),
-        "pxap_image": (0.396, 0.283),
-        "pxap_dataset": (0.295, 0.112),
-        "auc": (0.886, 0.780),
-    },
-    "CAM": {
-        "dice": (0.250, 0.207),
-        "pxap_image": (0.279, 0.222),
-        "pxap_dataset": (0.226, 0.084),
-        "auc": (0.894, 0.770),
-    },
-    "U-Net": {
-        "dice": (0.504, 0.412),
-        "pxap_image": (0.589, 0.498),
-        "pxap_dataset": (0.452, 0.265),
-        "auc": (None, None),
-    },
-}
-#: notes a person wrote after looking at a run, kept beside results.md and included in it verbatim
-FINDINGS_FILE = "results_findings.md"
-
-
-def _fmt(value: float | None, std: float | None = None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.3f}" if std is None else f"{value:.3f} ± {std:.3f}"
-
-
-def _table1_lines(rows: Mapping[str, Any], label: str) -> list[str]:
-    """Markdown table in the paper's Table-1 layout; a row that is not a mapping is shown as a word in every cell."""
-    head = f"| {label} | " + " | ".join(f"{title} {c}" for _, title in METRIC_GROUPS for c in CLASSES) + " |"
-    lines = [head, "|---" * (1 + 2 * len(METRIC_GROUPS)) + "|"]
-    for name, row in rows.items():
-        if not isinstance(row, Mapping):  # None: the model's steps failed; or a word saying why there is no row
-            word = "failed" if row is None else str(row)
-            lines.append(f"| {name} | " + " | ".join([word] * (2 * len(METRIC_GROUPS))) + " |")
-            continue
-        cells = []
-        for key, _ in METRIC_GROUPS:
-            for c in CLASSES:
-                std = row.get(f"{key}_std", {}).get(c) if key in ("dice", "pxap_image") else None
-                cells.append(_fmt(row[key][c], std) if key != "auc" or row[key][c] is not None else "n/a")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _hardware(threads: int) -> list[str]:
-    import monai
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 1
-    device = f"CUDA: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "CPU"
-    return [
-        f"- CPU: {cpu}; {os.cpu_count()} logical cores, {usable} usable by this process; "
-        f"OMP_NUM_THREADS={threads} for every workflow",
-        f"- device the workflows trained and evaluated on: {device}",
-        f"- Python {platform.python_version()}, torch {torch.__version__}, MONAI {monai.__version__}, "
-        f"{platform.system()} {platform.release()}",
-    ]
-
-
-def _dataset_lines(datalist: Path) -> list[str]:
-    from dataclasses import asdict
-
-    from scripts.data.synthetic import SyntheticConfig
-
-    lines = []
-    generator = datalist.parent / "generator.json"
-    if generator.is_file():
-        desc = json.loads(generator.read_text())
-        config = desc.get("config", {})
-        defaults = asdict(SyntheticConfig())
-        changed = {
-            k: v for k, v in config.items() if k != "size" and defaults.get(k) != _tuple_like(v, defaults.get(k))
-        }
-        lines.append(
-            f"- generator `scripts.data.synthetic` (seed {desc.get('seed')}, {desc.get('n')} images, "
-            f"{config.get('size', ['?', '?'])[0]}x{config.get('size', ['?', '?'])[1]}, format {desc.get('format')}); "
-            f"`{display_path(datalist)}`"
-        )
-        if changed:
-            settings = ", ".join(
-                f"`{k}` {_short(v)} (default {_short(defaults[k])})" for k, v in sorted(changed.items())
-            )
-            lines.append(f"- settings that differ from the generator's calibrated defaults: {settings}")
-        else:
-            lines.append("- every generator setting at its calibrated default (docs/data.md)")
-    content = json.loads(datalist.read_text())
-    for split in ("training", "validation", "test"):
-        items = content.get(split, [])
-        patients = len({it.get("patient_id") for it in items})
-        benign = sum(1 for it in items if (it.get("label") or [0, 0])[0])
-        malignant = sum(1 for it in items if (it.get("label") or [0, 0])[1])
-        lines.append(
-            f"- {split}: {len(items)} images of {patients} patients; with a benign lesion {benign}, "
-            f"with a malignant lesion {malignant}"
-        )
-    return lines
-
-
-def _tuple_like(value: Any, reference: Any) -> Any:
-    return tuple(value) if isinstance(reference, tuple) and isinstance(value, list) else value
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_short(v) for v in value) + "]"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _at_rate(learning_rate: float | None) -> str:
-    return "" if learning_rate is None else f" (learning rate {learning_rate:g})"
-
-
-def _minutes(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    return f"{int(seconds // 60)} min {int(round(seconds % 60)):02d} s"
-
-
-@dataclass
-class Replicate:
-    """A model trained again with its selected hyper-parameters on the data of another seed, and its test reports."""
-
-    seed: int
-    datalist: Path
-    test: dict[str, Any] | None = None  # GLAM: the joint model's report
-    test_local: dict[str, Any] | None = None
-    test_csv: Path | None = None
-
-
-@dataclass
-class ModelResult:
-    """What the driver learned about one model: its trials, the selected one, its test report(s), the replicates on
-    other data seeds, wall time."""
-
-    spec: ModelSpec
-    trials: list[dict[str, Any]] = field(default_factory=list)
-    selected: int | None = None
-    test: dict[str, Any] | None = None  # GLAM: the joint model's report
-    test_local: dict[str, Any] | None = None  # GLAM: the local-stage model's report (Table 2)
-    test_csv: Path | None = None
-    replicates: list[Replicate] = field(default_factory=list)
-    wall_s: float = 0.0
-    wall_complete: bool = True
-
-
-#: the map of each model that Table 1 reports (GLAM: S_c of the jointly trained model)
-TABLE1_MAPS = {"glam": MapName.COMBINED, "gmic": MapName.GLOBAL, "cam": MapName.GLOBAL, "unet": MapName.GLOBAL}
-
-
-def table1_rows(results: Mapping[str, Any], pick: Any = lambda r: r) -> dict[str, Any]:
-    """Table-1 rows by model title from each result's test report (``pick`` selects the report holder: the result
-    itself or one of its replicates); "not run" / None (failed) where there is no report."""
-    rows: dict[str, Any] = {}
-    for key, map_key in TABLE1_MAPS.items():
-        r = results.get(key)
-        holder = pick(r) if r is not None else None
-        if r is None:
-            rows[MODELS[key].title] = "not run"
-        else:
-            rows[MODELS[key].title] = table_row(holder.test, map_key) if holder is not None and holder.test else None
-    return rows
-
-
-def _per_image(results: Mapping[str, Any], stat: str, pick: Any = lambda r: r) -> dict[str, Any]:
-    """Per model title, ``{class: {image: value}}`` of a per-image statistic of its Table-1 map."""
-    out = {}
-    for key, map_key in TABLE1_MAPS.items():
-        r = results.get(key)
-        holder = pick(r) if r is not None else None
-        if holder is not None and holder.test_csv is not None and Path(holder.test_csv).is_file():
-            out[MODELS[key].title] = per_image_values(Path(holder.test_csv), map_key, stat)
-    return out
-
-
-def _bootstrap_lines(results: Mapping[str, Any], pick: Any = lambda r: r) -> list[str]:
-    lines = [
-        "| ordering | metric | class | difference (95 % bootstrap interval) | resamples where it holds |",
-        "|---|---|---|---|---|",
-    ]
-    for stat, title in (("dice", "Dice"), ("pxap", "image-level PxAP")):
-        boot = bootstrap_orderings(_per_image(results, stat, pick))
-        for (better, worse, cls), b in boot.items():
-            lines.append(
-                f"| {better} > {worse} | {title} | {cls} | {b['difference']:+.3f} ({b['low']:+.3f}, {b['high']:+.3f}) "
-                f"| {b['share_ahead']:.0%} |"
-            )
-    return lines
-
-
-def _localisation_lines(results: Mapping[str, Any], trivial: Mapping[str, Any] | None) -> list[str]:
-    lines = [
-        "| model | map | pointing game malignant | pointing game benign | pooled | peak on the border (pooled) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for key, map_key in (
-        ("glam", MapName.COMBINED),
-        *((key, MapName.GLOBAL) for key in ("glam", "gmic", "cam", "unet")),
-    ):
-        r = results.get(key)
-        if r is None or r.test is None:
-            continue
-        row = table_row(r.test, map_key)
-        hits = [_fmt(row["pointing_game"][c]) for c in CLASSES]
-        lines.append(
-            f"| {r.spec.title} | {map_key} | {' | '.join(hits)} | {_fmt(pooled_rate(row, 'pointing_game'))} | "
-            f"{_fmt(pooled_rate(row, 'peak_on_border'))} |"
-        )
-    if trivial:
-        hits = trivial["brightest_cell_hit"]
-        lines.append(
-            f"| no learning: the brightest {trivial['cell']}-px cell | - | {_fmt(hits[LesionClass.MALIGNANT])} | "
-            f"{_fmt(hits[LesionClass.BENIGN])} | {_fmt(trivial['brightest_cell_pooled'])} | - |"
-        )
-    return lines
 
 
 @dataclass
