@@ -47,6 +47,15 @@ requires_cuda = pytest.mark.skipif(not cuda_available(), reason="needs a CUDA de
 
 TRAIN_CONFIG = BUNDLE_ROOT / "configs" / "train.yaml"
 TINY_CONFIG = REPO_ROOT / "tests" / "configs" / "tiny.yaml"
+#: the metrics train.yaml's validation publishes every epoch (validate#metrics)
+VALIDATION_METRICS = (
+    "val_soft_dice",
+    "val_dice_benign",
+    "val_dice_malignant",
+    "val_pointing_game",
+    "val_auc_benign",
+    "val_auc_malignant",
+)
 
 
 @pytest.fixture(scope="session")

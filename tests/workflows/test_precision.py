@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
+from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG, VALIDATION_METRICS, tiny_overrides
 from ignite.engine import Events
 from monai.bundle import ConfigParser
 
@@ -18,14 +18,6 @@ from scripts.enums import STAGES
 from scripts.workflows import AutocastInferer, amp_plan
 
 EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
-VALIDATION_METRICS = (
-    "val_soft_dice",
-    "val_dice_benign",
-    "val_dice_malignant",
-    "val_pointing_game",
-    "val_auc_benign",
-    "val_auc_malignant",
-)
 
 
 def test_amp_plan_bf16_anywhere_fp16_through_monai_on_cuda_only():

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
+from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, VALIDATION_METRICS, tiny_overrides
 from ignite.engine import Events
 from monai.bundle import ConfigWorkflow
 from monai.engines.utils import IterationEvents
@@ -31,14 +31,6 @@ TERMS = {
     "global": {"bce_global", "l1_global"},
     "local": {"bce_local", "l1_local"},
     "joint": {"bce_global", "l1_global", "bce_local", "l1_local", "bce_fusion"},
-}
-VAL_METRICS = {
-    "val_soft_dice",
-    "val_dice_benign",
-    "val_dice_malignant",
-    "val_pointing_game",
-    "val_auc_benign",
-    "val_auc_malignant",
 }
 MISSING_LOGGING_CONF = "logging.conf does not exist"
 
@@ -82,7 +74,7 @@ def test_each_stage_is_one_finished_run_with_its_loss_terms_lr_and_validation_me
         run = runs[f"train_{stage}"]
         assert run.info.status == "FINISHED"
         assert run.data.params["max_epochs"] == str(epochs)
-        per_epoch = {f"train_{t}" for t in TERMS[stage]} | {"train_loss_epoch", "train_lr"} | VAL_METRICS
+        per_epoch = {f"train_{t}" for t in TERMS[stage]} | {"train_loss_epoch", "train_lr"} | set(VALIDATION_METRICS)
         assert set(run.data.metrics) == per_epoch | {"train_loss", "lr_group_0"}, stage
         for key in per_epoch:
             assert [step for step, _ in history(uri, run, key)] == list(range(1, epochs + 1)), (stage, key)

@@ -152,31 +152,8 @@ class GLAMTrainingWorkflow(ConfigWorkflow):
     handlers are patched into the merged configuration that every stage copies.
     """
 
-    def __init__(
-        self,
-        config_file: str | Sequence[str],
-        meta_file: str | Sequence[str] | None = None,
-        logging_file: str | bool | None = None,
-        init_id: str = "initialize",
-        run_id: str = "training",
-        final_id: str = "finalize",
-        tracking: str | dict | None = None,
-        workflow_type: str | None = "train",
-        properties_path: Any = None,
-        **override: Any,
-    ) -> None:
-        super().__init__(
-            config_file=config_file,
-            meta_file=meta_file,
-            logging_file=logging_file,
-            init_id=init_id,
-            run_id=run_id,
-            final_id=final_id,
-            tracking=tracking,
-            workflow_type=workflow_type,
-            properties_path=properties_path,
-            **override,
-        )
+    def __init__(self, *args: Any, run_id: str = "training", **kwargs: Any) -> None:
+        super().__init__(*args, run_id=run_id, **kwargs)
         self._joined_group = False
 
     def _distributed(self) -> bool:
