@@ -32,7 +32,7 @@ from .figures import make_figures
 from .files import write_json
 from .metrics import read_metrics, table_row, validation_dice
 from .paths import BUNDLE_ROOT, DEFAULT_SEARCH, EVAL_CONFIG, TRAIN_CONFIG, display_path
-from .presets import MODELS, BenchmarkError, Budget, ModelSpec, read_preset
+from .presets import MODELS, BenchmarkError, Budget, ModelSpec, flatten_preset, read_preset
 from .report import ModelResult, Replicate, write_results
 from .search import load_search_space, sample_trials, trial_overrides
 from .steps import Runner, Step, bundle_command
@@ -97,15 +97,20 @@ class ModelSteps:
     train_cfg: list[Path]
     eval_cfg: list[Path]
     stage: dict[str, str]
+    init: Path | None = None
 
     @classmethod
-    def of(cls, spec: ModelSpec, preset: Path) -> ModelSteps:
+    def of(cls, spec: ModelSpec, preset: Path, init: Path | None = None) -> ModelSteps:
         extra = [spec.overlay] if spec.overlay else []
         stage = {"stage": Stage.GLOBAL} if spec.overlay is None else {}
-        return cls(spec, [TRAIN_CONFIG, preset, *extra], [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra], stage)
+        return cls(spec, [TRAIN_CONFIG, preset, *extra], [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra], stage, init)
 
     def train(self, name: str, overrides: Mapping[str, Any], done: Path, stage: str | None = None) -> Step:
-        extra = {"stage": stage} if stage else {}
+        """The training step of ``stage`` (None: the model's first, which starts from ``init`` when there is one;
+        the later stages start from the stage before, as the workflow does by itself)."""
+        extra: dict[str, Any] = {"stage": stage} if stage else {}
+        if stage is None and self.init is not None:
+            extra["previous_model"] = str(self.init)
         return Step(
             name, bundle_command("training", self.train_cfg, {**overrides, **extra, "resume": True}), done, True
         )
@@ -113,6 +118,52 @@ class ModelSteps:
     def evaluate(self, name: str, overrides: Mapping[str, Any], eval_dir: Path, **extra: Any) -> Step:
         command = bundle_command("evaluating", self.eval_cfg, {**overrides, **extra, "eval_dir": str(eval_dir)})
         return Step(name, command, eval_dir / "metrics.json")
+
+
+def best_trial(trials: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The trial the benchmark keeps: the best validation Dice (``score``), the lower index on a tie; None when no
+    trial has a score."""
+    scored = [t for t in trials if "score" in t and not math.isnan(t["score"])]
+    return max(scored, key=lambda t: (t["score"], -t["index"])) if scored else None
+
+
+@dataclass(frozen=True)
+class SelectedModel:
+    """What an earlier benchmark run selected for one model: the checkpoint (GLAM: its jointly trained model, a
+    baseline: its one stage) and the hyper-parameters of its trial."""
+
+    checkpoint: Path
+    params: dict[str, float]
+
+
+def selected_models(run_dir: Path, models: Sequence[str]) -> dict[str, SelectedModel]:
+    """Per model, what an earlier benchmark run in ``run_dir`` selected (its trials scored as that run scored
+    them). A model without a finished trial or checkpoint there is a :class:`BenchmarkError` naming what is
+    missing."""
+    out: dict[str, SelectedModel] = {}
+    for name in models:
+        trials = []
+        for trial_dir in sorted((run_dir / name).glob("trial_*")):
+            metrics = trial_dir / "validation" / "metrics.json"
+            index = trial_dir.name[len("trial_") :]
+            if metrics.is_file() and index.isdigit():
+                trials.append({"index": int(index), "score": validation_dice(read_metrics(metrics))})
+        best = best_trial(trials)
+        if best is None:
+            raise BenchmarkError(f"init_from {run_dir}: no trial of {name} finished its validation there")
+        trial_dir = run_dir / name / f"trial_{best['index']:02d}"
+        ckpt = trial_dir / "models" / (Stage.JOINT if name == "glam" else name) / "model.pt"
+        if not ckpt.is_file():
+            raise BenchmarkError(f"init_from {run_dir}: {ckpt} not found (the selected trial of {name} did not finish)")
+        record = json.loads((trial_dir / "trial.json").read_text())
+        out[name] = SelectedModel(ckpt, {str(k): float(v) for k, v in record["params"].items()})
+    return out
+
+
+def fine_tuning_trials(sampled: Sequence[Mapping[str, float]], start: SelectedModel) -> list[dict[str, float]]:
+    """Trials that fine-tune a selected model: its trial's hyper-parameters (pooling threshold, sparsity weight:
+    what the model was trained to), with only the learning rate from the search."""
+    return [{**start.params, "learning_rate": float(trial["learning_rate"])} for trial in sampled]
 
 
 def _check_trial_record(saved: Path, record: Mapping[str, Any]) -> None:
@@ -215,31 +266,38 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the benchmark that the parsed ``args`` describe (``argv``: the command line, quoted in results.md);
     the exit status: 0, or 1 when a step failed or did not run."""
     start = time.monotonic()
-    preset = Path(args.preset).resolve()
+    work_dir = Path(args.work_dir).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    preset, chain = flatten_preset(Path(args.preset), work_dir / "preset.json")
     config, budget = read_preset(preset)
     if args.trials is not None:
         budget = Budget(**{**budget.__dict__, "trials": args.trials})
     if args.variation_seeds is not None:
         budget = Budget(**{**budget.__dict__, "variation_seeds": tuple(args.variation_seeds)})
+    if args.init_from is not None:
+        budget = Budget(**{**budget.__dict__, "init_from": args.init_from})
+    if budget.init_from and Path(budget.init_from).resolve() == work_dir:
+        raise BenchmarkError(f"--work_dir {work_dir} is the run the trials start from (init_from): use another")
+    starts = selected_models(Path(budget.init_from).resolve(), args.models) if budget.init_from else {}
     search_path = Path(args.search).resolve()
     space = load_search_space(search_path, budget.search_space)
-    work_dir = Path(args.work_dir).resolve()
     docs_dir = Path(args.docs_dir).resolve()
     results_path = Path(args.results).resolve() if args.results else docs_dir / "results.md"
-    work_dir.mkdir(parents=True, exist_ok=True)
     runner = Runner(work_dir, args.threads, quiet=args.quiet)
     try:
         datalist = prepare_data(preset, work_dir, args.datalist)
         common = {"datalist": str(datalist), "check_data": False, "bundle_root": str(BUNDLE_ROOT)}
         lr = config["learning_rate"]
-        model_steps = {name: ModelSteps.of(MODELS[name], preset) for name in args.models}
+        inits = {name: start.checkpoint for name, start in starts.items()}
+        model_steps = {name: ModelSteps.of(MODELS[name], preset, inits.get(name)) for name in args.models}
         results = {name: ModelResult(MODELS[name]) for name in args.models}
         step_names: dict[str, list[str]] = {name: [] for name in args.models}
 
         # (1) every trial of every model
         trial_calls = []
         for name in args.models:
-            for k, params in enumerate(sample_trials(space, name, budget.trials)):
+            drawn = sample_trials(space, name, budget.trials)
+            for k, params in enumerate(fine_tuning_trials(drawn, starts[name]) if name in starts else drawn):
                 trial_dir = work_dir / name / f"trial_{k:02d}"
                 folders = {"ckpt_root": str(trial_dir / "models"), "output_root": str(trial_dir / "eval")}
                 overrides = {
@@ -263,11 +321,10 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         seed_data = {seed: prepare_data(preset, work_dir, None, seed) for seed in budget.variation_seeds}
         for name in args.models:
             result = results[name]
-            scored = [t for t in result.trials if "score" in t and not math.isnan(t["score"])]
-            if not scored:
+            best = best_trial(result.trials)
+            if best is None:
                 runner.skip(f"{name}_test", "no trial finished with a validation Dice")
                 continue
-            best = max(scored, key=lambda t: (t["score"], -t["index"]))
             result.selected = best["index"]
             trial_dir = work_dir / name / f"trial_{best['index']:02d}"
             tag = f"{name}_trial{best['index']:02d}"
@@ -296,7 +353,9 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             result.wall_s = float(sum(t for t in timed if t is not None))
             result.wall_complete = all(t is not None for t in timed)
 
-        figures = make_figures(results, work_dir, docs_dir, datalist, budget, preset, common, runner)
+        figures = make_figures(
+            results, work_dir, docs_dir, datalist, budget, preset, common, runner, figure_prefix(results_path)
+        )
         try:
             trivial = test_baselines(preset, datalist, (lambda _: None) if args.quiet else print)
         except Exception as err:  # a report without this section beats no report after hours of training
@@ -309,7 +368,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             docs_dir,
             results,
             command=command.strip(),
-            preset=display_path(preset),
+            preset=" + ".join(str(display_path(p)) for p in chain),
             search_path=display_path(search_path),
             space=space,
             budget=budget,
@@ -336,6 +395,13 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 0
     finally:
         runner.close()
+
+
+def figure_prefix(results_path: Path) -> str:
+    """The figures' file-name prefix: ``benchmark`` beside results.md, ``benchmark_<name>`` beside
+    results_<name>.md (or <name>.md), so that two runs' figures can share one images folder."""
+    stem = results_path.stem
+    return "benchmark" if stem == "results" else "benchmark_" + stem.removeprefix("results_")
 
 
 def _usable_cores() -> int:
@@ -383,6 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="OMP_NUM_THREADS of each step (default: usable cores / jobs)"
+    )
+    parser.add_argument(
+        "--init_from",
+        default=None,
+        help="work folder of an earlier benchmark run: every model's trials start from the model that run selected "
+        "(GLAM: its jointly trained model), e.g. on harder lesions (default: the preset's benchmark#init_from)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser

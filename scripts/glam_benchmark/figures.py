@@ -219,8 +219,10 @@ def make_figures(
     preset: Path,
     common: Mapping[str, Any],
     runner: Runner,
+    prefix: str = "benchmark",
 ) -> dict[str, Path | None]:
-    """The scatter (GLAM's joint test CSV) and the qualitative examples (each model run on a few test images)."""
+    """The scatter (GLAM's joint test CSV) and the qualitative examples (each model run on a few test images), as
+    ``<docs_dir>/images/<prefix>_*.png``."""
     import torch
 
     from scripts.data.datalist import load_datalist, resolve_paths
@@ -230,7 +232,7 @@ def make_figures(
     glam = results.get("glam")
     if glam is not None and glam.test_csv is not None and glam.test_csv.is_file():
         points = per_image_dice(glam.test_csv)
-        figures["scatter"] = images / "benchmark_dice_scatter.png"
+        figures["scatter"] = images / f"{prefix}_dice_scatter.png"
         write_png(figures["scatter"], dice_scatter(points, "GLAM (joint), test split: per-image Dice"))
     shown = [k for k in ("cam", "gmic", "glam") if k in results and results[k].selected is not None]
     ready = [k for k in shown if results[k].test is not None]
@@ -261,12 +263,12 @@ def make_figures(
             ckpt, title, map_key = trial_dir / "models" / key / "model.pt", spec.title, MapName.GLOBAL
         models.append((configs, overrides, ckpt, {map_key: title}))
     torch.set_num_threads(max(1, runner.threads))
-    figures["examples"] = images / "benchmark_examples.png"
+    figures["examples"] = images / f"{prefix}_examples.png"
     write_png(figures["examples"], examples_figure(example_rows(items, models), _figure_titles(models)))
     if "glam" in ready:
         configs, overrides, ckpt, _ = models[ready.index("glam")]
         glam_model = [(configs, overrides, ckpt, {name: name for name in MAP_NAMES})]
-        figures["glam"] = images / "benchmark_glam_maps.png"
+        figures["glam"] = images / f"{prefix}_glam_maps.png"
         glam_rows = example_rows(items, glam_model)
         write_png(
             figures["glam"], examples_figure(glam_rows, list(MAP_NAMES), boxes_on=(MapName.LOCAL, MapName.COMBINED))
@@ -276,6 +278,6 @@ def make_figures(
         scale_models = global_scale_models(
             [TRAIN_CONFIG, preset, EVAL_CONFIG], dict(r.trials[r.selected]["overrides"]), global_dir
         )
-        figures["scales"] = images / "benchmark_global_scales.png"
+        figures["scales"] = images / f"{prefix}_global_scales.png"
         write_png(figures["scales"], examples_figure(example_rows(items, scale_models), _figure_titles(scale_models)))
     return figures

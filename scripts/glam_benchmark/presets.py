@@ -11,7 +11,8 @@ from typing import Any
 
 from scripts.enums import STAGES, Stage
 
-from .paths import BUNDLE_ROOT, TRAIN_CONFIG
+from .files import write_json
+from .paths import BUNDLE_ROOT, REPO_ROOT, TRAIN_CONFIG
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class Budget:
     ``variation_seeds``: data seeds on which every model is trained again with its selected hyper-parameters (the
     variation of the table across data sets); ``wall_limit_h``: the run's wall-time target, checked in the results
     (None: no target). ``local_learning_rate`` / ``joint_learning_rate`` and ``patch_shift``: GLAM's later stages as
-    the preset sets them (reported in the results; None: not a number in the preset)."""
+    the preset sets them (reported in the results; None: not a number in the preset). ``init_from``: the work folder
+    of an earlier benchmark run whose selected models the trials start from (None: fresh initialisations)."""
 
     search_space: str
     trials: int
@@ -59,6 +61,7 @@ class Budget:
     local_learning_rate: float | None = None
     joint_learning_rate: float | None = None
     patch_shift: int = 0
+    init_from: str | None = None
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -149,8 +152,47 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         local_learning_rate=_number(learning_rate.get(Stage.LOCAL)),
         joint_learning_rate=_number(learning_rate.get(Stage.JOINT)),
         patch_shift=_positive_int(config.get("patch_shift", 0), f"{preset}: patch_shift", minimum=0),
+        init_from=_optional_text(section.get("init_from"), f"{preset}: benchmark#init_from"),
     )
     return config, budget
+
+
+def flatten_preset(preset: Path, merged: Path) -> tuple[Path, list[Path]]:
+    """A preset that names a base (``benchmark#base``: another preset, relative to the repository, itself possibly
+    on a base) layered over it the way MONAI layers config files (each top-level key of the later file replaces
+    the earlier one's, so an overlay states only what differs, and ``benchmark`` whole), written to ``merged``.
+
+    Returns the file the workflows read (``preset`` itself when it has no base) and the chain of presets, base
+    first (for the report)."""
+    chain: list[Path] = []
+    path = Path(preset).resolve()
+    while True:
+        if path in chain:
+            raise BenchmarkError(f"{path}: benchmark#base leads back to {path.name}")
+        chain.insert(0, path)
+        section = load_yaml(path).get("benchmark")
+        base = section.get("base") if isinstance(section, Mapping) else None
+        if base is None:
+            break
+        base_path = Path(str(base)) if Path(str(base)).is_absolute() else REPO_ROOT / str(base)
+        if not base_path.is_file():
+            raise BenchmarkError(f"{path}: benchmark#base {base}: file not found (paths are relative to {REPO_ROOT})")
+        path = base_path.resolve()
+    if len(chain) == 1:
+        return chain[0], chain
+    content: dict[str, Any] = {}
+    for part in chain:
+        content.update(load_yaml(part))
+    write_json(merged, content)
+    return merged, chain
+
+
+def _optional_text(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BenchmarkError(f"{where} must be a folder path, got {value!r}")
+    return value
 
 
 def _number(value: Any) -> float | None:

@@ -56,7 +56,7 @@ class _Run:
     docs_dir: Path
     results: Mapping[str, ModelResult]
     command: str
-    preset: Path
+    preset: str | Path
     search_path: Path
     space: SearchSpace
     budget: Budget
@@ -115,6 +115,12 @@ def _setup(run: _Run) -> list[str]:
         if budget.patch_shift
         else ""
     )
+    start = (
+        f" Every model's trials start from the model it selected in the earlier benchmark run in `{budget.init_from}` "
+        "(GLAM: its jointly trained model), not from a fresh initialisation."
+        if budget.init_from
+        else ""
+    )
     variation = (
         f" Variation: every model trained again with its selected hyper-parameters on the data of seed(s) "
         f"{', '.join(str(x) for x in budget.variation_seeds)} (same settings, other images), no new search."
@@ -140,7 +146,7 @@ def _setup(run: _Run) -> list[str]:
         f"Dice kept. GLAM then trains its local stage for {budget.local_epochs}{_at_rate(budget.local_learning_rate)} "
         f"and its joint stage for {budget.joint_epochs} epoch(s){_at_rate(budget.joint_learning_rate)} from the "
         f"selected global module{shift} (the paper: 30 trials of 50 epochs, then 20 local and < 5 joint epochs)."
-        f"{variation}",
+        f"{start}{variation}",
         "",
     ]
 
@@ -413,7 +419,7 @@ def write_results(
     results: Mapping[str, ModelResult],
     *,
     command: str,
-    preset: Path,
+    preset: str | Path,
     search_path: Path,
     space: SearchSpace,
     budget: Budget,

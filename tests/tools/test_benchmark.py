@@ -136,6 +136,77 @@ def test_command_line_errors(tmp_path, capsys):
     assert "invalid choice: 'resnet'" in capsys.readouterr().err
 
 
+def test_a_preset_on_a_base_is_layered_like_monai_config_files(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("benchmark: {search_space: cpu, trials: 2, examples: 1}\nimage_size: [368, 240]\nx: {a: 1, b: 2}\n")
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(f"benchmark: {{base: {base}, search_space: transfer, trials: 1, examples: 0}}\nx: {{a: 3}}\n")
+    merged, chain = presets.flatten_preset(overlay, tmp_path / "run" / "preset.json")
+    assert chain == [base, overlay] and merged == tmp_path / "run" / "preset.json"
+    # every top-level key of the overlay replaces the base's whole (MONAI's layering); the rest is the base's
+    content = json.loads(merged.read_text())
+    assert content["x"] == {"a": 3} and content["image_size"] == [368, 240]
+    assert content["benchmark"] == {"base": str(base), "search_space": "transfer", "trials": 1, "examples": 0}
+    assert presets.read_preset(merged)[1].trials == 1
+    # a preset without a base is used as it is; a missing base and a loop are named
+    assert presets.flatten_preset(base, tmp_path / "unused.json") == (base, [base])
+    assert not (tmp_path / "unused.json").exists()
+    overlay.write_text("benchmark: {base: configs/no_such_preset.yaml, search_space: cpu, trials: 1, examples: 0}\n")
+    with pytest.raises(presets.BenchmarkError, match=r"overlay.yaml: benchmark#base configs/no_such_preset.yaml: file"):
+        presets.flatten_preset(overlay, tmp_path / "x.json")
+    base.write_text(f"benchmark: {{base: {overlay}, search_space: cpu, trials: 1, examples: 0}}\n")
+    overlay.write_text(f"benchmark: {{base: {base}, search_space: cpu, trials: 1, examples: 0}}\n")
+    with pytest.raises(presets.BenchmarkError, match="benchmark#base leads back to"):
+        presets.flatten_preset(overlay, tmp_path / "x.json")
+
+
+def test_the_calibrated_preset_fine_tunes_the_cpu_presets_selected_models(tmp_path):
+    merged, chain = presets.flatten_preset(REPO_ROOT / "configs" / "benchmark_calibrated.yaml", tmp_path / "p.json")
+    assert [p.name for p in chain] == ["benchmark_cpu.yaml", "benchmark_calibrated.yaml"]
+    config, budget = presets.read_preset(merged)
+    assert budget.init_from == "runs/benchmark" and budget.search_space == "transfer" and budget.trials == 1
+    # the generator's defaults; the rest is the CPU preset's
+    assert config["benchmark_data"] == {"_target_": "scripts.data.synthetic.SyntheticConfig"}
+    assert config["image_size"] == [736, 480] and budget.patch_shift == 32
+    cpu_budget = presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1]
+    assert budget.model_overrides == cpu_budget.model_overrides
+    space = search.load_search_space(SEARCH, "transfer")
+    for model in ("glam", "cam", "gmic", "unet"):
+        for trial in search.sample_trials(space, model, 20):
+            assert 10**-4.1 <= trial["learning_rate"] <= 10**-3.9
+
+
+def test_fine_tuning_trials_keep_the_selected_hyper_parameters_and_draw_the_learning_rate(tmp_path, capsys):
+    from glam_benchmark import driver
+
+    run = tmp_path / "run"
+    with pytest.raises(presets.BenchmarkError, match=r"init_from .*run: no trial of cam finished its validation"):
+        driver.selected_models(run, ["cam"])
+    preset = tmp_path / "p.yaml"
+    preset.write_text(f"benchmark: {{search_space: transfer, trials: 1, examples: 0, init_from: {run}}}\n")
+    with pytest.raises(SystemExit) as info:
+        driver.main(["--preset", str(preset), "--work_dir", str(run)])
+    assert info.value.code == 2 and "is the run the trials start from (init_from)" in capsys.readouterr().err
+    scores = {0: 0.2, 1: 0.3}  # trial 1 has the better validation Dice
+    for k, dice in scores.items():
+        trial = run / "cam" / f"trial_{k:02d}"
+        (trial / "validation").mkdir(parents=True)
+        (trial / "trial.json").write_text(json.dumps({"params": {"learning_rate": 1e-3, "cam_t": 0.01 * (k + 1)}}))
+        per_class = {c: {"dice_mean": dice} for c in ("malignant", "benign")}
+        (trial / "validation" / "metrics.json").write_text(
+            json.dumps({"split": "validation", "classes": ["malignant", "benign"], "metrics": {"S_g": per_class}})
+        )
+    assert metrics.validation_dice(json.loads((run / "cam/trial_01/validation/metrics.json").read_text())) == 0.3
+    with pytest.raises(presets.BenchmarkError, match=r"trial_01/models/cam/model.pt not found"):
+        driver.selected_models(run, ["cam"])
+    (run / "cam/trial_01/models/cam").mkdir(parents=True)
+    (run / "cam/trial_01/models/cam/model.pt").write_bytes(b"")
+    selected = driver.selected_models(run, ["cam"])["cam"]
+    assert selected.checkpoint == run / "cam/trial_01/models/cam/model.pt" and selected.params["cam_t"] == 0.02
+    trials = driver.fine_tuning_trials([{"learning_rate": 1e-4, "cam_t": 1.0}], selected)
+    assert trials == [{"learning_rate": 1e-4, "cam_t": 0.02}]
+
+
 def test_presets_declare_a_budget_and_an_existing_search_space():
     for name in ("benchmark_cpu.yaml", "benchmark_full.yaml"):
         config, budget = presets.read_preset(REPO_ROOT / "configs" / name)
@@ -441,6 +512,36 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     replicate = json.loads((work / "seed_4" / "cam" / "test" / "metrics.json").read_text())
     assert "_seed4_" in replicate["datalist"]
     assert "### The same models trained on the data of seed 4" in results.read_text()
+
+    # fine-tuning what this run selected (configs/benchmark_calibrated.yaml at tiny size): each model's trial starts
+    # from its selected model (GLAM: the jointly trained one) with that trial's hyper-parameters and a learning rate
+    # from the transfer space; GLAM's later stages start from the stage before, as in any run
+    transfer = tmp_path / "transfer"
+    transfer_argv = ["--preset", str(REPO_ROOT / "tests/configs/benchmark_tiny_transfer.yaml")]
+    transfer_argv += ["--init_from", str(work), "--work_dir", str(transfer), "--results", str(tmp_path / "transfer.md")]
+    transfer_argv += ["--models", "glam", "cam"]
+    assert cli.main([*transfer_argv, "--threads", "1", "--jobs", "2", "--docs_dir", str(tmp_path)]) == 0
+    for model, stage_dir in (("glam", "joint"), ("cam", "cam")):
+        start = work / model / "trial_00" / "models" / stage_dir / "model.pt"
+        log = (transfer / "logs" / f"{model}_trial00_train.log").read_text()
+        assert f" --previous_model {start} " in log.splitlines()[0] + " "
+        assert f"loaded the previous stage's model {start}" in log
+        before = json.loads((work / model / "trial_00" / "trial.json").read_text())["params"]
+        after = json.loads((transfer / model / "trial_00" / "trial.json").read_text())["params"]
+        assert {k: v for k, v in after.items() if k != "learning_rate"} == {
+            k: v for k, v in before.items() if k != "learning_rate"
+        }
+        assert 10**-4.1 <= after["learning_rate"] <= 10**-3.9
+    local_log = (transfer / "logs" / "glam_trial00_local.log").read_text()
+    assert "--previous_model" not in local_log.splitlines()[0]
+    assert f"loaded the previous stage's model {transfer / 'glam/trial_00/models/global/model.pt'}" in local_log
+    transfer_text = " ".join((tmp_path / "transfer.md").read_text().split())
+    assert f"start from the model it selected in the earlier benchmark run in `{work}`" in transfer_text
+    assert "tests/configs/benchmark_tiny.yaml + tests/configs/benchmark_tiny_transfer.yaml" in transfer_text
+    assert "_seed4_" in json.loads(next(transfer.glob("cam/trial_00/test/metrics.json")).read_text())["datalist"]
+    # its figures are named after its results file, beside the first run's
+    assert "(images/benchmark_transfer_dice_scatter.png)" in transfer_text
+    assert Image.open(tmp_path / "images" / "benchmark_transfer_dice_scatter.png").size[0] > 100
 
     # a work folder whose trials ran with other hyper-parameters is refused, naming the trial
     trial = work / "gmic" / "trial_00" / "trial.json"
