@@ -295,7 +295,9 @@ def test_bf16_autocast_matches_float32_on_a_trained_model(device):
     """bf16 against float32 where the comparison means something: a trained model on images with a lesion, so S_g
     has a real peak. S_g and the scores stay within bf16's rounding; Algorithm 1 may move a patch by at most one cell
     of S_g (neighbouring windows of a peak differ by less than that rounding: 1 of 6 images here); given the same
-    patches, S_c stays within 0.05. (Random weights give a nearly flat S_g, where bf16 picks windows anywhere.)"""
+    patches, S_c stays within 0.05, and so does S_l but at a few edge pixels: the shipped (0.7.0) local module's maps
+    are steep (they reach 1.0), so bf16's rounding of a logit near 0 moves a pixel by up to 0.06 (measured: 0.058 at
+    0.02 % of S_l's pixels, mean 9e-5). (Random weights give a nearly flat S_g, where bf16 picks windows anywhere.)"""
     model, x = _trained_glam_and_lesion_images()
     model, x = model.to(device), x.to(device)
     with torch.no_grad():
@@ -309,8 +311,10 @@ def test_bf16_autocast_matches_float32_on_a_trained_model(device):
         assert (bf16[key].float() - fp32[key]).abs().max() < 0.05, key
     cell = x.shape[-1] // fp32["saliency_global"].shape[-1]
     assert (bf16["patch_boxes"] - fp32["patch_boxes"]).abs().max() <= cell
-    for key in ("saliency", "saliency_local", "y_local"):
+    for key in ("saliency", "y_local"):
         assert (same_patches[key].float() - fp32[key]).abs().max() < 0.05, key
+    local_error = (same_patches["saliency_local"].float() - fp32["saliency_local"]).abs()
+    assert local_error.max() < 0.1 and (local_error > 0.02).float().mean() < 1e-3
 
 
 @requires_cuda
