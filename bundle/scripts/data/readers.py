@@ -116,25 +116,18 @@ def _fail(path: str | os.PathLike, problem: str) -> MammogramReadError:
     return MammogramReadError(f"{path}: {problem}", path=path, problem=problem)
 
 
-def _too_large(
-    path: str | os.PathLike, what: str, pixels: int, max_pixels: int, bytes_per_pixel: int = 4
-) -> MammogramReadError:
-    """The decoded-size refusal: names the file, the decoded size, the cap and the option that raises it."""
-    return _fail(
-        path,
-        f"{what}: {pixels:,} pixels (about {pixels * bytes_per_pixel / 1e9:.1f} GB decoded) exceed the decoded-size "
-        f"cap of {max_pixels:,} pixels; if the file is trusted, raise the reader's max_pixels option",
-    )
-
-
-def _check_pixels(
-    path: str | os.PathLike, shape: Sequence[int], max_pixels: int | None, bytes_per_pixel: int = 4
-) -> None:
-    """Refuse, before any pixel buffer exists, an image whose header states more than ``max_pixels`` pixels."""
+def _check_pixels(path: str | os.PathLike, shape: Sequence[int], max_pixels: int | None) -> None:
+    """Refuse, before any pixel buffer exists, an image whose header states more than ``max_pixels`` pixels; the
+    message names the file, the decoded size, the cap and the option that raises it."""
     dims = [max(int(s), 0) for s in shape]
     pixels = int(np.prod(dims, dtype=object)) if dims else 0
     if max_pixels is not None and pixels > max_pixels:
-        raise _too_large(path, " x ".join(str(d) for d in dims), pixels, max_pixels, bytes_per_pixel)
+        raise _fail(
+            path,
+            f"image of {' x '.join(str(d) for d in dims)} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as the "
+            f"reader's float32 array) exceeds the decoded-size cap of {max_pixels:,} pixels; if the file is trusted, "
+            "raise the reader's max_pixels option",
+        )
 
 
 def _suffix(path: str | os.PathLike) -> str:
@@ -546,7 +539,7 @@ def _inflate_dicom(path: str | os.PathLike, header_only: bool, max_pixels: int |
                         rows, cols, frames = found.get("rows", 0), found.get("cols", 0), found.get("frames", 1) or 1
                         bits = found.get("bits", 16) or 16
                         if rows and cols:
-                            _check_pixels(path, (rows, cols, frames), max_pixels, max(bits // 8, 1))
+                            _check_pixels(path, (rows, cols) if frames == 1 else (frames, rows, cols), max_pixels)
                             cap = pixel_pos + rows * cols * frames * (found.get("samples", 1) or 1) * -(-bits // 8)
                             cap += _TRAILER_SLACK
                         else:
