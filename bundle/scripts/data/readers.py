@@ -496,7 +496,7 @@ def _meta_end_and_syntax(path: str | os.PathLike) -> tuple[int, str | None]:
     """Offset where the dataset starts after the file meta group, and the transfer syntax; (0, None) without a meta
     group (a bare dataset)."""
     with open(path, "rb") as f:
-        head = f.read(132 + _MIB)
+        head = f.read(132 + 64 * 1024)  # the file meta group is a few hundred bytes
     pos = 132 if head[128:132] == b"DICM" else 0
     syntax = None
     try:
@@ -602,9 +602,8 @@ def _dcmread(
             ) from err
         except Exception as err:
             raise _fail(path, f"not a readable deflated DICOM file ({type(err).__name__}: {err})") from err
-    kwargs: dict[str, Any] = {"stop_before_pixels": stop_before_pixels}
-    if not stop_before_pixels:
-        kwargs["defer_size"] = _MIB
+    # values over 1 MiB (the pixel data, large private blobs) stay on disk until accessed
+    kwargs: dict[str, Any] = {"stop_before_pixels": stop_before_pixels, "defer_size": _MIB}
     try:
         return pydicom.dcmread(path, **kwargs)
     except InvalidDicomError:
@@ -669,8 +668,8 @@ def read_dicom_header(path: str | os.PathLike, max_pixels: int | None = DEFAULT_
         "rows": _int_tag(ds, "Rows"),
         "cols": _int_tag(ds, "Columns"),
         "frames": _int_tag(ds, "NumberOfFrames") or 1,
-        "modality": opt("Modality"),
-        "body_part": opt("BodyPartExamined"),
+        "modality": (opt("Modality") or "").upper() or None,
+        "body_part": (opt("BodyPartExamined") or "").upper() or None,
         "sop_class": opt("SOPClassUID"),
         "mammography_problem": mammography_problem(
             ds.get("Modality"), ds.get("BodyPartExamined"), ds.get("SOPClassUID")
