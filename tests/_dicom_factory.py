@@ -52,6 +52,7 @@ def make_dataset(
     pixel_spacing: Sequence[float] | None = None,
     magnification: float | None = None,
     rows_cols: tuple[int, int] | None = None,
+    padding: tuple[int, int | None] | None = None,
 ) -> Dataset:
     """An MG dataset holding ``pixels`` (``(H, W)`` or ``(frames, H, W)`` unsigned ints; None: no pixel data).
 
@@ -59,7 +60,8 @@ def make_dataset(
     as ImagerPixelSpacing, ``pixel_spacing`` as PixelSpacing, ``magnification`` as
     EstimatedRadiographicMagnificationFactor. ``modality`` None leaves the tag out; ``sop_class`` is written to the
     file meta and the dataset (a CR image: ``CR_IMAGE_STORAGE``). ``rows_cols`` overrides Rows / Columns (a header
-    claiming another size than the pixel data, or no pixel data).
+    claiming another size than the pixel data, or no pixel data). ``padding`` is ``(PixelPaddingValue,
+    PixelPaddingRangeLimit or None)``.
     """
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = sop_class
@@ -123,6 +125,10 @@ def make_dataset(
         ds.Rows, ds.Columns = 4, 4
     if rows_cols is not None:
         ds.Rows, ds.Columns = (int(v) for v in rows_cols)
+    if padding is not None:
+        ds.add_new(0x00280120, "US", int(padding[0]))  # PixelPaddingValue
+        if padding[1] is not None:
+            ds.add_new(0x00280121, "US", int(padding[1]))  # PixelPaddingRangeLimit
     return ds
 
 

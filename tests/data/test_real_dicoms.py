@@ -114,12 +114,21 @@ def test_cbis_ddsm_sized_file_is_read_well_inside_the_size_cap(tmp_path):
     assert DEFAULT_MAX_PIXELS == 2 * Image.MAX_IMAGE_PIXELS == 178_956_970  # PIL's decompression-bomb limit
     assert DEFAULT_MAX_PIXELS >= 8 * 4000 * 5000
     a = np.zeros((4432, 2864), np.uint16)
-    a[1000:3400, :1800] = np.arange(1800, dtype=np.uint16) + 7
-    path = cbis_like(tmp_path / "big.dcm", a, patient_orientation=("P", "L"), patient_id="P_00005_RIGHT_CC")
+    a[1000:3400, :1800] = np.arange(1800, dtype=np.uint16) * 30 + 7  # 16-bit values
+    ds = make_dataset(
+        a, bits_stored=16, laterality=None, view_position=None, spacing=None, patient_id="P_00005_RIGHT_CC",
+        patient_orientation=("P", "L"),
+    )  # fmt: skip
+    try:  # RLE lossless as CBIS-DDSM ships it (pylibjpeg-rle encodes it in about a second); else uncompressed
+        ds.compress(pydicom.uid.RLELossless, a, encoding_plugin="pylibjpeg")
+    except Exception:  # noqa: BLE001 - no encoder in this environment: the size check is the same
+        pass
+    path = save(ds, tmp_path / "big.dcm")
     arr, meta = read_mammogram(path, infer_laterality=False)
     assert arr.shape == (4432, 2864)
-    np.testing.assert_array_equal(arr[1000], a[1000].astype(np.float32))
-    assert (meta["view"], meta["laterality"]) == ("CC", "R")
+    np.testing.assert_array_equal(arr, a)
+    assert (meta["view"], meta["laterality"], meta["spacing"]) == ("CC", "R", None)
+    assert meta["transfer_syntax"] == str(ds.file_meta.TransferSyntaxUID)  # RLE where pylibjpeg-rle encodes
     _refused(path, "exceeds the decoded-size cap of 12,000,000 pixels", max_pixels=12_000_000)
 
 
@@ -389,6 +398,27 @@ def test_monochrome1_with_window_has_a_zero_background(tmp_path):
     mapped = np.asarray(lut, np.float64)[np.clip(stored.astype(int) - 1200, 0, len(lut) - 1)]
     np.testing.assert_array_equal(arr_lut, (mapped.max() - mapped).astype(np.float32))
     assert (arr_lut[stored >= 4095] == 0).all() and (arr_lut[inside] > 0).all()
+
+
+def test_monochrome1_padding_stays_background(tmp_path):
+    """A CR MONOCHROME1 image whose unexposed border is padded with 0 (PixelPaddingValue 0): inverted naively it
+    would be the brightest frame around the breast; the reader makes it background (0), and the inversion's top is
+    taken from the exposed pixels only."""
+    tissue = breast(side="left", base=0)
+    inside = breast(side="left") > 0
+    stored = np.where(inside, 3000 - tissue, 4000).astype(np.uint16)
+    stored[:, -4:] = 0  # padded border
+    stored[:3, :] = 5  # padded too, via the range limit
+    path = make_dicom(tmp_path / "pad.dcm", stored, photometric="MONOCHROME1", padding=(0, 5), body_part="BREAST")
+    arr, _ = read_mammogram(path)
+    padded = stored <= 5
+    expected = 4000.0 - stored.astype(np.float64)
+    expected[padded] = 0
+    np.testing.assert_array_equal(arr, expected.astype(np.float32))
+    assert (arr[padded] == 0).all() and (arr[inside & ~padded] > 0).all()
+    # without the tag the same values are pixels: the 0 border inverts to the maximum
+    plain, _ = read_mammogram(make_dicom(tmp_path / "nopad.dcm", stored, photometric="MONOCHROME1"))
+    assert (plain[3:, -1] == 4000).all()
 
 
 # ------------------------------------------------------------------------------------------ size caps

@@ -680,6 +680,21 @@ def read_dicom_header(path: str | os.PathLike, max_pixels: int | None = DEFAULT_
     }
 
 
+def _padding_mask(ds: pydicom.Dataset, raw: np.ndarray) -> np.ndarray | None:
+    """Stored pixels that PixelPaddingValue (up to PixelPaddingRangeLimit) marks as outside the image: CR systems
+    pad the unexposed border with it, and a MONOCHROME1 padding of 0 would otherwise invert to a white frame."""
+    try:
+        value = int(ds.PixelPaddingValue) if "PixelPaddingValue" in ds else None
+        limit = int(ds.PixelPaddingRangeLimit) if "PixelPaddingRangeLimit" in ds else None
+    except (TypeError, ValueError):
+        return None
+    if value is None:
+        return None
+    low, high = (value, value) if limit is None else (min(value, limit), max(value, limit))
+    padding = (raw >= low) & (raw <= high)
+    return padding if padding.any() else None
+
+
 def _read_dicom(
     path: str | os.PathLike, apply_voi: bool, mask: bool, accept_non_mammography: bool, max_pixels: int | None
 ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -727,9 +742,13 @@ def _read_dicom(
             raise _fail(path, f"out of memory applying the intensity LUTs to {rows} x {cols} pixels") from err
         except Exception as err:
             raise _fail(path, f"invalid Modality/VOI LUT ({type(err).__name__}: {err})") from err
+        padding = _padding_mask(ds, raw)
+        kept = arr if padding is None or padding.all() else arr[~padding]
         if photometric == "MONOCHROME1":
             # after the VOI: the window's output is inverted, so the saturated (highest) background becomes 0
-            arr = arr.max() - arr
+            arr = kept.max() - arr
+        if padding is not None:
+            arr[padding] = 0  # outside the exposed field: background, whatever value the padding had
         arr = arr.astype(np.float32)
     laterality, laterality_source = laterality_and_source(ds, path)
     view, view_source = view_and_source(ds, path)
