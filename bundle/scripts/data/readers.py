@@ -13,8 +13,14 @@ left-to-right — and ``(1, H, W)`` (channel first) once loaded through MONAI. E
 
 DICOM pixels go through the Modality LUT (or rescale slope/intercept), then the VOI LUT or window when present
 (``apply_voi``), then MONOCHROME1 is inverted as ``max - x`` so dense tissue is bright and the (saturated)
-background becomes 0, which the authors' crop (pixels > 0) needs. Compressed transfer syntaxes decode through
-pydicom's plugins (pylibjpeg, pylibjpeg-libjpeg, pylibjpeg-openjpeg, pylibjpeg-rle).
+background becomes 0, which the authors' crop (pixels > 0) needs; PixelPaddingValue pixels become 0 too. Compressed
+transfer syntaxes decode through pydicom's plugins (pylibjpeg, pylibjpeg-libjpeg, pylibjpeg-openjpeg, pylibjpeg-rle).
+
+Every image states where its view, laterality and spacing came from (``view_source``, ``laterality_source``,
+``spacing_source``: the tags, PatientOrientation, archive naming patterns, the pixels), and its ``modality`` and
+``body_part``. DICOMs that are not mammograms are refused unless ``accept_non_mammography``; every format's header
+size is checked against ``max_pixels`` before pixels are decoded, and deflated DICOMs are inflated with a cap
+(docs/preprocessing.md, "Readers and formats").
 
 Works with pydicom 2.4 and 3.x and numpy 1.26 and 2.x.
 """
