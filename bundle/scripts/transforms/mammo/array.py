@@ -86,7 +86,8 @@ class FlipToRight(InvertibleTransform):
     The decision, in order: an explicit ``flip``; the laterality given to the call or found in
     ``img.meta["laterality"]`` (R views are mirrored, or L views when ``horizontal_flip="YES"`` says the
     images were stored already flipped); when the laterality is unknown or was itself guessed from the
-    pixels (``meta["laterality_source"] == "image"``), the side of the chest wall seen in the image
+    pixels or read from the file name (``meta["laterality_source"]`` ``"image"`` / ``"filename"``), the side of the
+    chest wall seen in the image
     (:func:`~scripts.transforms.mammo.breast.chest_wall_side`). ``meta["flipped_to_right"]`` records the
     outcome (``BestCenterWindow`` needs it for the reference-compatible window).
 
@@ -105,7 +106,9 @@ class FlipToRight(InvertibleTransform):
         """Whether ``img`` (``(C, H, W)``) needs mirroring; see the class docstring for the rules."""
         lat = normalize_laterality(laterality)
         meta = _meta(img)
-        if lat is None and str(meta.get("laterality_source", "")) != "image":
+        # a side guessed from the pixels or read from a file name says nothing of how the picture is stored
+        # (exports and the synthetic PNGs are often already flipped): the chest wall decides then
+        if lat is None and str(meta.get("laterality_source", "")) not in ("image", "filename"):
             lat = normalize_laterality(meta.get("laterality"))
         if lat is None:
             return chest_wall_side(first_channel(img)) == "right"
