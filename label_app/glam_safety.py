@@ -90,8 +90,7 @@ def is_utf8(text: str) -> bool:
 
 def shown_name(name: str | bytes) -> str:
     """A file name for a log line, also one that is not UTF-8 (its bytes escaped, e.g. ``'caf\\xe9.png'``)."""
-    raw = os.fsencode(name)
-    return repr(raw.decode("utf-8", errors="backslashreplace"))
+    return "'" + os.fsencode(name).decode("utf-8", errors="backslashreplace") + "'"
 
 
 def check_upload_name(value: Any, field: str) -> str:

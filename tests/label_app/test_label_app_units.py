@@ -223,7 +223,7 @@ def test_names_that_are_not_utf8_are_left_out_of_listings_and_logged(layout, cap
     assert store.list_images() == ["SYN00000_L_CC"]
     json.dumps(store.json(), ensure_ascii=False).encode("utf-8")  # every listing can be answered
     json.dumps(store.status()).encode("utf-8")
-    assert "'caf\\\\xe9.png'" in caplog.text and "not valid UTF-8" in caplog.text, caplog.text
+    assert "'caf\\xe9.png'" in caplog.text and "not valid UTF-8" in caplog.text, caplog.text
     with pytest.raises(RequestRefused, match="not valid UTF-8"):
         store.get_image_uri(os.fsdecode(b"caf\xe9"))
 
