@@ -12,9 +12,15 @@ the studies folder. Here, on that same app object (its routers, its lifespan tha
   ``Origin`` is neither the server's own nor listed is refused (403), also the form POSTs a browser sends without
   asking first; a ``Host`` other than the loopback names and ``GLAM_LABEL_ALLOWED_HOSTS`` is refused (400: DNS
   rebinding).
-- The ``params`` and ``info`` form fields must be JSON objects (400 naming the field); ``session_id`` is refused
-  (400: sessions are off in the GLAM app); an inference needs an input (a datastore id or an uploaded file) and
-  cannot ask for ``output=dicom_seg`` (MONAI Label answered both with 500).
+- The ``params`` and ``info`` form fields must be JSON objects (400 naming the field), and no JSON a request
+  carries (a form field, a JSON body) nests deeper than ``glam_safety.MAX_JSON_DEPTH`` (MONAI Label's parser
+  failed with RecursionError: 500); an upload's file name is a file name (no NUL, ``/`` or ``\\``);
+  ``session_id`` is refused (400: sessions are off in the GLAM app); an inference needs an input (a datastore id or
+  an uploaded file), takes no ``label`` upload and cannot ask for ``output=dicom_seg`` (MONAI Label answered 500).
+- Request bodies are bounded (``GLAM_LABEL_MAX_UPLOAD_MB``, default 256 MiB; ``start_label_server.sh
+  --max-upload-mb``): 413 as soon as the ``Content-Length`` or the bytes received pass the limit, before the body
+  is buffered; a body is read into an unnamed temporary file (in memory up to 1 MiB), checked, and replayed to
+  MONAI Label.
 - Not offered (404): ``/model`` (the checkpoint: download, replace, delete), ``/logs``, ``/proxy`` (DICOMweb),
   ``/ohif``, ``/infer/wsi*``, ``/reload``, and ``/train`` and ``/scoring`` (the app has neither: they started a
   subprocess that failed) (:data:`REMOVED_ROUTES`).
