@@ -75,6 +75,12 @@ class GLAMDatastore(LocalDatastore):
         self._archive: str | None = None
         for name in ("datastore_v2.json", ".lock"):  # written on every change: never through a link
             writable_path(self.root, name, f"the datastore's {name}")
+        for name in ("labels", "labels/final", "labels/original"):  # LocalDatastore creates them at start
+            if not is_inside(self.root, os.path.realpath(os.path.join(self.root, name))):
+                raise ValueError(
+                    f"studies folder {self.root}: {name} is a symbolic link that leads outside it; the server writes "
+                    "only inside the studies folder (make it a folder)"
+                )
         super().__init__(self.root, extensions=list(extensions), **kwargs)
         self._drop_records_outside()
 
@@ -170,8 +176,7 @@ class GLAMDatastore(LocalDatastore):
         """LocalDatastore's, written atomically beside the file (a crash leaves the old file, a link is replaced,
         not followed)."""
 
-        def write() -> None:
-            self._ignore_event_config = True
+        def write() -> None:  # a rename raises no modify event: nothing for LocalDatastore's watcher to ignore
             text = json.dumps(self._datastore.model_dump(exclude={"base_path"}), indent=2, default=str)
             target = writable_path(self.root, self._datastore_config_path, "the datastore's datastore_v2.json")
             with atomic_write(target, "w", encoding="utf-8") as f:

@@ -332,8 +332,8 @@ class Limits(NamedTuple):
 
     The body limit suits mammograms: a 16-bit 4000x5000 DICOM is about 40 MB uncompressed, 256 MiB leaves room for
     larger detectors and multi-frame files. The model limits keep a checkpoint's settings record from making every
-    image allocate gigabytes (an ``image_size`` of [40000, 40000] is 12.8 GB per image); the paper's model is
-    2944x1920 with 512-pixel patches."""
+    image allocate gigabytes (an ``image_size`` of [40000, 40000] is 12.8 GB per image); the bundle's full-size
+    default is 2944x1920 with 512-pixel patches."""
 
     max_upload_mb: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_UPLOAD_MB"][0]
     max_image_side: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_IMAGE_SIDE"][0]

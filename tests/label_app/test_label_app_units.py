@@ -212,6 +212,17 @@ def test_the_datastore_file_may_not_be_a_link(layout):
     assert _sha(secret) == digest
 
 
+def test_a_labels_folder_that_leads_outside_stops_the_datastore(layout):
+    """LocalDatastore creates labels/final and labels/original at start: never outside the folder."""
+    root, studies, _ = layout
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, studies / "labels")
+    with pytest.raises(ValueError, match="labels is a symbolic link that leads outside it"):
+        _store(studies)
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_names_that_are_not_utf8_are_left_out_of_listings_and_logged(layout, caplog):
     _, studies, _ = layout
     raw = os.path.join(os.fsencode(studies), b"caf\xe9.png")
