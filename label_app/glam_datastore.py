@@ -1,33 +1,87 @@
 """MONAI Label's local datastore, confined to the studies folder.
 
-``LocalDatastore`` builds every path from a request's image id, label id and label tag with ``os.path.join``: an id
-``../x`` or a tag ``/abs`` leaves the studies folder (an upload ``PUT /datastore/image?image=../x`` wrote there and
-``GET`` then served the file). :class:`GLAMDatastore` checks every id and tag a route hands it
-(:func:`glam_safety.check_name`) and every path it builds (:func:`glam_safety.check_inside`) before the stock
-methods run, keeps uploads and labels to the file types it lists, and drops records of an older datastore file that
-point outside the folder. A refusal is a :class:`glam_safety.RequestRefused` (400 over HTTP, ``glam_server``).
+``LocalDatastore`` builds every path from a request's image id, label id and label tag with ``os.path.join`` and
+then follows whatever links it finds: an id ``../x`` or a tag ``/abs`` left the studies folder, and so did a
+symbolic link inside it (``PUT /datastore/image?image=link`` overwrote ``link``'s target, ``DELETE`` deleted it).
+:class:`GLAMDatastore` checks every id and tag a route hands it (:func:`glam_safety.check_name`) and decides every
+read, write and delete on the path as it resolves (:func:`glam_safety.readable_path`, ``writable_path``,
+``deletable_path``):
+
+- writes (uploads, labels, the datastore file) are renamed into place inside the resolved studies folder, never
+  through a link, and deletes unlink regular files only (MONAI Label removed a folder's whole tree);
+- reads follow a link only when it is the server user's own (images kept on another disk), and every path it hands
+  out (a download's file name, ``/datastore/image/info``, ``/datastore/?output=train``) is the path inside the
+  studies folder, never the link's target;
+- file names that are not UTF-8 are left out of the listings (no JSON answer can hold them), each named once in
+  the log; records of an older datastore file that point outside the folder are dropped;
+- an upload MONAI Label wrote to the app's temporary folder is removed once the datastore is done with it, also
+  when it is refused (MONAI Label removed it only after a successful answer).
+
+A refusal is a :class:`glam_safety.RequestRefused` (its 4xx over HTTP, ``glam_server``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import tempfile
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from glam_safety import RequestRefused, check_inside, check_name, is_inside
-from monailabel.datastore.local import LocalDatastore
+from filelock import FileLock
+from glam_safety import (
+    RequestRefused,
+    check_name,
+    deletable_path,
+    is_inside,
+    is_utf8,
+    readable_path,
+    shown_name,
+    writable_path,
+)
+from monailabel.datastore.local import DataModel, ImageLabelModel, LocalDatastore
+from monailabel.interfaces.datastore import DefaultLabelTag
+from monailabel.interfaces.exception import ImageNotFoundException, LabelNotFoundException
+
+from scripts.atomic import atomic_write
 
 logger = logging.getLogger(__name__)
 
 
 class GLAMDatastore(LocalDatastore):
-    """A ``LocalDatastore`` whose ids, tags and paths stay in ``datastore_path`` (arguments as ``LocalDatastore``)."""
+    """A ``LocalDatastore`` whose ids, tags and paths stay in ``datastore_path`` (module docstring).
 
-    def __init__(self, datastore_path: str, extensions: Sequence[str] = ("*.nii.gz", "*.nii"), **kwargs: Any) -> None:
-        self.root = os.path.abspath(datastore_path)
+    Args:
+        datastore_path, extensions, kwargs: as ``LocalDatastore``.
+        uploads_dir: the folder MONAI Label writes uploads to (the app's temporary folder): a file of it handed to
+            :meth:`add_image` or :meth:`save_label` is removed afterwards, whatever the outcome.
+    """
+
+    def __init__(
+        self,
+        datastore_path: str,
+        extensions: Sequence[str] = ("*.nii.gz", "*.nii"),
+        uploads_dir: str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.root = os.path.realpath(datastore_path)
         self.file_types = tuple(e.replace("*", "") for e in extensions)
-        super().__init__(datastore_path, extensions=list(extensions), **kwargs)
+        self.uploads_dir = os.path.realpath(uploads_dir) if uploads_dir else None
+        self._reported: set[tuple[str, str]] = set()
+        self._archive: str | None = None
+        for name in ("datastore_v2.json", ".lock"):  # written on every change: never through a link
+            writable_path(self.root, name, f"the datastore's {name}")
+        for name in ("labels", "labels/final", "labels/original"):  # LocalDatastore creates them at start
+            if not is_inside(self.root, os.path.realpath(os.path.join(self.root, name))):
+                raise ValueError(
+                    f"studies folder {self.root}: {name} is a symbolic link that leads outside it; the server writes "
+                    "only inside the studies folder (make it a folder)"
+                )
+        super().__init__(self.root, extensions=list(extensions), **kwargs)
         self._drop_records_outside()
 
     # -- checks ------------------------------------------------------------------------------------------------------
@@ -38,12 +92,23 @@ class GLAMDatastore(LocalDatastore):
             raise RequestRefused(f"{what} of type {kind}: the datastore keeps {list(self.file_types)}")
         return ext
 
+    def _image_file(self, image_id: str, ext: str) -> str:
+        return os.path.join(self._datastore.image_path(), image_id + ext)
+
+    def _label_file(self, image_id: str, tag: str, ext: str) -> str:
+        return os.path.join(self._datastore.label_path(tag), image_id + ext)
+
     def _record_is_inside(self, folder: str, name: str, ext: str) -> bool:
         try:
             check_name(name, "name")
         except RequestRefused:
             return False
-        return "/" not in ext and "\\" not in ext and is_inside(self.root, os.path.join(folder, name + ext))
+        return (
+            "/" not in ext
+            and "\\" not in ext
+            and is_utf8(ext)
+            and is_inside(self.root, os.path.join(folder, name + ext))
+        )
 
     def _drop_records_outside(self) -> None:
         """Forget records (a datastore file written before these checks) whose id, tag or extension leads out."""
@@ -56,7 +121,9 @@ class GLAMDatastore(LocalDatastore):
                 del obj.labels[tag]
                 dropped.append(f"{image_id} (label {tag!r})")
         if dropped:
-            logger.warning("datastore: dropped records that lead outside %s: %s", self.root, dropped)
+            logger.warning(
+                "datastore: dropped records that lead outside %s: %s", self.root, [shown_name(d) for d in dropped]
+            )
             self._update_datastore_file()
 
     def _label_record_is_inside(self, image_id: str, tag: str, ext: str) -> bool:
@@ -69,28 +136,125 @@ class GLAMDatastore(LocalDatastore):
     def _image_dir(self) -> str:
         return self._datastore.image_path()
 
+    def _discard_upload(self, filename: str) -> None:
+        """Remove ``filename`` if it is an upload MONAI Label wrote to the app's temporary folder (``tmp...``)."""
+        if not self.uploads_dir or not isinstance(filename, str):
+            return
+        path = Path(filename)
+        if str(path.parent) == self.uploads_dir and path.name.startswith(tempfile.template) and not path.is_symlink():
+            path.unlink(missing_ok=True)
+
+    def _skip_undecodable(self, names: list[str], where: str) -> list[str]:
+        """``names`` without those that are not UTF-8 (each logged once: no JSON answer could list it)."""
+        kept = []
+        for name in names:
+            if is_utf8(name):
+                kept.append(name)
+            elif (where, name) not in self._reported:
+                self._reported.add((where, name))
+                logger.warning(
+                    "datastore: skipped %s in %s: the file name is not valid UTF-8 (rename it to serve it)",
+                    shown_name(name),
+                    where,
+                )
+        return kept
+
+    # -- listings (LocalDatastore's, without names no answer can hold) ------------------------------------------------
+    def _list_files(self, path: str, patterns: Sequence[str]) -> dict[str, str]:
+        files = super()._list_files(path, patterns)
+        where = os.path.relpath(path, self.root)
+        return {
+            k: files[k] for k in self._skip_undecodable(list(files), "the studies folder" if where == "." else where)
+        }
+
+    def _add_non_existing_labels(self, tag: str) -> int:
+        if not self._skip_undecodable([tag], "labels"):
+            return 0
+        return super()._add_non_existing_labels(tag)
+
+    def _update_datastore_file(self, lock: bool = True) -> None:
+        """LocalDatastore's, written atomically beside the file (a crash leaves the old file, a link is replaced,
+        not followed)."""
+
+        def write() -> None:  # a rename raises no modify event: nothing for LocalDatastore's watcher to ignore
+            text = json.dumps(self._datastore.model_dump(exclude={"base_path"}), indent=2, default=str)
+            target = writable_path(self.root, self._datastore_config_path, "the datastore's datastore_v2.json")
+            with atomic_write(target, "w", encoding="utf-8") as f:
+                f.write(text)
+            self._config_ts = os.stat(target).st_mtime
+
+        if lock:
+            with FileLock(self._lock_file):
+                write()
+        else:
+            write()
+
+    def datalist(self, full_path: bool = True) -> list[dict[str, Any]]:
+        """Images with a ``final`` label, by their paths inside the studies folder (never a link's target); an
+        entry the server may not read is left out and logged."""
+        tag, out = DefaultLabelTag.FINAL, []
+        for image_id in self._datastore.filter_by_tag(tag):
+            try:
+                image = self.get_image_uri(image_id)
+                label = self.get_label_uri(image_id, tag)
+            except RequestRefused as e:
+                logger.warning("datastore: %s left out of the data list: %s", shown_name(image_id), e)
+                continue
+            if full_path:
+                out.append({"image": image, "label": label})
+            else:
+                out.append({"image": os.path.relpath(image, self.root), "label": os.path.relpath(label, self.root)})
+        return out
+
     # -- images ------------------------------------------------------------------------------------------------------
     def get_image_uri(self, image_id: str) -> str:
         obj = self._datastore.objects.get(check_name(image_id, "image id"))
-        if obj is not None:  # the path before links are resolved: a link the owner put in the folder still works
-            check_inside(self.root, os.path.join(self._image_dir(), image_id + obj.image.ext), f"image {image_id!r}")
-        return super().get_image_uri(image_id)
+        if obj is None:
+            return ""
+        return readable_path(self.root, self._image_file(image_id, obj.image.ext), f"image {image_id!r}")
 
     def get_image_info(self, image_id: str) -> dict[str, Any]:
-        self.get_image_uri(image_id)
-        return super().get_image_info(image_id)
+        path = self.get_image_uri(image_id)
+        info = super().get_image_info(image_id)
+        if path:
+            info["path"] = path  # MONAI Label gives the resolved path: where a link leads
+        return info
 
     def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
-        if not isinstance(image_info, dict):
-            raise RequestRefused(f"image info must be a JSON object, got {type(image_info).__name__}")
-        ext = self._file_type(image_filename, "an image")
-        check_name(image_id, "image id", new=True)
-        check_inside(self.root, os.path.join(self._image_dir(), image_id + ext), f"image {image_id!r}")
-        return super().add_image(image_id, image_filename, image_info)
+        try:
+            if not isinstance(image_info, dict):
+                raise RequestRefused(f"image info must be a JSON object, got {type(image_info).__name__}")
+            ext = self._file_type(image_filename, "an image")
+            image_id = image_id or self._to_id(os.path.basename(image_filename))[0]
+            check_name(image_id, "image id", new=True)
+            name = image_id + ext
+            logger.info("Adding Image: %s => %s", image_id, image_filename)
+            with FileLock(self._lock_file):
+                target = writable_path(self.root, self._image_file(image_id, ext), f"image {image_id!r}")
+                with atomic_write(target) as f, open(image_filename, "rb") as src:
+                    shutil.copyfileobj(src, f)
+                info = {**image_info, "ts": int(time.time()), "name": name}
+                self._datastore.objects[image_id] = ImageLabelModel(image=DataModel(info=info, ext=ext))
+                self._update_datastore_file(lock=False)
+            return image_id
+        finally:
+            self._discard_upload(image_filename)
 
     def remove_image(self, image_id: str) -> None:
-        self.get_image_uri(image_id)
-        super().remove_image(image_id)
+        obj = self._datastore.objects.get(check_name(image_id, "image id"))
+        if obj is None:
+            raise ImageNotFoundException(f"Image {image_id} not found")
+        what = f"image {image_id!r}"
+        # every file decided first: a refusal deletes nothing
+        files = [deletable_path(self.root, self._image_file(image_id, obj.image.ext), what)]
+        for tag, label in obj.labels.items():
+            files.append(deletable_path(self.root, self._label_file(image_id, tag, label.ext), f"{what}'s {tag} label"))
+        logger.info("Removing Image: %s", image_id)
+        for path in files:
+            if path:
+                Path(path).unlink(missing_ok=True)
+        if not self._auto_reload:
+            self.refresh()
 
     def update_image_info(self, image_id: str, info: dict[str, Any]) -> None:
         if not isinstance(info, dict):
@@ -101,32 +265,58 @@ class GLAMDatastore(LocalDatastore):
     def get_dataset_archive(self, limit_cases: int | None) -> str:
         if not self.datalist():
             raise RequestRefused("no image has a final label: there is no dataset to archive", 404)
-        return super().get_dataset_archive(limit_cases)
+        # MONAI Label never removes the archive it sends: keep only the latest one in the temporary folder
+        previous, self._archive = self._archive, super().get_dataset_archive(limit_cases)
+        if previous and previous != self._archive:
+            Path(previous).unlink(missing_ok=True)
+        return self._archive
 
     # -- labels ------------------------------------------------------------------------------------------------------
     def get_label_uri(self, label_id: str, label_tag: str) -> str:
         label = self._datastore.label(check_name(label_id, "label id"), check_name(label_tag, "label tag"))
-        if label is not None:
-            path = os.path.join(self._datastore.label_path(label_tag), label_id + label.ext)
-            check_inside(self.root, path, f"label {label_id!r}")
-        return super().get_label_uri(label_id, label_tag)
+        if label is None:
+            return ""
+        path = self._label_file(label_id, label_tag, label.ext)
+        return readable_path(self.root, path, f"label {label_id!r}")
 
     def get_label_info(self, label_id: str, label_tag: str) -> dict[str, Any]:
         self.get_label_uri(label_id, label_tag)
         return super().get_label_info(label_id, label_tag)
 
     def save_label(self, image_id: str, label_filename: str, label_tag: str, label_info: dict[str, Any]) -> str:
-        if not isinstance(label_info, dict):
-            raise RequestRefused(f"label info must be a JSON object, got {type(label_info).__name__}")
-        check_name(image_id, "image id")
-        check_name(label_tag, "label tag")
-        ext = self._file_type(label_filename, "a label")
-        check_inside(self.root, os.path.join(self._datastore.label_path(label_tag), image_id + ext), "label")
-        return super().save_label(image_id, label_filename, label_tag, label_info)
+        try:
+            if not isinstance(label_info, dict):
+                raise RequestRefused(f"label info must be a JSON object, got {type(label_info).__name__}")
+            check_name(image_id, "image id")
+            check_name(label_tag, "label tag")
+            ext = self._file_type(label_filename, "a label")
+            obj = self._datastore.objects.get(image_id)
+            if obj is None:
+                raise ImageNotFoundException(f"Image {image_id} not found")
+            name = image_id + ext
+            logger.info("Adding Label: %s => %s => %s", image_id, label_tag, label_filename)
+            with FileLock(self._lock_file):
+                target = writable_path(self.root, self._label_file(image_id, label_tag, ext), f"label of {image_id!r}")
+                os.makedirs(os.path.dirname(target), exist_ok=True)  # resolved, inside the studies folder
+                with atomic_write(target) as f, open(label_filename, "rb") as src:
+                    shutil.copyfileobj(src, f)
+                info = {**label_info, "ts": int(time.time()), "name": name}
+                obj.labels[label_tag] = DataModel(info=info, ext=ext)
+                self._update_datastore_file(lock=False)
+            return image_id
+        finally:
+            self._discard_upload(label_filename)
 
     def remove_label(self, label_id: str, label_tag: str) -> None:
-        self.get_label_uri(label_id, label_tag)
-        super().remove_label(label_id, label_tag)
+        label = self._datastore.label(check_name(label_id, "label id"), check_name(label_tag, "label tag"))
+        if label is None:
+            raise LabelNotFoundException(f"Label: {label_id} Tag: {label_tag} not found")
+        path = deletable_path(self.root, self._label_file(label_id, label_tag, label.ext), f"label {label_id!r}")
+        logger.info("Removing label: %s => %s", label_id, label_tag)
+        if path:
+            Path(path).unlink()
+        if not self._auto_reload:
+            self.refresh()
 
     def update_label_info(self, label_id: str, label_tag: str, info: dict[str, Any]) -> None:
         if not isinstance(info, dict):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from fastapi import HTTPException
+from glam_safety import Limits, check_model_settings
 from monai.bundle import ConfigParser
 from monailabel.interfaces.tasks.infer_v2 import InferType
 from monailabel.tasks.infer.basic_infer import BasicInferTask
@@ -112,6 +113,26 @@ def unreadable_image_message(exc: BaseException, path: str, name: str) -> str:
     return text
 
 
+#: the settings that size what every image allocates (the preprocessing window, the patches)
+BOUNDED_SETTINGS = ("image_size", "patch_size", "num_patches_eval")
+
+
+def check_settings_record(parser: ConfigParser, model_path: str | os.PathLike, limits: Limits | None = None) -> None:
+    """Refuse (``ValueError`` naming the setting, its value, where it comes from, the limit and the environment
+    variable that raises it) a model whose ``image_size``, ``patch_size`` or ``num_patches_eval`` lie outside
+    ``limits``, before the network or any image buffer is made. The values are those the network will be built
+    with: the checkpoint's settings record unless a preset overrides them."""
+    from scripts.networks.settings import read_checkpoint_settings
+
+    limits = limits or Limits.from_env()
+    record = read_checkpoint_settings(model_path) or {}
+    values = {name: parser.get_parsed_content(name) for name in BOUNDED_SETTINGS}
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    recorded = [k for k, v in values.items() if k in record and record[k] == v]
+    source = f"model {model_path}" + (f" (its settings record gives {', '.join(recorded)})" if recorded else "")
+    check_model_settings(values, limits, source)
+
+
 def write_map(path: str, array: np.ndarray, spacing: Sequence[float] | None) -> None:
     """Write an ``(H, W)`` map in the project's array convention (rows as displayed) with ``(row, col)`` spacing."""
     if path.endswith(".nrrd"):
@@ -138,6 +159,8 @@ class GLAMSaliencyInfer(BasicInferTask):
         presets: config files layered over ``inference.yaml``; not needed for a checkpoint that records its settings
             (every checkpoint the bundle's training writes), which the network and the window are built from.
         device: ``"cuda"``/``"cpu"``; default CUDA when present.
+        limits: the image size, patch size and patch count the model may ask for (default: from the environment,
+            :meth:`glam_safety.Limits.from_env`); a model outside them is refused before it is built.
     """
 
     def __init__(
@@ -146,6 +169,7 @@ class GLAMSaliencyInfer(BasicInferTask):
         model_path: str | os.PathLike,
         presets: Sequence[str | os.PathLike] = (),
         device: str | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.bundle_dir = Path(bundle_dir).resolve()
         config_file = self.bundle_dir / "configs" / "inference.yaml"
@@ -162,6 +186,7 @@ class GLAMSaliencyInfer(BasicInferTask):
         parser["bundle_root"] = str(self.bundle_dir)
         # the network and the window are built from the checkpoint's settings record (presets still override)
         parser["ckpt_path"] = str(model_path)
+        check_settings_record(parser, model_path, limits)
         self.gamma_c = float(parser.get_parsed_content("gamma_c"))
         self.transform = parser.get_parsed_content("preprocessing")
         from scripts.networks import optimize_for_inference

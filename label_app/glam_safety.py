@@ -5,9 +5,16 @@ Plain Python (no MONAI Label import), so the rules are unit-tested in any enviro
 never depends on whether a file exists, so the answers tell a client nothing about the filesystem.
 
 - Datastore ids and label tags are single file-name components of the studies folder: no ``/`` or ``\\``, not
-  ``.`` or ``..``, no control characters, at most :data:`MAX_NAME_LENGTH` characters; a new id (an upload) may not
-  start with ``.`` either. Ids and tags are never decoded again, so an encoded ``%2e%2e%2f`` is a plain name.
-- The ``params`` and ``info`` form fields of MONAI Label's routes are JSON objects.
+  ``.`` or ``..``, no control characters, valid UTF-8, at most :data:`MAX_NAME_LENGTH` characters; a new id (an
+  upload) may not start with ``.`` either. Ids and tags are never decoded again, so an encoded ``%2e%2e%2f`` is a
+  plain name. The file name of an upload is one such name too (:func:`check_upload_name`).
+- Paths are decided on where they resolve (:func:`readable_path`, :func:`writable_path`, :func:`deletable_path`):
+  nothing is written or deleted outside the studies folder or through a symbolic link; a link the server's own user
+  put in the folder is followed for reading, and answers name the path inside the folder, never the link's target.
+- The ``params`` and ``info`` form fields of MONAI Label's routes are JSON objects, and no JSON a request carries
+  is nested deeper than :data:`MAX_JSON_DEPTH`.
+- Limits (:class:`Limits`, from the environment): the size of a request body, and the image size, patch size and
+  patch count a checkpoint's settings record may ask for (:func:`check_model_settings`).
 - Cross-origin access is granted to listed origins only (``scheme://host[:port]``); requests are answered for
   loopback host names and the names the server is told to answer for (DNS rebinding).
 """
@@ -17,12 +24,18 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from collections.abc import Iterable
-from typing import Any
+import stat
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 #: longest datastore id or label tag (the stored file name adds the extension; file systems allow 255 bytes)
 MAX_NAME_LENGTH = 200
+#: deepest nesting of the JSON a request carries (``params``, ``info``, a JSON body); MONAI Label's own parameters
+#: are at most 2 deep, and Python's parser fails (RecursionError) near 1000
+MAX_JSON_DEPTH = 32
+#: longest file name of an upload, in UTF-8 bytes (file systems allow 255)
+MAX_UPLOAD_NAME_BYTES = 255
 #: host names every server answers for
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: form fields of MONAI Label's routes that carry a JSON object
@@ -54,6 +67,8 @@ def check_name(value: Any, what: str, *, new: bool = False) -> str:
         problem = "is a path; it must name a file of the studies folder (no '/', '\\', '.' or '..')"
     elif any(ord(c) < 32 or ord(c) == 127 for c in value):
         problem = "holds control characters"
+    elif not is_utf8(value):
+        problem = "is not valid UTF-8"
     elif len(value) > MAX_NAME_LENGTH:
         problem = f"is longer than {MAX_NAME_LENGTH} characters"
     elif new and value.startswith("."):
@@ -61,6 +76,44 @@ def check_name(value: Any, what: str, *, new: bool = False) -> str:
     else:
         return value
     raise RequestRefused(f"{what} {_shown(value)} {problem}")
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: a file name read from a disk that is not UTF-8 carries surrogates (Python's
+    ``surrogateescape``), which no JSON answer can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_name(name: str | bytes) -> str:
+    """A file name for a log line, also one that is not UTF-8 (its bytes escaped, e.g. ``'caf\\xe9.png'``)."""
+    return "'" + os.fsencode(name).decode("utf-8", errors="backslashreplace") + "'"
+
+
+def check_upload_name(value: Any, field: str) -> str:
+    """The file name a client gave an upload in form field ``field``: one file name (no ``/`` or ``\\``, no control
+    characters such as NUL, at most :data:`MAX_UPLOAD_NAME_BYTES` bytes), else :class:`RequestRefused` (400). An
+    empty name is allowed (MONAI Label then names the file itself)."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        raise RequestRefused(f"the file name of form field {field!r} must be text, got {_shown(value)}")
+    if "/" in value or "\\" in value:
+        problem = "is a path; send the file's name only (no '/' or '\\')"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+        problem = "holds control characters (such as NUL)"
+    elif not is_utf8(value):
+        problem = "is not valid UTF-8"
+    elif len(value.encode("utf-8")) > MAX_UPLOAD_NAME_BYTES:
+        problem = f"is longer than {MAX_UPLOAD_NAME_BYTES} bytes"
+    elif value in (".", ".."):
+        problem = "is not a file name"
+    else:
+        return value
+    raise RequestRefused(f"the file name {_shown(value)} of form field {field!r} {problem}")
 
 
 def is_inside(folder: str | os.PathLike, path: str | os.PathLike) -> bool:
@@ -77,19 +130,118 @@ def check_inside(folder: str | os.PathLike, path: str | os.PathLike, what: str) 
     return str(path)
 
 
+def _inside_or_equal(folder: str, path: str) -> bool:
+    return path == folder or os.path.commonpath([folder, path]) == folder
+
+
+def _links_between(folder: str, path: str) -> list[str]:
+    """The symbolic links among ``path`` and its parent folders below ``folder`` (``path`` lexically inside)."""
+    links, current = [], folder
+    for part in os.path.relpath(path, folder).split(os.sep):
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            links.append(current)
+    return links
+
+
+def readable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> str:
+    """``path`` (normalized, not resolved) if the server may read it: it lies inside ``folder`` and either resolves
+    inside it too, or every symbolic link on the way belongs to the user the server runs as (a link the owner put
+    in the studies folder, e.g. to images on another disk). Else :class:`RequestRefused`: 400 for a path outside,
+    403 for another user's link. The path returned is the one inside the folder: whoever shows it (a download's
+    file name, an info record) never shows where a link leads."""
+    root = os.path.realpath(folder)
+    lexical = check_inside(root, os.path.normpath(os.path.join(root, path)), what)
+    if _inside_or_equal(root, os.path.realpath(lexical)):
+        return lexical
+    for link in _links_between(root, lexical):
+        owner = os.lstat(link).st_uid
+        if owner != os.geteuid():
+            raise RequestRefused(
+                f"{what} is reached through a symbolic link of another user (uid {owner}) that leads outside the "
+                "studies folder: the server follows only its own user's links",
+                403,
+            )
+    return lexical
+
+
+def writable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> str:
+    """Where a write to ``path`` (inside ``folder``) lands: the resolved folder of ``path`` (inside the resolved
+    ``folder``) joined with its file name. Refused (403) when that folder leads outside through a link, when the
+    file itself is a symbolic link (wherever it points: the server writes and deletes no link's target) or a
+    folder. Write with a rename onto the returned path (``os.replace`` replaces a name, it follows no link)."""
+    root = os.path.realpath(folder)
+    lexical = check_inside(root, os.path.normpath(os.path.join(root, path)), what)
+    parent = os.path.realpath(os.path.dirname(lexical))
+    if not _inside_or_equal(root, parent):
+        raise RequestRefused(
+            f"{what}: its folder is a symbolic link that leads outside the studies folder; the server writes and "
+            "deletes only inside it",
+            403,
+        )
+    target = os.path.join(parent, os.path.basename(lexical))
+    if os.path.islink(target):
+        raise RequestRefused(
+            f"{what} is a symbolic link: the server reads through links but never writes or deletes through them "
+            "(replace or remove the link on the server itself)",
+            403,
+        )
+    if os.path.isdir(target):
+        raise RequestRefused(f"{what} is a folder, not a file", 403)
+    return target
+
+
+def deletable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> str | None:
+    """The file to unlink for ``path`` (as :func:`writable_path`; a regular file, never a folder's tree), or None
+    when nothing is there."""
+    target = writable_path(folder, path, what)
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        raise RequestRefused(f"{what} is not a regular file: the server deletes only files it could have written", 403)
+    return target
+
+
+def json_depth(value: Any) -> int:
+    """How deep lists and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def json_value(what: str, text: str | bytes) -> Any:
+    """The JSON value of ``text`` (``what`` names it in messages), nested at most :data:`MAX_JSON_DEPTH` deep,
+    else :class:`RequestRefused` (400)."""
+    too_deep = f"{what} nests lists or objects deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RequestRefused(f"{what} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise RequestRefused(f"{what} is not UTF-8 text") from None
+    except RecursionError:  # the parser gives up near 1000 levels
+        raise RequestRefused(too_deep) from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise RequestRefused(too_deep)
+    return value
+
+
 def json_object(field: str, text: Any) -> dict[str, Any]:
     """The JSON object of form field ``field`` (empty: ``{}``, as MONAI Label reads it), else
-    :class:`RequestRefused` (400) naming the field and what is wrong."""
+    :class:`RequestRefused` (400) naming the field and what is wrong (not JSON, nested too deep, not an object)."""
     if text is None or (isinstance(text, str) and not text.strip()):
         return {}
     if not isinstance(text, str):
         raise RequestRefused(f"form field {field!r} must be a JSON object, got a {type(text).__name__}")
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RequestRefused(
-            f"form field {field!r} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})"
-        ) from None
+    value = json_value(f"form field {field!r}", text)
     if not isinstance(value, dict):
         kind = "null" if value is None else type(value).__name__
         raise RequestRefused(f"form field {field!r} must be a JSON object ({{...}}), got {kind}")
@@ -163,3 +315,89 @@ def allowed_hosts(extra: str | None) -> list[str]:
         if host and host not in hosts:
             hosts.append(host)
     return hosts
+
+
+# -- limits ----------------------------------------------------------------------------------------------------------
+#: environment variable -> (default, what it bounds); ``start_label_server.sh --max-upload-mb`` sets the first
+LIMIT_VARIABLES = {
+    "GLAM_LABEL_MAX_UPLOAD_MB": (256, "the size of a request body (an upload), in MiB"),
+    "GLAM_LABEL_MAX_IMAGE_SIDE": (8192, "each side of the model's image_size (the preprocessing window), in pixels"),
+    "GLAM_LABEL_MAX_PATCH_SIDE": (2048, "each side of the model's patch_size, in pixels"),
+    "GLAM_LABEL_MAX_PATCHES": (32, "the patches per image (num_patches_eval)"),
+}
+
+
+class Limits(NamedTuple):
+    """What one request and one model may ask of the server (defaults in :data:`LIMIT_VARIABLES`).
+
+    The body limit suits mammograms: a 16-bit 4000x5000 DICOM is about 40 MB uncompressed, 256 MiB leaves room for
+    larger detectors and multi-frame files. The model limits keep a checkpoint's settings record from making every
+    image allocate gigabytes (an ``image_size`` of [40000, 40000] is 12.8 GB per image); the bundle's full-size
+    default is 2944x1920 with 512-pixel patches."""
+
+    max_upload_mb: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_UPLOAD_MB"][0]
+    max_image_side: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_IMAGE_SIDE"][0]
+    max_patch_side: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_PATCH_SIDE"][0]
+    max_patches: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_PATCHES"][0]
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.max_upload_mb * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
+        """The limits the environment sets (:data:`LIMIT_VARIABLES`); ``ValueError`` naming a variable that is not
+        a positive whole number."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for (name, (default, meaning)), field in zip(LIMIT_VARIABLES.items(), cls._fields):
+            text = str(environ.get(name, "")).strip()
+            if not text:
+                values[field] = default
+                continue
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"{name}={text!r}: expected a positive whole number ({meaning}; default {default})")
+            values[field] = int(text)
+        return cls(**values)
+
+
+def _pair(value: Any) -> list[int] | None:
+    """``(rows, cols)`` of a size setting (an int or two ints), None for anything else."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value, value]
+    if len(items) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+        return None
+    return items
+
+
+def check_model_settings(settings: Mapping[str, Any], limits: Limits, source: str) -> None:
+    """``ValueError`` naming each of ``image_size``, ``patch_size`` and ``num_patches_eval`` in ``settings`` (what the
+    network will be built with; ``source`` names where they come from, e.g. the checkpoint) that lies outside
+    ``limits``, with the limit and the environment variable that raises it. Called before the network or any image
+    buffer is made."""
+    problems = []
+    bounds = [
+        ("image_size", limits.max_image_side, "GLAM_LABEL_MAX_IMAGE_SIDE", "pixels per side"),
+        ("patch_size", limits.max_patch_side, "GLAM_LABEL_MAX_PATCH_SIDE", "pixels per side"),
+    ]
+    for name, limit, variable, unit in bounds:
+        if name not in settings:
+            continue
+        pair = _pair(settings[name])
+        if pair is None or min(pair) < 1:
+            problems.append(f"{name} {json.dumps(settings[name])} is not a positive size (rows, cols)")
+        elif max(pair) > limit:
+            problems.append(f"{name} {pair} exceeds the limit of {limit} {unit} ({variable} raises it)")
+    if "num_patches_eval" in settings:
+        count = settings["num_patches_eval"]
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            problems.append(f"num_patches_eval {json.dumps(count)} is not a positive whole number")
+        elif count > limits.max_patches:
+            problems.append(
+                f"num_patches_eval {count} exceeds the limit of {limits.max_patches} patches per image "
+                "(GLAM_LABEL_MAX_PATCHES raises it)"
+            )
+    image, patch = _pair(settings.get("image_size")), _pair(settings.get("patch_size"))
+    if image and patch and not problems and (patch[0] > image[0] or patch[1] > image[1]):
+        problems.append(f"patch_size {patch} is larger than image_size {image}")
+    if problems:
+        raise ValueError(f"{source}: {'; '.join(problems)}; the label server refuses the model")

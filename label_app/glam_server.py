@@ -12,9 +12,15 @@ the studies folder. Here, on that same app object (its routers, its lifespan tha
   ``Origin`` is neither the server's own nor listed is refused (403), also the form POSTs a browser sends without
   asking first; a ``Host`` other than the loopback names and ``GLAM_LABEL_ALLOWED_HOSTS`` is refused (400: DNS
   rebinding).
-- The ``params`` and ``info`` form fields must be JSON objects (400 naming the field); ``session_id`` is refused
-  (400: sessions are off in the GLAM app); an inference needs an input (a datastore id or an uploaded file) and
-  cannot ask for ``output=dicom_seg`` (MONAI Label answered both with 500).
+- The ``params`` and ``info`` form fields must be JSON objects (400 naming the field), and no JSON a request
+  carries (a form field, a JSON body) nests deeper than ``glam_safety.MAX_JSON_DEPTH`` (MONAI Label's parser
+  failed with RecursionError: 500); an upload's file name is a file name (no NUL, ``/`` or ``\\``);
+  ``session_id`` is refused (400: sessions are off in the GLAM app); an inference needs an input (a datastore id or
+  an uploaded file), takes no ``label`` upload and cannot ask for ``output=dicom_seg`` (MONAI Label answered 500).
+- Request bodies are bounded (``GLAM_LABEL_MAX_UPLOAD_MB``, default 256 MiB; ``start_label_server.sh
+  --max-upload-mb``): 413 as soon as the ``Content-Length`` or the bytes received pass the limit, before the body
+  is buffered; a body is read into an unnamed temporary file (in memory up to 1 MiB), checked, and replayed to
+  MONAI Label.
 - Not offered (404): ``/model`` (the checkpoint: download, replace, delete), ``/logs``, ``/proxy`` (DICOMweb),
   ``/ohif``, ``/infer/wsi*``, ``/reload``, and ``/train`` and ``/scoring`` (the app has neither: they started a
   subprocess that failed) (:data:`REMOVED_ROUTES`).
@@ -31,6 +37,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -47,9 +54,12 @@ from fastapi.responses import JSONResponse  # noqa: E402
 from glam_safety import (  # noqa: E402
     JSON_FORM_FIELDS,
     SERVER_FLAG,
+    Limits,
     RequestRefused,
     allowed_hosts,
+    check_upload_name,
     json_object,
+    json_value,
     normalize_origin,
     parse_origins,
 )
@@ -61,6 +71,7 @@ from monailabel.interfaces.exception import (  # noqa: E402
     MONAILabelError,
     MONAILabelException,
 )
+from starlette.datastructures import UploadFile  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -77,6 +88,13 @@ REMOVED_ROUTES = ("/model", "/logs", "/proxy", "/ohif", "/infer/wsi", "/infer/ws
 TOKEN_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 INFER_PATH = re.compile(r"/infer/[^/]+")
+#: methods whose body is read, counted and checked before the app sees it
+BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+#: a body up to this size stays in memory, a larger one goes to an unnamed temporary file
+SPOOL_IN_MEMORY = 1 << 20
+REPLAY_CHUNK = 1 << 20
+#: the largest JSON body (batch inference's parameters are a few hundred bytes)
+MAX_JSON_BODY = 1 << 20
 
 
 def _host_of(netloc: str) -> str:
@@ -85,29 +103,44 @@ def _host_of(netloc: str) -> str:
 
 class RequestGuard:
     """Pure ASGI middleware answering what MONAI Label's routes do not check (module docstring): the ``Host`` and
-    ``Origin`` headers, the routes not offered, ``session_id``, the JSON form fields (the form is read here and
-    replayed to the app) and the input of an inference. A refusal is JSON ``{"detail": message}`` with its 4xx."""
+    ``Origin`` headers, the routes not offered, ``session_id``, the size of the body, the JSON it carries, the file
+    names of uploads and the input of an inference. The body is read here first, counted against ``max_body`` (413
+    as soon as the ``Content-Length`` or the bytes received pass it), kept in a temporary file that has no name
+    (in memory up to 1 MiB) and replayed to the app. A refusal is JSON ``{"detail": message}`` with its 4xx."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], origins: Sequence[str], hosts: Sequence[str]) -> None:
+    def __init__(
+        self,
+        app: Callable[..., Awaitable[None]],
+        origins: Sequence[str],
+        hosts: Sequence[str],
+        max_body: int = Limits().max_body_bytes,
+    ) -> None:
         self.app = app
         self.origins = set(origins)
         self.hosts = set(hosts)
+        self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        body: Any = None
         try:
-            self._check_headers(Request(scope))
-            self._check_path(scope)
-            query = self._check_query(scope)
-            receive, fields = await self._check_form(scope, receive)
-            self._check_infer_input(scope, query, fields)
-        except RequestRefused as e:
-            logger.info("refused %s %s: %s", scope.get("method"), scope.get("path"), e)
-            await JSONResponse({"detail": str(e)}, status_code=e.status_code)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+            try:
+                self._check_headers(Request(scope))
+                self._check_path(scope)
+                query = self._check_query(scope)
+                body = await self._read_body(scope, receive)
+                fields = await self._check_body(scope, body)
+                self._check_infer_input(scope, query, fields)
+            except RequestRefused as e:
+                logger.info("refused %s %s: %s", scope.get("method"), scope.get("path"), e)
+                await JSONResponse({"detail": str(e)}, status_code=e.status_code)(scope, receive, send)
+                return
+            await self.app(scope, self._replay(body, receive) if body is not None else receive, send)
+        finally:
+            if body is not None:
+                body.close()
 
     def _check_headers(self, request: Request) -> None:
         host = request.headers.get("host", "")
@@ -148,49 +181,103 @@ class RequestGuard:
 
     @staticmethod
     def _check_infer_input(scope: Scope, query: dict[str, list[str]], fields: set[str]) -> None:
-        """``POST /infer/{model}``: an input (MONAI Label answers 500 without one) and an output the app writes."""
+        """``POST /infer/{model}``: an input (MONAI Label answers 500 without one), an output the app writes, and
+        no ``label`` upload (an interactive model's input, which GLAM does not take)."""
         if scope.get("method") != "POST" or not INFER_PATH.fullmatch(scope.get("path", "")):
             return
         if "dicom_seg" in query.get("output", []):
             raise RequestRefused("output=dicom_seg needs a DICOMweb datastore: ask for output=image or json")
+        if "label" in fields:
+            raise RequestRefused("form field 'label': GLAM takes no label with an inference, only the image")
         if not any(query.get("image", [])) and "file" not in fields:
             raise RequestRefused("no input: name a datastore image (?image=ID) or upload one as the form field 'file'")
 
-    @staticmethod
-    async def _check_form(scope: Scope, receive: Receive) -> tuple[Receive, set[str]]:
-        """Read a form body, check its JSON fields, and hand the app a ``receive`` that replays the body; the names
-        of the form's fields (none for another body)."""
-        content_type = Request(scope).headers.get("content-type", "").split(";")[0].strip().lower()
-        if scope.get("method") not in ("POST", "PUT", "PATCH") or content_type not in _FORM_TYPES:
-            return receive, set()
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return receive, set()  # the client went away: nothing to check
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body, replayed = b"".join(chunks), False
+    def _too_large(self, size: str) -> RequestRefused:
+        mib = self.max_body / 2**20
+        return RequestRefused(
+            f"request body of {size} exceeds the server's limit of {mib:g} MiB "
+            "(start_label_server.sh --max-upload-mb, GLAM_LABEL_MAX_UPLOAD_MB)",
+            413,
+        )
 
-        async def once() -> Message:  # the body, for the check
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def replay() -> Message:  # the body, then the client's own messages, for the app
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return await once()
-
+    async def _read_body(self, scope: Scope, receive: Receive) -> Any:
+        """The request's body in an unnamed temporary file (None for a request that carries none), refused (413)
+        once its declared length or the bytes received pass the limit: nothing past it is read."""
+        declared = Request(scope).headers.get("content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                raise RequestRefused(f"Content-Length {declared!r} is not a number")
+            if int(declared) > self.max_body:
+                raise self._too_large(f"{int(declared)} bytes")
+        if scope.get("method") not in BODY_METHODS:
+            return None
+        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)
         try:
-            form = await Request(scope, once).form()
+            received, more = 0, True
+            while more:
+                message = await receive()
+                if message["type"] != "http.request":
+                    raise RequestRefused("the client went away before the body was sent")
+                chunk = message.get("body", b"")
+                received += len(chunk)
+                if received > self.max_body:
+                    raise self._too_large(f"more than {self.max_body} bytes")
+                spool.write(chunk)
+                more = message.get("more_body", False)
+            spool.seek(0)
+        except BaseException:
+            spool.close()
+            raise
+        return spool
+
+    @staticmethod
+    def _replay(body: Any, receive: Receive | None = None) -> Receive:
+        """A ``receive`` that hands over ``body`` from its start in 1 MiB messages, then (for the app) the client's
+        own messages (its disconnect)."""
+        size = body.seek(0, os.SEEK_END)
+        body.seek(0)
+        done = False
+
+        async def replay() -> Message:
+            nonlocal done
+            if done:
+                return await receive() if receive is not None else {"type": "http.disconnect"}
+            chunk = body.read(REPLAY_CHUNK)
+            done = body.tell() >= size
+            return {"type": "http.request", "body": chunk, "more_body": not done}
+
+        return replay
+
+    async def _check_body(self, scope: Scope, body: Any) -> set[str]:
+        """Check a form's JSON fields and upload file names, or a JSON body's nesting; the names of the form's
+        fields (none for another body)."""
+        if body is None:
+            return set()
+        content_type = Request(scope).headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "application/json":
+            text = body.read(MAX_JSON_BODY + 1)
+            body.seek(0)
+            if len(text) > MAX_JSON_BODY:
+                raise RequestRefused(
+                    f"a JSON body of more than {MAX_JSON_BODY} bytes: the server's requests are smaller", 413
+                )
+            if text.strip():
+                json_value("the JSON body", text)
+            return set()
+        if content_type not in _FORM_TYPES:
+            return set()
+        try:
+            form = await Request(scope, self._replay(body)).form()
         except StarletteHTTPException as e:  # malformed multipart: Starlette names the problem
             raise RequestRefused(f"malformed form data: {e.detail}") from None
         try:
             for field in JSON_FORM_FIELDS:
                 if field in form:
                     json_object(field, form[field])
-            return replay, set(form.keys())
+            for field, value in form.multi_items():
+                if isinstance(value, UploadFile):
+                    check_upload_name(value.filename, field)
+            return set(form.keys())
         finally:
             await form.close()
 
@@ -260,8 +347,9 @@ def configure(api: FastAPI) -> FastAPI:
     """Make MONAI Label's FastAPI app ``api`` the GLAM server (module docstring); before it starts."""
     origins = parse_origins(o for o in os.environ.get("GLAM_LABEL_CORS_ORIGINS", "").split(",") if o.strip())
     hosts = allowed_hosts(os.environ.get("GLAM_LABEL_ALLOWED_HOSTS"))
+    limits = Limits.from_env()
     api.user_middleware[:] = [m for m in api.user_middleware if m.cls is not CORSMiddleware]
-    api.add_middleware(RequestGuard, origins=origins, hosts=hosts)
+    api.add_middleware(RequestGuard, origins=origins, hosts=hosts, max_body=limits.max_body_bytes)
     if origins:  # outside the guard: it answers the preflights of the listed origins
         # no credentials (cookies): a bearer token in the Authorization header, MONAI Label's auth, needs none
         methods = ["GET", "HEAD", "POST", "PUT", "DELETE"]
@@ -273,9 +361,11 @@ def configure(api: FastAPI) -> FastAPI:
     _close_apps_on_shutdown(api)
     setattr(api.state, SERVER_FLAG, True)
     logger.info(
-        "GLAM server: cross-origin access for %s; hosts %s; authentication %s; not offered: %s",
+        "GLAM server: cross-origin access for %s; hosts %s; request bodies up to %d MiB; authentication %s; "
+        "not offered: %s",
         origins or "no origin",
         hosts,
+        limits.max_upload_mb,
         f"on ({settings.MONAI_LABEL_AUTH_REALM_URI})" if settings.MONAI_LABEL_AUTH_ENABLE else "off",
         list(REMOVED_ROUTES),
     )

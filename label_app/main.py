@@ -18,8 +18,10 @@ neither torchvision nor SAM2 (see docs/monailabel.md).
 
 Nothing a request names reaches outside the studies folder: the datastore is :class:`~glam_datastore.GLAMDatastore`
 (ids, tags and paths checked), an inference input is a datastore id or a file uploaded with the request (written to
-the app's own temporary folder), MONAI Label's sessions (kept outside the studies folder) are off, whole-slide
-inference is refused and the checkpoint is not offered for download or replacement (``model_file``).
+the app's own temporary folder, and removed when the request is done, also when it fails), MONAI Label's sessions
+(kept outside the studies folder) are off, whole-slide inference is refused and the checkpoint is not offered for
+download or replacement (``model_file``). A map is never saved under MONAI Label's ``original`` tag, and batch
+inference (:class:`GLAMBatchInfer`) reports each image's error and goes on with the others.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from monailabel.config import settings
 from monailabel.interfaces.app import MONAILabelApp
 from monailabel.interfaces.datastore import Datastore, DefaultLabelTag
+from monailabel.interfaces.tasks.batch_infer import BatchInferTask
 from monailabel.interfaces.tasks.infer_v2 import InferTask
 
 APP_DIR = Path(__file__).resolve().parent
@@ -63,6 +67,85 @@ def _check_served_safely() -> None:
             "on PYTHONPATH (scripts/start_label_server.sh does both); MONAI Label's default app lets any web page "
             "drive the server"
         )
+
+
+def _status_and_message(error: Exception) -> tuple[int, str]:
+    """The HTTP status and message a request that failed with ``error`` would answer (``glam_server``'s rules)."""
+    from fastapi import HTTPException
+    from glam_safety import RequestRefused
+    from monailabel.interfaces.exception import (
+        ImageNotFoundException,
+        LabelNotFoundException,
+        MONAILabelError,
+        MONAILabelException,
+    )
+
+    if isinstance(error, RequestRefused):
+        return error.status_code, str(error)
+    if isinstance(error, HTTPException):
+        return error.status_code, str(error.detail)
+    if isinstance(error, (ImageNotFoundException, LabelNotFoundException)):
+        return 404, error.msg
+    if isinstance(error, MONAILabelException) and error.error == MONAILabelError.INVALID_INPUT:
+        return 400, error.msg
+    return 500, f"{type(error).__name__}: {error}"
+
+
+class GLAMBatchInfer(BatchInferTask):
+    """``POST /batch/infer/glam``: GLAM on each image of the datastore (or the ids the request lists), one after
+    the other on the server's device, each map saved in the datastore under ``label_tag`` (default: its own tag,
+    ``glam_label`` or ``glam_heatmap_<class>``; ``original`` is refused). An image that fails (unreadable, unknown)
+    is answered as ``{"error": message, "status": code}`` under its id, logged, and the others are done.
+
+    MONAI Label's task stops at the first failure (400) after saving the maps made so far, spreads images over
+    ``multi_gpu`` devices (a division by zero without CUDA) and defaults to the ``original`` tag."""
+
+    def __call__(self, request: dict[str, Any], datastore: Datastore, infer: Any) -> dict[str, Any]:
+        from glam_safety import RequestRefused, check_name
+
+        tag = request.get("label_tag")
+        if tag is not None:
+            check_name(tag, "label tag")
+            if tag == DefaultLabelTag.ORIGINAL:
+                raise RequestRefused(
+                    "label_tag 'original' is kept for the readers' annotations: send a JSON body without label_tag "
+                    "(maps go under glam_label or glam_heatmap_<class>) or name another tag (MONAI Label's default "
+                    "batch body names 'original')"
+                )
+        image_ids = self.get_images(request, datastore)
+        if not isinstance(image_ids, list) or not all(isinstance(i, str) for i in image_ids):
+            raise RequestRefused(
+                f"images must be 'all', 'labeled', 'unlabeled' or a list of ids, got {image_ids!r:.80}"
+            )
+        image_ids = sorted(image_ids)
+        limit = request.get("max_batch_size") or 0
+        if isinstance(limit, int) and limit > 0:
+            image_ids = image_ids[:limit]
+        logger.info("GLAM batch inference: %d images, label tag %s", len(image_ids), tag or "(the map's own)")
+        begin, result, failed = time.time(), {}, 0
+        for image_id in image_ids:
+            req = {
+                **{k: v for k, v in request.items() if k not in ("images", "device", "multi_gpu", "gpus")},
+                "image": image_id,
+                "save_label": True,
+            }
+            try:
+                answer = infer(req, datastore)
+            except Exception as e:  # noqa: BLE001 - every image is answered: the error is its result
+                status, message = _status_and_message(e)
+                logger.warning(
+                    "GLAM batch inference: %s failed (%d): %s", image_id, status, message, exc_info=status >= 500
+                )
+                result[image_id] = {"error": message, "status": status}
+                failed += 1
+                continue
+            if answer.get("file"):
+                Path(answer.pop("file")).unlink(missing_ok=True)
+            result[image_id] = answer
+        logger.info(
+            "GLAM batch inference: %d done, %d failed in %.1f s", len(image_ids) - failed, failed, time.time() - begin
+        )
+        return result
 
 
 class GLAMApp(MONAILabelApp):
@@ -109,6 +192,7 @@ class GLAMApp(MONAILabelApp):
         return GLAMDatastore(
             self.studies,
             extensions=settings.MONAI_LABEL_DATASTORE_FILE_EXT,
+            uploads_dir=self.scratch,
             auto_reload=settings.MONAI_LABEL_DATASTORE_AUTO_RELOAD,
             read_only=settings.MONAI_LABEL_DATASTORE_READ_ONLY,
         )
@@ -128,6 +212,9 @@ class GLAMApp(MONAILabelApp):
             [str(p) for p in self.presets],
         )
         return {MODEL_NAME: task}
+
+    def init_batch_infer(self) -> GLAMBatchInfer:
+        return GLAMBatchInfer()
 
     def init_trainers(self) -> dict[str, Any]:
         return {}  # GLAM trains with the bundle's three-stage workflow, not from annotations
@@ -164,7 +251,16 @@ class GLAMApp(MONAILabelApp):
         file MONAI Label wrote for an upload of this request; anything else is refused (400) whether or not such a
         file exists. ``save_label`` keeps the map in the datastore (datastore images only, as in MONAI Label) under
         ``label_tag``, by default its own tag, so a heatmap never lands among a reader's annotations: ``glam_label``
-        or ``glam_heatmap_<class>``."""
+        or ``glam_heatmap_<class>``; ``original`` is refused. The upload, and the map when the request fails after
+        making it, are removed here: MONAI Label removes them only after a successful answer."""
+        upload = self._upload(request.get("image"))
+        try:
+            return self._infer(request, upload, datastore)
+        finally:
+            if upload is not None:
+                Path(upload).unlink(missing_ok=True)
+
+    def _infer(self, request: dict[str, Any], upload: str | None, datastore: Any) -> dict[str, Any]:
         from glam_infer import UPLOADED, overlay_settings
         from glam_safety import RequestRefused, as_bool, check_name
         from monailabel.utils.others.generic import handle_torch_linalg_multithread
@@ -176,10 +272,8 @@ class GLAMApp(MONAILabelApp):
             raise RequestRefused(f"model {model!r} is not served here; models: {sorted(self._infers)}", 404)
         request = copy.deepcopy(request)
         request["description"] = task.description
-        image = request.get("image")
-        upload = self._upload(image)
         if upload is None:
-            image_id = check_name(image, "image id")
+            image_id = check_name(request.get("image"), "image id")
             path = datastore.get_image_uri(image_id)
             if not path:
                 raise RequestRefused(f"image id {image_id!r} is not in the datastore", 404)
@@ -193,6 +287,11 @@ class GLAMApp(MONAILabelApp):
             shown = overlay_settings(request)
             own_tag = "glam_label" if shown["overlay"] == "label" else f"glam_heatmap_{shown['heatmap_class']}"
             tag = check_name(request.get("label_tag") or own_tag, "label tag")
+            if tag == DefaultLabelTag.ORIGINAL:
+                raise RequestRefused(
+                    "label_tag 'original' is kept for the readers' annotations: leave label_tag out (maps go under "
+                    f"{own_tag}) or name another tag"
+                )
 
         if self._infers_threadpool:
 
@@ -207,5 +306,9 @@ class GLAMApp(MONAILabelApp):
 
         label_id = result_file
         if save and result_file and os.path.exists(result_file):
-            label_id = datastore.save_label(image_id, result_file, tag, {"model": model, "params": result_json})
-        return {"label": label_id, "tag": DefaultLabelTag.ORIGINAL, "file": result_file, "params": result_json}
+            try:
+                label_id = datastore.save_label(image_id, result_file, tag, {"model": model, "params": result_json})
+            except BaseException:
+                Path(result_file).unlink(missing_ok=True)
+                raise
+        return {"label": label_id, "tag": tag or DefaultLabelTag.ORIGINAL, "file": result_file, "params": result_json}

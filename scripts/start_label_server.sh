@@ -3,7 +3,7 @@
 #
 #   scripts/start_label_server.sh --studies DIR [--port 8000] [--host 127.0.0.1] [--model model.pt]
 #       [--preset configs/quickstart.yaml] [--device cpu|cuda] [--cors-origin URL ...] [--auth-realm URI]
-#       [--insecure-no-auth] [--setup-only]
+#       [--insecure-no-auth] [--max-upload-mb 256] [--setup-only]
 #
 # 1. Creates the MONAI Label virtual environment when missing: requirements-label.txt plus monailabel (no deps),
 #    cached outside the repository in ${GLAM_LABEL_ENV_ROOT:-~/.cache/glam-monailabel}/<hash>, keyed by the hash of
@@ -20,7 +20,11 @@
 #
 # Authentication: --auth-realm URI turns MONAI Label's token check on (a Keycloak realm, e.g.
 # https://sso.example.org/realms/monailabel; same as MONAI_LABEL_AUTH_ENABLE=true MONAI_LABEL_AUTH_REALM_URI=URI).
-# A --host other than a loopback address is refused without it, unless --insecure-no-auth says so explicitly.
+# A --host other than a loopback address (127.0.0.0/8, ::1, localhost; a name is not resolved, so a name that only
+# begins with 127. is not one) is refused without it, unless --insecure-no-auth says so explicitly.
+# --max-upload-mb N: the largest request body (an upload) the server reads, in MiB (default 256, or
+# GLAM_LABEL_MAX_UPLOAD_MB); a larger one is answered 413 before it is read. The model's limits (GLAM_LABEL_MAX_*)
+# are in docs/monailabel.md, Security.
 # --setup-only stops after step 1 and prints the environment's python (tests use it).
 set -euo pipefail
 
@@ -29,6 +33,7 @@ MONAILABEL_SPEC="monailabel==0.8.5"
 REQUIREMENTS="$REPO/requirements-label.txt"
 
 studies="" port=8000 host=127.0.0.1 model="" preset="" device="" setup_only=0 auth_realm="" insecure_no_auth=0
+max_upload_mb="${GLAM_LABEL_MAX_UPLOAD_MB:-}"
 cors=()
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }
 while [[ $# -gt 0 ]]; do
@@ -42,19 +47,32 @@ while [[ $# -gt 0 ]]; do
     --cors-origin) cors+=("${2:?--cors-origin needs a URL such as http://localhost:3000}"); shift 2 ;;
     --auth-realm) auth_realm="${2:?--auth-realm needs the realm URI}"; shift 2 ;;
     --insecure-no-auth) insecure_no_auth=1; shift ;;
+    --max-upload-mb) max_upload_mb="${2:?--max-upload-mb needs a number of MiB}"; shift 2 ;;
     --setup-only) setup_only=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "start_label_server: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
 done
 
-is_loopback() { case "$1" in localhost | 127.* | ::1 | "[::1]") return 0 ;; *) return 1 ;; esac; }
+# an address of 127.0.0.0/8 or ::1, or the name localhost: the server's own rule (label_app/glam_safety.py), which
+# parses addresses (a host name that begins with "127." is a name like any other, and needs authentication)
+is_loopback() {
+  python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from glam_safety import is_loopback
+sys.exit(0 if is_loopback(sys.argv[2]) else 1)' "$REPO/label_app" "$1"
+}
 for origin in "${cors[@]}"; do
   [[ "$origin" =~ ^https?://[^/?#*\"[:space:]]+/?$ ]] || {
     echo "start_label_server: --cors-origin $origin: expected scheme://host[:port], e.g. http://localhost:3000" >&2
     exit 2
   }
 done
+if [[ -n "$max_upload_mb" ]]; then
+  [[ "$max_upload_mb" =~ ^[0-9]+$ && "$max_upload_mb" -ge 1 ]] || {
+    echo "start_label_server: --max-upload-mb $max_upload_mb: expected a whole number of MiB, at least 1" >&2
+    exit 2
+  }
+  export GLAM_LABEL_MAX_UPLOAD_MB="$max_upload_mb"
+fi
 if [[ -n "$auth_realm" ]]; then
   [[ "$auth_realm" =~ ^https?:// ]] || {
     echo "start_label_server: --auth-realm $auth_realm: not an http(s) URI" >&2

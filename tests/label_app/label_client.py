@@ -56,9 +56,23 @@ def multipart(fields: Mapping[str, str], files: Mapping[str, FileField] | None =
 
 
 class Server:
-    def __init__(self, port: int, log: Path) -> None:
+    def __init__(self, port: int, log: Path, pid: int | None = None) -> None:
         self.base = f"http://127.0.0.1:{port}"
         self.log = log
+        self.pid = pid  # the server's process (the start script execs it)
+
+    def scratch(self) -> Path:
+        """The app's temporary folder (uploads, results), as the log names it."""
+        found = re.findall(r"GLAM temporary folder \(uploads, results\): (\S+)", self.log.read_text())
+        assert found, "the log names no temporary folder"
+        return Path(found[-1])
+
+    def rss_mb(self) -> float:
+        """The server process's resident memory, MiB (Linux)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
 
     def request(
         self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
@@ -129,7 +143,7 @@ def running_server(studies: Path, log: Path, *args: str, env: Mapping[str, str] 
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-    srv = Server(port, log)
+    srv = Server(port, log, proc.pid)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not srv.is_up():

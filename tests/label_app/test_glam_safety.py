@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 
 import pytest
@@ -23,6 +24,9 @@ allowed_hosts, as_bool, check_inside, check_name = (
 )
 is_inside, is_loopback, json_object = safety.is_inside, safety.is_loopback, safety.json_object
 normalize_origin, parse_origins = safety.normalize_origin, safety.parse_origins
+Limits, check_model_settings, check_upload_name = safety.Limits, safety.check_model_settings, safety.check_upload_name
+json_value, json_depth, MAX_JSON_DEPTH = safety.json_value, safety.json_depth, safety.MAX_JSON_DEPTH
+readable_path, writable_path, deletable_path = safety.readable_path, safety.writable_path, safety.deletable_path
 
 # what a client may call an image: the file names a studies folder holds (Slicer names uploads after its volume)
 GOOD_NAMES = ["SYN00000_L_CC", "dcm_1.2.840.113619.2", "MR head (1)", "Mammo-ä", "%2e%2e%2fx", "a..b", "..x"]
@@ -149,7 +153,7 @@ def test_origins_keep_their_order_without_repeats():
 def test_loopback_and_hosts():
     for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]", "LOCALHOST"):
         assert is_loopback(host), host
-    for host in ("0.0.0.0", "::", "192.168.1.5", "labels.example.org", "127.0.0.1.example.org"):
+    for host in ("0.0.0.0", "::", "192.168.1.5", "labels.example.org", "127.0.0.1.example.org", "127.evil.invalid"):
         assert not is_loopback(host), host
     assert allowed_hosts(None) == ["127.0.0.1", "localhost", "::1"]
     assert allowed_hosts("Labels.example.org, 10.0.0.5") == [
@@ -173,7 +177,9 @@ def _start(*args: str, auth: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=60)
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "::", "labels.example.org"])
+@pytest.mark.parametrize(
+    "host", ["0.0.0.0", "192.168.1.20", "::", "labels.example.org", "127.evil.invalid", "127.0.0.1.nip.io", "127.1"]
+)
 def test_the_start_script_refuses_a_non_loopback_host_without_authentication(tmp_path, host):
     res = _start("--studies", str(tmp_path), "--host", host)
     assert res.returncode == 2
@@ -189,6 +195,9 @@ def test_the_start_script_refuses_a_non_loopback_host_without_authentication(tmp
         (("--host", "0.0.0.0", "--auth-realm", "https://sso.example.org/realms/monailabel"), None),
         (("--host", "localhost"), None),
         (("--host", "127.0.0.2"), None),
+        (("--host", "127.255.255.254"), None),
+        (("--host", "::1"), None),
+        (("--host", "[::1]"), None),
     ],
 )
 def test_the_host_check_passes_with_authentication_or_when_told(args, auth):
@@ -201,3 +210,117 @@ def test_the_host_check_passes_with_authentication_or_when_told(args, auth):
 def test_the_start_script_names_a_bad_cors_origin(tmp_path, origin):
     res = _start("--studies", str(tmp_path), "--cors-origin", origin)
     assert res.returncode == 2 and f"--cors-origin {origin}: expected scheme://host[:port]" in res.stderr
+
+
+@pytest.mark.parametrize("bad", ["--max-upload-mb 0", "--max-upload-mb 1.5", "--max-upload-mb lots"])
+def test_the_start_script_names_a_bad_upload_limit(tmp_path, bad):
+    res = _start("--studies", str(tmp_path), *bad.split())
+    assert res.returncode == 2 and f"{bad}: expected a whole number of MiB" in res.stderr
+
+
+# -- issue 38: upload names, JSON nesting, the limits, paths decided where they resolve ------------------------------
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("scan.png\x00.exe", "control characters (such as NUL)"),
+        ("../../x.png", "is a path"),
+        ("a/b.png", "is a path"),
+        ("..\\x.png", "is a path"),
+        ("caf\udce9.png", "not valid UTF-8"),
+        ("x" * 252 + ".png", "longer than 255 bytes"),
+        ("..", "not a file name"),
+    ],
+)
+def test_an_upload_must_be_named_by_a_file_name(name, problem):
+    with pytest.raises(RequestRefused, match=re.escape(problem)) as err:
+        check_upload_name(name, "file")
+    assert err.value.status_code == 400 and "'file'" in str(err.value)
+
+
+def test_upload_names_that_are_file_names_pass():
+    for name in ("scan.png", "Mammo-ä (1).nii.gz", "x" * 251 + ".png", ""):
+        assert check_upload_name(name, "file") == name
+
+
+def test_json_nesting_is_limited_without_recursion():
+    assert json_depth(7) == 0 and json_depth([]) == 1 and json_depth({"a": [1, {"b": []}]}) == 4
+    assert json_value("params", "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
+    for depth in (MAX_JSON_DEPTH + 1, 900, 5000, 100_000):  # 5,000: MONAI Label's RecursionError (500)
+        with pytest.raises(RequestRefused, match=f"deeper than {MAX_JSON_DEPTH} levels") as err:
+            json_object("params", '{"a": ' + "[" * depth + "]" * depth + "}")
+        assert err.value.status_code == 400 and "'params'" in str(err.value)
+    with pytest.raises(RequestRefused, match="the JSON body is not UTF-8"):
+        json_value("the JSON body", b"\xff\xfe{")
+
+
+def test_limits_come_from_the_environment_with_mammogram_defaults():
+    limits = Limits.from_env({})
+    assert limits.max_body_bytes == 256 * 2**20  # a 16-bit 4000x5000 DICOM is 40 MB
+    assert (limits.max_image_side, limits.max_patch_side, limits.max_patches) == (8192, 2048, 32)
+    limits = Limits.from_env({"GLAM_LABEL_MAX_UPLOAD_MB": "4", "GLAM_LABEL_MAX_IMAGE_SIDE": " 50000 "})
+    assert limits.max_body_bytes == 4 * 1024 * 1024 and limits.max_image_side == 50000
+    for bad in ("0", "-1", "1.5", "lots"):
+        with pytest.raises(ValueError, match=f"GLAM_LABEL_MAX_PATCHES={bad!r}: expected a positive whole number"):
+            Limits.from_env({"GLAM_LABEL_MAX_PATCHES": bad})
+
+
+def test_settings_records_outside_the_limits_are_refused_by_name():
+    shipped = {"image_size": [736, 480], "patch_size": [128, 128], "num_patches_eval": 1}
+    check_model_settings(shipped, Limits(), "model m.pt")  # the shipped model
+    check_model_settings({"image_size": [2944, 1920], "patch_size": 512, "num_patches_eval": 6}, Limits(), "paper")
+    cases = [
+        (
+            {"image_size": [40000, 40000]},
+            "image_size [40000, 40000] exceeds the limit of 8192 pixels per side (GLAM_LABEL_MAX_IMAGE_SIDE raises it)",
+        ),
+        (
+            {"patch_size": 4096},
+            "patch_size [4096, 4096] exceeds the limit of 2048 pixels per side (GLAM_LABEL_MAX_PATCH_SIDE raises it)",
+        ),
+        (
+            {"num_patches_eval": 10_000},
+            "num_patches_eval 10000 exceeds the limit of 32 patches per image (GLAM_LABEL_MAX_PATCHES raises it)",
+        ),
+        ({"image_size": [0, 10]}, "image_size [0, 10] is not a positive size"),
+        ({"image_size": "big"}, 'image_size "big" is not a positive size'),
+        ({"num_patches_eval": 1.5}, "num_patches_eval 1.5 is not a positive whole number"),
+        ({"image_size": [736, 480], "patch_size": [1024, 128]}, "patch_size [1024, 128] is larger than image_size"),
+    ]
+    for override, message in cases:
+        with pytest.raises(ValueError) as err:
+            check_model_settings({**shipped, **override}, Limits(), "model m.pt")
+        assert str(err.value).startswith("model m.pt: ") and message in str(err.value), str(err.value)
+    # the override: a larger limit lets the same record through
+    check_model_settings({**shipped, "image_size": [40000, 40000]}, Limits(max_image_side=40000), "model m.pt")
+
+
+def test_paths_are_decided_where_they_resolve(tmp_path):
+    studies = tmp_path / "studies"
+    (studies / "labels").mkdir(parents=True)
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"victim")
+    (studies / "a.png").write_bytes(b"a")
+    os.symlink("../victim.png", studies / "link.png")
+    os.symlink("a.png", studies / "alias.png")
+    os.symlink(tmp_path, studies / "labels" / "out")
+    # reads: the path inside the folder, also through the owner's link
+    assert readable_path(studies, "a.png", "x") == str(studies / "a.png")
+    assert readable_path(studies, studies / "link.png", "x") == str(studies / "link.png")
+    # writes: the resolved folder and the name; never a link (wherever it points), never a folder leading out
+    assert writable_path(studies, "new.png", "x") == str(studies.resolve() / "new.png")
+    assert writable_path(studies, "labels/final/new.png", "x") == str(
+        studies.resolve() / "labels" / "final" / "new.png"
+    )
+    for path in ("link.png", "alias.png", "labels/out/victim.png", "labels"):
+        with pytest.raises(RequestRefused) as err:
+            writable_path(studies, path, "image 'x'")
+        assert err.value.status_code == 403 and str(tmp_path) not in str(err.value), path
+    with pytest.raises(RequestRefused, match="outside the studies folder"):
+        writable_path(studies, "../victim.png", "image 'x'")
+    # deletes: a regular file, or nothing there
+    assert deletable_path(studies, "a.png", "x") == str(studies.resolve() / "a.png")
+    assert deletable_path(studies, "gone.png", "x") is None
+    os.mkfifo(studies / "pipe.png")
+    with pytest.raises(RequestRefused, match="not a regular file"):
+        deletable_path(studies, "pipe.png", "x")
+    assert victim.read_bytes() == b"victim"

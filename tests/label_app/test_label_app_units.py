@@ -139,11 +139,124 @@ def test_records_of_an_older_datastore_file_that_lead_outside_are_dropped(layout
     assert set(kept) == {"SYN00000_L_CC"} and kept["SYN00000_L_CC"]["labels"] == {}
 
 
-def test_a_link_the_owner_put_in_the_folder_is_still_served(layout):
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_link_the_owner_put_in_the_folder_is_read_under_its_name_inside(layout):
     root, studies, _ = layout
-    os.symlink(root / "outer" / "secret.png", studies / "linked.png")
+    target = root / "outer" / "secret.png"
+    os.symlink(target, studies / "linked.png")
     store = _store(studies)
-    assert Path(store.get_image_uri("linked")) == (root / "outer" / "secret.png").resolve()
+    uri = store.get_image_uri("linked")
+    assert uri == str(studies / "linked.png")  # the name inside the folder, never where the link leads
+    assert Path(uri).read_bytes() == target.read_bytes()
+    info = store.get_image_info("linked")
+    assert info["path"] == str(studies / "linked.png") and "secret" not in json.dumps(info)
+
+
+def test_writes_and_deletes_never_go_through_a_link(layout):
+    """``studies/link.png -> ../victim.png`` (as the issue's probe), a link to a folder outside, a labels folder
+    that is a link: every write and delete is refused (403) and the outside files keep their bytes."""
+    root, studies, upload = layout
+    victim = studies.parent / "victim.png"
+    _png(victim, 9)
+    os.symlink("../victim.png", studies / "link.png")
+    outside_dir = root / "outer" / "victim_dir"
+    outside_dir.mkdir()
+    _png(outside_dir / "keep.png", 3)
+    os.symlink(outside_dir, studies / "dirlink.png")  # listed as an image: MONAI Label's delete removed its tree
+    (studies / "labels").mkdir()
+    os.symlink(outside_dir, studies / "labels" / "linked_tag")
+    store = _store(studies)
+    assert {"link", "dirlink"} <= set(store.list_images())
+    before = _tree(root, studies)
+    calls = {
+        "add_image through the link": lambda: store.add_image("link", str(upload), {}),
+        "remove_image of the link": lambda: store.remove_image("link"),
+        "remove_image of the folder link": lambda: store.remove_image("dirlink"),
+        "save_label into a linked tag": lambda: store.save_label("SYN00000_L_CC", str(upload), "linked_tag", {}),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RequestRefused) as err:
+            call()
+        assert err.value.status_code == 403, name
+        assert str(root) not in str(err.value), name  # the answer names no path
+    assert _tree(root, studies) == before
+    assert _sha(victim) == _sha(studies / "link.png") and (outside_dir / "keep.png").is_file()
+    assert "link" in store.list_images()
+
+
+def test_a_link_of_another_user_that_leads_outside_is_not_followed(layout, monkeypatch):
+    root, studies, _ = layout
+    os.symlink(root / "outer" / "secret.png", studies / "planted.png")
+    os.symlink("SYN00000_L_CC.png", studies / "alias.png")  # inside the folder: read whoever made it
+    store = _store(studies)
+    assert store.get_image_uri("planted") == str(studies / "planted.png")  # the server user's own link
+    # the server runs as another user than the links' owner (as when someone else planted them)
+    monkeypatch.setattr(os, "geteuid", lambda: os.lstat(studies / "planted.png").st_uid + 1)
+    with pytest.raises(RequestRefused, match="symbolic link of another user") as err:
+        store.get_image_uri("planted")
+    assert err.value.status_code == 403 and "secret" not in str(err.value)
+    assert store.get_image_uri("alias") == str(studies / "alias.png")
+
+
+def test_the_datastore_file_may_not_be_a_link(layout):
+    root, studies, _ = layout
+    secret = root / "outer" / "secret.png"
+    digest = _sha(secret)
+    os.symlink(secret, studies / "datastore_v2.json")
+    with pytest.raises(RequestRefused, match="datastore_v2.json is a symbolic link"):
+        _store(studies)
+    assert _sha(secret) == digest
+
+
+def test_a_labels_folder_that_leads_outside_stops_the_datastore(layout):
+    """LocalDatastore creates labels/final and labels/original at start: never outside the folder."""
+    root, studies, _ = layout
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, studies / "labels")
+    with pytest.raises(ValueError, match="labels is a symbolic link that leads outside it"):
+        _store(studies)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_names_that_are_not_utf8_are_left_out_of_listings_and_logged(layout, caplog):
+    _, studies, _ = layout
+    raw = os.path.join(os.fsencode(studies), b"caf\xe9.png")
+    _png(Path(os.fsdecode(raw)))
+    (studies / "labels" / "final").mkdir(parents=True)
+    _png(Path(os.fsdecode(os.path.join(os.fsencode(studies / "labels" / "final"), b"SYN00000_L_CC\xff.png"))))
+    with caplog.at_level("WARNING"):
+        store = _store(studies)
+    assert store.list_images() == ["SYN00000_L_CC"]
+    json.dumps(store.json(), ensure_ascii=False).encode("utf-8")  # every listing can be answered
+    json.dumps(store.status()).encode("utf-8")
+    assert "'caf\\xe9.png'" in caplog.text and "not valid UTF-8" in caplog.text, caplog.text
+    with pytest.raises(RequestRefused, match="not valid UTF-8"):
+        store.get_image_uri(os.fsdecode(b"caf\xe9"))
+
+
+def test_an_upload_is_removed_whether_it_is_stored_or_refused(layout):
+    root, studies, _ = layout
+    uploads = root / "upload"
+    store = GLAMDatastore(str(studies), extensions=["*.png"], auto_reload=False, uploads_dir=uploads)
+    kept = _png(uploads / "tmpkeep.png", 1)  # another request's upload: untouched
+    for image_id, name in [("../x", "tmp1.png"), ("ok", "tmp2.png"), ("bad", "tmp3.exe"), (".hidden", "tmp4.png")]:
+        path = _png(uploads / name, 5) if name.endswith(".png") else uploads / name
+        path.write_bytes(path.read_bytes() if path.exists() else b"MZ")
+        try:
+            store.add_image(image_id, str(path), {})
+        except RequestRefused:
+            pass
+        assert not path.exists(), image_id
+    label = _png(uploads / "tmp5.png", 2)
+    with pytest.raises(Exception, match="not found"):
+        store.save_label("unknown", str(label), "final", {})
+    assert not label.exists()
+    assert sorted(p.name for p in uploads.iterdir()) == ["tmpabc12345.png", "tmpkeep.png"] and kept.is_file()
+    assert (studies / "ok.png").is_file()
 
 
 def test_an_archive_of_no_labelled_image_is_not_found(layout):

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.slow
 ALLOWED_ORIGIN = "http://viewer.example:3000"
 SECRET = f"glam-secret-{uuid.uuid4().hex}"
 ID = "SYN00000_L_CC"  # a datastore image (the first synthetic image's stem)
+UPLOAD_LIMIT_MB = 4  # the security server's --max-upload-mb (the default, 256, is tested in test_glam_safety.py)
 
 
 def _tree(root: Path, skip: Path) -> dict[str, str]:
@@ -58,14 +59,48 @@ def site(tmp_path_factory):
     assert ID in {p.stem for p in images}
     shutil.copy(images[0], root / "outer" / "outside.png")
     (root / "outer" / "inner" / "secret.txt").write_text(SECRET)
+    # issue 38: a link to a mammogram beside the folder, a link to a folder outside (listed as an image), a label tag
+    # that is a link to that folder, a file name that is not UTF-8 and an image that cannot be decoded
+    shutil.copy(images[1], studies.parent / "victim.png")
+    os.symlink("../victim.png", studies / "link.png")
+    victim_dir = root / "outer" / "victim_dir"
+    victim_dir.mkdir()
+    shutil.copy(images[0], victim_dir / "keep.png")
+    os.symlink(victim_dir, studies / "dirlink.png")
+    (studies / "labels").mkdir()
+    os.symlink(victim_dir, studies / "labels" / "linked_tag")
+    (studies / os.fsdecode(b"caf\xe9.png")).write_bytes(images[0].read_bytes())
+    (studies / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))  # a PNG signature, then nothing
     logs = tmp_path_factory.mktemp("security_logs")
-    return {"root": root, "studies": studies, "outside": root / "outer" / "outside.png", "logs": logs}
+    return {
+        "root": root,
+        "studies": studies,
+        "outside": root / "outer" / "outside.png",
+        "logs": logs,
+        "synthetic": [p.name for p in images],
+        "victim": studies.parent / "victim.png",
+        "victim_dir": victim_dir,
+    }
 
 
 @pytest.fixture(scope="module")
 def server(site):
-    with running_server(site["studies"], site["logs"] / "server.log", "--cors-origin", ALLOWED_ORIGIN) as srv:
+    args = ("--cors-origin", ALLOWED_ORIGIN, "--max-upload-mb", str(UPLOAD_LIMIT_MB))
+    with running_server(site["studies"], site["logs"] / "server.log", *args) as srv:
         yield srv
+
+
+def _served_ids(site) -> set[str]:
+    """The datastore ids the studies folder should list: every image name that is UTF-8 (and its links)."""
+    return {p.stem for p in site["studies"].glob("*.png") if _is_utf8(p.name)}
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json(content: bytes) -> dict:
@@ -142,7 +177,7 @@ def test_traversal_ids_tags_and_absolute_paths_leave_everything_outside_untouche
         for server_path in (str(site["studies"]), "glam_label_"):  # paths the client never sent
             assert server_path.encode() not in body, f"{what}: {body[:300]!r}"
     assert _tree(site["root"], site["studies"]) == before
-    assert set(server.get("/datastore/?output=all")["objects"]) == {p.stem for p in site["studies"].glob("*.png")}
+    assert set(server.get("/datastore/?output=all")["objects"]) == _served_ids(site)
 
 
 def test_encoded_names_stay_names_inside_the_studies_folder(server, site):
@@ -152,8 +187,8 @@ def test_encoded_names_stay_names_inside_the_studies_folder(server, site):
     status, _, body = server.form("PUT", "/datastore/image?image=%252e%252e%252foutside_marker", {}, {"file": png})
     assert status == 200 and json.loads(body) == {"image": "%2e%2e%2foutside_marker"}
     assert (site["studies"] / "%2e%2e%2foutside_marker.png").read_bytes() == png[1]
-    # an upload named by its file name: MONAI Label keeps the base name only
-    status, _, body = server.form("PUT", "/datastore/image", {}, {"file": ("../../up_marker.png", png[1])})
+    # an upload named by its file name: a name, not a path (MONAI Label kept the base name of a path)
+    status, _, body = server.form("PUT", "/datastore/image", {}, {"file": ("up_marker.png", png[1])})
     assert status == 200 and json.loads(body) == {"image": "up_marker"}
     assert (site["studies"] / "up_marker.png").is_file()
     assert _tree(site["root"], site["studies"]) == before
@@ -317,6 +352,237 @@ def test_label_app_units_pass_in_the_label_environment():
     assert " passed" in summary and "skipped" not in summary, summary
 
 
+# -- issue 38: links, malformed requests, bounded uploads, batch inference, settings records --------------------------
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_links_are_read_under_their_own_name_and_never_written_or_deleted_through(server, site):
+    """``studies/link.png -> ../victim.png``: served under its name (the answers never show where it leads); PUT and
+    DELETE through it, a DELETE of a link to a folder outside and a label saved into a tag folder that is a link
+    outside are refused (403): the victim keeps its bytes and everything outside is as it was."""
+    victim, victim_dir = site["victim"], site["victim_dir"]
+    digest, before = _sha(victim), _tree(site["root"], site["studies"])
+    status, headers, body = server.request("GET", "/datastore/image?image=link")
+    assert status == 200 and body == victim.read_bytes()
+    assert "link.png" in headers["content-disposition"] and "victim" not in headers["content-disposition"]
+    answers = [
+        server.request("GET", path)[2] for path in ("/datastore/image/info?image=link", "/datastore/?output=all")
+    ]
+    answers += [server.request("GET", "/datastore/?output=train")[2], server.request("GET", "/datastore/")[2]]
+    for body in answers:
+        assert b"victim" not in body, body[:300]
+    png = ("scan.png", site["outside"].read_bytes())
+    refusals = [
+        ("PUT through the link", server.form("PUT", "/datastore/image?image=link", {}, {"file": png})),
+        ("DELETE the link", server.request("DELETE", "/datastore/image?id=link")),
+        ("DELETE a link to a folder", server.request("DELETE", "/datastore/image?id=dirlink")),
+        (
+            "PUT a label into a linked tag",
+            server.form("PUT", f"/datastore/label?image={ID}&tag=linked_tag", {}, {"label": png}),
+        ),
+    ]
+    for what, (status, _, body) in refusals:
+        assert status == 403 and b"symbolic link" in body, (what, status, body[:300])
+        assert str(site["root"]).encode() not in body, what
+    assert _sha(victim) == digest and (victim_dir / "keep.png").is_file()
+    assert _tree(site["root"], site["studies"]) == before
+    assert {"link", "dirlink"} <= set(server.get("/datastore/?output=all")["objects"])
+
+
+def test_malformed_requests_of_issue_38_answer_4xx_and_listings_skip_undecodable_names(server, site):
+    tracebacks = server.log.read_text().count("Traceback")
+    deep = "[" * 5000 + "]" * 5000
+    png = site["outside"].read_bytes()
+    cases = [
+        ("params 5,000 deep", server.form("POST", f"/infer/glam?image={ID}", {"params": '{"a": ' + deep + "}"})),
+        (
+            "params 33 deep",
+            server.form("POST", f"/infer/glam?image={ID}", {"params": '{"a": ' + "[" * 32 + "]" * 32 + "}"}),
+        ),
+        (
+            "a JSON body 5,000 deep",
+            server.request(
+                "POST", "/batch/infer/glam?run_sync=true", deep.encode(), {"Content-Type": "application/json"}
+            ),
+        ),
+        ("a NUL in an upload's name", server.form("PUT", "/datastore/image", {}, {"file": ("scan.png\x00.exe", png)})),
+        (
+            "a NUL in an inferred upload",
+            server.form("POST", "/infer/glam?image=", {"params": "{}"}, {"file": ("a\x00.png", png)}),
+        ),
+        (
+            "a path as an upload's name",
+            server.form("PUT", "/datastore/image", {}, {"file": ("../../up_marker.png", png)}),
+        ),
+        ("a backslash in an upload's name", server.form("PUT", "/datastore/image", {}, {"file": ("..\\x.png", png)})),
+        (
+            "a label with an inference",
+            server.form("POST", f"/infer/glam?image={ID}", {"params": "{}"}, {"label": ("l.png", png)}),
+        ),
+    ]
+    messages = {
+        "params 5,000 deep": "deeper than 32 levels",
+        "params 33 deep": "deeper than 32 levels",
+        "a JSON body 5,000 deep": "the JSON body nests lists or objects deeper than 32 levels",
+        "a NUL in an upload's name": "holds control characters (such as NUL)",
+        "a NUL in an inferred upload": "holds control characters (such as NUL)",
+        "a path as an upload's name": "is a path; send the file's name only",
+        "a backslash in an upload's name": "is a path; send the file's name only",
+        "a label with an inference": "GLAM takes no label",
+    }
+    for what, (status, _, body) in cases:
+        assert status == 400 and messages[what] in _json(body).get("detail", ""), (what, status, body[:300])
+    assert not (site["studies"] / "up_marker.png").exists()
+    # the file name that is not UTF-8: every listing answers, without it, and the log names it once
+    for path in ("/datastore/", "/datastore/?output=all", "/datastore/?output=train", "/info/"):
+        assert server.request("GET", path)[0] == 200, path
+    assert set(server.get("/datastore/?output=all")["objects"]) == _served_ids(site)
+    log = server.log.read_text()
+    assert "skipped 'caf\\xe9.png' in the studies folder: the file name is not valid UTF-8" in log
+    assert log.count("Traceback") == tracebacks
+
+
+def _raw_request(server, head: bytes, body_chunks=()) -> tuple[int, bytes]:
+    """Send ``head`` and then the chunks on one socket; (status, what the server sent before it closed)."""
+    import socket
+
+    port = int(server.base.rsplit(":", 1)[1])
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        try:
+            for chunk in body_chunks:
+                sock.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed: what was sent past the limit was never read
+        try:
+            while data := sock.recv(65536):
+                answer += data
+        except (ConnectionResetError, TimeoutError):
+            pass
+    assert answer.startswith(b"HTTP/1.1 "), answer[:200]
+    return int(answer.split(b" ", 2)[1]), answer
+
+
+def test_uploads_are_bounded_and_leave_nothing_in_the_temporary_folder(server, site):
+    """A body over --max-upload-mb is answered 413 before it is read (by its Content-Length, or by counting a chunked
+    one), and no refused request leaves a file in the server's temporary folder (MONAI Label left each one there)."""
+    scratch = server.scratch()
+    before, rss_before = sorted(os.listdir(scratch)), server.rss_mb()
+    png = ("scan.png", site["outside"].read_bytes())
+    limit = UPLOAD_LIMIT_MB * 2**20
+    refused = [
+        ("a path as id", server.form("PUT", "/datastore/image?image=../x", {}, {"file": png})),
+        ("a file type", server.form("PUT", "/datastore/image?image=tool", {}, {"file": ("tool.exe", b"MZ" * 1000)})),
+        ("a hidden id", server.form("PUT", "/datastore/image?image=.hidden", {}, {"file": png})),
+        ("a label of no image", server.form("PUT", "/datastore/label?image=nothing&tag=final", {}, {"label": png})),
+        ("through a link", server.form("PUT", "/datastore/image?image=link", {}, {"file": png})),
+        (
+            "an unreadable upload",
+            server.form("POST", "/infer/glam?image=", {"params": "{}"}, {"file": ("x.png", b"no")}),
+        ),
+        ("a bad parameter", server.form("POST", "/infer/glam?image=", {"params": '{"threshold": 7}'}, {"file": png})),
+        (
+            "a bad label tag",
+            server.form("POST", f"/infer/glam?image={ID}", {"params": '{"save_label": true, "label_tag": "original"}'}),
+        ),
+        ("a NUL in a name", server.form("PUT", "/datastore/image", {}, {"file": ("a\x00.png", png[1])})),
+    ]
+    for what, (status, _, body) in refused:
+        assert 400 <= status < 500, (what, status, body[:300])
+    assert b"'original' is kept for the readers' annotations" in refused[-2][1][2]
+    # 400 MB announced: refused on the header, the body never sent
+    head = (
+        f"PUT /datastore/image?image=huge HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {400 * 2**20}\r\n"
+        "Content-Type: multipart/form-data; boundary=xyz\r\n\r\n"
+    ).encode()
+    status, answer = _raw_request(server, head)
+    assert status == 413 and b"exceeds the server's limit of 4 MiB (start_label_server.sh --max-upload-mb" in answer
+    # the limit plus 10 bytes announced
+    status, _ = _raw_request(server, head.replace(str(400 * 2**20).encode(), str(limit + 10).encode()))
+    assert status == 413
+    # no length announced, chunks past the limit: refused once the count passes it
+    head = head.replace(f"Content-Length: {400 * 2**20}".encode(), b"Transfer-Encoding: chunked")
+    chunk = b"%x\r\n%s\r\n" % (2**20, bytes(2**20))
+    status, answer = _raw_request(server, head, [chunk] * (UPLOAD_LIMIT_MB + 1))
+    assert status == 413 and b"more than 4194304 bytes" in answer
+    time.sleep(1)  # any background task of MONAI Label's has run
+    assert sorted(os.listdir(scratch)) == before
+    rss_after = server.rss_mb()
+    print(f"server memory around the refused uploads: {rss_before:.0f} -> {rss_after:.0f} MiB")
+    assert rss_after - rss_before < 100
+    assert not (site["studies"] / "big.png").exists() and not (site["studies"] / "huge.png").exists()
+    assert server.get("/info/")["name"] == "GLAM mammography saliency"
+
+
+def test_batch_inference_reports_each_failure_and_never_saves_under_original(server, site):
+    labels = site["studies"] / "labels"
+    batch = {"device": "cpu", "multi_gpu": False, "max_workers": 1}
+    json_type = {"Content-Type": "application/json"}
+    status, _, body = server.request(
+        "POST", "/batch/infer/glam?run_sync=true", json.dumps({**batch, "label_tag": "original"}).encode(), json_type
+    )
+    assert status == 400 and b"'original' is kept" in body
+    status, _, body = server.request("POST", "/batch/infer/glam?run_sync=true", json.dumps(batch).encode(), json_type)
+    assert status == 200, body[:500]
+    result = json.loads(body)
+    assert set(result) == _served_ids(site)
+    assert result["broken"]["status"] == 400 and "cannot be read" in result["broken"]["error"]
+    assert "dirlink" in result and result["dirlink"]["status"] == 400  # a folder is no image: an error, not a stop
+    done = [i for i, r in result.items() if "error" not in r]
+    assert set(done) >= {*(Path(n).stem for n in site["synthetic"]), "link"}
+    for image_id in done:
+        assert 0.0 <= result[image_id]["params"]["prob_malignant"] <= 1.0
+        assert (labels / "glam_label" / f"{image_id}.nrrd").is_file()
+    objects = server.get("/datastore/?output=all")["objects"]
+    assert all("original" not in o["labels"] for o in objects.values())
+    assert not any((labels / "original").iterdir()) if (labels / "original").exists() else True
+    for error in (r["error"] for r in result.values() if "error" in r):
+        assert str(site["root"]) not in error and "glam_label_" not in error, error
+
+
+def test_a_checkpoint_asking_for_huge_images_is_refused_before_anything_is_built(site, tmp_path):
+    """A settings record of image_size [40000, 40000] (12.8 GB per image) stops the server at once, naming the
+    setting, the limit and the variable that raises it."""
+    import torch
+
+    state = torch.load(BUNDLE_ROOT / "models" / "model.pt", weights_only=True)
+    from scripts.networks.settings import decode_settings, encode_settings
+
+    record = decode_settings(state["model_settings"])
+    state["model_settings"] = encode_settings({**record, "image_size": [40000, 40000]})
+    huge = tmp_path / "huge.pt"
+    torch.save(state, huge)
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    shutil.copy(site["studies"] / site["synthetic"][0], studies / site["synthetic"][0])
+    log = tmp_path / "huge.log"
+    cmd = ["bash", str(REPO_ROOT / "scripts" / "start_label_server.sh"), "--studies", str(studies)]
+    cmd += ["--port", str(free_port()), "--device", "cpu", "--model", str(huge)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    begin = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and "Application startup failed" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    text = log.read_text(errors="replace")
+    assert (
+        "image_size [40000, 40000] exceeds the limit of 8192 pixels per side (GLAM_LABEL_MAX_IMAGE_SIDE raises it)"
+        in text
+    ), text[-3000:]
+    assert "its settings record gives image_size" in text and "the label server refuses the model" in text
+    assert "loaded strictly" not in text  # refused before the network was built
+    print(f"refused in {time.monotonic() - begin:.1f} s")
+
+
 # -- authentication: MONAI Label's token check, turned on by --auth-realm, against a stand-in realm ------------------
 @pytest.fixture(scope="module")
 def realm():
@@ -339,8 +605,8 @@ def realm():
 @pytest.fixture(scope="module")
 def auth_server(site, realm, tmp_path_factory):
     studies = tmp_path_factory.mktemp("auth_studies")
-    for p in site["studies"].glob("*.png"):
-        shutil.copy(p, studies / p.name)
+    for name in site["synthetic"]:
+        shutil.copy(site["studies"] / name, studies / name)
     with running_server(studies, site["logs"] / "auth.log", "--auth-realm", realm["realm"]) as srv:
         srv.studies = studies
         yield srv
