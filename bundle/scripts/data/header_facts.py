@@ -1,0 +1,286 @@
+"""What a mammogram's header and name say about it: view, laterality, pixel spacing, and whether it is a mammogram.
+
+Each value comes with its source, so that a reader can state per image where it came from (docs/preprocessing.md,
+"Readers and formats"): the DICOM tags first (ViewPosition / ViewCodeSequence, ImageLaterality / Laterality /
+FrameLaterality, PixelSpacing / ImagerPixelSpacing), then PatientOrientation, then the naming patterns of known
+archives in SeriesDescription, ProtocolName, PatientID and the file name, matched as whole tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydicom
+
+__all__ = [
+    "MAMMOGRAPHY_SOP_CLASSES",
+    "dicom_laterality",
+    "dicom_spacing_and_source",
+    "dicom_view",
+    "file_suffix",
+    "laterality_and_source",
+    "mammography_problem",
+    "orientation_view_laterality",
+    "tag_text",
+    "text_view_laterality",
+    "valid_spacing",
+    "view_and_source",
+]
+
+# Digital Mammography X-Ray Image Storage, For Presentation / For Processing
+MAMMOGRAPHY_SOP_CLASSES = frozenset({"1.2.840.10008.5.1.4.1.1.1.2", "1.2.840.10008.5.1.4.1.1.1.2.1"})
+
+# ViewCodeSequence meanings (CID 4014) and codes (SNOMED-RT / SNOMED CT) for the views GLAM distinguishes
+_VIEW_MEANINGS = {
+    "cranio caudal": "CC",
+    "medio lateral oblique": "MLO",
+    "medio lateral": "ML",
+    "latero medial": "LM",
+    "latero medial oblique": "LMO",
+    "cranio caudal exaggerated laterally": "XCCL",
+    "cranio caudal exaggerated medially": "XCCM",
+    "caudo cranial (from below)": "FB",
+    "superolateral to inferomedial oblique": "SIO",
+    "axillary tail": "AT",
+}
+_VIEW_CODES = {
+    "R-10242": "CC",
+    "399162004": "CC",
+    "R-10226": "MLO",
+    "399368009": "MLO",
+    "R-10224": "ML",
+    "399260004": "ML",
+    "R-10228": "LM",
+    "399352003": "LM",
+}
+
+
+def tag_text(value: Any) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def dicom_laterality(ds: pydicom.Dataset) -> str | None:
+    """``'L'``/``'R'`` from ImageLaterality, Laterality or an enhanced image's FrameLaterality, else None."""
+    for keyword in ("ImageLaterality", "Laterality"):
+        value = tag_text(ds.get(keyword)).upper()
+        if value in ("L", "R"):
+            return value
+    for group in ds.get("SharedFunctionalGroupsSequence", []) or []:
+        for anatomy in group.get("FrameAnatomySequence", []) or []:
+            value = tag_text(anatomy.get("FrameLaterality")).upper()
+            if value in ("L", "R"):
+                return value
+    return None
+
+
+def dicom_view(ds: pydicom.Dataset) -> str | None:
+    """View code (``'CC'``, ``'MLO'``, ``'ML'``, ...) from ViewPosition or ViewCodeSequence, else None.
+
+    An unrecognised ViewCodeSequence meaning is returned as written.
+    """
+    position = tag_text(ds.get("ViewPosition")).upper()
+    if position:
+        return position
+    for item in ds.get("ViewCodeSequence", []) or []:
+        code = tag_text(item.get("CodeValue")).upper()
+        if code in _VIEW_CODES:
+            return _VIEW_CODES[code]
+        meaning = tag_text(item.get("CodeMeaning"))
+        key = " ".join(meaning.lower().replace("-", " ").replace("_", " ").split())
+        if key in _VIEW_MEANINGS:
+            return _VIEW_MEANINGS[key]
+        if meaning:
+            return meaning
+    return None
+
+
+def _multi(value: Any) -> list[str]:
+    """A DICOM multi-valued string as a list (pydicom gives a MultiValue, or a plain str for one value)."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)):
+        value = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        return [v.strip() for v in value.split("\\")]
+    return [tag_text(v) for v in value]
+
+
+def orientation_view_laterality(patient_orientation: Any) -> tuple[str | None, str | None]:
+    """View and laterality implied by PatientOrientation (0020,0020), ``(None, None)`` where it implies nothing.
+
+    The two values are the directions of the rows (first pixel to last of a row) and of the columns, in the letters
+    A/P, R/L, H/F (PS3.3 C.7.6.1.1.1). In a mammogram one axis runs along the anterior-posterior line (chest wall to
+    nipple) and the other tells the projection (PS3.3 C.8.11.7, the mammography orientation conventions):
+
+    - the other axis purely R/L: cranio-caudal (``"CC"``): ``A\\R`` L-CC, ``P\\L`` R-CC;
+    - R/L combined with F/H (the oblique foot component): ``"MLO"``: ``A\\FR`` L-MLO, ``P\\FL`` R-MLO;
+    - purely F/H: a 90-degree lateral view, returned as ``"ML"`` (ML and LM are not told apart; both take the MLO
+      window rule).
+
+    Laterality: for an oblique the column direction's R/L component is set by the anatomy (down the image is
+    inferior-medial, i.e. towards the patient's right for a left breast), so F+R or H+L is a left breast, F+L or
+    H+R a right one, however the image was mirrored. For CC only the two conventions together decide (lateral side at
+    the top, and a left breast's chest wall on the left as the detector stores it): ``A\\R`` left, ``P\\L`` right;
+    ``A\\L`` and ``P\\R`` (a mirrored or upside-down CC) are ambiguous and give no laterality; nor do lateral views.
+    """
+    values = [v.upper() for v in _multi(patient_orientation)]
+    if len(values) != 2 or any(not v or set(v) - set("APRLHF") for v in values):
+        return None, None
+    row, col = values
+    if row in ("A", "P"):
+        other = col
+    elif col in ("A", "P"):
+        other = row
+    else:
+        return None, None
+    letters = set(other)
+    vertical, lateral = letters & {"F", "H"}, letters & {"L", "R"}
+    if letters & {"A", "P"} or len(vertical) > 1 or len(lateral) > 1 or len(other) != len(letters):
+        return None, None
+    view = "MLO" if vertical and lateral else "ML" if vertical else "CC" if lateral else None
+    laterality = None
+    if row in ("A", "P"):  # A/P along the rows, as mammograms are stored
+        if vertical and lateral:
+            laterality = "L" if ("F" in letters) == ("R" in letters) else "R"
+        elif lateral:
+            laterality = {("A", "R"): "L", ("P", "L"): "R"}.get((row, col))
+    return view, laterality
+
+
+# Whole-token view codes accepted in free text (series descriptions, patient ids, file names); short words that
+# could mean something else ("AT", "FB") are left out
+_TEXT_VIEWS = frozenset({"CC", "MLO", "ML", "LM", "XCCL", "XCCM"})
+_TEXT_SIDES = {"LEFT": "L", "RIGHT": "R"}
+_TEXT_COMPACT = re.compile(r"^([LR])(CC|MLO|ML|LM|XCCL|XCCM)$")
+
+
+def text_view_laterality(text: Any) -> tuple[str | None, str | None]:
+    """View and laterality stated by a free-text name, ``(None, None)`` when it states none or contradicts itself.
+
+    The text is split at every character that is not a letter or digit and only whole tokens count: a view code
+    (``CC``, ``MLO``, ``ML``, ``LM``, ``XCCL``, ``XCCM``), ``LEFT`` / ``RIGHT`` anywhere, ``L`` / ``R`` only next
+    to a view code (``"L CC"``, ``"R_MLO"``, ``"MLO-R"``), or both in one token (``LCC``, ``RMLO``). So CBIS-DDSM's
+    ``Mass-Test_P_00173_LEFT_MLO`` and INbreast's ``..._MG_R_CC_ANON`` are read; ``CCTV`` or ``LEFTOVER`` are not.
+    Case is ignored.
+    """
+    tokens = [t for t in re.split(r"[^A-Z0-9]+", tag_text(text).upper()) if t]
+    views: set[str] = set()
+    sides: set[str] = set()
+    for i, token in enumerate(tokens):
+        compact = _TEXT_COMPACT.match(token)
+        if token in _TEXT_VIEWS:
+            views.add(token)
+        elif token in _TEXT_SIDES:
+            sides.add(_TEXT_SIDES[token])
+        elif compact:
+            sides.add(compact.group(1))
+            views.add(compact.group(2))
+        elif token in ("L", "R") and any(t in _TEXT_VIEWS for t in tokens[max(i - 1, 0) : i] + tokens[i + 1 : i + 2]):
+            sides.add(token)
+    return (views.pop() if len(views) == 1 else None), (sides.pop() if len(sides) == 1 else None)
+
+
+def file_suffix(path: str | os.PathLike) -> str:
+    """The lower-case suffix that decides a file's format, ``.nii.gz`` counted as one."""
+    name = str(path).lower()
+    return ".nii.gz" if name.endswith(".nii.gz") else Path(name).suffix
+
+
+def _file_stem(path: str | os.PathLike) -> str:
+    name = Path(path).name
+    return name[: -len(file_suffix(path))] if file_suffix(path) and name.lower().endswith(file_suffix(path)) else name
+
+
+def _text_sources(ds: pydicom.Dataset | None, path: str | os.PathLike) -> list[tuple[str, Any]]:
+    """Free-text places that may name the view / side, in order of trust."""
+    sources = [] if ds is None else [(k, ds.get(k)) for k in ("SeriesDescription", "ProtocolName", "PatientID")]
+    return [*sources, ("filename", _file_stem(path))]
+
+
+def view_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tuple[str | None, str | None]:
+    """``(view, view_source)``: ViewPosition, ViewCodeSequence, PatientOrientation, then the SeriesDescription,
+    ProtocolName, PatientID and file name patterns of :func:`text_view_laterality`; ``(None, None)`` if none."""
+    if ds is not None:
+        if tag_text(ds.get("ViewPosition")):
+            return dicom_view(ds), "ViewPosition"
+        view = dicom_view(ds)
+        if view:
+            return view, "ViewCodeSequence"
+        view = orientation_view_laterality(ds.get("PatientOrientation"))[0]
+        if view:
+            return view, "PatientOrientation"
+    for source, text in _text_sources(ds, path):
+        view = text_view_laterality(text)[0]
+        if view:
+            return view, source
+    return None, None
+
+
+def laterality_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tuple[str | None, str | None]:
+    """``(laterality, laterality_source)`` from the file alone: ImageLaterality / Laterality / FrameLaterality
+    (``"dicom"``), PatientOrientation, then the SeriesDescription, ProtocolName, PatientID and file name patterns;
+    ``(None, None)`` if none (the image-based guess is :func:`read_mammogram`'s)."""
+    if ds is not None:
+        laterality = dicom_laterality(ds)
+        if laterality:
+            return laterality, "dicom"
+        laterality = orientation_view_laterality(ds.get("PatientOrientation"))[1]
+        if laterality:
+            return laterality, "PatientOrientation"
+    for source, text in _text_sources(ds, path):
+        laterality = text_view_laterality(text)[1]
+        if laterality:
+            return laterality, source
+    return None, None
+
+
+def valid_spacing(row: float, col: float) -> tuple[float, float] | None:
+    """(row, col) mm when both are positive finite numbers; None (unknown) otherwise, e.g. the zeros some exporters
+    write."""
+    return (float(row), float(col)) if np.isfinite(row) and np.isfinite(col) and row > 0 and col > 0 else None
+
+
+def dicom_spacing_and_source(ds: pydicom.Dataset) -> tuple[tuple[float, float] | None, str | None]:
+    """((row, col) mm, tag) from PixelSpacing, else ImagerPixelSpacing; (None, None) when neither holds two positive
+    numbers.
+
+    PS3.3 (10.7.1.3, C.8.11.7): in projection radiography ImagerPixelSpacing is measured at the detector's front
+    plane, and PixelSpacing, when present, is calibrated to the patient (for mammography, ImagerPixelSpacing divided
+    by EstimatedRadiographicMagnificationFactor, or a calibration): the standard's precedence is PixelSpacing. When
+    only ImagerPixelSpacing is present it is used as it is, not divided by the magnification factor (about 1.1 in
+    contact mammography): the archives the models learn from state detector-plane spacing.
+    """
+    for keyword in ("PixelSpacing", "ImagerPixelSpacing"):
+        value = ds.get(keyword)
+        if value is not None and len(_multi(value)) == 2:
+            try:
+                row, col = (float(v) for v in _multi(value))
+            except (TypeError, ValueError):
+                continue
+            spacing = valid_spacing(row, col)
+            if spacing is not None:
+                return spacing, keyword
+    return None, None
+
+
+def mammography_problem(modality: Any, body_part: Any, sop_class: Any = None) -> str | None:
+    """Why a DICOM is not a mammogram, or None when it is one (or cannot be told).
+
+    Accepted: Modality MG; any Modality with BodyPartExamined BREAST (CR mammography systems write Modality CR) or a
+    Digital Mammography SOP class; files that state neither a Modality nor a BodyPartExamined (many anonymising
+    exports drop both). Refused: everything else, e.g. a CR chest radiograph, a CT slice, or a file without Modality
+    whose BodyPartExamined is CHEST.
+    """
+    modality, body_part, sop_class = tag_text(modality).upper(), tag_text(body_part).upper(), tag_text(sop_class)
+    if modality == "MG" or sop_class in MAMMOGRAPHY_SOP_CLASSES:
+        return None
+    if "BREAST" in body_part or "MAMM" in body_part or (not modality and not body_part):
+        return None
+    return (
+        f"not a mammogram (Modality {modality or '(none)'}, BodyPartExamined {body_part or '(none)'}; accepted: "
+        "Modality MG, BodyPartExamined BREAST or a Digital Mammography SOP class); to read it anyway set the "
+        "reader's accept_non_mammography option"
+    )

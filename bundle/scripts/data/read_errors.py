@@ -1,0 +1,42 @@
+"""What a reader says when a file cannot be used, and the decoded-size cap every format checks before decoding."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["DEFAULT_MAX_PIXELS", "MammogramReadError", "check_pixels", "read_error"]
+
+# Decoded-size cap: PIL refuses a decompression bomb at 2 x Image.MAX_IMAGE_PIXELS (2 x 89,478,485) pixels; the same
+# figure for every format. The largest full-field mammograms (about 4000 x 5000 / 4096 x 5625 px) are 20-23 million
+# pixels, 8x below it.
+DEFAULT_MAX_PIXELS = 178_956_970
+
+
+class MammogramReadError(ValueError):
+    """A file that cannot be used as a 2-D mammogram or mask; the message names the file and the problem."""
+
+    def __init__(self, message: str, *, path: str | os.PathLike | None = None, problem: str | None = None):
+        super().__init__(message)
+        self.path = None if path is None else str(path)
+        self.problem = problem if problem is not None else message
+
+
+def read_error(path: str | os.PathLike, problem: str) -> MammogramReadError:
+    return MammogramReadError(f"{path}: {problem}", path=path, problem=problem)
+
+
+def check_pixels(path: str | os.PathLike, shape: Sequence[int], max_pixels: int | None) -> None:
+    """Refuse, before any pixel buffer exists, an image whose header states more than ``max_pixels`` pixels; the
+    message names the file, the decoded size, the cap and the option that raises it."""
+    dims = [max(int(s), 0) for s in shape]
+    pixels = int(np.prod(dims, dtype=object)) if dims else 0
+    if max_pixels is not None and pixels > max_pixels:
+        raise read_error(
+            path,
+            f"image of {' x '.join(str(d) for d in dims)} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as the "
+            f"reader's float32 array) exceeds the decoded-size cap of {max_pixels:,} pixels; if the file is trusted, "
+            "raise the reader's max_pixels option",
+        )
