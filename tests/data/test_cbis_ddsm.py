@@ -8,7 +8,10 @@ separate series and as the two files of one series.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -169,12 +172,24 @@ def cbis(tmp_path):
 
 
 def _make_datalist(*args: str) -> subprocess.CompletedProcess:
+    """The documented command line, as a process started outside the repository (it works from any folder)."""
     return subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "make_datalist.py"), *args],
         capture_output=True,
         text=True,
-        cwd=REPO_ROOT.parent,  # not the repository root: the command works from any folder
+        cwd=REPO_ROOT.parent,
     )
+
+
+def _in_process(script: str, *args: str) -> subprocess.CompletedProcess:
+    """The same command's ``main`` in this process (no second MONAI start-up), with its exit status and output."""
+    spec = importlib.util.spec_from_file_location(f"cli_{script}", REPO_ROOT / "scripts" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = module.main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def test_case_folder_names_and_patient_ids():
@@ -192,7 +207,7 @@ def test_case_folder_names_and_patient_ids():
 def test_tcia_tree_to_datalist(tmp_path, cbis):
     out = tmp_path / "lists" / "cbis.json"
     args = ["--csv", str(cbis["mass"]), str(cbis["calc"]), "--root", str(cbis["root"]), "--out", str(out)]
-    res = _make_datalist(*args, "--fractions", "0.5", "0.5", "0")
+    res = _in_process("make_datalist", *args, "--fractions", "0.5", "0.5", "0")
     assert res.returncode == 0, res.stderr
     assert "swaps" in res.stderr  # the swapped row is noted
     data = load_datalist(out)
@@ -236,6 +251,12 @@ def test_tcia_tree_to_datalist(tmp_path, cbis):
     # the swapped row's mask is the ROI mask DICOM (not the crop), used as it is
     mlo = by_case["Mass-Training_P_00001_LEFT_MLO"]
     assert "ROI mask images" in (out.parent / mlo["mask_benign"]).parent.name
+    # and check_data passes it: files readable, masks binary and of the image's size, labels agree, splits fine
+    res = _in_process("check_data", str(out))
+    assert res.returncode == 0, res.stdout
+    assert (
+        "0 of 8 image(s) state one" in res.stdout and "8 of those 8 have a pixel_spacing in the datalist" in res.stdout
+    )
 
 
 def test_unresolvable_row_is_listed_and_fails(tmp_path, cbis):
@@ -259,7 +280,7 @@ def test_unresolvable_row_is_listed_and_fails(tmp_path, cbis):
     assert f"{csv_path}:{len(rows) + 1}:" in skipped[1] and "no binary file of the image's size 64x48" in skipped[1]
     assert f"{csv_path}:{len(rows) + 1}:" not in skipped[0] and "Mass-Training_P_00009_LEFT_CC" in skipped[0]
     assert "--allow-missing" in res.stderr
-    res = _make_datalist(*args, "--allow-missing")
+    res = _in_process("make_datalist", *args, "--allow-missing")
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("SKIPPED") == 2
     data = load_datalist(out)
@@ -277,8 +298,8 @@ def test_two_patients_are_refused_by_make_datalist_and_check_data(tmp_path, cbis
     assert "received no patient" in line or "validation split is empty" in line
     assert "2 patients" not in line or "--fractions 0.5 0.5 0" in line
     assert "--fractions" in line and "--val-datalist" in line and "Traceback" not in res.stderr
-    res = _make_datalist("--csv", str(csv_path), "--root", str(cbis["root"]), "--out", str(out),
-                         "--fractions", "0.5", "0.5", "0")  # fmt: skip
+    res = _in_process("make_datalist", "--csv", str(csv_path), "--root", str(cbis["root"]), "--out", str(out),
+                      "--fractions", "0.5", "0.5", "0")  # fmt: skip
     assert res.returncode == 0, res.stderr
     # the same two women all in training, as a hand-made list would have them: check_data refuses it too
     data = load_datalist(out)
@@ -292,8 +313,8 @@ def test_two_patients_are_refused_by_make_datalist_and_check_data(tmp_path, cbis
 
 def test_mask_pngs_are_written_atomically_beside_the_list(tmp_path, cbis):
     out = tmp_path / "lists" / "cbis.json"
-    res = _make_datalist("--csv", str(cbis["mass"]), "--root", str(cbis["root"]), "--out", str(out),
-                         "--fractions", "0.5", "0.5", "0", "--pixel_spacing", "0.0435")  # fmt: skip
+    res = _in_process("make_datalist", "--csv", str(cbis["mass"]), "--root", str(cbis["root"]), "--out", str(out),
+                      "--fractions", "0.5", "0.5", "0", "--pixel_spacing", "0.0435")  # fmt: skip
     assert res.returncode == 0, res.stderr
     merged = sorted((out.parent / "merged_masks").iterdir())
     assert [p.name.split("_")[0:4] for p in merged] == [["Mass-Training", "P", "00001", "LEFT"]]

@@ -80,6 +80,9 @@ class DataCheckReport:
     ok_items: list[tuple[str, int, str]] = field(default_factory=list)  # (split, index, image)
     # image path -> the (row, col) mm its file states, None when it states none; only for images that were read
     spacings: dict[str, tuple[float, float] | None] = field(default_factory=dict)
+    # images read whose file states no spacing but whose item has a ``pixel_spacing`` key (make_datalist's
+    # --pixel_spacing, a CSV column or an archive preset), which inference uses for them
+    stated_by_datalist: set[str] = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
@@ -104,6 +107,9 @@ class DataCheckReport:
         if unknown:
             shown = ", ".join(f"'{p}'" for p in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
             line += f"; without: {shown}"
+            stated = sum(1 for p in unknown if p in self.stated_by_datalist)
+            if stated:
+                line += f"; {stated} of those {len(unknown)} have a pixel_spacing in the datalist"
         return line
 
     def format(self, list_ok: bool = False) -> str:
@@ -190,7 +196,9 @@ def run_data_checks(
     seen_images: dict[str, list[str]] = defaultdict(list)
     for split, index, item in iter_items(data):
         report.n_items += 1
-        found = _check_item(split, index, item, base, read_files, strict_masks, report.spacings)
+        found = _check_item(
+            split, index, item, base, read_files, strict_masks, report.spacings, report.stated_by_datalist
+        )
         report.problems += found
         if isinstance(item, Mapping) and isinstance(item.get("image"), str):
             seen_images[str(_resolve(item["image"], base))].append(f"{split}[{index}]")
@@ -215,6 +223,7 @@ def _check_item(
     read_files: bool,
     strict_masks: bool,
     spacings: dict[str, tuple[float, float] | None],
+    stated_by_datalist: set[str] | None = None,
 ) -> list[DataProblem]:
     problems: list[DataProblem] = []
 
@@ -253,6 +262,8 @@ def _check_item(
         else:
             image_shape = arr.shape
             spacings[str(image_path)] = meta.get("spacing")  # the readers' (row, col) mm, None when unknown
+            if item.get("pixel_spacing") is not None and stated_by_datalist is not None:
+                stated_by_datalist.add(str(image_path))
     for key, cls in MASK_KEYS.items():
         value = item.get(key)
         if value is None:
