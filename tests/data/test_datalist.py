@@ -19,6 +19,7 @@ from scripts.data.datalist import (
     CsvRowError,
     DatalistError,
     check_patient_splits,
+    check_split_sizes,
     detect_csv_flavour,
     items_from_csv,
     items_from_dicom_dir,
@@ -317,3 +318,45 @@ def test_make_datalist_cli(tmp_path, capsys):
     empty.mkdir()
     assert cli.main(["--dicom-dir", str(empty), "--out", str(tmp_path / "none.json")]) == 2
     assert not (tmp_path / "none.json").exists()
+
+
+def test_external_validation_list(tmp_path, capsys):
+    img = np.full((16, 12), 700, np.uint16)
+    rows = []
+    (tmp_path / "main").mkdir()
+    for p in range(4):
+        make_dicom(tmp_path / "main" / f"{p}.dcm", img, patient_id=f"M{p}")
+        rows.append([f"{p}.dcm", f"M{p}", p % 2, 1 - p % 2])
+    csv_path = _write_csv(
+        tmp_path / "main" / "list.csv", ["image", "patient_id", "label_benign", "label_malignant"], rows
+    )
+    (tmp_path / "other").mkdir()
+    make_dicom(tmp_path / "other" / "v.dcm", img, patient_id="V1")
+    save_datalist({"test": [{"image": "v.dcm", "patient_id": "V1", "label": [0, 1]}]}, tmp_path / "other" / "val.json")
+    out = tmp_path / "lists" / "list.json"
+    args = ["--csv", str(csv_path), "--out", str(out), "--fractions", "0.5", "0.25", "0.25"]
+    assert _cli().main([*args, "--val-datalist", str(tmp_path / "other" / "val.json")]) == 0
+    data = load_datalist(out)
+    assert data["validation"] == [{"image": "../other/v.dcm", "patient_id": "V1", "label": [0, 1]}]
+    assert len(data["training"]) + len(data["test"]) == 4 and data["test"]  # TRAIN:TEST share the main list
+    # a patient of the external list already in the main list: refused (one woman, one split)
+    save_datalist({"test": [{"image": "../main/0.dcm", "patient_id": "M0"}]}, tmp_path / "other" / "dup.json")
+    assert _cli().main([*args, "--val-datalist", str(tmp_path / "other" / "dup.json")]) == 2
+    assert "patient 'M0' is in more than one split" in capsys.readouterr().err
+
+
+def test_small_strata_still_fill_every_requested_split():
+    # 2 benign + 2 malignant women at 2/3 : 0 : 1/3: per label group the systematic draw can send both to training;
+    # the top-up then moves one woman to test (whatever the seed), never empties a split, keeps women whole
+    items = [
+        {"image": f"{p}_{v}.png", "patient_id": f"P{p}", "label": [p % 2, 1 - p % 2]} for p in range(4) for v in "ab"
+    ]
+    for seed in range(20):
+        out = split_by_patient(items, (2 / 3, 0, 1 / 3), seed=seed)
+        patients = {s: {it["patient_id"] for it in out[s]} for s in SPLITS}
+        assert patients["training"] and patients["test"] and not patients["validation"], seed
+        assert check_patient_splits(out) == [] and sum(len(v) for v in out.values()) == 8
+    # two women cannot fill three splits: one stays empty (make_datalist then refuses the list)
+    two = split_by_patient(items[:4], (0.7, 0.15, 0.15), seed=0)
+    assert sorted(len({it["patient_id"] for it in two[s]}) for s in SPLITS) == [0, 1, 1]
+    assert check_split_sizes(two, (0.7, 0.15, 0.15))

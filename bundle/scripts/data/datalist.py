@@ -174,7 +174,9 @@ def split_by_patient(
     malignant / any benign / normal / unknown) and each group is split in proportion, so positives reach every
     split when there are enough of them. Allocation is systematic sampling: a group's k patients, in a
     seeded random order, take the positions (i + u) / k (u one uniform draw per group) on the cumulative
-    fractions, so each split receives its fraction up to one patient per group. Items keep their input order.
+    fractions, so each split receives its fraction up to one patient per group. With few patients per group that
+    can leave a split with a fraction > 0 empty: it then takes one (seeded) patient from the largest split, as long
+    as that one keeps a patient. Items keep their input order.
     """
     fr = normalise_fractions(fractions)
     items = [dict(it) for it in items]
@@ -199,10 +201,25 @@ def split_by_patient(
             while fr[SPLITS[k]] == 0:
                 k -= 1
             assignment[pids[j]] = SPLITS[k]
+    _top_up(assignment, fr, rng)
     out: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     for item in items:
         out[assignment[patient_key(item)]].append(item)
     return out
+
+
+def _top_up(assignment: dict[str, str], fr: Mapping[str, float], rng: np.random.Generator) -> None:
+    """Give every split with a fraction > 0 at least one patient, taken from the split with the most (if it has 2+)."""
+    for split in SPLITS:
+        members = defaultdict(list)
+        for pid in sorted(assignment):
+            members[assignment[pid]].append(pid)
+        if fr[split] == 0 or members[split]:
+            continue
+        donor = max(SPLITS, key=lambda s: len(members[s]))
+        if len(members[donor]) < 2:
+            return
+        assignment[members[donor][int(rng.integers(len(members[donor])))]] = split
 
 
 def check_patient_splits(datalist: Mapping[str, Sequence[Mapping[str, Any]]], raise_error: bool = False) -> list[str]:
