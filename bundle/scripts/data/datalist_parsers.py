@@ -233,10 +233,10 @@ def parse_generic_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
 _CLASS_WORDS = {
     "normal": [0, 0],
     "negative": [0, 0],
-    "benign": [1, 0],
-    "malignant": [0, 1],
+    LesionClass.BENIGN.value: [1, 0],
+    LesionClass.MALIGNANT.value: [0, 1],
     "cancer": [0, 1],
-    "benign+malignant": [1, 1],
+    f"{LesionClass.BENIGN.value}+{LesionClass.MALIGNANT.value}": [1, 1],
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write
+from ..enums import LesionClass
 from .datalist import DatalistError
 from .datalist_parsers import (
     CSV_FLAVOURS,
@@ -44,8 +45,8 @@ __all__ = [
 FOLDER_LABELS = {
     "normal": [0, 0],
     "negative": [0, 0],
-    "benign": [1, 0],
-    "malignant": [0, 1],
+    LesionClass.BENIGN.value: [1, 0],
+    LesionClass.MALIGNANT.value: [0, 1],
     "cancer": [0, 1],
 }
 
@@ -231,7 +232,7 @@ def _note_failed_masks(parser: DatalistParser, row: CsvRow, base: Path, merged: 
     image = resolved if isinstance(resolved, Path) else resolved.path
     pathology = row.get("pathology", "").upper()
     if pathology.startswith(("MALIGNANT", "BENIGN")):
-        failed[str(image)].add("malignant" if pathology.startswith("MALIGNANT") else "benign")
+        failed[str(image)].add(LesionClass.MALIGNANT if pathology.startswith("MALIGNANT") else LesionClass.BENIGN)
 
 
 def _sniff_delimiter(first_line: str) -> str:
