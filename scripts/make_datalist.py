@@ -104,7 +104,27 @@ def _collect(args, relative_to) -> tuple[list[dict], list[str], list[str]]:
             got, problems = items_from_csv(csv_file, args.root, relative_to, mask_dir, notes=notes)
             items += got
             skipped += problems
+        items = _merge_duplicates(items, skipped)
     return items, skipped, notes
+
+
+def _merge_duplicates(items: list[dict], skipped: list[str]) -> list[dict]:
+    """One item per image across CSVs (VinDr-Mammo's breast-level and finding CSVs name the same images): labels
+    OR-ed, the first CSV's fields kept; masks that differ for one class are a problem (the item keeps the first)."""
+    by_image: dict[str, dict] = {}
+    for item in items:
+        first = by_image.setdefault(item["image"], item)
+        if first is item:
+            continue
+        if first.get("label") is not None and item.get("label") is not None:
+            first["label"] = [max(a, b) for a, b in zip(first["label"], item["label"])]
+        else:
+            first["label"] = first.get("label") if first.get("label") is not None else item.get("label")
+        for key, value in item.items():
+            if key.startswith("mask_") and first.get(key) not in (None, value):
+                skipped.append(f"{item['image']}: two CSVs give different {key} ({first[key]}, {value}); first kept")
+            first.setdefault(key, value)
+    return [{k: v for k, v in it.items() if v is not None} for it in by_image.values()]
 
 
 def _apply_spacing(items: list[dict], spacing) -> None:

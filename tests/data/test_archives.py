@@ -69,6 +69,13 @@ def test_vindr_keeps_the_data_sets_own_paths_through_a_symlink(tmp_path):
     assert {it["patient_id"] for it in data["test"]} == {"st6", "st7"}  # the CSV's split column
     labels = {Path(it["image"]).stem: it["label"] for it in every}
     assert labels["im0L"] == [0, 1] and labels["im0R"] == [0, 0] and labels["im1L"] == [0, 0]
+    # the finding CSV names the same images: one item per image, labels OR-ed across the two CSVs
+    findings = _csv(root / "finding_annotations.csv", [*header[:5], "breast_birads", "finding_birads", "split"],
+                    [["st1", "se", "im1L", "L", "CC", "BI-RADS 1", "BI-RADS 3", "training"]])  # fmt: skip
+    both = ["--csv", str(csv_path), str(findings), *args[2:]]
+    assert _cli().main([*both, "--out", str(out)]) == 0
+    every = [it for s in SPLITS for it in load_datalist(out)[s]]
+    assert len(every) == 16 and {Path(it["image"]).stem: it["label"] for it in every}["im1L"] == [1, 0]
     # absolute paths also keep the link
     assert _cli().main([*args, "--out", str(out), "--absolute"]) == 0
     images = [it["image"] for s in SPLITS for it in load_datalist(out)[s]]

@@ -278,7 +278,10 @@ def split_items(
         )
     train_val = fr["training"] + fr["validation"]
     if train_val <= 0:
-        raise ValueError("fractions: training and validation are both 0, but the official split only fixes 'test'")
+        raise ValueError(
+            "fractions: training and validation are both 0, but the official split only fixes 'test'; pass "
+            "--no-official-split (official=False) to place every item by --fractions"
+        )
     out = split_by_patient(rest, (fr["training"] / train_val, fr["validation"] / train_val, 0.0), seed, stratify)
     out["test"] = [it for it in items if patient_key(it) in test_patients]
     return out, notes
