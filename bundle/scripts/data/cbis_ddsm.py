@@ -172,9 +172,11 @@ def resolve_cbis_image(root: Path, csv_path: str, where: str) -> DicomCandidate 
     folder = find_case_folder(root, case)
     if folder is None:
         raise CsvRowError(f"{where}: image {csv_path!r}: neither the file nor a folder {case!r} exists under {root}")
-    found = [c for c in _candidates(folder) if c.patient_id in (None, case)]
+    every = _candidates(folder)
+    # TCIA's PatientID is the case folder's name; a re-exported tree may have lost it, so it narrows, never empties
+    found = [c for c in every if c.patient_id in (None, case)] or every
     if not found:
-        raise CsvRowError(f"{where}: image {csv_path!r}: no DICOM file with PatientID {case!r} under {folder}")
+        raise CsvRowError(f"{where}: image {csv_path!r}: no readable DICOM file under {folder}")
     choice = (
         _one([c for c in found if series and c.series_uid == series])
         or _one([c for c in found if study and c.study_uid == study])
