@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Check a datalist: read every file once and report every unreadable or inconsistent item in one run.
 
-Exit status: 0 when the datalist is usable, 1 when any problem was found (all are listed), 2 on bad arguments.
+Exit status: 0 when the datalist is usable, 1 when any problem was found (all are listed; a datalist with training
+items but no validation items is one: training would select no model), 2 on bad arguments.
 
 Examples:
     python scripts/check_data.py data/synthetic/datalist.json

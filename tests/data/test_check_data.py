@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def good_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("good")
-    make_synthetic_dataset(root, 4, size=(256, 160), seed=8, lesion_prevalence=1.0)
+    make_synthetic_dataset(root, 4, size=(256, 160), seed=8, lesion_prevalence=1.0, fractions=(0, 0, 1))
     return root
 
 
@@ -191,16 +191,16 @@ def test_label_mask_consistency_rules(tmp_path):
     Image.fromarray(grey).save(tmp_path / "grey.png")
     base = {"image": "img.png", "patient_id": "p"}
     positive_empty = {**base, "label": [1, 0], "mask_benign": "empty.png"}
-    problems = check_datalist({"training": [positive_empty]}, tmp_path)
+    problems = check_datalist({"test": [positive_empty]}, tmp_path)
     assert len(problems) == 1 and "mask is empty" in str(problems[0])
-    assert check_datalist({"training": [positive_empty]}, tmp_path, strict_masks=False) == []
+    assert check_datalist({"test": [positive_empty]}, tmp_path, strict_masks=False) == []
     unknown = {**base, "mask_benign": "empty.png"}  # label absent = unknown: nothing to compare
-    assert check_datalist({"training": [unknown], "test": [{**base, "label": None, "image": "img.png"}]}, tmp_path) == [
-        p for p in check_datalist({"training": [unknown], "test": [{**base, "label": None}]}, tmp_path)
-    ]
-    not_binary = check_datalist({"training": [{**base, "label": [1, 0], "mask_benign": "grey.png"}]}, tmp_path)
+    assert check_datalist(
+        {"validation": [unknown], "test": [{**base, "label": None, "image": "img.png"}]}, tmp_path
+    ) == [p for p in check_datalist({"validation": [unknown], "test": [{**base, "label": None}]}, tmp_path)]
+    not_binary = check_datalist({"test": [{**base, "label": [1, 0], "mask_benign": "grey.png"}]}, tmp_path)
     assert any("not binary" in str(p) for p in not_binary)
-    wrong = check_datalist({"training": [{**base, "label": [1, 0, 0], "laterality": "left"}]}, tmp_path)
+    wrong = check_datalist({"test": [{**base, "label": [1, 0, 0], "laterality": "left"}]}, tmp_path)
     assert {p.key for p in wrong} == {"label", "laterality"}
 
 
@@ -209,7 +209,7 @@ def test_structural_problems(tmp_path):
     assert len(missing) == 1 and "not found" in str(missing[0])
     (tmp_path / "broken.json").write_text("{not json")
     assert "not valid JSON" in str(check_datalist(tmp_path / "broken.json")[0])
-    problems = check_datalist({"training": ["just a string", {"label": [0, 0]}]}, tmp_path)
+    problems = check_datalist({"test": ["just a string", {"label": [0, 0]}]}, tmp_path)
     assert [p.index for p in problems] == [0, 1]
     assert "must be an object" in str(problems[0]) and "missing 'image'" in str(problems[1])
 
@@ -221,7 +221,7 @@ def test_pixel_spacing_is_summarised_and_unknown_spacing_warned_against_the_mode
     write_png16(tmp_path / "none_a.png", img)  # no pHYs: unknown
     write_png16(tmp_path / "none_b.png", img)
     items = [{"image": name, "patient_id": f"p{i}"} for i, name in enumerate(["at_04.png", "at_01.png", "none_a.png"])]
-    data = {"training": items, "test": [{"image": "none_b.png", "patient_id": "p9"}]}
+    data = {"validation": items, "test": [{"image": "none_b.png", "patient_id": "p9"}]}
 
     report = run_data_checks(data, tmp_path)
     assert report.ok
@@ -232,7 +232,7 @@ def test_pixel_spacing_is_summarised_and_unknown_spacing_warned_against_the_mode
     assert "none_a.png" in line and "none_b.png" in line and "at_01" not in line
     # nothing read, nothing to say; all stated and equal: one value, no list
     assert run_data_checks(data, tmp_path, read_files=False).spacing_summary() is None
-    uniform = run_data_checks({"training": items[:1]}, tmp_path).spacing_summary()
+    uniform = run_data_checks({"test": items[:1]}, tmp_path).spacing_summary()
     assert uniform == "pixel spacing: 1 of 1 image(s) state one (0.4 mm)"
 
     with caplog.at_level("WARNING", logger="scripts.data.checks"):
@@ -244,7 +244,7 @@ def test_pixel_spacing_is_summarised_and_unknown_spacing_warned_against_the_mode
     assert "none_a.png" in record.getMessage() and "at_04.png" not in record.getMessage()
     caplog.clear()
     with caplog.at_level("WARNING", logger="scripts.data.checks"):
-        assert_datalist_ok({"training": items[:2]}, tmp_path, pixel_spacing=[0.4, 0.4])  # every image states one
+        assert_datalist_ok({"test": items[:2]}, tmp_path, pixel_spacing=[0.4, 0.4])  # every image states one
     assert not caplog.records
     with pytest.raises(ValueError, match="pixel_spacing"):
         assert_datalist_ok(data, tmp_path, pixel_spacing=-0.4)

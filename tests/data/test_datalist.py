@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _dicom_factory import make_dicom
 from PIL import Image
 
 from scripts.data.datalist import (
@@ -18,6 +19,7 @@ from scripts.data.datalist import (
     CsvRowError,
     DatalistError,
     check_patient_splits,
+    check_split_sizes,
     detect_csv_flavour,
     items_from_csv,
     items_from_dicom_dir,
@@ -152,6 +154,8 @@ def test_cbis_ddsm_csv_merges_rows_and_masks(tmp_path):
     write_mask_png(tmp_path / "roi_a.png", a)
     write_mask_png(tmp_path / "roi_b.png", b)
     write_mask_png(tmp_path / "roi_c.png", b)
+    for name in ("P1_L_CC.dcm", "P1_L_MLO.dcm"):  # the images must exist: every path is checked
+        make_dicom(tmp_path / name, np.full(shape, 100, np.uint16))
     header = [
         "patient_id",
         "breast_density",
@@ -179,6 +183,7 @@ def test_cbis_ddsm_csv_merges_rows_and_masks(tmp_path):
     assert cc["label"] == [1, 0] and mlo["label"] == [0, 1]
     assert (cc["patient_id"], cc["laterality"], cc["view"]) == ("P_00001", "L", "CC")
     assert mlo["mask_malignant"] == "roi_c.png" and "mask_benign" not in mlo
+    assert cc["pixel_spacing"] == 0.05 and cc["pixel_spacing_source"] == "preset:cbis-ddsm"
     merged = np.array(Image.open(tmp_path / cc["mask_benign"])) > 0
     assert np.array_equal(merged, (a | b) > 0)
 
@@ -191,6 +196,9 @@ def test_vindr_and_generic_csv(tmp_path):
         ["s2", "x", "i3", "L", "MLO", "BI-RADS 2", "BI-RADS 4"],
         ["s2", "x", "i4", "R", "CC", "", ""],
     ]
+    for study, image in (("s1", "i1"), ("s1", "i2"), ("s2", "i3")):
+        (tmp_path / "images" / study).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "images" / study / f"{image}.dicom").write_bytes(b"")  # only existence is checked here
     items, problems = items_from_csv(_write_csv(tmp_path / "vindr.csv", header, rows), relative_to=tmp_path)
     assert len(problems) == 1 and "BI-RADS" in problems[0]
     labels = {Path(it["image"]).stem: it["label"] for it in items}
@@ -199,6 +207,8 @@ def test_vindr_and_generic_csv(tmp_path):
 
     header = ["image", "patient_id", "laterality", "view", "label_benign", "label_malignant", "mask_benign"]
     rows = [["a.png", "p1", "R", "cc", 1, 0, "a_b.png"], ["b.png", "p2", "left", "MLO", "", "", ""]]
+    for name in ("a.png", "b.png", "a_b.png"):
+        (tmp_path / name).write_bytes(b"")
     items, problems = items_from_csv(_write_csv(tmp_path / "gen.csv", header, rows), relative_to=tmp_path)
     assert problems == []
     assert items[0] == {
@@ -216,7 +226,7 @@ def test_vindr_and_generic_csv(tmp_path):
 
 def test_registry_lists_the_flavours():
     # registration order is the order users see them in; CSV_FLAVOURS is read from the registry
-    assert list(DATALIST_PARSERS) == ["generic", "cbis-ddsm", "vindr-mammo"]
+    assert list(DATALIST_PARSERS) == ["generic", "path-label", "cbis-ddsm", "vindr-mammo", "inbreast"]
     assert dict(CSV_FLAVOURS) == {name: parser.columns for name, parser in DATALIST_PARSERS.items()}
     for name, parser in DATALIST_PARSERS.items():
         assert parser.name == name and parser.parse.__doc__ and "Columns:" in parser.parse.__doc__
@@ -256,6 +266,7 @@ def scanner_layout():
 def test_registered_parser_is_used_then_unregistered(tmp_path, scanner_layout):
     rows = [["a.dcm", "ignored", "cancer"], ["a.dcm", "ignored", "none"], ["b.dcm", "", "maybe"]]
     csv_path = _write_csv(tmp_path / "scanner.csv", ["Scan_File", "image", "finding"], rows)
+    (tmp_path / "a.dcm").write_bytes(b"")
     # its signature ("scan file", "image") is more specific than generic's ("image"), so it wins
     assert detect_csv_flavour(["Scan_File", "image", "finding"]) == scanner_layout
     assert list(CSV_FLAVOURS)[-1] == scanner_layout
@@ -293,10 +304,59 @@ def test_make_datalist_cli(tmp_path, capsys):
     assert len(data["test"]) == 8 and not data["training"]
     assert all((out.parent / it["image"]).is_file() and "label" not in it for it in data["test"])
     (tmp_path / "exam" / "images" / "junk.dcm").write_bytes(b"\x00" * 10)
-    assert cli.main(["--dicom-dir", str(tmp_path / "exam" / "images"), "--out", str(out)]) == 1
-    assert "junk.dcm" in capsys.readouterr().err
-    assert check_patient_splits(load_datalist(out)) == []
+    out.unlink()
+    args = ["--dicom-dir", str(tmp_path / "exam" / "images"), "--out", str(out), "--fractions", "0", "0", "1"]
+    assert cli.main(args) == 1  # a file that could not be used: listed, nothing written
+    err = capsys.readouterr().err
+    assert "junk.dcm" in err and "--allow-missing" in err and not out.exists()
+    assert cli.main([*args, "--allow-missing"]) == 0  # still listed, the datalist written without it
+    assert "junk.dcm" in capsys.readouterr().err and len(load_datalist(out)["test"]) == 8
+    # a list without labels cannot train: refused unless it is inference-only
+    assert cli.main(["--dicom-dir", str(tmp_path / "exam" / "images"), "--out", str(out), "--allow-missing"]) == 2
+    assert "nothing to train on" in capsys.readouterr().err
     empty = tmp_path / "empty"
     empty.mkdir()
     assert cli.main(["--dicom-dir", str(empty), "--out", str(tmp_path / "none.json")]) == 2
     assert not (tmp_path / "none.json").exists()
+
+
+def test_external_validation_list(tmp_path, capsys):
+    img = np.full((16, 12), 700, np.uint16)
+    rows = []
+    (tmp_path / "main").mkdir()
+    for p in range(4):
+        make_dicom(tmp_path / "main" / f"{p}.dcm", img, patient_id=f"M{p}")
+        rows.append([f"{p}.dcm", f"M{p}", p % 2, 1 - p % 2])
+    csv_path = _write_csv(
+        tmp_path / "main" / "list.csv", ["image", "patient_id", "label_benign", "label_malignant"], rows
+    )
+    (tmp_path / "other").mkdir()
+    make_dicom(tmp_path / "other" / "v.dcm", img, patient_id="V1")
+    save_datalist({"test": [{"image": "v.dcm", "patient_id": "V1", "label": [0, 1]}]}, tmp_path / "other" / "val.json")
+    out = tmp_path / "lists" / "list.json"
+    args = ["--csv", str(csv_path), "--out", str(out), "--fractions", "0.5", "0.25", "0.25"]
+    assert _cli().main([*args, "--val-datalist", str(tmp_path / "other" / "val.json")]) == 0
+    data = load_datalist(out)
+    assert data["validation"] == [{"image": "../other/v.dcm", "patient_id": "V1", "label": [0, 1]}]
+    assert len(data["training"]) + len(data["test"]) == 4 and data["test"]  # TRAIN:TEST share the main list
+    # a patient of the external list already in the main list: refused (one woman, one split)
+    save_datalist({"test": [{"image": "../main/0.dcm", "patient_id": "M0"}]}, tmp_path / "other" / "dup.json")
+    assert _cli().main([*args, "--val-datalist", str(tmp_path / "other" / "dup.json")]) == 2
+    assert "patient 'M0' is in more than one split" in capsys.readouterr().err
+
+
+def test_small_strata_still_fill_every_requested_split():
+    # 2 benign + 2 malignant women at 2/3 : 0 : 1/3: per label group the systematic draw can send both to training;
+    # the top-up then moves one woman to test (whatever the seed), never empties a split, keeps women whole
+    items = [
+        {"image": f"{p}_{v}.png", "patient_id": f"P{p}", "label": [p % 2, 1 - p % 2]} for p in range(4) for v in "ab"
+    ]
+    for seed in range(20):
+        out = split_by_patient(items, (2 / 3, 0, 1 / 3), seed=seed)
+        patients = {s: {it["patient_id"] for it in out[s]} for s in SPLITS}
+        assert patients["training"] and patients["test"] and not patients["validation"], seed
+        assert check_patient_splits(out) == [] and sum(len(v) for v in out.values()) == 8
+    # two women cannot fill three splits: one stays empty (make_datalist then refuses the list)
+    two = split_by_patient(items[:4], (0.7, 0.15, 0.15), seed=0)
+    assert sorted(len({it["patient_id"] for it in two[s]}) for s in SPLITS) == [0, 1, 1]
+    assert check_split_sizes(two, (0.7, 0.15, 0.15))

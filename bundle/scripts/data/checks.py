@@ -10,7 +10,8 @@ without pixel data, non-DICOM ``.dcm``, RGB pictures, multi-frame/3-D inputs and
 masks are binary and have the image's size; ``label`` is absent/null (unknown) or two values 0/1; labels agree
 with masks (a lesion pixel under label 0 is an error; with ``strict_masks`` an empty mask under label 1 too);
 ``laterality``/``facing`` take their allowed values. Across items: no patient (or image) in two splits and no
-image listed twice.
+image listed twice; a datalist with training items has validation items (training without validation selects
+no model and writes no model.pt); a ``pixel_spacing`` key is one or two positive numbers (mm).
 
 Not a problem but worth knowing before training: the pixel spacing the images state (DICOM PixelSpacing, NIfTI / ITK
 geometry, PNG pHYs). The report counts the images that state one and those that do not; given the model's
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..enums import CLASS_NAMES
-from .datalist import DatalistError, check_patient_splits, iter_items, load_datalist
+from .datalist import DatalistError, check_patient_splits, check_split_sizes, iter_items, load_datalist
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ class DataCheckReport:
     ok_items: list[tuple[str, int, str]] = field(default_factory=list)  # (split, index, image)
     # image path -> the (row, col) mm its file states, None when it states none; only for images that were read
     spacings: dict[str, tuple[float, float] | None] = field(default_factory=dict)
+    # images read whose file states no spacing but whose item has a ``pixel_spacing`` key (make_datalist's
+    # --pixel_spacing, a CSV column or an archive preset), which inference uses for them
+    stated_by_datalist: set[str] = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
@@ -103,6 +107,9 @@ class DataCheckReport:
         if unknown:
             shown = ", ".join(f"'{p}'" for p in unknown[:3]) + (", ..." if len(unknown) > 3 else "")
             line += f"; without: {shown}"
+            stated = sum(1 for p in unknown if p in self.stated_by_datalist)
+            if stated:
+                line += f"; {stated} of those {len(unknown)} have a pixel_spacing in the datalist"
         return line
 
     def format(self, list_ok: bool = False) -> str:
@@ -189,7 +196,9 @@ def run_data_checks(
     seen_images: dict[str, list[str]] = defaultdict(list)
     for split, index, item in iter_items(data):
         report.n_items += 1
-        found = _check_item(split, index, item, base, read_files, strict_masks, report.spacings)
+        found = _check_item(
+            split, index, item, base, read_files, strict_masks, report.spacings, report.stated_by_datalist
+        )
         report.problems += found
         if isinstance(item, Mapping) and isinstance(item.get("image"), str):
             seen_images[str(_resolve(item["image"], base))].append(f"{split}[{index}]")
@@ -199,6 +208,10 @@ def run_data_checks(
         if len(places) > 1:
             report.problems.append(DataProblem(f"image listed {len(places)} times: {', '.join(places)}", file=image))
     report.problems += [DataProblem(msg) for msg in check_patient_splits(data)]
+    report.problems += [
+        DataProblem(f"{msg}; use other --fractions in make_datalist, or an external validation list")
+        for msg in check_split_sizes(data)
+    ]
     return report
 
 
@@ -210,6 +223,7 @@ def _check_item(
     read_files: bool,
     strict_masks: bool,
     spacings: dict[str, tuple[float, float] | None],
+    stated_by_datalist: set[str] | None = None,
 ) -> list[DataProblem]:
     problems: list[DataProblem] = []
 
@@ -227,6 +241,14 @@ def _check_item(
     for key, allowed in (("laterality", ("L", "R")), ("facing", ("left", "right"))):
         if key in item and item[key] is not None and item[key] not in allowed:
             add(f"{key} must be one of {allowed}, got {item[key]!r}", key)
+    spacing = item.get("pixel_spacing")
+    if spacing is not None:
+        values = spacing if isinstance(spacing, (list, tuple)) else [spacing]
+        good = len(values) in (1, 2) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 10 for v in values
+        )
+        if not good:
+            add(f"pixel_spacing must be a number or [row, col] in mm (0 < mm < 10), got {spacing!r}", "pixel_spacing")
     if not isinstance(image_value, str) or not image_value:
         add(f"missing 'image' path (got {image_value!r})", "image")
         return problems
@@ -240,6 +262,8 @@ def _check_item(
         else:
             image_shape = arr.shape
             spacings[str(image_path)] = meta.get("spacing")  # the readers' (row, col) mm, None when unknown
+            if item.get("pixel_spacing") is not None and stated_by_datalist is not None:
+                stated_by_datalist.add(str(image_path))
     for key, cls in MASK_KEYS.items():
         value = item.get(key)
         if value is None:

@@ -25,12 +25,7 @@ from ..enums import CLASS_NAMES, LesionClass
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
-    CsvRow,
     CsvRowError,
-    DatalistParser,
-    ParsedRow,
-    find_datalist_parser,
-    normalise_column,
     register_datalist_parser,
     unregister_datalist_parser,
 )
@@ -55,6 +50,12 @@ __all__ = [
     "detect_csv_flavour",
     "items_from_csv",
     "items_from_dicom_dir",
+    "items_from_folder",
+    "path_for_datalist",
+    "OFFICIAL_SPLIT_KEY",
+    "split_items",
+    "check_split_sizes",
+    "split_choices",
 ]
 
 SPLITS = ("training", "validation", "test")
@@ -173,7 +174,9 @@ def split_by_patient(
     malignant / any benign / normal / unknown) and each group is split in proportion, so positives reach every
     split when there are enough of them. Allocation is systematic sampling: a group's k patients, in a
     seeded random order, take the positions (i + u) / k (u one uniform draw per group) on the cumulative
-    fractions, so each split receives its fraction up to one patient per group. Items keep their input order.
+    fractions, so each split receives its fraction up to one patient per group. With few patients per group that
+    can leave a split with a fraction > 0 empty: it then takes one (seeded) patient from the largest split, as long
+    as that one keeps a patient. Items keep their input order.
     """
     fr = normalise_fractions(fractions)
     items = [dict(it) for it in items]
@@ -198,10 +201,25 @@ def split_by_patient(
             while fr[SPLITS[k]] == 0:
                 k -= 1
             assignment[pids[j]] = SPLITS[k]
+    _top_up(assignment, fr, rng)
     out: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
     for item in items:
         out[assignment[patient_key(item)]].append(item)
     return out
+
+
+def _top_up(assignment: dict[str, str], fr: Mapping[str, float], rng: np.random.Generator) -> None:
+    """Give every split with a fraction > 0 at least one patient, taken from the split with the most (if it has 2+)."""
+    for split in SPLITS:
+        members = defaultdict(list)
+        for pid in sorted(assignment):
+            members[assignment[pid]].append(pid)
+        if fr[split] == 0 or members[split]:
+            continue
+        donor = max(SPLITS, key=lambda s: len(members[s]))
+        if len(members[donor]) < 2:
+            return
+        assignment[members[donor][int(rng.integers(len(members[donor])))]] = split
 
 
 def check_patient_splits(datalist: Mapping[str, Sequence[Mapping[str, Any]]], raise_error: bool = False) -> list[str]:
@@ -226,190 +244,98 @@ def check_patient_splits(datalist: Mapping[str, Sequence[Mapping[str, Any]]], ra
     return problems
 
 
-# ------------------------------------------------------------------------------------------------------------
-# building datalists from a DICOM folder or a CSV (used by scripts/make_datalist.py); the CSV layouts themselves
-# are in datalist_parsers.py
-# ------------------------------------------------------------------------------------------------------------
-def _path_for_datalist(path: Path, relative_to: Path | None) -> str:
-    """Path as written in the datalist: relative to the datalist's folder, or absolute when ``relative_to`` is
-    None."""
-    path = path.resolve()
-    return str(path) if relative_to is None else os.path.relpath(path, relative_to.resolve())
+OFFICIAL_SPLIT_KEY = "official_split"  # set by archives that publish a test set (CBIS-DDSM, VinDr-Mammo)
 
 
-def items_from_dicom_dir(
-    dicom_dir: str | os.PathLike, relative_to: str | os.PathLike | None = None
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Items for every 2-D mammogram under ``dicom_dir`` (recursive; any file that parses as DICOM).
+def split_items(
+    items: Iterable[Mapping[str, Any]],
+    fractions: Sequence[float] | Mapping[str, float] = (0.7, 0.15, 0.15),
+    seed: int = 0,
+    stratify: bool = True,
+    official: bool = True,
+) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """:func:`split_by_patient`, keeping an archive's official test set; returns ``(datalist, notes)``.
 
-    Labels are unknown (no ``label`` key). Returns ``(items, skipped)``: ``skipped`` names every file that was
-    left out and why (not DICOM, no image, multi-frame); items are sorted by path.
+    With ``official`` and items carrying ``official_split`` ("training" / "test"), every patient with an item in
+    the official test set goes to ``test`` (all her items: a woman in both sets is moved whole, and the notes say
+    how many), the others are split between training and validation in the ratio of those two fractions; the test
+    fraction is not used. Without official splits (or ``official=False``) this is :func:`split_by_patient`. The
+    ``official_split`` key is removed from the items.
     """
-    from .readers import MammogramReadError, read_dicom_header
-
-    root = Path(dicom_dir)
-    if not root.is_dir():
-        raise DatalistError(f"{root}: DICOM folder not found")
-    rel = None if relative_to is None else Path(relative_to)
-    items, skipped = [], []
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        if path.name.upper() == "DICOMDIR":
-            continue
-        try:
-            header = read_dicom_header(path)
-        except MammogramReadError as err:
-            skipped.append(f"{path}: {getattr(err, 'problem', None) or err}")
-            continue
-        except Exception as err:  # keep going: one odd file must not stop a folder scan
-            skipped.append(f"{path}: cannot be read ({type(err).__name__}: {err})")
-            continue
-        if not header.get("rows") or not header.get("cols"):
-            skipped.append(f"{path}: DICOM without an image (no Rows/Columns)")
-            continue
-        if (header.get("frames") or 1) > 1:
-            skipped.append(f"{path}: multi-frame DICOM ({header['frames']} frames; tomosynthesis is out of scope)")
-            continue
-        item: dict[str, Any] = {"image": _path_for_datalist(path, rel)}
-        item["patient_id"] = header.get("patient_id") or header.get("study_uid") or f"file:{path.name}"
-        for key in ("laterality", "view"):
-            if header.get(key):
-                item[key] = header[key]
-        items.append(item)
-    return items, skipped
+    fr = normalise_fractions(fractions)
+    items = [dict(it) for it in items]
+    marks = [it.pop(OFFICIAL_SPLIT_KEY, None) for it in items]
+    if not official or not any(marks):
+        return split_by_patient(items, fr, seed=seed, stratify=stratify), []
+    test_patients = {patient_key(it) for it, mark in zip(items, marks) if mark == "test"}
+    mixed = {patient_key(it) for it, mark in zip(items, marks) if mark != "test"} & test_patients
+    rest = [it for it in items if patient_key(it) not in test_patients]
+    notes = [f"official split kept: {len(test_patients)} patient(s) in the official test set form 'test'"]
+    if mixed:
+        notes.append(
+            f"{len(mixed)} patient(s) have images in both the official training and test sets; all their images "
+            f"are in 'test' so that no woman is in two splits (e.g. {sorted(mixed)[0]})"
+        )
+    train_val = fr["training"] + fr["validation"]
+    if train_val <= 0:
+        raise ValueError(
+            "fractions: training and validation are both 0, but the official split only fixes 'test'; pass "
+            "--no-official-split (official=False) to place every item by --fractions"
+        )
+    out = split_by_patient(rest, (fr["training"] / train_val, fr["validation"] / train_val, 0.0), seed, stratify)
+    out["test"] = [it for it in items if patient_key(it) in test_patients]
+    return out, notes
 
 
-def detect_csv_flavour(columns: Iterable[str], source: str | os.PathLike | None = None) -> str:
-    """The registered flavour ('cbis-ddsm', 'vindr-mammo', 'generic', ...) of a CSV header (case, spaces and
-    underscores ignored); see :func:`~scripts.data.datalist_parsers.find_datalist_parser` for which one wins when
-    several match. An unknown layout raises :class:`DatalistError` naming the columns found, every known flavour
-    and, given ``source``, the file."""
-    cols = {normalise_column(c) for c in columns}
-    parser = find_datalist_parser(cols)
-    if parser is None:
-        accepted = "; ".join(f"{k}: {v}" for k, v in CSV_FLAVOURS.items())
-        prefix = "" if source is None else f"{source}: "
-        raise DatalistError(f"{prefix}unrecognised CSV columns {sorted(cols)}; accepted layouts: {accepted}")
-    return parser.name
+def _patients(items: Sequence[Mapping[str, Any]]) -> int:
+    return len({patient_key(it) for it in items if isinstance(it, Mapping)})
 
 
-def items_from_csv(
-    csv_path: str | os.PathLike,
-    root: str | os.PathLike | None = None,
-    relative_to: str | os.PathLike | None = None,
-    mask_dir: str | os.PathLike | None = None,
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """Items from a CBIS-DDSM-like, VinDr-Mammo-like or generic CSV (see ``CSV_FLAVOURS``, docs/data.md).
-
-    File paths in the CSV are relative to ``root`` (default: the CSV's folder). Rows of the same image are
-    merged: labels are OR-ed; several ROI masks of one class are merged (union) into ``mask_dir`` as 0/255 PNG.
-    Returns ``(items, problems)``; a row with a problem is left out and named in ``problems``.
-    The layout is detected from the header and each row goes to that flavour's registered parser
-    (:mod:`scripts.data.datalist_parsers`).
-    """
-    csv_path = Path(csv_path)
-    parser, rows = _read_csv(csv_path)
-    base = Path(root) if root is not None else csv_path.parent
-    rel = None if relative_to is None else Path(relative_to)
-    problems: list[str] = []
-    merged: dict[str, dict[str, Any]] = {}  # image path -> its item, in order of first appearance
-    masks: dict[str, dict[str, list[Path]]] = defaultdict(lambda: defaultdict(list))  # image -> class -> ROIs
-    for line, row in enumerate(rows, start=2):  # line 1 is the header
-        where = f"{csv_path}:{line}"
-        try:
-            parsed = parser.parse(row, where, base)
-        except CsvRowError as err:
-            problems.append(str(err))
-            continue
-        for cls, path in parsed.masks.items():
-            masks[str(parsed.image)][cls].append(path)
-        problems += _merge_row(merged, parsed, where, rel)
-    out_dir = Path(mask_dir) if mask_dir else csv_path.parent / "merged_masks"
-    problems += _attach_masks(merged, masks, out_dir, rel)
-    items = [{k: v for k, v in it.items() if v is not None} for it in merged.values()]
-    return items, problems
-
-
-def _read_csv(csv_path: Path) -> tuple[DatalistParser, list[CsvRow]]:
-    """The parser for the CSV's layout and its rows keyed by normalised column name, values stripped.
-
-    The layout is detected before any row is read, so a file of another kind fails on its header alone.
-    """
-    import csv
-
-    if not csv_path.is_file():
-        raise DatalistError(f"{csv_path}: CSV file not found")
-    # utf-8-sig: spreadsheet exports often start with a byte order mark, which would glue itself to column 1
-    with csv_path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None:
-            raise DatalistError(f"{csv_path}: empty CSV (no header)")
-        parser = DATALIST_PARSERS[detect_csv_flavour(reader.fieldnames, source=csv_path)]
-        # key None holds the cells beyond the header of a too-long row; a too-short row's missing cells are None
-        rows = [{normalise_column(k): (v or "").strip() for k, v in row.items() if k is not None} for row in reader]
-    return parser, rows
-
-
-def _merge_row(merged: dict[str, dict[str, Any]], parsed: ParsedRow, where: str, rel: Path | None) -> list[str]:
-    """Fold one row into its image's item: labels are OR-ed (an unknown label stays unknown only until a row
-    knows it), fields come from the first row that gives them. Returns a problem per field that disagrees with an
-    earlier row (the earlier value is kept: rows of one image must describe one image)."""
-    item = merged.setdefault(str(parsed.image), {"image": _path_for_datalist(parsed.image, rel)})
-    if parsed.label is None:
-        item.setdefault("label", None)
-    else:
-        old = item.get("label") or [0, 0]
-        item["label"] = [max(a, b) for a, b in zip(old, parsed.label)]
-    problems = []
-    for key, value in parsed.fields.items():
-        if value:
-            if item.get(key) not in (None, value):
-                problems.append(
-                    f"{where}: {key} {value!r} differs from {item[key]!r} on an earlier row of {parsed.image}"
-                )
-            item.setdefault(key, value)
-    return problems
-
-
-def _attach_masks(
-    merged: dict[str, dict[str, Any]], masks: Mapping[str, Mapping[str, list[Path]]], out_dir: Path, rel: Path | None
+def check_split_sizes(
+    datalist: Mapping[str, Sequence[Mapping[str, Any]]], fractions: Mapping[str, float] | None = None
 ) -> list[str]:
-    """Set each item's ``mask_<class>``: its one ROI mask, or the union of several written to ``out_dir``.
-    Returns a problem per class whose masks could not be merged (the item then has no mask of that class)."""
+    """Splits that would break training, one message each (empty list when none).
+
+    A datalist with training items needs validation items: training without validation selects no model
+    (``model.pt`` is never written and the next stage finds nothing to start from). Given the requested
+    ``fractions``, a split asked for (fraction > 0) that received no patient is reported too.
+    """
+    n = {s: len(datalist.get(s, []) or []) for s in SPLITS}
+    patients = {s: _patients(datalist.get(s, []) or []) for s in SPLITS}
+    sizes = (
+        " / ".join(f"{s} {patients[s]}" for s in SPLITS)
+        + " patients ("
+        + " / ".join(str(n[s]) for s in SPLITS)
+        + " images)"
+    )
     problems = []
-    for key, by_class in masks.items():
-        item = merged[key]
-        for cls, paths in by_class.items():
-            unique = sorted(set(paths))
-            if len(unique) == 1:
-                item[f"mask_{cls}"] = _path_for_datalist(unique[0], rel)
-                continue
-            try:
-                out = _merge_masks(unique, out_dir, key, cls)
-            except ValueError as err:
-                problems.append(f"{key}: {cls} masks not merged: {err}")
-                continue
-            item[f"mask_{cls}"] = _path_for_datalist(out, rel)
+    if n["training"] and not n["validation"]:
+        problems.append(
+            f"the validation split is empty ({sizes}): training would run without validation, select no model and "
+            "write no model.pt"
+        )
+    if fractions is not None:
+        fr = normalise_fractions(fractions)
+        empty = [s for s in SPLITS if fr[s] > 0 and not n[s] and s != "validation"]
+        if empty:
+            problems.append(f"split(s) {', '.join(empty)} received no patient although their fraction is > 0 ({sizes})")
     return problems
 
 
-def _merge_masks(paths: Sequence[Path], out_dir: Path, image: str, cls: str) -> Path:
-    """Union of several ROI masks of one image and class, written as a 0/255 PNG; returns its path."""
-    import hashlib
+def split_choices(n_patients: int) -> str:
+    """The ways out of a refused split, for an error line."""
+    hint = "--fractions 0.5 0.5 0" if n_patients == 2 else "--fractions 0.6 0.2 0.2"
+    return (
+        f"choose other fractions ({hint}; at least one patient per split you ask for), give an external "
+        "validation list (--val-datalist FILE), or add patients"
+    )
 
-    from PIL import Image
 
-    from .readers import read_mammogram
-
-    union = None
-    for p in paths:
-        arr, _ = read_mammogram(p, mask=True)
-        if union is not None and arr.shape != union.shape:
-            raise ValueError(f"{p}: mask size {arr.shape} differs from {paths[0]} {union.shape}")
-        union = arr > 0 if union is None else union | (arr > 0)
-    name = f"{Path(image).stem}_{hashlib.sha1(image.encode()).hexdigest()[:8]}_{cls}.png"
-    out = out_dir / name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp{os.getpid()}-{out.name}")
-    Image.fromarray(np.where(union, 255, 0).astype(np.uint8)).save(tmp, format="PNG")
-    os.replace(tmp, out)
-    return out
+# the builders live in datalist_sources.py (which imports this module's DatalistError); re-exported here
+from .datalist_sources import (  # noqa: E402
+    detect_csv_flavour,
+    items_from_csv,
+    items_from_dicom_dir,
+    items_from_folder,
+    path_for_datalist,
+)

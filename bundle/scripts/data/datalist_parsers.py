@@ -53,8 +53,12 @@ class ParsedRow:
 
     image: Path
     label: list[int] | None  # [benign, malignant]; None: unknown
-    fields: dict[str, str | None]  # patient_id, laterality, view; an empty value means "not given"
-    masks: dict[str, Path] = field(default_factory=dict)  # lesion class -> this row's ROI mask of that class
+    fields: dict[str, str | None]  # patient_id, laterality, view, official_split; an empty value means "not given"
+    # lesion class -> this row's ROI mask of that class: a mask file, or outlines to rasterise (PolygonMask)
+    masks: dict[str, Any] = field(default_factory=dict)
+    pixel_spacing: float | tuple[float, float] | None = None  # mm, stated by the CSV or the archive's preset
+    spacing_source: str | None = None  # where pixel_spacing comes from ("csv:pixel_spacing", "preset:cbis-ddsm")
+    notes: tuple[str, ...] = ()  # what the parser decided that the user should know (listed, not errors)
 
 
 # (row, where, base) -> ParsedRow; ``where`` ("file.csv:line") starts every CsvRowError message, ``base`` is the
@@ -151,9 +155,48 @@ def _binary(value: Any, where: str) -> int | None:
     raise CsvRowError(f"{where}: label must be 0/1 (or empty for unknown), got {value!r}")
 
 
-def _image_fields(patient_id: str, laterality: Any, view: str) -> dict[str, str | None]:
+def _image_fields(patient_id: str, laterality: Any, view: str, official_split: str | None = None) -> dict[str, Any]:
     """The item fields every layout gives, in item key order; the view is upper-cased ("cc" -> "CC")."""
-    return {"patient_id": patient_id, "laterality": _laterality(laterality), "view": view.upper() or None}
+    fields = {"patient_id": patient_id, "laterality": _laterality(laterality), "view": view.upper() or None}
+    if official_split:
+        fields["official_split"] = official_split
+    return fields
+
+
+def parse_spacing(value: Any, where: str) -> float | tuple[float, float] | None:
+    """A pixel spacing cell or option in mm: "0.05", "0.05 0.06", "0.05,0.06" or "0.05x0.06" (row, col); empty or
+    "none": None. Anything else, or a value <= 0, raises CsvRowError naming ``where``."""
+    text = str(value if value is not None else "").strip().lower()
+    if text in ("", "none", "null", "nan", "unknown"):
+        return None
+    parts = text.replace(",", " ").replace("x", " ").replace("\\", " ").split()
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) not in (1, 2) or not all(0 < n < 10 for n in numbers):
+        raise CsvRowError(f"{where}: pixel spacing must be one or two numbers in mm (0 < mm < 10), got {value!r}")
+    return numbers[0] if len(numbers) == 1 else (numbers[0], numbers[1])
+
+
+def _dicom_fields(path: Path) -> dict[str, Any]:
+    """patient_id (CBIS-DDSM's per-view ids reduced to the woman's ``P_nnnnn``), laterality and view of a DICOM file
+    (its header only); {} for other files or unreadable headers."""
+    from .cbis_ddsm import cbis_patient_id
+    from .readers import DICOM_SUFFIXES, read_dicom_header
+
+    if path.suffix.lower() not in DICOM_SUFFIXES:
+        return {}
+    try:
+        header = read_dicom_header(path)
+    except Exception:
+        return {}
+    pid = header.get("patient_id")
+    return {
+        "patient_id": cbis_patient_id(pid) or pid,
+        "laterality": header.get("laterality"),
+        "view": header.get("view"),
+    }
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -162,24 +205,63 @@ def _image_fields(patient_id: str, laterality: Any, view: str) -> dict[str, str 
 @register_datalist_parser(
     "generic",
     signature=["image"],
-    columns="image, patient_id, laterality, view, label_benign, label_malignant, mask_benign, mask_malignant",
+    columns="image, patient_id, laterality, view, label_benign, label_malignant, mask_benign, mask_malignant, "
+    "pixel_spacing",
 )
 def parse_generic_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     """The project's own layout, one row per image (repeated rows of an image are merged).
 
     Columns: ``image`` (path, required); ``patient_id``; ``laterality`` (L/R/left/right); ``view``;
     ``label_benign`` and ``label_malignant`` (0/1, true/false, yes/no; empty, nan, none, null or unknown means
-    unknown, and one unknown value makes the whole label unknown); ``mask_benign`` and ``mask_malignant`` (paths).
+    unknown, and one unknown value makes the whole label unknown); ``mask_benign`` and ``mask_malignant`` (paths);
+    ``pixel_spacing`` (mm, one number or "row col"; used for images whose file states none).
     """
     if not row.get("image"):
         raise CsvRowError(f"{where}: empty image path")
     label = [_binary(row.get(f"label {cls}"), where) for cls in CLASS_NAMES]
+    spacing = parse_spacing(row.get("pixel spacing"), where)
     return ParsedRow(
         image=base / row["image"],
         label=None if None in label else label,
         fields=_image_fields(row.get("patient id", ""), row.get("laterality"), row.get("view", "")),
         masks={cls: base / row[f"mask {cls}"] for cls in CLASS_NAMES if row.get(f"mask {cls}")},
+        pixel_spacing=spacing,
+        spacing_source=None if spacing is None else "csv:pixel_spacing",
     )
+
+
+_CLASS_WORDS = {
+    "normal": [0, 0],
+    "negative": [0, 0],
+    LesionClass.BENIGN.value: [1, 0],
+    LesionClass.MALIGNANT.value: [0, 1],
+    "cancer": [0, 1],
+    f"{LesionClass.BENIGN.value}+{LesionClass.MALIGNANT.value}": [1, 1],
+}
+
+
+@register_datalist_parser("path-label", signature=["path", "label"], columns="path, label, patient_id (optional)")
+def parse_path_label_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
+    """A hospital export: one row per image, the label as a word.
+
+    Columns: ``path`` (required, relative to the root); ``label``: normal or negative (no lesion), benign,
+    malignant or cancer, benign+malignant (both), empty or unknown (unknown); ``patient_id`` (optional: else the
+    DICOM PatientID, else the image is its own patient). Laterality and view come from the DICOM header.
+    """
+    if not row.get("path"):
+        raise CsvRowError(f"{where}: empty path")
+    word = row.get("label", "").lower()
+    if word in ("", "unknown", "nan"):
+        label = None
+    elif word in _CLASS_WORDS:
+        label = _CLASS_WORDS[word]
+    else:
+        raise CsvRowError(f"{where}: label must be one of {', '.join(_CLASS_WORDS)} or empty, got {row['label']!r}")
+    image = base / row["path"]
+    header = _dicom_fields(image)
+    fields = _image_fields(row.get("patient id") or header.get("patient_id") or "", header.get("laterality"), "")
+    fields["view"] = header.get("view")
+    return ParsedRow(image=image, label=label, fields=fields)
 
 
 def _cbis_label(pathology: str, where: str) -> list[int]:
@@ -188,43 +270,83 @@ def _cbis_label(pathology: str, where: str) -> list[int]:
         return [0, 1]
     if pathology.startswith("BENIGN"):  # BENIGN_WITHOUT_CALLBACK too
         return [1, 0]
-    raise CsvRowError(f"{where}: pathology must be BENIGN, BENIGN_WITHOUT_CALLBACK or MALIGNANT")
+    raise CsvRowError(f"{where}: pathology must be BENIGN, BENIGN_WITHOUT_CALLBACK or MALIGNANT, got {pathology!r}")
+
+
+def _image_shape(path: Path) -> tuple[int, int]:
+    from .readers import DICOM_SUFFIXES, read_dicom_header, read_mammogram
+
+    if path.suffix.lower() in DICOM_SUFFIXES:
+        header = read_dicom_header(path)
+        return int(header["rows"]), int(header["cols"])
+    return tuple(read_mammogram(path)[0].shape)
 
 
 @register_datalist_parser(
     "cbis-ddsm",
     signature=["image file path", "pathology"],
-    columns="patient_id, left or right breast, image view, pathology, image file path, ROI mask file path",
+    columns="patient_id, left or right breast, image view, pathology, image file path, cropped image file path, "
+    "ROI mask file path",
 )
 def parse_cbis_ddsm_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     """CBIS-DDSM's case description CSVs: one row per abnormality, so an image has as many rows as lesions.
 
-    Columns: ``image file path`` (required); ``pathology`` (BENIGN, BENIGN_WITHOUT_CALLBACK or MALIGNANT; other
-    values leave the row out); ``patient_id``; ``left or right breast``; ``image view``; ``ROI mask file path``
-    (the abnormality's mask, a mask of the row's class).
+    Columns: ``image file path`` (required); ``pathology`` (MALIGNANT, or BENIGN / BENIGN_WITHOUT_CALLBACK: both
+    benign; other values leave the row out); ``patient_id`` (``P_00173``: the woman, shared by her Mass and Calc
+    rows); ``left or right breast``; ``image view``; ``ROI mask file path`` and ``cropped image file path`` (the
+    abnormality's mask, found among both because the CSV swaps them on some rows). Paths are used as written when
+    they exist under the root, else resolved in the TCIA download (:mod:`scripts.data.cbis_ddsm`). The official
+    Train/Test split is kept (``official_split``) and the preset pixel spacing is 0.05 mm.
     """
+    from .cbis_ddsm import CBIS_PIXEL_SPACING_MM, _uid_parts, parse_case_folder, resolve_cbis_image, resolve_cbis_roi
+
     label = _cbis_label(row.get("pathology", ""), where)
     lesion = LesionClass.MALIGNANT if label[1] else LesionClass.BENIGN
-    roi = row.get("roi mask file path", "")
+    csv_image = row.get("image file path", "")
+    resolved = resolve_cbis_image(base, csv_image, where)
+    image = resolved if isinstance(resolved, Path) else resolved.path
+    case = parse_case_folder(_uid_parts(csv_image)[0]) if csv_image else None
+    patient = row.get("patient id", "") or (case.patient if case else "")
+    masks, notes = {}, []
+    roi, cropped = row.get("roi mask file path", ""), row.get("cropped image file path", "")
+    if roi or cropped:
+        if isinstance(resolved, Path):
+            shape = _image_shape(image)
+        else:
+            shape = (resolved.rows, resolved.cols)
+        mask, swapped = resolve_cbis_roi(base, roi, cropped, shape, where)
+        masks[lesion] = mask
+        if swapped:
+            notes.append(f"{where}: the ROI mask was under 'cropped image file path' (the CSV swaps the two)")
     return ParsedRow(
-        image=base / row["image file path"],
+        image=image,
         label=label,
-        fields=_image_fields(row.get("patient id", ""), row.get("left or right breast"), row.get("image view", "")),
-        masks={lesion: base / roi} if roi else {},
+        fields=_image_fields(
+            patient,
+            row.get("left or right breast"),
+            row.get("image view", ""),
+            case.official_split if case else None,
+        ),
+        masks=masks,
+        pixel_spacing=CBIS_PIXEL_SPACING_MM,
+        spacing_source="preset:cbis-ddsm",
+        notes=tuple(notes),
     )
 
 
 @register_datalist_parser(
     "vindr-mammo",
     signature=["study id", "image id"],
-    columns="study_id, image_id, laterality, view_position, breast_birads (finding_birads optional)",
+    columns="study_id, image_id, laterality, view_position, breast_birads (finding_birads, split optional)",
 )
 def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
-    """VinDr-Mammo's annotation CSVs; images are ``images/<study_id>/<image_id>.dicom`` under the root.
+    """VinDr-Mammo's annotation CSVs (breast-level_annotations.csv, finding_annotations.csv); images are
+    ``images/<study_id>/<image_id>.dicom`` under the root.
 
     Columns: ``study_id`` and ``image_id`` (required; the study is the patient); ``laterality``;
-    ``view_position``; ``breast_birads`` and/or ``finding_birads`` (at least one). VinDr has no pathology, so
-    the label is a BI-RADS proxy on the higher category: 1 normal, 2-3 benign, 4-5 malignant (suspicious).
+    ``view_position``; ``breast_birads`` and/or ``finding_birads`` (at least one); ``split`` (training/test: the
+    official split, kept). VinDr has no pathology, so the label is a BI-RADS proxy on the higher category:
+    1 normal, 2-3 benign, 4-5 malignant (suspicious).
     """
     study, image_id = row.get("study id", ""), row.get("image id", "")
     if not study or not image_id:
@@ -232,9 +354,68 @@ def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     scores = [b for b in (_birads(row.get("breast birads")), _birads(row.get("finding birads"))) if b]
     if not scores:
         raise CsvRowError(f"{where}: no BI-RADS category in breast_birads/finding_birads")
+    split = row.get("split", "").lower()
+    if split not in ("", "training", "test"):
+        raise CsvRowError(f"{where}: split must be training or test, got {row['split']!r}")
     top = max(scores)
     return ParsedRow(
         image=base / "images" / study / f"{image_id}.dicom",
         label=[int(top in (2, 3)), int(top >= 4)],
-        fields=_image_fields(study, row.get("laterality"), row.get("view position", "")),
+        fields=_image_fields(study, row.get("laterality"), row.get("view position", ""), split or None),
+    )
+
+
+@register_datalist_parser(
+    "inbreast",
+    signature=["file name", "bi-rads"],
+    columns="Patient ID;Patient age;Laterality;View;Acquisition date;File Name;ACR;Bi-Rads (';'-separated)",
+)
+def parse_inbreast_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
+    """INbreast's ``INbreast.csv``; images ``AllDICOMs/<File Name>_*.dcm``, outlines ``AllXML/<File Name>.xml``.
+
+    Columns: ``File Name`` and ``Bi-Rads`` (required: 1 normal, 2-3 benign, 4-6 malignant, see
+    :data:`scripts.data.inbreast.INBREAST_BIRADS`); ``Laterality``; ``View``; ``Patient ID`` (used unless
+    "removed", as published: else the woman's hash in the DICOM file name). Every ROI of an image's XML goes into
+    the mask of the image's class; a BI-RADS 1 image's ROIs are ignored (noted).
+    """
+    from .inbreast import (
+        INBREAST_BIRADS,
+        PolygonMask,
+        find_inbreast_dicom,
+        find_inbreast_xml,
+        inbreast_patient_id,
+        read_inbreast_rois,
+    )
+
+    name = row.get("file name", "")
+    if not name:
+        raise CsvRowError(f"{where}: empty File Name")
+    birads = _birads(row.get("bi-rads"))
+    if birads not in INBREAST_BIRADS:
+        raise CsvRowError(f"{where}: Bi-Rads must be 1-6 (4a/4b/4c too), got {row.get('bi-rads')!r}")
+    label = INBREAST_BIRADS[birads]
+    image = find_inbreast_dicom(base, name)
+    if image is None:
+        raise CsvRowError(f"{where}: no DICOM '{name}_*.dcm' under {base / 'AllDICOMs'} (or anywhere under {base})")
+    patient = row.get("patient id", "")
+    if patient.lower() in ("", "removed"):
+        patient = inbreast_patient_id(image) or _dicom_fields(image).get("patient_id") or ""
+    masks, notes = {}, []
+    xml = find_inbreast_xml(base, name)
+    if xml is not None:
+        try:
+            rois = read_inbreast_rois(xml)
+        except ValueError as err:
+            raise CsvRowError(f"{where}: {err}") from None
+        if rois and label == [0, 0]:
+            notes.append(f"{where}: BI-RADS 1 image with {len(rois)} outline(s) in {xml.name}: outlines ignored")
+        elif rois:
+            cls = LesionClass.MALIGNANT if label[1] else LesionClass.BENIGN
+            masks[cls] = PolygonMask(xml, _image_shape(image), tuple(points for _, points in rois))
+    return ParsedRow(
+        image=image,
+        label=label,
+        fields=_image_fields(patient, row.get("laterality"), row.get("view", "")),
+        masks=masks,
+        notes=tuple(notes),
     )
