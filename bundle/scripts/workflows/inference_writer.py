@@ -28,6 +28,7 @@ from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from .dicom_outputs import dicom_objects, save_dicom
 from .inference import image_facts, image_notes, maps_on_original
 from .inference_files import (
+    FALLBACK_SPACING_MM,
     StagedFiles,
     overlay_panel,
     panel_title_lines,
@@ -43,6 +44,11 @@ __all__ = ["GLAMInferenceWriter"]
 
 # the warnings keep the name of the module that wrote these files before they had their own (log filters use it)
 logger = logging.getLogger(f"{__package__}.inference")
+
+# formats that seldom state a pixel spacing (a PNG may, in its pHYs chunk): maps of unknown spacing state 1 mm per pixel
+# without a note
+_FORMATS_WITHOUT_SPACING = ("png", "pil")
+_NO_SPACING = "no valid pixel spacing in the file (missing, zero or negative) nor stated, and the model has none"
 
 #: the parts of a writer thread's time on one image, reported in timing.json as ``writing_<part>_s``
 WRITING_PARTS = ("maps_back", "map_files", "panel", "dicom")
@@ -181,6 +187,9 @@ class GLAMInferenceWriter:
         finally:
             self._add_seconds("writing", time.perf_counter() - begin)
         notes = image_notes(item, default_view=self._default_view())
+        meta = item["image"].meta
+        if self.outputs.maps and used_spacing(meta) is None and meta.get("format") not in _FORMATS_WITHOUT_SPACING:
+            notes.insert(0, f"{_NO_SPACING}: the NIfTI maps state {FALLBACK_SPACING_MM:g} mm per pixel")
         if notes:  # before the row: a run killed in between redoes the image, the note is not lost
             note = "; ".join(notes)
             logger.warning("%s: %s", escape_text(path), note)
