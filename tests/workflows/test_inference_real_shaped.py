@@ -11,6 +11,7 @@ shows the window in yellow and a colour bar; the datalist's view reaches the win
 from __future__ import annotations
 
 import csv
+import json
 import os
 import time
 from pathlib import Path
@@ -105,10 +106,8 @@ def real(tmp_path_factory) -> dict:
     ckpt = root / "model.pt"
     torch.save(GLAMSaliencyNet(stage="joint", pixel_spacing=MODEL_MM, **TINY).state_dict(), ckpt)
     _run(root / "out", ckpt, input_dir=str(folder))
-    datalist = {"test": [{"image": str(folder / CC), "view": "mlo"}, {"image": str(folder / MLO), "pixel_spacing": 0.1}]}
-    import json
-
-    (root / "datalist.json").write_text(json.dumps(datalist))
+    items = [{"image": str(folder / CC), "view": "mlo"}, {"image": str(folder / MLO), "pixel_spacing": 0.1}]
+    (root / "datalist.json").write_text(json.dumps({"test": items}))
     _run(root / "out_datalist", ckpt, datalist=str(root / "datalist.json"), split="test")
     return {"root": root, "ckpt": ckpt, "masks": {CC: cc_mask, MLO: mlo_mask}}
 
@@ -187,7 +186,7 @@ def test_the_cause_of_the_datalist_view_bug(real):
         if view:
             d["view"] = view
         for t in (
-            ResampleToSpacingd("image", pixel_spacing=MODEL_MM, window=WINDOW, fallback=fallback, iterations=5, buffer=4),
+            ResampleToSpacingd("image", MODEL_MM, window=WINDOW, fallback=fallback, iterations=5, buffer=4),
             FlipToRightd("image"),
             CropBreastd("image", iterations=5, buffer=4),
             BestCenterWindowd("image", window=WINDOW, iterations=5),
