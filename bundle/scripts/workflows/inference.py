@@ -238,7 +238,7 @@ def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
     model = format_spacing(_spacing_pair(meta.get(MODEL_SPACING_KEY)))
     if source == "model":
         return f"pixel spacing not stated: assumed the model's {model} mm (spacing_fallback: model)"
-    used = format_spacing(tuple(round(v, 4) for v in _spacing_pair(meta.get(SPACING_USED_KEY))))
+    used = format_spacing(tuple(float(f"{v:.4g}") for v in _spacing_pair(meta.get(SPACING_USED_KEY))))
     rows, cols = (int(v) for v in (window if window is not None else tuple(image.shape[-2:])))
     fitted = f"the breast fitted into the model's {rows} x {cols} window at {model} mm"
     return f"pixel spacing not stated: estimated {used} mm, {fitted}"

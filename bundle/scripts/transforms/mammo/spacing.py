@@ -243,7 +243,8 @@ class ResampleToSpacing(InvertibleTransform):
             None: not stated.
         fallback: for an image whose spacing nobody states: ``"fit_breast"`` (estimate it so that the breast fits
             ``window``, :func:`fit_breast_spacing`) or ``"model"`` (assume the model's: nothing resampled).
-        window: the model's window (rows, cols); needed by ``"fit_breast"`` when ``pixel_spacing`` is known.
+        window: the model's window (rows, cols); ``"fit_breast"`` needs it for an image whose spacing nobody states
+            (a ``ValueError`` naming the file without it).
         iterations, buffer: the crop's settings (``crop_iterations``, ``crop_buffer``), for ``"fit_breast"``.
     """
 
@@ -272,11 +273,6 @@ class ResampleToSpacing(InvertibleTransform):
         self.window = None if window is None else tuple(int(v) for v in window)
         if self.window is not None and (len(self.window) != 2 or min(self.window) < 1):
             raise ValueError(f"window must be (rows, cols) of positive ints, got {window!r}")
-        if self.fallback == "fit_breast" and self.pixel_spacing is not None and self.window is None:
-            raise ValueError(
-                "ResampleToSpacing(fallback='fit_breast') needs the model's window (image_size) to fit the breast "
-                "into; give window=..., or fallback='model' to assume the model's spacing"
-            )
         self.iterations = int(iterations)
         self.buffer = int(buffer)
 
@@ -298,6 +294,11 @@ class ResampleToSpacing(InvertibleTransform):
             return None, "unknown"
         if self.fallback == "model":
             return self.pixel_spacing, "model"
+        if self.window is None:
+            raise ValueError(
+                f"ResampleToSpacing: {name} states no pixel spacing and fallback='fit_breast' has no window to fit the "
+                "breast into: give window=(rows, cols) (the model's image_size), or fallback='model'"
+            )
         try:
             estimate = fit_breast_spacing(img, self.pixel_spacing, self.window, self.iterations, self.buffer)
         except ValueError as err:
