@@ -270,3 +270,52 @@ def test_an_output_folder_in_the_input_folder_is_never_read(real, tmp_path, wher
         other = folder / "other_out"
         _run(other, real["ckpt"], input_dir=str(folder))
         assert [Path(r["image"]).name for r in _read_csv(other / "predictions.csv")] == ["a.png"]
+
+
+def test_the_erosion_warning_names_the_file():
+    from monai.data import MetaTensor
+
+    from scripts.transforms import BestCenterWindow, CropBreast
+
+    tiny = MetaTensor(torch.ones(1, 30, 20), meta={"filename_or_obj": "/data/small.png"})
+    with pytest.warns(UserWarning, match=r"^/data/small.png: 100 erosions removed the whole foreground"):
+        CropBreast(iterations=100)(tiny)
+    with pytest.warns(UserWarning, match=r"^/data/small.png: 100 erosions"):
+        BestCenterWindow((16, 8), iterations=100)(tiny)
+
+
+def test_library_info_lines_are_off_unless_configured():
+    import logging
+
+    from scripts.workflows import quiet_library_logs
+
+    pydicom_logger, highdicom_logger = logging.getLogger("pydicom"), logging.getLogger("highdicom")
+    saved = pydicom_logger.level, highdicom_logger.level
+    try:
+        pydicom_logger.setLevel(logging.NOTSET)
+        highdicom_logger.setLevel(logging.DEBUG)  # a logging.conf chose this: kept
+        quiet_library_logs()
+        assert not pydicom_logger.isEnabledFor(logging.INFO) and pydicom_logger.isEnabledFor(logging.WARNING)
+        assert highdicom_logger.level == logging.DEBUG
+    finally:
+        pydicom_logger.setLevel(saved[0])
+        highdicom_logger.setLevel(saved[1])
+
+
+def test_reading_panel_scales_each_map_to_its_maximum_with_a_floor():
+    """A weak map (max 0.14) gets full colour at its maximum; a map below the floor (0.01) stays faint: the opacity is
+    0.8 x map / max(map max, 0.05), checked against that formula on a mid-grey image."""
+    from scripts.visualize import CLASS_COLOURS, reading_panel
+
+    image = np.full((40, 30), 0.5, np.float32)
+    image[0, 0] = 0.0
+    image[0, 1] = 1.0  # min-max scaling: 0.5 -> 127
+    weak, faint = np.zeros((2, 40, 30), np.float32), np.zeros((2, 40, 30), np.float32)
+    weak[1, 20, 15], faint[1, 20, 15] = 0.14, 0.01
+    panel = reading_panel(image, {"weak": weak, "faint": faint}, separator=6)
+    grey, red = 127.0, np.asarray(CLASS_COLOURS[1], np.float64)
+    for tile, (value, scale) in enumerate([(0.14, 0.14), (0.01, 0.05)]):
+        alpha = 0.8 * value / scale
+        expected = (grey * (1 - alpha) + red * alpha).astype(np.uint8)
+        np.testing.assert_allclose(panel[20, (tile + 1) * 36 + 15], expected, atol=1)
+    assert panel.shape[0] > 40  # the legend under the tiles
