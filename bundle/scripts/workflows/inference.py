@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "GLAMInferenceStep",
     "window_box_to_original",
+    "window_on_original",
     "invert_maps",
     "maps_on_original",
     "spacing_note",
@@ -128,6 +129,28 @@ def window_box_to_original(
     return max(0, r0), max(0, c0), min(H, r1), min(W, c1)
 
 
+def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """The model's window on the original file: ``(top, left, bottom, right)`` (end-exclusive), the part of the file
+    it saw (the window clipped to the crop, whose outside the maps leave at 0), from the preprocessing metadata
+    (``window_start``, ``window_size``, ``crop_box``, ``flipped_to_right``, and ``resampled_shape`` when the image was
+    resampled: the box is scaled back outwards to whole pixels). None when the window holds none of the file."""
+    H, W = int(original_size[0]), int(original_size[1])
+    shape = meta.get("resampled_shape")
+    h, w = (int(v) for v in np.asarray(shape).reshape(-1)[:2]) if shape is not None else (H, W)
+    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
+    rows, cols = (int(v) for v in np.asarray(meta["window_size"]).reshape(-1)[:2])
+    c0, c1, c2, c3 = (int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4])
+    y0, y1 = max(c0 + top, c0), min(c0 + top + rows, c2)
+    x0, x1 = max(c1 + left, c1), min(c1 + left + cols, c3)
+    if y1 <= y0 or x1 <= x0:
+        return None
+    if bool(meta.get("flipped_to_right", False)):
+        x0, x1 = w - x1, w - x0
+    sy, sx = H / h, W / w
+    box = (int(np.floor(y0 * sy)), int(np.floor(x0 * sx)), int(np.ceil(y1 * sy)), int(np.ceil(x1 * sx)))
+    return max(0, box[0]), max(0, box[1]), min(H, box[2]), min(W, box[3])
+
+
 def invert_maps(item: Mapping[str, Any], maps: Mapping[str, torch.Tensor], transform: Compose) -> dict[str, np.ndarray]:
     """Window-coordinate maps ``name -> (C, h, w)`` -> arrays ``(C, H, W)`` on the original file's pixel grid,
     through ``Invertd(transform)`` with ``item["image"]`` (the preprocessed ``MetaTensor``) as the reference."""
@@ -191,7 +214,8 @@ def maps_on_original(
         ``(top, left, bottom, right)`` (end-exclusive) on the file (patches entirely in padding are dropped). The
         maps and the patch indicators go through one ``Invertd``, two channels per tensor. With ``with_window``, a
         third element: the model's window on the file, ``(top, left, bottom, right)`` (end-exclusive, the part of
-        the file the model saw; None when it saw none of it), its indicator inverted with the patches'.
+        the file the model saw; None when it saw none of it), computed from the metadata
+        (:func:`window_on_original`).
     """
     window = tuple(item["image"].shape[-2:])
     boxes = pred[OutputKey.PATCH_BOXES]
@@ -199,19 +223,17 @@ def maps_on_original(
         pred[OutputKey.SALIENCY_GLOBAL][None], pred[OutputKey.PATCH_MAPS][None], boxes[None], window, 1, gamma_c
     )
     names = [n for n in MAP_NAMES if n in names]
-    indicator = _patch_indicators(boxes, window)
-    if with_window:  # the whole window as one more indicator, last
-        indicator = torch.cat([indicator, torch.ones((1, *window))])
-    indicators = torch.split(indicator, _CHANNELS_PER_PASS)
+    indicators = torch.split(_patch_indicators(boxes, window), _CHANNELS_PER_PASS)
     to_invert = {name: maps[name][0] for name in names}
     to_invert.update({f"{_BOXES}{i}": chunk for i, chunk in enumerate(indicators)})
     back = invert_maps(item, to_invert, transform)
     out = {name: np.clip(back[name], 0.0, 1.0, out=back[name]) for name in names}
-    inverted = np.concatenate([back[f"{_BOXES}{i}"] for i in range(len(indicators))])
+    patches = _bounding_boxes(np.concatenate([back[f"{_BOXES}{i}"] for i in range(len(indicators))]))
     if not with_window:
-        return out, _bounding_boxes(inverted)
-    window_box = _bounding_boxes(inverted[-1:])
-    return out, _bounding_boxes(inverted[:-1]), (window_box[0] if window_box else None)
+        return out, patches
+    meta = item["image"].meta
+    size = tuple(int(v) for v in np.asarray(meta["spatial_shape"]).reshape(-1)[:2])
+    return out, patches, window_on_original(meta, size)
 
 
 def _meta(image: Any) -> Mapping[str, Any]:

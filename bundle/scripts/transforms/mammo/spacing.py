@@ -53,6 +53,7 @@ from scripts.transforms.mammo.dictionary import _check_shapes, _source
 
 __all__ = [
     "MODEL_SPACING_KEY",
+    "RESAMPLED_SHAPE_KEY",
     "SPACING_ASSUMED_KEY",
     "SPACING_FALLBACKS",
     "SPACING_KEY",
@@ -72,6 +73,7 @@ SPACING_SOURCE_KEY = "spacing_source"  # meta: where the spacing used comes from
 SPACING_USED_KEY = "spacing_used"  # meta: the input's (row, col) mm the resampling used, NaN when unknown
 MODEL_SPACING_KEY = "model_spacing"  # meta: the model's (row, col) mm the image was brought to, NaN when unknown
 SPACING_ASSUMED_KEY = "spacing_assumed"  # meta: the input's spacing was estimated or assumed, not stated
+RESAMPLED_SHAPE_KEY = "resampled_shape"  # meta: (H, W) after the resampling (the input's when not resampled)
 #: what happens to an image whose spacing nobody states (the model's being known)
 SPACING_FALLBACKS = ("fit_breast", "model")
 # interpolation modes that blend neighbours: they take align_corners and anti-aliasing, the nearest ones neither
@@ -360,6 +362,7 @@ class ResampleToSpacing(InvertibleTransform):
             out.meta[SPACING_SOURCE_KEY] = str(plan["source"])
             out.meta[MODEL_SPACING_KEY] = np.asarray(self.pixel_spacing or (np.nan, np.nan), dtype=np.float64)
             out.meta[SPACING_ASSUMED_KEY] = bool(plan["assumed"])
+            out.meta[RESAMPLED_SHAPE_KEY] = np.asarray(out.shape[1:], dtype=np.int64)
         return out
 
     def inverse(self, data: torch.Tensor) -> torch.Tensor:
@@ -369,7 +372,7 @@ class ResampleToSpacing(InvertibleTransform):
             # Invertd(nearest_interp=True) rewrites "mode" to "nearest"
             data = _resize(data, transform[TraceKeys.ORIG_SIZE], info["mode"], info["anti_aliasing"])
         if isinstance(data, MetaTensor):
-            for key in (MODEL_SPACING_KEY, SPACING_ASSUMED_KEY, SPACING_USED_KEY):
+            for key in (MODEL_SPACING_KEY, SPACING_ASSUMED_KEY, SPACING_USED_KEY, RESAMPLED_SHAPE_KEY):
                 data.meta.pop(key, None)
             if "spacing_source" in info:
                 data.meta[SPACING_SOURCE_KEY] = info["spacing_source"]
