@@ -319,3 +319,20 @@ def test_reading_panel_scales_each_map_to_its_maximum_with_a_floor():
         expected = (grey * (1 - alpha) + red * alpha).astype(np.uint8)
         np.testing.assert_allclose(panel[20, (tile + 1) * 36 + 15], expected, atol=1)
     assert panel.shape[0] > 40  # the legend under the tiles
+
+
+def test_accept_non_mammography_reaches_the_reader():
+    """inference.yaml's accept_non_mammography goes to the reader: false builds the reader with its own default (which
+    refuses non-mammograms once the reader checks the modality); true asks it to read them, and a reader that does not
+    know the option (it reads every file anyway) is a one-line error naming the option."""
+    import inspect
+
+    from scripts.data.readers import MammogramReader
+    from scripts.workflows import inference_reader
+
+    assert type(inference_reader(apply_voi=False)) is MammogramReader and not inference_reader(False).apply_voi
+    if "accept_non_mammography" in inspect.signature(MammogramReader).parameters:
+        assert inference_reader(accept_non_mammography=True).accept_non_mammography is True
+    else:
+        with pytest.raises(ValueError, match="^accept_non_mammography: "):
+            inference_reader(accept_non_mammography=True)
