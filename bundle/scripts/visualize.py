@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .enums import CLASS_NAMES
+
 __all__ = [
     "CLASS_COLOURS",
     "MAP_SCALE_FLOOR",
@@ -155,7 +157,7 @@ def reading_panel(
     boxes: Sequence[Sequence[int]] = (),
     masks: np.ndarray | None = None,
     window: Sequence[int] | None = None,
-    classes: Sequence[str] = ("benign", "malignant"),
+    classes: Sequence[str] = CLASS_NAMES,
     floor: float = MAP_SCALE_FLOOR,
     strength: float = 0.8,
     separator: int = 6,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
+from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, LesionClass, MapName
 from ..visualize import reading_panel
 from .dicom_outputs import DICOM_OUTPUT_MODES
 
@@ -252,7 +252,7 @@ def panel_title_lines(
     """The panel's title, in plain words: the file and its scores (malignant first: ``"malignant 0.16 · benign
     0.14"``) and labels when known; how it was read (spacing, view, laterality and where each came from, ``facts``
     of :func:`~.inference.image_facts`); what the tiles and the colours show."""
-    order = sorted(range(len(CLASS_NAMES)), key=lambda i: CLASS_NAMES[i] != "malignant")
+    order = sorted(range(len(CLASS_NAMES)), key=lambda i: CLASS_NAMES[i] != LesionClass.MALIGNANT)
     scored = " · ".join(f"{CLASS_NAMES[i]} {scores[i]:.2f}" for i in order)
     truth = "" if labels[0] == "" else "   (labels: " + ", ".join(f"{CLASS_NAMES[i]} {labels[i]}" for i in order) + ")"
     lines = [f"{file_name}   {scored}{truth}"]
