@@ -336,3 +336,14 @@ def test_accept_non_mammography_reaches_the_reader():
     else:
         with pytest.raises(ValueError, match="^accept_non_mammography: "):
             inference_reader(accept_non_mammography=True)
+
+
+def test_a_predictions_table_of_an_earlier_version_is_refused_with_the_missing_columns(tmp_path):
+    from scripts.workflows.inference_tables import FACT_COLUMNS, FINGERPRINT_COLUMNS, PREDICTION_COLUMNS, AppendOnlyCsv
+
+    older = PREDICTION_COLUMNS[: -len(FACT_COLUMNS) - len(FINGERPRINT_COLUMNS)]
+    path = tmp_path / "predictions.csv"
+    path.write_text(",".join(older) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"written by an earlier version of this workflow \(it lacks the columns"):
+        AppendOnlyCsv(path, PREDICTION_COLUMNS).open()
+    assert path.read_text(encoding="utf-8") == ",".join(older) + "\n"  # left as it was
