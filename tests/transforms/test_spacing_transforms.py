@@ -12,7 +12,14 @@ from monai.transforms import Compose, Invertd
 from PIL import Image
 
 from scripts.transforms import ResampleToSpacing, ResampleToSpacingd, mammogram_transforms
-from scripts.transforms.mammo import MODEL_SPACING_KEY, SPACING_ASSUMED_KEY, as_pixel_spacing, format_spacing
+from scripts.transforms.mammo import (
+    MODEL_SPACING_KEY,
+    SPACING_ASSUMED_KEY,
+    SPACING_SOURCE_KEY,
+    SPACING_USED_KEY,
+    as_pixel_spacing,
+    format_spacing,
+)
 
 
 def image(h: int, w: int, spacing=None, values: np.ndarray | None = None) -> MetaTensor:
@@ -101,21 +108,89 @@ def test_upsampling_doubles_the_size_with_pixel_centres_aligned():
     np.testing.assert_allclose(back[0, 2:-2, 2:-2].numpy(), ramp(20, 16)[2:-2, 2:-2], rtol=1e-4)
 
 
-def test_rounding_tolerance_and_unknown_spacing():
+def test_rounding_tolerance_and_the_model_fallback():
     # within rtol (a PNG's whole pixels per metre): not resampled, the file's spacing is kept
     out = ResampleToSpacing(1.2)(image(50, 40, spacing=(1.2004802, 1.2004802)))
     assert tuple(out.shape) == (1, 50, 40) and out.meta["spacing"][0] == pytest.approx(1.2004802)
-    # unknown spacing: not resampled, the model's spacing is assumed and recorded
-    t = ResampleToSpacing([0.4, 0.5])
+    # unknown spacing with fallback="model" (the opt-in): not resampled, the model's spacing is assumed and recorded
+    t = ResampleToSpacing([0.4, 0.5], fallback="model")
     out = t(image(50, 40))
     assert tuple(out.shape) == (1, 50, 40) and out.meta[SPACING_ASSUMED_KEY] is True
+    assert out.meta[SPACING_SOURCE_KEY] == "model"
     np.testing.assert_allclose(out.meta[MODEL_SPACING_KEY], (0.4, 0.5))
+    np.testing.assert_allclose(out.meta[SPACING_USED_KEY], (0.4, 0.5))
     assert np.isnan(out.meta["spacing"]).all()
     back = t.inverse(out)
-    assert SPACING_ASSUMED_KEY not in back.meta and tuple(back.shape) == (1, 50, 40)
-    # a plain tensor has no metadata: its spacing is unknown, nothing happens to it
-    plain = ResampleToSpacing(0.4)(torch.ones(1, 8, 6))
+    assert (
+        SPACING_ASSUMED_KEY not in back.meta and SPACING_USED_KEY not in back.meta and tuple(back.shape) == (1, 50, 40)
+    )
+    # a plain tensor has no metadata: its spacing is unknown
+    plain = ResampleToSpacing(0.4, fallback="model")(torch.ones(1, 8, 6))
     assert tuple(plain.shape) == (1, 8, 6)
+    # the default fallback needs the window it fits the breast into, for an image whose spacing nobody states
+    ResampleToSpacing(0.4)(image(50, 40, spacing=(0.4, 0.4)))
+    with pytest.raises(ValueError, match="x.png states no pixel spacing.*window"):
+        ResampleToSpacing(0.4)(image(50, 40))
+    with pytest.raises(ValueError, match="fallback"):
+        ResampleToSpacing(0.4, fallback="guess", window=(64, 32))
+
+
+def breast_image(h: int, w: int, spacing=None) -> tuple[MetaTensor, np.ndarray]:
+    """A half-ellipse of tissue against the left edge (rows 10 %-90 %, 60 % of the width) on zeros, and its mask."""
+    rows, cols = np.mgrid[:h, :w]
+    mask = ((rows - 0.5 * h) / (0.4 * h)) ** 2 + (cols / (0.6 * w)) ** 2 < 1
+    return image(h, w, spacing=spacing, values=np.where(mask, 1000.0 + rows % 7, 0.0)), mask
+
+
+def test_spacing_precedence_file_datalist_option_estimate():
+    """The file's spacing wins, then the datalist item's pixel_spacing, then input_spacing, then the estimate; meta
+    records the spacing used and its source, the inverse restores the reader's source."""
+    window = (64, 48)
+    t = ResampleToSpacingd("image", pixel_spacing=0.4, input_spacing=0.3, window=window, iterations=2, buffer=2)
+    stated, _ = breast_image(80, 60, spacing=(0.2, 0.2))
+    stated.meta[SPACING_SOURCE_KEY] = "PixelSpacing"
+    unknown, mask = breast_image(80, 60)
+    cases = [
+        ({"image": stated, "pixel_spacing": 0.1}, (0.2, 0.2), "PixelSpacing", (40, 30)),
+        ({"image": unknown.clone(), "pixel_spacing": [0.8, 0.8]}, (0.8, 0.8), "datalist", (160, 120)),
+        ({"image": unknown.clone(), "pixel_spacing": ""}, (0.3, 0.3), "option", (60, 45)),
+    ]
+    for data, used, source, size in cases:
+        out = t(data)["image"]
+        np.testing.assert_allclose(out.meta[SPACING_USED_KEY], used)
+        assert out.meta[SPACING_SOURCE_KEY] == source and tuple(out.shape[1:]) == size
+        assert out.meta[SPACING_ASSUMED_KEY] is False
+    back = t.inverse({"image": t({"image": stated.clone()})["image"]})["image"]
+    assert back.meta[SPACING_SOURCE_KEY] == "PixelSpacing" and tuple(back.shape[1:]) == (80, 60)
+    estimated = ResampleToSpacingd("image", pixel_spacing=0.4, window=window, iterations=2, buffer=2)(
+        {"image": unknown.clone()}
+    )["image"]
+    assert estimated.meta[SPACING_SOURCE_KEY] == "fit_breast" and estimated.meta[SPACING_ASSUMED_KEY] is True
+    with pytest.raises(ValueError, match="x.png: the datalist's pixel_spacing"):
+        t({"image": unknown.clone(), "pixel_spacing": -1})
+
+
+@pytest.mark.parametrize("shape", [(4432, 2864), (600, 900), (300, 120)])
+def test_fit_breast_spacing_fits_the_crop_into_the_window(shape):
+    """The estimate against the numpy box of the breast (within 3 %), and what it is for: after resampling, the
+    authors' crop (with its buffer) is no larger than the window, so the window holds the whole breast; a wide breast
+    is limited by the columns, a tall one by the rows; the aspect ratio is kept."""
+    from scripts.transforms import CropBreast
+    from scripts.transforms.mammo import fit_breast_spacing
+
+    window, iterations, buffer = (256, 160), 5, 4
+    img, mask = breast_image(*shape)
+    rows, cols = np.flatnonzero(mask.any(axis=1)), np.flatnonzero(mask.any(axis=0))
+    box_h, box_w = rows[-1] + 1 - rows[0], cols[-1] + 1 - cols[0]
+    factor = min((0.98 * 256 - 2 * buffer - 6) / box_h, (0.98 * 160 - buffer - 6) / box_w)
+    got = fit_breast_spacing(img, (0.4, 0.4), window, iterations, buffer)
+    assert got[0] == got[1] and got[0] == pytest.approx(0.4 * factor, rel=0.03)
+    out = ResampleToSpacing(0.4, window=window, iterations=iterations, buffer=buffer)(img)
+    crop = CropBreast(iterations=iterations, buffer=buffer)(out)
+    assert crop.shape[1] <= window[0] and crop.shape[2] <= window[1]
+    assert max(crop.shape[1] / window[0], crop.shape[2] / window[1]) > 0.9  # and it fills the window
+    with pytest.raises(ValueError, match="no pixel > 0"):
+        fit_breast_spacing(torch.zeros(1, 10, 10), 0.4, window)
 
 
 def test_dictionary_version_masks_stay_binary_and_follow_the_image():
@@ -195,8 +270,10 @@ def test_pipeline_resamples_before_the_crop_and_inverts_onto_the_file(files):
     back = Invertd("saliency", transform=chain, orig_keys="image", nearest_interp=False)(d)["saliency"]
     assert tuple(back.shape) == (1, 80, 48) and float(back.max()) == pytest.approx(1.0, abs=1e-4)
     assert float(back.min()) == 0.0  # rows outside the window (160 model rows, 128 in the window)
-    # the file without pHYs: used as it is, the assumption recorded
+    # the file without pHYs: its spacing estimated so that the breast fits the window, the estimate recorded
     unknown = chain({"image": files["unknown"], "laterality": "L", "view": "CC"})["image"]
-    assert unknown.meta[SPACING_ASSUMED_KEY] is True
+    assert unknown.meta[SPACING_ASSUMED_KEY] is True and unknown.meta[SPACING_SOURCE_KEY] == "fit_breast"
     np.testing.assert_allclose(unknown.meta[MODEL_SPACING_KEY], (0.2, 0.2))
+    box = np.asarray(unknown.meta["crop_box"])
+    assert box[2] - box[0] <= 128 and box[3] - box[1] <= 96  # the whole crop inside the window
     assert fine["image"].meta[SPACING_ASSUMED_KEY] is False

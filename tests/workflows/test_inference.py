@@ -115,7 +115,7 @@ def test_every_good_image_has_all_outputs_on_the_original_geometry(inputs):
 
 
 def test_errors_csv_names_the_corrupt_file_and_why(inputs):
-    errors = _read_csv(inputs["out"] / "errors.csv")
+    errors = [e for e in _read_csv(inputs["out"] / "errors.csv") if e["error"]]  # the others are notes
     assert len(errors) == 1
     assert errors[0]["image"] == str(inputs["folder"] / CORRUPT)
     assert "MammogramReadError" in errors[0]["error"] and "not a readable image" in errors[0]["error"]
@@ -273,9 +273,12 @@ def test_dicom_with_zero_or_missing_pixel_spacing_gets_maps_and_a_warning(inputs
             [INFERENCE_CONFIG, TINY_INFERENCE],
             {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(inputs["ckpt"])},
         )
-    assert _read_csv(out / "errors.csv") == []
+    notes = {Path(r["image"]).name: r["note"] for r in _read_csv(out / "errors.csv") if not r["error"]}
+    assert set(notes) == {"zero_spacing.dcm", "no_spacing.dcm"} and len(_read_csv(out / "errors.csv")) == 2
     rows = {Path(r["image"]).name: r for r in _read_csv(out / "predictions.csv")}
     assert set(rows) == {"zero_spacing.dcm", "no_spacing.dcm", "good_spacing.dcm"}
+    assert rows["good_spacing.dcm"]["spacing_source"] in ("ImagerPixelSpacing", "file")  # the reader's name, if any
+    assert rows["no_spacing.dcm"]["spacing_source"] == rows["zero_spacing.dcm"]["spacing_source"] == "unknown"
     for name, zooms in (("zero_spacing.dcm", (1.0, 1.0)), ("no_spacing.dcm", (1.0, 1.0)), (good.name, (0.08, 0.07))):
         nifti = nib.load(str(out / "maps" / f"{rows[name]['output_stem']}_S_c.nii.gz"))
         assert nifti.header.get_zooms()[:2] == pytest.approx(zooms)  # (x = column, y = row)
@@ -325,7 +328,7 @@ def test_default_outputs_are_the_s_c_map_and_the_panel(inputs, tmp_path):
         )
         panel = Image.open(out / "panels" / f"{row['output_stem']}_panel.png")
         height, width = int(row["height"]), int(row["width"])
-        assert panel.height > height and panel.width == 2 * width + 4  # two tiles: the image and S_c
+        assert panel.height > height and panel.width == 2 * width + 6  # two tiles: the image and S_c
 
 
 def test_outputs_setting_is_checked():

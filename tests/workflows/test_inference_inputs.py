@@ -69,7 +69,7 @@ def test_every_odd_entry_has_an_error_row_with_its_reason_and_the_good_images_fi
     predictions = _rows(out / "predictions.csv")
     assert {os.fsencode(unescape_text(r["image"])) for r in predictions} == good
     assert len(predictions) == len(good)
-    reasons = {Path(unescape_text(r["image"])).name: r["error"] for r in _rows(out / "errors.csv")}
+    reasons = {Path(unescape_text(r["image"])).name: r["error"] for r in _rows(out / "errors.csv") if r["error"]}
     assert sorted(reasons) == ["corrupt.png", "dangling.png", "loop1.png", "loop2.png", "pipe.png", "x.png"]
     assert "broken symbolic link" in reasons["dangling.png"] and "nowhere.png" in reasons["dangling.png"]
     assert "symbolic link loop" in reasons["loop1.png"] and "symbolic link loop" in reasons["loop2.png"]
@@ -190,6 +190,9 @@ def test_an_output_folder_inside_the_input_folder_is_not_read_as_input(odd_folde
     _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
     assert list((out / "maps").glob("*.nii.gz")) and list((out / "panels").glob("*.png"))
     assert inference_items(folder, output_dir=out) == [{"image": str(folder / "inner.png")}]
-    assert len(inference_items(folder)) > 1  # what it would read without the exclusion
+    assert inference_items(folder) == [{"image": str(folder / "inner.png")}]  # a folder with a run.json is skipped
+    (out / "run.json").rename(tmp_path / "run.json")
+    assert len(inference_items(folder)) > 1  # what it would read without the exclusions
+    (tmp_path / "run.json").rename(out / "run.json")
     _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
-    assert len(_rows(out / "predictions.csv")) == 1 and _rows(out / "errors.csv") == []
+    assert len(_rows(out / "predictions.csv")) == 1 and [r["error"] for r in _rows(out / "errors.csv")] == [""]

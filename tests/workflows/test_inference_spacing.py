@@ -1,7 +1,7 @@
 """Inference on files whose pixel spacing differs from the model's (bundle/configs/inference.yaml with a tiny, randomly
 initialised GLAMSaliencyNet that records its pixel spacing): a mammogram stored at twice the model's pixel size gives,
 on its own pixel grid, the maps of the same mammogram stored at the model's pixel size; a file that states no spacing
-is processed as it is, with a warning and a note in errors.csv."""
+gets a spacing estimated so that its breast fits the window, with one warning and a note in errors.csv."""
 
 from __future__ import annotations
 
@@ -158,23 +158,31 @@ def test_a_file_at_twice_the_models_spacing_gets_the_maps_of_the_fine_file(runs,
     assert not _agrees(control_g, control_c) and control_g["corr"] < 0.9, (control_g, control_c)
 
 
-def test_unknown_spacing_is_noted_in_errors_csv(runs):
-    """A file without a spacing is processed as it is (maps on its grid); errors.csv names it with an empty error and
-    the note, after the corrupt file's error (whose note is empty); with a model of unknown spacing there is no note."""
+def test_unknown_spacing_is_estimated_and_noted_in_errors_csv(runs):
+    """A file without a spacing gets one estimated so that its breast fits the window (predictions.csv says so, the
+    maps come back on its grid and state the estimate); errors.csv has the corrupt file's error and, for it, a note
+    starting with the estimate; a model of unknown spacing resamples nothing and notes no spacing."""
     out = runs["resampled"]
     rows = {Path(r["image"]).name: r for r in _read_csv(out / "predictions.csv")}
     assert set(rows) == {"fine.png", *COARSE, UNKNOWN}
     assert _maps(out, rows[UNKNOWN]["output_stem"], "S_c").shape == (2, *FINE_SIZE)
+    assert rows[UNKNOWN]["spacing_source"] == "fit_breast" and rows["fine.png"]["spacing_source"] in ("pHYs", "file")
+    estimate = float(rows[UNKNOWN]["spacing_row_mm"])
+    zooms = nib.load(str(out / "maps" / f"{rows[UNKNOWN]['output_stem']}_S_c.nii.gz")).header.get_zooms()[:2]
+    assert zooms == pytest.approx((estimate, estimate), rel=1e-4)
     errors = _read_csv(out / "errors.csv")
     assert list(errors[0]) == ["image", "error", "note"]
-    assert [(Path(e["image"]).name, e["error"] != "", e["note"]) for e in errors] == [
-        (CORRUPT, True, ""),
-        (UNKNOWN, False, "pixel spacing unknown, assumed the model's 0.6 mm"),
-    ]
-    assert [Path(e["image"]).name for e in _read_csv(runs["unresampled"] / "errors.csv")] == [CORRUPT]
+    assert [Path(e["image"]).name for e in errors if e["error"]] == [CORRUPT]
+    notes = {Path(e["image"]).name: e["note"] for e in errors if not e["error"]}
+    assert notes[UNKNOWN].startswith(f"pixel spacing not stated: estimated {estimate:.4g} mm, the breast fitted")
+    assert not any("pixel spacing" in n for name, n in notes.items() if name != UNKNOWN)
+    unresampled = _read_csv(runs["unresampled"] / "errors.csv")
+    assert not any("pixel spacing" in e["note"] for e in unresampled)
 
 
-def test_the_warning_names_the_file_and_the_assumed_spacing(runs, tmp_path, caplog):
+def test_the_warning_names_the_file_and_the_estimate_once(runs, tmp_path, caplog):
+    """One warning line for the file, naming it and the estimate at the model's anisotropic spacing; no second line
+    about its spacing (earlier versions printed 'states 1 mm per pixel' and 'assumed 0.6 mm' for the same file)."""
     from scripts.networks import GLAMSaliencyNet
 
     folder = tmp_path / "in"
@@ -183,7 +191,9 @@ def test_the_warning_names_the_file_and_the_assumed_spacing(runs, tmp_path, capl
     torch.manual_seed(0)
     ckpt = tmp_path / "model.pt"
     torch.save(GLAMSaliencyNet(stage="joint", pixel_spacing=[0.6, 0.5], **TINY).state_dict(), ckpt)
-    with caplog.at_level("WARNING", logger="scripts.workflows.inference"):
+    with caplog.at_level("WARNING", logger="scripts.workflows"):
         _run(folder, tmp_path / "out", ckpt)
-    warned = [r.getMessage() for r in caplog.records if "pixel spacing unknown" in r.getMessage()]
-    assert warned == [f"{folder / UNKNOWN}: pixel spacing unknown, assumed the model's 0.6 x 0.5 mm"]
+    warned = [r.getMessage() for r in caplog.records if UNKNOWN in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"{folder / UNKNOWN}: pixel spacing not stated: estimated ")
+    assert "window at 0.6 x 0.5 mm" in warned[0]

@@ -115,8 +115,18 @@ def test_shipped_model_runs_from_the_documented_command(shipped_run):
     from scripts.data.readers import read_mammogram
 
     out = shipped_run["out"]
-    assert _read_csv(out / "errors.csv") == []
+    errors = _read_csv(out / "errors.csv")
+    assert [e["error"] for e in errors if e["error"]] == []
     rows = {Path(r["image"]).name: r for r in _read_csv(out / "predictions.csv")}
+    # the PNGs state their spacing (pHYs) but neither view nor laterality: noted, the DICOM states all three
+    notes = {Path(e["image"]).name: e["note"] for e in errors}
+    assert set(notes) == {f.name for f in shipped_run["files"] if f.suffix == ".png"}
+    for note in notes.values():
+        unknown_view, laterality = note.split("; ")
+        assert unknown_view == "view unknown: the CC window rule was used"
+        assert laterality in (f"laterality not stated: {s} inferred from the side of the chest wall" for s in "LR")
+    for f in shipped_run["files"]:
+        assert rows[f.name]["spacing_source"] in ("pHYs", "ImagerPixelSpacing", "PixelSpacing", "file")
     assert set(rows) == {f.name for f in shipped_run["files"]}
     assert json.loads((out / "timing.json").read_text())["images"] == len(rows) == 3
     for f in shipped_run["files"]:
@@ -139,4 +149,4 @@ def test_shipped_model_runs_from_the_documented_command(shipped_run):
         assert np.isfinite(s_c).all() and s_c.min() >= 0.0 and s_c.max() <= 1.0
         assert s_c.max() - s_c.min() > 0.05  # the trained model's map varies over the image
         panel = Image.open(out / "panels" / f"{stem}_panel.png")
-        assert panel.mode == "RGB" and panel.width == 2 * width + 4  # the image and S_c
+        assert panel.mode == "RGB" and panel.width == 2 * width + 6  # the image and S_c

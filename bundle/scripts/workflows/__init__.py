@@ -15,10 +15,17 @@ from .distributed import (
     rank_zero_first,
 )
 from .handlers import BestMetricState, EpochSeeder, key_metric
-from .inference import GLAMInferenceStep, maps_on_original, spacing_note
+from .inference import (
+    GLAMInferenceStep,
+    image_facts,
+    image_notes,
+    maps_on_original,
+    quiet_library_logs,
+    spacing_note,
+)
 from .inference_files import OutputSelection
 from .inference_folder import InferenceOutputFolder, OutputFolderRefused, file_sha256
-from .inference_inputs import SafeDataset, collate_inference, inference_items, root_cause
+from .inference_inputs import SafeDataset, collate_inference, inference_items, inference_reader, root_cause
 from .inference_writer import GLAMInferenceWriter
 from .panels import SaliencyPanelWriter
 from .postprocessing import MAP_KEYS, GLAMOutputsd
@@ -86,6 +93,10 @@ __all__ = [
     "SafeDataset",
     "collate_inference",
     "inference_items",
+    "inference_reader",
+    "image_facts",
+    "image_notes",
+    "quiet_library_logs",
     "maps_on_original",
     "root_cause",
     "spacing_note",

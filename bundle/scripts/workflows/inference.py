@@ -22,7 +22,13 @@ from monai.transforms import Compose, Invertd
 
 from ..enums import MAP_NAMES, OutputKey
 from ..patches import render_saliency
-from ..transforms.mammo.spacing import MODEL_SPACING_KEY, SPACING_ASSUMED_KEY, format_spacing
+from ..transforms.mammo.breast import view_kind
+from ..transforms.mammo.spacing import (
+    MODEL_SPACING_KEY,
+    SPACING_SOURCE_KEY,
+    SPACING_USED_KEY,
+    format_spacing,
+)
 from .inference_inputs import LOAD_SECONDS_KEY
 
 logger = logging.getLogger(__name__)
@@ -30,10 +36,26 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "GLAMInferenceStep",
     "window_box_to_original",
+    "window_on_original",
     "invert_maps",
     "maps_on_original",
     "spacing_note",
+    "image_facts",
+    "image_notes",
+    "quiet_library_logs",
 ]
+
+#: libraries whose INFO lines flood an inference log (one per file read or written): WARNING and above only
+_CHATTY_LIBRARIES = ("highdicom", "pydicom", "nibabel", "PIL")
+
+
+def quiet_library_logs(level: int = logging.WARNING) -> None:
+    """Raise the log level of the readers' and writers' libraries (highdicom, pydicom, nibabel, PIL) to ``level``,
+    unless a configuration (a ``logging.conf``) already set one for them: their warnings stay, their INFO lines go."""
+    for name in _CHATTY_LIBRARIES:
+        lib = logging.getLogger(name)
+        if lib.level == logging.NOTSET:
+            lib.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -107,6 +129,28 @@ def window_box_to_original(
     return max(0, r0), max(0, c0), min(H, r1), min(W, c1)
 
 
+def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """The model's window on the original file: ``(top, left, bottom, right)`` (end-exclusive), the part of the file
+    it saw (the window clipped to the crop, whose outside the maps leave at 0), from the preprocessing metadata
+    (``window_start``, ``window_size``, ``crop_box``, ``flipped_to_right``, and ``resampled_shape`` when the image was
+    resampled: the box is scaled back outwards to whole pixels). None when the window holds none of the file."""
+    H, W = int(original_size[0]), int(original_size[1])
+    shape = meta.get("resampled_shape")
+    h, w = (int(v) for v in np.asarray(shape).reshape(-1)[:2]) if shape is not None else (H, W)
+    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
+    rows, cols = (int(v) for v in np.asarray(meta["window_size"]).reshape(-1)[:2])
+    c0, c1, c2, c3 = (int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4])
+    y0, y1 = max(c0 + top, c0), min(c0 + top + rows, c2)
+    x0, x1 = max(c1 + left, c1), min(c1 + left + cols, c3)
+    if y1 <= y0 or x1 <= x0:
+        return None
+    if bool(meta.get("flipped_to_right", False)):
+        x0, x1 = w - x1, w - x0
+    sy, sx = H / h, W / w
+    box = (int(np.floor(y0 * sy)), int(np.floor(x0 * sx)), int(np.ceil(y1 * sy)), int(np.ceil(x1 * sx)))
+    return max(0, box[0]), max(0, box[1]), min(H, box[2]), min(W, box[3])
+
+
 def invert_maps(item: Mapping[str, Any], maps: Mapping[str, torch.Tensor], transform: Compose) -> dict[str, np.ndarray]:
     """Window-coordinate maps ``name -> (C, h, w)`` -> arrays ``(C, H, W)`` on the original file's pixel grid,
     through ``Invertd(transform)`` with ``item["image"]`` (the preprocessed ``MetaTensor``) as the reference."""
@@ -152,7 +196,8 @@ def maps_on_original(
     transform: Compose,
     gamma_c: float = 0.5,
     names: Sequence[str] = MAP_NAMES,
-) -> tuple[dict[str, np.ndarray], list[tuple[int, int, int, int]]]:
+    with_window: bool = False,
+) -> tuple:
     """One image's GLAM outputs on the original file's geometry.
 
     Args:
@@ -167,7 +212,10 @@ def maps_on_original(
         ``{name: (2, H, W) float32 in [0, 1]}`` for the maps named, rendered at full window resolution and taken
         back through the inverse of the preprocessing (pixels the model never saw are 0), and the patch boxes
         ``(top, left, bottom, right)`` (end-exclusive) on the file (patches entirely in padding are dropped). The
-        maps and the patch indicators go through one ``Invertd``, two channels per tensor.
+        maps and the patch indicators go through one ``Invertd``, two channels per tensor. With ``with_window``, a
+        third element: the model's window on the file, ``(top, left, bottom, right)`` (end-exclusive, the part of
+        the file the model saw; None when it saw none of it), computed from the metadata
+        (:func:`window_on_original`).
     """
     window = tuple(item["image"].shape[-2:])
     boxes = pred[OutputKey.PATCH_BOXES]
@@ -180,15 +228,89 @@ def maps_on_original(
     to_invert.update({f"{_BOXES}{i}": chunk for i, chunk in enumerate(indicators)})
     back = invert_maps(item, to_invert, transform)
     out = {name: np.clip(back[name], 0.0, 1.0, out=back[name]) for name in names}
-    return out, _bounding_boxes(np.concatenate([back[f"{_BOXES}{i}"] for i in range(len(indicators))]))
+    patches = _bounding_boxes(np.concatenate([back[f"{_BOXES}{i}"] for i in range(len(indicators))]))
+    if not with_window:
+        return out, patches
+    meta = item["image"].meta
+    size = tuple(int(v) for v in np.asarray(meta["spatial_shape"]).reshape(-1)[:2])
+    return out, patches, window_on_original(meta, size)
 
 
-def spacing_note(image: Any) -> str | None:
-    """``"pixel spacing unknown, assumed the model's 0.4 mm"`` for a preprocessed image (``MetaTensor``) whose file
-    states no pixel spacing while the model has one (``meta["spacing_assumed"]``, set by
-    :class:`~scripts.transforms.ResampleToSpacingd`: the image was used as it is); None otherwise."""
-    meta = image.meta if isinstance(image, MetaTensor) else {}
-    if not bool(meta.get(SPACING_ASSUMED_KEY, False)):
+def _meta(image: Any) -> Mapping[str, Any]:
+    return image.meta if isinstance(image, MetaTensor) else {}
+
+
+def _spacing_pair(value: Any) -> tuple[float, float]:
+    flat = np.asarray(value if value is not None else (np.nan, np.nan), dtype=np.float64).reshape(-1)
+    return (float(flat[0]), float(flat[1])) if flat.size >= 2 else (np.nan, np.nan)
+
+
+def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
+    """What was assumed about the pixel spacing of a preprocessed image (``MetaTensor``, after
+    :class:`~scripts.transforms.ResampleToSpacingd`), for a log line and errors.csv; None when the spacing was stated
+    (by the file, the datalist or ``input_spacing``) or when the model has none (nothing resampled):
+
+    - ``"pixel spacing not stated: estimated 0.31 mm, the breast fitted into the model's 736 x 480 window at 0.4
+      mm"`` (``spacing_source`` ``fit_breast``; ``window`` is the model's, from the image's shape when not given);
+    - ``"pixel spacing not stated: assumed the model's 0.4 mm (spacing_fallback: model)"``."""
+    meta = _meta(image)
+    source = str(meta.get(SPACING_SOURCE_KEY, ""))
+    if source not in ("fit_breast", "model"):
         return None
-    model = format_spacing(np.asarray(meta[MODEL_SPACING_KEY]).reshape(-1))
-    return f"pixel spacing unknown, assumed the model's {model} mm"
+    model = format_spacing(_spacing_pair(meta.get(MODEL_SPACING_KEY)))
+    if source == "model":
+        return f"pixel spacing not stated: assumed the model's {model} mm (spacing_fallback: model)"
+    used = format_spacing(tuple(float(f"{v:.4g}") for v in _spacing_pair(meta.get(SPACING_USED_KEY))))
+    rows, cols = (int(v) for v in (window if window is not None else tuple(image.shape[-2:])))
+    fitted = f"the breast fitted into the model's {rows} x {cols} window at {model} mm"
+    return f"pixel spacing not stated: estimated {used} mm, {fitted}"
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value).strip()
+
+
+def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
+    """What predictions.csv states about how an image was read (``item``: the preprocessed item, its ``image`` a
+    ``MetaTensor``): ``laterality`` / ``laterality_source`` and ``view`` / ``view_source`` as the preprocessing used
+    them (a datalist item's value, source ``"datalist"``, before the file's; ``""`` and ``"unknown"`` when neither
+    states one), and the input's pixel spacing used (``spacing_row_mm``, ``spacing_col_mm``, empty when unknown) with
+    its ``spacing_source``."""
+    meta = _meta(item["image"])
+    facts: dict[str, Any] = {}
+    for key in ("laterality", "view"):
+        given = _text(item.get(key))
+        if given:
+            value, source = given.upper(), "datalist"
+        else:
+            value = _text(meta.get(key)).upper()
+            source = _text(meta.get(f"{key}_source")) or ("file" if value else "unknown")
+        facts[key], facts[f"{key}_source"] = value, source
+    row_mm, col_mm = _spacing_pair(meta.get(SPACING_USED_KEY))
+    known = np.isfinite(row_mm) and np.isfinite(col_mm)
+    facts["spacing_row_mm"] = f"{row_mm:.6g}" if known else ""
+    facts["spacing_col_mm"] = f"{col_mm:.6g}" if known else ""
+    facts["spacing_source"] = _text(meta.get(SPACING_SOURCE_KEY)) or "unknown"
+    return facts
+
+
+def image_notes(
+    item: Mapping[str, Any], window: Sequence[int] | None = None, default_view: str | None = "CC"
+) -> list[str]:
+    """Everything assumed about one image, for its log line and errors.csv note: an estimated or assumed pixel spacing
+    (:func:`spacing_note`), a view that is unknown or not a CC- / MLO-like code (the ``default_view`` window rule was
+    used), a laterality inferred from the image (the side of the chest wall decided the mirroring)."""
+    facts = image_facts(item)
+    notes = [note for note in [spacing_note(item["image"], window)] if note]
+    view = facts["view"]
+    try:
+        view_kind(view, None)
+    except ValueError:
+        rule = view_kind(default_view, None) if default_view else "CC"
+        what = "view unknown" if not view else f"view {view!r} is not a CC- or MLO-like code"
+        notes.append(f"{what}: the {rule} window rule was used")
+    if facts["laterality_source"] == "image":
+        notes.append(f"laterality not stated: {facts['laterality'] or '?'} inferred from the side of the chest wall")
+    elif not facts["laterality"] and str(item.get("facing", "")).lower() not in ("left", "right"):
+        notes.append("laterality unknown: the side of the chest wall decided the mirroring")
+    return notes

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
-from ..visualize import saliency_panel
+from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, LesionClass, MapName
+from ..visualize import reading_panel
 from .dicom_outputs import DICOM_OUTPUT_MODES
 
 __all__ = [
@@ -51,9 +51,6 @@ TEMPORARY_PREFIX = ".tmp-"
 # zlib level of the PNGs (maps and panels): measured on 2944x1920 maps and their panels, level 1 took about half the
 # time of PIL's default 6 for files about 10 % larger (docs/inference.md, "Formats")
 PNG_LEVEL = 1
-# formats that seldom state a pixel spacing (a PNG may, in its pHYs chunk): their maps get the fallback without a
-# warning
-_FORMATS_WITHOUT_SPACING = ("png", "pil")
 # the folders of each kind of file under the output folder
 MAPS_DIR, PANELS_DIR, DICOM_DIR = "maps", "panels", "dicom"
 
@@ -222,33 +219,57 @@ def save_nifti(path: Path, quantized: np.ndarray, spacing: Sequence[float] | Non
     nib.save(img, str(path))
 
 
-def file_spacing(meta: Mapping[str, Any], path: str) -> tuple[float, float] | None:
-    """The (row, col) mm the input file states (the reader's ``spacing``, NaN when unknown) or None, with a warning
-    for a format that should have stated one."""
-    value = meta.get("spacing")
-    flat = None if value is None else np.asarray(value, dtype=np.float64).reshape(-1)
-    if flat is not None and flat.size == 2 and np.isfinite(flat).all() and (flat > 0).all():
-        return float(flat[0]), float(flat[1])
-    if meta.get("format") not in _FORMATS_WITHOUT_SPACING:
-        logger.warning(
-            "%s: no valid pixel spacing in the file (missing, zero or negative): the NIfTI maps state %g mm per pixel",
-            path,
-            FALLBACK_SPACING_MM,
-        )
+def used_spacing(meta: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The (row, col) mm the maps on the file's grid state: the input's spacing the preprocessing used
+    (``meta["spacing_used"]``: the file's, the datalist's, ``input_spacing`` or the estimate; predictions.csv states
+    which), else the file's (``meta["spacing"]``); None (the maps state :data:`FALLBACK_SPACING_MM`) when neither is
+    known, which predictions.csv states as ``spacing_source`` ``unknown``."""
+    for key in ("spacing_used", "spacing"):
+        value = meta.get(key)
+        flat = None if value is None else np.asarray(value, dtype=np.float64).reshape(-1)
+        if flat is not None and flat.size == 2 and np.isfinite(flat).all() and (flat > 0).all():
+            return float(flat[0]), float(flat[1])
     return None
 
 
 # -- overlay panels --------------------------------------------------------------------------------------------------
+_SPACING_SOURCE_WORDS = {
+    "fit_breast": "estimated: the breast fitted into the window",
+    "model": "assumed: the model's",
+    "datalist": "from the datalist",
+    "option": "from input_spacing",
+}
+
+
 def panel_title_lines(
-    file_name: str, scores: Sequence[float], labels: Sequence[int | str], maps: Sequence[str], with_masks: bool
+    file_name: str,
+    scores: Sequence[float],
+    labels: Sequence[int | str],
+    maps: Sequence[str],
+    with_masks: bool,
+    facts: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """The panel's title: the file, its scores y_g (and labels, when known), what each tile shows, the colours."""
-    truth = "" if labels[0] == "" else "   label: " + ", ".join(f"{c} {labels[i]}" for i, c in enumerate(CLASS_NAMES))
-    return [
-        f"{file_name}   y_g: " + ", ".join(f"{c} {scores[i]:.3f}" for i, c in enumerate(CLASS_NAMES)) + truth,
-        f"image{' + ground truth' if with_masks else ''} | " + " | ".join(maps),
-        "green benign, red malignant, blue: selected patches",
-    ]
+    """The panel's title, in plain words: the file and its scores (malignant first: ``"malignant 0.16 · benign
+    0.14"``) and labels when known; how it was read (spacing, view, laterality and where each came from, ``facts``
+    of :func:`~.inference.image_facts`); what the tiles and the colours show."""
+    order = sorted(range(len(CLASS_NAMES)), key=lambda i: CLASS_NAMES[i] != LesionClass.MALIGNANT)
+    scored = " · ".join(f"{CLASS_NAMES[i]} {scores[i]:.2f}" for i in order)
+    truth = "" if labels[0] == "" else "   (labels: " + ", ".join(f"{CLASS_NAMES[i]} {labels[i]}" for i in order) + ")"
+    lines = [f"{file_name}   {scored}{truth}"]
+    if facts is not None:
+        source = str(facts.get("spacing_source", ""))
+        if facts.get("spacing_row_mm"):
+            row, col = float(facts["spacing_row_mm"]), float(facts["spacing_col_mm"])
+            spacing = f"{row:.3g}" if np.isclose(row, col) else f"{row:.3g} x {col:.3g}"
+            spacing = f"{spacing} mm ({_SPACING_SOURCE_WORDS.get(source, source)})"
+        else:
+            spacing = "unknown (not resampled)"
+        view = f"{facts['view']} ({facts.get('view_source', '')})" if facts.get("view") else "unknown"
+        side = f"{facts['laterality']} ({facts.get('laterality_source', '')})" if facts.get("laterality") else "unknown"
+        lines.append(f"pixel spacing {spacing} · view {view} · laterality {side}")
+    tiles = f"image{' + ground truth' if with_masks else ''} | " + " | ".join(maps)
+    lines.append(f"{tiles}   yellow: the model's window · blue: selected patches · colours per map, see its bars")
+    return lines
 
 
 def add_title(panel: np.ndarray, lines: Sequence[str]) -> np.ndarray:
@@ -281,19 +302,33 @@ def overlay_panel(
     masks: np.ndarray | None,
     title: Sequence[str],
     step: int = 1,
+    window: Sequence[int] | None = None,
 ) -> np.ndarray:
-    """The titled panel of one image (:func:`~scripts.visualize.saliency_panel`: the image with its masks, then each
-    map with the patches), at the thumbnail's resolution.
+    """The titled panel of one image (:func:`~scripts.visualize.reading_panel`: the image with its masks, then each
+    map scaled to its maximum with its colour bars; the model's ``window`` and the patches on every tile), at the
+    thumbnail's resolution.
 
     ``thumbnail`` (h, w): every ``step``-th pixel of the image (``scripts.transforms.Thumbnail``); ``maps`` name ->
     (C, H, W) on the image's full grid (every ``step``-th pixel is shown); ``boxes`` (top, left, bottom, right) on
-    the full grid, end-exclusive; ``masks`` (C, h, w) thumbnails or None. Returns (rows, cols, 3) uint8.
+    the full grid, end-exclusive; ``window`` likewise (None: not drawn); ``masks`` (C, h, w) thumbnails or None.
+    Returns (rows, cols, 3) uint8.
     """
     sub = (slice(None), slice(None, None, step), slice(None, None, step))
     small_maps = {name: maps[name][sub] for name in maps}
     for name, m in small_maps.items():
         if m.shape[-2:] != thumbnail.shape:
             raise ValueError(f"{name} at step {step} has shape {m.shape[-2:]}, the thumbnail {thumbnail.shape}")
-    # saliency_panel draws (top, left, height, width)
-    small_boxes = [(t // step, left // step, (b - t) // step, (r - left) // step) for t, left, b, r in boxes]
-    return add_title(saliency_panel(thumbnail, small_maps, small_boxes, masks), title)
+
+    def small(box: Sequence[int]) -> tuple[int, int, int, int]:  # end-exclusive boxes at the thumbnail's step
+        top, left, bottom, right = (int(v) for v in box)
+        return top // step, left // step, -(-bottom // step), -(-right // step)
+
+    panel = reading_panel(
+        thumbnail,
+        small_maps,
+        [small(b) for b in boxes],
+        masks,
+        None if window is None else small(window),
+        classes=CLASS_NAMES,
+    )
+    return add_title(panel, title)

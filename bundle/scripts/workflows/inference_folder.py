@@ -34,7 +34,14 @@ from typing import Any
 from ..atomic import atomic_write
 from ..data.readers import SUPPORTED_SUFFIXES
 from .inference_files import DICOM_DIR, TEMPORARY_PREFIX, OutputSelection, is_temporary
-from .inference_tables import FILES_KEY, InferenceTables, csv_cell, unescape_text
+from .inference_tables import (
+    FILES_KEY,
+    FINGERPRINT_COLUMNS,
+    InferenceTables,
+    csv_cell,
+    input_fingerprint,
+    unescape_text,
+)
 
 try:  # POSIX; elsewhere the folder is not locked
     import fcntl
@@ -42,6 +49,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "FINGERPRINT_KEY",
     "RUN_RECORD",
     "OutputFolderRefused",
     "InferencePlan",
@@ -55,6 +63,8 @@ logger = logging.getLogger(__name__)
 
 #: the run's record in the output folder
 RUN_RECORD = "run.json"
+#: the item key of an input's size and modification time when the run was planned (its row records them)
+FINGERPRINT_KEY = "input_fingerprint"
 # what a folder holds once a run has written into it
 _RUN_OUTPUTS = ("predictions.csv", "errors.csv", "maps", "panels", DICOM_DIR)
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -301,17 +311,16 @@ class InferenceOutputFolder:
         files = [unescape_text(f) for f in row.get(FILES_KEY, "").split(";") if f]
         return all(file_is_complete(self.path / f, size) for f in files)
 
+    @staticmethod
+    def _row_is_current(row: Mapping[str, str], fingerprints: Mapping[str, Mapping[str, str]]) -> bool:
+        """Whether a row still describes its input: an input of this run whose size or modification time differ
+        from the row's is not (nor is a row without them); inputs of other runs into this folder are left alone."""
+        current = fingerprints.get(unescape_text(row["image"]))
+        if current is None:
+            return True
+        return all(row.get(k, "") == current[k] != "" for k in FINGERPRINT_COLUMNS)
+
     def _make_plan(self, items: Sequence[Mapping[str, Any]], predictions: list[dict[str, str]]) -> InferencePlan:
-        complete = [row for row in predictions if self._row_is_complete(row)]
-        if len(complete) != len(predictions):
-            self.tables.predictions.replace_rows(complete)
-            logger.warning(
-                "%s: %d images in predictions.csv have missing or damaged files: they are run again",
-                self.path,
-                len(predictions) - len(complete),
-            )
-        done = {row["image"] for row in complete}
-        taken = {unescape_text(row["image"]): unescape_text(row["output_stem"]) for row in predictions}
         unique: dict[str, Mapping[str, Any]] = {}
         for item in items:
             path = os.fspath(item["image"])
@@ -319,13 +328,34 @@ class InferenceOutputFolder:
                 logger.warning("%s is listed twice: it is run once", path)
                 continue
             unique[path] = item
+        # what each input is now: a row counts as done only for the content it was computed from
+        fingerprints = {path: input_fingerprint(path) for path in unique}
+        complete = [row for row in predictions if self._row_is_complete(row)]
+        damaged = len(predictions) - len(complete)
+        current = [row for row in complete if self._row_is_current(row, fingerprints)]
+        changed = len(complete) - len(current)
+        if damaged or changed:
+            self.tables.predictions.replace_rows(current)  # their images run again and get a new row
+        if damaged:
+            logger.warning(
+                "%s: %d images in predictions.csv have missing or damaged files: they are run again", self.path, damaged
+            )
+        if changed:
+            logger.warning(
+                "%s: %d inputs changed since their predictions.csv row was written (another size or modification "
+                "time): they are run again and their rows replaced",
+                self.path,
+                changed,
+            )
+        done = {row["image"] for row in current}
+        taken = {unescape_text(row["image"]): unescape_text(row["output_stem"]) for row in predictions}
         stems = assign_stems(list(unique), taken)
-        plan = InferencePlan(total=len(unique), redone=len(predictions) - len(complete))
+        plan = InferencePlan(total=len(unique), redone=damaged + changed)
         for path, item in unique.items():
             if csv_cell(path) in done:
                 plan.skipped += 1
             else:
-                plan.items.append({**item, "output_stem": stems[path]})
+                plan.items.append({**item, "output_stem": stems[path], FINGERPRINT_KEY: fingerprints[path]})
         if plan.skipped:
             logger.info(
                 "%s: resuming: %d of %d inputs are done already (skipped), %d to run",

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from monai.data import Dataset
 
-from ..data.readers import SUPPORTED_SUFFIXES, MammogramReadError
+from ..data.readers import SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError
+from .inference_files import DICOM_DIR, MAPS_DIR, PANELS_DIR
 from .inference_tables import ERROR_KEY, error_record
 
 __all__ = [
@@ -30,10 +31,15 @@ __all__ = [
     "looks_like_an_input",
     "scan_input_folder",
     "inference_items",
+    "inference_reader",
     "SafeDataset",
     "collate_inference",
     "root_cause",
 ]
+
+# an inference output folder holds this record (inference_folder.RUN_RECORD) and writes into these sub-folders
+_RUN_RECORD = "run.json"
+_OUTPUT_SUBFOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR)
 
 #: seconds an item took to load and preprocess (in the loader worker), carried with it for timing.json
 LOAD_SECONDS_KEY = "load_s"
@@ -74,11 +80,14 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
     name. Hidden entries (a name starting with ".") are skipped; real sub-folders are searched (a folder named like
     an image is both reported and searched), linked folders are not (a link could lead in a circle). A sub-folder
     that cannot be listed is itself an error item (what it holds cannot be known). Folders in ``exclude`` (the run's
-    output folder, when it lies inside the input folder) are not searched: a rerun must not take its own maps for
-    inputs."""
+    output folder, when it lies inside the input folder) are not searched, nor any folder holding a ``run.json`` (an
+    inference run's output folder), nor, when ``folder`` itself is excluded (output folder = input folder), its
+    ``maps``, ``panels`` and ``dicom`` sub-folders: a run must never take its own outputs for inputs."""
     excluded = {os.path.realpath(p) for p in exclude if str(p)}
     items: list[dict[str, str]] = []
     root = os.fspath(Path(folder))  # normalised as pathlib writes it: "x/a.png" for "./x/"
+    if os.path.realpath(root) in excluded:  # the output folder is the input folder: its own sub-folders are not read
+        excluded |= {os.path.realpath(os.path.join(root, name)) for name in _OUTPUT_SUBFOLDERS}
     pending = [root]
     while pending:
         current = pending.pop()
@@ -95,8 +104,8 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
                 continue
             named_like_input = looks_like_an_input(entry.name)
             if entry.is_dir(follow_symlinks=False):
-                if os.path.realpath(entry.path) in excluded:
-                    continue
+                if os.path.realpath(entry.path) in excluded or os.path.isfile(os.path.join(entry.path, _RUN_RECORD)):
+                    continue  # this run's output folder, or another inference run's (it holds a run.json)
                 pending.append(entry.path)
                 if named_like_input:
                     items.append(_entry_error(entry.path, "a folder, not an image file (its contents are searched)"))
@@ -136,6 +145,21 @@ def inference_items(
     if not items:
         raise ValueError(f"input_dir {str(folder)!r} holds no file of a supported type {SUPPORTED_SUFFIXES}")
     return items
+
+
+def inference_reader(apply_voi: bool = True, accept_non_mammography: bool = False) -> MammogramReader:
+    """The reader of inference's images: :class:`~scripts.data.readers.MammogramReader` with ``apply_voi``; a file
+    that is not a mammogram is refused by the reader (an errors.csv row naming the reason) unless
+    ``accept_non_mammography``. The option is passed only when set, so the reader's own default decides otherwise."""
+    if not accept_non_mammography:
+        return MammogramReader(apply_voi=bool(apply_voi))
+    try:
+        return MammogramReader(apply_voi=bool(apply_voi), accept_non_mammography=True)
+    except TypeError as err:  # a reader that does not check the modality reads every file anyway
+        raise ValueError(
+            "accept_non_mammography: this version's MammogramReader does not check the modality (it reads every "
+            "file); leave the option false"
+        ) from err
 
 
 def root_cause(exc: BaseException) -> BaseException:

@@ -32,6 +32,9 @@ __all__ = [
     "FILES_KEY",
     "ERROR_COLUMNS",
     "PREDICTION_COLUMNS",
+    "FACT_COLUMNS",
+    "FINGERPRINT_COLUMNS",
+    "input_fingerprint",
     "escape_text",
     "unescape_text",
     "csv_cell",
@@ -61,8 +64,28 @@ PREDICTION_COLUMNS = [
     "patch_boxes",
     FILES_KEY,
 ]
+#: how the image was read and where the model looked (:func:`~.inference.image_facts`, the window on the file)
+FACT_COLUMNS = [
+    "laterality",
+    "laterality_source",
+    "view",
+    "view_source",
+    "spacing_row_mm",
+    "spacing_col_mm",
+    "spacing_source",
+    "window_y0",
+    "window_x0",
+    "window_y1",
+    "window_x1",
+]
+#: the input's size and modification time (ns) when it was read: a row counts as done only while they still hold
+FINGERPRINT_COLUMNS = ["input_bytes", "input_mtime_ns"]
+PREDICTION_COLUMNS += [*FACT_COLUMNS, *FINGERPRINT_COLUMNS]
 # the columns whose cells are free text (escaped and neutralised); the others are numbers this module formats
-_TEXT_COLUMNS = frozenset({"image", "output_stem", ERROR_KEY, NOTE_KEY, FILES_KEY})
+_TEXT_COLUMNS = frozenset(
+    {"image", "output_stem", ERROR_KEY, NOTE_KEY, FILES_KEY, "laterality", "laterality_source", "view", "view_source"}
+    | {"spacing_source"}
+)
 # first characters that make a spreadsheet evaluate a cell (OWASP "CSV injection"), and the quote that marks them
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
 
@@ -148,11 +171,20 @@ def prediction_row(
     size: tuple[int, int],
     boxes: Iterable[Sequence[int]],
     files: Sequence[str] = (),
+    facts: Mapping[str, Any] | None = None,
+    window: Sequence[int] | None = None,
+    fingerprint: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A predictions.csv row: the input, its stem, the scores y_g (6 decimals) and labels per class, the file's
-    size, the patch boxes on the file (``top left bottom right`` per patch, patches separated by ``;``) and the
-    image's files (relative to the output folder, separated by ``;``)."""
+    size, the patch boxes on the file (``top left bottom right`` per patch, patches separated by ``;``), the
+    image's files (relative to the output folder, separated by ``;``), the ``facts`` (laterality, view, spacing and
+    their sources), the model's ``window`` on the file (``top, left, bottom, right``, end-exclusive; empty when
+    None) and the input's ``fingerprint`` (:func:`input_fingerprint`)."""
+    window_cells = dict(zip(FACT_COLUMNS[-4:], window if window is not None else ("",) * 4))
     return {
+        **dict(facts or {}),
+        **window_cells,
+        **dict(fingerprint or {}),
         "image": path,
         "output_stem": stem,
         **{f"prob_{c}": f"{scores[i]:.6f}" for i, c in enumerate(CLASS_NAMES)},
@@ -162,6 +194,18 @@ def prediction_row(
         "patch_boxes": ";".join(" ".join(str(v) for v in b) for b in boxes),
         FILES_KEY: ";".join(files),
     }
+
+
+def input_fingerprint(path: str | os.PathLike) -> dict[str, str]:
+    """``{"input_bytes", "input_mtime_ns"}`` of a file as text (empty cells when it cannot be stat-ed): what ties a
+    predictions.csv row to the content it was computed from. Size and modification time, not a hash: reading every
+    input again to hash it would cost a second decode's worth of disk reads on a rerun, and an edit, a copy or a
+    re-export changes the modification time."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"input_bytes": "", "input_mtime_ns": ""}
+    return {"input_bytes": str(st.st_size), "input_mtime_ns": str(st.st_mtime_ns)}
 
 
 def _line(columns: Sequence[str], row: Mapping[str, Any], escape: bool) -> bytes:
@@ -204,6 +248,11 @@ class AppendOnlyCsv:
             data = self.path.read_bytes()
         reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace"), newline=""))
         header = next(reader, [])
+        if header != self.columns and header == self.columns[: len(header)]:
+            raise ValueError(
+                f"{self.path}: written by an earlier version of this workflow (it lacks the columns "
+                f"{self.columns[len(header) :]}); choose another --output_dir, or move that table away to start over"
+            )
         if header != self.columns:
             raise ValueError(
                 f"{self.path}: its columns {header} are not those this version writes {self.columns} (a table of "
@@ -289,7 +338,8 @@ class InferenceTables:
         dropped), sorted by input, then each note once, sorted by input."""
         self.predictions.close()
         rows = self.predictions.open()
-        predictions = sorted(rows, key=lambda r: r["image"])
+        # one row per input, its last (a redone input's row replaces the one it had)
+        predictions = sorted({r["image"]: r for r in rows}.values(), key=lambda r: r["image"])
         if predictions != rows:  # a file already in order is left as it is
             self.predictions.replace_rows(predictions)
         done = {row["image"] for row in predictions}

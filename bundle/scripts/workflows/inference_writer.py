@@ -26,23 +26,29 @@ from monai.transforms import Compose
 from ..enums import CLASS_NAMES, InferenceOutput, MapName, OutputKey
 from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from .dicom_outputs import dicom_objects, save_dicom
-from .inference import maps_on_original, spacing_note
+from .inference import image_facts, image_notes, maps_on_original
 from .inference_files import (
+    FALLBACK_SPACING_MM,
     StagedFiles,
-    file_spacing,
     overlay_panel,
     panel_title_lines,
     quantize,
     save_nifti,
     save_png,
+    used_spacing,
 )
-from .inference_folder import InferenceOutputFolder
+from .inference_folder import FINGERPRINT_KEY, InferenceOutputFolder
 from .inference_tables import error_record, escape_text, note_record, prediction_row
 
 __all__ = ["GLAMInferenceWriter"]
 
 # the warnings keep the name of the module that wrote these files before they had their own (log filters use it)
 logger = logging.getLogger(f"{__package__}.inference")
+
+# formats that seldom state a pixel spacing (a PNG may, in its pHYs chunk): maps of unknown spacing state 1 mm per pixel
+# without a note
+_FORMATS_WITHOUT_SPACING = ("png", "pil")
+_NO_SPACING = "no valid pixel spacing in the file (missing, zero or negative) nor stated, and the model has none"
 
 #: the parts of a writer thread's time on one image, reported in timing.json as ``writing_<part>_s``
 WRITING_PARTS = ("maps_back", "map_files", "panel", "dicom")
@@ -180,11 +186,23 @@ class GLAMInferenceWriter:
             return
         finally:
             self._add_seconds("writing", time.perf_counter() - begin)
-        note = spacing_note(item["image"])
-        if note is not None:  # before the row: a run killed in between redoes the image, the note is not lost
+        notes = image_notes(item, default_view=self._default_view())
+        meta = item["image"].meta
+        if self.outputs.maps and used_spacing(meta) is None and meta.get("format") not in _FORMATS_WITHOUT_SPACING:
+            notes.insert(0, f"{_NO_SPACING}: the NIfTI maps state {FALLBACK_SPACING_MM:g} mm per pixel")
+        if notes:  # before the row: a run killed in between redoes the image, the note is not lost
+            note = "; ".join(notes)
             logger.warning("%s: %s", escape_text(path), note)
             self.folder.tables.add_note(note_record(path, note))
         self.folder.tables.add_prediction(row)
+
+    def _default_view(self) -> str | None:
+        """The window rule of unknown views: the preprocessing's ``BestCenterWindowd(default_view=...)``."""
+        for t in getattr(self.transform, "transforms", ()):
+            cropper = getattr(t, "cropper", None)
+            if hasattr(cropper, "default_view"):
+                return cropper.default_view
+        return "CC"
 
     def _add_seconds(self, part: str, seconds: float) -> None:
         with self._lock:
@@ -202,7 +220,7 @@ class GLAMInferenceWriter:
         dicom_input = meta.get("format") == "dicom"
         needed = set(self.outputs.maps_needed()) | (set(self._panel_maps()) if self.outputs.needs_panel() else set())
         begin = time.perf_counter()
-        maps, boxes = maps_on_original(item, pred, self.transform, self.gamma_c, tuple(needed))
+        maps, boxes, window = maps_on_original(item, pred, self.transform, self.gamma_c, tuple(needed), True)
         for name, m in maps.items():
             if m.shape[-2:] != size:
                 raise ValueError(f"{path}: inverted {name} has shape {m.shape[-2:]}, the file {size}")
@@ -211,7 +229,7 @@ class GLAMInferenceWriter:
         staged = StagedFiles(self.folder.path)
         try:
             begin = time.perf_counter()
-            spacing = file_spacing(meta, escape_text(path)) if self.outputs.maps else None
+            spacing = used_spacing(meta)
             for name in self.outputs.maps:
                 quantized = quantize(maps[name])
                 save_nifti(staged.path(files[name]), quantized, spacing)
@@ -220,10 +238,11 @@ class GLAMInferenceWriter:
             self._add_seconds("map_files", time.perf_counter() - begin)
             scores = pred[OutputKey.Y_GLOBAL].tolist()
             labels = _labels(item)
+            facts = image_facts(item)
             panel = None
             if self.outputs.needs_panel():
                 begin = time.perf_counter()
-                panel = self._panel(path, item, maps, boxes, scores, labels)
+                panel = self._panel(path, item, maps, boxes, scores, labels, window, facts)
                 if self.outputs.panel:
                     save_png(staged.path(files[InferenceOutput.PANEL.value]), panel)
                 self._add_seconds("panel", time.perf_counter() - begin)
@@ -231,7 +250,8 @@ class GLAMInferenceWriter:
             written = staged.commit()
         finally:
             staged.discard()
-        return prediction_row(path, stem, scores, labels, size, boxes, written)
+        fingerprint = item.get(FINGERPRINT_KEY)
+        return prediction_row(path, stem, scores, labels, size, boxes, written, facts, window, fingerprint)
 
     def _panel(
         self,
@@ -241,6 +261,8 @@ class GLAMInferenceWriter:
         boxes: Sequence[tuple[int, int, int, int]],
         scores: Sequence[float],
         labels: Sequence[int | str],
+        window: Sequence[int] | None,
+        facts: Mapping[str, Any],
     ) -> np.ndarray:
         thumbnail = _thumbnail(item, "image")
         if thumbnail is None:
@@ -250,8 +272,10 @@ class GLAMInferenceWriter:
             )
         masks = _mask_thumbnails(item)
         shown = {name: maps[name] for name in self._panel_maps()}
-        title = panel_title_lines(Path(path).name, scores, labels, list(shown), with_masks=masks is not None)
-        return overlay_panel(thumbnail, shown, boxes, masks, title, int(item.get(THUMBNAIL_STEP_KEY, 1)))
+        with_masks = masks is not None
+        title = panel_title_lines(Path(path).name, scores, labels, list(shown), with_masks=with_masks, facts=facts)
+        step = int(item.get(THUMBNAIL_STEP_KEY, 1))
+        return overlay_panel(thumbnail, shown, boxes, masks, title, step, window=window)
 
     def _write_dicom(
         self,

@@ -39,9 +39,13 @@ from scripts.transforms.mammo.pipeline import (
 from scripts.transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_ASSUMED_KEY,
+    SPACING_FALLBACKS,
+    SPACING_SOURCE_KEY,
+    SPACING_USED_KEY,
     ResampleToSpacing,
     ResampleToSpacingd,
     as_pixel_spacing,
+    fit_breast_spacing,
     format_spacing,
 )
 
@@ -65,6 +69,9 @@ __all__ = [
     "ResampleToSpacing",
     "ResampleToSpacingd",
     "SPACING_ASSUMED_KEY",
+    "SPACING_FALLBACKS",
+    "SPACING_SOURCE_KEY",
+    "SPACING_USED_KEY",
     "StandardizeImage",
     "StandardizeImaged",
     "WindowPlacement",
@@ -72,6 +79,7 @@ __all__ = [
     "best_center_window",
     "breast_crop_box",
     "chest_wall_side",
+    "fit_breast_spacing",
     "format_spacing",
     "mammogram_augmentations",
     "mammogram_cache_transforms",

@@ -173,7 +173,9 @@ class CropBreast(CropForeground):
     def compute_bounding_box(self, img: NdarrayOrTensor) -> tuple[np.ndarray, np.ndarray]:
         """``(start, end)`` of the crop in ``img``'s spatial coordinates, end-exclusive."""
         try:
-            start, end = breast_crop_box(first_channel(img), self.iterations, self.buffer, self.chest_wall, self.method)
+            start, end = breast_crop_box(
+                first_channel(img), self.iterations, self.buffer, self.chest_wall, self.method, name=_filename(img)
+            )
         except ValueError as err:
             raise ValueError(f"CropBreast: {_filename(img)}: {err}") from err
         return np.asarray(start), np.asarray(end)
@@ -240,6 +242,7 @@ class BestCenterWindow(CropForeground):
                 iterations=self.iterations,
                 method=self.method,
                 default_view=self.default_view,
+                name=_filename(img),
             )
         except ValueError as err:
             raise ValueError(f"BestCenterWindow: {_filename(img)}: {err}") from err

@@ -134,14 +134,15 @@ def chest_wall_side(image: np.ndarray) -> str:
     return "left" if left >= right else "right"
 
 
-def _opened_or_fallback(image: np.ndarray, iterations: int, method: str) -> np.ndarray:
+def _opened_or_fallback(image: np.ndarray, iterations: int, method: str, name: str = "") -> np.ndarray:
     fg = image > 0
     if not fg.any():
         raise ValueError("no pixel > 0: cannot locate the breast (all-zero or all-negative image)")
     opened = open_breast_mask(fg, iterations, method)
     if not opened.any():
         warnings.warn(
-            f"{iterations} erosions removed the whole foreground of a {image.shape} image; using the largest "
+            f"{name + ': ' if name else ''}{iterations} erosions removed the whole foreground of a {image.shape} "
+            "image; using the largest "
             "component of pixels > 0 instead (lower `iterations` for small images)",
             stacklevel=3,
         )
@@ -155,12 +156,14 @@ def breast_crop_box(
     buffer: int = 50,
     chest_wall: str = "left",
     method: str = "fast",
+    name: str = "",
 ) -> tuple[tuple[int, int], tuple[int, int]]:
     """The authors' crop of a 2-D mammogram: ``((top, left), (bottom, right))``, end-exclusive.
 
     Bounding box of the opened mask of pixels > 0, grown by up to ``buffer`` px at the top, the bottom
     and the side away from the chest wall (``chest_wall`` is ``"left"``, ``"right"`` or ``"auto"`` to
-    decide with :func:`chest_wall_side`), never beyond the image.
+    decide with :func:`chest_wall_side`), never beyond the image. ``name`` (the file) starts the warning given when
+    the erosions remove the whole foreground.
     """
     img = _as_2d(image)
     if chest_wall == "auto":
@@ -168,7 +171,7 @@ def breast_crop_box(
     if chest_wall not in ("left", "right"):
         raise ValueError(f"chest_wall must be 'left', 'right' or 'auto', got {chest_wall!r}")
     h, w = img.shape
-    top, bottom, left, right = _bbox(_opened_or_fallback(img, iterations, method))
+    top, bottom, left, right = _bbox(_opened_or_fallback(img, iterations, method, name))
     top -= min(top, buffer)
     bottom += min(h - bottom, buffer)
     if chest_wall == "left":
@@ -234,6 +237,7 @@ def best_center_window(
     iterations: int = 100,
     method: str = "fast",
     default_view: str | None = "CC",
+    name: str = "",
 ) -> WindowPlacement:
     """The authors' window for a breast facing right (chest wall at column 0), see docs/preprocessing.md.
 
@@ -251,6 +255,7 @@ def best_center_window(
             breast row, as the spec's words say; the two differ by 1-2 px.
         iterations, method: the mask opening, as in :func:`open_breast_mask`.
         default_view: used when ``view`` is unknown (``None`` raises).
+        name: the file, named by the warning given when the erosions remove the whole foreground.
 
     Returns:
         a :class:`WindowPlacement`.
@@ -261,7 +266,7 @@ def best_center_window(
     half_h, half_w = win_h // 2, win_w // 2
     h, w = img.shape
     fg = img > 0
-    rightmost, bottommost = _extreme_points(_opened_or_fallback(img, iterations, method))
+    rightmost, bottommost = _extreme_points(_opened_or_fallback(img, iterations, method, name))
 
     if reference_compatible:
         center_col = rightmost + int(bool(mirrored)) - half_w - 1

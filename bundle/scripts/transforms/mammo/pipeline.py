@@ -108,6 +108,8 @@ _CHAIN_SETTINGS = (
     "buffer",
     "reference_compatible",
     "default_view",
+    "input_spacing",
+    "spacing_fallback",
 )
 
 
@@ -136,7 +138,16 @@ def _chain_to_window(
     modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
     chain.append(
         ResampleToSpacingd(
-            all_keys, pixel_spacing=settings["pixel_spacing"], source_key=source, mode=modes, allow_missing_keys=True
+            all_keys,
+            pixel_spacing=settings["pixel_spacing"],
+            source_key=source,
+            mode=modes,
+            allow_missing_keys=True,
+            input_spacing=settings["input_spacing"],
+            fallback=settings["spacing_fallback"],
+            window=tuple(window),
+            iterations=settings["iterations"],
+            buffer=settings["buffer"],
         )
     )
     if mask_keys:
@@ -194,6 +205,8 @@ def mammogram_transforms(
     buffer: int = 50,
     reference_compatible: bool = True,
     default_view: str | None = "CC",
+    input_spacing: float | Sequence[float] | None = None,
+    spacing_fallback: str = "fit_breast",
     standardize: bool = True,
     max_shift: Sequence[int] | int = (32, 32),
     augmentations: Sequence[Callable] | None = None,
@@ -214,6 +227,10 @@ def mammogram_transforms(
         pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic; ``pixel_spacing`` of the configs): images
             of known spacing are resampled to it (:class:`~scripts.transforms.mammo.spacing.ResampleToSpacingd`);
             None (the default): nothing is resampled.
+        input_spacing, spacing_fallback: the spacing of images whose file (and datalist item, ``pixel_spacing``)
+            states none, and what to do when nobody states it (``"fit_breast"``: estimate it so that the breast fits
+            the window; ``"model"``: assume the model's); see
+            :class:`~scripts.transforms.mammo.spacing.ResampleToSpacing`.
         horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
         view_key, reference_compatible, default_view: see
             :class:`~scripts.transforms.mammo.dictionary.BestCenterWindowd`.
@@ -256,6 +273,8 @@ def mammogram_cache_transforms(
     buffer: int = 50,
     reference_compatible: bool = True,
     default_view: str | None = "CC",
+    input_spacing: float | Sequence[float] | None = None,
+    spacing_fallback: str = "fit_breast",
     max_shift: Sequence[int] | int = (32, 32),
 ) -> Compose:
     """The deterministic half of :func:`mammogram_transforms` (same arguments), run once per image and cached:

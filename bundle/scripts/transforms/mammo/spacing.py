@@ -2,22 +2,35 @@
 
 The rest of the preprocessing only crops and pads, so a model sees lesions at the pixel scale it was trained on only
 when its input has that scale. :class:`ResampleToSpacing` / :class:`ResampleToSpacingd` bring an image (and its
-masks) from the spacing its file states to the model's, right after loading, so that every later step (the crop's
-iterations and buffer, the window) counts model pixels:
+masks) to the model's spacing right after loading, so that every later step (the crop's iterations and buffer, the
+window) counts model pixels. One policy, the same in training, evaluation, inference and the MONAI Label app; the
+input's spacing is, in this order:
 
-- model spacing ``None`` (unknown, e.g. the authors' weights): identity, as before this step existed;
-- input spacing known (``meta["spacing"]`` from the reader: DICOM PixelSpacing / ImagerPixelSpacing, the NIfTI / ITK
-  affine, NRRD, PNG pHYs): resized by MONAI's ``Resize`` to ``round(size * input spacing / model spacing)``,
-  bilinear with Gaussian anti-aliasing when shrinking for images, nearest-exact for masks;
-- input spacing unknown (NaN, e.g. a PNG without pHYs): not resampled, the model's spacing is assumed;
-  ``meta["spacing_assumed"]`` says so, so that inference can report it.
+1. what the file states (``meta["spacing"]`` from the reader: DICOM PixelSpacing / ImagerPixelSpacing, the NIfTI /
+   ITK affine, NRRD, PNG pHYs; its ``meta["spacing_source"]`` names which);
+2. what the user states for this image: a datalist item's ``pixel_spacing`` (a number or ``[row, col]`` mm), source
+   ``"datalist"``;
+3. what the user states for every image whose file states none: the ``input_spacing`` option, source ``"option"``;
+4. else an estimate (``fallback="fit_breast"``, source ``"fit_breast"``): the spacing at which the breast's bounding
+   box (found as :class:`~scripts.transforms.CropBreast` finds it, plus its buffer) fits the model's window, keeping
+   the aspect ratio (:func:`fit_breast_spacing`), so that the model sees the whole breast, smaller than it would at
+   the true spacing, rather than a few per cent of it at full resolution. ``fallback="model"`` keeps the behaviour of
+   earlier versions (the model's spacing assumed, nothing resampled, source ``"model"``): an explicit opt-in for
+   images known to be at the model's spacing.
 
-The metadata keeps the reader's ``meta["spacing"]`` (what the file states: the maps written on the file's grid carry
-it) and adds ``meta["model_spacing"]`` (the model's, NaN when unknown) and ``meta["spacing_assumed"]``, on every item
-so that batches collate; MONAI's ``Resize`` scales the affine, which thus describes the resampled grid.
+When the model's spacing is unknown (``pixel_spacing`` None, e.g. the authors' weights) nothing is resampled, as
+before, and the input's spacing is still recorded when it is known (else NaN, source ``"unknown"``).
+
+Resampling is MONAI's ``Resize`` to ``round(size * input spacing / model spacing)``, bilinear with Gaussian
+anti-aliasing when shrinking for images, nearest-exact for masks. The output's metadata records what was used, on
+every item so that batches collate: ``meta["spacing_used"]`` (the input's (row, col) mm, NaN when unknown),
+``meta["spacing_source"]`` (as used: the reader's source, ``"datalist"``, ``"option"``, ``"fit_breast"``,
+``"model"`` or ``"unknown"``), ``meta["model_spacing"]`` (NaN when unknown) and ``meta["spacing_assumed"]`` (True
+when the input's spacing was not stated by the file or the user: estimated or assumed). ``meta["spacing"]`` (the
+file's) is left as it is; MONAI's ``Resize`` scales the affine, which thus describes the resampled grid.
 
 Both are invertible: the inverse resizes back to the input's size (anti-aliased when that shrinks, as the forward
-step is), so ``Invertd`` puts maps computed on the model's grid onto the file's pixel grid.
+step is) and restores the metadata, so ``Invertd`` puts maps computed on the model's grid onto the file's grid.
 """
 
 from __future__ import annotations
@@ -34,25 +47,43 @@ from monai.networks.layers import gaussian_1d
 from monai.transforms import InvertibleTransform, MapTransform, Resize
 from monai.utils import TraceKeys, convert_to_numpy, convert_to_tensor, ensure_tuple_rep
 
+from scripts.transforms.mammo.array import first_channel
+from scripts.transforms.mammo.breast import largest_component, open_breast_mask
 from scripts.transforms.mammo.dictionary import _check_shapes, _source
 
 __all__ = [
     "MODEL_SPACING_KEY",
+    "RESAMPLED_SHAPE_KEY",
     "SPACING_ASSUMED_KEY",
+    "SPACING_FALLBACKS",
     "SPACING_KEY",
+    "SPACING_SOURCE_KEY",
+    "SPACING_USED_KEY",
     "ResampleToSpacing",
     "ResampleToSpacingd",
     "as_pixel_spacing",
+    "fit_breast_spacing",
     "format_spacing",
     "gaussian_smooth",
     "spacing_of",
 ]
 
 SPACING_KEY = "spacing"  # meta: the file's (row, col) mm, NaN when unknown (MammogramReader)
+SPACING_SOURCE_KEY = "spacing_source"  # meta: where the spacing used comes from (see the module docstring)
+SPACING_USED_KEY = "spacing_used"  # meta: the input's (row, col) mm the resampling used, NaN when unknown
 MODEL_SPACING_KEY = "model_spacing"  # meta: the model's (row, col) mm the image was brought to, NaN when unknown
-SPACING_ASSUMED_KEY = "spacing_assumed"  # meta: the file's spacing was unknown and the model's was assumed
+SPACING_ASSUMED_KEY = "spacing_assumed"  # meta: the input's spacing was estimated or assumed, not stated
+RESAMPLED_SHAPE_KEY = "resampled_shape"  # meta: (H, W) after the resampling (the input's when not resampled)
+#: what happens to an image whose spacing nobody states (the model's being known)
+SPACING_FALLBACKS = ("fit_breast", "model")
 # interpolation modes that blend neighbours: they take align_corners and anti-aliasing, the nearest ones neither
 _BLENDING_MODES = ("linear", "bilinear", "bicubic", "trilinear", "area")
+# the breast's box is found on a copy of about this many pixels along its longer side (the estimate needs no more)
+_FIT_PIXELS = 1024
+# the estimate keeps this share of the window free, for the crop's rounding after the resampling
+_FIT_MARGIN = 0.02
+# ... and this many pixels on each side, where the anti-aliasing blur carries the breast's edge
+_EDGE_SPREAD = 3
 
 
 def as_pixel_spacing(value: Any) -> tuple[float, float] | None:
@@ -130,12 +161,78 @@ def _resize(img: torch.Tensor, size: Sequence[int], mode: str, anti_aliasing: bo
         return resizer(img)
 
 
-class ResampleToSpacing(InvertibleTransform):
-    """Resample a ``(C, H, W)`` image from the pixel spacing its metadata states to ``pixel_spacing``.
+def fit_breast_spacing(
+    image: NdarrayOrTensor,
+    model_spacing: Sequence[float],
+    window: Sequence[int],
+    iterations: int = 100,
+    buffer: int = 50,
+) -> tuple[float, float]:
+    """The input spacing (row, col) mm at which the breast of ``image`` fits the model's window: the fallback for an
+    image whose spacing nobody states.
 
-    See the module docstring for the three cases. The output's ``meta["model_spacing"]`` is ``pixel_spacing`` (NaN
-    when None) and ``meta["spacing_assumed"]`` says whether the input's spacing was unknown while the model's is
-    known; ``meta["spacing"]`` (the file's) is left as it is. The inverse restores the size and drops both keys.
+    The breast's box is the bounding box of the opened mask of pixels > 0 (as :class:`~scripts.transforms.CropBreast`
+    finds it: erosion, largest component, dilation; on a copy of every k-th pixel, about 1024 px along the longer
+    side, with ``iterations // k`` erosions, which removes no more than the crop's opening on the resampled image
+    does, so the box is not smaller than the crop's). Resampling multiplies the size by ``f = input spacing / model
+    spacing``, so the crop is ``box_h * f + 2 buffer`` rows (buffer at the top and the bottom) and ``box_w * f +
+    buffer`` columns (buffer on the side away from the chest wall); ``f`` is the largest factor, the same on both axes
+    (the aspect ratio is kept), that makes both fit the window with 2 % to spare:
+    ``f = min((0.98 window_h - 2 buffer - 6) / box_h, (0.98 window_w - buffer - 6) / box_w)`` (6 px for the
+    anti-aliasing blur, which carries the breast's edge about 2 px out). The window rule then has
+    nothing to choose: a crop no larger than the window lies wholly inside it.
+
+    Args:
+        image: ``(C, H, W)`` or ``(H, W)``, as loaded (the chest wall on either side).
+        model_spacing: the model's (row, col) mm.
+        window: the model's window (rows, cols).
+        iterations, buffer: the crop's (``crop_iterations``, ``crop_buffer``), in model pixels.
+
+    Returns:
+        ``(model_row * f, model_col * f)``, e.g. about 0.08 mm for a 4432 x 2864 mammogram whose breast fills it and a
+        model of 0.4 mm with a 736 x 480 window. Raises ``ValueError`` for an image without a pixel > 0.
+    """
+    arr = first_channel(image)
+    h, w = arr.shape
+    k = max(1, int(np.ceil(max(h, w) / _FIT_PIXELS)))
+    fg = arr[::k, ::k] > 0
+    if not fg.any():
+        raise ValueError("no pixel > 0: cannot locate the breast to estimate the pixel spacing")
+    opened = open_breast_mask(fg, int(iterations) // k)
+    if not opened.any():
+        opened = largest_component(fg)
+    rows, cols = np.flatnonzero(opened.any(axis=1)), np.flatnonzero(opened.any(axis=0))
+    box_h = min(h, (int(rows[-1]) + 1) * k) - int(rows[0]) * k
+    box_w = min(w, (int(cols[-1]) + 1) * k) - int(cols[0]) * k
+    win_h, win_w = (float(v) * (1.0 - _FIT_MARGIN) for v in window)
+    # a buffer that leaves less than a quarter of the window (tiny test windows) counts as a quarter
+    # minus 3 px per side: the anti-aliasing Gaussian (truncated at 4 sigma) spreads the breast's edge by about 2 px
+    room_h = max(win_h - 2 * int(buffer) - 2 * _EDGE_SPREAD, win_h / 4)
+    room_w = max(win_w - int(buffer) - 2 * _EDGE_SPREAD, win_w / 4)
+    factor = min(room_h / box_h, room_w / box_w)
+    row_mm, col_mm = as_pixel_spacing(model_spacing)
+    return row_mm * factor, col_mm * factor
+
+
+def _stated_spacing(value: Any, name: str) -> tuple[float, float] | None:
+    """A user-stated spacing (a datalist's ``pixel_spacing``) parsed, or None; a bad value names where it came from."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    try:
+        return as_pixel_spacing(value)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
+class ResampleToSpacing(InvertibleTransform):
+    """Resample a ``(C, H, W)`` image from its pixel spacing to ``pixel_spacing``, the spacing chosen as the module
+    docstring says (the file's, the datalist's, ``input_spacing``, else the fallback).
+
+    The output's metadata records the choice (``spacing_used``, ``spacing_source``, ``model_spacing``,
+    ``spacing_assumed``); ``meta["spacing"]`` (the file's) is left as it is. The inverse restores the size and the
+    metadata as they were.
 
     Args:
         pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic); None: unknown, nothing is resampled.
@@ -144,6 +241,13 @@ class ResampleToSpacing(InvertibleTransform):
             by the nearest modes.
         rtol: spacings within this relative difference count as equal (no resampling): a PNG states its spacing in
             whole pixels per metre, so 1.2 mm comes back as 1.2005 mm.
+        input_spacing: (row, col) mm of the inputs whose file states none (the inference option of that name);
+            None: not stated.
+        fallback: for an image whose spacing nobody states: ``"fit_breast"`` (estimate it so that the breast fits
+            ``window``, :func:`fit_breast_spacing`) or ``"model"`` (assume the model's: nothing resampled).
+        window: the model's window (rows, cols); ``"fit_breast"`` needs it for an image whose spacing nobody states
+            (a ``ValueError`` naming the file without it).
+        iterations, buffer: the crop's settings (``crop_iterations``, ``crop_buffer``), for ``"fit_breast"``.
     """
 
     backend = Resize.backend
@@ -154,26 +258,75 @@ class ResampleToSpacing(InvertibleTransform):
         mode: str = "bilinear",
         anti_aliasing: bool = True,
         rtol: float = 1e-3,
+        input_spacing: float | Sequence[float] | None = None,
+        fallback: str = "fit_breast",
+        window: Sequence[int] | None = None,
+        iterations: int = 100,
+        buffer: int = 50,
     ) -> None:
         self.pixel_spacing = as_pixel_spacing(pixel_spacing)
         self.mode = str(mode)
         self.anti_aliasing = bool(anti_aliasing)
         self.rtol = float(rtol)
+        self.input_spacing = _stated_spacing(input_spacing, "input_spacing")
+        self.fallback = str(fallback)
+        if self.fallback not in SPACING_FALLBACKS:
+            raise ValueError(f"fallback must be one of {SPACING_FALLBACKS}, got {fallback!r}")
+        self.window = None if window is None else tuple(int(v) for v in window)
+        if self.window is not None and (len(self.window) != 2 or min(self.window) < 1):
+            raise ValueError(f"window must be (rows, cols) of positive ints, got {window!r}")
+        self.iterations = int(iterations)
+        self.buffer = int(buffer)
 
-    def plan(self, img: NdarrayOrTensor, spacing: Sequence[float] | None = None) -> dict[str, Any]:
-        """What to do with ``img`` (``(C, H, W)``; ``spacing`` overrides its metadata): ``{"size": output (H, W),
-        "resample": bool, "assumed": bool}``."""
+    def choose(self, img: NdarrayOrTensor, stated: Any = None) -> tuple[tuple[float, float] | None, str]:
+        """The input spacing and its source for ``img`` (``(C, H, W)``): the file's, ``stated`` (a datalist's
+        ``pixel_spacing``), ``input_spacing``, else the fallback (``(None, "unknown")`` when nothing is known and
+        the model's spacing is unknown too)."""
+        meta = img.meta if isinstance(img, MetaTensor) else {}
+        name = str(meta.get("filename_or_obj") or meta.get("filename") or "<image>")
+        from_file = spacing_of(img)
+        if from_file is not None:
+            return from_file, str(meta.get(SPACING_SOURCE_KEY, "") or "file")
+        from_item = _stated_spacing(stated, f"{name}: the datalist's pixel_spacing")
+        if from_item is not None:
+            return from_item, "datalist"
+        if self.input_spacing is not None:
+            return self.input_spacing, "option"
+        if self.pixel_spacing is None:
+            return None, "unknown"
+        if self.fallback == "model":
+            return self.pixel_spacing, "model"
+        if self.window is None:
+            raise ValueError(
+                f"ResampleToSpacing: {name} states no pixel spacing and fallback='fit_breast' has no window to fit the "
+                "breast into: give window=(rows, cols) (the model's image_size), or fallback='model'"
+            )
+        try:
+            estimate = fit_breast_spacing(img, self.pixel_spacing, self.window, self.iterations, self.buffer)
+        except ValueError as err:
+            raise ValueError(f"ResampleToSpacing: {name}: {err}") from err
+        return estimate, "fit_breast"
+
+    def plan(self, img: NdarrayOrTensor, spacing: Sequence[float] | None = None, stated: Any = None) -> dict[str, Any]:
+        """What to do with ``img`` (``(C, H, W)``; ``spacing`` overrides every source, ``stated`` is a datalist's
+        ``pixel_spacing``): ``{"size": output (H, W), "resample": bool, "assumed": bool, "spacing": the input's
+        (row, col) mm or None, "source": str}``."""
         shape = tuple(int(s) for s in img.shape[1:])
         if len(shape) != 2:
             raise ValueError(f"ResampleToSpacing expects a (C, H, W) image, got shape {tuple(img.shape)}")
-        source = as_pixel_spacing(spacing) if spacing is not None else spacing_of(img)
+        if spacing is not None:
+            source_spacing, source = as_pixel_spacing(spacing), "given"
+        else:
+            source_spacing, source = self.choose(img, stated)
+        out = {"size": shape, "resample": False, "spacing": source_spacing, "source": source}
+        out["assumed"] = source in ("fit_breast", "model")
         target = self.pixel_spacing
-        if target is None or source is None:  # unknown input and a known model: the model's spacing is assumed
-            return {"size": shape, "resample": False, "assumed": target is not None}
-        if all(abs(s / t - 1.0) <= self.rtol for s, t in zip(source, target)):
-            return {"size": shape, "resample": False, "assumed": False}
-        size = tuple(max(1, int(np.floor(n * s / t + 0.5))) for n, s, t in zip(shape, source, target))
-        return {"size": size, "resample": size != shape, "assumed": False}
+        if target is None or source_spacing is None:
+            return out
+        if all(abs(s / t - 1.0) <= self.rtol for s, t in zip(source_spacing, target)):
+            return out
+        size = tuple(max(1, int(np.floor(n * s / t + 0.5))) for n, s, t in zip(shape, source_spacing, target))
+        return {**out, "size": size, "resample": size != shape}
 
     def __call__(
         self,
@@ -181,11 +334,13 @@ class ResampleToSpacing(InvertibleTransform):
         spacing: Sequence[float] | None = None,
         plan: Mapping[str, Any] | None = None,
         mode: str | None = None,
+        stated: Any = None,
     ) -> torch.Tensor:
         """``img``: ``(C, H, W)``; returns ``(C, H', W')`` at the model's spacing, or ``img`` itself when nothing is
         resampled. ``plan``: :meth:`plan` of another image (the dictionary version's source image); ``mode``
-        overrides ``self.mode``. Resampled outputs are float32 (nearest modes keep the input's dtype)."""
-        plan = self.plan(img, spacing) if plan is None else plan
+        overrides ``self.mode``; ``stated``: the datalist's ``pixel_spacing`` of this image. Resampled outputs are
+        float32 (nearest modes keep the input's dtype)."""
+        plan = self.plan(img, spacing, stated) if plan is None else plan
         mode = self.mode if mode is None else str(mode)
         img = convert_to_tensor(img, track_meta=get_track_meta())
         out = img
@@ -198,10 +353,16 @@ class ResampleToSpacing(InvertibleTransform):
             "anti_aliasing": self.anti_aliasing,
             "resampled": bool(plan["resample"]),
         }
+        if isinstance(img, MetaTensor):  # restored by the inverse
+            extra["spacing_source"] = str(img.meta.get(SPACING_SOURCE_KEY, ""))
         self.push_transform(out, orig_size=tuple(int(s) for s in img.shape[1:]), extra_info=extra)
         if isinstance(out, MetaTensor):
+            used = plan["spacing"] if plan["spacing"] is not None else (np.nan, np.nan)
+            out.meta[SPACING_USED_KEY] = np.asarray(used, dtype=np.float64)
+            out.meta[SPACING_SOURCE_KEY] = str(plan["source"])
             out.meta[MODEL_SPACING_KEY] = np.asarray(self.pixel_spacing or (np.nan, np.nan), dtype=np.float64)
             out.meta[SPACING_ASSUMED_KEY] = bool(plan["assumed"])
+            out.meta[RESAMPLED_SHAPE_KEY] = np.asarray(out.shape[1:], dtype=np.int64)
         return out
 
     def inverse(self, data: torch.Tensor) -> torch.Tensor:
@@ -211,15 +372,18 @@ class ResampleToSpacing(InvertibleTransform):
             # Invertd(nearest_interp=True) rewrites "mode" to "nearest"
             data = _resize(data, transform[TraceKeys.ORIG_SIZE], info["mode"], info["anti_aliasing"])
         if isinstance(data, MetaTensor):
-            data.meta.pop(MODEL_SPACING_KEY, None)
-            data.meta.pop(SPACING_ASSUMED_KEY, None)
+            for key in (MODEL_SPACING_KEY, SPACING_ASSUMED_KEY, SPACING_USED_KEY, RESAMPLED_SHAPE_KEY):
+                data.meta.pop(key, None)
+            if "spacing_source" in info:
+                data.meta[SPACING_SOURCE_KEY] = info["spacing_source"]
         return data
 
 
 class ResampleToSpacingd(MapTransform, InvertibleTransform):
     """Dictionary :class:`ResampleToSpacing`: the spacing and the output size come from ``source_key`` (the image)
     and apply to every key, so masks keep matching their image (a mask of another size is a ``ValueError`` naming
-    the file, the mask's own spacing is not used).
+    the file, the mask's own spacing is not used). A datalist item's ``pixel_spacing`` (``spacing_key``) states the
+    image's spacing when its file does not.
 
     Args:
         keys: image and mask keys.
@@ -227,7 +391,9 @@ class ResampleToSpacingd(MapTransform, InvertibleTransform):
         source_key: the image whose spacing decides.
         mode: one ``Resize`` mode, or one per key: ``"bilinear"`` for images, ``"nearest-exact"`` for masks (0/1
             stay 0/1).
-        anti_aliasing, rtol: as in ``ResampleToSpacing``.
+        spacing_key: the data field with a per-image spacing (a number or ``[row, col]`` mm; None or ``""``: not
+            stated).
+        anti_aliasing, rtol, input_spacing, fallback, window, iterations, buffer: as in ``ResampleToSpacing``.
     """
 
     backend = ResampleToSpacing.backend
@@ -241,17 +407,36 @@ class ResampleToSpacingd(MapTransform, InvertibleTransform):
         anti_aliasing: bool = True,
         rtol: float = 1e-3,
         allow_missing_keys: bool = False,
+        spacing_key: str | None = "pixel_spacing",
+        input_spacing: float | Sequence[float] | None = None,
+        fallback: str = "fit_breast",
+        window: Sequence[int] | None = None,
+        iterations: int = 100,
+        buffer: int = 50,
     ) -> None:
         super().__init__(keys, allow_missing_keys)
-        self.resampler = ResampleToSpacing(pixel_spacing=pixel_spacing, anti_aliasing=anti_aliasing, rtol=rtol)
+        self.resampler = ResampleToSpacing(
+            pixel_spacing=pixel_spacing,
+            anti_aliasing=anti_aliasing,
+            rtol=rtol,
+            input_spacing=input_spacing,
+            fallback=fallback,
+            window=window,
+            iterations=iterations,
+            buffer=buffer,
+        )
         self.source_key = source_key
+        self.spacing_key = spacing_key
         self.mode = tuple(str(m) for m in ensure_tuple_rep(mode, len(self.keys)))
 
     def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
         d = dict(data)
         src = _source(self, d, self.source_key)
         _check_shapes(self, d, src)
-        plan = self.resampler.plan(d[src])
+        stated = d.get(self.spacing_key) if self.spacing_key else None
+        if isinstance(stated, str) and not stated.strip():
+            stated = None
+        plan = self.resampler.plan(d[src], stated=stated)
         for key, mode in self.key_iterator(d, self.mode):
             d[key] = self.resampler(d[key], plan=plan, mode=mode)
         return d
