@@ -25,6 +25,7 @@ from .dicom_outputs import DICOM_OUTPUT_MODES
 
 __all__ = [
     "FALLBACK_SPACING_MM",
+    "map_spacing",
     "MAP_SCALE",
     "TEMPORARY_PREFIX",
     "is_temporary",
@@ -217,6 +218,18 @@ def save_nifti(path: Path, quantized: np.ndarray, spacing: Sequence[float] | Non
     img.header.set_intent("vector", (), name=",".join(CLASS_NAMES))
     img.header.set_xyzt_units("mm")
     nib.save(img, str(path))
+
+
+def map_spacing(meta: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The (row, col) mm the map files state: the file's own spacing (``meta["spacing"]``), so that a map lies on its
+    image in any viewer; None when the file states none (the maps then state :data:`FALLBACK_SPACING_MM`, as viewers
+    show such a file). A spacing from the datalist, ``input_spacing`` or the estimate is what the model saw the image
+    at, stated in predictions.csv, not the file's geometry."""
+    value = meta.get("spacing")
+    flat = None if value is None else np.asarray(value, dtype=np.float64).reshape(-1)
+    if flat is not None and flat.size == 2 and np.isfinite(flat).all() and (flat > 0).all():
+        return float(flat[0]), float(flat[1])
+    return None
 
 
 def used_spacing(meta: Mapping[str, Any]) -> tuple[float, float] | None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from monai.data import Dataset
 
-from ..data.readers import SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError
+from ..data.readers import DEFAULT_MAX_PIXELS, SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError
 from .inference_files import DICOM_DIR, MAPS_DIR, PANELS_DIR
 from .inference_tables import ERROR_KEY, error_record
 
@@ -147,19 +147,18 @@ def inference_items(
     return items
 
 
-def inference_reader(apply_voi: bool = True, accept_non_mammography: bool = False) -> MammogramReader:
-    """The reader of inference's images: :class:`~scripts.data.readers.MammogramReader` with ``apply_voi``; a file
+def inference_reader(
+    apply_voi: bool = True, accept_non_mammography: bool = False, max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> MammogramReader:
+    """The reader of inference's images: :class:`~scripts.data.readers.MammogramReader` with ``apply_voi``. A file
     that is not a mammogram is refused by the reader (an errors.csv row naming the reason) unless
-    ``accept_non_mammography``. The option is passed only when set, so the reader's own default decides otherwise."""
-    if not accept_non_mammography:
-        return MammogramReader(apply_voi=bool(apply_voi))
-    try:
-        return MammogramReader(apply_voi=bool(apply_voi), accept_non_mammography=True)
-    except TypeError as err:  # a reader that does not check the modality reads every file anyway
-        raise ValueError(
-            "accept_non_mammography: this version's MammogramReader does not check the modality (it reads every "
-            "file); leave the option false"
-        ) from err
+    ``accept_non_mammography``; a file whose header states more than ``max_pixels`` pixels is refused before it is
+    decoded (None: no cap)."""
+    return MammogramReader(
+        apply_voi=bool(apply_voi),
+        accept_non_mammography=bool(accept_non_mammography),
+        max_pixels=None if max_pixels is None else int(max_pixels),
+    )
 
 
 def root_cause(exc: BaseException) -> BaseException:

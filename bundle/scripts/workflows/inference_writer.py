@@ -30,6 +30,7 @@ from .inference import image_facts, image_notes, maps_on_original
 from .inference_files import (
     FALLBACK_SPACING_MM,
     StagedFiles,
+    map_spacing,
     overlay_panel,
     panel_title_lines,
     quantize,
@@ -188,8 +189,11 @@ class GLAMInferenceWriter:
             self._add_seconds("writing", time.perf_counter() - begin)
         notes = image_notes(item, default_view=self._default_view())
         meta = item["image"].meta
-        if self.outputs.maps and used_spacing(meta) is None and meta.get("format") not in _FORMATS_WITHOUT_SPACING:
-            notes.insert(0, f"{_NO_SPACING}: the NIfTI maps state {FALLBACK_SPACING_MM:g} mm per pixel")
+        if self.outputs.maps and map_spacing(meta) is None and meta.get("format") not in _FORMATS_WITHOUT_SPACING:
+            if used_spacing(meta) is None:
+                notes.insert(0, f"{_NO_SPACING}: the NIfTI maps state {FALLBACK_SPACING_MM:g} mm per pixel")
+            else:  # the model saw it at a stated or estimated spacing; the maps keep the file's own grid
+                notes.append(f"the NIfTI maps keep the file's grid at {FALLBACK_SPACING_MM:g} mm per pixel")
         if notes:  # before the row: a run killed in between redoes the image, the note is not lost
             note = "; ".join(notes)
             logger.warning("%s: %s", escape_text(path), note)
@@ -229,7 +233,7 @@ class GLAMInferenceWriter:
         staged = StagedFiles(self.folder.path)
         try:
             begin = time.perf_counter()
-            spacing = used_spacing(meta)
+            spacing = map_spacing(meta)
             for name in self.outputs.maps:
                 quantized = quantize(maps[name])
                 save_nifti(staged.path(files[name]), quantized, spacing)
