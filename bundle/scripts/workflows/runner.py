@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -39,6 +41,7 @@ __all__ = [
     "run_training",
     "stages_to_run",
     "running_parser",
+    "tracking_params",
 ]
 
 #: the stages in training order (the vocabulary's order)
@@ -123,9 +126,84 @@ def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage"
         disable_on_other_ranks(config, rank_zero_only, rank_=this_rank)
         stage_parser = ConfigParser(config, globals=dict(parser.globals))
         stage_parser["stage"] = name
+        _track_stage(stage_parser)
         result = stage_parser.get_parsed_content(stage_run_id)
         results.append(result[-1] if isinstance(result, list) and result else result)
     return results
+
+
+#: the hyper-parameters a tracked stage records (top-level config ids; per-stage ones as the stage's value)
+TRACKED = (
+    "seed",
+    "image_size",
+    "pixel_spacing",
+    "patch_size",
+    "num_patches",
+    "num_patches_eval",
+    "t_global",
+    "t_local",
+    "gamma_c",
+    "aggregation",
+    "patch_shift",
+    "local_depth",
+    "local_width",
+    "global_backbone",
+    "pool_in_breast",
+    "lambda_sparsity",
+    "learning_rate",
+    "epochs",
+    "batch_size",
+    "val_interval",
+    "early_stop_patience",
+    "selection_metric",
+    "amp",
+    "train_cache",
+)
+
+
+def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
+    """The parameters MLflow records for a stage (train.yaml's ``tracking_params``): the hyper-parameters in
+    :data:`TRACKED` (a per-stage dict both as this stage's value and, as ``<name>_per_stage``, whole), the datalist's
+    path and the sizes of its training and validation splits, and the metric that selects the best model."""
+    from .cli import per_stage
+
+    params: dict[str, str] = {"stage": str(stage)}
+    for name in TRACKED:
+        if name not in parser:
+            continue
+        value = parser.get_parsed_content(name)
+        if isinstance(value, dict) and stage in value:
+            params[f"{name}_per_stage"] = json.dumps(value, sort_keys=True, default=str)
+            value = per_stage(value, stage, name)
+        params[name] = json.dumps(value, default=str) if isinstance(value, (dict, list, tuple)) else str(value)
+    params["datalist"] = os.path.abspath(str(parser.get_parsed_content("datalist")))
+    params["train_items"] = str(len(parser.get_parsed_content("train_datalist")))
+    params["validation_items"] = str(len(parser.get_parsed_content("val_datalist")))
+    params["selection"] = str(parser.get_parsed_content("selection")["metric"])
+    return params
+
+
+def _track_stage(stage_parser: ConfigParser) -> None:
+    """When MONAI's ``--tracking mlflow`` patched an ``MLFlowHandler`` into the trainer's handlers: it also records
+    the stage's parameters (``tracking_params``) and the stage's merged configuration, saved as
+    ``<output_dir>/config.json`` (an artifact of the run)."""
+    handlers = stage_parser.get("train#handlers") or []
+    tracked = [h for h in handlers if isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler")]
+    if not tracked:
+        return
+    output_dir = str(stage_parser.get_parsed_content("output_dir"))
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, "config.json")
+    from ..atomic import atomic_write
+
+    with atomic_write(path, "w") as f:
+        json.dump(stage_parser.get(), f, indent=1, default=str)
+    for handler in tracked:
+        if "tracking_params" in stage_parser:
+            handler.setdefault("experiment_param", "@tracking_params")
+        # MONAI's own copy (`--save_execute_config true`) when asked for, else this one
+        if handler.get("artifacts") in (None, "@save_execute_config") and not stage_parser.get("save_execute_config"):
+            handler["artifacts"] = path
 
 
 def run_training(stage: str, stage_run_id: str = "run_stage", parser: ConfigParser | None = None) -> list[Any]:
