@@ -45,10 +45,12 @@ from .runner import (
     STAGE_ORDER,
     GLAMTrainingWorkflow,
     active_parser,
+    attach_tracked_config,
     run_stages,
     run_training,
     running_parser,
     stages_to_run,
+    track_config_artifact,
     tracking_params,
 )
 from .sampler import BalancedEpochSampler, positive_flags
@@ -66,6 +68,8 @@ __all__ = [
     "per_stage",
     "preflight_training",
     "tracking_params",
+    "attach_tracked_config",
+    "track_config_artifact",
     "MASK_METRICS",
     "NegativeBCE",
     "choose_selection",

@@ -42,6 +42,8 @@ __all__ = [
     "stages_to_run",
     "running_parser",
     "tracking_params",
+    "attach_tracked_config",
+    "track_config_artifact",
 ]
 
 #: the stages in training order (the vocabulary's order)
@@ -183,27 +185,61 @@ def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
     return params
 
 
-def _track_stage(stage_parser: ConfigParser) -> None:
-    """When MONAI's ``--tracking mlflow`` patched an ``MLFlowHandler`` into the trainer's handlers: it also records
-    the stage's parameters (``tracking_params``) and the stage's merged configuration, saved as
-    ``<output_dir>/config.json`` (an artifact of the run)."""
-    handlers = stage_parser.get("train#handlers") or []
+def attach_tracked_config(
+    parser: ConfigParser, handlers_id: str, folder: str | os.PathLike, params_id: str | None = None
+) -> str | None:
+    """When MONAI's ``--tracking mlflow`` patched an ``MLFlowHandler`` into ``parser[handlers_id]``: save the merged
+    configuration as ``<folder>/config.json`` and make it the handler's artifact (MONAI's own copy is off:
+    train.yaml's ``save_execute_config: false``); with ``params_id``, the handler also records that config id's
+    dict as the run's parameters. Returns the file's path, None when nothing is tracked. Call before the handlers
+    are built: it edits their raw configuration in place, which MONAI reads when it builds a component."""
+    handlers = parser.get(handlers_id) or []
     tracked = [h for h in handlers if isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler")]
     if not tracked:
-        return
-    output_dir = str(stage_parser.get_parsed_content("output_dir"))
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "config.json")
+        return None
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.json")
     from ..atomic import atomic_write
 
     with atomic_write(path, "w") as f:
-        json.dump(stage_parser.get(), f, indent=1, default=str)
+        json.dump(parser.get(), f, indent=1, default=str)
     for handler in tracked:
-        if "tracking_params" in stage_parser:
-            handler.setdefault("experiment_param", "@tracking_params")
+        if params_id is not None and params_id in parser:
+            handler.setdefault("experiment_param", f"@{params_id}")
         # MONAI's own copy (`--save_execute_config true`) when asked for, else this one
-        if handler.get("artifacts") in (None, "@save_execute_config") and not stage_parser.get("save_execute_config"):
+        if handler.get("artifacts") in (None, "@save_execute_config") and not parser.get("save_execute_config"):
             handler["artifacts"] = path
+    return path
+
+
+def track_config_artifact(
+    handlers: Sequence[Any], folder: str | os.PathLike, parser: ConfigParser | None = None
+) -> str:
+    """For built handlers (evaluate.yaml's ``handlers``): save the merged configuration of ``parser`` (the running
+    one by default) as ``<folder>/config.json`` and make it the artifact of every ``MLFlowHandler`` among
+    ``handlers`` that logs none (MONAI's own copy is off: train.yaml's ``save_execute_config: false``)."""
+    from monai.handlers import MLFlowHandler
+
+    from ..atomic import atomic_write
+
+    parser = active_parser() if parser is None else parser
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.json")
+    with atomic_write(path, "w") as f:
+        json.dump(parser.get(), f, indent=1, default=str)
+    for handler in handlers or ():
+        if isinstance(handler, MLFlowHandler) and not any(handler.artifacts):
+            handler.artifacts = (path,)
+    return path
+
+
+def _track_stage(stage_parser: ConfigParser) -> None:
+    """A tracked stage records its parameters (``tracking_params``) and its merged configuration
+    (``<output_dir>/config.json``)."""
+    if stage_parser.get("train#handlers"):
+        attach_tracked_config(
+            stage_parser, "train#handlers", str(stage_parser.get_parsed_content("output_dir")), "tracking_params"
+        )
 
 
 def run_training(stage: str, stage_run_id: str = "run_stage", parser: ConfigParser | None = None) -> list[Any]:
