@@ -251,3 +251,19 @@ def test_why_no_model_names_the_reason(tmp_path):
     (folder / "selection.json").write_text(json.dumps(record))
     message = why_no_model(folder / "model.pt")
     assert "ran 2 epoch(s) but validation never produced the key metric val_auc_mean" in message
+
+
+def test_unfinished_run_without_a_record_is_told_by_the_trainer_state(tmp_path):
+    """Folders written before selection.json existed: the trainer state in last.pt says whether the run finished."""
+    from scripts.workflows import check_unfinished_run
+
+    folder = tmp_path / "global"
+    folder.mkdir()
+    torch.save({"trainer": {"epoch_length": 8, "iteration": 16, "max_epochs": 2}}, folder / "last.pt")
+    check_unfinished_run(tmp_path, ["global"], resume=False, overwrite=False)  # finished: started afresh
+    torch.save({"trainer": {"epoch_length": 8, "iteration": 8, "max_epochs": 2}}, folder / "last.pt")
+    with pytest.raises(UsageError, match="unfinished global run: continue it with --resume true"):
+        check_unfinished_run(tmp_path, ["global"], resume="false", overwrite="false")
+    check_unfinished_run(tmp_path, ["global"], resume="true", overwrite=False)
+    check_unfinished_run(tmp_path, ["global"], resume=False, overwrite="true")
+    check_unfinished_run(tmp_path, ["local"], resume=False, overwrite=False)  # another stage's folder

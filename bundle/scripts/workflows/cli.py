@@ -236,12 +236,25 @@ def check_writable(**folders: str | os.PathLike) -> None:
             ) from None
 
 
+def _finished_by_state(last: Path) -> bool:
+    """Whether the trainer state saved in ``last.pt`` reached its ``max_epochs`` (False when unreadable)."""
+    import torch
+
+    try:
+        state = torch.load(last, map_location="cpu", weights_only=True)["trainer"]
+        epoch = state["epoch"] if "epoch" in state else int(state["iteration"]) // int(state["epoch_length"])
+        return int(epoch) >= int(state["max_epochs"])
+    except Exception:  # noqa: BLE001 - any unreadable or foreign file: not known to be finished
+        return False
+
+
 def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], resume: Any, overwrite: Any) -> None:
     """Refuse to start afresh over the checkpoints of an unfinished run.
 
-    A stage folder with a ``last.pt`` whose run did not finish (its ``selection.json`` does not say ``finished``, or
-    there is none) is an unfinished run: without ``resume`` or ``overwrite`` this is a :class:`UsageError` naming the
-    folder and the two choices. A finished run is started afresh as before (its files are replaced).
+    A stage folder with a ``last.pt`` whose run did not finish is an unfinished run: its ``selection.json`` does not
+    say ``finished`` (or, in a folder written before the record existed, the trainer state in ``last.pt`` is short
+    of its ``max_epochs``). Without ``resume`` or ``overwrite`` this is a :class:`UsageError` naming the folder and
+    the two choices. A finished run is started afresh as before (its files are replaced).
     """
     if str2bool(str(resume)) or str2bool(str(overwrite)):
         return
@@ -252,6 +265,8 @@ def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], re
         record = read_record(folder)
         if record is not None and record.get("finished"):
             continue
+        if record is None and _finished_by_state(folder / "last.pt"):
+            continue  # a folder written before the selection record existed: the trainer state says it finished
         epochs = f" (epoch {record['epochs_run']})" if record and record.get("epochs_run") else ""
         raise UsageError(
             f"{os.path.abspath(folder)} holds the checkpoints of an unfinished {stage} run{epochs}: continue it with "
