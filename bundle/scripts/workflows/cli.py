@@ -98,8 +98,11 @@ def _excepthook(previous):
         if found is None:
             previous(exc_type, exc, tb)
             return
-        message = str(found).strip() or type(found).__name__
-        print(f"error: {message}", file=sys.stderr)
+        message = str(found).strip()
+        # the kind of problem for anything but a usage error (DataCheckError, FileNotFoundError...): it says where
+        # to look (a datalist, a file)
+        kind = "" if isinstance(found, UsageError) else f"{type(found).__name__}: "
+        print(f"error: {kind}{message}", file=sys.stderr)
         print("(GLAM_TRACEBACK=1 shows the traceback)", file=sys.stderr)
 
     hook.glam = True  # type: ignore[attr-defined]
@@ -141,7 +144,8 @@ def _check_per_stage(parser: ConfigParser, stages: Sequence[str]) -> None:
             per_stage(value, stage, name)
         values = value.values() if isinstance(value, Mapping) else [value]
         for v in values:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            # a learning rate of 0 is allowed (a stage that only validates)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and name != "learning_rate"):
                 raise UsageError(f"{name} must be positive numbers, got {value!r}")
             if name != "learning_rate" and int(v) != v:
                 raise UsageError(f"{name} must be whole numbers, got {value!r}")
@@ -221,14 +225,20 @@ def _file_config(arguments: Mapping[str, Any]) -> dict[str, Any]:
 
 # -- folders ---------------------------------------------------------------------------------------------------------
 def check_writable(**folders: str | os.PathLike) -> None:
-    """Each folder (made if missing) accepts a new file; else a :class:`UsageError` naming the option and the folder."""
+    """Each folder accepts a new file (a folder that does not exist yet: its nearest existing parent, which must be
+    a folder); else a :class:`UsageError` naming the option and the folder. Nothing is left behind."""
+    import tempfile
+
     for name, folder in folders.items():
-        path = Path(folder)
+        path = Path(os.path.abspath(folder))
+        existing = path
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            probe = path / f".write_test_{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            if not existing.is_dir():
+                raise NotADirectoryError(20, f"{existing} is not a folder")
+            with tempfile.TemporaryFile(dir=existing):
+                pass
         except OSError as err:
             raise UsageError(
                 f"{name} {os.path.abspath(path)} cannot be written ({err.strerror or err}): choose a writable folder "
