@@ -267,3 +267,22 @@ def test_unfinished_run_without_a_record_is_told_by_the_trainer_state(tmp_path):
     check_unfinished_run(tmp_path, ["global"], resume="true", overwrite=False)
     check_unfinished_run(tmp_path, ["global"], resume=False, overwrite="true")
     check_unfinished_run(tmp_path, ["local"], resume=False, overwrite=False)  # another stage's folder
+
+
+def test_command_line_overrides_are_checked_against_the_config_files():
+    """The argv of `python -m monai.bundle run`: `--key value` and `--key=value`, nested ids, MONAI's own
+    arguments and tracking ids pass; an unknown id names its closest sibling."""
+    from scripts.workflows import check_command_line
+
+    main = "/venv/lib/python3.11/site-packages/monai/bundle/__main__.py"
+    files = f"['{TRAIN_CONFIG}','{TRAIN_CONFIG.parent / 'evaluate.yaml'}']"
+    base = [main, "run", "evaluating", "--config_file", files, "--meta_file", META]
+    check_command_line(base + ["--eval_split=validation", "--validate#metrics#val_auc_mean#average", "micro"])
+    check_command_line(base + ["--tracking", "mlflow", "--tracking_uri", "sqlite:///x.db", "--epochs", "1"])
+    with pytest.raises(UsageError, match=r"unknown option --eval_splt: .*did you mean --eval_split\?"):
+        check_command_line(base + ["--eval_splt", "validation"])
+    with pytest.raises(
+        UsageError, match=r"unknown option --validate#metrics#val_auc_men: .*--validate#metrics#val_auc_mean"
+    ):
+        check_command_line(base + ["--validate#metrics#val_auc_men", "x"])
+    check_command_line(["/usr/bin/pytest", "--no_such_key", "1"])  # not the bundle command: nothing to check

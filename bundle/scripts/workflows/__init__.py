@@ -12,6 +12,7 @@ from .checkpoints import (
 )
 from .cli import (
     UsageError,
+    check_command_line,
     check_overrides,
     check_unfinished_run,
     check_writable,
@@ -61,6 +62,7 @@ __all__ = [
     "read_record",
     "why_no_model",
     "UsageError",
+    "check_command_line",
     "check_overrides",
     "check_unfinished_run",
     "check_writable",

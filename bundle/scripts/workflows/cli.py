@@ -7,8 +7,8 @@ problem of the user's (a missing folder, a read-only checkpoint folder) surfaced
 MONAI's "Failed to evaluate ConfigExpression". :func:`preflight_training` is the first entry of train.yaml's
 ``training`` list and checks all of that before a dataset or a network is built:
 
-- every ``--key`` of the command line (or every keyword override of :class:`~scripts.workflows.GLAMTrainingWorkflow`)
-  names an id of the config files; an unknown one is refused with the closest known id (``difflib``);
+- every ``--key`` of the ``monai.bundle run`` command line names an id of the config files; an unknown one is refused
+  with the closest known id (``difflib``). (The Python API, ``GLAMTrainingWorkflow(..., key=value)``, may add ids.)
 - the per-stage options (``epochs``, ``learning_rate``, ``batch_size``) are a number (every stage) or a dict with
   every stage to run (:func:`per_stage`);
 - ``ckpt_root`` and ``output_root`` can be written (:func:`check_writable`);
@@ -46,6 +46,7 @@ __all__ = [
     "check_writable",
     "check_unfinished_run",
     "preflight_training",
+    "check_command_line",
 ]
 
 #: the options that hold one value per stage ({global: ..., local: ..., joint: ...}) or one number for all
@@ -285,23 +286,23 @@ def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], re
 
 
 # -- the whole check -----------------------------------------------------------------------------------------------
-#: overrides of the running GLAMTrainingWorkflow (keys, config files), set by its ``run``
-_WORKFLOW_OVERRIDES: list[tuple[list[str], Any]] = []
+def check_command_line(argv: Sequence[str] | None = None) -> None:
+    """:func:`install_excepthook`, then every ``--key`` of a ``monai.bundle run`` command line checked against the
+    config files it names (:func:`check_overrides`); nothing to check outside that command. evaluate.yaml's first
+    ``evaluating`` entry, and the start of :func:`preflight_training`."""
+    install_excepthook()
+    given = command_line_overrides(argv)
+    if given is not None:
+        keys, arguments = given
+        check_overrides(keys, _file_config(arguments))
 
 
 def preflight_training(parser: ConfigParser | None = None) -> None:
     """train.yaml's first ``training`` entry: the checks of this module's docstring, before any work."""
-    install_excepthook()
+    check_command_line()
     from .runner import active_parser, stages_to_run
 
     parser = active_parser() if parser is None else parser
-    given = command_line_overrides()
-    if given is not None:
-        keys, arguments = given
-        check_overrides(keys, _file_config(arguments))
-    elif _WORKFLOW_OVERRIDES:
-        keys, files = _WORKFLOW_OVERRIDES[-1]
-        check_overrides(keys, _file_config({"config_file": files}))
     try:
         stages = stages_to_run(str(parser.get_parsed_content("stage")))
     except ValueError as err:
