@@ -461,3 +461,10 @@ def test_user_weights_are_described_by_their_records_and_the_users_text(tmp_path
     # the bundle's own weights keep the bundle's own texts; user text without --weights is refused
     with pytest.raises(tool.PackagingError, match="give them with --weights"):
         tool.build_zip(tmp_path / "dist3", NAME, texts=tool.ModelTexts(description="x"))
+
+
+def test_command_line_refuses_model_text_without_weights(tmp_path, capsys):
+    tool = _load_tool()
+    assert tool.main(["--out", str(tmp_path / "dist"), "--description", "ours", "--no-weights"]) == 1
+    assert "FAILED metadata: [metadata] --description, --data_source" in capsys.readouterr().err
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
