@@ -1,7 +1,8 @@
 """Build the shareable model-zoo zip of bundle/ and verify it from a clean temporary folder.
 
-    python scripts/package_bundle.py --out dist [--weights model.pt [--preset configs/quickstart.yaml]]
-        [--no-weights] [--name glam_mammography] [--keep]
+    python scripts/package_bundle.py --out dist [--weights model.pt [--preset configs/quickstart.yaml]
+        [--description TEXT] [--data_source TEXT] [--model_card FILE] [--metrics metrics.json]
+        [--data_license FILE]] [--no-weights] [--name glam_mammography] [--keep]
 
 The zip holds ``<name>/{configs,scripts,docs,models}/`` and ``<name>/LICENSE`` (plus ``large_files.yml`` when the
 bundle has one); caches, training outputs and model files are left out, except the weights shipped as
@@ -14,6 +15,15 @@ them) need ``--preset`` with the preset they were trained with: its model ids (`
 packaged ``inference.yaml`` and ``train.yaml`` and the shapes into ``metadata.json``, so that the shared bundle
 builds the network the weights belong to; for weights with a record it is not needed (and is refused when it
 disagrees with the record). ``--out`` is a folder (the zip is named ``<name>_v<version>.zip``) or a ``.zip`` path.
+
+With ``--weights`` (the user's model), the metadata and the model card describe that model, never the demonstration
+model: ``description`` (``--description``, else one written from the weights' settings record), ``data_source``
+(``--data_source``, else a line saying the packager did not state it), ``eval_metrics`` (the best-model selection
+recorded in ``selection.json`` beside the weights, and the evaluation's ``metrics.json`` given with ``--metrics``),
+``intended_use`` (research use) and the changelog entry of the version; ``docs/README.md`` is ``--model_card FILE``
+as it is, else a card written from the same facts (:func:`user_model_card`); ``docs/data_license.txt`` is
+``--data_license FILE`` or a note that the licence of the training data was not stated, and the demonstration's
+training curves are left out.
 
 The zip also holds ``configs/inference.json``, written from the packaged ``inference.yaml``: MONAI's
 ``monai.bundle.load(name, bundle_dir=..., workflow_type="inference")`` builds ``network_def`` only from
@@ -104,6 +114,22 @@ INFERENCE_JSON = "configs/inference.json"
 # inference.json's bundle_root: the folder holding the `scripts` package the config imports (`$import os` and
 # `$import scripts` are among its imports), i.e. the unzipped bundle whichever folder `load` is called from
 SELF_LOCATING_ROOT = "$os.path.dirname(os.path.dirname(os.path.abspath(scripts.__file__)))"
+
+
+#: the demonstration model's docs, replaced or left out when --weights ships the user's model
+DEMO_DOCS = ("docs/README.md", "docs/data_license.txt", "docs/training_curves.png")
+RESEARCH_USE = "Research use only. Not a medical device; not for clinical use, clinical decisions or diagnosis."
+
+
+@dataclass
+class ModelTexts:
+    """What the packager says about --weights (every field optional; see the module docstring)."""
+
+    description: str | None = None
+    data_source: str | None = None
+    model_card: Path | None = None
+    metrics: Path | None = None
+    data_license: Path | None = None
 
 
 class PackagingError(ValueError):
@@ -283,6 +309,126 @@ def check_weights(weights: Path, bundle_root: Path, inference_config: str | None
         ) from e
 
 
+def _selection_record(weights: Path) -> dict | None:
+    """The ``selection.json`` training wrote beside the weights (the stage folder), if any."""
+    try:
+        return json.loads((weights.parent / "selection.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _settings_summary(settings: dict) -> str:
+    size = settings.get("image_size")
+    parts = []
+    if size:
+        parts.append(f"{size[0]}x{size[1]} input window")
+    if settings.get("pixel_spacing"):
+        parts.append(f"{settings['pixel_spacing']} mm pixels")
+    if settings.get("patch_size"):
+        parts.append(f"{settings['patch_size'][0]} px patches")
+    if settings.get("local_depth"):
+        parts.append(f"ResNet-{settings['local_depth']}-HR local module of width {settings.get('local_width')}")
+    parts.append("the paper's global backbone" if not settings.get("global_backbone") else "a custom global backbone")
+    return ", ".join(parts)
+
+
+def _selection_summary(record: dict | None) -> str | None:
+    if not record or record.get("best_epoch", -1) < 1:
+        return None
+    value = record.get("best_value")
+    text = (
+        f"{record.get('stage', '?')} stage selected at epoch {record['best_epoch']} of {record.get('epochs_run')} by "
+        f"{record.get('metric')} = {value:.4f} on {record.get('validation_items')} validation images"
+    )
+    if record.get("reason") and record["reason"] != "selection_metric":
+        text += f" ({record['reason']})"
+    return text
+
+
+def _evaluation_metrics(metrics: Path | None) -> dict | None:
+    if metrics is None:
+        return None
+    try:
+        content = json.loads(metrics.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise PackagingError("metadata", f"--metrics {metrics}: not a readable JSON file ({e})") from e
+    if not isinstance(content, dict):
+        raise PackagingError("metadata", f"--metrics {metrics}: expected a JSON object (evaluate's metrics.json)")
+    return content
+
+
+def user_model_metadata(bundle_root: Path, weights: Path, texts: ModelTexts, meta_text: str | None) -> dict:
+    """The packaged ``metadata.json`` for the user's ``weights`` (see the module docstring)."""
+    meta = json.loads(meta_text or (bundle_root / "configs" / "metadata.json").read_text(encoding="utf-8"))
+    settings = recorded_settings(weights) or {}
+    selection = _selection_summary(_selection_record(weights))
+    summary = _settings_summary(settings) if settings else "settings not recorded in the checkpoint"
+    meta["description"] = texts.description or (
+        "GLAM (Global-Local Activation Maps, Liu et al., MIDL 2021) trained by the packager of this bundle: it "
+        "classifies a mammogram as benign / malignant from image-level labels and produces saliency maps at a "
+        f"quarter of the input resolution. This model: {summary}."
+    )
+    meta["data_source"] = texts.data_source or (
+        "Not stated by the packager (package_bundle --data_source): ask them which images the model was trained on."
+    )
+    eval_metrics: dict = {"note": "soft Dice, pixel average precision, pointing game, ROC AUC: see docs/README.md"}
+    if selection:
+        eval_metrics["selection"] = selection
+    evaluation = _evaluation_metrics(texts.metrics)
+    if evaluation is not None:
+        eval_metrics["evaluation"] = evaluation
+    if len(eval_metrics) == 1:
+        eval_metrics["evaluation"] = "not given (package_bundle --metrics <eval_dir>/metrics.json)"
+    meta["eval_metrics"] = eval_metrics
+    meta["intended_use"] = RESEARCH_USE
+    meta["changelog"] = {
+        meta["version"]: f"the packager's GLAM weights ({weights.name}: {summary}) with the code of GLAM for MONAI "
+        f"{meta['version']}"
+    }
+    return meta
+
+
+def user_model_card(name: str, meta: dict, weights: Path) -> str:
+    """``docs/README.md`` for the user's weights, from the packaged metadata and the weights' records."""
+    settings = recorded_settings(weights) or {}
+    lines = [
+        f"# {name}: GLAM for mammography",
+        "",
+        f"**{RESEARCH_USE}**",
+        "",
+        "## Model",
+        meta["description"],
+        "",
+        "## Data",
+        meta["data_source"],
+        "",
+        "## Evaluation",
+    ]
+    for key, value in meta["eval_metrics"].items():
+        if key != "note":
+            lines.append(f"- {key}: {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+    lines += ["", "## Settings recorded in models/model.pt", ""]
+    if settings:
+        lines += ["| setting | value |", "|---|---|"]
+        lines += [f"| {k} | {json.dumps(v)} |" for k, v in sorted(settings.items())]
+    else:
+        lines.append("The checkpoint records no settings (it was packaged with --preset).")
+    lines += [
+        "",
+        "## Use",
+        "```bash",
+        "python -m monai.bundle run inference --config_file configs/inference.yaml --meta_file configs/metadata.json "
+        "--bundle_root . --input_dir DIR --output_dir OUT",
+        "```",
+        "The inference config builds the network and its input window from the settings the checkpoint records.",
+        "",
+        "## References",
+        *[f"- {r}" for r in meta.get("references", [])],
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def build_zip(
     out: Path,
     name: str,
@@ -290,6 +436,7 @@ def build_zip(
     weights: Path | None = None,
     preset: Path | None = None,
     ship_weights: bool = True,
+    texts: ModelTexts | None = None,
 ) -> Path:
     """Write the zip atomically and return its path. ``weights``: shipped as ``models/model.pt``; default the
     bundle's own ``models/model.pt`` when it exists, none when ``ship_weights`` is False."""
@@ -299,6 +446,13 @@ def build_zip(
         raise PackagingError("weights", "--weights and --no-weights exclude each other")
     if preset is not None and weights is None:
         raise PackagingError("preset", "--preset describes the sizes of --weights: give both")
+    users_weights = weights is not None
+    if texts is not None and not users_weights and any(vars(texts).values()):
+        raise PackagingError(
+            "metadata",
+            "--description, --data_source, --model_card, --metrics, --data_license "
+            "describe --weights: give them with --weights",
+        )
     if weights is None and ship_weights and (bundle_root / DEFAULT_WEIGHTS).is_file():
         weights = bundle_root / DEFAULT_WEIGHTS
     replaced = {} if preset is None else apply_preset(bundle_root, preset_values(preset))
@@ -309,6 +463,32 @@ def build_zip(
             meta_text = metadata_with_shapes(bundle_root, window, "weights")
             if meta_text is not None:
                 replaced["configs/metadata.json"] = meta_text
+    dropped: set[str] = set()
+    if users_weights:
+        # the user's model, never the demonstration model's text
+        texts = texts or ModelTexts()
+        meta = user_model_metadata(bundle_root, weights, texts, replaced.get("configs/metadata.json"))
+        replaced["configs/metadata.json"] = json.dumps(meta, indent=4) + "\n"
+        if texts.model_card is not None:
+            try:
+                replaced["docs/README.md"] = texts.model_card.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise PackagingError("model_card", f"--model_card {texts.model_card}: cannot be read ({e})") from e
+        else:
+            replaced["docs/README.md"] = user_model_card(name, meta, weights)
+        if texts.data_license is not None:
+            try:
+                replaced["docs/data_license.txt"] = texts.data_license.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise PackagingError(
+                    "data_license", f"--data_license {texts.data_license}: cannot be read ({e})"
+                ) from e
+        else:
+            replaced["docs/data_license.txt"] = (
+                "The licence of the data this model was trained on was not stated by the packager "
+                "(package_bundle --data_license FILE).\n"
+            )
+        dropped = set(DEMO_DOCS) - set(replaced)
     if (bundle_root / INFERENCE_JSON).exists():
         # it is generated from inference.yaml: a hand-written one would be overwritten or disagree with the YAML
         raise PackagingError(
@@ -318,13 +498,20 @@ def build_zip(
     generated = {INFERENCE_JSON: inference_json(yaml_text)}
     with atomic_write(zip_path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(f"{name}/models/", "")  # the zoo layout has models/ even when no weights are shipped
+        written = set()
         for src, rel in bundle_files(bundle_root):
+            written.add(rel)
+            if rel in dropped:
+                continue
             if rel in replaced:
                 zf.writestr(f"{name}/{rel}", replaced[rel])
             else:
                 zf.write(src, f"{name}/{rel}")
         for rel, text in generated.items():
             zf.writestr(f"{name}/{rel}", text)
+        for rel, text in replaced.items():  # e.g. the model card of a bundle that had none
+            if rel not in written and rel not in generated:
+                zf.writestr(f"{name}/{rel}", text)
         if weights is not None:
             zf.write(weights, f"{name}/models/model.pt")
     return zip_path
@@ -495,6 +682,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the preset --weights were trained with; only for weights that record no settings (older checkpoints)",
     )
     ap.add_argument("--name", default="glam_mammography", help="bundle name: the zip's top-level folder")
+    ap.add_argument(
+        "--description", help="with --weights: metadata description of the model (default: from its settings)"
+    )
+    ap.add_argument("--data_source", help="with --weights: the data the model was trained on (metadata data_source)")
+    ap.add_argument("--model_card", type=Path, help="with --weights: Markdown file shipped as docs/README.md")
+    ap.add_argument("--metrics", type=Path, help="with --weights: evaluate's metrics.json, into eval_metrics")
+    ap.add_argument("--data_license", type=Path, help="with --weights: text file shipped as docs/data_license.txt")
     ap.add_argument("--schema", type=Path, default=DEFAULT_SCHEMA, help="metadata schema (skipped when missing)")
     ap.add_argument("--keep", type=Path, help="verify in this folder and keep it (for debugging)")
     args = ap.parse_args(argv)
@@ -504,8 +698,14 @@ def main(argv: list[str] | None = None) -> int:
     step = "build"
     try:
         t = time.perf_counter()
+        texts = ModelTexts(args.description, args.data_source, args.model_card, args.metrics, args.data_license)
         zip_path = build_zip(
-            args.out, args.name, weights=args.weights, preset=args.preset, ship_weights=not args.no_weights
+            args.out,
+            args.name,
+            weights=args.weights,
+            preset=args.preset,
+            ship_weights=not args.no_weights,
+            texts=texts,
         )
         with zipfile.ZipFile(zip_path) as zf:
             n = len([i for i in zf.infolist() if not i.is_dir()])

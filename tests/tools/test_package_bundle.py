@@ -397,3 +397,74 @@ def test_monai_load_returns_the_network_holding_the_packaged_weights(tmp_path, w
     outputs = info["forward_all"]
     assert outputs["saliency"] == outputs["saliency_local"] == [1, 2, h // 4, w // 4]
     assert outputs["y_global"] == [1, 2]
+
+
+DEMO_PHRASES = ("demonstration", "synthetic", "calibrated", "benchmark")
+
+
+def _zip_texts(zip_path) -> tuple[dict, str, str, set[str]]:
+    with zipfile.ZipFile(zip_path) as zf:
+        meta = json.loads(zf.read(f"{NAME}/configs/metadata.json"))
+        card = zf.read(f"{NAME}/docs/README.md").decode()
+        licence = zf.read(f"{NAME}/docs/data_license.txt").decode()
+    return meta, card, licence, _names(zip_path)
+
+
+def test_user_weights_are_described_by_their_records_and_the_users_text(tmp_path):
+    """--weights mine.pt: the metadata and the model card describe the user's model (its settings record, the
+    selection.json beside it, the evaluation's metrics.json, the text given), never the demonstration model."""
+    tool = _load_tool()
+    stage_dir = tmp_path / "models" / "joint"
+    stage_dir.mkdir(parents=True)
+    weights = _tiny_weights(stage_dir / "model.pt", patch_size=64, local_depth=18, local_width=4, image_size=(320, 192))
+    record = {"stage": "joint", "metric": "val_auc_mean", "reason": "no masks", "best_epoch": 2, "best_value": 0.8125}
+    record.update(epochs_run=3, validation_items=40)
+    (stage_dir / "selection.json").write_text(json.dumps(record))
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(json.dumps({"S_c": {"dice_malignant": 0.21}}))
+    card_file = tmp_path / "card.md"
+    card_file.write_text("# Our GLAM\nTrained on the hospital's 2019-2022 screening exams.\n")
+    licence_file = tmp_path / "licence.txt"
+    licence_file.write_text("Internal data; not redistributable.\n")
+    texts = tool.ModelTexts(
+        description="GLAM trained on our hospital's screening mammograms.",
+        data_source="Hospital X, 2019-2022, 4,000 screening exams",
+        model_card=card_file,
+        metrics=metrics,
+        data_license=licence_file,
+    )
+    meta, card, licence, names = _zip_texts(tool.build_zip(tmp_path / "dist", NAME, weights=weights, texts=texts))
+    assert meta["description"] == texts.description and meta["data_source"] == texts.data_source
+    assert meta["eval_metrics"]["evaluation"] == {"S_c": {"dice_malignant": 0.21}}
+    assert meta["eval_metrics"]["selection"] == (
+        "joint stage selected at epoch 2 of 3 by val_auc_mean = 0.8125 on 40 validation images (no masks)"
+    )
+    assert list(meta["changelog"]) == [VERSION] and "model.pt" in meta["changelog"][VERSION]
+    assert card == card_file.read_text() and licence == licence_file.read_text()
+    assert f"{NAME}/docs/training_curves.png" not in names
+    assert meta["network_data_format"]["inputs"]["image"]["spatial_shape"] == [320, 192]
+    text = json.dumps({k: meta[k] for k in ("description", "data_source", "eval_metrics", "changelog", "intended_use")})
+    assert not [p for p in DEMO_PHRASES if p in text.lower()]
+
+    # without text: written from the records, saying what the packager did not state
+    meta, card, licence, _ = _zip_texts(tool.build_zip(tmp_path / "dist2", NAME, weights=weights))
+    assert (
+        "This model: 320x192 input window, 64 px patches, ResNet-18-HR local module of width 4" in meta["description"]
+    )
+    assert meta["data_source"].startswith("Not stated by the packager")
+    assert "not stated" in licence
+    assert meta["description"] in card and "| image_size | [320, 192] |" in card
+    assert "val_auc_mean = 0.8125" in card
+    text = json.dumps({k: meta[k] for k in ("description", "data_source", "eval_metrics", "changelog")}) + card
+    assert not [p for p in DEMO_PHRASES if p in text.lower()]
+
+    # the bundle's own weights keep the bundle's own texts; user text without --weights is refused
+    with pytest.raises(tool.PackagingError, match="give them with --weights"):
+        tool.build_zip(tmp_path / "dist3", NAME, texts=tool.ModelTexts(description="x"))
+
+
+def test_command_line_refuses_model_text_without_weights(tmp_path, capsys):
+    tool = _load_tool()
+    assert tool.main(["--out", str(tmp_path / "dist"), "--description", "ours", "--no-weights"]) == 1
+    assert "FAILED metadata: [metadata] --description, --data_source" in capsys.readouterr().err
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())

@@ -288,7 +288,7 @@ def test_checkpointer_failure_during_save_keeps_last_pt(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         run.checkpointer.save_last(run.trainer)
     assert (tmp_path / "last.pt").read_bytes() == before
-    assert sorted(os.listdir(tmp_path)) == ["last.pt", "model.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["last.pt", "model.pt", "selection.json"]
 
 
 def test_only_rank_zero_writes(tmp_path, monkeypatch):
@@ -321,12 +321,12 @@ def test_selection_metric_picks_the_key_metric_and_leaves_the_others_additional(
     parser.read_config(
         [str(BUNDLE_ROOT / "configs" / "train.yaml"), str(REPO_ROOT / "tests" / "configs" / "tiny.yaml")]
     )
-    parser.update({"stage": "global", "selection_metric": name})
+    parser.update({"stage": "global", "selection_metric": name, "selection": {"metric": name, "reason": "test"}})
     metrics = parser.get_parsed_content("validate#metrics")
     key = parser.get_parsed_content("validate#key_metric")
     additional = parser.get_parsed_content("validate#additional_metrics")
     assert list(key) == [name] and key[name] is metrics[name]
-    assert set(additional) == set(metrics) - {name} and len(metrics) == 6
+    assert set(additional) == set(metrics) - {name} and len(metrics) == 8
 
 
 def test_key_metric_names_the_choices_when_unknown():

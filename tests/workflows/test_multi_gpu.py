@@ -226,7 +226,11 @@ def test_two_gloo_processes_train_all_stages_like_one(tmp_path, tiny_datalist):
         }
         assert sorted(saves[0]) == sorted([str(ckpt_dir / "last.pt"), str(ckpt_dir / "model.pt")]), saves
         assert saves[1] == []
-        assert sorted(p.name for p in ckpt_dir.iterdir()) == ["last.pt", "model.pt"]  # no temporary file left
+        assert sorted(p.name for p in ckpt_dir.iterdir()) == [
+            "last.pt",
+            "model.pt",
+            "selection.json",
+        ]  # no temporary file left
         last = torch.load(ckpt_dir / "last.pt", weights_only=True)
         assert last["trainer"]["epoch_length"] == math.ceil(per_rank / batch_size)
         assert not any(k.startswith("module.") for k in last["network"])

@@ -129,3 +129,46 @@ def test_cache_mode_values():
         cache_mode("ssd")
     with pytest.raises(ValueError, match="needs a cache_dir"):
         training_dataset([], Compose([]), cache="disk")
+
+
+def test_a_damaged_disk_cache_entry_is_recomputed_with_a_warning(tmp_path, tiny_datalist: str, caplog):
+    """A truncated cache file, one with random bytes written over its cached pixels, and one rewritten with other
+    pixels but its old checksum are each recomputed (the same items as uncached), with a warning naming the file;
+    the rewritten files then serve the next dataset without recomputing."""
+    parser = _parser(tiny_datalist)
+    data = parser.get_parsed_content("train_datalist")[:3]
+    chain, counter = _chain(parser, "train#preprocessing")
+    reference = _items(training_dataset(data, chain, cache="none"))
+    cache = tmp_path / "cache"
+    _assert_same_items(_items(training_dataset(data, chain, cache="disk", cache_dir=cache)), reference)
+    assert counter._calls == 6
+    files = {}
+    for path in cache.glob("*.pt"):
+        entry = torch.load(path, weights_only=True)
+        files[entry["data"]["image_path"]] = path
+    truncated, scribbled, swapped = (files[item["image_path"]] for item in reference)
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    # random bytes over the image's pixels where they sit in the file (torch stores tensors uncompressed)
+    raw = bytearray(scribbled.read_bytes())
+    pixels = reference[1]["image"].numpy().tobytes()
+    start = raw.find(pixels[:256])
+    assert start > 0
+    raw[start + 100 : start + 164] = np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes()
+    scribbled.write_bytes(bytes(raw))
+    # a well-formed file whose pixels no longer match the checksum stored with them
+    entry = torch.load(swapped, weights_only=True)
+    changed = entry["data"]["image"].numpy().copy()  # uint16: torch has no arithmetic for it
+    changed[..., 5, 5] ^= 1
+    entry["data"]["image"] = torch.from_numpy(changed)
+    torch.save(entry, swapped)
+    caplog.set_level("WARNING", logger="scripts.workflows.datasets")
+    again = _items(training_dataset(data, chain, cache="disk", cache_dir=cache))
+    _assert_same_items(again, reference)
+    assert counter._calls == 9  # the three were recomputed
+    warned = [r.getMessage() for r in caplog.records if "recomputing" in r.getMessage()]
+    for path in (truncated, scribbled, swapped):
+        assert sum(str(path) in m for m in warned) == 1, (path, warned)
+    assert any("does not match its checksum" in m for m in warned if str(swapped) in m)
+    caplog.clear()
+    _assert_same_items(_items(training_dataset(data, chain, cache="disk", cache_dir=cache)), reference)
+    assert counter._calls == 9 and not [r for r in caplog.records if "recomputing" in r.getMessage()]

@@ -1,7 +1,25 @@
 """GLAM's training and evaluation workflows on MONAI / PyTorch-Ignite engines (used from ``configs/train.yaml``)."""
 
 from .batch import GLAMPrepareBatch
-from .checkpoints import StageCheckpointer, load_weights, plain_state_dict, require_weights, save_atomic
+from .checkpoints import (
+    StageCheckpointer,
+    load_weights,
+    plain_state_dict,
+    read_record,
+    require_weights,
+    save_atomic,
+    why_no_model,
+)
+from .cli import (
+    UsageError,
+    check_command_line,
+    check_overrides,
+    check_unfinished_run,
+    check_writable,
+    install_excepthook,
+    per_stage,
+    preflight_training,
+)
 from .datasets import CACHE_MODES, cache_mode, single_thread_worker, training_dataset
 from .distributed import (
     RankBarrier,
@@ -35,15 +53,37 @@ from .runner import (
     STAGE_ORDER,
     GLAMTrainingWorkflow,
     active_parser,
+    attach_tracked_config,
     run_stages,
     run_training,
     running_parser,
     stages_to_run,
+    track_config_artifact,
+    tracking_params,
 )
 from .sampler import BalancedEpochSampler, positive_flags
+from .selection import MASK_METRICS, NegativeBCE, choose_selection, stage_score_key, validation_has_masks
 from .throughput import InferenceProgress, InferenceThroughput, show_inference_log
 
 __all__ = [
+    "read_record",
+    "why_no_model",
+    "UsageError",
+    "check_command_line",
+    "check_overrides",
+    "check_unfinished_run",
+    "check_writable",
+    "install_excepthook",
+    "per_stage",
+    "preflight_training",
+    "tracking_params",
+    "attach_tracked_config",
+    "track_config_artifact",
+    "MASK_METRICS",
+    "NegativeBCE",
+    "choose_selection",
+    "stage_score_key",
+    "validation_has_masks",
     "key_metric",
     "InferenceThroughput",
     "InferenceProgress",

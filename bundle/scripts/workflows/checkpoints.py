@@ -4,7 +4,9 @@ and read back with ``torch.load(..., weights_only=True)``."""
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +21,15 @@ from ..atomic import atomic_write
 from ..networks.settings import SETTINGS_KEY, check_settings
 from .distributed import rank
 
-__all__ = ["save_atomic", "plain_state_dict", "load_weights", "require_weights", "StageCheckpointer"]
+__all__ = [
+    "save_atomic",
+    "plain_state_dict",
+    "load_weights",
+    "require_weights",
+    "StageCheckpointer",
+    "read_record",
+    "why_no_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +120,54 @@ def plain_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in module.state_dict().items()}
 
 
+def _number(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def read_record(ckpt_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """A stage folder's ``selection.json`` (see :class:`StageCheckpointer`); None if absent or unreadable."""
+    try:
+        return json.loads((Path(ckpt_dir) / "selection.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def why_no_model(model: str | os.PathLike) -> str:
+    """Why a stage's ``model.pt`` does not exist, from its folder's selection record: the stage was not run, its
+    validation split was empty, or validation never produced a value of the key metric."""
+    folder = Path(model).parent
+    stage = folder.name
+    record = read_record(folder)
+    head = f"the previous stage's model {model} does not exist"
+    if record is None and not (folder / "last.pt").is_file():
+        return (
+            f"{head}: the {stage} stage was not run into {folder} (run it first, or the default 'training', which runs "
+            "all stages in order; or pass the same --ckpt_root as that run)"
+        )
+    if record is None:
+        return f"{head}: the {stage} stage ran (its last.pt exists) but selected no model"
+    metric, epochs = record.get("metric"), record.get("epochs_run", 0)
+    if record.get("validation_items") == 0:
+        return (
+            f"{head}: the {stage} stage ran {epochs} epoch(s) but the validation split is empty, so no model was "
+            "selected"
+        )
+    if not record.get("history"):
+        return (
+            f"{head}: the {stage} stage ran {epochs} epoch(s) without a validation "
+            "(val_interval larger than the epochs, or the run stopped before it)"
+        )
+    values = [h.get(metric) for h in record["history"].values()]
+    return (
+        f"{head}: the {stage} stage ran {epochs} epoch(s) but validation never produced the key metric {metric} "
+        f"(values {values}; {record.get('reason')}); choose another --selection_metric"
+    )
+
+
 class StageCheckpointer:
     """Best-model and last-epoch checkpoints of one training stage, resumption, and loading the previous stage.
 
@@ -130,6 +188,14 @@ class StageCheckpointer:
         evaluator: the validation evaluator whose best key metric selects ``model.pt``.
         previous_model: path of the previous stage's best model, required when given.
         resume: continue from ``last.pt`` when it exists.
+        selection: ``{"metric": ..., "reason": ...}`` of :func:`~scripts.workflows.choose_selection`: recorded in
+            ``<ckpt_dir>/selection.json``.
+        validation_items: the size of the validation split, recorded there too.
+
+    ``<ckpt_dir>/selection.json`` (written atomically after every validation and when the run ends) records the
+    selection metric and why it was chosen, every validation's metrics by epoch, the best epoch and value, the
+    epochs run and whether the run finished: the next stage names the reason when no model was selected, and a
+    rerun into the folder refuses to overwrite an unfinished run (scripts/workflows/cli.py).
     """
 
     def __init__(
@@ -139,6 +205,8 @@ class StageCheckpointer:
         evaluator: Engine | None = None,
         previous_model: str | os.PathLike | None = None,
         resume: bool = False,
+        selection: Mapping[str, Any] | None = None,
+        validation_items: int | None = None,
     ) -> None:
         if "network" not in save_dict:
             raise ValueError("save_dict must hold the 'network'")
@@ -147,6 +215,10 @@ class StageCheckpointer:
         self.evaluator = evaluator
         self.previous_model = Path(previous_model) if previous_model else None
         self.resume = _as_flag(resume, "resume")
+        self.selection = dict(selection or {})
+        self.validation_items = validation_items
+        self.record: dict[str, Any] = {}
+        self.trainer: Engine | None = None
 
     @property
     def best_path(self) -> Path:
@@ -156,12 +228,51 @@ class StageCheckpointer:
     def last_path(self) -> Path:
         return self.ckpt_dir / "last.pt"
 
+    @property
+    def record_path(self) -> Path:
+        return self.ckpt_dir / "selection.json"
+
     def attach(self, trainer: Engine) -> None:
+        self.trainer = trainer
         self.save_dict.setdefault("trainer", trainer)
         trainer.add_event_handler(Events.STARTED, self.load)
+        trainer.add_event_handler(Events.STARTED, self._start_record)
         trainer.add_event_handler(Events.EPOCH_COMPLETED, self.save_last)
+        trainer.add_event_handler(Events.COMPLETED, self._finish_record)
         if self.evaluator is not None:
             self.evaluator.add_event_handler(Events.COMPLETED, self.save_best)
+
+    # -- the selection record ----------------------------------------------------------------------------------
+    def _write_record(self) -> None:
+        if rank() != 0:
+            return
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self.record_path, "w") as f:
+            json.dump(self.record, f, indent=1, allow_nan=True)
+
+    def _start_record(self, engine: Engine) -> None:
+        previous = read_record(self.ckpt_dir) if self.resume else None
+        self.record = {
+            "stage": self.ckpt_dir.name,
+            "metric": self.selection.get("metric"),
+            "reason": self.selection.get("reason"),
+            "validation_items": self.validation_items,
+            "max_epochs": engine.state.max_epochs,
+            "epochs_run": int(engine.state.epoch),
+            "best_epoch": -1,
+            "best_value": None,
+            "history": {},
+            "finished": False,
+        }
+        if previous and previous.get("metric") == self.record["metric"]:
+            for key in ("history", "best_epoch", "best_value"):
+                self.record[key] = previous.get(key, self.record[key])
+        self._write_record()
+
+    def _finish_record(self, engine: Engine) -> None:
+        self.record["epochs_run"] = int(engine.state.epoch)
+        self.record["finished"] = True
+        self._write_record()
 
     def load(self, engine: Engine) -> None:
         if self.resume and self.last_path.is_file():
@@ -171,10 +282,7 @@ class StageCheckpointer:
             logger.warning("resume requested but %s does not exist: starting this stage afresh", self.last_path)
         if self.previous_model is not None:
             if not self.previous_model.is_file():
-                raise FileNotFoundError(
-                    f"previous stage's model {self.previous_model} not found: run the previous stage first "
-                    "(or the default 'training', which runs all stages in order)"
-                )
+                raise FileNotFoundError(why_no_model(self.previous_model))
             state = _load_file(self.previous_model, "the previous stage's model")
             network = self.save_dict["network"]
             try:
@@ -238,3 +346,13 @@ class StageCheckpointer:
                 state.epoch,
                 self.best_path,
             )
+        if self.record:
+            # the evaluator's epoch is the trainer's (ValidationHandler runs it with the trainer's epoch)
+            epoch = int(self.trainer.state.epoch) if self.trainer is not None else int(state.epoch)
+            self.record["history"][str(epoch)] = {k: _number(v) for k, v in state.metrics.items()}
+            self.record["epochs_run"] = epoch
+            best_epoch = int(getattr(state, "best_metric_epoch", -1))
+            if best_epoch > 0:
+                self.record["best_epoch"] = best_epoch
+                self.record["best_value"] = _number(state.best_metric)
+            self._write_record()

@@ -12,7 +12,10 @@ bytes), and the random per-step half runs batched on the model's device (``train
   (atomically: a temporary file renamed into place) and read back with ``torch.load(weights_only=True)``: for
   datasets larger than memory (the operating system's page cache keeps what fits), shared by every process and
   every later run. Its file names hash the datalist item, the size and modification time of the files it names,
-  and the settings of every cached transform, so a changed file or setting is never served stale;
+  and the settings of every cached transform, so a changed file or setting is never served stale. Each file also
+  holds a SHA-256 of its content (:class:`ChecksummedPersistentDataset`): an entry that cannot be read (a
+  truncated file) or whose content does not match its checksum (bytes changed on disk) is recomputed and
+  rewritten, with a warning naming the file;
 - ``"none"``: the deterministic half runs again every epoch.
 """
 
@@ -24,18 +27,22 @@ import logging
 import os
 import types
 from collections.abc import Callable, Mapping, Sequence
+from copy import deepcopy
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from monai.data import CacheDataset, Dataset, PersistentDataset
 from monai.data.utils import worker_init_fn
-from monai.utils import str2bool
+from monai.utils import convert_to_tensor, str2bool
 
 __all__ = [
     "CACHE_MODES",
     "cache_mode",
     "cached_item_hash",
+    "ChecksummedPersistentDataset",
+    "content_checksum",
     "single_thread_worker",
     "training_dataset",
     "transforms_hash",
@@ -43,8 +50,8 @@ __all__ = [
 
 #: values of the configs' ``train_cache`` / ``val_cache``
 CACHE_MODES = ("none", "memory", "disk")
-#: part of every disk-cache hash: bump when what a cache entry holds changes meaning
-CACHE_FORMAT = 1
+#: part of every disk-cache hash: bump when what a cache entry holds changes meaning (2: entries with a checksum)
+CACHE_FORMAT = 2
 logger = logging.getLogger(__name__)
 
 
@@ -106,6 +113,82 @@ def cached_item_hash(item: Any) -> bytes:
     return hashlib.md5(text.encode("utf-8")).hexdigest().encode("utf-8")
 
 
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, np.ndarray):
+        a = np.ascontiguousarray(value)
+        digest.update(f"A{a.dtype}{a.shape}".encode())
+        digest.update(a.tobytes())
+    elif isinstance(value, Mapping):
+        digest.update(b"{")
+        for k in sorted(value, key=str):
+            digest.update(repr(k).encode())
+            _feed(digest, value[k])
+        digest.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        digest.update(b"[")
+        for v in value:
+            _feed(digest, v)
+        digest.update(b"]")
+    else:
+        digest.update(repr(value).encode())
+
+
+def content_checksum(data: Any) -> str:
+    """SHA-256 (hex) of a cached item: every tensor's dtype, shape and bytes, every other value's repr, recursively."""
+    digest = hashlib.sha256()
+    _feed(digest, data)
+    return digest.hexdigest()
+
+
+class ChecksummedPersistentDataset(PersistentDataset):
+    """MONAI's ``PersistentDataset`` whose cache files hold ``{"checksum": sha256, "data": item}``.
+
+    A cache file that cannot be read (truncated, not a torch file, unreadable) or whose data does not match its
+    checksum (:func:`content_checksum`: bytes changed on disk) is recomputed and rewritten atomically, with a warning
+    naming the file; an entry that is fine is returned as it was cached. (MONAI's own check only recomputes a few
+    kinds of unpickling error, and cannot see changed pixels.)
+    """
+
+    def _read_entry(self, hashfile: Path) -> Any:
+        """The data of a sound cache file; raises ``ValueError`` saying what is wrong with it."""
+        try:
+            entry = torch.load(hashfile, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - torch.load raises many types on a damaged file
+            raise ValueError(f"cannot be read ({type(err).__name__}: {err})") from None
+        if not isinstance(entry, Mapping) or "checksum" not in entry or "data" not in entry:
+            raise ValueError("is not a checksummed cache entry")
+        if content_checksum(entry["data"]) != entry["checksum"]:
+            raise ValueError("does not match its checksum (its content changed on disk)")
+        return entry["data"]
+
+    def _cachecheck(self, item_transformed: Any) -> Any:
+        if self.cache_dir is None:
+            return super()._cachecheck(item_transformed)
+        hashfile = Path(self.cache_dir) / f"{self.hash_func(item_transformed).decode('utf-8')}{self.transform_hash}.pt"
+        if hashfile.is_file():
+            try:
+                return self._read_entry(hashfile)
+            except ValueError as problem:
+                image = item_transformed.get("image") if isinstance(item_transformed, Mapping) else None
+                logger.warning("disk cache entry %s (of %s) %s: recomputing it", hashfile, image, problem)
+        data = self._pre_transform(deepcopy(item_transformed))
+        # stored as MONAI stores it (numpy arrays as tensors, so that weights_only loading reads them back)
+        stored = convert_to_tensor(data, convert_numeric=False, track_meta=self.track_meta)
+        entry = {"checksum": content_checksum(stored), "data": stored}
+        try:
+            from ..atomic import atomic_write
+
+            with atomic_write(hashfile, "wb") as f:
+                torch.save(entry, f)
+        except OSError as err:  # a read-only cache still trains (each image is recomputed): say so once per file
+            logger.warning("cannot write the disk cache entry %s (%s): it is recomputed every time", hashfile, err)
+        return data
+
+
 def training_dataset(
     data: Sequence[Any],
     transform: Callable,
@@ -134,7 +217,7 @@ def training_dataset(
             raise ValueError("cache 'disk' needs a cache_dir (the folder that holds the cached images)")
         os.makedirs(cache_dir, exist_ok=True)
         logger.info("preprocessing cache on disk: %s (%d images; the first epoch fills it)", cache_dir, len(data))
-        return PersistentDataset(
+        return ChecksummedPersistentDataset(
             data=data,
             transform=transform,
             cache_dir=cache_dir,

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -39,6 +41,9 @@ __all__ = [
     "run_training",
     "stages_to_run",
     "running_parser",
+    "tracking_params",
+    "attach_tracked_config",
+    "track_config_artifact",
 ]
 
 #: the stages in training order (the vocabulary's order)
@@ -123,9 +128,118 @@ def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage"
         disable_on_other_ranks(config, rank_zero_only, rank_=this_rank)
         stage_parser = ConfigParser(config, globals=dict(parser.globals))
         stage_parser["stage"] = name
+        _track_stage(stage_parser)
         result = stage_parser.get_parsed_content(stage_run_id)
         results.append(result[-1] if isinstance(result, list) and result else result)
     return results
+
+
+#: the hyper-parameters a tracked stage records (top-level config ids; per-stage ones as the stage's value)
+TRACKED = (
+    "seed",
+    "image_size",
+    "pixel_spacing",
+    "patch_size",
+    "num_patches",
+    "num_patches_eval",
+    "t_global",
+    "t_local",
+    "gamma_c",
+    "aggregation",
+    "patch_shift",
+    "local_depth",
+    "local_width",
+    "global_backbone",
+    "pool_in_breast",
+    "lambda_sparsity",
+    "learning_rate",
+    "epochs",
+    "batch_size",
+    "val_interval",
+    "early_stop_patience",
+    "selection_metric",
+    "amp",
+    "train_cache",
+)
+
+
+def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
+    """The parameters MLflow records for a stage (train.yaml's ``tracking_params``): the hyper-parameters in
+    :data:`TRACKED` (a per-stage dict both as this stage's value and, as ``<name>_per_stage``, whole), the datalist's
+    path and the sizes of its training and validation splits, and the metric that selects the best model."""
+    from .cli import per_stage
+
+    params: dict[str, str] = {"stage": str(stage)}
+    for name in TRACKED:
+        if name not in parser:
+            continue
+        value = parser.get_parsed_content(name)
+        if isinstance(value, dict) and stage in value:
+            params[f"{name}_per_stage"] = json.dumps(value, sort_keys=True, default=str)
+            value = per_stage(value, stage, name)
+        params[name] = json.dumps(value, default=str) if isinstance(value, (dict, list, tuple)) else str(value)
+    params["datalist"] = os.path.abspath(str(parser.get_parsed_content("datalist")))
+    params["train_items"] = str(len(parser.get_parsed_content("train_datalist")))
+    params["validation_items"] = str(len(parser.get_parsed_content("val_datalist")))
+    params["selection"] = str(parser.get_parsed_content("selection")["metric"])
+    return params
+
+
+def attach_tracked_config(
+    parser: ConfigParser, handlers_id: str, folder: str | os.PathLike, params_id: str | None = None
+) -> str | None:
+    """When MONAI's ``--tracking mlflow`` patched an ``MLFlowHandler`` into ``parser[handlers_id]``: save the merged
+    configuration as ``<folder>/config.json`` and make it the handler's artifact (MONAI's own copy is off:
+    train.yaml's ``save_execute_config: false``); with ``params_id``, the handler also records that config id's
+    dict as the run's parameters. Returns the file's path, None when nothing is tracked. Call before the handlers
+    are built: it edits their raw configuration in place, which MONAI reads when it builds a component."""
+    handlers = parser.get(handlers_id) or []
+    tracked = [h for h in handlers if isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler")]
+    if not tracked:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.json")
+    from ..atomic import atomic_write
+
+    with atomic_write(path, "w") as f:
+        json.dump(parser.get(), f, indent=1, default=str)
+    for handler in tracked:
+        if params_id is not None and params_id in parser:
+            handler.setdefault("experiment_param", f"@{params_id}")
+        # MONAI's own copy (`--save_execute_config true`) when asked for, else this one
+        if handler.get("artifacts") in (None, "@save_execute_config") and not parser.get("save_execute_config"):
+            handler["artifacts"] = path
+    return path
+
+
+def track_config_artifact(
+    handlers: Sequence[Any], folder: str | os.PathLike, parser: ConfigParser | None = None
+) -> str:
+    """For built handlers (evaluate.yaml's ``handlers``): save the merged configuration of ``parser`` (the running
+    one by default) as ``<folder>/config.json`` and make it the artifact of every ``MLFlowHandler`` among
+    ``handlers`` that logs none (MONAI's own copy is off: train.yaml's ``save_execute_config: false``)."""
+    from monai.handlers import MLFlowHandler
+
+    from ..atomic import atomic_write
+
+    parser = active_parser() if parser is None else parser
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.json")
+    with atomic_write(path, "w") as f:
+        json.dump(parser.get(), f, indent=1, default=str)
+    for handler in handlers or ():
+        if isinstance(handler, MLFlowHandler) and not any(handler.artifacts):
+            handler.artifacts = (path,)
+    return path
+
+
+def _track_stage(stage_parser: ConfigParser) -> None:
+    """A tracked stage records its parameters (``tracking_params``) and its merged configuration
+    (``<output_dir>/config.json``)."""
+    if stage_parser.get("train#handlers"):
+        attach_tracked_config(
+            stage_parser, "train#handlers", str(stage_parser.get_parsed_content("output_dir")), "tracking_params"
+        )
 
 
 def run_training(stage: str, stage_run_id: str = "run_stage", parser: ConfigParser | None = None) -> list[Any]:

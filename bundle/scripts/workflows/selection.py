@@ -1,0 +1,111 @@
+"""Which validation metric selects each stage's best model, when the validation split has no lesion masks.
+
+The configured ``selection_metric`` (train.yaml: ``val_soft_dice``; the quick start: ``val_pointing_game``) reads
+the lesion masks. A validation split with labels only (no ``mask_benign`` / ``mask_malignant`` in any item, or only
+empty ones) gives 0.0 every epoch for those metrics, so the first epoch's model would stay selected. Then
+:func:`choose_selection` selects by a metric that exists:
+
+- ``val_auc_mean``: the mean of the two classes' ROC AUC of the stage's image-level prediction, when every class
+  has validation images with and without it;
+- ``val_neg_loss``: otherwise (an AUC is undefined when a class is all 0 or all 1 in validation): minus the mean
+  binary cross-entropy of the stage's image-level prediction (negated because MONAI keeps the largest key metric).
+
+The stage's image-level prediction is the one the stage trains: ``y_global`` (global stage), ``y_local`` (local:
+the global module is frozen, so its score cannot change) and ``y_fusion`` (joint).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from ignite.metrics import Metric
+from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
+
+__all__ = ["MASK_METRICS", "choose_selection", "validation_has_masks", "NegativeBCE", "stage_score_key"]
+
+#: validation metrics that read the lesion masks (0.0 on a split without masks)
+MASK_METRICS = ("val_soft_dice", "val_dice_benign", "val_dice_malignant", "val_pointing_game")
+MASK_KEYS = ("mask_benign", "mask_malignant")
+logger = logging.getLogger(__name__)
+
+
+def stage_score_key(stage: str) -> str:
+    """The image-level prediction a stage trains (see the module docstring)."""
+    return {"global": "y_global", "local": "y_local", "joint": "y_fusion"}.get(str(stage), "y_global")
+
+
+def validation_has_masks(items: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether any validation item names a lesion mask (a non-empty ``mask_benign`` / ``mask_malignant``)."""
+    return any(str(item.get(key) or "").strip() for item in items for key in MASK_KEYS)
+
+
+def _auc_defined(items: Sequence[Mapping[str, Any]]) -> str | None:
+    """None when every class has validation images with and without it; else why not (one phrase)."""
+    labels = [np.asarray(item.get("label", [0, 0]), dtype=float).ravel() for item in items]
+    if not labels:
+        return "the validation split is empty"
+    table = np.stack([np.pad(x[:2], (0, max(0, 2 - x.size))) for x in labels])
+    for index, name in enumerate(("benign", "malignant")):
+        positives = int((table[:, index] > 0.5).sum())
+        if positives == 0:
+            return f"no validation image is {name}"
+        if positives == len(table):
+            return f"every validation image is {name}"
+    return None
+
+
+def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str = "") -> dict[str, str]:
+    """``{"metric": name, "reason": why}``: the configured ``metric``, unless it reads masks and the validation
+    ``items`` have none (then ``val_auc_mean``, or ``val_neg_loss`` when an AUC is undefined). Logs one line when it
+    selects by another metric than the configured one."""
+    metric = str(metric)
+    if metric not in MASK_METRICS:
+        return {"metric": metric, "reason": "selection_metric"}
+    if validation_has_masks(items):
+        return {"metric": metric, "reason": "selection_metric"}
+    why_not_auc = _auc_defined(items)
+    if why_not_auc is None:
+        chosen = "val_auc_mean"
+        reason = (
+            f"the validation split ({len(items)} images) has no lesion masks, so {metric} would be 0 every epoch: "
+            "selecting by val_auc_mean (the mean ROC AUC of the two classes)"
+        )
+    else:
+        chosen = "val_neg_loss"
+        reason = (
+            f"the validation split ({len(items)} images) has no lesion masks, so {metric} would be 0 every epoch, "
+            f"and the AUC is undefined ({why_not_auc}): selecting by val_neg_loss (minus the validation loss)"
+        )
+    logger.warning("%sbest-model selection: %s", f"{stage} stage: " if stage else "", reason)
+    return {"metric": chosen, "reason": reason}
+
+
+class NegativeBCE(Metric):
+    """Minus the mean binary cross-entropy between image-level probabilities and 0/1 labels (higher is better).
+
+    ``output_transform`` gives ``(predictions, labels)``: sequences of per-image tensors of shape (C,), or (B, C)
+    tensors; the predictions are probabilities (GLAM's scores), clamped to [1e-7, 1 - 1e-7]. The mean is over
+    images and classes.
+    """
+
+    @reinit__is_reduced
+    def reset(self) -> None:
+        self._sum = 0.0
+        self._count = 0
+
+    @reinit__is_reduced
+    def update(self, output: Any) -> None:
+        preds, labels = output
+        p = torch.stack([torch.as_tensor(x).float().reshape(-1) for x in preds]).clamp(1e-7, 1 - 1e-7)
+        y = torch.stack([torch.as_tensor(x).float().reshape(-1) for x in labels]).to(p.device)
+        bce = -(y * torch.log(p) + (1 - y) * torch.log1p(-p))
+        self._sum += float(bce.sum())
+        self._count += bce.numel()
+
+    @sync_all_reduce("_sum", "_count")
+    def compute(self) -> float:
+        return -self._sum / self._count if self._count else float("nan")
