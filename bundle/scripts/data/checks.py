@@ -15,8 +15,9 @@ no model and writes no model.pt); a ``pixel_spacing`` key is one or two positive
 
 Not a problem but worth knowing before training: the pixel spacing the images state (DICOM PixelSpacing, NIfTI / ITK
 geometry, PNG pHYs). The report counts the images that state one and those that do not; given the model's
-``pixel_spacing``, ``assert_datalist_ok`` logs a warning naming the images without one, which the preprocessing
-takes at the model's spacing unresampled (inference notes the same in ``errors.csv``).
+``pixel_spacing``, ``assert_datalist_ok`` logs a warning naming the images without one and without a ``pixel_spacing``
+in their datalist item: the preprocessing then takes ``input_spacing`` or, by default, estimates their spacing so that
+the breast fits the model's window (``spacing_fallback``; inference states the same per image).
 """
 
 from __future__ import annotations
@@ -319,9 +320,9 @@ def assert_datalist_ok(
 ) -> DataCheckReport:
     """Run the checks and raise :class:`DataCheckError` (listing every problem) if there is any.
 
-    ``pixel_spacing``: the model's (a number or (row, col) mm; None: unknown). When it is set, images whose file
-    states no spacing are logged as a warning: the preprocessing uses them at their stored resolution as if they had
-    the model's spacing, which is right only if they do. Training goes on.
+    ``pixel_spacing``: the model's (a number or (row, col) mm; None: unknown). When it is set, images whose file and
+    datalist item state no spacing are logged as a warning: the preprocessing takes ``input_spacing`` or estimates
+    their spacing from the breast's size (``spacing_fallback``), which is right only roughly. Training goes on.
     """
     from ..transforms.mammo.spacing import as_pixel_spacing, format_spacing
 
@@ -329,10 +330,12 @@ def assert_datalist_ok(
     report = run_data_checks(datalist, base_dir, strict_masks=strict_masks)
     if not report.ok:
         raise DataCheckError(report)
-    unknown = report.unknown_spacing
+    unknown = [image for image in report.unknown_spacing if image not in report.stated_by_datalist]
     if model_spacing is not None and unknown:
         logger.warning(
-            "%s: %d of %d image(s) state no pixel spacing; they are used unresampled, as if at the model's %s mm: %s",
+            "%s: %d of %d image(s) state no pixel spacing, in the file or the datalist; unless input_spacing says it, "
+            "the preprocessing estimates it so that the breast fits the window of the model's %s mm "
+            "(spacing_fallback): %s",
             report.source,
             len(unknown),
             len(report.spacings),
