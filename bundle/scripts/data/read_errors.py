@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_MAX_PIXELS", "MammogramReadError", "check_pixels", "read_error"]
+__all__ = ["DEFAULT_MAX_PIXELS", "OUT_OF_SCOPE_3D", "MammogramReadError", "check_pixels", "read_error"]
+
+OUT_OF_SCOPE_3D = "tomosynthesis / multi-frame inputs are out of scope (expected one 2-D image)"
 
 # Decoded-size cap: PIL refuses a decompression bomb at 2 x Image.MAX_IMAGE_PIXELS (2 x 89,478,485) pixels; the same
 # figure for every format. The largest full-field mammograms (about 4000 x 5000 / 4096 x 5625 px) are 20-23 million

@@ -35,33 +35,25 @@ from typing import Any
 
 import nrrd
 import numpy as np
-import pydicom
 from monai.data import ImageReader, ITKReader, NibabelReader, PILReader
 from monai.data.utils import to_affine_nd
 from monai.utils import ensure_tuple
-from pydicom.errors import InvalidDicomError
 
-from .deflated_dicom import DEFLATED_SYNTAX, inflate_dicom, meta_end_and_syntax
+from .dicom_files import read_dicom as _read_dicom
+from .dicom_files import read_dicom_header
 from .header_facts import (
     MAMMOGRAPHY_SOP_CLASSES,
     dicom_laterality,
-    dicom_spacing_and_source,
     dicom_view,
     laterality_and_source,
     mammography_problem,
     orientation_view_laterality,
-    tag_text,
     text_view_laterality,
     valid_spacing,
     view_and_source,
 )
 from .header_facts import file_suffix as _suffix
-from .read_errors import DEFAULT_MAX_PIXELS, MammogramReadError, check_pixels, read_error
-
-try:  # pydicom >= 3
-    from pydicom.pixels import apply_modality_lut, apply_voi_lut
-except ImportError:  # pydicom 2.x
-    from pydicom.pixel_data_handlers.util import apply_modality_lut, apply_voi_lut
+from .read_errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -85,10 +77,7 @@ ITK_SUFFIXES = (".mha", ".mhd")
 NRRD_SUFFIXES = (".nrrd",)
 SUPPORTED_SUFFIXES = DICOM_SUFFIXES + PIL_SUFFIXES + NIFTI_SUFFIXES + ITK_SUFFIXES + NRRD_SUFFIXES
 
-OUT_OF_SCOPE_3D = "tomosynthesis / multi-frame inputs are out of scope (expected one 2-D image)"
 GRAYSCALE_PIL_MODES = frozenset({"1", "L", "I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
-
-_MIB = 1 << 20
 
 
 def _sniff_format(path: str | os.PathLike) -> str | None:
@@ -124,203 +113,6 @@ def _format_of(path: str | os.PathLike) -> str:
             path, f"unsupported file type {suffix or '(no suffix)'}; supported: {', '.join(SUPPORTED_SUFFIXES)}"
         )
     return sniffed
-
-
-def _dcmread(
-    path: str | os.PathLike, stop_before_pixels: bool, max_pixels: int | None = DEFAULT_MAX_PIXELS
-) -> pydicom.Dataset:
-    """pydicom's dcmread with its size traps closed: deflated files are inflated with a cap, and the pixel data of
-    other files is read only when accessed (``defer_size``), after the caller has checked Rows x Columns."""
-    if not Path(path).is_file():
-        raise read_error(path, "file not found" if not Path(path).exists() else "not a regular file")
-    try:
-        _, syntax = meta_end_and_syntax(path)
-    except OSError as err:
-        raise read_error(path, f"cannot be read ({type(err).__name__}: {err})") from err
-    if syntax == DEFLATED_SYNTAX:
-        try:
-            return inflate_dicom(path, stop_before_pixels, max_pixels)
-        except MammogramReadError:
-            raise
-        except MemoryError as err:
-            raise read_error(
-                path, "out of memory inflating the deflated DICOM (lower the input size or free memory)"
-            ) from err
-        except Exception as err:
-            raise read_error(path, f"not a readable deflated DICOM file ({type(err).__name__}: {err})") from err
-    # values over 1 MiB (the pixel data, large private blobs) stay on disk until accessed
-    kwargs: dict[str, Any] = {"stop_before_pixels": stop_before_pixels, "defer_size": _MIB}
-    try:
-        return pydicom.dcmread(path, **kwargs)
-    except InvalidDicomError:
-        pass  # no preamble/'DICM': some writers omit it; accept only if the content parses as image tags
-    except Exception as err:  # truncated or corrupt header
-        raise read_error(path, f"not a readable DICOM file ({type(err).__name__}: {err})") from err
-    try:
-        ds = pydicom.dcmread(path, force=True, **kwargs)
-        ok = "Rows" in ds and "Columns" in ds
-    except Exception:
-        ok = False
-    if not ok:
-        raise read_error(path, "not a DICOM file (no 'DICM' marker and no image tags)")
-    return ds
-
-
-def _int_tag(ds: pydicom.Dataset, keyword: str, default: int | None = None) -> int | None:
-    value = ds.get(keyword)
-    try:
-        return default if value is None or value == "" else int(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _transfer_syntax(ds: pydicom.Dataset) -> str | None:
-    original = getattr(ds, "_original_syntax", None)
-    if original:
-        return original
-    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
-    return str(syntax) if syntax else None
-
-
-def read_dicom_header(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> dict[str, Any]:
-    """Header fields for building datalists, without decoding pixels.
-
-    Returns:
-        dict with ``filename``, ``patient_id``, ``laterality`` ('L'/'R'/None; tags, PatientOrientation or the text
-        patterns, never the pixels) and ``laterality_source``, ``view`` and ``view_source`` (as
-        :func:`read_mammogram`), ``study_uid``, ``series_uid``, ``sop_uid``, ``rows``, ``cols``, ``frames``,
-        ``modality``, ``body_part`` (BodyPartExamined), ``sop_class``, ``mammography_problem`` (None, or why the
-        reader would refuse it as not a mammogram), ``photometric``, ``spacing`` ((row, col) mm or None) and
-        ``spacing_source`` ('PixelSpacing' / 'ImagerPixelSpacing'); missing tags are None.
-    """
-    ds = _dcmread(path, stop_before_pixels=True, max_pixels=max_pixels)
-
-    def opt(keyword: str) -> str | None:
-        return tag_text(ds.get(keyword)) or None
-
-    laterality, laterality_source = laterality_and_source(ds, path)
-    view, view_source = view_and_source(ds, path)
-    spacing, spacing_source = dicom_spacing_and_source(ds)
-    return {
-        "filename": str(path),
-        "patient_id": opt("PatientID"),
-        "laterality": laterality,
-        "laterality_source": laterality_source,
-        "view": view,
-        "view_source": view_source,
-        "study_uid": opt("StudyInstanceUID"),
-        "series_uid": opt("SeriesInstanceUID"),
-        "sop_uid": opt("SOPInstanceUID"),
-        "rows": _int_tag(ds, "Rows"),
-        "cols": _int_tag(ds, "Columns"),
-        "frames": _int_tag(ds, "NumberOfFrames") or 1,
-        "modality": (opt("Modality") or "").upper() or None,
-        "body_part": (opt("BodyPartExamined") or "").upper() or None,
-        "sop_class": opt("SOPClassUID"),
-        "mammography_problem": mammography_problem(
-            ds.get("Modality"), ds.get("BodyPartExamined"), ds.get("SOPClassUID")
-        ),
-        "photometric": opt("PhotometricInterpretation"),
-        "spacing": spacing,
-        "spacing_source": spacing_source,
-    }
-
-
-def _padding_mask(ds: pydicom.Dataset, raw: np.ndarray) -> np.ndarray | None:
-    """Stored pixels that PixelPaddingValue (up to PixelPaddingRangeLimit) marks as outside the image: CR systems
-    pad the unexposed border with it, and a MONOCHROME1 padding of 0 would otherwise invert to a white frame."""
-    try:
-        value = int(ds.PixelPaddingValue) if "PixelPaddingValue" in ds else None
-        limit = int(ds.PixelPaddingRangeLimit) if "PixelPaddingRangeLimit" in ds else None
-    except (TypeError, ValueError):
-        return None
-    if value is None:
-        return None
-    low, high = (value, value) if limit is None else (min(value, limit), max(value, limit))
-    padding = (raw >= low) & (raw <= high)
-    return padding if padding.any() else None
-
-
-def _read_dicom(
-    path: str | os.PathLike, apply_voi: bool, mask: bool, accept_non_mammography: bool, max_pixels: int | None
-) -> tuple[np.ndarray, dict[str, Any]]:
-    ds = _dcmread(path, stop_before_pixels=False, max_pixels=max_pixels)
-    if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
-        raise read_error(path, "DICOM file has no pixel data")
-    frames = _int_tag(ds, "NumberOfFrames", 1) or 1
-    rows, cols = _int_tag(ds, "Rows", 0) or 0, _int_tag(ds, "Columns", 0) or 0
-    # before pydicom allocates the decoded array (its pixel data is deferred, or bounded by the inflation cap)
-    check_pixels(path, (rows, cols) if frames == 1 else (frames, rows, cols), max_pixels)
-    if not mask and not accept_non_mammography:
-        problem = mammography_problem(ds.get("Modality"), ds.get("BodyPartExamined"), ds.get("SOPClassUID"))
-        if problem:
-            raise read_error(path, problem)
-    if frames > 1:
-        raise read_error(path, f"{frames} frames; {OUT_OF_SCOPE_3D}")
-    samples = int(ds.get("SamplesPerPixel", 1) or 1)
-    photometric = tag_text(ds.get("PhotometricInterpretation")).upper()
-    if samples != 1:
-        raise read_error(
-            path, f"{samples} samples per pixel ({photometric}); mammograms must be single-channel grayscale"
-        )
-    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
-    try:
-        raw = ds.pixel_array
-    except MemoryError as err:
-        raise read_error(
-            path, f"out of memory decoding {rows} x {cols} pixels (free memory or read it elsewhere)"
-        ) from err
-    except Exception as err:
-        name = getattr(syntax, "name", syntax)
-        hint = ""
-        if getattr(syntax, "is_compressed", False):
-            hint = "; compressed DICOM needs pylibjpeg, pylibjpeg-libjpeg, pylibjpeg-openjpeg and pylibjpeg-rle"
-        raise read_error(
-            path, f"cannot decode pixel data (transfer syntax {name}: {type(err).__name__}: {err}){hint}"
-        ) from err
-    if raw.ndim != 2:
-        raise read_error(path, f"pixel data of shape {raw.shape}; {OUT_OF_SCOPE_3D}")
-    if mask:
-        arr = raw.astype(np.float32)
-    else:
-        try:
-            arr = apply_modality_lut(raw, ds)
-            if apply_voi and ("VOILUTSequence" in ds or "WindowCenter" in ds):
-                arr = apply_voi_lut(arr, ds, index=0)
-            arr = np.asarray(arr, dtype=np.float64)
-        except MemoryError as err:
-            raise read_error(path, f"out of memory applying the intensity LUTs to {rows} x {cols} pixels") from err
-        except Exception as err:
-            raise read_error(path, f"invalid Modality/VOI LUT ({type(err).__name__}: {err})") from err
-        padding = _padding_mask(ds, raw)
-        kept = arr if padding is None or padding.all() else arr[~padding]
-        if photometric == "MONOCHROME1":
-            # after the VOI: the window's output is inverted, so the saturated (highest) background becomes 0
-            arr = kept.max() - arr
-        if padding is not None:
-            arr[padding] = 0  # outside the exposed field: background, whatever value the padding had
-        arr = arr.astype(np.float32)
-    laterality, laterality_source = laterality_and_source(ds, path)
-    view, view_source = view_and_source(ds, path)
-    spacing, spacing_source = dicom_spacing_and_source(ds)
-    meta = {
-        "format": "dicom",
-        "laterality": laterality,
-        "laterality_source": laterality_source,
-        "view": view,
-        "view_source": view_source,
-        "patient_id": tag_text(ds.get("PatientID")) or None,
-        "spacing": spacing,
-        "spacing_source": spacing_source,
-        "modality": tag_text(ds.get("Modality")).upper() or None,
-        "body_part": tag_text(ds.get("BodyPartExamined")).upper() or None,
-        "photometric": photometric or None,
-        "study_uid": tag_text(ds.get("StudyInstanceUID")) or None,
-        "series_uid": tag_text(ds.get("SeriesInstanceUID")) or None,
-        "sop_uid": tag_text(ds.get("SOPInstanceUID")) or None,
-        "transfer_syntax": _transfer_syntax(ds),
-    }
-    return arr, meta
 
 
 # ------------------------------------------------------------------------------------------ other formats
