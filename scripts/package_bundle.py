@@ -71,6 +71,9 @@ sys.path.insert(0, str(BUNDLE_ROOT))
 
 from scripts.atomic import atomic_write  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_texts import DEMO_DOCS, ModelTexts, user_model_card, user_model_metadata  # noqa: E402
+
 DEFAULT_SCHEMA = REPO_ROOT.parent / "shared" / "schema" / "meta_schema_20240725.json"
 # the model-zoo layout: anything else at the bundle root (inference/, eval/, runs/, data) is not shared
 TOP_LEVEL = ("configs", "scripts", "docs", "models", "LICENSE", "large_files.yml")
@@ -114,22 +117,6 @@ INFERENCE_JSON = "configs/inference.json"
 # inference.json's bundle_root: the folder holding the `scripts` package the config imports (`$import os` and
 # `$import scripts` are among its imports), i.e. the unzipped bundle whichever folder `load` is called from
 SELF_LOCATING_ROOT = "$os.path.dirname(os.path.dirname(os.path.abspath(scripts.__file__)))"
-
-
-#: the demonstration model's docs, replaced or left out when --weights ships the user's model
-DEMO_DOCS = ("docs/README.md", "docs/data_license.txt", "docs/training_curves.png")
-RESEARCH_USE = "Research use only. Not a medical device; not for clinical use, clinical decisions or diagnosis."
-
-
-@dataclass
-class ModelTexts:
-    """What the packager says about --weights (every field optional; see the module docstring)."""
-
-    description: str | None = None
-    data_source: str | None = None
-    model_card: Path | None = None
-    metrics: Path | None = None
-    data_license: Path | None = None
 
 
 class PackagingError(ValueError):
@@ -309,126 +296,6 @@ def check_weights(weights: Path, bundle_root: Path, inference_config: str | None
         ) from e
 
 
-def _selection_record(weights: Path) -> dict | None:
-    """The ``selection.json`` training wrote beside the weights (the stage folder), if any."""
-    try:
-        return json.loads((weights.parent / "selection.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _settings_summary(settings: dict) -> str:
-    size = settings.get("image_size")
-    parts = []
-    if size:
-        parts.append(f"{size[0]}x{size[1]} input window")
-    if settings.get("pixel_spacing"):
-        parts.append(f"{settings['pixel_spacing']} mm pixels")
-    if settings.get("patch_size"):
-        parts.append(f"{settings['patch_size'][0]} px patches")
-    if settings.get("local_depth"):
-        parts.append(f"ResNet-{settings['local_depth']}-HR local module of width {settings.get('local_width')}")
-    parts.append("the paper's global backbone" if not settings.get("global_backbone") else "a custom global backbone")
-    return ", ".join(parts)
-
-
-def _selection_summary(record: dict | None) -> str | None:
-    if not record or record.get("best_epoch", -1) < 1:
-        return None
-    value = record.get("best_value")
-    text = (
-        f"{record.get('stage', '?')} stage selected at epoch {record['best_epoch']} of {record.get('epochs_run')} by "
-        f"{record.get('metric')} = {value:.4f} on {record.get('validation_items')} validation images"
-    )
-    if record.get("reason") and record["reason"] != "selection_metric":
-        text += f" ({record['reason']})"
-    return text
-
-
-def _evaluation_metrics(metrics: Path | None) -> dict | None:
-    if metrics is None:
-        return None
-    try:
-        content = json.loads(metrics.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise PackagingError("metadata", f"--metrics {metrics}: not a readable JSON file ({e})") from e
-    if not isinstance(content, dict):
-        raise PackagingError("metadata", f"--metrics {metrics}: expected a JSON object (evaluate's metrics.json)")
-    return content
-
-
-def user_model_metadata(bundle_root: Path, weights: Path, texts: ModelTexts, meta_text: str | None) -> dict:
-    """The packaged ``metadata.json`` for the user's ``weights`` (see the module docstring)."""
-    meta = json.loads(meta_text or (bundle_root / "configs" / "metadata.json").read_text(encoding="utf-8"))
-    settings = recorded_settings(weights) or {}
-    selection = _selection_summary(_selection_record(weights))
-    summary = _settings_summary(settings) if settings else "settings not recorded in the checkpoint"
-    meta["description"] = texts.description or (
-        "GLAM (Global-Local Activation Maps, Liu et al., MIDL 2021) trained by the packager of this bundle: it "
-        "classifies a mammogram as benign / malignant from image-level labels and produces saliency maps at a "
-        f"quarter of the input resolution. This model: {summary}."
-    )
-    meta["data_source"] = texts.data_source or (
-        "Not stated by the packager (package_bundle --data_source): ask them which images the model was trained on."
-    )
-    eval_metrics: dict = {"note": "soft Dice, pixel average precision, pointing game, ROC AUC: see docs/README.md"}
-    if selection:
-        eval_metrics["selection"] = selection
-    evaluation = _evaluation_metrics(texts.metrics)
-    if evaluation is not None:
-        eval_metrics["evaluation"] = evaluation
-    if len(eval_metrics) == 1:
-        eval_metrics["evaluation"] = "not given (package_bundle --metrics <eval_dir>/metrics.json)"
-    meta["eval_metrics"] = eval_metrics
-    meta["intended_use"] = RESEARCH_USE
-    meta["changelog"] = {
-        meta["version"]: f"the packager's GLAM weights ({weights.name}: {summary}) with the code of GLAM for MONAI "
-        f"{meta['version']}"
-    }
-    return meta
-
-
-def user_model_card(name: str, meta: dict, weights: Path) -> str:
-    """``docs/README.md`` for the user's weights, from the packaged metadata and the weights' records."""
-    settings = recorded_settings(weights) or {}
-    lines = [
-        f"# {name}: GLAM for mammography",
-        "",
-        f"**{RESEARCH_USE}**",
-        "",
-        "## Model",
-        meta["description"],
-        "",
-        "## Data",
-        meta["data_source"],
-        "",
-        "## Evaluation",
-    ]
-    for key, value in meta["eval_metrics"].items():
-        if key != "note":
-            lines.append(f"- {key}: {json.dumps(value) if isinstance(value, (dict, list)) else value}")
-    lines += ["", "## Settings recorded in models/model.pt", ""]
-    if settings:
-        lines += ["| setting | value |", "|---|---|"]
-        lines += [f"| {k} | {json.dumps(v)} |" for k, v in sorted(settings.items())]
-    else:
-        lines.append("The checkpoint records no settings (it was packaged with --preset).")
-    lines += [
-        "",
-        "## Use",
-        "```bash",
-        "python -m monai.bundle run inference --config_file configs/inference.yaml --meta_file configs/metadata.json "
-        "--bundle_root . --input_dir DIR --output_dir OUT",
-        "```",
-        "The inference config builds the network and its input window from the settings the checkpoint records.",
-        "",
-        "## References",
-        *[f"- {r}" for r in meta.get("references", [])],
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def build_zip(
     out: Path,
     name: str,
@@ -467,7 +334,14 @@ def build_zip(
     if users_weights:
         # the user's model, never the demonstration model's text
         texts = texts or ModelTexts()
-        meta = user_model_metadata(bundle_root, weights, texts, replaced.get("configs/metadata.json"))
+        meta_text = replaced.get("configs/metadata.json") or (bundle_root / "configs" / "metadata.json").read_text(
+            encoding="utf-8"
+        )
+        settings = recorded_settings(weights) or {}
+        try:
+            meta = user_model_metadata(meta_text, weights, settings, texts)
+        except ValueError as e:
+            raise PackagingError("metadata", str(e)) from e
         replaced["configs/metadata.json"] = json.dumps(meta, indent=4) + "\n"
         if texts.model_card is not None:
             try:
@@ -475,7 +349,7 @@ def build_zip(
             except (OSError, UnicodeDecodeError) as e:
                 raise PackagingError("model_card", f"--model_card {texts.model_card}: cannot be read ({e})") from e
         else:
-            replaced["docs/README.md"] = user_model_card(name, meta, weights)
+            replaced["docs/README.md"] = user_model_card(name, meta, settings)
         if texts.data_license is not None:
             try:
                 replaced["docs/data_license.txt"] = texts.data_license.read_text(encoding="utf-8")

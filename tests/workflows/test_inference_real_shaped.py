@@ -27,7 +27,9 @@ META = BUNDLE_ROOT / "configs" / "metadata.json"
 TINY = dict(patch_size=64, local_depth=18, local_width=4, image_size=(256, 160))
 WINDOW, BUFFER, MODEL_MM = (256, 160), 4, 0.4  # tiny_inference.yaml's window and crop buffer, the model's spacing
 PANEL_ROWS = 512
-CC, MLO = "cc_no_spacing.dcm", "mlo_mono1_R.dcm"
+# the first file states nothing (no view, laterality or spacing, not even in its name); the second an MLO of a right
+# breast in MONOCHROME1
+CC, MLO = "nothing_stated.dcm", "mlo_mono1_R.dcm"
 
 
 def _read_csv(path: Path) -> list[dict]:

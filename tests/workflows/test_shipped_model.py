@@ -118,13 +118,14 @@ def test_shipped_model_runs_from_the_documented_command(shipped_run):
     errors = _read_csv(out / "errors.csv")
     assert [e["error"] for e in errors if e["error"]] == []
     rows = {Path(r["image"]).name: r for r in _read_csv(out / "predictions.csv")}
-    # the PNGs state their spacing (pHYs) but neither view nor laterality: noted, the DICOM states all three
-    notes = {Path(e["image"]).name: e["note"] for e in errors}
-    assert set(notes) == {f.name for f in shipped_run["files"] if f.suffix == ".png"}
-    for note in notes.values():
-        unknown_view, laterality = note.split("; ")
-        assert unknown_view == "view unknown: the CC window rule was used"
-        assert laterality in (f"laterality not stated: {s} inferred from the side of the chest wall" for s in "LR")
+    # the PNGs state their spacing (pHYs) and carry view and laterality in their names (SYN00000_L_CC.png); the DICOM
+    # states all three in its tags: nothing was assumed, so no note
+    assert [e for e in errors if e["note"]] == []
+    for f in shipped_run["files"]:
+        row = rows[f.name]
+        sources = ("filename", "filename") if f.suffix == ".png" else ("ViewPosition", "dicom")
+        assert (row["view_source"], row["laterality_source"]) == sources, f.name
+        assert (row["view"], row["laterality"]) == ("MLO" if "_MLO" in f.name else "CC", f.name.split("_")[-2]), f.name
     for f in shipped_run["files"]:
         assert rows[f.name]["spacing_source"] in ("pHYs", "ImagerPixelSpacing", "PixelSpacing", "file")
     assert set(rows) == {f.name for f in shipped_run["files"]}

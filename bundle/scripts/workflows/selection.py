@@ -25,6 +25,8 @@ import torch
 from ignite.metrics import Metric
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 
+from ..enums import CLASS_NAMES, OutputKey, Stage
+
 __all__ = ["MASK_METRICS", "choose_selection", "validation_has_masks", "NegativeBCE", "stage_score_key"]
 
 #: validation metrics that read the lesion masks (0.0 on a split without masks)
@@ -35,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 def stage_score_key(stage: str) -> str:
     """The image-level prediction a stage trains (see the module docstring)."""
-    return {"global": "y_global", "local": "y_local", "joint": "y_fusion"}.get(str(stage), "y_global")
+    scores = {Stage.GLOBAL: OutputKey.Y_GLOBAL, Stage.LOCAL: OutputKey.Y_LOCAL, Stage.JOINT: OutputKey.Y_FUSION}
+    return str(scores.get(str(stage), OutputKey.Y_GLOBAL))
 
 
 def validation_has_masks(items: Sequence[Mapping[str, Any]]) -> bool:
@@ -49,7 +52,7 @@ def _auc_defined(items: Sequence[Mapping[str, Any]]) -> str | None:
     if not labels:
         return "the validation split is empty"
     table = np.stack([np.pad(x[:2], (0, max(0, 2 - x.size))) for x in labels])
-    for index, name in enumerate(("benign", "malignant")):
+    for index, name in enumerate(CLASS_NAMES):
         positives = int((table[:, index] > 0.5).sum())
         if positives == 0:
             return f"no validation image is {name}"
