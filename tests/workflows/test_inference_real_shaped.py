@@ -349,3 +349,35 @@ def test_a_predictions_table_of_an_earlier_version_is_refused_with_the_missing_c
     with pytest.raises(ValueError, match=r"written by an earlier version of this workflow \(it lacks the columns"):
         AppendOnlyCsv(path, PREDICTION_COLUMNS).open()
     assert path.read_text(encoding="utf-8") == ",".join(older) + "\n"  # left as it was
+
+
+def test_a_radiograph_and_a_decompression_bomb_are_error_rows_beside_a_good_image(real, tmp_path):
+    """A CR chest radiograph and a 4 MB deflated DICOM claiming 60000 x 60000 pixels (4 GiB inflated) in a folder with
+    a mammogram: each is an errors.csv row naming why (not a mammogram, with the option; the decoded-size cap, with
+    the option) and the mammogram still gets its row. accept_non_mammography reads the radiograph; max_image_pixels
+    below the mammogram's size refuses it too."""
+    from _dicom_factory import CR_IMAGE_STORAGE, make_dataset, make_dicom, save_deflated_bomb
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / MLO).write_bytes((real["root"] / "in" / MLO).read_bytes())
+    chest = np.random.default_rng(3).integers(500, 3000, size=(300, 250)).astype(np.uint16)
+    make_dicom(
+        folder / "chest_cr.dcm", chest, modality="CR", body_part="CHEST", spacing=(0.2, 0.2), sop_class=CR_IMAGE_STORAGE
+    )
+    save_deflated_bomb(make_dataset(None, rows_cols=(60000, 60000)), folder / "bomb.dcm", (1 << 32) - (1 << 20))
+    _run(tmp_path / "out", real["ckpt"], input_dir=str(folder))
+    errors = {Path(e["image"]).name: e["error"] for e in _read_csv(tmp_path / "out" / "errors.csv") if e["error"]}
+    assert set(errors) == {"chest_cr.dcm", "bomb.dcm"}
+    assert "not a mammogram (Modality CR, BodyPartExamined CHEST" in errors["chest_cr.dcm"]
+    assert "accept_non_mammography" in errors["chest_cr.dcm"]
+    assert "60000 x 60000" in errors["bomb.dcm"] and "decoded-size cap" in errors["bomb.dcm"]
+    assert "max_image_pixels" in errors["bomb.dcm"]
+    assert set(_rows(tmp_path / "out")) == {MLO}
+
+    _run(tmp_path / "out_accept", real["ckpt"], input_dir=str(folder), accept_non_mammography=True)
+    assert set(_rows(tmp_path / "out_accept")) == {MLO, "chest_cr.dcm"}
+
+    _run(tmp_path / "out_capped", real["ckpt"], input_dir=str(folder), max_image_pixels=4096 * 2560 - 1)
+    capped = {Path(e["image"]).name: e["error"] for e in _read_csv(tmp_path / "out_capped" / "errors.csv")}
+    assert "decoded-size cap of 10,485,759 pixels" in capped[MLO] and _rows(tmp_path / "out_capped") == {}
