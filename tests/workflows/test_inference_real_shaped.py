@@ -323,21 +323,17 @@ def test_reading_panel_scales_each_map_to_its_maximum_with_a_floor():
     assert panel.shape[0] > 40  # the legend under the tiles
 
 
-def test_accept_non_mammography_reaches_the_reader():
-    """inference.yaml's accept_non_mammography goes to the reader: false builds the reader with its own default (which
-    refuses non-mammograms once the reader checks the modality); true asks it to read them, and a reader that does not
-    know the option (it reads every file anyway) is a one-line error naming the option."""
-    import inspect
-
-    from scripts.data.readers import MammogramReader
+def test_inference_reader_takes_the_options_of_inference_yaml():
+    """inference.yaml's accept_non_mammography and max_image_pixels reach the reader (the radiograph and bomb test
+    shows their effect on a run)."""
+    from scripts.data.readers import DEFAULT_MAX_PIXELS, MammogramReader
     from scripts.workflows import inference_reader
 
     assert type(inference_reader(apply_voi=False)) is MammogramReader and not inference_reader(False).apply_voi
-    if "accept_non_mammography" in inspect.signature(MammogramReader).parameters:
-        assert inference_reader(accept_non_mammography=True).accept_non_mammography is True
-    else:
-        with pytest.raises(ValueError, match="^accept_non_mammography: "):
-            inference_reader(accept_non_mammography=True)
+    default = inference_reader()
+    assert default.accept_non_mammography is False and default.max_pixels == DEFAULT_MAX_PIXELS
+    opened = inference_reader(accept_non_mammography=True, max_pixels=None)
+    assert opened.accept_non_mammography is True and opened.max_pixels is None
 
 
 def test_a_predictions_table_of_an_earlier_version_is_refused_with_the_missing_columns(tmp_path):
