@@ -95,17 +95,52 @@ def load_parser(presets: Sequence[Path], overrides: Mapping[str, Any]) -> Config
     return parser
 
 
-def build_network(ckpt: Path, num_patches: int) -> GLAM:
-    """The joint-stage GLAM the checkpoint's settings record describes, with its weights, in eval mode."""
+def glam_from_checkpoint(ckpt: Path, **overrides: Any) -> tuple[GLAM, dict[str, Any]]:
+    """The GLAM the checkpoint's settings record describes (``overrides`` replacing recorded values), with its
+    weights, and the record."""
     settings = read_checkpoint_settings(ckpt)
     if settings is None:
         raise SystemExit(f"{ckpt}: no settings record (a checkpoint written by this bundle's workflows is needed)")
     accepted = inspect.signature(GLAM.__init__).parameters
     kwargs = {k: v for k, v in settings.items() if k in accepted}  # the record also names the bundle version
-    network = GLAM(**{**kwargs, "num_patches_eval": int(num_patches)})
+    network = GLAM(**{**kwargs, **overrides})
     load_weights(network, ckpt)
+    return network, settings
+
+
+def build_network(ckpt: Path, num_patches: int) -> GLAM:
+    """The checkpoint's GLAM in its last stage (joint when it has the joint modules), M = ``num_patches``, eval mode."""
+    network, settings = glam_from_checkpoint(ckpt, num_patches_eval=int(num_patches))
     stage = Stage.JOINT if settings.get("joint_modules") else Stage.LOCAL
     return network.set_stage(stage).eval()
+
+
+def config_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as a dict (values as Python literals when they are)."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set needs KEY=VALUE, got {item!r}")
+        overrides[key] = parse_value(value)
+    return overrides
+
+
+def cached_splits(parser: ConfigParser, names: Sequence[str], cache: Path) -> tuple[Path, dict[str, dict]]:
+    """The datalist's path and the preprocessed tensors of its splits ``names`` (the validation preprocessing),
+    computed once and kept in ``cache``."""
+    from scripts.data import load_datalist
+    from scripts.data.datalist import resolve_paths
+
+    datalist_path = Path(parser.get_parsed_content("datalist"))
+    datalist = resolve_paths(load_datalist(str(datalist_path)), str(datalist_path.parent.resolve()))
+    transform = validation_transform(parser)
+    image_size = parser.get_parsed_content("image_size")
+    splits = {
+        name: preprocess_split(datalist[name], transform, cache, {"split": name, "image_size": image_size})
+        for name in names
+    }
+    return datalist_path, splits
 
 
 def _bucket(value: float, groups: Sequence[tuple[str, float, float]]) -> str:
@@ -220,20 +255,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set needs KEY=VALUE, got {item!r}")
-        overrides[key] = parse_value(value)
-    parser = load_parser(args.preset, overrides)
-    from scripts.data import load_datalist
-    from scripts.data.datalist import resolve_paths
-
-    datalist_path = Path(parser.get_parsed_content("datalist"))
-    items = resolve_paths(load_datalist(str(datalist_path)), str(datalist_path.parent.resolve()))[args.split]
-    settings = {"split": args.split, "image_size": parser.get_parsed_content("image_size"), "diagnostics": 1}
-    split = preprocess_split(items, validation_transform(parser), args.cache, settings)
+    parser = load_parser(args.preset, config_overrides(args.set))
+    datalist_path, splits = cached_splits(parser, [args.split], args.cache)
+    split = splits[args.split]
     torch.set_grad_enabled(False)
     report: dict[str, Any] = {"ckpt": str(args.ckpt), "split": args.split, "datalist": str(datalist_path), "runs": {}}
     for m in (int(v) for v in args.num_patches.split(",")):

@@ -43,16 +43,21 @@ for _path in (BUNDLE_ROOT, REPO_ROOT / "scripts"):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from glam_benchmark.trivial import validation_transform  # noqa: E402
-from probe_local_module import DEFAULT_CACHE, load_parser, per_lesion_rows  # noqa: E402
-from probe_localisation import parse_value, preprocess_split  # noqa: E402
+from probe_local_module import (  # noqa: E402
+    DEFAULT_CACHE,
+    cached_splits,
+    config_overrides,
+    glam_from_checkpoint,
+    load_parser,
+    per_lesion_rows,
+)
+from probe_localisation import parse_value  # noqa: E402
 
 from scripts.atomic import atomic_write  # noqa: E402
 from scripts.enums import CLASS_NAMES, OutputKey, Stage  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
-from scripts.networks.settings import read_checkpoint_settings  # noqa: E402
 from scripts.patches import crop_patches, random_patch_boxes, select_patch_boxes, shift_patch_boxes  # noqa: E402
-from scripts.workflows import BalancedEpochSampler, load_weights, positive_flags  # noqa: E402
+from scripts.workflows import BalancedEpochSampler, positive_flags  # noqa: E402
 
 RUN_KEYS = ("t_local", "lambda_sparsity", "learning_rate", "patch_shift", "negatives")
 SCORES = ("dice_l", "dice_c", "dice_g", "mass_l", "hit_l", "hit_c")
@@ -201,31 +206,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set needs KEY=VALUE, got {item!r}")
-        overrides[key] = parse_value(value)
     runs = [parse_run(r) for r in (args.run or ["control"])]
-    parser = load_parser(args.preset, overrides)
-    from scripts.data import load_datalist
-    from scripts.data.datalist import resolve_paths
-
-    datalist_path = Path(parser.get_parsed_content("datalist"))
-    datalist = resolve_paths(load_datalist(str(datalist_path)), str(datalist_path.parent.resolve()))
-    transform = validation_transform(parser)
-    image_size = parser.get_parsed_content("image_size")
-    splits = {
-        name: preprocess_split(datalist[name], transform, args.cache, {"split": name, "image_size": image_size})
-        for name in ("training", "validation", "test")
-    }
-    settings = read_checkpoint_settings(args.ckpt)
-    if settings is None:
-        raise SystemExit(f"{args.ckpt}: no settings record")
-    accepted = inspect.signature(GLAM.__init__).parameters
-    shipped = GLAM(**{k: v for k, v in settings.items() if k in accepted})
-    load_weights(shipped, args.ckpt)
+    parser = load_parser(args.preset, config_overrides(args.set))
+    datalist_path, splits = cached_splits(parser, ("training", "validation", "test"), args.cache)
+    shipped, settings = glam_from_checkpoint(args.ckpt)
     global_state = copy.deepcopy(shipped.global_network.state_dict())
     k = int(settings.get("num_patches_train", 2))
     base = {
