@@ -188,3 +188,13 @@ def save_deflated_bomb(ds: Dataset, path: str | Path, zero_pixel_bytes: int) -> 
             f.write(segment)
         f.write(compressor.flush())
     return path
+
+
+def linear_window(x: np.ndarray, center: float, width: float, bits: int) -> np.ndarray:
+    """DICOM PS3.3 C.11.2.1.2.1 LINEAR windowing onto [0, 2**bits - 1], written out for the tests."""
+    ymax = 2.0**bits - 1
+    x = x.astype(np.float64)
+    y = ((x - (center - 0.5)) / (width - 1) + 0.5) * ymax
+    y[x <= center - 0.5 - (width - 1) / 2] = 0
+    y[x > center - 0.5 + (width - 1) / 2] = ymax
+    return y

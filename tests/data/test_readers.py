@@ -11,7 +11,7 @@ import nrrd
 import numpy as np
 import pydicom
 import pytest
-from _dicom_factory import make_dataset, make_dicom, save
+from _dicom_factory import linear_window, make_dataset, make_dicom, save
 from monai.data import list_data_collate
 from monai.transforms import LoadImaged
 from PIL import Image
@@ -129,16 +129,6 @@ def test_rescale_slope_intercept_applied(tmp_path):
     a = breast_like()
     arr, _ = read_mammogram(make_dicom(tmp_path / "r.dcm", a, rescale=(2.0, 100.0)))
     np.testing.assert_allclose(arr, a * 2.0 + 100.0)
-
-
-def linear_window(x: np.ndarray, center: float, width: float, bits: int) -> np.ndarray:
-    """DICOM PS3.3 C.11.2.1.2.1 LINEAR windowing onto [0, 2**bits - 1], written out for the test."""
-    ymax = 2.0**bits - 1
-    x = x.astype(np.float64)
-    y = ((x - (center - 0.5)) / (width - 1) + 0.5) * ymax
-    y[x <= center - 0.5 - (width - 1) / 2] = 0
-    y[x > center - 0.5 + (width - 1) / 2] = ymax
-    return y
 
 
 def test_window_applied_unless_disabled(tmp_path):

@@ -15,7 +15,15 @@ import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
-from _dicom_factory import CR_IMAGE_STORAGE, DEFLATED, make_dataset, make_dicom, save, save_deflated_bomb
+from _dicom_factory import (
+    CR_IMAGE_STORAGE,
+    DEFLATED,
+    linear_window,
+    make_dataset,
+    make_dicom,
+    save,
+    save_deflated_bomb,
+)
 from monai.data import list_data_collate
 from monai.transforms import LoadImaged
 from PIL import Image
@@ -358,16 +366,6 @@ def test_mammography_policy(modality, body_part, sop_class, accepted):
 
 
 # ------------------------------------------------------------------------------------------ MONOCHROME1
-
-
-def linear_window(x: np.ndarray, center: float, width: float, bits: int) -> np.ndarray:
-    """DICOM PS3.3 C.11.2.1.2.1 LINEAR windowing onto [0, 2**bits - 1], written out for the test."""
-    ymax = 2.0**bits - 1
-    x = x.astype(np.float64)
-    y = ((x - (center - 0.5)) / (width - 1) + 0.5) * ymax
-    y[x <= center - 0.5 - (width - 1) / 2] = 0
-    y[x > center - 0.5 + (width - 1) / 2] = ymax
-    return y
 
 
 def test_monochrome1_with_window_has_a_zero_background(tmp_path):
