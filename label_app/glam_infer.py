@@ -1,7 +1,7 @@
 """GLAM saliency as a MONAI Label segmentation task: a label map or a heatmap on the original image geometry.
 
 The task runs the bundle's own inference pieces (``configs/inference.yaml``'s ``preprocessing`` and ``network_def``,
-``scripts.workflows.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes for the
+``scripts.inference.step.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes for the
 same file. Request parameters (MONAI Label's ``params``; the defaults appear in ``/info/`` and in the clients):
 
 - ``overlay``: ``"label"`` (default) a discrete map for the stock viewers: 0 background, 1 benign, 2 malignant,
@@ -104,7 +104,7 @@ def unreadable_image_message(exc: BaseException, path: str, name: str) -> str:
     "applying transform ..." wrappers (the reader's own problem for a ``MammogramReadError``), with the server's
     path of the file replaced by ``name``, the name the client knows it by."""
     from scripts.data.readers import MammogramReadError
-    from scripts.workflows import root_cause
+    from scripts.inference.inputs import root_cause
 
     cause = root_cause(exc)
     text = cause.problem if isinstance(cause, MammogramReadError) else f"{type(cause).__name__}: {cause}"
@@ -190,7 +190,7 @@ class GLAMSaliencyInfer(BasicInferTask):
         self.gamma_c = float(parser.get_parsed_content("gamma_c"))
         self.transform = parser.get_parsed_content("preprocessing")
         from scripts.networks import optimize_for_inference
-        from scripts.workflows import load_weights
+        from scripts.networks.weights import load_weights
 
         network = parser.get_parsed_content("network_def")
         try:
@@ -230,7 +230,7 @@ class GLAMSaliencyInfer(BasicInferTask):
 
     def __call__(self, request: Mapping[str, Any], callbacks: Any = None) -> tuple[str, dict[str, Any]]:
         """Run GLAM on ``request["image"]`` (a file path) and write the requested map to a temporary file."""
-        from scripts.workflows import maps_on_original, spacing_note
+        from scripts.inference.step import maps_on_original, spacing_note
 
         begin = time.time()
         settings = overlay_settings(request)

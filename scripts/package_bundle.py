@@ -284,7 +284,7 @@ def check_weights(weights: Path, bundle_root: Path, inference_config: str | None
         net = parser.get_parsed_content("network_def")
     except Exception as e:  # noqa: BLE001 - e.g. a record the network refuses; the message names the setting
         raise PackagingError(step, f"--weights {weights}: network_def cannot be built: {e}") from e
-    from scripts.workflows.checkpoints import load_weights
+    from scripts.networks.weights import load_weights
 
     # the bundle's own strict loader: it names missing / unexpected keys, shape mismatches and recorded settings
     # that differ from the network's (a checkpoint without a record loads as before)

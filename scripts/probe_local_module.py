@@ -57,7 +57,7 @@ from scripts.metrics.pointing_game import PointingGameMetric  # noqa: E402
 from scripts.metrics.soft_dice import compute_soft_dice  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
 from scripts.networks.settings import read_checkpoint_settings  # noqa: E402
-from scripts.workflows import load_weights  # noqa: E402
+from scripts.networks.weights import load_weights  # noqa: E402
 
 TRAIN_CONFIG = BUNDLE_ROOT / "configs" / "train.yaml"
 DEFAULT_CACHE = REPO_ROOT / "data" / "probe_cache"

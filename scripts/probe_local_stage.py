@@ -57,7 +57,7 @@ from scripts.atomic import atomic_write  # noqa: E402
 from scripts.enums import CLASS_NAMES, OutputKey, Stage  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
 from scripts.patches import crop_patches, random_patch_boxes, select_patch_boxes, shift_patch_boxes  # noqa: E402
-from scripts.workflows import BalancedEpochSampler, positive_flags  # noqa: E402
+from scripts.training.sampler import BalancedEpochSampler, positive_flags  # noqa: E402
 
 RUN_KEYS = ("t_local", "lambda_sparsity", "learning_rate", "patch_shift", "negatives")
 SCORES = ("dice_l", "dice_c", "dice_g", "mass_l", "hit_l", "hit_c")

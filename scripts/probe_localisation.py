@@ -57,13 +57,8 @@ from scripts.atomic import atomic_write  # noqa: E402
 from scripts.enums import CLASS_NAMES, OutputKey, Stage  # noqa: E402
 from scripts.metrics import PointingGameMetric, SoftDiceMetric  # noqa: E402
 from scripts.networks.global_network import nearest_resize  # noqa: E402
-from scripts.workflows import (  # noqa: E402
-    BalancedEpochSampler,
-    load_weights,
-    plain_state_dict,
-    positive_flags,
-    save_atomic,
-)
+from scripts.networks.weights import load_weights, plain_state_dict, save_atomic  # noqa: E402
+from scripts.training.sampler import BalancedEpochSampler, positive_flags  # noqa: E402
 
 TRAIN_CONFIG = BUNDLE_ROOT / "configs" / "train.yaml"
 OVERLAYS = {"glam": None, "cam": "baseline_cam.yaml", "gmic": "baseline_gmic.yaml"}

@@ -25,7 +25,7 @@ from monai.bundle import ConfigParser  # noqa: E402
 
 from scripts.enums import Stage  # noqa: E402
 from scripts.networks.settings import SETTINGS_KEY, decode_settings  # noqa: E402
-from scripts.workflows.checkpoints import load_weights, save_atomic  # noqa: E402
+from scripts.networks.weights import load_weights, save_atomic  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

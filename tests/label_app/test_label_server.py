@@ -238,7 +238,7 @@ BUNDLE_TESTS = [
     "tests/networks/test_patch_selection.py",
     "tests/networks/test_pooling.py",
     "tests/metrics/test_metrics.py",
-    "tests/workflows/test_inference.py",
+    "tests/inference/test_inference_workflow.py",
 ]
 
 

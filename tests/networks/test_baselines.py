@@ -250,7 +250,7 @@ def test_mask_dice_bce_loss_by_formula_leaves_out_unknown_masks():
 
 
 def test_outputs_transform_reports_the_chosen_score_as_y_global():
-    from scripts.workflows import GLAMOutputsd
+    from scripts.transforms.outputs import GLAMOutputsd
 
     g = torch.Generator().manual_seed(7)
     pred = {k: torch.rand(2, generator=g) for k in ("y_global", "y_local", "y_fusion")}
@@ -365,7 +365,7 @@ def test_documented_commands_train_and_evaluate_every_baseline(baseline_data):
 
 
 def test_outputs_transform_writes_the_global_scales_on_request():
-    from scripts.workflows import GLAMOutputsd
+    from scripts.transforms.outputs import GLAMOutputsd
 
     g = torch.Generator().manual_seed(3)
     scales = [torch.rand(2, h, w, generator=g) for h, w in ((4, 3), (2, 2), (1, 1))]

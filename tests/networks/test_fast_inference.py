@@ -85,7 +85,7 @@ def test_the_inference_config_loads_the_weights_then_optimises(tmp_path):
         expected = {k.removeprefix("global_network."): v for k, v in saved.items() if k.startswith("global_network.")}
         torch.testing.assert_close(weights.global_network.state_dict(), expected)
     # a checkpoint of another network is refused with the file named (through the config: MONAI wraps the error)
-    from scripts.workflows import load_weights
+    from scripts.networks.weights import load_weights
 
     torch.save({"not": torch.zeros(1)}, tmp_path / "other.pt")
     with pytest.raises(

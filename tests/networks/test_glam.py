@@ -277,8 +277,8 @@ def _trained_glam_and_lesion_images(n: int = 6) -> tuple[GLAM, torch.Tensor]:
     from monai.bundle import ConfigParser
 
     from scripts.data.synthetic import SyntheticConfig, SyntheticMammogramGenerator
+    from scripts.networks.weights import load_weights
     from scripts.transforms import StandardizeImage
-    from scripts.workflows import load_weights
 
     parser = ConfigParser()
     parser.read_config([str(BUNDLE_ROOT / "configs" / "train.yaml"), str(REPO_ROOT / "configs" / "benchmark_cpu.yaml")])

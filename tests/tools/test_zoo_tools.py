@@ -117,7 +117,7 @@ def test_shipped_model_exports_as_the_zoo_verifier_runs_it(tmp_path):
 
     from monai.bundle import ConfigParser
 
-    from scripts.workflows import load_weights
+    from scripts.networks.weights import load_weights
 
     out = tmp_path / "model.ts"
     res = bundle_cli(

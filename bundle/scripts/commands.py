@@ -1,0 +1,278 @@
+"""The training command line, checked before any work: overrides, per-stage values, folders and earlier runs.
+
+``python -m monai.bundle run training ... --key value`` merges every ``--key`` into the configuration, whether or not
+the configuration has such a key, and evaluates expressions only when something needs them: a typo (``--epoch 1``)
+was ignored, a number where a per-stage dict is expected (``--epochs 1``) failed deep inside a stage, and a
+problem of the user's (a missing folder, a read-only checkpoint folder) surfaced as a 60-line traceback ending in
+MONAI's "Failed to evaluate ConfigExpression". :func:`preflight_training` is the first entry of train.yaml's
+``training`` list and checks all of that before a dataset or a network is built:
+
+- every ``--key`` of the ``monai.bundle run`` command line names an id of the config files; an unknown one is refused
+  with the closest known id (``difflib``). (The Python API, ``GLAMTrainingWorkflow(..., key=value)``, may add ids.)
+- the per-stage options (``epochs``, ``learning_rate``, ``batch_size``) are a number (every stage) or a dict with
+  every stage to run (:func:`per_stage`);
+- ``ckpt_root`` and ``output_root`` can be written (:func:`check_writable`);
+- a stage folder holding the checkpoints of an unfinished run is not silently overwritten
+  (:func:`check_unfinished_run`: ``--resume true`` continues it, ``--overwrite true`` starts afresh).
+
+Errors the user can fix are :class:`UsageError` (or another exception raised with a message by the bundle's own
+code); :func:`install_excepthook` prints them as ``error: <message>`` without the traceback (exit status 1). Set
+``GLAM_TRACEBACK=1`` for the full traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from monai.bundle import ConfigParser
+
+__all__ = [
+    "RUN_ARGUMENTS",
+    "TRACKING_IDS",
+    "UsageError",
+    "user_error",
+    "install_excepthook",
+    "command_line_overrides",
+    "command_line",
+    "command_line_config",
+    "check_overrides",
+    "check_writable",
+    "check_command_line",
+]
+
+#: arguments of ``monai.bundle run`` itself, and the ids MONAI's ``--tracking`` adds: never config ids of ours
+RUN_ARGUMENTS = frozenset(
+    {"run_id", "init_id", "final_id", "meta_file", "config_file", "logging_file", "tracking", "args_file"}
+)
+TRACKING_IDS = frozenset(
+    {"output_dir", "tracking_uri", "experiment_name", "run_name", "save_execute_config", "is_not_rank0"}
+)
+#: the bundle's own source folder: exceptions raised from here carry messages written for users
+_SCRIPTS_DIR = str(Path(__file__).resolve().parents[1])
+
+
+class UsageError(ValueError):
+    """A problem with the command, the configuration or the folders that the user can fix; its message says how."""
+
+
+# -- errors as one line ---------------------------------------------------------------------------------------------
+def _raised_by_bundle(err: BaseException) -> bool:
+    """Whether ``err`` was raised by a line of the bundle's ``scripts`` package (its messages name the problem)."""
+    tb = err.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    return last is not None and os.path.abspath(last.tb_frame.f_code.co_filename).startswith(_SCRIPTS_DIR)
+
+
+def user_error(err: BaseException) -> BaseException | None:
+    """The exception in ``err``'s chain (``__cause__`` / ``__context__``) that is the user's to fix: a
+    :class:`UsageError`, a ``SystemExit`` with a message, or a ``ValueError`` / ``OSError`` raised by the bundle's
+    own code (its messages name the file or option). None for anything else (a bug: keep the traceback)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, UsageError):
+            return current
+        if isinstance(current, (ValueError, OSError)) and _raised_by_bundle(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _excepthook(previous):
+    def hook(exc_type, exc, tb):
+        found = None if os.environ.get("GLAM_TRACEBACK") else user_error(exc)
+        if found is None:
+            previous(exc_type, exc, tb)
+            return
+        message = str(found).strip()
+        # the kind of problem for anything but a usage error (DataCheckError, FileNotFoundError...): it says where
+        # to look (a datalist, a file)
+        kind = "" if isinstance(found, UsageError) else f"{type(found).__name__}: "
+        print(f"error: {kind}{message}", file=sys.stderr)
+        print("(GLAM_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+
+    hook.glam = True  # type: ignore[attr-defined]
+    return hook
+
+
+def install_excepthook() -> None:
+    """Print a user's error (:func:`user_error`) that ends the program as ``error: <message>`` without the
+    traceback (the exit status stays 1); every other exception goes to the previous hook, traceback and all.
+    Idempotent; called first by train.yaml's ``training`` and evaluate.yaml's ``evaluating``."""
+    if not getattr(sys.excepthook, "glam", False):
+        sys.excepthook = _excepthook(sys.excepthook)
+
+
+# -- overrides -----------------------------------------------------------------------------------------------------
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def command_line_overrides(argv: Sequence[str] | None = None) -> tuple[list[str], dict[str, Any]] | None:
+    """``(override ids, run arguments)`` of a ``python -m monai.bundle run ...`` command line (``sys.argv`` by
+    default): every ``--key`` / ``--key=value`` in order, and ``config_file``, ``meta_file``, ``args_file``. None
+    when this process is not that command (the Python API, a test)."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv or not argv[0].replace("\\", "/").endswith("monai/bundle/__main__.py"):
+        return None
+    keys: list[str] = []
+    arguments: dict[str, Any] = {}
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token.startswith("--") and len(token) > 2:
+            key, eq, value = token[2:].partition("=")
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+                i += 1
+            key = key.replace("-", "_") if key.replace("-", "_") in RUN_ARGUMENTS else key
+            if key in RUN_ARGUMENTS:
+                arguments[key] = _literal(value)
+            else:
+                keys.append(key)
+        i += 1
+    return keys, arguments
+
+
+def _parse_value(text: str) -> Any:
+    """A command-line value as ``python -m monai.bundle`` (Python Fire) parses it: ``[S_c,S_g]`` is a list of two
+    strings, ``1e-3`` a float, ``{'local': 3e-5}`` a dict, anything else the text."""
+    try:
+        from fire.parser import DefaultParseValue
+    except ImportError:  # fire is MONAI's command-line dependency: without it there is no such command line
+        return _literal(text)
+    return DefaultParseValue(text)
+
+
+def command_line(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(run arguments, overrides)`` of a ``python -m monai.bundle run ...`` command line (``sys.argv`` by default),
+    each value parsed as MONAI's command line parses it (:func:`_parse_value`); the run arguments are those of
+    ``monai.bundle.run`` (``config_file``, ``meta_file``, ``logging_file``, ``tracking``, ``args_file``, the ids),
+    with an ``--args_file``'s defaults under them. None when this process is not that command (the Python API)."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv or not argv[0].replace("\\", "/").endswith("monai/bundle/__main__.py"):
+        return None
+    arguments: dict[str, Any] = {}
+    overrides: dict[str, Any] = {}
+    i = 1
+    if len(argv) > 2 and argv[1] == "run" and not argv[2].startswith("--"):
+        arguments["run_id"] = argv[2]
+    while i < len(argv):
+        token = argv[i]
+        if token.startswith("--") and len(token) > 2:
+            key, eq, value = token[2:].partition("=")
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+                i += 1
+            elif not eq:
+                value = "true"  # a bare flag: Fire's True
+            plain = key.replace("-", "_")
+            if plain in RUN_ARGUMENTS or plain == "workflow_name":
+                arguments[plain] = _parse_value(value)
+            else:
+                overrides[key] = _parse_value(value)
+        i += 1
+    if arguments.get("args_file"):
+        defaults = ConfigParser.load_config_files(arguments.pop("args_file"))
+        arguments = {**{k: v for k, v in defaults.items() if k in RUN_ARGUMENTS}, **arguments}
+        overrides = {**{k: v for k, v in defaults.items() if k not in RUN_ARGUMENTS}, **overrides}
+    return arguments, overrides
+
+
+def command_line_config(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """The merged configuration a ``monai.bundle run`` command line describes (its config files, metadata and
+    overrides, as MONAI merges them), or None outside that command."""
+    given = command_line(argv)
+    if given is None:
+        return None
+    arguments, overrides = given
+    config = _file_config(arguments)
+    parser = ConfigParser(config)
+    parser.update(pairs=overrides)
+    return parser.get()
+
+
+def _ids(config: Any, prefix: str = "") -> Iterable[str]:
+    """Every id of a config (``a``, ``a#b``, ``a#0``...)."""
+    items = config.items() if isinstance(config, Mapping) else enumerate(config) if isinstance(config, list) else ()
+    for k, v in items:
+        name = f"{prefix}{k}"
+        yield name
+        yield from _ids(v, name + "#")
+
+
+def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any]) -> None:
+    """Every override id in ``keys`` must name an id of ``file_config`` (the merged config files, before the
+    overrides), a ``monai.bundle run`` argument or an id of MONAI's tracking. An unknown id is a
+    :class:`UsageError` naming it and the closest known id."""
+    known = set(_ids(file_config))
+    for key in keys:
+        plain = key.lstrip("+")
+        if plain in known or plain in RUN_ARGUMENTS or plain in TRACKING_IDS:
+            continue
+        parent, _, _ = plain.rpartition("#")
+        pool = [k for k in known if k.rpartition("#")[0] == parent] + ([] if parent else sorted(TRACKING_IDS))
+        close = difflib.get_close_matches(plain, pool, n=1, cutoff=0.6)
+        hint = f"; did you mean --{close[0]}?" if close else " (docs/training.md lists the options)"
+        raise UsageError(f"unknown option --{key}: the configuration has no {plain!r}{hint}")
+
+
+def _file_config(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    files = arguments.get("config_file")
+    if files is None and arguments.get("args_file"):
+        files = ConfigParser.load_config_files(arguments["args_file"]).get("config_file")
+    if files is None:
+        return {}
+    parser = ConfigParser()
+    parser.read_config(files)
+    if arguments.get("meta_file"):
+        parser.read_meta(arguments["meta_file"])
+    return parser.get()
+
+
+# -- folders ---------------------------------------------------------------------------------------------------------
+def check_writable(**folders: str | os.PathLike) -> None:
+    """Each folder accepts a new file (a folder that does not exist yet: its nearest existing parent, which must be
+    a folder); else a :class:`UsageError` naming the option and the folder. Nothing is left behind."""
+    import tempfile
+
+    for name, folder in folders.items():
+        path = Path(os.path.abspath(folder))
+        existing = path
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        try:
+            if not existing.is_dir():
+                raise NotADirectoryError(20, f"{existing} is not a folder")
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as err:
+            raise UsageError(
+                f"{name} {os.path.abspath(path)} cannot be written ({err.strerror or err}): choose a writable folder "
+                f"(--{name} DIR)"
+            ) from None
+
+
+# -- the whole check -----------------------------------------------------------------------------------------------
+def check_command_line(argv: Sequence[str] | None = None) -> None:
+    """:func:`install_excepthook`, then every ``--key`` of a ``monai.bundle run`` command line checked against the
+    config files it names (:func:`check_overrides`); nothing to check outside that command. evaluate.yaml's first
+    ``evaluating`` entry, and the start of :func:`preflight_training`."""
+    install_excepthook()
+    given = command_line_overrides(argv)
+    if given is not None:
+        keys, arguments = given
+        check_overrides(keys, _file_config(arguments))

@@ -1,0 +1,119 @@
+"""What the evaluation report (:class:`~scripts.evaluation.report.MetricsReport`) writes and prints: the per-image
+CSV and the summary JSON (:func:`write_report_files`), and the summary as a plain-text table in the layout of the
+paper's Table 1 (:func:`format_table`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..atomic import atomic_write
+from ..enums import LesionClass
+
+__all__ = ["write_report_files", "format_table"]
+
+
+def write_report_files(
+    rows: Sequence[Mapping[str, str]],
+    summary: Mapping[str, Any],
+    csv_path: str | os.PathLike,
+    json_path: str | os.PathLike,
+) -> None:
+    """``csv_path``: one line per row (the columns of the first row); ``json_path``: the summary, indented, with
+    no NaN (undefined values are already None). Both written atomically."""
+    with atomic_write(csv_path, "w") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    with atomic_write(json_path, "w") as f:
+        f.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+
+
+def _fmt(value: float | None, std: float | None = None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if std is None else f"{value:.3f} +/- {std:.3f}"
+
+
+# the table's column groups: title, and the cell of one map (its summary stats) and class
+_GROUPS: tuple[tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any], str], str]], ...] = (
+    ("Dice", lambda summary, s, c: _fmt(s[c]["dice_mean"], s[c]["dice_std"])),
+    ("image-level PxAP", lambda summary, s, c: _fmt(s[c]["pxap_image_mean"], s[c]["pxap_image_std"])),
+    ("dataset-level PxAP", lambda summary, s, c: _fmt(s[c]["pxap_dataset"])),
+    ("pointing game", lambda summary, s, c: _fmt(s[c].get("pointing_game"))),
+    # of y_global, so the same on every row
+    ("classification AUC", lambda summary, s, c: _fmt(summary["classification_auc"][c])),
+)
+_SEPARATOR = "  "
+
+
+def _paper_order(classes: Sequence[str]) -> list[str]:
+    # the paper lists malignant before benign
+    return sorted(classes, key=lambda c: (c != LesionClass.MALIGNANT, c != LesionClass.BENIGN))
+
+
+def _span(widths: Sequence[int], group: int, n_classes: int) -> int:
+    """Width of a group's class columns together, separators included."""
+    first = 1 + group * n_classes
+    return sum(widths[first : first + n_classes]) + len(_SEPARATOR) * (n_classes - 1)
+
+
+def _column_widths(lines: Sequence[Sequence[str]], n_classes: int) -> list[int]:
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    # a group title spans its class columns: a longer title widens the group's last column
+    for g, (title, _) in enumerate(_GROUPS):
+        span = _span(widths, g, n_classes)
+        if len(title) > span:
+            widths[g * n_classes + n_classes] += len(title) - span
+    return widths
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return _SEPARATOR.join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+
+def _group_line(widths: Sequence[int], n_classes: int) -> str:
+    titles = [title.ljust(_span(widths, g, n_classes)) for g, (title, _) in enumerate(_GROUPS)]
+    return _SEPARATOR.join(["map".ljust(widths[0]), *titles]).rstrip()
+
+
+def _heading(summary: Mapping[str, Any], order: Sequence[str]) -> list[str]:
+    """What was evaluated: split, image count, stage, checkpoint, lesion and label counts."""
+    title = f"GLAM evaluation: {summary.get('split', 'split')} split, {summary['n_images']} images"
+    if summary.get("stage"):
+        title += f", stage {summary['stage']}"
+    lesions = ", ".join(f"{c} {summary['n_lesion_images'][c]}" for c in order)
+    positives = ", ".join(f"{c} {summary['n_positive_labels'][c]}" for c in order)
+    return [
+        title,
+        *([f"checkpoint: {summary['checkpoint']}"] if summary.get("checkpoint") else []),
+        f"images with a lesion mask: {lesions}; labelled positive: {positives}",
+    ]
+
+
+def format_table(summary: Mapping[str, Any]) -> str:
+    """The summary as plain text in the paper's Table 1 layout: one row per map, per class (malignant first, as
+    the paper) Dice mean +/- std, image-level PxAP mean +/- std, dataset-level PxAP, and classification AUC (of
+    ``y_global``, so the same on every row)."""
+    order = _paper_order(list(summary["classes"]))
+    header = ["", *(c for _ in _GROUPS for c in order)]
+    body = [
+        [m, *(cell(summary, summary["metrics"][m], c) for _, cell in _GROUPS for c in order)] for m in summary["maps"]
+    ]
+    widths = _column_widths([header, *body], len(order))
+    lines = [
+        *_heading(summary, order),
+        "",
+        _group_line(widths, len(order)),
+        _line(header, widths),
+        "-" * (sum(widths) + len(_SEPARATOR) * (len(widths) - 1)),
+        *(_line(row, widths) for row in body),
+        "",
+        "Dice and PxAP over the images with a lesion of the class (mean +/- std); pointing game: share of those images"
+        f" whose map peaks within {summary.get('pointing_tolerance_px', 0):g} px of a lesion of the class; AUC of"
+        " y_global (every row).",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,201 @@
+"""Where an inference run's time went, and how far it is: a progress line with images/s and the time left while it
+runs (:class:`InferenceProgress`), and at the end images/s with the split of the wall time, logged and written to
+``<output_dir>/timing.json`` (:class:`InferenceThroughput`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ignite.engine import Engine, Events
+from ignite.handlers import BasicTimeProfiler
+
+from ..atomic import atomic_write
+from ..inference.inputs import LOAD_SECONDS_KEY
+
+__all__ = ["InferenceThroughput", "InferenceProgress", "format_duration", "show_inference_log"]
+
+logger = logging.getLogger(__name__)
+
+
+def show_inference_log(level: int = logging.INFO) -> logging.Logger:
+    """Make the inference workflow's log lines (progress, resumed / skipped images, the summary, the warnings naming
+    files) reach stderr when nothing else shows them: ``monai.bundle run`` without a ``logging.conf`` configures no
+    handler for the bundle's loggers, and Python would print only their warnings. A handler is added to the
+    ``scripts.workflows`` logger only when no handler would receive its records (a configured root logger, pytest's
+    log capture and ``logging.conf`` files are left alone). Returns that logger."""
+    package = logging.getLogger(__package__)
+    if not package.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s - %(levelname)s - %(message)s"))
+        package.addHandler(handler)
+        if package.getEffectiveLevel() > level:
+            package.setLevel(level)
+    return package
+
+
+def _images_in(output: Any) -> tuple[int, int]:
+    """(good images, failed inputs) of one inference iteration's output."""
+    if not isinstance(output, dict):
+        return 0, 0
+    return len(output.get("items", [])), len(output.get("errors", []))
+
+
+def format_duration(seconds: float) -> str:
+    """``"1:02:03"`` / ``"2:03"``: hours, minutes and seconds of a duration."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class InferenceThroughput:
+    """Ignite handler over Ignite's :class:`~ignite.handlers.BasicTimeProfiler` for the inference evaluator.
+
+    Reports, for the run (``timing.json`` and one log line): ``images`` (good images through the model),
+    ``failed``, ``written`` and ``skipped`` (done by an earlier run; from the writer), ``wall_s`` from the engine's
+    start to the end of the writing, ``images_per_s`` and ``images_per_min``, and
+
+    - the split of the wall time (seconds and ``_share``, adding up to the wall time): ``model`` (the iteration:
+      the network on the batch, outputs to the CPU), ``waiting_for_data`` (the engine waiting for the data loader:
+      reading and preprocessing that the loader workers did not hide), ``waiting_for_writers`` (the engine waiting for
+      the writer threads: a full queue, and the last images at the end), ``other`` (the rest: handlers, the engine);
+    - the work done beside it (seconds, overlapping the wall time): ``loading_s`` (reading and preprocessing every
+      input, summed over the loader workers), ``writing_s`` (the writer threads, summed) and its parts
+      ``writing_maps_back_s`` (the maps back onto each file), ``writing_map_files_s`` (NIfTI / PNG maps),
+      ``writing_panel_s``, ``writing_dicom_s``.
+
+    Args:
+        output_dir: where ``timing.json`` goes (None: only the log line).
+        writer: the run's :class:`~.inference_writer.GLAMInferenceWriter` (its ``stats()``); None: without them.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike | None = None, writer: Any = None) -> None:
+        self.output_dir = None if output_dir is None else Path(output_dir)
+        self.writer = writer
+        self.profiler = BasicTimeProfiler()
+        self.images = self.errors = 0
+        self.loading = 0.0
+        self._start = 0.0
+        self.summary: dict[str, Any] = {}
+
+    def attach(self, engine: Engine) -> None:
+        self.profiler.attach(engine)
+        engine.add_event_handler(Events.STARTED, self._started)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._count)
+        engine.add_event_handler(Events.COMPLETED, self._completed)
+
+    def _started(self, engine: Engine) -> None:
+        self.images, self.errors, self.loading, self._start = 0, 0, 0.0, time.perf_counter()
+
+    def _count(self, engine: Engine) -> None:
+        good, failed = _images_in(engine.state.output)
+        self.images += good
+        self.errors += failed
+        if isinstance(engine.state.output, dict):
+            self.loading += float(engine.state.output.get(LOAD_SECONDS_KEY, 0.0))
+
+    def _completed(self, engine: Engine) -> None:
+        wall = time.perf_counter() - self._start
+        results = self.profiler.get_results()
+        writer = self.writer.stats() if self.writer is not None else {}
+        parts = {
+            "model": float(results["processing_stats"]["total"]),
+            "waiting_for_data": float(results["dataflow_stats"]["total"]),
+            "waiting_for_writers": float(writer.get("waiting_for_writers_s", 0.0)),
+        }
+        parts["other"] = max(0.0, wall - sum(parts.values()))
+        self.summary = {
+            "images": self.images,
+            "failed": writer.get("failed", self.errors),
+            "written": writer.get("written", self.images),
+            "skipped": writer.get("skipped", 0),
+            "wall_s": wall,
+            "images_per_s": self.images / wall if wall > 0 else 0.0,
+            "images_per_min": 60.0 * self.images / wall if wall > 0 else 0.0,
+            **{f"{k}_s": v for k, v in parts.items()},
+            **{f"{k}_share": v / wall if wall > 0 else 0.0 for k, v in parts.items()},
+            "loading_s": self.loading,
+            **{k: v for k, v in writer.items() if k.startswith("writing") or k == "writer_threads"},
+        }
+        logger.info(
+            "inference: %d images in %.1f s (%.2f images/s; %d skipped as done before, %d failed); model %.0f %%, "
+            "waiting for data %.0f %%, waiting for the writers %.0f %%",
+            self.images,
+            wall,
+            self.summary["images_per_s"],
+            self.summary["skipped"],
+            self.summary["failed"],
+            100 * self.summary["model_share"],
+            100 * self.summary["waiting_for_data_share"],
+            100 * self.summary["waiting_for_writers_share"],
+        )
+        if self.output_dir is not None:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.output_dir / "timing.json", "w") as f:
+                json.dump(self.summary, f, indent=2)
+
+
+class InferenceProgress:
+    """Ignite handler: how far the run is, in images. A progress bar (images/s and the time left) on a terminal,
+    and on any stream a log line every ``interval_s`` seconds and at the end: ``inference: 120/4000 images, 5.1
+    images/s, about 12:40 left``. The total is the images this run reads (those done before are not counted).
+
+    Args:
+        interval_s: seconds between log lines.
+        bar: draw a tqdm bar (None: when stderr is a terminal).
+    """
+
+    def __init__(self, interval_s: float = 30.0, bar: bool | None = None) -> None:
+        self.interval_s = float(interval_s)
+        self.bar = bar
+        self.total = self.done = 0
+        self._start = self._last_log = 0.0
+        self._bar: Any = None
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, self._started)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._update)
+        engine.add_event_handler(Events.COMPLETED, self._completed)
+
+    def _started(self, engine: Engine) -> None:
+        loader = getattr(engine.state, "dataloader", None)
+        self.total = len(loader.dataset) if loader is not None and hasattr(loader, "dataset") else 0
+        self.done, self._start = 0, time.perf_counter()
+        self._last_log = self._start
+        show = sys.stderr.isatty() if self.bar is None else self.bar
+        if show:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, unit="img", desc="inference", dynamic_ncols=True, mininterval=1.0)
+
+    def line(self) -> str:
+        """The progress line: images done of the total, images/s, the time left at that rate."""
+        elapsed = time.perf_counter() - self._start
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        if self.done >= self.total:
+            left = f", done in {format_duration(elapsed)}"
+        else:
+            left = f", about {format_duration((self.total - self.done) / rate)} left" if rate > 0 else ""
+        return f"inference: {self.done}/{self.total} images, {rate:.2f} images/s{left}"
+
+    def _update(self, engine: Engine) -> None:
+        good, failed = _images_in(engine.state.output)
+        self.done += good + failed
+        if self._bar is not None:
+            self._bar.update(good + failed)
+        now = time.perf_counter()
+        if now - self._last_log >= self.interval_s:
+            self._last_log = now
+            logger.info("%s", self.line())
+
+    def _completed(self, engine: Engine) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        logger.info("%s", self.line())

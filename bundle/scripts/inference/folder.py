@@ -1,0 +1,386 @@
+"""The output folder of an inference run, opened before the first image (docs/inference.md, "Nothing lost:
+interruptions, resuming, reusing a folder"):
+
+1. created if needed and locked (one run at a time writes into a folder; the lock goes with the process);
+2. its record ``run.json`` (the checkpoint's SHA-256, the model settings, the preprocessing and output settings) is
+   compared with this run's: a folder of another run is refused with the settings that differ (unless that run
+   wrote nothing: its record is replaced), a folder that holds outputs but no record (an earlier version, another
+   program) is refused too; a refused folder is left as it was;
+3. checked for writing: a probe file in the folder and in every sub-folder the run writes to;
+4. temporary files that an interrupted run left are removed, and this run's record is written;
+5. the tables are taken up: an image is done when its predictions.csv row exists and every file the row lists is
+   complete; rows whose files are missing or damaged are dropped and their images run again;
+6. every input gets its file stem (kept for an input the folder already has, new and unique otherwise) and the
+   inputs that are not done are what the run reads.
+
+So rerunning the same command resumes, a run of the same model and settings on other inputs adds them to the same
+tables under stems of their own, and nothing a run wrote is replaced by another run's outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import struct
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_write
+from ..data.readers import SUPPORTED_SUFFIXES
+from .files import DICOM_DIR, TEMPORARY_PREFIX, OutputSelection, is_temporary
+from .tables import (
+    FILES_KEY,
+    FINGERPRINT_COLUMNS,
+    InferenceTables,
+    csv_cell,
+    input_fingerprint,
+    unescape_text,
+)
+
+try:  # POSIX; elsewhere the folder is not locked
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "FINGERPRINT_KEY",
+    "RUN_RECORD",
+    "OutputFolderRefused",
+    "InferencePlan",
+    "InferenceOutputFolder",
+    "file_sha256",
+    "file_is_complete",
+    "assign_stems",
+]
+
+logger = logging.getLogger(__name__)
+
+#: the run's record in the output folder
+RUN_RECORD = "run.json"
+#: the item key of an input's size and modification time when the run was planned (its row records them)
+FINGERPRINT_KEY = "input_fingerprint"
+# what a folder holds once a run has written into it
+_RUN_OUTPUTS = ("predictions.csv", "errors.csv", "maps", "panels", DICOM_DIR)
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+_NIFTI_DATA_OFFSET = 352  # nibabel writes NIfTI-1 single files with the data at byte 352
+_STEM_UNSAFE = {";": "_", "/": "_", "\\": "_"}  # ";" separates the files column's entries
+
+
+class OutputFolderRefused(SystemExit):
+    """The run cannot write into its output folder (not writable, another run's outputs, another run writing): the
+    message says why and what to do; like any ``SystemExit`` it ends the command with that line and status 1."""
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file (the checkpoint's identity in the run record)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_is_complete(path: Path, size: tuple[int, int] | None = None) -> bool:
+    """Whether a file written by this workflow is there and whole, from its ends only: a PNG with its IEND chunk, a
+    gzip NIfTI whose trailer states the uncompressed size of a (2, H, W) 16-bit map when ``size`` (H, W) is given,
+    a DICOM with its preamble; any other file non-empty."""
+    try:
+        length = path.stat().st_size
+        if not path.is_file() or length == 0:
+            return False
+        with open(path, "rb") as f:
+            head = f.read(132)
+            f.seek(max(0, length - 12))
+            tail = f.read(12)
+    except OSError:
+        return False
+    name = path.name.lower()
+    if name.endswith(".png"):
+        return head.startswith(_PNG_SIGNATURE) and tail == _PNG_END
+    if name.endswith(".gz"):
+        if not head.startswith(b"\x1f\x8b") or length < 18:
+            return False
+        if size is None:
+            return True
+        expected = (_NIFTI_DATA_OFFSET + 2 * 2 * size[0] * size[1]) % (1 << 32)
+        return struct.unpack("<I", tail[-4:])[0] == expected
+    if name.endswith(".dcm"):
+        return head[128:132] == b"DICM"
+    return True
+
+
+def _strip_suffix(name: str) -> str:
+    for suffix in sorted(SUPPORTED_SUFFIXES, key=len, reverse=True):  # ".nii.gz" before ".gz"
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def assign_stems(paths: Sequence[str], taken: Mapping[str, str]) -> dict[str, str]:
+    """``path -> stem`` for every input: the stem the folder already has for it (``taken``: path -> stem), else its
+    file name without the suffix, made unique (ignoring case, for case-insensitive file systems) against every stem
+    of the folder and of this run by ``_2``, ``_3``, ... in the order of ``paths``."""
+    used = {stem.casefold() for stem in taken.values()}
+    stems = {}
+    for path in paths:
+        if path in taken:
+            stems[path] = taken[path]
+            continue
+        name = "".join(_STEM_UNSAFE.get(ch, ch) for ch in _strip_suffix(os.path.basename(path))) or "image"
+        name = "".join(ch if ch.isprintable() or 0xDC80 <= ord(ch) <= 0xDCFF else "_" for ch in name)
+        stem, n = name, 2
+        while stem.casefold() in used:
+            stem, n = f"{name}_{n}", n + 1
+        used.add(stem.casefold())
+        stems[path] = stem
+    return stems
+
+
+def _normalised(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _differences(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(recorded) | set(current)):
+        a, b = recorded.get(key), current.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {json.dumps(a)} there, {json.dumps(b)} now")
+    return out
+
+
+@dataclass
+class InferencePlan:
+    """What a run does: ``items`` to read (each with its ``output_stem``), out of ``total`` inputs, ``skipped``
+    of them done before."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    total: int = 0
+    skipped: int = 0
+    redone: int = 0
+
+
+class InferenceOutputFolder:
+    """The output folder of one run: see the module docstring for what :meth:`open` does.
+
+    Args:
+        output_dir: the folder.
+        settings: what makes two runs the same run (JSON-able: checkpoint hash, model settings, preprocessing and
+            output settings); written to ``run.json`` and compared on a rerun.
+        outputs: the files to write (:class:`~.inference_files.OutputSelection`).
+    """
+
+    def __init__(self, output_dir: str | os.PathLike, settings: Mapping[str, Any], outputs: OutputSelection) -> None:
+        self.path = Path(output_dir)
+        self.outputs = outputs
+        self.settings = _normalised({**settings, "outputs": outputs.names()})
+        self.tables = InferenceTables(self.path)
+        self.plan: InferencePlan | None = None
+        self._lock_fd: int | None = None
+
+    # -- opening -----------------------------------------------------------------------------------------------------
+    def open(self, items: Sequence[Mapping[str, Any]]) -> InferencePlan:
+        """Open the folder for a run over ``items`` (see the module docstring); returns the plan. Raises
+        :class:`OutputFolderRefused` with the reason when the run cannot write here. Called once per run."""
+        if self.plan is not None:
+            return self.plan
+        self._lock()
+        try:
+            write_record = self._check_record()  # refuses before anything in the folder is changed
+            self._check_writable()
+            self._remove_temporaries()
+            if write_record:
+                with atomic_write(self.path / RUN_RECORD, "w") as f:
+                    json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
+            try:
+                predictions, _ = self.tables.open()
+            except (OSError, ValueError) as err:
+                raise self._refused(f"its tables cannot be continued: {type(err).__name__}: {err}") from err
+            self.plan = self._make_plan(items, predictions)
+        except BaseException:
+            self.close()
+            raise
+        return self.plan
+
+    def _refused(self, reason: str) -> OutputFolderRefused:
+        return OutputFolderRefused(f"error: output_dir {self.path}: {reason}")
+
+    def _lock(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise self._refused(f"cannot be created ({type(err).__name__}: {err.strerror or err})") from err
+        if fcntl is None:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            raise self._refused(
+                "another inference run is writing into it; wait for it or choose another folder"
+            ) from err
+        self._lock_fd = fd
+
+    def _check_writable(self) -> None:
+        for folder in [self.path, *(self.path / name for name in self.outputs.folders())]:
+            try:
+                folder.mkdir(exist_ok=True)
+                fd, probe = tempfile.mkstemp(prefix=f"{TEMPORARY_PREFIX}probe-", dir=folder)
+                try:
+                    os.write(fd, b"probe")
+                finally:
+                    os.close(fd)
+                    os.unlink(probe)
+            except OSError as err:
+                raise self._refused(
+                    f"not writable ({folder}: {type(err).__name__}: {err.strerror or err}); nothing was run"
+                ) from err
+
+    def _remove_temporaries(self) -> None:
+        removed = 0
+        for folder in [self.path, *(self.path / name for name in _RUN_OUTPUTS[2:])]:
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder):
+                if is_temporary(entry.name) and entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+                    removed += 1
+        if removed:
+            logger.info("%s: removed %d temporary files left by an interrupted run", self.path, removed)
+
+    def _check_record(self) -> bool:
+        """Refuse a folder of another run (or of unknown provenance); whether this run's record is to be written."""
+        record_path = self.path / RUN_RECORD
+        if not record_path.exists():
+            found = [name for name in _RUN_OUTPUTS if (self.path / name).exists() and self._has_content(name)]
+            if found:
+                raise self._refused(
+                    f"holds {', '.join(found)} but no {RUN_RECORD} (outputs of an earlier version or another "
+                    "program): choose another --output_dir; nothing there was changed"
+                )
+            return True
+        try:
+            recorded = json.loads(record_path.read_text(encoding="utf-8"))["settings"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise self._refused(f"its {RUN_RECORD} cannot be read ({type(err).__name__}: {err})") from err
+        differences = _differences(recorded, self.settings)
+        if not differences:
+            return False
+        if not self._holds_outputs():
+            # a run that stopped before its first image: nothing to protect
+            logger.info("%s: replacing the record of a run that wrote no image (%s)", self.path, "; ".join(differences))
+            return True
+        raise self._refused(
+            f"holds the outputs of another run ({RUN_RECORD}), which this run would mix with its own: "
+            + "; ".join(differences)
+            + ". Choose another --output_dir, or run with that run's settings to resume it; nothing there was "
+            "changed"
+        )
+
+    def _holds_outputs(self) -> bool:
+        """Whether a table has a row or a sub-folder holds a file."""
+        for name in _RUN_OUTPUTS:
+            path = self.path / name
+            if path.is_file():
+                with open(path, "rb") as f:
+                    if len([line for line in f.read().splitlines() if line.strip()]) > 1:
+                        return True
+            elif path.is_dir() and any(path.iterdir()):
+                return True
+        return False
+
+    def _has_content(self, name: str) -> bool:
+        path = self.path / name
+        return any(path.iterdir()) if path.is_dir() else path.stat().st_size > 0
+
+    def _row_is_complete(self, row: Mapping[str, str]) -> bool:
+        try:
+            size = (int(row["height"]), int(row["width"]))
+        except (KeyError, ValueError):
+            return False
+        files = [unescape_text(f) for f in row.get(FILES_KEY, "").split(";") if f]
+        return all(file_is_complete(self.path / f, size) for f in files)
+
+    @staticmethod
+    def _row_is_current(row: Mapping[str, str], fingerprints: Mapping[str, Mapping[str, str]]) -> bool:
+        """Whether a row still describes its input: an input of this run whose size or modification time differ
+        from the row's is not (nor is a row without them); inputs of other runs into this folder are left alone."""
+        current = fingerprints.get(unescape_text(row["image"]))
+        if current is None:
+            return True
+        return all(row.get(k, "") == current[k] != "" for k in FINGERPRINT_COLUMNS)
+
+    def _make_plan(self, items: Sequence[Mapping[str, Any]], predictions: list[dict[str, str]]) -> InferencePlan:
+        unique: dict[str, Mapping[str, Any]] = {}
+        for item in items:
+            path = os.fspath(item["image"])
+            if path in unique:
+                logger.warning("%s is listed twice: it is run once", path)
+                continue
+            unique[path] = item
+        # what each input is now: a row counts as done only for the content it was computed from
+        fingerprints = {path: input_fingerprint(path) for path in unique}
+        complete = [row for row in predictions if self._row_is_complete(row)]
+        damaged = len(predictions) - len(complete)
+        current = [row for row in complete if self._row_is_current(row, fingerprints)]
+        changed = len(complete) - len(current)
+        if damaged or changed:
+            self.tables.predictions.replace_rows(current)  # their images run again and get a new row
+        if damaged:
+            logger.warning(
+                "%s: %d images in predictions.csv have missing or damaged files: they are run again", self.path, damaged
+            )
+        if changed:
+            logger.warning(
+                "%s: %d inputs changed since their predictions.csv row was written (another size or modification "
+                "time): they are run again and their rows replaced",
+                self.path,
+                changed,
+            )
+        done = {row["image"] for row in current}
+        taken = {unescape_text(row["image"]): unescape_text(row["output_stem"]) for row in predictions}
+        stems = assign_stems(list(unique), taken)
+        plan = InferencePlan(total=len(unique), redone=damaged + changed)
+        for path, item in unique.items():
+            if csv_cell(path) in done:
+                plan.skipped += 1
+            else:
+                plan.items.append({**item, "output_stem": stems[path], FINGERPRINT_KEY: fingerprints[path]})
+        if plan.skipped:
+            logger.info(
+                "%s: resuming: %d of %d inputs are done already (skipped), %d to run",
+                self.path,
+                plan.skipped,
+                plan.total,
+                len(plan.items),
+            )
+        return plan
+
+    # -- closing -----------------------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Compact the tables (sorted; errors of inputs that have since succeeded dropped), then :meth:`close`."""
+        if self.plan is not None:
+            with contextlib.suppress(OSError):  # a folder that became unwritable keeps its appended tables
+                self.tables.compact()
+        self.close()
+
+    def close(self) -> None:
+        """Close the tables and release the folder."""
+        self.tables.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the lock
+            self._lock_fd = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

@@ -1,0 +1,212 @@
+"""What an inference run reads: the inputs of a folder or a datalist split, every one of them accounted for, and the
+dataset that turns an input that cannot be read into an error record instead of an exception.
+
+- :func:`inference_items`: every entry of the input folder whose name looks like an image (a supported suffix) is an
+  item: regular files (and links to them) to be read, and every other kind of entry with that name (a dangling link,
+  a link loop, a folder, a FIFO, a folder that cannot be listed) as an item that carries its error, so that it gets
+  its row in errors.csv like a file that fails to decode;
+- :class:`SafeDataset`: loads and preprocesses an item, or returns the error record (timed: ``load_s``);
+- :func:`collate_inference`: a batch of the good images stacked, the error records carried along.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from monai.data import Dataset
+
+from ..data.readers import DEFAULT_MAX_PIXELS, SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError
+from .files import DICOM_DIR, MAPS_DIR, PANELS_DIR
+from .tables import ERROR_KEY, error_record
+
+__all__ = [
+    "LOAD_SECONDS_KEY",
+    "looks_like_an_input",
+    "scan_input_folder",
+    "inference_items",
+    "inference_reader",
+    "SafeDataset",
+    "collate_inference",
+    "root_cause",
+]
+
+# an inference output folder holds this record (inference_folder.RUN_RECORD) and writes into these sub-folders
+_RUN_RECORD = "run.json"
+_OUTPUT_SUBFOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR)
+
+#: seconds an item took to load and preprocess (in the loader worker), carried with it for timing.json
+LOAD_SECONDS_KEY = "load_s"
+
+
+def looks_like_an_input(name: str) -> bool:
+    """Whether a directory entry's name has a supported image suffix (``SUPPORTED_SUFFIXES``, any case)."""
+    lower = name.lower()
+    return any(lower.endswith(s) for s in SUPPORTED_SUFFIXES)
+
+
+def _entry_error(path: str, problem: str) -> dict[str, str]:
+    return error_record(path, MammogramReadError(f"{path}: {problem}", path=path, problem=problem))
+
+
+def _classify(entry: os.DirEntry) -> str | None:
+    """None for an entry to read (a regular file, or a link to one); otherwise what is wrong with it."""
+    try:
+        st = os.stat(entry.path)  # follows links
+    except FileNotFoundError:
+        return f"broken symbolic link (its target {os.readlink(entry.path)!r} does not exist)"
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "symbolic link loop (the link points back to itself through other links)"
+        return f"cannot be opened ({type(err).__name__}: {err.strerror or err})"
+    link = "a symbolic link to " if entry.is_symlink() else ""
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return f"{link}a folder, not an image file"
+    kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
+    return f"not a regular file ({link}{kind})"
+
+
+def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.PathLike] = ()) -> list[dict[str, str]]:
+    """Every entry under ``folder`` whose name looks like an input, sorted by path: ``{"image": path}`` for a file to
+    read, ``{"image": path, "error": "MammogramReadError: <path>: <problem>"}`` for any other entry with such a
+    name. Hidden entries (a name starting with ".") are skipped; real sub-folders are searched (a folder named like
+    an image is both reported and searched), linked folders are not (a link could lead in a circle). A sub-folder
+    that cannot be listed is itself an error item (what it holds cannot be known). Folders in ``exclude`` (the run's
+    output folder, when it lies inside the input folder) are not searched, nor any folder holding a ``run.json`` (an
+    inference run's output folder), nor, when ``folder`` itself is excluded (output folder = input folder), its
+    ``maps``, ``panels`` and ``dicom`` sub-folders: a run must never take its own outputs for inputs."""
+    excluded = {os.path.realpath(p) for p in exclude if str(p)}
+    items: list[dict[str, str]] = []
+    root = os.fspath(Path(folder))  # normalised as pathlib writes it: "x/a.png" for "./x/"
+    if os.path.realpath(root) in excluded:  # the output folder is the input folder: its own sub-folders are not read
+        excluded |= {os.path.realpath(os.path.join(root, name)) for name in _OUTPUT_SUBFOLDERS}
+    pending = [root]
+    while pending:
+        current = pending.pop()
+        try:
+            with os.scandir(current) as listing:
+                entries = list(listing)
+        except OSError as err:
+            if current == root:
+                raise
+            items.append(_entry_error(current, f"folder cannot be listed ({type(err).__name__}: {err.strerror})"))
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            named_like_input = looks_like_an_input(entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                if os.path.realpath(entry.path) in excluded or os.path.isfile(os.path.join(entry.path, _RUN_RECORD)):
+                    continue  # this run's output folder, or another inference run's (it holds a run.json)
+                pending.append(entry.path)
+                if named_like_input:
+                    items.append(_entry_error(entry.path, "a folder, not an image file (its contents are searched)"))
+                continue
+            if not named_like_input:
+                continue
+            problem = _classify(entry)
+            items.append({"image": entry.path} if problem is None else _entry_error(entry.path, problem))
+    return sorted(items, key=lambda item: item["image"])
+
+
+def inference_items(
+    input_dir: str | os.PathLike | None = None,
+    datalist: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    split: str = "test",
+    output_dir: str | os.PathLike | None = None,
+) -> list[dict[str, Any]]:
+    """The inputs to run on: every entry under ``input_dir`` that looks like an input (:func:`scan_input_folder`,
+    the odd ones carrying their error; ``output_dir`` is not searched), or, when ``input_dir`` is empty, the items of
+    ``datalist[split]`` (paths already resolved).
+
+    Raises ``ValueError`` naming the folder or the split when there is nothing to run on.
+    """
+    if (input_dir is None or str(input_dir) == "") and datalist is not None:
+        if split not in datalist:
+            raise ValueError(f"datalist has no split {split!r} (splits: {sorted(datalist)})")
+        items = [dict(item) for item in datalist[split]]
+        if not items:
+            raise ValueError(f"datalist split {split!r} is empty")
+        return items
+    if input_dir is None or str(input_dir) == "":
+        raise ValueError("give input_dir (a folder of mammograms) or datalist")
+    folder = Path(input_dir)
+    if not folder.is_dir():
+        raise ValueError(f"input_dir {str(folder)!r} is not a folder")
+    items = scan_input_folder(folder, exclude=[output_dir] if output_dir else [])
+    if not items:
+        raise ValueError(f"input_dir {str(folder)!r} holds no file of a supported type {SUPPORTED_SUFFIXES}")
+    return items
+
+
+def inference_reader(
+    apply_voi: bool = True, accept_non_mammography: bool = False, max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> MammogramReader:
+    """The reader of inference's images: :class:`~scripts.data.readers.MammogramReader` with ``apply_voi``. A file
+    that is not a mammogram is refused by the reader (an errors.csv row naming the reason) unless
+    ``accept_non_mammography``; a file whose header states more than ``max_pixels`` pixels is refused before it is
+    decoded (None: no cap)."""
+    return MammogramReader(
+        apply_voi=bool(apply_voi),
+        accept_non_mammography=bool(accept_non_mammography),
+        max_pixels=None if max_pixels is None else int(max_pixels),
+    )
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The first error in the chain that is not one of MONAI's "applying transform ..." wrappers (the reader's
+    own message, e.g. a ``MammogramReadError`` naming the file and the problem)."""
+    seen = set()
+    while (
+        isinstance(exc, RuntimeError)
+        and "applying transform" in str(exc)
+        and exc.__cause__ is not None
+        and id(exc) not in seen
+    ):
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return exc
+
+
+class SafeDataset(Dataset):
+    """A ``Dataset`` whose items never raise: an input that fails to load or preprocess, or that arrives with an
+    error (an odd folder entry), becomes ``{"image": path, "error": "<ExceptionType>: <message>"}``, so one bad file
+    does not stop the run. Every item carries ``load_s``, the seconds it took."""
+
+    def _transform(self, index: int) -> Any:
+        start = time.perf_counter()
+        item = self.data[index]
+        if isinstance(item, Mapping) and item.get(ERROR_KEY):
+            out: Any = {"image": str(item["image"]), ERROR_KEY: str(item[ERROR_KEY])}
+        else:
+            try:
+                out = super()._transform(index)
+            except Exception as exc:  # noqa: BLE001 - every failure becomes an error record, by design
+                path = item.get("image") if isinstance(item, Mapping) else item
+                out = error_record(path, root_cause(exc))
+        if isinstance(out, dict):
+            out[LOAD_SECONDS_KEY] = time.perf_counter() - start
+        return out
+
+
+def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]:
+    """Batch of :class:`SafeDataset` items -> ``{"image": (B, 1, H, W) tensor or None, "items": [good items],
+    "errors": [error records], "load_s": seconds}``. Good items keep their ``MetaTensor`` (with the applied
+    operations to invert) and whatever the preprocessing added (the thumbnails)."""
+    good = [d for d in items if ERROR_KEY not in d]
+    errors = [{"image": d["image"], ERROR_KEY: d[ERROR_KEY]} for d in items if ERROR_KEY in d]
+    image = torch.stack([torch.as_tensor(d["image"]) for d in good]) if good else None
+    return {
+        "image": image,
+        "items": good,
+        "errors": errors,
+        LOAD_SECONDS_KEY: float(sum(d.get(LOAD_SECONDS_KEY, 0.0) for d in items)),
+    }

@@ -1,0 +1,262 @@
+"""Checkpoints of a GLAM stage: the best model (by the key metric), the last epoch's full state, resumption and
+the hand-over from the previous stage. Every file is written atomically (temporary file + rename), by rank 0 only,
+and read back with ``torch.load(..., weights_only=True)``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ignite.engine import Engine, Events
+from ignite.handlers import Checkpoint
+
+from ..atomic import atomic_write
+from ..networks.weights import as_flag, load_checkpoint_file, plain_state_dict, save_atomic
+from .distributed import rank
+
+__all__ = ["read_record", "why_no_model", "StageCheckpointer"]
+
+logger = logging.getLogger(__name__)
+
+
+def _number(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def read_record(ckpt_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """A stage folder's ``selection.json`` (see :class:`StageCheckpointer`); None if absent or unreadable."""
+    try:
+        return json.loads((Path(ckpt_dir) / "selection.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def why_no_model(model: str | os.PathLike) -> str:
+    """Why a stage's ``model.pt`` does not exist, from its folder's selection record: the stage was not run, its
+    validation split was empty, or validation never produced a value of the key metric."""
+    folder = Path(model).parent
+    stage = folder.name
+    record = read_record(folder)
+    head = f"the previous stage's model {model} does not exist"
+    if record is None and not (folder / "last.pt").is_file():
+        return (
+            f"{head}: the {stage} stage was not run into {folder} (run it first, or the default 'training', which runs "
+            "all stages in order; or pass the same --ckpt_root as that run)"
+        )
+    if record is None:
+        return f"{head}: the {stage} stage ran (its last.pt exists) but selected no model"
+    metric, epochs = record.get("metric"), record.get("epochs_run", 0)
+    if record.get("validation_items") == 0:
+        return (
+            f"{head}: the {stage} stage ran {epochs} epoch(s) but the validation split is empty, so no model was "
+            "selected"
+        )
+    if not record.get("history"):
+        return (
+            f"{head}: the {stage} stage ran {epochs} epoch(s) without a validation "
+            "(val_interval larger than the epochs, or the run stopped before it)"
+        )
+    values = [h.get(metric) for h in record["history"].values()]
+    return (
+        f"{head}: the {stage} stage ran {epochs} epoch(s) but validation never produced the key metric {metric} "
+        f"(values {values}; {record.get('reason')}); choose another --selection_metric"
+    )
+
+
+class StageCheckpointer:
+    """Best-model and last-epoch checkpoints of one training stage, resumption, and loading the previous stage.
+
+    - on the evaluator's completion, when its key metric reached a new best: ``<ckpt_dir>/model.pt``, the
+      network's plain CPU state dict;
+    - after every training epoch (after validation): ``<ckpt_dir>/last.pt`` with every object in ``save_dict``
+      (network, optimizer, scheduler, trainer state, best-metric record…);
+    - when the trainer starts: with ``resume`` and an existing ``last.pt``, everything is restored from it and
+      training continues after its epoch up to the run's own ``max_epochs`` (so a finished stage can be
+      extended; the data and batch size must be unchanged); otherwise, with ``previous_model`` (the previous
+      stage's ``model.pt``), the network is loaded from it, strictly. An unreadable or mismatched file raises a
+      ``ValueError`` naming it.
+
+    Args:
+        ckpt_dir: this stage's checkpoint folder.
+        save_dict: name -> object with ``state_dict``/``load_state_dict``; must include ``network``; the trainer it
+            is attached to is added as ``trainer`` (its epoch and iteration).
+        evaluator: the validation evaluator whose best key metric selects ``model.pt``.
+        previous_model: path of the previous stage's best model, required when given.
+        resume: continue from ``last.pt`` when it exists.
+        selection: ``{"metric": ..., "reason": ...}`` of :func:`~scripts.training.selection.choose_selection`:
+            recorded in ``<ckpt_dir>/selection.json``.
+        validation_items: the size of the validation split, recorded there too.
+
+    ``<ckpt_dir>/selection.json`` (written atomically after every validation and when the run ends) records the
+    selection metric and why it was chosen, every validation's metrics by epoch, the best epoch and value, the
+    epochs run and whether the run finished: the next stage names the reason when no model was selected, and a
+    rerun into the folder refuses to overwrite an unfinished run (scripts/commands.py).
+    """
+
+    def __init__(
+        self,
+        ckpt_dir: str | os.PathLike,
+        save_dict: Mapping[str, Any],
+        evaluator: Engine | None = None,
+        previous_model: str | os.PathLike | None = None,
+        resume: bool = False,
+        selection: Mapping[str, Any] | None = None,
+        validation_items: int | None = None,
+    ) -> None:
+        if "network" not in save_dict:
+            raise ValueError("save_dict must hold the 'network'")
+        self.ckpt_dir = Path(ckpt_dir)
+        self.save_dict = dict(save_dict)
+        self.evaluator = evaluator
+        self.previous_model = Path(previous_model) if previous_model else None
+        self.resume = as_flag(resume, "resume")
+        self.selection = dict(selection or {})
+        self.validation_items = validation_items
+        self.record: dict[str, Any] = {}
+        self.trainer: Engine | None = None
+
+    @property
+    def best_path(self) -> Path:
+        return self.ckpt_dir / "model.pt"
+
+    @property
+    def last_path(self) -> Path:
+        return self.ckpt_dir / "last.pt"
+
+    @property
+    def record_path(self) -> Path:
+        return self.ckpt_dir / "selection.json"
+
+    def attach(self, trainer: Engine) -> None:
+        self.trainer = trainer
+        self.save_dict.setdefault("trainer", trainer)
+        trainer.add_event_handler(Events.STARTED, self.load)
+        trainer.add_event_handler(Events.STARTED, self._start_record)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, self.save_last)
+        trainer.add_event_handler(Events.COMPLETED, self._finish_record)
+        if self.evaluator is not None:
+            self.evaluator.add_event_handler(Events.COMPLETED, self.save_best)
+
+    # -- the selection record ----------------------------------------------------------------------------------
+    def _write_record(self) -> None:
+        if rank() != 0:
+            return
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self.record_path, "w") as f:
+            json.dump(self.record, f, indent=1, allow_nan=True)
+
+    def _start_record(self, engine: Engine) -> None:
+        previous = read_record(self.ckpt_dir) if self.resume else None
+        self.record = {
+            "stage": self.ckpt_dir.name,
+            "metric": self.selection.get("metric"),
+            "reason": self.selection.get("reason"),
+            "validation_items": self.validation_items,
+            "max_epochs": engine.state.max_epochs,
+            "epochs_run": int(engine.state.epoch),
+            "best_epoch": -1,
+            "best_value": None,
+            "history": {},
+            "finished": False,
+        }
+        if previous and previous.get("metric") == self.record["metric"]:
+            for key in ("history", "best_epoch", "best_value"):
+                self.record[key] = previous.get(key, self.record[key])
+        self._write_record()
+
+    def _finish_record(self, engine: Engine) -> None:
+        self.record["epochs_run"] = int(engine.state.epoch)
+        self.record["finished"] = True
+        self._write_record()
+
+    def load(self, engine: Engine) -> None:
+        if self.resume and self.last_path.is_file():
+            self._resume(engine)
+            return
+        if self.resume:
+            logger.warning("resume requested but %s does not exist: starting this stage afresh", self.last_path)
+        if self.previous_model is not None:
+            if not self.previous_model.is_file():
+                raise FileNotFoundError(why_no_model(self.previous_model))
+            state = load_checkpoint_file(self.previous_model, "the previous stage's model")
+            network = self.save_dict["network"]
+            try:
+                getattr(network, "module", network).load_state_dict(state, strict=True)
+            except (RuntimeError, ValueError, TypeError, AttributeError) as err:
+                raise ValueError(
+                    f"previous stage's model {self.previous_model} does not fit this network: {err}"
+                ) from err
+            logger.info("loaded the previous stage's model %s", self.previous_model)
+
+    def _resume(self, engine: Engine) -> None:
+        """Restore every object of ``save_dict`` from ``last.pt``; the run keeps its own ``max_epochs``."""
+        checkpoint = load_checkpoint_file(self.last_path, "checkpoint")
+        if not isinstance(checkpoint, Mapping):
+            raise ValueError(f"{self.last_path} is not a checkpoint of this workflow (got {type(checkpoint).__name__})")
+        missing = sorted(set(self.save_dict) - set(checkpoint))
+        if missing:
+            raise ValueError(f"{self.last_path} lacks {missing}: it was not written by this workflow")
+        # the configured number of epochs wins over the checkpoint's, so that a finished stage can be extended
+        max_epochs, epoch_length = engine.state.max_epochs, engine.state.epoch_length
+        saved_length = checkpoint["trainer"].get("epoch_length") if "trainer" in self.save_dict else None
+        if epoch_length is not None and saved_length is not None and saved_length != epoch_length:
+            raise ValueError(
+                f"{self.last_path} was written with {saved_length} iterations per epoch, this run has "
+                f"{epoch_length}: the training data, batch size or number of processes changed, so the run "
+                "cannot be continued exactly (start afresh without --resume)"
+            )
+        for name, obj in self.save_dict.items():
+            try:
+                Checkpoint.load_objects(to_load={name: obj}, checkpoint={name: checkpoint[name]}, strict=True)
+            except (RuntimeError, ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{self.last_path}: cannot restore {name!r}: {err}") from err
+        if max_epochs is not None and engine.state.epoch > max_epochs:
+            raise ValueError(
+                f"{self.last_path} is at epoch {engine.state.epoch}, beyond this run's {max_epochs} epochs: "
+                "raise the number of epochs to continue training from it"
+            )
+        if max_epochs is not None:
+            engine.state.max_epochs = max_epochs
+        logger.info("resumed from %s (epoch %d of %s)", self.last_path, engine.state.epoch, engine.state.max_epochs)
+
+    def save_last(self, engine: Engine) -> None:
+        if rank() != 0:
+            return
+        checkpoint = {}
+        for name, obj in self.save_dict.items():
+            if name == "network":
+                checkpoint[name] = plain_state_dict(obj)
+            else:
+                checkpoint[name] = obj.state_dict()
+        save_atomic(checkpoint, self.last_path)
+
+    def save_best(self, evaluator: Engine) -> None:
+        state = evaluator.state
+        if rank() == 0 and getattr(state, "best_metric_epoch", -1) == state.epoch:
+            save_atomic(plain_state_dict(self.save_dict["network"]), self.best_path)
+            logger.info(
+                "new best %s = %.4f at epoch %d: %s",
+                state.key_metric_name,
+                state.best_metric,
+                state.epoch,
+                self.best_path,
+            )
+        if self.record:
+            # the evaluator's epoch is the trainer's (ValidationHandler runs it with the trainer's epoch)
+            epoch = int(self.trainer.state.epoch) if self.trainer is not None else int(state.epoch)
+            self.record["history"][str(epoch)] = {k: _number(v) for k, v in state.metrics.items()}
+            self.record["epochs_run"] = epoch
+            best_epoch = int(getattr(state, "best_metric_epoch", -1))
+            if best_epoch > 0:
+                self.record["best_epoch"] = best_epoch
+                self.record["best_value"] = _number(state.best_metric)
+            self._write_record()

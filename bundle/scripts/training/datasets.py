@@ -1,0 +1,235 @@
+"""The training and validation datasets: the deterministic preprocessing of each image computed once and cached.
+
+Loading a mammogram, resampling, mirroring it, cropping the breast and placing the best-centre window cost
+hundreds of milliseconds per full-size image on a CPU core, many times a GPU's training step, and they give the
+same result every epoch. The workflows therefore split the preprocessing (docs/performance.md): this dataset runs
+the deterministic half (``train#preprocessing``: up to the window's region, the image as uint16, the masks as
+bytes), and the random per-step half runs batched on the model's device (``train#batch_transforms``, applied by
+:class:`~scripts.training.batch.GLAMPrepareBatch`). The cache holds the deterministic half:
+
+- ``"memory"``: MONAI's ``CacheDataset`` (about 12 MB per full-size training image, 0.7 MB at 736x480);
+- ``"disk"``: MONAI's ``PersistentDataset`` in ``cache_dir``, one ``.pt`` file per image, written on first use
+  (atomically: a temporary file renamed into place) and read back with ``torch.load(weights_only=True)``: for
+  datasets larger than memory (the operating system's page cache keeps what fits), shared by every process and
+  every later run. Its file names hash the datalist item, the size and modification time of the files it names,
+  and the settings of every cached transform, so a changed file or setting is never served stale. Each file also
+  holds a SHA-256 of its content (:class:`ChecksummedPersistentDataset`): an entry that cannot be read (a
+  truncated file) or whose content does not match its checksum (bytes changed on disk) is recomputed and
+  rewritten, with a warning naming the file;
+- ``"none"``: the deterministic half runs again every epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import types
+from collections.abc import Callable, Mapping, Sequence
+from copy import deepcopy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from monai.data import CacheDataset, Dataset, PersistentDataset
+from monai.data.utils import worker_init_fn
+from monai.utils import convert_to_tensor, str2bool
+
+__all__ = [
+    "CACHE_MODES",
+    "cache_mode",
+    "cached_item_hash",
+    "ChecksummedPersistentDataset",
+    "content_checksum",
+    "single_thread_worker",
+    "training_dataset",
+    "transforms_hash",
+]
+
+#: values of the configs' ``train_cache`` / ``val_cache``
+CACHE_MODES = ("none", "memory", "disk")
+#: part of every disk-cache hash: bump when what a cache entry holds changes meaning (2: entries with a checksum)
+CACHE_FORMAT = 2
+logger = logging.getLogger(__name__)
+
+
+def cache_mode(cache: bool | str | None) -> str:
+    """One of :data:`CACHE_MODES` from a config value: ``"none"`` / ``"memory"`` / ``"disk"``, or a yes/no (the
+    ``train_cache: true`` of earlier presets, a command-line ``'false'``): yes is ``"memory"``, no ``"none"``."""
+    if cache is None:
+        return "none"
+    text = str(cache).strip().lower()
+    if text in CACHE_MODES:
+        return text
+    try:
+        return "memory" if str2bool(text) else "none"
+    except ValueError:
+        raise ValueError(f"cache must be one of {CACHE_MODES} (or true / false), got {cache!r}") from None
+
+
+def _describe(obj: Any, depth: int = 0) -> Any:
+    """A JSON-able picture of a transform's settings: its class and public attributes, recursively (random states
+    and private run-time state left out, arrays as lists, functions and classes by name)."""
+    if depth > 8:
+        return "..."
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        return [_describe(x, depth + 1) for x in items]
+    if isinstance(obj, Mapping):
+        return {str(k): _describe(v, depth + 1) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (np.ndarray, torch.Tensor)):
+        return [str(obj.dtype), np.asarray(obj.detach().cpu() if isinstance(obj, torch.Tensor) else obj).tolist()]
+    if isinstance(obj, (type, torch.dtype, np.dtype, np.generic)):
+        return repr(obj)
+    if isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)):
+        return f"{getattr(obj, '__module__', '')}.{obj.__qualname__}"
+    if hasattr(obj, "__dict__"):
+        attrs = {k: v for k, v in vars(obj).items() if not k.startswith("_") and k != "R"}
+        return [type(obj).__module__ + "." + type(obj).__qualname__, _describe(attrs, depth + 1)]
+    return repr(obj)
+
+
+def transforms_hash(transforms: Sequence[Any]) -> bytes:
+    """MD5 (hex, bytes) of the settings of ``transforms`` (``PersistentDataset``'s ``hash_transform``): any changed
+    argument of a cached transform gives other cache files."""
+    text = json.dumps([CACHE_FORMAT, [_describe(t) for t in transforms]], sort_keys=True, default=repr)
+    return hashlib.md5(text.encode("utf-8")).hexdigest().encode("utf-8")
+
+
+def cached_item_hash(item: Any) -> bytes:
+    """MD5 (hex, bytes) of a datalist item together with the size and modification time of every file it names
+    (``PersistentDataset``'s ``hash_func``): a file replaced in place gives another cache file."""
+    values = item.values() if isinstance(item, Mapping) else [item]
+    stats = []
+    for value in values:
+        if isinstance(value, (str, os.PathLike)) and str(value) and os.path.isfile(value):
+            st = os.stat(value)
+            stats.append([os.fspath(value), st.st_size, st.st_mtime_ns])
+    text = json.dumps([item, stats], sort_keys=True, default=str)
+    return hashlib.md5(text.encode("utf-8")).hexdigest().encode("utf-8")
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, np.ndarray):
+        a = np.ascontiguousarray(value)
+        digest.update(f"A{a.dtype}{a.shape}".encode())
+        digest.update(a.tobytes())
+    elif isinstance(value, Mapping):
+        digest.update(b"{")
+        for k in sorted(value, key=str):
+            digest.update(repr(k).encode())
+            _feed(digest, value[k])
+        digest.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        digest.update(b"[")
+        for v in value:
+            _feed(digest, v)
+        digest.update(b"]")
+    else:
+        digest.update(repr(value).encode())
+
+
+def content_checksum(data: Any) -> str:
+    """SHA-256 (hex) of a cached item: every tensor's dtype, shape and bytes, every other value's repr, recursively."""
+    digest = hashlib.sha256()
+    _feed(digest, data)
+    return digest.hexdigest()
+
+
+class ChecksummedPersistentDataset(PersistentDataset):
+    """MONAI's ``PersistentDataset`` whose cache files hold ``{"checksum": sha256, "data": item}``.
+
+    A cache file that cannot be read (truncated, not a torch file, unreadable) or whose data does not match its
+    checksum (:func:`content_checksum`: bytes changed on disk) is recomputed and rewritten atomically, with a warning
+    naming the file; an entry that is fine is returned as it was cached. (MONAI's own check only recomputes a few
+    kinds of unpickling error, and cannot see changed pixels.)
+    """
+
+    def _read_entry(self, hashfile: Path) -> Any:
+        """The data of a sound cache file; raises ``ValueError`` saying what is wrong with it."""
+        try:
+            entry = torch.load(hashfile, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - torch.load raises many types on a damaged file
+            raise ValueError(f"cannot be read ({type(err).__name__}: {err})") from None
+        if not isinstance(entry, Mapping) or "checksum" not in entry or "data" not in entry:
+            raise ValueError("is not a checksummed cache entry")
+        if content_checksum(entry["data"]) != entry["checksum"]:
+            raise ValueError("does not match its checksum (its content changed on disk)")
+        return entry["data"]
+
+    def _cachecheck(self, item_transformed: Any) -> Any:
+        if self.cache_dir is None:
+            return super()._cachecheck(item_transformed)
+        hashfile = Path(self.cache_dir) / f"{self.hash_func(item_transformed).decode('utf-8')}{self.transform_hash}.pt"
+        if hashfile.is_file():
+            try:
+                return self._read_entry(hashfile)
+            except ValueError as problem:
+                image = item_transformed.get("image") if isinstance(item_transformed, Mapping) else None
+                logger.warning("disk cache entry %s (of %s) %s: recomputing it", hashfile, image, problem)
+        data = self._pre_transform(deepcopy(item_transformed))
+        # stored as MONAI stores it (numpy arrays as tensors, so that weights_only loading reads them back)
+        stored = convert_to_tensor(data, convert_numeric=False, track_meta=self.track_meta)
+        entry = {"checksum": content_checksum(stored), "data": stored}
+        try:
+            from ..atomic import atomic_write
+
+            with atomic_write(hashfile, "wb") as f:
+                torch.save(entry, f)
+        except OSError as err:  # a read-only cache still trains (each image is recomputed): say so once per file
+            logger.warning("cannot write the disk cache entry %s (%s): it is recomputed every time", hashfile, err)
+        return data
+
+
+def training_dataset(
+    data: Sequence[Any],
+    transform: Callable,
+    cache: bool | str = "none",
+    cache_dir: str | os.PathLike | None = None,
+    num_workers: int = 0,
+    progress: bool = True,
+) -> Dataset:
+    """The dataset of the deterministic preprocessing, cached as ``cache`` says (see the module docstring).
+
+    Args:
+        data: datalist items.
+        transform: the deterministic preprocessing (``train#preprocessing`` / ``validate#preprocessing``).
+        cache: ``"none"``, ``"memory"`` or ``"disk"`` (a yes/no is accepted: yes = memory).
+        cache_dir: the folder of the disk cache (made if missing); needed for ``"disk"``.
+        num_workers: threads that fill a memory cache.
+        progress: show the memory cache's progress bar.
+    """
+    mode = cache_mode(cache)
+    if mode == "memory":
+        return CacheDataset(
+            data=data, transform=transform, cache_rate=1.0, num_workers=int(num_workers) or None, progress=progress
+        )
+    if mode == "disk":
+        if not cache_dir:
+            raise ValueError("cache 'disk' needs a cache_dir (the folder that holds the cached images)")
+        os.makedirs(cache_dir, exist_ok=True)
+        logger.info("preprocessing cache on disk: %s (%d images; the first epoch fills it)", cache_dir, len(data))
+        return ChecksummedPersistentDataset(
+            data=data,
+            transform=transform,
+            cache_dir=cache_dir,
+            hash_func=cached_item_hash,
+            hash_transform=transforms_hash,
+            weights_only=True,
+        )
+    return Dataset(data=data, transform=transform)
+
+
+def single_thread_worker(worker_id: int) -> None:
+    """``worker_init_fn`` of the loaders: MONAI's (seeds the worker's transforms), then one intra-op thread per worker
+    (each worker handles one image at a time; several threads each would only compete for the same cores)."""
+    worker_init_fn(worker_id)
+    torch.set_num_threads(1)

@@ -1,0 +1,113 @@
+"""The training command line's own checks, before any work: per-stage values, folders and earlier runs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from monai.bundle import ConfigParser
+from monai.utils import str2bool
+
+from ..commands import UsageError, check_command_line, check_writable
+from .checkpoints import read_record
+
+__all__ = ["PER_STAGE_OPTIONS", "per_stage", "check_unfinished_run", "preflight_training"]
+
+#: the options that hold one value per stage ({global: ..., local: ..., joint: ...}) or one number for all
+PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size")
+
+
+# -- per-stage values ----------------------------------------------------------------------------------------------
+def per_stage(value: Any, stage: str, name: str = "value") -> Any:
+    """The value of a per-stage option for ``stage``: ``value[stage]`` of a dict, or ``value`` itself when it is one
+    number for every stage (``--epochs 1``). A dict without ``stage`` is a :class:`UsageError` naming it."""
+    if isinstance(value, Mapping):
+        if stage not in value:
+            raise UsageError(
+                f"{name} has no value for the {stage} stage ({dict(value)}): give one number for every stage "
+                f"(--{name} 2) or a value per stage (--{name}#{stage} 2)"
+            )
+        return value[stage]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(
+            f"{name} must be a number or a dict per stage {{global: .., local: .., joint: ..}}, got {value!r}"
+        )
+    return value
+
+
+def _check_per_stage(parser: ConfigParser, stages: Sequence[str]) -> None:
+    for name in PER_STAGE_OPTIONS:
+        if name not in parser:
+            continue
+        value = parser.get_parsed_content(name)
+        for stage in stages:
+            per_stage(value, stage, name)
+        values = value.values() if isinstance(value, Mapping) else [value]
+        for v in values:
+            # a learning rate of 0 is allowed (a stage that only validates)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and name != "learning_rate"):
+                raise UsageError(f"{name} must be positive numbers, got {value!r}")
+            if name != "learning_rate" and int(v) != v:
+                raise UsageError(f"{name} must be whole numbers, got {value!r}")
+
+
+def _finished_by_state(last: Path) -> bool:
+    """Whether the trainer state saved in ``last.pt`` reached its ``max_epochs`` (False when unreadable)."""
+    import torch
+
+    try:
+        state = torch.load(last, map_location="cpu", weights_only=True)["trainer"]
+        epoch = state["epoch"] if "epoch" in state else int(state["iteration"]) // int(state["epoch_length"])
+        return int(epoch) >= int(state["max_epochs"])
+    except Exception:  # noqa: BLE001 - any unreadable or foreign file: not known to be finished
+        return False
+
+
+def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], resume: Any, overwrite: Any) -> None:
+    """Refuse to start afresh over the checkpoints of an unfinished run.
+
+    A stage folder with a ``last.pt`` whose run did not finish is an unfinished run: its ``selection.json`` does not
+    say ``finished`` (or, in a folder written before the record existed, the trainer state in ``last.pt`` is short
+    of its ``max_epochs``). Without ``resume`` or ``overwrite`` this is a :class:`UsageError` naming the folder and
+    the two choices. A finished run is started afresh as before (its files are replaced).
+    """
+    if str2bool(str(resume)) or str2bool(str(overwrite)):
+        return
+    for stage in stages:
+        folder = Path(ckpt_root) / stage
+        if not (folder / "last.pt").is_file():
+            continue
+        record = read_record(folder)
+        if record is not None and record.get("finished"):
+            continue
+        if record is None and _finished_by_state(folder / "last.pt"):
+            continue  # a folder written before the selection record existed: the trainer state says it finished
+        epochs = f" (epoch {record['epochs_run']})" if record and record.get("epochs_run") else ""
+        raise UsageError(
+            f"{os.path.abspath(folder)} holds the checkpoints of an unfinished {stage} run{epochs}: continue it with "
+            "--resume true, or start afresh with --overwrite true (or another --ckpt_root)"
+        )
+
+
+def preflight_training(parser: ConfigParser) -> None:
+    """The checks of this module's docstring on the training workflow's merged configuration ``parser``, before
+    any work (:meth:`scripts.training.workflow.GLAMTrainingWorkflow.run`)."""
+    from .workflow import stages_to_run
+
+    check_command_line()
+    try:
+        stages = stages_to_run(str(parser.get_parsed_content("stage")))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    _check_per_stage(parser, stages)
+    check_writable(
+        ckpt_root=parser.get_parsed_content("ckpt_root"), output_root=parser.get_parsed_content("output_root")
+    )
+    check_unfinished_run(
+        parser.get_parsed_content("ckpt_root"),
+        stages,
+        parser.get_parsed_content("resume"),
+        parser.get_parsed_content("overwrite") if "overwrite" in parser else False,
+    )

@@ -1,0 +1,198 @@
+"""Every entry of an inference input folder is accounted for (bundle/scripts/inference/inputs.py) and the
+tables hold every path losslessly without running anything in a spreadsheet (inference_tables.py): odd entries
+(a dangling link, a link loop, a folder named like an image, a FIFO, a corrupt file) each get an errors.csv row
+with the reason while the good images, one with a file name that is not UTF-8 among them, finish."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_inference import INFERENCE_CONFIG, TINY, TINY_INFERENCE, _run
+
+NOT_UTF8 = b"scan\xff\xfe.png"  # latin-1 bytes: not a valid UTF-8 file name
+FORMULA = "=HYPERLINK(1).png"  # its stem would run in a spreadsheet
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    text = path.read_bytes().decode("utf-8")  # strict: the tables are valid UTF-8
+    return list(csv.DictReader(io.StringIO(text, newline="")))
+
+
+@pytest.fixture(scope="module")
+def odd_folder(tmp_path_factory) -> dict:
+    from scripts.data.synthetic import make_synthetic_dataset
+    from scripts.networks import GLAMSaliencyNet
+
+    root = tmp_path_factory.mktemp("odd_inputs")
+    make_synthetic_dataset(root / "png", 4, size=(256, 160), seed=5, fmt="png")
+    images = sorted((root / "png" / "images").iterdir())
+    folder = root / "in"
+    folder.mkdir()
+    shutil.copy(images[0], folder / "good.png")
+    shutil.copy(images[1], folder / FORMULA)
+    with open(os.path.join(os.fsencode(folder), NOT_UTF8), "wb") as f:
+        f.write(images[2].read_bytes())
+    (folder / "x.png").mkdir()  # a folder named like an image: reported, and searched
+    shutil.copy(images[3], folder / "x.png" / "inner.png")
+    os.symlink(folder / "nowhere.png", folder / "dangling.png")
+    os.symlink(folder / "loop2.png", folder / "loop1.png")
+    os.symlink(folder / "loop1.png", folder / "loop2.png")
+    os.mkfifo(folder / "pipe.png")  # reading it would block the run forever
+    (folder / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really a png" * 4)
+    (folder / "notes.txt").write_text("not an image")  # not named like an input: not listed
+    shutil.copy(images[0], folder / ".hidden.png")  # hidden: skipped
+    torch.manual_seed(0)
+    ckpt = root / "model.pt"
+    torch.save(GLAMSaliencyNet(stage="joint", **TINY).state_dict(), ckpt)
+    out = root / "out"
+    overrides = {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(ckpt), "num_workers": 1}
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
+    return {"folder": folder, "out": out, "ckpt": ckpt, "overrides": overrides}
+
+
+def test_every_odd_entry_has_an_error_row_with_its_reason_and_the_good_images_finish(odd_folder):
+    from scripts.inference.tables import unescape_text
+
+    folder, out = odd_folder["folder"], odd_folder["out"]
+    good = {
+        os.fsencode(folder / "good.png"),
+        os.fsencode(folder / FORMULA),
+        os.path.join(os.fsencode(folder), NOT_UTF8),
+        os.fsencode(folder / "x.png" / "inner.png"),
+    }
+    predictions = _rows(out / "predictions.csv")
+    assert {os.fsencode(unescape_text(r["image"])) for r in predictions} == good
+    assert len(predictions) == len(good)
+    reasons = {Path(unescape_text(r["image"])).name: r["error"] for r in _rows(out / "errors.csv") if r["error"]}
+    assert sorted(reasons) == ["corrupt.png", "dangling.png", "loop1.png", "loop2.png", "pipe.png", "x.png"]
+    assert "broken symbolic link" in reasons["dangling.png"] and "nowhere.png" in reasons["dangling.png"]
+    assert "symbolic link loop" in reasons["loop1.png"] and "symbolic link loop" in reasons["loop2.png"]
+    assert "a folder, not an image file" in reasons["x.png"]
+    assert "not a regular file (a FIFO)" in reasons["pipe.png"]
+    assert "not a readable image" in reasons["corrupt.png"]
+    for name, reason in reasons.items():
+        assert reason.startswith("MammogramReadError: ") and str(folder / name) in reason  # names the entry
+
+
+def test_a_name_that_is_not_utf8_is_written_escaped_and_decodes_to_its_bytes(odd_folder):
+    from scripts.inference.tables import unescape_text
+
+    folder, out = odd_folder["folder"], odd_folder["out"]
+    row = next(r for r in _rows(out / "predictions.csv") if "\\x" in r["image"])
+    assert row["image"] == f"{folder}/scan\\xff\\xfe.png"
+    assert os.fsencode(unescape_text(row["image"])) == os.path.join(os.fsencode(folder), NOT_UTF8)
+    assert row["output_stem"] == "scan\\xff\\xfe"
+    for relative in row["files"].split(";"):  # the files carry the name's own bytes
+        path = os.path.join(os.fsencode(out), os.fsencode(unescape_text(relative)))
+        assert os.path.isfile(path) and b"scan\xff\xfe" in path
+
+
+def test_cells_a_spreadsheet_would_run_are_neutralised(odd_folder):
+    from scripts.inference.tables import unescape_text
+
+    raw = (odd_folder["out"] / "predictions.csv").read_text(encoding="utf-8")
+    row = next(r for r in _rows(odd_folder["out"] / "predictions.csv") if "HYPERLINK" in r["image"])
+    assert row["output_stem"] == "'=HYPERLINK(1)" and unescape_text(row["output_stem"]) == "=HYPERLINK(1)"
+    cells = [cell for line in csv.reader(io.StringIO(raw)) for cell in line]
+    assert not [c for c in cells if c[:1] in ("=", "+", "@")]  # no cell starts a formula
+
+
+def test_a_rerun_retries_the_odd_entries_and_lists_each_once(odd_folder, caplog):
+    """Rerunning the command: the good images are skipped, the odd entries are tried again, and after the run
+    errors.csv still has one row per entry (the retried errors are not added twice)."""
+    out = odd_folder["out"]
+    before = (out / "predictions.csv").read_bytes(), _rows(out / "errors.csv")
+    with caplog.at_level("INFO", logger="scripts.workflows"):
+        _run([INFERENCE_CONFIG, TINY_INFERENCE], odd_folder["overrides"])
+    assert any(
+        "resuming: 4 of 10 inputs are done already (skipped), 6 to run" in r.getMessage() for r in caplog.records
+    )
+    assert (out / "predictions.csv").read_bytes() == before[0]
+    assert _rows(out / "errors.csv") == before[1]
+
+
+def test_scanning_lists_entries_named_like_inputs_only(tmp_path):
+    from scripts.inference.inputs import scan_input_folder
+
+    (tmp_path / "a.DCM").write_bytes(b"x")
+    (tmp_path / "b.nii.gz").write_bytes(b"x")
+    (tmp_path / "readme.md").write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.png").write_bytes(b"x")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "d.png").write_bytes(b"x")
+    os.symlink(tmp_path / "sub", tmp_path / "linked")  # a linked folder is not searched: no c.png twice
+    items = scan_input_folder(tmp_path)
+    assert [Path(i["image"]).relative_to(tmp_path).as_posix() for i in items] == ["a.DCM", "b.nii.gz", "sub/c.png"]
+    assert all("error" not in i for i in items)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain/path.png",
+        "back\\slash",
+        "=1+2",
+        "-x",
+        "+x",
+        "@x",
+        "'quoted",
+        "tab\tand\nnewline",
+        "\udcff\udcfe.png",
+        "lone \ud800 surrogate",
+        "ünïcødé ✓",
+        "\\x41 literal",
+    ],
+)
+def test_cells_decode_to_the_text_they_were_written_for(text):
+    from scripts.inference.tables import csv_cell, unescape_text
+
+    cell = csv_cell(text)
+    assert unescape_text(cell) == text
+    cell.encode("utf-8")  # valid UTF-8
+    assert cell.isprintable() and cell[:1] not in ("=", "+", "-", "@", "\t", "\r")
+
+
+def test_a_table_torn_by_a_crash_loses_only_its_partial_line(tmp_path, caplog):
+    from scripts.inference.tables import ERROR_COLUMNS, AppendOnlyCsv
+
+    table = AppendOnlyCsv(tmp_path / "errors.csv", ERROR_COLUMNS)
+    assert table.open() == []
+    table.append({"image": "a.png", "error": "E: 1", "note": ""})
+    table.close()
+    with open(tmp_path / "errors.csv", "ab") as f:
+        f.write(b"b.png,E: half a ro")  # a power cut in the middle of a row
+    with caplog.at_level("WARNING"):
+        rows = AppendOnlyCsv(tmp_path / "errors.csv", ERROR_COLUMNS).open()
+    assert rows == [{"image": "a.png", "error": "E: 1", "note": ""}]
+    assert "dropped a torn last line" in caplog.text
+    assert (tmp_path / "errors.csv").read_bytes().endswith(b"E: 1,\r\n")
+    (tmp_path / "other.csv").write_text("image,score\r\n")
+    with pytest.raises(ValueError, match=r"other.csv: its columns \['image', 'score'\] are not"):
+        AppendOnlyCsv(tmp_path / "other.csv", ERROR_COLUMNS).open()
+
+
+def test_an_output_folder_inside_the_input_folder_is_not_read_as_input(odd_folder, tmp_path):
+    """Outputs written into the input folder (maps are .nii.gz and .png, named like inputs): a rerun lists the same
+    inputs as the first run, none of its own files."""
+    from scripts.inference.inputs import inference_items
+
+    folder = tmp_path / "in"
+    shutil.copytree(odd_folder["folder"] / "x.png", folder)  # one good image
+    out = folder / "out"
+    overrides = {**odd_folder["overrides"], "input_dir": str(folder), "output_dir": str(out)}
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
+    assert list((out / "maps").glob("*.nii.gz")) and list((out / "panels").glob("*.png"))
+    assert inference_items(folder, output_dir=out) == [{"image": str(folder / "inner.png")}]
+    assert inference_items(folder) == [{"image": str(folder / "inner.png")}]  # a folder with a run.json is skipped
+    (out / "run.json").rename(tmp_path / "run.json")
+    assert len(inference_items(folder)) > 1  # what it would read without the exclusions
+    (tmp_path / "run.json").rename(out / "run.json")
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
+    assert len(_rows(out / "predictions.csv")) == 1 and [r["error"] for r in _rows(out / "errors.csv")] == [""]

@@ -1,0 +1,152 @@
+"""The multi-stage run as a MONAI workflow (scripts.training.workflow.GLAMTrainingWorkflow) and the stage loop: each
+stage in its own copy of the merged configuration, MONAI's tracking handlers in every copy, the rank-0-only handlers
+disabled in the copies of the other ranks, and the process group owned by initialize / finalize.
+
+The stages' ``run_stage`` is replaced by cheap expressions here: training itself is tested in test_training.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
+from monai.bundle import ConfigParser, ConfigWorkflow
+
+import scripts.training.workflow as runner
+from scripts.training.workflow import GLAMTrainingWorkflow, run_stages
+
+META = str(TRAIN_CONFIG.parent / "metadata.json")
+MULTI_GPU_CONFIG = TRAIN_CONFIG.parent / "multi_gpu_train.yaml"
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    """The environment torchrun gives a 1-process group on 127.0.0.1."""
+    from test_multi_gpu import free_port
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    yield
+    from scripts.training.distributed import destroy_distributed
+
+    destroy_distributed()
+
+
+def test_workflow_runs_every_stage_in_its_own_copy_without_the_stack(tmp_path, tiny_datalist):
+    wf = GLAMTrainingWorkflow(
+        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
+        meta_file=META,
+        **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
+        # what each stage evaluates: its own stage id, its checkpoint folder, a counter that leaks if copies are shared
+        run_stage=["$@stage", "$@ckpt_dir", "$@shared_list.append(@stage) or list(@shared_list)"],
+        shared_list="$[]",
+    )
+    assert wf.run_id == "training"  # the command's run id: `python -m monai.bundle run training`
+    wf.initialize()
+    before = copy.deepcopy(wf.parser.get())
+    results = wf.run()[-1]
+    wf.finalize()
+    assert results == [["global"], ["local"], ["joint"]]  # the last entry of each stage: a fresh list every stage
+    assert wf.parser.get() == before and wf.parser["stage"] == "all"  # the parser is never modified
+
+
+def test_one_stage_and_a_bad_stage(tmp_path, tiny_datalist):
+    config = {"stage": "all", "run_stage": ["$@stage"]}
+    assert run_stages(ConfigParser(config), "local") == ["local"]
+    with pytest.raises(ValueError, match="stage must be 'all' or one of"):
+        run_stages(ConfigParser(config), "both")
+
+
+def test_tracking_handlers_reach_every_stage(tmp_path, tiny_datalist):
+    """MONAI's --tracking patches its handler into train#handlers of the merged config: every stage's copy has it."""
+    settings = {
+        "handlers_id": {"trainer": {"id": "train#trainer", "handlers": "train#handlers"}},
+        "configs": {
+            "trainer": {"_target_": "collections.Counter", "stage": "@stage"},  # a cheap stand-in for MLFlowHandler
+            "save_execute_config": False,
+        },
+    }
+    wf = GLAMTrainingWorkflow(
+        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
+        meta_file=META,
+        tracking=settings,
+        **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
+    )
+    last = len(wf.parser["train"]["handlers"]) - 1
+    wf.parser["run_stage"] = [f"$@train#handlers#{last}"]
+    wf.initialize()
+    assert [dict(c) for c in wf.run()[-1]] == [{"stage": s} for s in ("global", "local", "joint")]
+
+
+def test_other_ranks_build_no_rank_zero_only_handler(monkeypatch):
+    """On a rank other than 0 the stage copies leave out the `rank_zero_only` classes (never built: the class below
+    does not exist); rank 0 builds them."""
+    config = {
+        "stage": "all",
+        "rank_zero_only": "$['NoSuchLogger']",
+        "handlers": [{"_target_": "NoSuchLogger"}, {"_target_": "collections.OrderedDict"}],
+        "run_stage": ["$len(@handlers)"],
+    }
+    monkeypatch.setattr(runner, "rank", lambda: 1)
+    parser = ConfigParser(config)
+    assert run_stages(parser, "all") == [1, 1, 1]
+    assert "_disabled_" not in parser["handlers"][0]  # only the copies were changed
+    monkeypatch.setattr(runner, "rank", lambda: 0)
+    with pytest.raises(Exception, match="NoSuchLogger"):
+        run_stages(ConfigParser(config), "global")
+
+
+def test_initialize_and_finalize_own_the_process_group(tmp_path, tiny_datalist, torchrun_env):
+    import torch.distributed as dist
+
+    wf = GLAMTrainingWorkflow(
+        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(MULTI_GPU_CONFIG)],
+        meta_file=META,
+        **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
+        run_stage=["$@stage", "$torch.distributed.get_world_size()"],
+    )
+    assert not dist.is_initialized()
+    wf.initialize()
+    assert dist.is_initialized() and dist.get_backend() == "gloo"
+    assert wf.run()[-1] == [1, 1, 1]
+    wf.finalize()
+    assert not dist.is_initialized()
+    # a workflow that is finalised without having run leaves the group too
+    wf.initialize()
+    assert dist.is_initialized()
+    wf.finalize()
+    assert not dist.is_initialized()
+
+
+def test_the_plain_command_runs_the_workflow_built_from_its_command_line(tmp_path, tiny_datalist, monkeypatch):
+    """`python -m monai.bundle run training` (MONAI's plain ConfigWorkflow): train.yaml's `training` entry builds
+    GLAMTrainingWorkflow from the command line it was given, which hands its own parser to every stage."""
+    import scripts.commands
+
+    overrides = tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False)
+    overrides["run_stage"] = ["$@stage", "$@ckpt_dir"]
+    arguments = {"run_id": "training", "config_file": [str(TRAIN_CONFIG), str(TINY_CONFIG)], "meta_file": META}
+    monkeypatch.setattr(scripts.commands, "command_line", lambda: (dict(arguments), dict(overrides)))
+    wf = ConfigWorkflow(config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)], meta_file=META, **overrides)
+    wf.initialize()
+    result = wf.run()
+    # `training`'s one entry -> GLAMTrainingWorkflow.run() -> [per stage, the last entry of its run_stage]
+    assert result == [[[str(tmp_path / "models" / s) for s in ("global", "local", "joint")]]]
+
+
+def test_the_training_entry_outside_a_command_line_says_what_to_do(tmp_path, tiny_datalist):
+    from scripts.commands import UsageError
+
+    wf = ConfigWorkflow(
+        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
+        meta_file=META,
+        **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
+    )
+    wf.initialize()
+    with pytest.raises(Exception) as info:
+        wf.run()
+    cause = info.value
+    while cause.__cause__ is not None and not isinstance(cause, UsageError):
+        cause = cause.__cause__
+    assert isinstance(cause, UsageError) and "GLAMTrainingWorkflow(config_file=" in str(cause)
