@@ -28,3 +28,50 @@ def test_requirements_pin_torch_exactly():
     req = (REPO_ROOT / "requirements.txt").read_text().splitlines()
     assert "torch==2.13.0" in [line.strip() for line in req]
     assert not any(line.strip().startswith("torchvision") for line in req)
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors_of(text: str) -> set[str]:
+    outside_code = re.sub(r"```.*?```", "", text, flags=re.S)
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", outside_code, flags=re.M):
+        base = github_anchor(heading)
+        n = seen.get(base, 0)
+        anchors.add(base if n == 0 else f"{base}-{n}")
+        seen[base] = n + 1
+    return anchors
+
+
+def test_github_anchor_matches_hand_made_cases():
+    assert github_anchor("Defaults (the paper's setting, for GPUs and real data)") == (
+        "defaults-the-papers-setting-for-gpus-and-real-data"
+    )
+    assert anchors_of("# A\n```\n# not a heading\n```\n## A\n") == {"a", "a-1"}
+
+
+def test_readme_and_docs_links_resolve():
+    """Every relative link of the README and the docs pages names a file that exists and, with #anchor, a heading of
+    it: pages are split and sections move between them, and a dead link is what a reader meets first."""
+    pages = [
+        REPO_ROOT / "README.md",
+        REPO_ROOT / "bundle" / "docs" / "README.md",
+        *sorted((REPO_ROOT / "docs").glob("*.md")),
+    ]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(REPO_ROOT)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors_of(linked.read_text(encoding="utf-8")):
+                broken.append(f"{page.relative_to(REPO_ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
