@@ -7,8 +7,8 @@ process, and check that the outputs agree.
     python scripts/benchmark_vs_reference.py --reference-code ... --precision fp32   # our float32 path
 
 The authors' model is built from their code with their released inference settings (184x120 saliency map, one
-512-px patch, top-t 3 % / 30 %) and random weights (seeded); ours is ``scripts.convert.load_nyukat_glam`` of the
-same state dict, then ``optimize_for_inference`` at ``--precision`` (default ``auto``: bf16 on CPUs with bf16
+512-px patch, top-t 3 % / 30 %) and random weights (seeded); ours is ``scripts.networks.convert.load_nyukat_glam``
+of the same state dict, then ``optimize_for_inference`` at ``--precision`` (default ``auto``: bf16 on CPUs with bf16
 convolutions). One fix to their code, in memory: their window search divides integer tensors with ``/``, which
 was floor division in the torch they used and is true division today (see ``_max_window_with_floor_division``).
 Their code imports torchvision and OpenCV for helpers its forward pass does not use; where those
@@ -39,9 +39,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from scripts.convert import load_nyukat_glam  # noqa: E402
 from scripts.enums import OutputKey  # noqa: E402
 from scripts.networks import optimize_for_inference, resolve_precision  # noqa: E402
+from scripts.networks.convert import load_nyukat_glam  # noqa: E402
 
 #: the authors' inference settings (their run script's parameters)
 REFERENCE_PARAMETERS = {

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
 import torch  # noqa: E402
 
-from scripts.convert import convert_nyukat_state_dict, load_nyukat_glam  # noqa: E402
+from scripts.networks.convert import convert_nyukat_state_dict, load_nyukat_glam  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

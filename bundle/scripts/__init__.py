@@ -5,10 +5,10 @@ the public interface that tools outside the bundle rely on.
 """
 
 from .aggregation import ConcatTopTAggregation, FusionHead, GatedAttentionAggregation
-from .convert import convert_nyukat_state_dict, load_nyukat_glam
 from .losses import GLAMLoss
 from .metrics import PxAPMetric, SoftDiceMetric
 from .networks import GLAM, REFERENCE_PRESET, GlobalNetwork, LocalNetwork
+from .networks.convert import convert_nyukat_state_dict, load_nyukat_glam
 from .patches import (
     PatchSelector,
     crop_patches,

@@ -7,8 +7,8 @@ import torch
 from nyukat_layout import authors_state_dict, reference_global, reference_local
 from references import loop_algorithm_1, numpy_top_t
 
-from scripts.convert import convert_nyukat_state_dict, load_nyukat_glam
 from scripts.networks import GLAM
+from scripts.networks.convert import convert_nyukat_state_dict, load_nyukat_glam
 from scripts.networks.settings import SETTINGS_KEY, decode_settings
 
 

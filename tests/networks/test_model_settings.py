@@ -11,10 +11,10 @@ import pytest
 import torch
 from references import numpy_top_t
 
-from scripts.networks import GLAM, GLAMSaliencyNet, checkpoint_setting, read_checkpoint_settings
+from scripts.bundle_info import bundle_version
+from scripts.networks import GLAM, GLAM_DEFAULTS, GLAMSaliencyNet, checkpoint_setting, read_checkpoint_settings
 from scripts.networks.settings import (
     SETTINGS_KEY,
-    bundle_version,
     decode_settings,
     encode_settings,
     settings_differences,
@@ -168,3 +168,13 @@ def test_checkpoint_settings_are_read_back(tmp_path):
         checkpoint_setting(broken, "patch_size")
     with pytest.raises(KeyError, match="no_such_setting"):
         checkpoint_setting(legacy, "no_such_setting")
+
+
+def test_checkpoint_setting_refuses_a_name_glam_does_not_take(tmp_path):
+    """Without a record, the fallback is GLAM's own default (GLAM_DEFAULTS, read from its signature); a name that is
+    no GLAM argument has none."""
+    path = tmp_path / "absent.pt"
+    assert GLAM_DEFAULTS["t_local"] == 0.2 and GLAM_DEFAULTS["num_patches_train"] == 6
+    assert checkpoint_setting(path, "t_local") == 0.2
+    with pytest.raises(KeyError, match="'patch_sise' is not a GLAM setting"):
+        checkpoint_setting(path, "patch_sise")

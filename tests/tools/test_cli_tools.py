@@ -7,8 +7,8 @@ import torch
 from conftest import REPO_ROOT
 from nyukat_layout import authors_state_dict
 
-from scripts.convert import load_nyukat_glam
 from scripts.networks import GLAM
+from scripts.networks.convert import load_nyukat_glam
 
 
 def run(*args, cwd=REPO_ROOT):

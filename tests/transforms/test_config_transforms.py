@@ -1,8 +1,8 @@
-"""The preprocessing chains written out as transform blocks in the configs are the chains of the Python builders:
-the same transforms in the same order, with the same arguments. Training and validation run each chain in two halves
-(cached per image: ``mammogram_cache_transforms``; per step, on the device: ``mammogram_step_transforms``), which
-together give ``mammogram_transforms()``'s images bit for bit (with the same random draws) on synthetic mammograms;
-overrides of the size ids reach the blocks."""
+"""The preprocessing chains the configs build (the pipeline components they instantiate, or transform blocks written
+out) are the chains of the Python builders: the same transforms in the same order, with the same arguments. Training
+and validation run each chain in two halves (cached per image: ``mammogram_cache_transforms``; per step, on the
+device: ``mammogram_step_transforms``), which together give ``mammogram_transforms()``'s images bit for bit (with the
+same random draws) on synthetic mammograms; overrides of the size ids reach the chains."""
 
 from __future__ import annotations
 
@@ -14,7 +14,15 @@ import pytest
 import torch
 from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG, assert_identical
 from monai.bundle import ConfigParser
-from monai.transforms import Compose, CopyItemsd, DeleteItemsd, RandomizableTrait, Transform
+from monai.transforms import (
+    Compose,
+    CopyItemsd,
+    DeleteItemsd,
+    EnsureTyped,
+    RandomizableTrait,
+    SelectItemsd,
+    Transform,
+)
 from PIL import Image
 
 from scripts.transforms import (
@@ -28,6 +36,7 @@ from scripts.transforms import (
     mammogram_step_transforms,
     mammogram_transforms,
 )
+from scripts.transforms.targets import StackMasksd
 
 INFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference.yaml"
 TINY_INFERENCE_CONFIG = TINY_CONFIG.parent / "tiny_inference.yaml"
@@ -38,6 +47,18 @@ CHAINS = {
     "validate": ([TRAIN_CONFIG], [TRAIN_CONFIG, TINY_CONFIG], "validate#preprocessing", False, MASK_KEYS),
     "inference": ([INFERENCE_CONFIG], [INFERENCE_CONFIG, TINY_INFERENCE_CONFIG], "preprocessing", False, []),
 }
+
+
+def cached_targets() -> list:
+    """What a cached item keeps, as plain tensors: the uint16 image, the uint8 masks, the float labels, the file, and
+    in training the window's offset range."""
+    return [
+        EnsureTyped(keys="label", dtype=torch.float32, track_meta=False),
+        EnsureTyped(keys=["image", "mask"], track_meta=False, allow_missing_keys=True),
+        SelectItemsd(keys=["image", "image_path", "label", "mask", "window_shift_range"], allow_missing_keys=True),
+    ]
+
+
 #: the config id of each split chain's per-step half
 STEP_IDS = {"train": "train#batch_transforms", "validate": "validate#batch_transforms"}
 
@@ -71,7 +92,7 @@ def _settings(parser: ConfigParser, train: bool) -> dict:
 def python_chain(parser: ConfigParser, chain: str, **settings) -> Compose:
     """The Python version of the config id ``CHAINS[chain][2]``: ``mammogram_transforms`` (inference), or for train
     and validate ``mammogram_cache_transforms`` between the config's own bookkeeping blocks (record the path, drop
-    the masks GLAM's training does not use, stack the masks, ``target_transforms``), with the parser's settings
+    the masks GLAM's training does not use, stack the masks, keep the cached targets), with the parser's settings
     (``from_parser=False``: the builders' own defaults)."""
     _, _, _, train, mask_keys = CHAINS[chain]
     if settings.pop("from_parser", True):
@@ -83,8 +104,8 @@ def python_chain(parser: ConfigParser, chain: str, **settings) -> Compose:
     # the config's blocks name the mask keys even where GLAM's training drops the masks first (allow_missing_keys)
     cache = mammogram_cache_transforms(keys=["image"], mask_keys=mask_keys, train=train, **settings)
     head = [CopyItemsd(keys="image", names="image_path")] + ([] if with_masks else [DeleteItemsd(keys=MASK_KEYS)])
-    stack = [parser.get_parsed_content("stack_masks")] if with_masks else []
-    return Compose(head + list(cache.transforms) + stack + list(parser.get_parsed_content("target_transforms")))
+    stack = [StackMasksd(keys=MASK_KEYS, output_key="mask", dtype=torch.uint8)] if with_masks else []
+    return Compose(head + list(cache.transforms) + stack + cached_targets())
 
 
 def python_steps(parser: ConfigParser, chain: str, from_parser: bool = True, **settings) -> Compose:

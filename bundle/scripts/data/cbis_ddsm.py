@@ -28,6 +28,8 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from .datalist_errors import CsvRowError
+
 __all__ = [
     "CBIS_PIXEL_SPACING_MM",
     "CbisCase",
@@ -161,8 +163,6 @@ def _one(found: list[DicomCandidate]) -> DicomCandidate | None:
 def resolve_cbis_image(root: Path, csv_path: str, where: str) -> DicomCandidate | Path:
     """The full mammogram a row's ``image file path`` names: the path itself when it exists under ``root``, else
     the file found in the downloaded tree (see the module doc). Raises CsvRowError naming what was found."""
-    from .datalist_parsers import CsvRowError
-
     if not csv_path:
         raise CsvRowError(f"{where}: empty image file path")
     literal = root / csv_path
@@ -210,8 +210,6 @@ def resolve_cbis_roi(
     """The ROI mask of a row: ``(path, swapped)``, ``swapped`` when the CSV had put it under the cropped-image
     column. Candidates are the files the two paths name (as written) and the DICOMs under their case folders; the
     mask is the one of the image's size with binary pixels (module doc). Raises CsvRowError when none or several."""
-    from .datalist_parsers import CsvRowError
-
     candidates: dict[Path, DicomCandidate | None] = {}
     roi_series = _uid_parts(roi_path)[2] if roi_path else None
     crop_series = _uid_parts(cropped_path)[2] if cropped_path else None

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..enums import CLASS_NAMES
 from .datalist import DatalistError, check_patient_splits, check_split_sizes, iter_items, load_datalist
+from .geometry import as_pixel_spacing, format_spacing
 
 logger = logging.getLogger(__name__)
 
@@ -324,8 +325,6 @@ def assert_datalist_ok(
     datalist item state no spacing are logged as a warning: the preprocessing takes ``input_spacing`` or estimates
     their spacing from the breast's size (``spacing_fallback``), which is right only roughly. Training goes on.
     """
-    from ..transforms.mammo.spacing import as_pixel_spacing, format_spacing
-
     model_spacing = as_pixel_spacing(pixel_spacing)  # a bad value fails here, before every file is read
     report = run_data_checks(datalist, base_dir, strict_masks=strict_masks)
     if not report.ok:

@@ -22,12 +22,22 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import CLASS_NAMES, LesionClass
+from .datalist_errors import DatalistError
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
     CsvRowError,
     register_datalist_parser,
     unregister_datalist_parser,
+)
+
+# the builders live in datalist_sources.py; re-exported here
+from .datalist_sources import (
+    detect_csv_flavour,
+    items_from_csv,
+    items_from_dicom_dir,
+    items_from_folder,
+    path_for_datalist,
 )
 
 __all__ = [
@@ -60,10 +70,6 @@ __all__ = [
 
 SPLITS = ("training", "validation", "test")
 PATH_KEYS = ("image", *(f"mask_{cls}" for cls in CLASS_NAMES))
-
-
-class DatalistError(ValueError):
-    """A datalist file or structure that cannot be used; the message names the file/split and the problem."""
 
 
 def load_datalist(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
@@ -329,13 +335,3 @@ def split_choices(n_patients: int) -> str:
         f"choose other fractions ({hint}; at least one patient per split you ask for), give an external "
         "validation list (--val-datalist FILE), or add patients"
     )
-
-
-# the builders live in datalist_sources.py (which imports this module's DatalistError); re-exported here
-from .datalist_sources import (  # noqa: E402
-    detect_csv_flavour,
-    items_from_csv,
-    items_from_dicom_dir,
-    items_from_folder,
-    path_for_datalist,
-)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..enums import CLASS_NAMES, LesionClass
+from .datalist_errors import CsvRowError
 
 __all__ = [
     "CsvRow",
@@ -40,11 +41,6 @@ __all__ = [
 ]
 
 CsvRow = Mapping[str, str]  # normalised column name -> stripped cell text
-
-
-class CsvRowError(ValueError):
-    """A row that cannot become an item; ``items_from_csv`` leaves it out and lists the message (which names the
-    row) among its problems."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import LesionClass
-from .datalist import DatalistError
+from .datalist_errors import DatalistError
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,

@@ -41,6 +41,7 @@ from monai.utils import ensure_tuple
 
 from .dicom_files import read_dicom as _read_dicom
 from .dicom_files import read_dicom_header
+from .geometry import chest_wall_side
 from .header_facts import (
     MAMMOGRAPHY_SOP_CLASSES,
     dicom_laterality,
@@ -332,9 +333,6 @@ def _load(
     if not allow_empty and not arr.any():
         raise read_error(path, "all pixels are zero (blank image)")
     if not mask and meta["laterality"] is None and infer_laterality and arr.any():
-        # imported here: the transforms package imports this module for its pipeline
-        from scripts.transforms.mammo.breast import chest_wall_side
-
         # unflipped display convention (the authors' horizontal_flip="NO"): a left breast's chest wall is on the left
         meta["laterality"] = "L" if chest_wall_side(arr) == "left" else "R"
         meta["laterality_source"] = "image"

@@ -1,12 +1,12 @@
 from ..enums import STAGES
 from .cam import CAM
 from .fast_inference import AutocastInference, cpu_supports_bf16, optimize_for_inference, resolve_precision
-from .glam import GLAM, REFERENCE_PRESET
+from .glam import GLAM, GLAM_DEFAULTS, REFERENCE_PRESET, checkpoint_setting
 from .global_network import GlobalBackbone, GlobalNetwork, PreActBasicBlock
 from .gmic import GMIC
 from .inference import GLAMInferer, GLAMSaliencyNet
 from .local_network import BasicBlock, LocalNetwork, ResNetHR
-from .settings import checkpoint_setting, read_checkpoint_settings
+from .settings import read_checkpoint_settings
 from .unet import UNetSaliency
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "resolve_precision",
     "cpu_supports_bf16",
     "REFERENCE_PRESET",
+    "GLAM_DEFAULTS",
     "STAGES",
     "GlobalBackbone",
     "GlobalNetwork",

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..aggregation import AGGREGATIONS, PAPER_AGGREGATION, AggregationSpec, FusionHead
+from ..bundle_info import bundle_version
+from ..data.geometry import as_pixel_spacing
 from ..enums import STAGES, MapName, OutputKey, Stage
 from ..patches import (
     _check_patch_count,
@@ -21,12 +25,11 @@ from ..patches import (
     shift_patch_boxes,
 )
 from ..pooling import check_fraction
-from ..transforms.mammo.spacing import as_pixel_spacing
 from .global_network import GlobalNetwork
 from .local_network import LocalNetwork
-from .settings import SETTINGS_KEY, bundle_version, check_settings, encode_settings
+from .settings import SETTINGS_KEY, check_settings, encode_settings, read_checkpoint_settings
 
-__all__ = ["GLAM", "REFERENCE_PRESET"]
+__all__ = ["GLAM", "GLAM_DEFAULTS", "REFERENCE_PRESET", "checkpoint_setting"]
 
 #: The authors' released inference behaviour (docs/model.md, the reference-compatible preset): pooling after
 #: upsampling with t = 3%, concatenation aggregation with t = 30%, one patch of 512 px, gamma 0.2/0.6/0.2,
@@ -64,6 +67,61 @@ def check_image(image: torch.Tensor, patch_size: Sequence[int] | None = None, na
         )
     if not bool(torch.isfinite(image).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
+
+
+def _check_arguments(
+    patch_size: tuple[int, int],
+    num_patches_train: Any,
+    num_patches_eval: Any,
+    gamma_c: Any,
+    aggregation: str | None,
+    joint_modules: bool,
+    stage: str,
+) -> None:
+    """``ValueError`` for GLAM arguments that cannot build a working network (see :class:`GLAM`)."""
+    if patch_size[0] % 4 or patch_size[1] % 4:
+        raise ValueError(f"patch_size must be a multiple of 4 (the local module's stride), got {patch_size}")
+    for name, k in (("num_patches_train", num_patches_train), ("num_patches_eval", num_patches_eval)):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"{name} must be a positive int, got {k!r}")
+    if not 0.0 <= float(gamma_c) <= 1.0:
+        raise ValueError(f"gamma_c must be in [0, 1], got {gamma_c}")
+    chosen: AggregationSpec | None = None
+    if aggregation is not None:
+        chosen = AGGREGATIONS.look_up(aggregation, "aggregation")
+    if not joint_modules and (stage == Stage.JOINT or (chosen is not None and chosen.joint_module)):
+        raise ValueError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+#: GLAM's settings record: its constructor's arguments of these names, each as the JSON value recorded
+_RECORDED: dict[str, Callable[[Any], Any]] = {
+    "patch_size": lambda value: list(as_pair(value, "patch_size")),
+    "num_patches_train": _as_is,
+    "num_patches_eval": _as_is,
+    "t_global": float,
+    "t_local": float,
+    "global_pool_after_upsampling": bool,
+    "gammas": lambda value: [float(g) for g in value],
+    "gamma_c": float,
+    "aggregation": _as_is,
+    "local_depth": int,
+    "local_width": int,
+    "attention_hidden": int,
+    "joint_modules": bool,
+    "global_backbone": lambda value: dict(value or {}),
+    "pool_in_breast": bool,
+    "image_size": lambda value: list(as_pair(value, "image_size")),
+    "pixel_spacing": lambda value: None if (spacing := as_pixel_spacing(value)) is None else list(spacing),
+}
+
+
+def _settings_record(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings record of a GLAM built with ``arguments`` (its constructor's), and the bundle's version."""
+    return {**{name: record(arguments[name]) for name, record in _RECORDED.items()}, "bundle_version": bundle_version()}
 
 
 class GLAM(nn.Module):
@@ -138,28 +196,22 @@ class GLAM(nn.Module):
         image_size: Sequence[int] = (2944, 1920),
         pixel_spacing: float | Sequence[float] | None = None,
     ) -> None:
+        arguments = dict(locals())  # before any is normalised: the settings record reads them (_RECORDED)
         super().__init__()
         self.patch_size = as_pair(patch_size, "patch_size")
-        if self.patch_size[0] % 4 or self.patch_size[1] % 4:
-            raise ValueError(f"patch_size must be a multiple of 4 (the local module's stride), got {patch_size}")
-        for name, k in (("num_patches_train", num_patches_train), ("num_patches_eval", num_patches_eval)):
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"{name} must be a positive int, got {k!r}")
-        if not 0.0 <= float(gamma_c) <= 1.0:
-            raise ValueError(f"gamma_c must be in [0, 1], got {gamma_c}")
-        chosen: AggregationSpec | None = None
-        if aggregation is not None:
-            chosen = AGGREGATIONS.look_up(aggregation, "aggregation")
-        if not joint_modules and (stage == Stage.JOINT or (chosen is not None and chosen.joint_module)):
-            raise ValueError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
+        _check_arguments(
+            self.patch_size, num_patches_train, num_patches_eval, gamma_c, aggregation, joint_modules, stage
+        )
+        check_fraction(t_local, "t_local")
+        # the recorded-only settings are checked before any weight is drawn (and written down at the end)
+        as_pair(image_size, "image_size")
+        as_pixel_spacing(pixel_spacing)
         self.num_patches_train = num_patches_train
         self.num_patches_eval = num_patches_eval
         self.gamma_c = float(gamma_c)
         self.aggregation = aggregation
-        check_fraction(t_local, "t_local")
-        image_size = as_pair(image_size, "image_size")
-        pixel_spacing = as_pixel_spacing(pixel_spacing)
-
+        # the submodules in the order their initial weights are drawn: global, local, aggregations, fusion (so a seed
+        # gives the same network as every earlier version)
         self.global_network = GlobalNetwork(
             t=t_global,
             gammas=gammas,
@@ -170,14 +222,27 @@ class GLAM(nn.Module):
         self.local_network = LocalNetwork(
             depth=local_depth, width=local_width, activation_checkpointing=activation_checkpointing
         )
-        # the aggregation each stage runs (its name in AGGREGATIONS); the global stage runs none
+        self._add_aggregations(aggregation, joint_modules, int(attention_hidden), float(t_local))
+        self.fusion: FusionHead | None = None
+        if joint_modules:
+            self.fusion = FusionHead(self.global_network.representation_size, self.local_network.representation_size)
+        self.stage = Stage.JOINT.value
+        self.global_frozen = False
+        self.set_stage(stage)
+        # how this network was built, inside every state dict it saves (scripts/networks/settings.py); the stage is
+        # not a setting: one checkpoint serves the next stage and inference
+        self.settings: dict[str, Any] = _settings_record(arguments)
+        self.register_buffer(SETTINGS_KEY, encode_settings(self.settings), persistent=True)
+
+    def _add_aggregations(self, aggregation: str | None, joint_modules: bool, hidden: int, t_local: float) -> None:
+        """The aggregation modules, in :data:`~scripts.aggregation.AGGREGATIONS`' registration order (the order their
+        initial weights are drawn in), and :attr:`stage_aggregation`, the one each stage runs (the global stage runs
+        none). Held: the paper's two (concatenation, without weights, always: ``concat_aggregation`` has always been
+        there; gated attention with the joint modules, since their checkpoints carry its weights whatever aggregation
+        they trained with) and the chosen one."""
         self.stage_aggregation: dict[str, str] = {
             stage_name: aggregation or default for stage_name, default in PAPER_AGGREGATION.items()
         }
-        # held: the paper's two (concatenation, without weights, always: ``concat_aggregation`` has always been
-        # there; gated attention with the joint modules, since their checkpoints carry its weights whatever
-        # aggregation they trained with) and the chosen one. Built in registration order, which keeps the order the
-        # initial weights are drawn in, so a seed gives the same network as before the registry.
         held = {*PAPER_AGGREGATION.values(), *self.stage_aggregation.values()}
         self.held_aggregations: list[str] = []
         for name, spec in AGGREGATIONS:
@@ -188,40 +253,8 @@ class GLAM(nn.Module):
                 continue
             if spec.attribute in self.__dict__ or spec.attribute in self._modules:
                 raise ValueError(f"aggregation {name!r}: GLAM already has an attribute {spec.attribute!r}")
-            self.add_module(
-                spec.attribute,
-                spec.factory(self.local_network.representation_size, int(attention_hidden), float(t_local)),
-            )
+            self.add_module(spec.attribute, spec.factory(self.local_network.representation_size, hidden, t_local))
             self.held_aggregations.append(name)
-        self.fusion: FusionHead | None = None
-        if joint_modules:
-            self.fusion = FusionHead(self.global_network.representation_size, self.local_network.representation_size)
-        self.stage = Stage.JOINT.value
-        self.global_frozen = False
-        self.set_stage(stage)
-        # how this network was built, inside every state dict it saves (scripts/networks/settings.py); the stage
-        # is not a setting: one checkpoint serves the next stage and inference
-        self.settings: dict[str, Any] = {
-            "patch_size": list(self.patch_size),
-            "num_patches_train": num_patches_train,
-            "num_patches_eval": num_patches_eval,
-            "t_global": float(t_global),
-            "t_local": float(t_local),
-            "global_pool_after_upsampling": bool(global_pool_after_upsampling),
-            "gammas": [float(g) for g in gammas],
-            "gamma_c": self.gamma_c,
-            "aggregation": aggregation,
-            "local_depth": int(local_depth),
-            "local_width": int(local_width),
-            "attention_hidden": int(attention_hidden),
-            "joint_modules": bool(joint_modules),
-            "global_backbone": dict(global_backbone or {}),
-            "pool_in_breast": bool(pool_in_breast),
-            "image_size": list(image_size),
-            "pixel_spacing": None if pixel_spacing is None else list(pixel_spacing),
-            "bundle_version": bundle_version(),
-        }
-        self.register_buffer(SETTINGS_KEY, encode_settings(self.settings), persistent=True)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):
         key = prefix + SETTINGS_KEY
@@ -424,3 +457,26 @@ class GLAM(nn.Module):
             1,
             self.gamma_c,
         )
+
+
+#: GLAM's own default of every constructor argument (the paper's values)
+GLAM_DEFAULTS: dict[str, Any] = {
+    name: parameter.default
+    for name, parameter in inspect.signature(GLAM.__init__).parameters.items()
+    if parameter.default is not inspect.Parameter.empty
+}
+
+
+def checkpoint_setting(path: str | os.PathLike, name: str, default: Any = inspect.Parameter.empty) -> Any:
+    """The value of setting ``name`` recorded in the checkpoint at ``path``; when the file is missing or does not
+    record it, ``default``, or else GLAM's own default for it (:data:`GLAM_DEFAULTS`, the paper's value). Used by the
+    inference config (``$scripts.networks.checkpoint_setting(@ckpt_path, 'patch_size')``) so that a checkpoint
+    rebuilds the network it was trained as."""
+    record = read_checkpoint_settings(path)
+    if record is not None and name in record:
+        return record[name]
+    if default is not inspect.Parameter.empty:
+        return default
+    if name not in GLAM_DEFAULTS:
+        raise KeyError(f"{name!r} is not a GLAM setting with a default")
+    return GLAM_DEFAULTS[name]

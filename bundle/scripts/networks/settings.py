@@ -18,14 +18,15 @@ input scale the convolutions learned (``image_size``, ``pixel_spacing``). The bu
 checkpoint is recorded for information and never compared (``INFORMATIONAL``). A setting the checkpoint does not
 record (it predates the setting) is not compared either.
 
-The inference config and the MONAI Label app read a checkpoint's record back (:func:`checkpoint_setting`), so a
-network trained with a preset is rebuilt with that preset's settings without the preset.
+The inference config and the MONAI Label app read a checkpoint's record back
+(:func:`~scripts.networks.glam.checkpoint_setting`, which falls back on GLAM's defaults), so a network trained with a
+preset is rebuilt with that preset's settings without the preset. This module knows nothing of GLAM: the network
+imports it, not the other way round.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import os
 from collections.abc import Mapping
@@ -42,9 +43,7 @@ __all__ = [
     "decode_settings",
     "settings_differences",
     "check_settings",
-    "bundle_version",
     "read_checkpoint_settings",
-    "checkpoint_setting",
 ]
 
 #: the buffer's name in a module's state dict
@@ -61,16 +60,6 @@ INFERENCE_CHOICES = (
 )
 #: recorded for information, never compared
 INFORMATIONAL = ("bundle_version",)
-#: the bundle's metadata, next to its scripts package (bundle/configs/metadata.json)
-_METADATA = Path(__file__).resolve().parents[2] / "configs" / "metadata.json"
-
-
-def bundle_version() -> str | None:
-    """The ``version`` of the bundle these scripts belong to (``configs/metadata.json``), None when not found."""
-    try:
-        return str(json.loads(_METADATA.read_text(encoding="utf-8"))["version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _plain(value: Any) -> Any:
@@ -143,23 +132,3 @@ def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
         raise ValueError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
     # a copy: the cached record is shared by every caller, and config values get mutated downstream
     return copy.deepcopy(record)
-
-
-def _glam_default(name: str) -> Any:
-    from .glam import GLAM  # the network module imports this one
-
-    parameter = inspect.signature(GLAM.__init__).parameters.get(name)
-    if parameter is None or parameter.default is inspect.Parameter.empty:
-        raise KeyError(f"{name!r} is not a GLAM setting with a default")
-    return parameter.default
-
-
-def checkpoint_setting(path: str | os.PathLike, name: str, default: Any = inspect.Parameter.empty) -> Any:
-    """The value of setting ``name`` recorded in the checkpoint at ``path``; when the file is missing or does not
-    record it, ``default``, or else GLAM's own default for it (the paper's value). Used by the inference config
-    (``$scripts.networks.checkpoint_setting(@ckpt_path, 'patch_size')``) so that a checkpoint rebuilds the network it
-    was trained as."""
-    record = read_checkpoint_settings(path)
-    if record is not None and name in record:
-        return record[name]
-    return _glam_default(name) if default is inspect.Parameter.empty else default

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage as ndi
 
+from scripts.data.geometry import as_2d, chest_wall_side
+
 __all__ = [
     "WindowPlacement",
     "best_center_window",
@@ -38,15 +40,6 @@ __all__ = [
 
 CC_LIKE_VIEWS = frozenset({"CC", "XCCL", "XCCM", "FB", "CV"})
 MLO_LIKE_VIEWS = frozenset({"MLO", "ML", "LM", "LMO", "SIO", "ISO", "AT"})
-
-
-def _as_2d(image: np.ndarray, name: str = "image") -> np.ndarray:
-    arr = np.asarray(image)
-    if arr.ndim == 3 and arr.shape[0] == 1:
-        arr = arr[0]
-    if arr.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (H, W) or (1, H, W), got shape {arr.shape}")
-    return arr
 
 
 def largest_component(mask: np.ndarray) -> np.ndarray:
@@ -75,7 +68,7 @@ def open_breast_mask_exact(foreground: np.ndarray, iterations: int = 100) -> np.
     This is the authors' operation verbatim in scipy terms (default cross structure, border_value=0);
     :func:`open_breast_mask` computes the same mask and is the one the transforms use.
     """
-    fg = _as_2d(foreground, "foreground").astype(bool)
+    fg = as_2d(foreground, "foreground").astype(bool)
     eroded = ndi.binary_erosion(fg, iterations=iterations) if iterations > 0 else fg
     comp = largest_component(eroded)
     if iterations > 0 and comp.any():
@@ -98,7 +91,7 @@ def open_breast_mask(foreground: np.ndarray, iterations: int = 100, method: str 
         return open_breast_mask_exact(foreground, iterations)
     if method != "fast":
         raise ValueError(f"method must be 'fast' or 'exact', got {method!r}")
-    fg = _as_2d(foreground, "foreground").astype(bool)
+    fg = as_2d(foreground, "foreground").astype(bool)
     if iterations <= 0 or not fg.any():
         return largest_component(fg)
     r0, r1, c0, c1 = _bbox(fg)
@@ -118,20 +111,6 @@ def open_breast_mask(foreground: np.ndarray, iterations: int = 100, method: str 
     opened = np.zeros_like(fg)
     opened[r0:r1, c0:c1] = dist <= iterations
     return opened
-
-
-def chest_wall_side(image: np.ndarray) -> str:
-    """``"left"`` or ``"right"``: the half of the image with more tissue (intensity above the minimum).
-
-    A breast is widest at the chest wall and tapers to the nipple, so the chest-wall half holds more
-    tissue whatever the view. Ties go to ``"left"``.
-    """
-    arr = _as_2d(image).astype(np.float64)
-    arr = arr - arr.min()
-    half = arr.shape[1] // 2
-    left = arr[:, :half].sum()
-    right = arr[:, arr.shape[1] - half :].sum()
-    return "left" if left >= right else "right"
 
 
 def _opened_or_fallback(image: np.ndarray, iterations: int, method: str, name: str = "") -> np.ndarray:
@@ -165,7 +144,7 @@ def breast_crop_box(
     decide with :func:`chest_wall_side`), never beyond the image. ``name`` (the file) starts the warning given when
     the erosions remove the whole foreground.
     """
-    img = _as_2d(image)
+    img = as_2d(image)
     if chest_wall == "auto":
         chest_wall = chest_wall_side(img)
     if chest_wall not in ("left", "right"):
@@ -260,7 +239,7 @@ def best_center_window(
     Returns:
         a :class:`WindowPlacement`.
     """
-    img = _as_2d(image)
+    img = as_2d(image)
     kind = view_kind(view, default_view)
     win_h, win_w = (int(window[0]), int(window[1]))
     half_h, half_w = win_h // 2, win_w // 2

@@ -15,11 +15,24 @@ in the loader and is cached; the window shift, the standardisation and the augme
 (:func:`mammogram_step_transforms`) run at every step on the device the model runs on, per image of the batch. For
 the same random draws the two halves give :func:`mammogram_transforms`'s images.
 
-The bundle's configs write the same chains out as transform blocks (``bundle/configs/train.yaml``:
-``mammogram_prefix``, ``train#region`` / ``validate#window``, ``train#window``, ``augmentations``;
-``bundle/configs/inference.yaml``: ``preprocessing``), so a user sees and changes every argument there. The defaults
-below are the values those blocks show, and ``tests/transforms/test_config_transforms.py`` checks that both build the
-same transforms with the same arguments and outputs: change a default in both places.
+The configs declare no chain themselves: they instantiate the components below by name with their sizes
+(``_target_: scripts.transforms.mammo.pipeline.train_preprocessing``, ...), one per config id of the same name:
+
+- :func:`mammogram_prefix` (``mammogram_prefix``): drop empty mask fields, load, resample, masks to 0/1 bytes,
+  mirror, crop; shared by the training and validation chains;
+- :func:`train_preprocessing` / :func:`train_batch_transforms` (``train#preprocessing`` / ``train#batch_transforms``):
+  the cached half (the file's path, the prefix, the window's region grown by ``max_shift``, uint16, the stored
+  targets) and the per-step half (window shift, standardisation, then the config's ``augmentations``, declared there
+  as data);
+- :func:`validate_preprocessing` / :func:`validate_batch_transforms` (``validate#preprocessing`` /
+  ``validate#batch_transforms``): the same with the best-centre window itself, and the standardisation;
+- :func:`inference_preprocessing` / :func:`inference_loading` (``preprocessing`` / ``loading`` of inference.yaml):
+  the image-only chain the maps are inverted through, and what the data loader runs: the same transform objects with
+  the panel's pictures taken right after loading.
+
+The Python builders (:func:`mammogram_transforms`, :func:`mammogram_cache_transforms`,
+:func:`mammogram_step_transforms`) build the same chains from the same pieces with every option open;
+``tests/transforms/test_config_transforms.py`` checks that both give the same transforms and outputs.
 """
 
 from __future__ import annotations
@@ -27,15 +40,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from monai.data import ImageReader
 from monai.transforms import (
     AsDiscreted,
     CastToTyped,
     Compose,
+    CopyItemsd,
+    DeleteItemsd,
+    EnsureTyped,
     LoadImaged,
     RandAdjustContrastd,
     RandFlipd,
     RandScaleIntensityd,
     RandShiftIntensityd,
+    SelectItemsd,
 )
 
 from scripts.data.readers import MammogramReader
@@ -51,13 +69,29 @@ from scripts.transforms.mammo.dictionary import (
     StandardizeImaged,
 )
 from scripts.transforms.mammo.spacing import ResampleToSpacingd
+from scripts.transforms.targets import StackMasksd
+from scripts.transforms.thumbnail import Thumbnaild
 
 __all__ = [
+    "CACHED_KEYS",
+    "MASK_KEYS",
+    "inference_loading",
+    "inference_preprocessing",
     "mammogram_augmentations",
     "mammogram_cache_transforms",
+    "mammogram_prefix",
     "mammogram_step_transforms",
     "mammogram_transforms",
+    "train_batch_transforms",
+    "train_preprocessing",
+    "validate_batch_transforms",
+    "validate_preprocessing",
 ]
+
+#: a datalist item's lesion masks, one per class (docs/data.md); stacked into ``mask`` for training
+MASK_KEYS = ("mask_benign", "mask_malignant")
+#: what a cached training or validation item keeps (the disk cache stores plain tensors, no metadata)
+CACHED_KEYS = ("image", "image_path", "label", "mask", "window_shift_range")
 
 
 def mammogram_augmentations(
@@ -95,22 +129,132 @@ def mammogram_augmentations(
     return augs
 
 
-#: the arguments of the builders that shape the chain up to the window (passed on by name)
-_CHAIN_SETTINGS = (
+def mammogram_prefix(
+    keys: Sequence[str] = ("image",),
+    mask_keys: Sequence[str] = MASK_KEYS,
+    *,
+    pixel_spacing: float | Sequence[float] | None = None,
+    input_spacing: float | Sequence[float] | None = None,
+    spacing_fallback: str = "fit_breast",
+    window: Sequence[int] = (2944, 1920),
+    iterations: int = 100,
+    buffer: int = 50,
+    load: bool = True,
+    apply_voi: bool = True,
+    reader: ImageReader | None = None,
+    horizontal_flip: str = "NO",
+    laterality_key: str | None = "laterality",
+    crop: bool = True,
+) -> list[Callable]:
+    """The deterministic start of every chain (``mammogram_prefix`` of ``bundle/configs/train.yaml``), for datalist
+    items ``{"image": path, "mask_benign"?: path, ...}``: drop empty mask fields, load, resample to the model's pixel
+    spacing, masks to 0/1 bytes, mirror the breast to face right, crop it. Every step but the loading runs on all
+    keys, placed by the first image key; masks may be missing (``allow_missing_keys``).
+
+    Args:
+        keys, mask_keys: the image keys and the per-image masks (none: an image-only chain).
+        pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic); None: nothing is resampled.
+        input_spacing, spacing_fallback: the spacing of images whose file and datalist item state none, and what
+            to do when nobody states it (see :class:`~scripts.transforms.mammo.spacing.ResampleToSpacing`).
+        window: the model's input ``(rows, cols)``, for the ``fit_breast`` estimate.
+        iterations, buffer: the authors' crop (and the estimate's breast box).
+        load: start with ``LoadImaged`` (False when the items already hold ``(1, H, W)`` tensors).
+        apply_voi: the default image reader's option (DICOM VOI LUT / window applied).
+        reader: the images' reader (inference passes its own, with its refusal options); default
+            :class:`~scripts.data.readers.MammogramReader` ``(apply_voi=apply_voi)``. Masks always get
+            ``MammogramReader(mask=True)``.
+        horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
+        crop: the authors' crop (skip it for images that are already cropped).
+    """
+    keys, mask_keys = _check_keys(keys, mask_keys)
+    all_keys = keys + mask_keys
+    source = keys[0]
+    chain: list[Callable] = []
+    if mask_keys:
+        chain.append(DropEmptyKeysd(mask_keys))
+    if load:
+        image_reader = MammogramReader(apply_voi=apply_voi) if reader is None else reader
+        chain.append(LoadImaged(keys=keys, reader=image_reader, image_only=True))
+        if mask_keys:
+            chain.append(
+                LoadImaged(keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True)
+            )
+    # the image's spacing decides for its masks too; masks nearest-exact, so they stay 0/1 (0/255) before binarising
+    modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
+    chain.append(
+        ResampleToSpacingd(
+            all_keys,
+            pixel_spacing=pixel_spacing,
+            source_key=source,
+            mode=modes,
+            allow_missing_keys=True,
+            input_spacing=input_spacing,
+            fallback=spacing_fallback,
+            window=tuple(window),
+            iterations=iterations,
+            buffer=buffer,
+        )
+    )
+    if mask_keys:
+        chain.append(AsDiscreted(keys=mask_keys, threshold=0.5, allow_missing_keys=True))
+        # 0/1 masks as bytes: a quarter of the memory (a training cache holds them; the targets are made float later)
+        chain.append(CastToTyped(keys=mask_keys, dtype=torch.uint8, allow_missing_keys=True))
+    chain.append(
+        FlipToRightd(
+            all_keys,
+            laterality_key=laterality_key,
+            horizontal_flip=horizontal_flip,
+            source_key=source,
+            allow_missing_keys=True,
+        )
+    )
+    if crop:
+        chain.append(
+            CropBreastd(all_keys, source_key=source, allow_missing_keys=True, iterations=iterations, buffer=buffer)
+        )
+    return chain
+
+
+def _window_step(
+    step: type,
+    keys: list[str],
+    window: Sequence[int],
+    iterations: int,
+    max_shift: Sequence[int] | int = (32, 32),
+    view_key: str | None = "view",
+    reference_compatible: bool = True,
+    default_view: str | None = "CC",
+) -> Callable:
+    """``step`` (``BestCenterWindowd``, ``RandBestCenterWindowd`` or ``BestCenterRegiond``) on ``keys``, placed by
+    the first; ``max_shift`` for the two that shift."""
+    window_args = dict(
+        source_key=keys[0],
+        view_key=view_key,
+        window=tuple(window),
+        reference_compatible=reference_compatible,
+        iterations=iterations,
+        default_view=default_view,
+        allow_missing_keys=True,
+    )
+    if step is not BestCenterWindowd:
+        window_args["max_shift"] = max_shift
+    return step(keys, **window_args)
+
+
+#: the arguments of the Python builders that shape the chain up to the window (passed on by name)
+_PREFIX_SETTINGS = (
     "load",
     "apply_voi",
     "pixel_spacing",
     "horizontal_flip",
     "laterality_key",
-    "view_key",
     "crop",
     "iterations",
     "buffer",
-    "reference_compatible",
-    "default_view",
     "input_spacing",
     "spacing_fallback",
 )
+_WINDOW_SETTINGS = ("iterations", "view_key", "reference_compatible", "default_view")
 
 
 def _chain_to_window(
@@ -121,64 +265,12 @@ def _chain_to_window(
     max_shift: Sequence[int] | int,
     settings: dict,
 ) -> list[Callable]:
-    """Drop empty mask fields, load, resample to the model's spacing, binarise the masks as bytes, mirror, crop, then
-    ``window_step`` (``BestCenterWindowd``, ``RandBestCenterWindowd`` or ``BestCenterRegiond``) on every key."""
-    all_keys = keys + mask_keys
-    source = keys[0]
-    chain: list[Callable] = []
-    if mask_keys:
-        chain.append(DropEmptyKeysd(mask_keys))
-    if settings["load"]:
-        chain.append(LoadImaged(keys=keys, reader=MammogramReader(apply_voi=settings["apply_voi"]), image_only=True))
-        if mask_keys:
-            chain.append(
-                LoadImaged(keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True)
-            )
-    # the image's spacing decides for its masks too; masks nearest-exact, so they stay 0/1 (0/255) before binarising
-    modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
-    chain.append(
-        ResampleToSpacingd(
-            all_keys,
-            pixel_spacing=settings["pixel_spacing"],
-            source_key=source,
-            mode=modes,
-            allow_missing_keys=True,
-            input_spacing=settings["input_spacing"],
-            fallback=settings["spacing_fallback"],
-            window=tuple(window),
-            iterations=settings["iterations"],
-            buffer=settings["buffer"],
-        )
+    """:func:`mammogram_prefix`, then ``window_step`` on every key."""
+    prefix = mammogram_prefix(keys, mask_keys, window=window, **{k: settings[k] for k in _PREFIX_SETTINGS})
+    step = _window_step(
+        window_step, keys + mask_keys, window, max_shift=max_shift, **{k: settings[k] for k in _WINDOW_SETTINGS}
     )
-    if mask_keys:
-        chain.append(AsDiscreted(keys=mask_keys, threshold=0.5, allow_missing_keys=True))
-        # 0/1 masks as bytes: a quarter of the memory (a training cache holds them; the targets are made float later)
-        chain.append(CastToTyped(keys=mask_keys, dtype=torch.uint8, allow_missing_keys=True))
-    chain.append(
-        FlipToRightd(
-            all_keys,
-            laterality_key=settings["laterality_key"],
-            horizontal_flip=settings["horizontal_flip"],
-            source_key=source,
-            allow_missing_keys=True,
-        )
-    )
-    if settings["crop"]:
-        crop_args = dict(iterations=settings["iterations"], buffer=settings["buffer"])
-        chain.append(CropBreastd(all_keys, source_key=source, allow_missing_keys=True, **crop_args))
-    window_args = dict(
-        source_key=source,
-        view_key=settings["view_key"],
-        window=tuple(window),
-        reference_compatible=settings["reference_compatible"],
-        iterations=settings["iterations"],
-        default_view=settings["default_view"],
-        allow_missing_keys=True,
-    )
-    if window_step is not BestCenterWindowd:
-        window_args["max_shift"] = max_shift
-    chain.append(window_step(all_keys, **window_args))
-    return chain
+    return prefix + [step]
 
 
 def _check_keys(keys: Sequence[str], mask_keys: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -246,7 +338,7 @@ def mammogram_transforms(
     """
     given = locals()
     keys, mask_keys = _check_keys(keys, mask_keys)
-    settings = {k: v for k, v in given.items() if k in _CHAIN_SETTINGS}
+    settings = {k: v for k, v in given.items() if k in _PREFIX_SETTINGS + _WINDOW_SETTINGS}
     step = RandBestCenterWindowd if train else BestCenterWindowd
     chain = _chain_to_window(keys, mask_keys, window, step, max_shift, settings)
     if standardize:
@@ -285,7 +377,7 @@ def mammogram_cache_transforms(
     """
     given = locals()
     keys, mask_keys = _check_keys(keys, mask_keys)
-    settings = {k: v for k, v in given.items() if k in _CHAIN_SETTINGS}
+    settings = {k: v for k, v in given.items() if k in _PREFIX_SETTINGS + _WINDOW_SETTINGS}
     chain = _chain_to_window(
         keys, mask_keys, window, BestCenterRegiond if train else BestCenterWindowd, max_shift, settings
     )
@@ -320,3 +412,171 @@ def mammogram_step_transforms(
     if train:
         chain.extend(mammogram_augmentations(keys, mask_keys) if augmentations is None else augmentations)
     return Compose(chain)
+
+
+# -- the configs' chains (one component per config id; the arguments are the configs' size ids) ---------------------
+
+
+def _record_path() -> Callable:
+    """The image's file, kept for the reports (a cached image carries no metadata)."""
+    return CopyItemsd(keys="image", names="image_path")
+
+
+def _stack_masks() -> Callable:
+    """The per-class masks as one ``(2, H, W)`` uint8 ``mask``, zeros for an absent class."""
+    return StackMasksd(keys=list(MASK_KEYS), output_key="mask", dtype=torch.uint8)
+
+
+def _cached_targets() -> list[Callable]:
+    """What a cached item keeps (:data:`CACHED_KEYS`), as plain tensors: the uint16 image, the uint8 masks, the
+    float labels, the file, and in training the window's offset range."""
+    return [
+        EnsureTyped(keys="label", dtype=torch.float32, track_meta=False),
+        EnsureTyped(keys=["image", "mask"], track_meta=False, allow_missing_keys=True),
+        SelectItemsd(keys=list(CACHED_KEYS), allow_missing_keys=True),
+    ]
+
+
+def train_preprocessing(
+    prefix: Sequence[Callable],
+    *,
+    window: Sequence[int] = (2944, 1920),
+    max_shift: Sequence[int] | int = (32, 32),
+    iterations: int = 100,
+    with_masks: bool = False,
+    view_key: str | None = "view",
+    reference_compatible: bool = True,
+    default_view: str | None = "CC",
+) -> Compose:
+    """``train#preprocessing``: the training chain's cached half, run once per image in the loader.
+
+    The file's path (``image_path``); the masks dropped before loading unless ``with_masks`` (GLAM's stages learn
+    from the image labels; the U-Net baseline trains on the masks); ``prefix`` (:func:`mammogram_prefix`, the
+    config's ``@mammogram_prefix``: the same objects); the authors' best-centre window grown by ``max_shift`` px on
+    every side (:class:`~scripts.transforms.mammo.dictionary.BestCenterRegiond`: every shifted window lies in it),
+    the image as uint16; the masks stacked in ``mask`` when kept; the stored targets (:data:`CACHED_KEYS`).
+    :func:`train_batch_transforms` finishes the chain.
+    """
+    all_keys = ["image", *MASK_KEYS]
+    region = _window_step(
+        BestCenterRegiond,
+        all_keys,
+        window,
+        iterations,
+        max_shift,
+        view_key=view_key,
+        reference_compatible=reference_compatible,
+        default_view=default_view,
+    )
+    chain: list[Callable] = [_record_path()]
+    if not with_masks:
+        chain.append(DeleteItemsd(keys=list(MASK_KEYS)))
+    chain += [*prefix, region, QuantizeToUint16d(keys="image")]
+    if with_masks:
+        chain.append(_stack_masks())
+    return Compose(chain + _cached_targets())
+
+
+def train_batch_transforms(
+    augmentations: Sequence[Callable] = (),
+    *,
+    window: Sequence[int] = (2944, 1920),
+    max_shift: Sequence[int] | int = (32, 32),
+) -> Compose:
+    """``train#batch_transforms``: the training chain's per-step half, on the model's device, image by image: the
+    window shifted by up to ``max_shift`` px (uniform, per axis) in the cached region, masks with it
+    (:class:`~scripts.transforms.mammo.dictionary.RandWindowShiftd`), the image standardised, then
+    ``augmentations`` (the config's ``@augmentations``, declared there as data: the same objects, in that order, so
+    they draw their random numbers as they always did)."""
+    shift = RandWindowShiftd(keys=["image", "mask"], window=tuple(window), max_shift=max_shift, allow_missing_keys=True)
+    return Compose([shift, StandardizeImaged(keys="image"), *augmentations])
+
+
+def validate_preprocessing(
+    prefix: Sequence[Callable],
+    *,
+    window: Sequence[int] = (2944, 1920),
+    iterations: int = 100,
+    view_key: str | None = "view",
+    reference_compatible: bool = True,
+    default_view: str | None = "CC",
+) -> Compose:
+    """``validate#preprocessing``: the validation chain's cached half: the file's path, ``prefix``
+    (:func:`mammogram_prefix`), the authors' best-centre window (spec 8.3), the image as uint16, the masks stacked in
+    ``mask``, the stored targets. :func:`validate_batch_transforms` finishes it."""
+    best_window = _window_step(
+        BestCenterWindowd,
+        ["image", *MASK_KEYS],
+        window,
+        iterations,
+        view_key=view_key,
+        reference_compatible=reference_compatible,
+        default_view=default_view,
+    )
+    chain = [_record_path(), *prefix, best_window, QuantizeToUint16d(keys="image"), _stack_masks()]
+    return Compose(chain + _cached_targets())
+
+
+def validate_batch_transforms() -> Compose:
+    """``validate#batch_transforms``: the image standardised, on the model's device."""
+    return Compose([StandardizeImaged(keys="image")])
+
+
+def inference_preprocessing(
+    reader: ImageReader | None = None,
+    *,
+    pixel_spacing: float | Sequence[float] | None = None,
+    input_spacing: float | Sequence[float] | None = None,
+    spacing_fallback: str = "fit_breast",
+    window: Sequence[int] = (2944, 1920),
+    iterations: int = 100,
+    buffer: int = 50,
+    view_key: str | None = "view",
+    reference_compatible: bool = True,
+    default_view: str | None = "CC",
+) -> Compose:
+    """``preprocessing`` of ``bundle/configs/inference.yaml``: the validation chain for the image alone, in one
+    piece: load with ``reader`` (inference's, which refuses non-mammograms and oversized files; default
+    :class:`~scripts.data.readers.MammogramReader` with the DICOM VOI LUT applied), resample to the model's pixel
+    spacing, mirror, crop, the best-centre window, standardise. Every geometric step records itself, so
+    ``Invertd`` over this ``Compose`` puts a window-sized map back on the file's grid."""
+    prefix = mammogram_prefix(
+        ["image"],
+        [],
+        pixel_spacing=pixel_spacing,
+        input_spacing=input_spacing,
+        spacing_fallback=spacing_fallback,
+        window=window,
+        iterations=iterations,
+        buffer=buffer,
+        reader=reader,
+    )
+    best_window = _window_step(
+        BestCenterWindowd,
+        ["image"],
+        window,
+        iterations,
+        view_key=view_key,
+        reference_compatible=reference_compatible,
+        default_view=default_view,
+    )
+    return Compose([*prefix, best_window, StandardizeImaged(keys="image")])
+
+
+def inference_loading(preprocessing: Compose, *, panel_height: int | None = 1024) -> Compose:
+    """``loading`` of ``bundle/configs/inference.yaml``, what the data loader runs per input: ``preprocessing``'s
+    first transform (the loading), the panel's pictures, then the rest of ``preprocessing``: the same transform
+    objects, so that ``Invertd(preprocessing)`` undoes what they recorded.
+
+    The pictures are taken right after loading, before the preprocessing changes the image, so that nothing reads
+    the file again: a datalist's masks (empty fields dropped) are loaded and the image and masks shrunk to at most
+    ``panel_height`` rows (:class:`~scripts.transforms.thumbnail.Thumbnaild`; None: full resolution), then the
+    masks are dropped: they take no part in the preprocessing the maps are inverted through."""
+    steps = list(preprocessing.transforms)
+    pictures = [
+        DropEmptyKeysd(keys=list(MASK_KEYS)),
+        LoadImaged(keys=list(MASK_KEYS), reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True),
+        Thumbnaild(keys=["image", *MASK_KEYS], max_rows=panel_height, allow_missing_keys=True),
+        DeleteItemsd(keys=list(MASK_KEYS)),
+    ]
+    return Compose([steps[0], *pictures, *steps[1:]])

@@ -47,6 +47,7 @@ from monai.networks.layers import gaussian_1d
 from monai.transforms import InvertibleTransform, MapTransform, Resize
 from monai.utils import TraceKeys, convert_to_numpy, convert_to_tensor, ensure_tuple_rep
 
+from scripts.data.geometry import as_pixel_spacing, format_spacing
 from scripts.transforms.mammo.array import first_channel
 from scripts.transforms.mammo.breast import largest_component, open_breast_mask
 from scripts.transforms.mammo.dictionary import _check_shapes, _source
@@ -86,25 +87,6 @@ _FIT_MARGIN = 0.02
 _EDGE_SPREAD = 3
 
 
-def as_pixel_spacing(value: Any) -> tuple[float, float] | None:
-    """``(row, col)`` mm from a number (isotropic) or two numbers; None for None / ``"null"`` / ``"none"`` / ``""``
-    (unknown). Raises ``ValueError`` for anything else, e.g. zero, negative, a bool, one or three values. The one
-    parser of a pixel spacing: the model setting (``GLAM(pixel_spacing=...)``) and this module's transforms use it."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-        return None
-    scalar = isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
-    values = [value, value] if scalar else value
-    try:
-        if isinstance(values, (str, bool, np.bool_)):
-            raise TypeError
-        flat = np.asarray(convert_to_numpy(values, wrap_sequence=True), dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        raise ValueError(f"pixel_spacing must be a number or (row, col) in mm, or None, got {value!r}") from None
-    if flat.size != 2 or not (np.isfinite(flat).all() and (flat > 0).all()):
-        raise ValueError(f"pixel_spacing must be one or two positive finite numbers (mm), or None, got {value!r}")
-    return float(flat[0]), float(flat[1])
-
-
 def spacing_of(img: Any) -> tuple[float, float] | None:
     """The ``(row, col)`` mm that ``img``'s metadata states (``meta["spacing"]``); None when absent, NaN or invalid."""
     meta = img.meta if isinstance(img, MetaTensor) else {}
@@ -113,12 +95,6 @@ def spacing_of(img: Any) -> tuple[float, float] | None:
         return None
     flat = np.asarray(convert_to_numpy(value, wrap_sequence=True), dtype=np.float64).reshape(-1)
     return (float(flat[0]), float(flat[1])) if flat.size == 2 and np.isfinite(flat).all() and (flat > 0).all() else None
-
-
-def format_spacing(spacing: Sequence[float]) -> str:
-    """``"0.4"`` for isotropic, ``"0.4 x 0.5"`` (row x col) otherwise (for messages, in mm)."""
-    row, col = (float(s) for s in spacing)
-    return f"{row:g}" if np.isclose(row, col, rtol=1e-6) else f"{row:g} x {col:g}"
 
 
 def gaussian_smooth(img: torch.Tensor, sigma: Sequence[float]) -> torch.Tensor:

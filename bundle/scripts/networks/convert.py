@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .networks.glam import GLAM
-from .networks.settings import SETTINGS_KEY, decode_settings, encode_settings
+from .glam import GLAM
+from .settings import SETTINGS_KEY, decode_settings, encode_settings
 
 __all__ = [
     "ConversionReport",

@@ -1,0 +1,68 @@
+"""Facts about a picture's geometry that reading and checking need and the transforms share: its pixel size (the one
+parser of a pixel spacing and its wording) and the side its chest wall is on.
+
+They live here, below the transforms package, because the reader (a laterality no file states is taken from the
+picture) and the data checks (the model's spacing in a warning) need them, while the transforms' pipeline loads
+images with the reader: the transforms import this package, never the other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from monai.utils import convert_to_numpy
+
+__all__ = ["as_2d", "as_pixel_spacing", "chest_wall_side", "format_spacing"]
+
+
+def as_2d(image: Any, name: str = "image") -> np.ndarray:
+    """``image`` as a 2-D ``(H, W)`` array (a ``(1, H, W)`` channel-first picture loses its channel); ``ValueError``
+    naming ``name`` for any other shape."""
+    arr = np.asarray(image)
+    if arr.ndim == 3 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (H, W) or (1, H, W), got shape {arr.shape}")
+    return arr
+
+
+def chest_wall_side(image: Any) -> str:
+    """``"left"`` or ``"right"``: the half of the image with more tissue (intensity above the minimum).
+
+    A breast is widest at the chest wall and tapers to the nipple, so the chest-wall half holds more
+    tissue whatever the view. Ties go to ``"left"``.
+    """
+    arr = as_2d(image).astype(np.float64)
+    arr = arr - arr.min()
+    half = arr.shape[1] // 2
+    left = arr[:, :half].sum()
+    right = arr[:, arr.shape[1] - half :].sum()
+    return "left" if left >= right else "right"
+
+
+def as_pixel_spacing(value: Any) -> tuple[float, float] | None:
+    """``(row, col)`` mm from a number (isotropic) or two numbers; None for None / ``"null"`` / ``"none"`` / ``""``
+    (unknown). Raises ``ValueError`` for anything else, e.g. zero, negative, a bool, one or three values. The one
+    parser of a pixel spacing: the model setting (``GLAM(pixel_spacing=...)``), the data checks and the spacing
+    transforms use it."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    scalar = isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
+    values = [value, value] if scalar else value
+    try:
+        if isinstance(values, (str, bool, np.bool_)):
+            raise TypeError
+        flat = np.asarray(convert_to_numpy(values, wrap_sequence=True), dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError(f"pixel_spacing must be a number or (row, col) in mm, or None, got {value!r}") from None
+    if flat.size != 2 or not (np.isfinite(flat).all() and (flat > 0).all()):
+        raise ValueError(f"pixel_spacing must be one or two positive finite numbers (mm), or None, got {value!r}")
+    return float(flat[0]), float(flat[1])
+
+
+def format_spacing(spacing: Sequence[float]) -> str:
+    """``"0.4"`` for isotropic, ``"0.4 x 0.5"`` (row x col) otherwise (for messages, in mm)."""
+    row, col = (float(s) for s in spacing)
+    return f"{row:g}" if np.isclose(row, col, rtol=1e-6) else f"{row:g} x {col:g}"

@@ -1,0 +1,181 @@
+"""The bundle's code imports in layers: no module imports itself back through others (no import cycle), and no two of
+its packages import each other (bundle/scripts' subpackages, the top-level modules as one more package, the
+``scripts/__init__`` facade on its own). Every ``import`` / ``from`` statement counts, those inside functions too
+(an import hidden in a function is still a cycle). ``scripts/workflows`` is left out while it is being split into
+packages; any other package, new ones included, is checked as it comes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import BUNDLE_ROOT
+
+SCRIPTS = BUNDLE_ROOT / "scripts"
+#: packages being taken apart, not checked
+IGNORED_PACKAGES = ("workflows",)
+TOP_LEVEL = "top-level modules"
+FACADE = "scripts/__init__"
+
+
+def modules_of(root: Path, ignored: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` under the package ``root`` (packages by their ``__init__``)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if len(parts) > 1 and parts[1] in ignored:
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def import_graph(root: Path, ignored: tuple[str, ...] = ()) -> dict[str, set[str]]:
+    """Module -> the modules of the same top package it imports (relative imports resolved; ``from m import x``
+    counts as importing ``m.x`` when that is a module, else ``m``); imports of ignored packages are left out."""
+    modules = modules_of(root, ignored)
+    top = root.name
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                parts = target.split(".")
+                if parts[0] != top or (len(parts) > 1 and parts[1] in ignored):
+                    continue
+                resolved = known(target)
+                if resolved is not None and resolved != name:
+                    graph[name].add(resolved)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another, directly or through others (strongly connected components of
+    more than one module; Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def package_of(module: str, root: Path) -> str:
+    """The package a module belongs to: its subpackage of ``root``, the top-level modules, or the facade."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return FACADE
+    return parts[1] if (root / parts[1]).is_dir() else TOP_LEVEL
+
+
+def mutual_packages(graph: dict[str, set[str]], root: Path) -> dict[tuple[str, str], list[str]]:
+    """``(package a, package b)`` -> the imports both ways, for every pair of packages that import each other."""
+    between: dict[tuple[str, str], list[str]] = {}
+    for module, imported in graph.items():
+        for other in imported:
+            pair = (package_of(module, root), package_of(other, root))
+            if pair[0] != pair[1]:
+                between.setdefault(pair, []).append(f"{module} -> {other}")
+    return {
+        (a, b): sorted(edges) + sorted(between[(b, a)])
+        for (a, b), edges in between.items()
+        if a < b and (b, a) in between
+    }
+
+
+def test_the_bundle_has_no_import_cycle_and_no_mutually_importing_packages():
+    graph = import_graph(SCRIPTS, IGNORED_PACKAGES)
+    # the graph sees the imports (a parser that saw none would pass): known ones, relative and absolute, in functions
+    assert "scripts.data.readers" in graph["scripts.transforms.mammo.pipeline"]
+    assert "scripts.networks.settings" in graph["scripts.networks.glam"]
+    assert not any(name.startswith("scripts.workflows") for name in graph)
+    assert cycles(graph) == [], f"import cycles: {cycles(graph)}"
+    mutual = mutual_packages(graph, SCRIPTS)
+    assert mutual == {}, "packages that import each other: " + "; ".join(
+        f"{a} <-> {b}: {', '.join(edges)}" for (a, b), edges in mutual.items()
+    )
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root / "pkg"
+
+
+def test_the_checks_find_a_cycle_through_a_function_import_and_a_mutual_package_pair(tmp_path):
+    """A cycle closed by an import inside a function, a package pair that imports each other (one way through a
+    relative ``from .. import``, the other absolute), and an ignored package's imports left out."""
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "from .a import thing\n",
+            "a.py": "from .b import other\nthing = 1\n",
+            "b.py": "def other():\n    from . import a\n    return a\n",
+            "c.py": "import os\n",
+            "data/__init__.py": "",
+            "data/read.py": "from ..nets.model import Model\n",
+            "nets/__init__.py": "",
+            "nets/model.py": "from pkg.data import read\nfrom pkg.old.stuff import x\nfrom ..c import os\nModel = 1\n",
+            "old/__init__.py": "",
+            "old/stuff.py": "from ..nets import model\nx = 1\n",
+        },
+    )
+    graph = import_graph(root, ("old",))
+    assert graph["pkg"] == {"pkg.a"} and graph["pkg.b"] == {"pkg.a"} and graph["pkg.a"] == {"pkg.b"}
+    assert graph["pkg.nets.model"] == {"pkg.data.read", "pkg.c"} and "pkg.old.stuff" not in graph
+    assert sorted(cycles(graph)) == [["pkg.a", "pkg.b"], ["pkg.data.read", "pkg.nets.model"]]
+    assert list(mutual_packages(graph, root)) == [("data", "nets")]
+    assert mutual_packages(graph, root)[("data", "nets")] == [
+        "pkg.data.read -> pkg.nets.model",
+        "pkg.nets.model -> pkg.data.read",
+    ]
