@@ -97,7 +97,7 @@ class InferenceThroughput:
 
     Args:
         output_dir: where ``timing.json`` goes (None: only the log line).
-        writer: the run's :class:`~.inference_writer.GLAMInferenceWriter` (its ``stats()``); None: without them.
+        writer: the run's :class:`~scripts.inference.writer.GLAMInferenceWriter` (its ``stats()``); None: without them.
     """
 
     def __init__(self, output_dir: str | os.PathLike | None = None, writer: Any = None) -> None:

@@ -210,7 +210,7 @@ class InferenceOutputFolder:
         output_dir: the folder.
         settings: what makes two runs the same run (JSON-able: checkpoint hash, model settings, preprocessing and
             output settings); written to ``run.json`` and compared on a rerun.
-        outputs: the files to write (:class:`~.inference_files.OutputSelection`).
+        outputs: the files to write (:class:`~.files.OutputSelection`).
     """
 
     def __init__(self, output_dir: str | os.PathLike, settings: Mapping[str, Any], outputs: OutputSelection) -> None:

@@ -42,7 +42,7 @@ __all__ = [
     "inference_loader",
 ]
 
-# an inference output folder holds this record (inference_folder.RUN_RECORD) and writes into these sub-folders
+# an inference output folder holds this record (folder.RUN_RECORD) and writes into these sub-folders
 _RUN_RECORD = "run.json"
 _OUTPUT_SUBFOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR)
 

@@ -50,7 +50,7 @@ def panel_title_lines(
 ) -> list[str]:
     """The panel's title, in plain words: the file and its scores (malignant first: ``"malignant 0.16 · benign
     0.14"``) and labels when known; how it was read (spacing, view, laterality and where each came from, ``facts``
-    of :func:`~.inference.image_facts`); what the tiles and the colours show."""
+    of :func:`~.facts.image_facts`); what the tiles and the colours show."""
     order = sorted(range(len(CLASS_NAMES)), key=lambda i: CLASS_NAMES[i] != LesionClass.MALIGNANT)
     scored = " · ".join(f"{CLASS_NAMES[i]} {scores[i]:.2f}" for i in order)
     truth = "" if labels[0] == "" else "   (labels: " + ", ".join(f"{CLASS_NAMES[i]} {labels[i]}" for i in order) + ")"

@@ -80,7 +80,7 @@ def _labels(item: Mapping[str, Any]) -> list[int | str]:
 
 
 class GLAMInferenceWriter:
-    """Ignite handler writing GLAM's inference outputs into an opened :class:`~.inference_folder.InferenceOutputFolder`
+    """Ignite handler writing GLAM's inference outputs into an opened :class:`~.folder.InferenceOutputFolder`
     (see docs/inference.md for the files).
 
     Attach it to the inference evaluator: each iteration's images are queued to ``threads`` writer threads (at most
@@ -89,7 +89,7 @@ class GLAMInferenceWriter:
     does the same for a run with nothing left to do.
 
     Args:
-        folder: the output folder, opened (:meth:`~.inference_folder.InferenceOutputFolder.open`) before the run.
+        folder: the output folder, opened (:meth:`~.folder.InferenceOutputFolder.open`) before the run.
         transform: the preprocessing ``Compose`` the items went through (its inverse maps the maps back).
         gamma_c: weight of S_g in S_c (the network's value).
         threads: writer threads (at least 1), or ``"auto"`` (:func:`writer_threads`).
