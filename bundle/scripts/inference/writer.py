@@ -188,7 +188,7 @@ class GLAMInferenceWriter:
         maps_note = map_spacing_note(item["image"].meta, self.outputs)
         if maps_note is not None:
             note, first = maps_note
-            notes.insert(0, note) if first else notes.append(note)
+            notes.insert(0 if first else len(notes), note)
         if notes:  # before the row: a run killed in between redoes the image, the note is not lost
             note = "; ".join(notes)
             logger.warning("%s: %s", escape_text(path), note)
