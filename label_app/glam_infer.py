@@ -1,8 +1,8 @@
 """GLAM saliency as a MONAI Label segmentation task: a label map or a heatmap on the original image geometry.
 
 The task runs the bundle's own inference pieces (``configs/inference.yaml``'s ``preprocessing`` and ``network_def``,
-``scripts.inference.step.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes for the
-same file. Request parameters (MONAI Label's ``params``; the defaults appear in ``/info/`` and in the clients):
+``scripts.inference.geometry.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes
+for the same file. Request parameters (MONAI Label's ``params``; the defaults appear in ``/info/`` and in the clients):
 
 - ``overlay``: ``"label"`` (default) a discrete map for the stock viewers: 0 background, 1 benign, 2 malignant,
   the class of the larger S_c value where it reaches ``threshold``; ``"heatmap"``: S_c of ``heatmap_class`` as
@@ -126,7 +126,12 @@ def check_settings_record(parser: ConfigParser, model_path: str | os.PathLike, l
 
     limits = limits or Limits.from_env()
     record = read_checkpoint_settings(model_path) or {}
+    from scripts.networks.inference import FROM_CHECKPOINT
+
     values = {name: parser.get_parsed_content(name) for name in BOUNDED_SETTINGS}
+    # an id left at "checkpoint" takes the checkpoint's record (GLAM's default when it has none)
+    checkpoint = parser.get_parsed_content("checkpoint_settings")
+    values = {k: checkpoint[k] if v == FROM_CHECKPOINT else v for k, v in values.items()}
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
     recorded = [k for k, v in values.items() if k in record and record[k] == v]
     source = f"model {model_path}" + (f" (its settings record gives {', '.join(recorded)})" if recorded else "")
@@ -230,7 +235,8 @@ class GLAMSaliencyInfer(BasicInferTask):
 
     def __call__(self, request: Mapping[str, Any], callbacks: Any = None) -> tuple[str, dict[str, Any]]:
         """Run GLAM on ``request["image"]`` (a file path) and write the requested map to a temporary file."""
-        from scripts.inference.step import maps_on_original, spacing_note
+        from scripts.inference.facts import spacing_note
+        from scripts.inference.geometry import maps_on_original
 
         begin = time.time()
         settings = overlay_settings(request)
@@ -248,7 +254,8 @@ class GLAMSaliencyInfer(BasicInferTask):
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=amp):
             out = self.glam.forward_all(torch.as_tensor(item["image"])[None].to(self.device))
         pred = outputs_as_float32(out)
-        maps, boxes = maps_on_original(item, pred, self.transform, self.gamma_c)
+        back = maps_on_original(item, pred, self.transform, self.gamma_c)
+        maps, boxes = back.maps, back.boxes
         result = overlay_map(maps[MapName.COMBINED], settings)
         # the reader's (row, col) spacing travels with the preprocessed image (NaN when the file has none)
         spacing = np.asarray(item["image"].meta.get("spacing", (np.nan, np.nan)), dtype=np.float64).reshape(-1)[:2]

@@ -78,6 +78,8 @@ DEFAULT_SCHEMA = REPO_ROOT.parent / "shared" / "schema" / "meta_schema_20240725.
 # the model-zoo layout: anything else at the bundle root (inference/, eval/, runs/, data) is not shared
 TOP_LEVEL = ("configs", "scripts", "docs", "models", "LICENSE", "large_files.yml")
 EXCLUDED_DIRS = {"__pycache__", "eval", "runs", "inference", ".ipynb_checkpoints", ".pytest_cache"}
+# folders of those names that are the bundle's code: scripts/inference is the inference workflow's package
+CODE_DIRS = {"scripts/inference"}
 EXCLUDED_SUFFIXES = {".pyc", ".pyo", ".tmp"}
 MODEL_SUFFIXES = {".pt", ".pth", ".ts", ".onnx", ".ckpt", ".safetensors", ".bin"}
 # sizes of tests/configs/tiny_inference.yaml: the verification run takes seconds on a CPU
@@ -151,7 +153,11 @@ def bundle_files(bundle_root: Path) -> Iterator[tuple[Path, str]]:
             continue
         for path in sorted(src.rglob("*")):
             rel = path.relative_to(bundle_root)
-            if not path.is_file() or any(p in EXCLUDED_DIRS or p.startswith(".") for p in rel.parts):
+            parents = ["/".join(rel.parts[: i + 1]) for i in range(len(rel.parts))]
+            if not path.is_file() or any(
+                (part in EXCLUDED_DIRS and folder not in CODE_DIRS) or part.startswith(".")
+                for part, folder in zip(rel.parts, parents)
+            ):
                 continue
             if path.suffix in EXCLUDED_SUFFIXES or (top == "models" and path.suffix in MODEL_SUFFIXES):
                 continue

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from test_inference import INFERENCE_CONFIG, TINY, TINY_INFERENCE, _nifti_maps, _read_csv, _run
+from test_inference_workflow import INFERENCE_CONFIG, TINY, TINY_INFERENCE, _nifti_maps, _read_csv, _run
 
 pytest.importorskip("highdicom")
 pydicom = pytest.importorskip("pydicom")

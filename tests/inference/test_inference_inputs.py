@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_inference import INFERENCE_CONFIG, TINY, TINY_INFERENCE, _run
+from test_inference_workflow import INFERENCE_CONFIG, TINY, TINY_INFERENCE, _run
 
 NOT_UTF8 = b"scan\xff\xfe.png"  # latin-1 bytes: not a valid UTF-8 file name
 FORMULA = "=HYPERLINK(1).png"  # its stem would run in a spreadsheet
@@ -108,7 +108,7 @@ def test_a_rerun_retries_the_odd_entries_and_lists_each_once(odd_folder, caplog)
     errors.csv still has one row per entry (the retried errors are not added twice)."""
     out = odd_folder["out"]
     before = (out / "predictions.csv").read_bytes(), _rows(out / "errors.csv")
-    with caplog.at_level("INFO", logger="scripts.workflows"):
+    with caplog.at_level("INFO", logger="scripts"):
         _run([INFERENCE_CONFIG, TINY_INFERENCE], odd_folder["overrides"])
     assert any(
         "resuming: 4 of 10 inputs are done already (skipped), 6 to run" in r.getMessage() for r in caplog.records

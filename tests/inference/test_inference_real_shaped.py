@@ -289,7 +289,7 @@ def test_the_erosion_warning_names_the_file():
 def test_library_info_lines_are_off_unless_configured():
     import logging
 
-    from scripts.inference.step import quiet_library_logs
+    from scripts.handlers.throughput import quiet_library_logs
 
     pydicom_logger, highdicom_logger = logging.getLogger("pydicom"), logging.getLogger("highdicom")
     saved = pydicom_logger.level, highdicom_logger.level

@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import REPO_ROOT
 from PIL import Image
-from test_inference import INFERENCE_CONFIG, META, TINY, TINY_INFERENCE, _run
+from test_inference_workflow import INFERENCE_CONFIG, META, TINY, TINY_INFERENCE, _run
 
 OUTPUTS = ["S_c", "S_g", "png", "panel"]
 N_IMAGES = 12
@@ -221,7 +221,7 @@ def _snapshot(out: Path) -> dict[str, tuple[bytes, int]]:
 def test_the_same_command_again_skips_everything_and_changes_nothing(tiny_run, caplog):
     out = tiny_run()
     before = _snapshot(out)
-    with caplog.at_level("INFO", logger="scripts.workflows"):
+    with caplog.at_level("INFO", logger="scripts"):
         tiny_run()
     assert "resuming: 3 of 3 inputs are done already (skipped), 0 to run" in caplog.text
     after = _snapshot(out)
@@ -273,7 +273,7 @@ def test_a_damaged_file_makes_its_image_run_again(tiny_run, caplog):
     damaged = out / "maps" / f"{rows[1]['output_stem']}_S_c.nii.gz"
     data = damaged.read_bytes()
     damaged.write_bytes(data[: len(data) // 2])  # e.g. a power cut after the rename
-    with caplog.at_level("INFO", logger="scripts.workflows"):
+    with caplog.at_level("INFO", logger="scripts"):
         tiny_run()
     assert "1 images in predictions.csv have missing or damaged files: they are run again" in caplog.text
     assert "resuming: 2 of 3 inputs are done already (skipped), 1 to run" in caplog.text

@@ -67,12 +67,13 @@ def test_the_network_and_window_come_from_the_checkpoint(case):
     net = parser.get_parsed_content("network_def")
     assert net.settings["patch_size"] == [64, 64] and net.settings["global_backbone"]["width"] == 8
     assert net.settings["t_global"] == 0.05 and net.local_network is not None
-    assert parser.get_parsed_content("image_size") == [256, 160]
-    assert parser.get_parsed_content("stage") == "joint"  # the record holds the joint modules
+    assert parser.get_parsed_content("image_size") == [256, 160]  # the preprocessing's window
+    assert parser.get_parsed_content("model_settings")["stage"] == "joint"  # the record holds the joint modules
     # without a checkpoint: GLAM's own defaults, the paper's full-size model
     default = _parser({"ckpt_path": str(case["root"] / "missing.pt")})
     assert default.get_parsed_content("image_size") == (2944, 1920)
-    assert default.get_parsed_content("patch_size") == 512 and default.get_parsed_content("local_width") == 64
+    settings = default.get_parsed_content("model_settings")
+    assert settings["patch_size"] == 512 and settings["local_width"] == 64 and settings["stage"] == "joint"
 
 
 def test_a_preset_trained_checkpoint_runs_without_its_preset(case):
@@ -133,6 +134,7 @@ def test_the_authors_preset_overlay_still_builds_their_network(case, tmp_path):
 def test_the_default_precision_on_cuda_is_bf16_and_fp32_turns_the_autocast_off(monkeypatch, tmp_path):
     """inference.yaml's ``amp`` (the step's bf16 autocast) follows the device and ``precision``, read with CUDA
     reported present: on by default, off with ``precision: fp32``; ``auto`` resolves to the bf16 copy on CUDA."""
+    from scripts.inference.inputs import batch_size_for
     from scripts.networks import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -140,7 +142,9 @@ def test_the_default_precision_on_cuda_is_bf16_and_fp32_turns_the_autocast_off(m
     assert _parser({"ckpt_path": str(tmp_path / "x.pt"), "precision": "fp32"}).get_parsed_content("amp") is False
     assert _parser({"ckpt_path": str(tmp_path / "x.pt")}).get_parsed_content("amp_dtype") == torch.bfloat16
     assert resolve_precision(_parser({}).get_parsed_content("precision"), "cuda") == "bf16"
-    assert _parser({}).get_parsed_content("batch_size") == 8  # batched on the GPU
+    parser = _parser({})
+    batch = batch_size_for(parser.get_parsed_content("batch_size"), parser.get_parsed_content("device"))
+    assert batch == 8  # batched on the GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _parser({"ckpt_path": str(tmp_path / "x.pt")}).get_parsed_content("amp") is False
 

@@ -192,7 +192,7 @@ def test_the_warning_names_the_file_and_the_estimate_once(runs, tmp_path, caplog
     torch.manual_seed(0)
     ckpt = tmp_path / "model.pt"
     torch.save(GLAMSaliencyNet(stage="joint", pixel_spacing=[0.6, 0.5], **TINY).state_dict(), ckpt)
-    with caplog.at_level("WARNING", logger="scripts.workflows"):
+    with caplog.at_level("WARNING", logger="scripts"):
         _run(folder, tmp_path / "out", ckpt)
     warned = [r.getMessage() for r in caplog.records if UNKNOWN in r.getMessage()]
     assert len(warned) == 1, warned

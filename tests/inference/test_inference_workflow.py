@@ -269,7 +269,7 @@ def test_dicom_with_zero_or_missing_pixel_spacing_gets_maps_and_a_warning(inputs
     good = make_dicom(folder / "good_spacing.dcm", pixels, spacing=(0.07, 0.08))
     assert read_mammogram(zero)[1]["spacing"] is None and read_mammogram(missing)[1]["spacing"] is None
     out = tmp_path / "out"
-    with caplog.at_level("WARNING", logger="scripts.inference.step"):
+    with caplog.at_level("WARNING", logger="scripts.inference.writer"):
         _run(
             [INFERENCE_CONFIG, TINY_INFERENCE],
             {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(inputs["ckpt"])},

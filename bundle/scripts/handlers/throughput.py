@@ -18,25 +18,50 @@ from ignite.handlers import BasicTimeProfiler
 from ..atomic import atomic_write
 from ..inference.inputs import LOAD_SECONDS_KEY
 
-__all__ = ["InferenceThroughput", "InferenceProgress", "format_duration", "show_inference_log"]
+__all__ = [
+    "InferenceThroughput",
+    "InferenceProgress",
+    "format_duration",
+    "show_inference_log",
+    "quiet_library_logs",
+]
 
 logger = logging.getLogger(__name__)
 
 
-def show_inference_log(level: int = logging.INFO) -> logging.Logger:
+#: the loggers of the inference workflow's own lines: its wing (the writer's warnings naming files, the output
+#: folder), these handlers (progress, summary) and the weights (loaded strictly)
+INFERENCE_LOGGERS = ("scripts.inference", "scripts.handlers", "scripts.networks")
+
+
+def show_inference_log(level: int = logging.INFO) -> list[logging.Logger]:
     """Make the inference workflow's log lines (progress, resumed / skipped images, the summary, the warnings naming
     files) reach stderr when nothing else shows them: ``monai.bundle run`` without a ``logging.conf`` configures no
-    handler for the bundle's loggers, and Python would print only their warnings. A handler is added to the
-    ``scripts.workflows`` logger only when no handler would receive its records (a configured root logger, pytest's
-    log capture and ``logging.conf`` files are left alone). Returns that logger."""
-    package = logging.getLogger(__package__)
-    if not package.hasHandlers():
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s - %(levelname)s - %(message)s"))
-        package.addHandler(handler)
-        if package.getEffectiveLevel() > level:
-            package.setLevel(level)
-    return package
+    handler for the bundle's loggers, and Python would print only their warnings. A handler is added to each of
+    :data:`INFERENCE_LOGGERS` only when no handler would receive its records (a configured root logger, pytest's log
+    capture and ``logging.conf`` files are left alone). Returns those loggers."""
+    loggers = [logging.getLogger(name) for name in INFERENCE_LOGGERS]
+    for package in loggers:
+        if not package.hasHandlers():
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s - %(levelname)s - %(message)s"))
+            package.addHandler(handler)
+            if package.getEffectiveLevel() > level:
+                package.setLevel(level)
+    return loggers
+
+
+#: libraries whose INFO lines flood an inference log (one per file read or written): WARNING and above only
+_CHATTY_LIBRARIES = ("highdicom", "pydicom", "nibabel", "PIL")
+
+
+def quiet_library_logs(level: int = logging.WARNING) -> None:
+    """Raise the log level of the readers' and writers' libraries (highdicom, pydicom, nibabel, PIL) to ``level``,
+    unless a configuration (a ``logging.conf``) already set one for them: their warnings stay, their INFO lines go."""
+    for name in _CHATTY_LIBRARIES:
+        lib = logging.getLogger(name)
+        if lib.level == logging.NOTSET:
+            lib.setLevel(level)
 
 
 def _images_in(output: Any) -> tuple[int, int]:
@@ -72,7 +97,7 @@ class InferenceThroughput:
 
     Args:
         output_dir: where ``timing.json`` goes (None: only the log line).
-        writer: the run's :class:`~.inference_writer.GLAMInferenceWriter` (its ``stats()``); None: without them.
+        writer: the run's :class:`~scripts.inference.writer.GLAMInferenceWriter` (its ``stats()``); None: without them.
     """
 
     def __init__(self, output_dir: str | os.PathLike | None = None, writer: Any = None) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..atomic import atomic_write
 from ..data.readers import SUPPORTED_SUFFIXES
+from ..networks.weights import as_flag
 from .files import DICOM_DIR, TEMPORARY_PREFIX, OutputSelection, is_temporary
 from .tables import (
     FILES_KEY,
@@ -159,14 +160,47 @@ def _differences(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix
 
 
 @dataclass
-class InferencePlan:
+class InferencePlan(Sequence):
     """What a run does: ``items`` to read (each with its ``output_stem``), out of ``total`` inputs, ``skipped``
-    of them done before."""
+    of them done before. The plan is the sequence of its items (the dataset's data)."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     total: int = 0
     skipped: int = 0
     redone: int = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.items[index]
+
+
+def run_settings(
+    ckpt_path: str | os.PathLike,
+    network: Any,
+    precision: str = "auto",
+    crop_iterations: int = 100,
+    crop_buffer: int = 50,
+    input_spacing: Any = None,
+    spacing_fallback: str = "fit_breast",
+    accept_non_mammography: bool = False,
+    panel_height: int | None = 1024,
+) -> dict[str, Any]:
+    """What makes two runs into one output folder the same run (``run.json``; the folder adds the outputs): the
+    checkpoint's SHA-256, the ``network``'s model settings, the precision, the preprocessing's sizes and spacing
+    policy, whether non-mammograms are read, the panels' height."""
+    return {
+        "checkpoint_sha256": file_sha256(ckpt_path),
+        "model": network.settings,
+        "precision": str(precision),
+        "crop_iterations": int(crop_iterations),
+        "crop_buffer": int(crop_buffer),
+        "input_spacing": input_spacing,
+        "spacing_fallback": str(spacing_fallback),
+        "accept_non_mammography": as_flag(accept_non_mammography, "accept_non_mammography"),
+        "panel_height": panel_height,
+    }
 
 
 class InferenceOutputFolder:
@@ -176,7 +210,7 @@ class InferenceOutputFolder:
         output_dir: the folder.
         settings: what makes two runs the same run (JSON-able: checkpoint hash, model settings, preprocessing and
             output settings); written to ``run.json`` and compared on a rerun.
-        outputs: the files to write (:class:`~.inference_files.OutputSelection`).
+        outputs: the files to write (:class:`~.files.OutputSelection`).
     """
 
     def __init__(self, output_dir: str | os.PathLike, settings: Mapping[str, Any], outputs: OutputSelection) -> None:

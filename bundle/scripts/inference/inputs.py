@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monai.data import Dataset
+from monai.data import DataLoader, Dataset
 
+from ..data.datalist import load_datalist, resolve_paths
 from ..data.readers import DEFAULT_MAX_PIXELS, SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError
+from ..networks.weights import as_flag
 from .files import DICOM_DIR, MAPS_DIR, PANELS_DIR
 from .tables import ERROR_KEY, error_record
 
@@ -35,9 +37,12 @@ __all__ = [
     "SafeDataset",
     "collate_inference",
     "root_cause",
+    "batch_size_for",
+    "loader_workers",
+    "inference_loader",
 ]
 
-# an inference output folder holds this record (inference_folder.RUN_RECORD) and writes into these sub-folders
+# an inference output folder holds this record (folder.RUN_RECORD) and writes into these sub-folders
 _RUN_RECORD = "run.json"
 _OUTPUT_SUBFOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR)
 
@@ -119,16 +124,20 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
 
 def inference_items(
     input_dir: str | os.PathLike | None = None,
-    datalist: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    datalist: str | os.PathLike | Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     split: str = "test",
     output_dir: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
     """The inputs to run on: every entry under ``input_dir`` that looks like an input (:func:`scan_input_folder`,
     the odd ones carrying their error; ``output_dir`` is not searched), or, when ``input_dir`` is empty, the items of
-    ``datalist[split]`` (paths already resolved).
+    ``datalist[split]``: a datalist file (its relative paths taken from its folder; ``""``: none) or its content
+    with the paths already resolved.
 
     Raises ``ValueError`` naming the folder or the split when there is nothing to run on.
     """
+    if isinstance(datalist, (str, os.PathLike)):
+        given = str(datalist)
+        datalist = resolve_paths(load_datalist(given), os.path.dirname(os.path.abspath(given))) if given else None
     if (input_dir is None or str(input_dir) == "") and datalist is not None:
         if split not in datalist:
             raise ValueError(f"datalist has no split {split!r} (splits: {sorted(datalist)})")
@@ -156,7 +165,7 @@ def inference_reader(
     decoded (None: no cap)."""
     return MammogramReader(
         apply_voi=bool(apply_voi),
-        accept_non_mammography=bool(accept_non_mammography),
+        accept_non_mammography=as_flag(accept_non_mammography, "accept_non_mammography"),
         max_pixels=None if max_pixels is None else int(max_pixels),
     )
 
@@ -210,3 +219,37 @@ def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]
         "errors": errors,
         LOAD_SECONDS_KEY: float(sum(d.get(LOAD_SECONDS_KEY, 0.0) for d in items)),
     }
+
+
+def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu") -> int:
+    """Images per batch: ``batch_size`` as a number; a training preset's per-stage dict (``{global: 8, ...}``): its
+    ``joint`` value; ``"auto"``: 8 on a GPU, 2 on CPUs (``device``'s type)."""
+    if isinstance(batch_size, Mapping):
+        if "joint" not in batch_size:
+            raise ValueError(f"batch_size: a per-stage dict needs a 'joint' value for inference: {dict(batch_size)}")
+        batch_size = batch_size["joint"]
+    if str(batch_size).strip().lower() == "auto":
+        return 8 if torch.device(device).type == "cuda" else 2
+    return int(batch_size)
+
+
+def loader_workers(num_workers: Any = "auto", cpus: int | None = None) -> int:
+    """Processes reading and preprocessing the inputs: ``num_workers`` as a number; ``"auto"``: half the CPU cores
+    (``cpus``, default ``os.cpu_count()``), at most 8."""
+    if str(num_workers).strip().lower() == "auto":
+        return min(8, (cpus or os.cpu_count() or 2) // 2)
+    return int(num_workers)
+
+
+def inference_loader(
+    dataset: Dataset, batch_size: Any = "auto", num_workers: Any = "auto", device: torch.device | str = "cpu"
+) -> DataLoader:
+    """MONAI's ``DataLoader`` over ``dataset`` in order, batched by :func:`collate_inference`, with
+    :func:`batch_size_for` and :func:`loader_workers`."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size_for(batch_size, device),
+        shuffle=False,
+        num_workers=loader_workers(num_workers),
+        collate_fn=collate_inference,
+    )

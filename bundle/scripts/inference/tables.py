@@ -64,7 +64,7 @@ PREDICTION_COLUMNS = [
     "patch_boxes",
     FILES_KEY,
 ]
-#: how the image was read and where the model looked (:func:`~.inference.image_facts`, the window on the file)
+#: how the image was read and where the model looked (:func:`~.facts.image_facts`, the window on the file)
 FACT_COLUMNS = [
     "laterality",
     "laterality_source",

@@ -1,58 +1,67 @@
 """The inference writer: an Ignite handler that takes each batch's outputs off the engine and writes every image's
 files in background threads while the model runs on the next batch (see docs/inference.md).
 
-Per image, in a writer thread: the maps the run writes (and the patch boxes) are taken back onto the file's grid
-through the preprocessing's inverse (:func:`~.inference.maps_on_original`, everything it needs travels with the
-item: the applied operations, the file's size, spacing and format in the metadata, the thumbnail for the panel), the
-files are written under temporary names and renamed into place together, and only then is the image's row appended
-to predictions.csv. A failure of one image is its row in errors.csv; the others go on.
+Each image goes forward through one step per module, in a writer thread (:meth:`GLAMInferenceWriter.write_item`):
+
+1. :mod:`.geometry`: the maps the run writes and the patch boxes back onto the file's grid through the
+   preprocessing's inverse, and the model's window on it (everything needed travels with the item: the applied
+   operations, the file's size, spacing and format in the metadata, the thumbnails for the panel);
+2. :mod:`.facts`: what the image was read as (laterality, view, spacing and their sources);
+3. :mod:`.maps`: the NIfTI / PNG map files, staged under temporary names (:class:`~.files.StagedFiles`);
+4. :mod:`.panel`: the overlay panel;
+5. :mod:`.dicom`: the DICOM objects of a DICOM input;
+6. the staged files renamed into place together, then :mod:`.tables`: the notes (errors.csv) and the image's row
+   (predictions.csv), appended only once its files are in place.
+
+A failure of one image is its row in errors.csv; the others go on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from monai.data import MetaTensor
 from monai.transforms import Compose
 
 from ..enums import CLASS_NAMES, InferenceOutput, MapName, OutputKey
-from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from .dicom import dicom_objects, save_dicom
-from .files import (
-    FALLBACK_SPACING_MM,
-    StagedFiles,
-    map_spacing,
-    overlay_panel,
-    panel_title_lines,
-    quantize,
-    save_nifti,
-    save_png,
-    used_spacing,
-)
+from .facts import image_facts, image_notes
+from .files import StagedFiles
 from .folder import FINGERPRINT_KEY, InferenceOutputFolder
-from .step import image_facts, image_notes, maps_on_original
+from .geometry import maps_on_original, original_size
+from .maps import map_spacing_note, save_png, write_map_files
+from .panel import item_panel
 from .tables import error_record, escape_text, note_record, prediction_row
 
-__all__ = ["GLAMInferenceWriter"]
+__all__ = ["GLAMInferenceWriter", "writer_threads", "run_to_end"]
 
-# the warnings keep the name of the module that wrote these files before they had their own (log filters use it)
-logger = logging.getLogger(f"{__package__}.inference")
-
-# formats that seldom state a pixel spacing (a PNG may, in its pHYs chunk): maps of unknown spacing state 1 mm per pixel
-# without a note
-_FORMATS_WITHOUT_SPACING = ("png", "pil")
-_NO_SPACING = "no valid pixel spacing in the file (missing, zero or negative) nor stated, and the model has none"
+logger = logging.getLogger(__name__)
 
 #: the parts of a writer thread's time on one image, reported in timing.json as ``writing_<part>_s``
 WRITING_PARTS = ("maps_back", "map_files", "panel", "dicom")
+
+
+def writer_threads(threads: int | str = "auto", cpus: int | None = None) -> int:
+    """``threads`` as a number; ``"auto"``: half the CPU cores (``cpus``, default ``os.cpu_count()``), at least 2,
+    at most 8 (on 2 cores the run took 8.5 s with 2 writer threads against 11.6-12.6 s with 1; docs/performance.md,
+    "Inference on a folder")."""
+    if str(threads).strip().lower() == "auto":
+        return max(2, min(8, (cpus or os.cpu_count() or 2) // 2))
+    return int(threads)
+
+
+def run_to_end(evaluator: Any, writer: GLAMInferenceWriter) -> None:
+    """The inference run itself: ``evaluator.run()``, then ``writer.finish()`` (a run with nothing left to do, every
+    input done before, never starts the engine, whose end would release the output folder)."""
+    evaluator.run()
+    writer.finish()
 
 
 def _image_path(item: Mapping[str, Any]) -> str:
@@ -70,20 +79,8 @@ def _labels(item: Mapping[str, Any]) -> list[int | str]:
     return [""] * len(CLASS_NAMES)
 
 
-def _thumbnail(item: Mapping[str, Any], key: str) -> np.ndarray | None:
-    value = item.get(f"{key}{THUMBNAIL_SUFFIX}")
-    return None if value is None else np.asarray(torch.as_tensor(value).cpu().numpy(), dtype=np.float32)[0]
-
-
-def _mask_thumbnails(item: Mapping[str, Any]) -> np.ndarray | None:
-    """(C, h, w) thumbnails of the item's lesion masks (the datalist's ``mask_<class>``); None unless every class has
-    one."""
-    masks = [_thumbnail(item, f"mask_{cls}") for cls in CLASS_NAMES]
-    return None if any(m is None for m in masks) else np.stack(masks)
-
-
 class GLAMInferenceWriter:
-    """Ignite handler writing GLAM's inference outputs into an opened :class:`~.inference_folder.InferenceOutputFolder`
+    """Ignite handler writing GLAM's inference outputs into an opened :class:`~.folder.InferenceOutputFolder`
     (see docs/inference.md for the files).
 
     Attach it to the inference evaluator: each iteration's images are queued to ``threads`` writer threads (at most
@@ -92,10 +89,10 @@ class GLAMInferenceWriter:
     does the same for a run with nothing left to do.
 
     Args:
-        folder: the output folder, opened (:meth:`~.inference_folder.InferenceOutputFolder.open`) before the run.
+        folder: the output folder, opened (:meth:`~.folder.InferenceOutputFolder.open`) before the run.
         transform: the preprocessing ``Compose`` the items went through (its inverse maps the maps back).
         gamma_c: weight of S_g in S_c (the network's value).
-        threads: writer threads (at least 1).
+        threads: writer threads (at least 1), or ``"auto"`` (:func:`writer_threads`).
         max_pending: images queued at most (default: twice the threads).
     """
 
@@ -104,14 +101,14 @@ class GLAMInferenceWriter:
         folder: InferenceOutputFolder,
         transform: Compose,
         gamma_c: float = 0.5,
-        threads: int = 1,
+        threads: int | str = 1,
         max_pending: int | None = None,
     ) -> None:
         self.folder = folder
         self.outputs = folder.outputs
         self.transform = transform
         self.gamma_c = float(gamma_c)
-        self.threads = max(1, int(threads))
+        self.threads = max(1, writer_threads(threads))
         self.max_pending = max(1, int(max_pending) if max_pending else 2 * self.threads)
         self._executor: ThreadPoolExecutor | None = None
         self._pending: set[Future] = set()
@@ -188,12 +185,10 @@ class GLAMInferenceWriter:
         finally:
             self._add_seconds("writing", time.perf_counter() - begin)
         notes = image_notes(item, default_view=self._default_view())
-        meta = item["image"].meta
-        if self.outputs.maps and map_spacing(meta) is None and meta.get("format") not in _FORMATS_WITHOUT_SPACING:
-            if used_spacing(meta) is None:
-                notes.insert(0, f"{_NO_SPACING}: the NIfTI maps state {FALLBACK_SPACING_MM:g} mm per pixel")
-            else:  # the model saw it at a stated or estimated spacing; the maps keep the file's own grid
-                notes.append(f"the NIfTI maps keep the file's grid at {FALLBACK_SPACING_MM:g} mm per pixel")
+        maps_note = map_spacing_note(item["image"].meta, self.outputs)
+        if maps_note is not None:
+            note, first = maps_note
+            notes.insert(0 if first else len(notes), note)
         if notes:  # before the row: a run killed in between redoes the image, the note is not lost
             note = "; ".join(notes)
             logger.warning("%s: %s", escape_text(path), note)
@@ -212,74 +207,49 @@ class GLAMInferenceWriter:
         with self._lock:
             self.seconds[part] += seconds
 
-    def _panel_maps(self) -> tuple[str, ...]:
-        return self.outputs.maps or (MapName.COMBINED.value,)
-
     def write_item(self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-        """Write one image's files (under temporary names, then renamed together); returns its predictions.csv row."""
+        """Write one image's files (under temporary names, then renamed together), each step after the other (see
+        the module's docstring); returns its predictions.csv row."""
         path = _image_path(item)
         meta = item["image"].meta
-        size = tuple(int(v) for v in np.asarray(meta["spatial_shape"]).reshape(-1)[:2])
         stem = str(item["output_stem"])
         dicom_input = meta.get("format") == "dicom"
-        needed = set(self.outputs.maps_needed()) | (set(self._panel_maps()) if self.outputs.needs_panel() else set())
+        # 1. onto the file's grid
         begin = time.perf_counter()
-        maps, boxes, window = maps_on_original(item, pred, self.transform, self.gamma_c, tuple(needed), True)
-        for name, m in maps.items():
-            if m.shape[-2:] != size:
-                raise ValueError(f"{path}: inverted {name} has shape {m.shape[-2:]}, the file {size}")
+        back = maps_on_original(item, pred, self.transform, self.gamma_c, self.outputs.maps_on_file())
         self._add_seconds("maps_back", time.perf_counter() - begin)
+        # 2. what the image was read as, its scores and labels
+        facts = image_facts(item)
+        scores = pred[OutputKey.Y_GLOBAL].tolist()
+        labels = _labels(item)
         files = self.outputs.files(stem, dicom_input)
         staged = StagedFiles(self.folder.path)
         try:
+            # 3. the map files
             begin = time.perf_counter()
-            spacing = map_spacing(meta)
-            for name in self.outputs.maps:
-                quantized = quantize(maps[name])
-                save_nifti(staged.path(files[name]), quantized, spacing)
-                for c, cls in enumerate(CLASS_NAMES if self.outputs.png else ()):
-                    save_png(staged.path(files[f"{name}_{cls}"]), quantized[c])
+            write_map_files(staged, files, back.maps, self.outputs, meta)
             self._add_seconds("map_files", time.perf_counter() - begin)
-            scores = pred[OutputKey.Y_GLOBAL].tolist()
-            labels = _labels(item)
-            facts = image_facts(item)
+            # 4. the panel (also the Secondary Capture's picture)
             panel = None
             if self.outputs.needs_panel():
                 begin = time.perf_counter()
-                panel = self._panel(path, item, maps, boxes, scores, labels, window, facts)
+                shown = {name: back.maps[name] for name in self.outputs.panel_maps()}
+                panel = item_panel(path, item, shown, back.boxes, back.window, scores, labels, facts)
                 if self.outputs.panel:
                     save_png(staged.path(files[InferenceOutput.PANEL.value]), panel)
                 self._add_seconds("panel", time.perf_counter() - begin)
-            self._write_dicom(path, dicom_input, staged, files, panel, maps)
+            # 5. the DICOM objects
+            if self.outputs.dicom:
+                begin = time.perf_counter()
+                self._write_dicom(path, dicom_input, staged, files, panel, back.maps.get(MapName.COMBINED.value))
+                self._add_seconds("dicom", time.perf_counter() - begin)
+            # 6. into place together
             written = staged.commit()
         finally:
             staged.discard()
+        size = original_size(meta)
         fingerprint = item.get(FINGERPRINT_KEY)
-        return prediction_row(path, stem, scores, labels, size, boxes, written, facts, window, fingerprint)
-
-    def _panel(
-        self,
-        path: str,
-        item: Mapping[str, Any],
-        maps: Mapping[str, np.ndarray],
-        boxes: Sequence[tuple[int, int, int, int]],
-        scores: Sequence[float],
-        labels: Sequence[int | str],
-        window: Sequence[int] | None,
-        facts: Mapping[str, Any],
-    ) -> np.ndarray:
-        thumbnail = _thumbnail(item, "image")
-        if thumbnail is None:
-            raise ValueError(
-                f"{path}: no image thumbnail to draw the panel on (the preprocessing needs "
-                "scripts.transforms.Thumbnaild after loading, as configs/inference.yaml has it)"
-            )
-        masks = _mask_thumbnails(item)
-        shown = {name: maps[name] for name in self._panel_maps()}
-        with_masks = masks is not None
-        title = panel_title_lines(Path(path).name, scores, labels, list(shown), with_masks=with_masks, facts=facts)
-        step = int(item.get(THUMBNAIL_STEP_KEY, 1))
-        return overlay_panel(thumbnail, shown, boxes, masks, title, step, window=window)
+        return prediction_row(path, stem, scores, labels, size, back.boxes, written, facts, back.window, fingerprint)
 
     def _write_dicom(
         self,
@@ -287,28 +257,23 @@ class GLAMInferenceWriter:
         dicom_input: bool,
         staged: StagedFiles,
         files: Mapping[str, str],
-        panel: np.ndarray | None,
-        maps: Mapping[str, np.ndarray],
+        panel: Any,
+        s_c: Any,
     ) -> None:
-        if not self.outputs.dicom:
-            return
         if not dicom_input:
             logger.info(
                 "%s: not a DICOM input, DICOM outputs %s skipped", escape_text(path), "/".join(self.outputs.dicom)
             )
             return
-        begin = time.perf_counter()
-        objects = dicom_objects(path, self.outputs.dicom, panel, maps.get(MapName.COMBINED.value))
-        for kind, ds in objects.items():
+        for kind, ds in dicom_objects(path, self.outputs.dicom, panel, s_c).items():
             save_dicom(ds, staged.path(files[f"dicom_{kind}"]))
-        self._add_seconds("dicom", time.perf_counter() - begin)
 
     def stats(self) -> dict[str, Any]:
         """For timing.json: images skipped (done before), written and failed by this run, writer threads, and the
         seconds of the writer threads (``writing`` and its parts) and of the engine waiting for them."""
         plan = self.folder.plan
         return {
-            "skipped": plan.skipped if plan else 0,
+            "skipped": plan.skipped if plan is not None else 0,
             "written": self.folder.tables.written,
             "failed": self.folder.tables.failed,
             "writer_threads": self.threads,

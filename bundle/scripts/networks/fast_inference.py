@@ -10,12 +10,20 @@ float32 inference keeps exactly the reference numbers.
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["PRECISIONS", "AutocastInference", "cpu_supports_bf16", "resolve_precision", "optimize_for_inference"]
+__all__ = [
+    "PRECISIONS",
+    "AutocastInference",
+    "cpu_supports_bf16",
+    "resolve_precision",
+    "optimize_for_inference",
+    "load_for_inference",
+]
 
 PRECISIONS = ("auto", "bf16", "fp32")
 
@@ -113,3 +121,14 @@ def optimize_for_inference(model: nn.Module, precision: str = "auto", channels_l
     if channels_last:
         fast = fast.to(memory_format=torch.channels_last)
     return AutocastInference(fast, torch.bfloat16, channels_last=channels_last).eval()
+
+
+def load_for_inference(
+    network: nn.Module, ckpt_path: str | os.PathLike, device: torch.device | str = "cpu", precision: str = "auto"
+) -> nn.Module:
+    """``network`` with the weights of ``ckpt_path`` (:func:`~scripts.networks.weights.load_weights`: strictly,
+    weights only; a file whose settings record or keys differ is a ``ValueError`` naming it), moved to ``device``,
+    then :func:`optimize_for_inference` with ``precision``."""
+    from .weights import load_weights
+
+    return optimize_for_inference(load_weights(network, ckpt_path).to(device), str(precision))

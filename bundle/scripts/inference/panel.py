@@ -1,0 +1,158 @@
+"""The overlay panel of one image (the third step of its outputs, after :mod:`.geometry` and :mod:`.maps`): the
+thumbnail taken when the image was loaded, its masks when a datalist has them, each map written (S_c when none) as
+an overlay scaled to its maximum with its colour bars, the model's window and the patches, and a title saying what
+the image was read as (:func:`~scripts.visualize.reading_panel` draws the tiles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..enums import CLASS_NAMES, LesionClass
+from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
+from ..visualize import reading_panel
+
+__all__ = ["panel_title_lines", "add_title", "overlay_panel", "item_panel"]
+
+
+def _thumbnail(item: Mapping[str, Any], key: str) -> np.ndarray | None:
+    value = item.get(f"{key}{THUMBNAIL_SUFFIX}")
+    return None if value is None else np.asarray(torch.as_tensor(value).cpu().numpy(), dtype=np.float32)[0]
+
+
+def _mask_thumbnails(item: Mapping[str, Any]) -> np.ndarray | None:
+    """(C, h, w) thumbnails of the item's lesion masks (the datalist's ``mask_<class>``); None unless every class has
+    one."""
+    masks = [_thumbnail(item, f"mask_{cls}") for cls in CLASS_NAMES]
+    return None if any(m is None for m in masks) else np.stack(masks)
+
+
+_SPACING_SOURCE_WORDS = {
+    "fit_breast": "estimated: the breast fitted into the window",
+    "model": "assumed: the model's",
+    "datalist": "from the datalist",
+    "option": "from input_spacing",
+}
+
+
+def panel_title_lines(
+    file_name: str,
+    scores: Sequence[float],
+    labels: Sequence[int | str],
+    maps: Sequence[str],
+    with_masks: bool,
+    facts: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """The panel's title, in plain words: the file and its scores (malignant first: ``"malignant 0.16 · benign
+    0.14"``) and labels when known; how it was read (spacing, view, laterality and where each came from, ``facts``
+    of :func:`~.facts.image_facts`); what the tiles and the colours show."""
+    order = sorted(range(len(CLASS_NAMES)), key=lambda i: CLASS_NAMES[i] != LesionClass.MALIGNANT)
+    scored = " · ".join(f"{CLASS_NAMES[i]} {scores[i]:.2f}" for i in order)
+    truth = "" if labels[0] == "" else "   (labels: " + ", ".join(f"{CLASS_NAMES[i]} {labels[i]}" for i in order) + ")"
+    lines = [f"{file_name}   {scored}{truth}"]
+    if facts is not None:
+        source = str(facts.get("spacing_source", ""))
+        if facts.get("spacing_row_mm"):
+            row, col = float(facts["spacing_row_mm"]), float(facts["spacing_col_mm"])
+            spacing = f"{row:.3g}" if np.isclose(row, col) else f"{row:.3g} x {col:.3g}"
+            spacing = f"{spacing} mm ({_SPACING_SOURCE_WORDS.get(source, source)})"
+        else:
+            spacing = "unknown (not resampled)"
+        view = f"{facts['view']} ({facts.get('view_source', '')})" if facts.get("view") else "unknown"
+        side = f"{facts['laterality']} ({facts.get('laterality_source', '')})" if facts.get("laterality") else "unknown"
+        lines.append(f"pixel spacing {spacing} · view {view} · laterality {side}")
+    tiles = f"image{' + ground truth' if with_masks else ''} | " + " | ".join(maps)
+    lines.append(f"{tiles}   yellow: the model's window · blue: selected patches · colours per map, see its bars")
+    return lines
+
+
+def add_title(panel: np.ndarray, lines: Sequence[str]) -> np.ndarray:
+    """Put text lines above the panel, the font as large as fits the panel's width (at most 1/30 of its height)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    width = panel.shape[1]
+    size = max(12, panel.shape[0] // 30)
+    font = ImageFont.load_default()
+    while size >= 8:
+        try:
+            font = ImageFont.load_default(size=size)
+        except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
+            break
+        if max(font.getlength(t) for t in lines) <= width - 8:
+            break
+        size -= 1
+    line_h = int(size * 1.25) + 2
+    strip = Image.new("RGB", (width, line_h * len(lines) + 4), (255, 255, 255))
+    draw = ImageDraw.Draw(strip)
+    for i, text in enumerate(lines):
+        draw.text((4, 2 + i * line_h), text, fill=(0, 0, 0), font=font)
+    return np.concatenate([np.asarray(strip), panel], axis=0)
+
+
+def overlay_panel(
+    thumbnail: np.ndarray,
+    maps: Mapping[str, np.ndarray],
+    boxes: Sequence[tuple[int, int, int, int]],
+    masks: np.ndarray | None,
+    title: Sequence[str],
+    step: int = 1,
+    window: Sequence[int] | None = None,
+) -> np.ndarray:
+    """The titled panel of one image (:func:`~scripts.visualize.reading_panel`: the image with its masks, then each
+    map scaled to its maximum with its colour bars; the model's ``window`` and the patches on every tile), at the
+    thumbnail's resolution.
+
+    ``thumbnail`` (h, w): every ``step``-th pixel of the image (``scripts.transforms.Thumbnail``); ``maps`` name ->
+    (C, H, W) on the image's full grid (every ``step``-th pixel is shown); ``boxes`` (top, left, bottom, right) on
+    the full grid, end-exclusive; ``window`` likewise (None: not drawn); ``masks`` (C, h, w) thumbnails or None.
+    Returns (rows, cols, 3) uint8.
+    """
+    sub = (slice(None), slice(None, None, step), slice(None, None, step))
+    small_maps = {name: maps[name][sub] for name in maps}
+    for name, m in small_maps.items():
+        if m.shape[-2:] != thumbnail.shape:
+            raise ValueError(f"{name} at step {step} has shape {m.shape[-2:]}, the thumbnail {thumbnail.shape}")
+
+    def small(box: Sequence[int]) -> tuple[int, int, int, int]:  # end-exclusive boxes at the thumbnail's step
+        top, left, bottom, right = (int(v) for v in box)
+        return top // step, left // step, -(-bottom // step), -(-right // step)
+
+    panel = reading_panel(
+        thumbnail,
+        small_maps,
+        [small(b) for b in boxes],
+        masks,
+        None if window is None else small(window),
+        classes=CLASS_NAMES,
+    )
+    return add_title(panel, title)
+
+
+def item_panel(
+    path: str,
+    item: Mapping[str, Any],
+    maps: Mapping[str, np.ndarray],
+    boxes: Sequence[tuple[int, int, int, int]],
+    window: Sequence[int] | None,
+    scores: Sequence[float],
+    labels: Sequence[int | str],
+    facts: Mapping[str, Any],
+) -> np.ndarray:
+    """The titled panel of the preprocessed ``item`` (its thumbnails) for the file ``path``: ``maps`` name -> (C, H,
+    W) on the file's grid (the maps shown), ``boxes`` and ``window`` on it, the image-level ``scores`` and
+    ``labels`` and how it was read (``facts``, :func:`~.facts.image_facts`) in the title."""
+    thumbnail = _thumbnail(item, "image")
+    if thumbnail is None:
+        raise ValueError(
+            f"{path}: no image thumbnail to draw the panel on (the preprocessing needs "
+            "scripts.transforms.Thumbnaild after loading, as configs/inference.yaml has it)"
+        )
+    masks = _mask_thumbnails(item)
+    title = panel_title_lines(Path(path).name, scores, labels, list(maps), with_masks=masks is not None, facts=facts)
+    step = int(item.get(THUMBNAIL_STEP_KEY, 1))
+    return overlay_panel(thumbnail, maps, boxes, masks, title, step, window=window)
