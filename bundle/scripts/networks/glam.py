@@ -469,8 +469,8 @@ GLAM_DEFAULTS: dict[str, Any] = {
 
 def checkpoint_setting(path: str | os.PathLike, name: str, default: Any = inspect.Parameter.empty) -> Any:
     """The value of setting ``name`` recorded in the checkpoint at ``path``; when the file is missing or does not
-    record it, ``default``, or else GLAM's own default for it (:data:`GLAM_DEFAULTS`, the paper's value). Used by the
-    inference config (``$scripts.networks.checkpoint_setting(@ckpt_path, 'patch_size')``) so that a checkpoint
+    record it, ``default``, or else GLAM's own default for it (:data:`GLAM_DEFAULTS`, the paper's value). Through
+    :func:`scripts.networks.inference.checkpoint_settings` (inference.yaml's ``checkpoint_settings``) a checkpoint
     rebuilds the network it was trained as."""
     record = read_checkpoint_settings(path)
     if record is not None and name in record:

@@ -11,8 +11,8 @@ import torch
 from monai.inferers import Inferer
 
 from ..enums import OutputKey, Stage
-from .glam import GLAM
-from .settings import checkpoint_setting, read_checkpoint_settings
+from .glam import GLAM, checkpoint_setting
+from .settings import read_checkpoint_settings
 from .weights import as_flag
 
 __all__ = [
