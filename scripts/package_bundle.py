@@ -75,11 +75,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_texts import DEMO_DOCS, ModelTexts, user_model_card, user_model_metadata  # noqa: E402
 
 DEFAULT_SCHEMA = REPO_ROOT.parent / "shared" / "schema" / "meta_schema_20240725.json"
-# the model-zoo layout: anything else at the bundle root (inference/, eval/, runs/, data) is not shared
+# the model-zoo layout: nothing else at the bundle root (inference/, eval/, runs/, data) is shared
 TOP_LEVEL = ("configs", "scripts", "docs", "models", "LICENSE", "large_files.yml")
-EXCLUDED_DIRS = {"__pycache__", "eval", "runs", "inference", ".ipynb_checkpoints", ".pytest_cache"}
-# folders of those names that are the bundle's code: scripts/inference is the inference workflow's package
-CODE_DIRS = {"scripts/inference"}
+EXCLUDED_DIRS = {"__pycache__", "eval", "runs", ".ipynb_checkpoints", ".pytest_cache"}
 EXCLUDED_SUFFIXES = {".pyc", ".pyo", ".tmp"}
 MODEL_SUFFIXES = {".pt", ".pth", ".ts", ".onnx", ".ckpt", ".safetensors", ".bin"}
 # sizes of tests/configs/tiny_inference.yaml: the verification run takes seconds on a CPU
@@ -153,11 +151,7 @@ def bundle_files(bundle_root: Path) -> Iterator[tuple[Path, str]]:
             continue
         for path in sorted(src.rglob("*")):
             rel = path.relative_to(bundle_root)
-            parents = ["/".join(rel.parts[: i + 1]) for i in range(len(rel.parts))]
-            if not path.is_file() or any(
-                (part in EXCLUDED_DIRS and folder not in CODE_DIRS) or part.startswith(".")
-                for part, folder in zip(rel.parts, parents)
-            ):
+            if not path.is_file() or any(p in EXCLUDED_DIRS or p.startswith(".") for p in rel.parts):
                 continue
             if path.suffix in EXCLUDED_SUFFIXES or (top == "models" and path.suffix in MODEL_SUFFIXES):
                 continue

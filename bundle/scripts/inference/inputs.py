@@ -24,6 +24,7 @@ from monai.data import DataLoader, Dataset
 
 from ..data.datalist import load_datalist, resolve_paths
 from ..data.readers import DEFAULT_MAX_PIXELS, SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError
+from ..enums import Stage
 from ..networks.weights import as_flag
 from .files import DICOM_DIR, MAPS_DIR, PANELS_DIR
 from .tables import ERROR_KEY, error_record
@@ -225,9 +226,11 @@ def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu")
     """Images per batch: ``batch_size`` as a number; a training preset's per-stage dict (``{global: 8, ...}``): its
     ``joint`` value; ``"auto"``: 8 on a GPU, 2 on CPUs (``device``'s type)."""
     if isinstance(batch_size, Mapping):
-        if "joint" not in batch_size:
-            raise ValueError(f"batch_size: a per-stage dict needs a 'joint' value for inference: {dict(batch_size)}")
-        batch_size = batch_size["joint"]
+        if Stage.JOINT not in batch_size:
+            raise ValueError(
+                f"batch_size: a per-stage dict needs a '{Stage.JOINT.value}' value for inference: {dict(batch_size)}"
+            )
+        batch_size = batch_size[Stage.JOINT]
     if str(batch_size).strip().lower() == "auto":
         return 8 if torch.device(device).type == "cuda" else 2
     return int(batch_size)
