@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,7 @@ class StageCheckpointer:
         resume: continue from ``last.pt`` when it exists.
         selection: ``{"metric": ..., "reason": ...}`` of :func:`~scripts.training.selection.choose_selection`:
             recorded in ``<ckpt_dir>/selection.json``.
-        validation_items: the size of the validation split, recorded there too.
+        validation_items: the validation split (its items, or their number): its size is recorded there too.
 
     ``<ckpt_dir>/selection.json`` (written atomically after every validation and when the run ends) records the
     selection metric and why it was chosen, every validation's metrics by epoch, the best epoch and value, the
@@ -110,7 +110,7 @@ class StageCheckpointer:
         previous_model: str | os.PathLike | None = None,
         resume: bool = False,
         selection: Mapping[str, Any] | None = None,
-        validation_items: int | None = None,
+        validation_items: int | Sized | None = None,
     ) -> None:
         if "network" not in save_dict:
             raise ValueError("save_dict must hold the 'network'")
@@ -120,7 +120,7 @@ class StageCheckpointer:
         self.previous_model = Path(previous_model) if previous_model else None
         self.resume = as_flag(resume, "resume")
         self.selection = dict(selection or {})
-        self.validation_items = validation_items
+        self.validation_items = len(validation_items) if isinstance(validation_items, Sized) else validation_items
         self.record: dict[str, Any] = {}
         self.trainer: Engine | None = None
 
