@@ -1,6 +1,6 @@
 """Ignite handlers of GLAM's workflows: per-epoch seeding (exact resumption), the best-metric record, and the
 components that wire the validation metrics and handlers in train.yaml (the key metric and the others, early
-stopping on the key metric, the evaluator's handler lists)."""
+stopping on the key metric)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ __all__ = [
     "additional_metrics",
     "key_metric_score",
     "early_stopping",
-    "join_handlers",
 ]
 
 
@@ -60,12 +59,6 @@ def early_stopping(patience: int | str) -> EarlyStopHandler | None:
     if patience <= 0:
         return None
     return EarlyStopHandler(patience=patience, score_function=key_metric_score, trainer=None, epoch_level=True)
-
-
-def join_handlers(first: Sequence[Any] | None = (), then: Sequence[Any] | None = ()) -> list[Any]:
-    """The handlers of ``first`` then those of ``then``, without the Nones (a reference to a handler that is off,
-    such as :func:`early_stopping` at patience 0): the evaluator's ``val_handlers`` from train.yaml's two lists."""
-    return [h for h in [*(first or ()), *(then or ())] if h is not None]
 
 
 class EpochSeeder:
