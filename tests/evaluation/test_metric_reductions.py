@@ -25,7 +25,8 @@ def masked_sum_reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+    same_nans = torch.equal(a.isnan(), b.isnan())
+    return a.dtype == b.dtype and same_nans and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

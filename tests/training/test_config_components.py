@@ -26,7 +26,7 @@ from scripts.training.datasets import default_cache_dir, read_datalist, split_it
 from scripts.training.distributed import device_ids, is_rank_zero
 from scripts.training.preflight import check_data, per_stage
 from scripts.training.selection import choose_selection, configured_selection
-from scripts.training.stage import key_map, path_in, previous_model, previous_stage, trainable_parameters, train_stage
+from scripts.training.stage import key_map, path_in, previous_model, previous_stage, train_stage, trainable_parameters
 from scripts.training.tracking import run_name
 
 LR = {"global": 3.0e-5, "local": 2.0e-5, "joint": 1.0e-5}
@@ -236,16 +236,22 @@ def test_train_yaml_reads_each_stage_s_values(stage):
     assert parser.get_parsed_content("ckpt_dir") == f"/ck/{stage}"
     assert parser.get_parsed_content("output_dir") == f"/runs/eval/{stage}"
     assert parser.get_parsed_content("cache_dir") == "/runs/cache"
-    assert parser.get_parsed_content("previous_model") == {
-        "global": None,
-        "local": "/ck/global/model.pt",
-        "joint": "/ck/local/model.pt",
-    }[stage]
-    assert parser.get_parsed_content("validate#stage_score") == {
-        "global": "y_global",
-        "local": "y_local",
-        "joint": "y_fusion",
-    }[stage]
+    assert (
+        parser.get_parsed_content("previous_model")
+        == {
+            "global": None,
+            "local": "/ck/global/model.pt",
+            "joint": "/ck/local/model.pt",
+        }[stage]
+    )
+    assert (
+        parser.get_parsed_content("validate#stage_score")
+        == {
+            "global": "y_global",
+            "local": "y_local",
+            "joint": "y_fusion",
+        }[stage]
+    )
     prepare = parser.get_parsed_content("train#prepare_batch")
     assert prepare.random_negatives == (stage == "local") and prepare.patch_shift == (0 if stage == "global" else 8)
     assert parser.get_parsed_content("run_name") == f"train_{stage}"
@@ -270,4 +276,5 @@ def test_train_yaml_defaults_off_cuda_and_command_line_texts():
     fresh["dataset_dir"] = "/mammo"
     assert fresh.get_parsed_content("datalist") == "/mammo/datalist.json"
     assert fresh.get_parsed_content("amp") is cuda and fresh.get_parsed_content("channels_last") is cuda
-    assert fresh.get_parsed_content("early_stop_patience") == 0 and fresh.get_parsed_content("validate#early_stop") is None
+    assert fresh.get_parsed_content("early_stop_patience") == 0
+    assert fresh.get_parsed_content("validate#early_stop") is None

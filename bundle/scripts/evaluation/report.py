@@ -48,7 +48,15 @@ from ..training.distributed import rank
 from .files import format_table, write_report_files
 from .metrics import MAP_STATS, ReportMetrics, per_image_rows, report_summary
 
-__all__ = ["MetricsReport", "check_checkpoint", "eval_split_items", "run_evaluation", "format_table", "EVAL_SPLITS", "MAP_STATS"]
+__all__ = [
+    "MetricsReport",
+    "check_checkpoint",
+    "eval_split_items",
+    "run_evaluation",
+    "format_table",
+    "EVAL_SPLITS",
+    "MAP_STATS",
+]
 
 logger = logging.getLogger(__name__)
 

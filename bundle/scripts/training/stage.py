@@ -1,4 +1,4 @@
-"""What one training stage reads from ``train.yaml``, as named config components (``_target_: scripts.training.stage.…``).
+"""What one training stage reads from ``train.yaml``, as named config components (``scripts.training.stage.…``).
 
 ``train.yaml`` describes one stage, chosen by its ``stage`` id. These functions turn the stage's name and the
 configuration's plain values into what the stage's objects need, so that the configuration states values and names
@@ -23,7 +23,15 @@ import torch
 
 from ..enums import STAGES, Stage
 
-__all__ = ["STAGE_MAPS", "path_in", "previous_stage", "previous_model", "key_map", "trainable_parameters", "train_stage"]
+__all__ = [
+    "STAGE_MAPS",
+    "path_in",
+    "previous_stage",
+    "previous_model",
+    "key_map",
+    "trainable_parameters",
+    "train_stage",
+]
 
 #: the saliency map that validates (and selects) each stage: the map that stage trains
 STAGE_MAPS = {Stage.GLOBAL: "S_g", Stage.LOCAL: "S_l", Stage.JOINT: "S_c"}
