@@ -68,7 +68,9 @@ class EpochSeeder:
     object), the transforms of the dataset (MONAI's ``set_rnd``), a DataLoader ``generator`` (worker seeds) and
     the global RNGs that ``monai.utils.set_determinism`` seeds (torch, numpy, Python's ``random``). A run resumed
     from an epoch checkpoint therefore replays the following epochs exactly as an uninterrupted run with the same
-    seed would.
+    seed would. (Ignite's ``DeterministicEngine`` reseeds the global generators from the engine's seed, but not the
+    random states MONAI's transforms hold or the prepare-batch generators, and MONAI's engines derive from ``Engine``,
+    not from it.)
 
     Args:
         seed: base seed.
@@ -113,7 +115,9 @@ class BestMetricState:
     """Checkpointable record of an evaluator's best key metric, so a resumed run keeps selecting against it.
 
     Add it to the checkpoint's ``save_dict`` / ``load_dict``; ``attach`` it to the evaluator so that the restored
-    values are put back on ``evaluator.state`` when the evaluator starts.
+    values are put back on ``evaluator.state`` when the evaluator starts. MONAI's evaluator keeps ``best_metric`` /
+    ``best_metric_epoch`` on its state only, which no checkpoint holds (Ignite's ``Engine.state_dict`` has the
+    epoch and iteration), so without this a resumed run would select against -1.
     """
 
     def __init__(self, evaluator: Engine | None = None) -> None:

@@ -100,6 +100,19 @@ class StageCheckpointer:
     selection metric and why it was chosen, every validation's metrics by epoch, the best epoch and value, the
     epochs run and whether the run finished: the next stage names the reason when no model was selected, and a
     rerun into the folder refuses to overwrite an unfinished run (scripts/commands.py).
+
+    Why not MONAI's ``CheckpointSaver`` + ``CheckpointLoader`` (MONAI 1.6, Ignite 0.5), which cover the best-by-key-
+    metric and last-epoch files and the resume with the run's own ``max_epochs``: their files are not written
+    atomically (MONAI's saver passes ``atomic=False`` to Ignite's ``DiskSaver``), so a run killed while saving can
+    leave a truncated ``model.pt`` / ``last.pt``; the tensors are saved on the device they live on (a CUDA run's
+    ``model.pt`` would not load on a CPU without ``map_location``), whereas the model zoo's ``model.pt`` is a plain
+    CPU state dict; one saver saves one ``save_dict``, so the plain best network and the full last state need two;
+    after a resume the key-metric saver forgets the best value unless its own state is saved and reloaded too
+    (``key_metric_save_state``), so the first validation would overwrite a better ``model.pt``; and neither knows a
+    previous stage's model (resume from ``last.pt`` *or* start from the previous ``model.pt``, with the reason from
+    its ``selection.json`` when it is missing), the ``epoch_length`` check that refuses an inexact resume, or the
+    selection record. ``Checkpoint.load_objects`` (Ignite) does the restoring here, and evaluate.yaml uses MONAI's
+    ``CheckpointLoader``, where a plain load is all it needs.
     """
 
     def __init__(
