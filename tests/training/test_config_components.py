@@ -22,7 +22,7 @@ from scripts.handlers.training_state import additional_metrics, early_stopping, 
 from scripts.precision import as_dtype, autocast_dtype, engine_amp, memory_format
 from scripts.training.batch import stage_prepare_batch
 from scripts.training.checkpoints import StageCheckpointer
-from scripts.training.datasets import default_cache_dir, read_datalist, split_items, uses_workers
+from scripts.training.datasets import default_cache_dir, read_datalist, single_thread_worker, split_items, uses_workers
 from scripts.training.distributed import device_ids, is_rank_zero
 from scripts.training.preflight import check_data, per_stage
 from scripts.training.selection import choose_selection, configured_selection
@@ -255,6 +255,8 @@ def test_train_yaml_reads_each_stage_s_values(stage):
     prepare = parser.get_parsed_content("train#prepare_batch")
     assert prepare.random_negatives == (stage == "local") and prepare.patch_shift == (0 if stage == "global" else 8)
     assert parser.get_parsed_content("run_name") == f"train_{stage}"
+    assert parser.get_parsed_content("train#dataloader#worker_init_fn") is single_thread_worker  # the function itself
+    assert parser.get_parsed_content("train#dataloader#persistent_workers") is False  # tiny.yaml: num_workers 0
 
 
 def test_train_yaml_defaults_off_cuda_and_command_line_texts():
