@@ -103,7 +103,8 @@ class NegativeBCE(Metric):
 
     ``output_transform`` gives ``(predictions, labels)``: sequences of per-image tensors of shape (C,), or (B, C)
     tensors; the predictions are probabilities (GLAM's scores), clamped to [1e-7, 1 - 1e-7]. The mean is over
-    images and classes.
+    images and classes. (Ignite's ``Loss(BCELoss())`` gives the same mean up to its clamp of the log at -100, but
+    the key metric must grow as the model improves, and ``_target_`` cannot negate it.)
     """
 
     @reinit__is_reduced
