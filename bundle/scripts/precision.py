@@ -6,7 +6,14 @@ float32's exponent range and needs no loss scaling, and an autocast fixed to ``"
 CPU run with ``amp: true`` would silently stay in float32 and never exercise the bf16 path a GPU run takes. So the
 workflows run bf16 in :class:`AutocastInferer`, which autocasts on the device of the batch, and leave MONAI's AMP
 (with its scaler) to float16 on CUDA. :func:`amp_plan` makes that choice from the configs' ``amp`` /
-``amp_dtype`` / ``device``.
+``amp_dtype`` / ``device``; :func:`autocast_dtype` and :func:`engine_amp` are its two halves as config components
+(the inferers' dtype, the engines' ``amp``), and :func:`memory_format` turns ``channels_last`` into the format the
+network and its inputs use.
+
+Why the workflows keep their own inferer rather than MONAI's AMP alone: see above (bf16 on any device, no scaler).
+The inference workflow (``scripts.inference.step``) and the fast inference copy (``scripts.networks.fast_inference``)
+autocast inside their own forward step, under ``torch.no_grad``, without an engine: they need neither MONAI's AMP
+nor this inferer.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ import torch
 from monai.inferers import SimpleInferer
 from monai.utils import str2bool
 
-__all__ = ["AutocastInferer", "amp_plan"]
+__all__ = ["AutocastInferer", "amp_plan", "as_dtype", "autocast_dtype", "engine_amp", "memory_format"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.bfloat16`` or ``torch.float16`` from a dtype or its name (``bfloat16``, ``bf16``, ``torch.float16``,
+    ``fp16`` ...): the configs' ``amp_dtype`` as MONAI's engines take it (``amp_kwargs``)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"amp_dtype must be torch.bfloat16 or torch.float16, got {dtype}")
@@ -43,7 +52,7 @@ def amp_plan(amp: bool | str, amp_dtype: torch.dtype | str, device: torch.device
     Raises:
         ValueError: fp16 on a device other than CUDA (MONAI's autocast and scaler are CUDA-only), or an unknown dtype.
     """
-    dtype = _as_dtype(amp_dtype)
+    dtype = as_dtype(amp_dtype)
     if not str2bool(str(amp)):
         return {"autocast": None, "engine_amp": False}
     if dtype == torch.bfloat16:
@@ -54,6 +63,22 @@ def amp_plan(amp: bool | str, amp_dtype: torch.dtype | str, device: torch.device
             "use amp_dtype bfloat16 on this device"
         )
     return {"autocast": None, "engine_amp": True}
+
+
+def autocast_dtype(amp: bool | str, amp_dtype: torch.dtype | str, device: torch.device | str) -> torch.dtype | None:
+    """``amp_plan(...)["autocast"]``: the dtype :class:`AutocastInferer` autocasts to (None: no autocast)."""
+    return amp_plan(amp, amp_dtype, device)["autocast"]
+
+
+def engine_amp(amp: bool | str, amp_dtype: torch.dtype | str, device: torch.device | str) -> bool:
+    """``amp_plan(...)["engine_amp"]``: the ``amp`` argument of MONAI's trainer and evaluator (float16 only)."""
+    return amp_plan(amp, amp_dtype, device)["engine_amp"]
+
+
+def memory_format(channels_last: bool | str) -> torch.memory_format:
+    """``torch.channels_last`` when ``channels_last`` is yes (a command-line ``'true'`` too), else
+    ``torch.contiguous_format``: the layout of the network's weights and of the batches the engines move to it."""
+    return torch.channels_last if str2bool(str(channels_last).strip()) else torch.contiguous_format
 
 
 class AutocastInferer(SimpleInferer):
@@ -68,7 +93,7 @@ class AutocastInferer(SimpleInferer):
 
     def __init__(self, dtype: torch.dtype | str | None = None) -> None:
         super().__init__()
-        self.dtype = None if dtype is None else _as_dtype(dtype)
+        self.dtype = None if dtype is None else as_dtype(dtype)
 
     def __call__(self, inputs: torch.Tensor, network: Any, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(inputs.device.type, dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None):

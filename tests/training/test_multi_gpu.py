@@ -378,9 +378,9 @@ def test_overlay_passes_monai_train_properties(tmp_path, tiny_datalist, torchrun
         workflow_type="train",
         **tiny_overrides(tmp_path, tiny_datalist, stage="global"),
     )
-    wf.initialize()  # evaluates nothing: GLAMTrainingWorkflow (built by `training`) joins the process group
-    assert wf.parser["distributed"] is True and wf.parser["rank_zero_first"] == ["datalist"]
-    init_distributed(backend="gloo")  # what the workflow does first; checking the properties builds the DDP network
+    wf.initialize()  # a plain ConfigWorkflow joins no group: GLAMTrainingWorkflow.initialize does (`distributed`)
+    assert wf.parser.get_parsed_content("distributed") is True
+    init_distributed(backend="gloo")  # what GLAMTrainingWorkflow does first; checking the properties builds the DDP net
     assert wf.check_properties() == []
     assert isinstance(wf.parser.get_parsed_content("network"), torch.nn.parallel.DistributedDataParallel)
 

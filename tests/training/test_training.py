@@ -5,13 +5,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
+from monai.bundle import ConfigWorkflow
 
 from scripts.training.workflow import GLAMTrainingWorkflow
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
 
 
-def workflow(tmp_path: Path, datalist: str, **overrides) -> GLAMTrainingWorkflow:
+def workflow(tmp_path: Path, datalist: str, **overrides) -> ConfigWorkflow:
+    """The training workflow from Python: GLAMTrainingWorkflow (train.yaml's `training` builds it from the
+    `monai.bundle run` command line, which a test does not have)."""
     return GLAMTrainingWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=META,

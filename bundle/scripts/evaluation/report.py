@@ -48,7 +48,15 @@ from ..training.distributed import rank
 from .files import format_table, write_report_files
 from .metrics import MAP_STATS, ReportMetrics, per_image_rows, report_summary
 
-__all__ = ["MetricsReport", "check_checkpoint", "eval_split_items", "format_table", "EVAL_SPLITS", "MAP_STATS"]
+__all__ = [
+    "MetricsReport",
+    "check_checkpoint",
+    "eval_split_items",
+    "run_evaluation",
+    "format_table",
+    "EVAL_SPLITS",
+    "MAP_STATS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +92,13 @@ def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: 
     if not items:
         raise ValueError(f"{source}: split {split!r} is missing or empty; nothing to evaluate")
     return list(items)
+
+
+def run_evaluation(evaluator: Any, report: MetricsReport) -> dict[str, Any]:
+    """Run ``evaluator`` over the split once and return what ``report`` (one of its handlers) wrote to
+    ``metrics.json``: evaluate.yaml's last ``evaluating`` entry."""
+    evaluator.run()
+    return report.summary
 
 
 class MetricsReport:

@@ -39,6 +39,9 @@ class LossTerms:
 
     Attach it before the logging handlers: handlers of the same event run in the order they were attached.
 
+    Why not one Ignite ``Average`` metric per term: each would call ``components`` again every iteration (one
+    forward of the loss's arithmetic per term), and the learning rate is no metric of the outputs.
+
     Args:
         prefix: prepended to each term's name.
         total_name: name (after ``prefix``) of the epoch mean of the loss; None leaves it out.

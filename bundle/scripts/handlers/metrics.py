@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from monai.handlers import IgniteMetricHandler
+from monai.handlers import IgniteMetricHandler, from_engine
 
 from ..metrics import PointingGameMetric, PxAPMetric, SoftDiceMetric
 
-__all__ = ["PointingGame", "PxAP", "SoftDice"]
+__all__ = ["ClassScores", "PointingGame", "PxAP", "SoftDice"]
 
 _logger = logging.getLogger(__name__)
 
@@ -187,3 +188,22 @@ class PointingGame(_ClassReducedMetricHandler):
             output_transform,
             save_details,
         )
+
+
+class ClassScores:
+    """``output_transform`` of a one-class metric (``ROCAUC``) from the evaluator's decollated output: the images'
+    scores of class ``index`` and their labels of that class, ``[[score, ...], [label, ...]]`` (one 0-d tensor per
+    image).
+
+    Args:
+        index: the class (0: benign, 1: malignant).
+        score_key: the output key of the (B, C) image-level scores.
+        label_key: the output key of the (B, C) labels.
+    """
+
+    def __init__(self, index: int, score_key: str = "y_global", label_key: str = "label") -> None:
+        self.index = int(index)
+        self.keys = [str(score_key), str(label_key)]
+
+    def __call__(self, output: Any) -> list[list[Any]]:
+        return [[t[self.index] for t in values] for values in from_engine(self.keys)(output)]

@@ -27,6 +27,9 @@ class SaliencyPanelWriter:
         tag: image tag prefix.
 
     The step of each panel is the evaluator's epoch, which MONAI sets to the trainer's epoch.
+
+    Why not MONAI's ``TensorBoardImageHandler``: it draws one tensor per tag (a channel or a volume's slices),
+    while a panel puts the image, its lesion outlines, the three maps and the patch boxes side by side.
     """
 
     def __init__(

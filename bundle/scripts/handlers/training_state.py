@@ -1,4 +1,6 @@
-"""Ignite handlers of GLAM's workflows: per-epoch seeding (exact resumption) and the best-metric record."""
+"""Ignite handlers of GLAM's workflows: per-epoch seeding (exact resumption), the best-metric record, and the
+components that wire the validation metrics and handlers in train.yaml (the key metric and the others, early
+stopping on the key metric)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,52 @@ import numpy as np
 import torch
 from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
+from monai.handlers import EarlyStopHandler
 
-__all__ = ["EpochSeeder", "BestMetricState", "key_metric"]
+__all__ = [
+    "EpochSeeder",
+    "BestMetricState",
+    "key_metric",
+    "additional_metrics",
+    "key_metric_score",
+    "early_stopping",
+]
 
 
-def key_metric(metrics: Mapping[str, Any], name: str) -> dict[str, Any]:
-    """``{name: metrics[name]}``: the evaluator's key metric (``key_val_metric``) chosen by name from all of them."""
+def _metric_name(selection: Mapping[str, Any] | str) -> str:
+    """The metric's name from a selection record (``{"metric": ..., "reason": ...}``) or the name itself."""
+    return str(selection["metric"] if isinstance(selection, Mapping) else selection)
+
+
+def key_metric(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dict[str, Any]:
+    """``{name: metrics[name]}``: the evaluator's key metric (``key_val_metric``) chosen by name from all of them.
+    ``name`` may be the selection record of :func:`~scripts.training.selection.choose_selection`."""
+    name = _metric_name(name)
     if name not in metrics:
         raise ValueError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
     return {name: metrics[name]}
+
+
+def additional_metrics(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dict[str, Any]:
+    """Every metric of ``metrics`` but the key one (the evaluator's ``additional_metrics``), in their order."""
+    name = _metric_name(name)
+    return {k: v for k, v in metrics.items() if k != name}
+
+
+def key_metric_score(engine: Engine) -> float:
+    """The evaluator's key metric of its last run: the score early stopping watches (higher is better)."""
+    return engine.state.metrics[engine.state.key_metric_name]
+
+
+def early_stopping(patience: int | str) -> EarlyStopHandler | None:
+    """MONAI's ``EarlyStopHandler`` on the evaluator's key metric, checked after every validation, or None when
+    ``patience`` is 0 (off; MONAI leaves a None component out of its handler list). Its trainer is set when the
+    stage runs (:func:`scripts.training.stage.train_stage`): the trainer holds the evaluator, so the configuration
+    cannot name it here."""
+    patience = int(patience)
+    if patience <= 0:
+        return None
+    return EarlyStopHandler(patience=patience, score_function=key_metric_score, trainer=None, epoch_level=True)
 
 
 class EpochSeeder:
@@ -29,7 +68,9 @@ class EpochSeeder:
     object), the transforms of the dataset (MONAI's ``set_rnd``), a DataLoader ``generator`` (worker seeds) and
     the global RNGs that ``monai.utils.set_determinism`` seeds (torch, numpy, Python's ``random``). A run resumed
     from an epoch checkpoint therefore replays the following epochs exactly as an uninterrupted run with the same
-    seed would.
+    seed would. (Ignite's ``DeterministicEngine`` reseeds the global generators from the engine's seed, but not the
+    random states MONAI's transforms hold or the prepare-batch generators, and MONAI's engines derive from ``Engine``,
+    not from it.)
 
     Args:
         seed: base seed.
@@ -74,7 +115,9 @@ class BestMetricState:
     """Checkpointable record of an evaluator's best key metric, so a resumed run keeps selecting against it.
 
     Add it to the checkpoint's ``save_dict`` / ``load_dict``; ``attach`` it to the evaluator so that the restored
-    values are put back on ``evaluator.state`` when the evaluator starts.
+    values are put back on ``evaluator.state`` when the evaluator starts. MONAI's evaluator keeps ``best_metric`` /
+    ``best_metric_epoch`` on its state only, which no checkpoint holds (Ignite's ``Engine.state_dict`` has the
+    epoch and iteration), so without this a resumed run would select against -1.
     """
 
     def __init__(self, evaluator: Engine | None = None) -> None:

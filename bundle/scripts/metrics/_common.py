@@ -70,20 +70,19 @@ def check_inputs(y_pred: Any, y: Any, check_values: bool = True) -> tuple[torch.
 def nan_reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
     """Reduce (N, C) per-image values over the images, ignoring NaN (= class absent in that image).
 
+    ``torch.nanmean`` of the values, and for ``"std"`` the square root of ``torch.nanmean`` of their squared
+    deviations (bit-identical to the masked sums this replaced: tests/evaluation/test_metric_reductions.py).
+
     Returns:
         (C,) mean or population standard deviation (``numpy.std``'s default, ddof=0); NaN for a class with
-        no defined value.
+        no defined value (and for every class of an empty (0, C) buffer).
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
-    valid = ~torch.isnan(values)
-    count = valid.sum(dim=0)
-    zeros = torch.zeros_like(values)
-    mean = torch.where(valid, values, zeros).sum(dim=0) / count  # 0/0 gives NaN for an empty class
+    mean = torch.nanmean(values, dim=0)
     if reduction == "mean":
         return mean
-    sq_dev = torch.where(valid, (values - mean) ** 2, zeros)
-    return torch.sqrt(sq_dev.sum(dim=0) / count)
+    return torch.sqrt(torch.nanmean((values - mean) ** 2, dim=0))
 
 
 def is_distributed() -> bool:

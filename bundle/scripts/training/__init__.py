@@ -3,7 +3,7 @@
 The submodules are imported here so that a config expression can name them after ``$import scripts.training``.
 """
 
-from . import batch, checkpoints, datasets, distributed, preflight, sampler, selection, tracking, workflow
+from . import batch, checkpoints, datasets, distributed, preflight, sampler, selection, stage, tracking, workflow
 
 __all__ = [
     "batch",
@@ -13,6 +13,7 @@ __all__ = [
     "preflight",
     "sampler",
     "selection",
+    "stage",
     "tracking",
     "workflow",
 ]

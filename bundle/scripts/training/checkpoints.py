@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sized
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +94,25 @@ class StageCheckpointer:
         resume: continue from ``last.pt`` when it exists.
         selection: ``{"metric": ..., "reason": ...}`` of :func:`~scripts.training.selection.choose_selection`:
             recorded in ``<ckpt_dir>/selection.json``.
-        validation_items: the size of the validation split, recorded there too.
+        validation_items: the validation split (its items, or their number): its size is recorded there too.
 
     ``<ckpt_dir>/selection.json`` (written atomically after every validation and when the run ends) records the
     selection metric and why it was chosen, every validation's metrics by epoch, the best epoch and value, the
     epochs run and whether the run finished: the next stage names the reason when no model was selected, and a
     rerun into the folder refuses to overwrite an unfinished run (scripts/commands.py).
+
+    Why not MONAI's ``CheckpointSaver`` + ``CheckpointLoader`` (MONAI 1.6, Ignite 0.5), which cover the best-by-key-
+    metric and last-epoch files and the resume with the run's own ``max_epochs``: their files are not written
+    atomically (MONAI's saver passes ``atomic=False`` to Ignite's ``DiskSaver``), so a run killed while saving can
+    leave a truncated ``model.pt`` / ``last.pt``; the tensors are saved on the device they live on (a CUDA run's
+    ``model.pt`` would not load on a CPU without ``map_location``), whereas the model zoo's ``model.pt`` is a plain
+    CPU state dict; one saver saves one ``save_dict``, so the plain best network and the full last state need two;
+    after a resume the key-metric saver forgets the best value unless its own state is saved and reloaded too
+    (``key_metric_save_state``), so the first validation would overwrite a better ``model.pt``; and neither knows a
+    previous stage's model (resume from ``last.pt`` *or* start from the previous ``model.pt``, with the reason from
+    its ``selection.json`` when it is missing), the ``epoch_length`` check that refuses an inexact resume, or the
+    selection record. ``Checkpoint.load_objects`` (Ignite) does the restoring here, and evaluate.yaml uses MONAI's
+    ``CheckpointLoader``, where a plain load is all it needs.
     """
 
     def __init__(
@@ -110,7 +123,7 @@ class StageCheckpointer:
         previous_model: str | os.PathLike | None = None,
         resume: bool = False,
         selection: Mapping[str, Any] | None = None,
-        validation_items: int | None = None,
+        validation_items: int | Sized | None = None,
     ) -> None:
         if "network" not in save_dict:
             raise ValueError("save_dict must hold the 'network'")
@@ -120,7 +133,7 @@ class StageCheckpointer:
         self.previous_model = Path(previous_model) if previous_model else None
         self.resume = as_flag(resume, "resume")
         self.selection = dict(selection or {})
-        self.validation_items = validation_items
+        self.validation_items = len(validation_items) if isinstance(validation_items, Sized) else validation_items
         self.record: dict[str, Any] = {}
         self.trainer: Engine | None = None
 

@@ -17,6 +17,9 @@ bytes), and the random per-step half runs batched on the model's device (``train
   truncated file) or whose content does not match its checksum (bytes changed on disk) is recomputed and
   rewritten, with a warning naming the file;
 - ``"none"``: the deterministic half runs again every epoch.
+
+The datalist reaches the configs through :func:`read_datalist` (paths made absolute) and :func:`split_items` (one
+split, named in errors); the loaders' options through :func:`single_thread_worker` and :func:`uses_workers`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ from monai.utils import convert_to_tensor, str2bool
 
 __all__ = [
     "CACHE_MODES",
+    "read_datalist",
+    "split_items",
+    "default_cache_dir",
+    "uses_workers",
     "cache_mode",
     "cached_item_hash",
     "ChecksummedPersistentDataset",
@@ -53,6 +60,39 @@ CACHE_MODES = ("none", "memory", "disk")
 #: part of every disk-cache hash: bump when what a cache entry holds changes meaning (2: entries with a checksum)
 CACHE_FORMAT = 2
 logger = logging.getLogger(__name__)
+
+
+def read_datalist(datalist: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
+    """The datalist file's splits with every relative path (image, masks) joined to the file's folder
+    (train.yaml's ``datalist_content``)."""
+    from ..data import load_datalist
+    from ..data.datalist import resolve_paths
+
+    return resolve_paths(load_datalist(datalist), os.path.dirname(os.path.abspath(datalist)))
+
+
+def split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: Any = "datalist") -> list[Any]:
+    """The items of one split of a read datalist (train.yaml's ``train_datalist``, ``val_datalist``); an empty split
+    gives an empty list. ``source`` names the datalist in the error.
+
+    Raises:
+        KeyError: the datalist has no such split (naming the splits it has).
+    """
+    if split not in datalist:
+        raise KeyError(f"{source} has no {split!r} split (it has {sorted(datalist)})")
+    return datalist[split]
+
+
+def default_cache_dir(output_root: str | os.PathLike) -> str:
+    """The disk cache's default folder: ``cache`` beside ``output_root`` (so that the runs of every output folder
+    under one parent share it)."""
+    return os.path.join(os.path.dirname(os.path.abspath(output_root)), "cache")
+
+
+def uses_workers(num_workers: int) -> bool:
+    """Whether a loader with ``num_workers`` has worker processes to keep between epochs (``persistent_workers``;
+    PyTorch refuses it without workers)."""
+    return int(num_workers) > 0
 
 
 def cache_mode(cache: bool | str | None) -> str:

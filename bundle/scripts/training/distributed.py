@@ -31,6 +31,8 @@ __all__ = [
     "destroy_distributed",
     "barrier",
     "rank_share",
+    "is_rank_zero",
+    "device_ids",
     "rank_zero_first",
     "disable_on_other_ranks",
     "quiet_other_ranks",
@@ -64,6 +66,18 @@ def world_size() -> int:
 def rank() -> int:
     """Global rank of this process (0 without a process group)."""
     return idist.get_rank()
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is rank 0 (or the only process): the one that logs, draws and shows progress."""
+    return rank() == 0
+
+
+def device_ids(device: torch.device | str) -> list[torch.device] | None:
+    """``DistributedDataParallel``'s ``device_ids`` for a module on ``device``: ``[device]`` on CUDA, None on the
+    CPU (gloo), as PyTorch requires."""
+    device = torch.device(device)
+    return [device] if device.type == "cuda" else None
 
 
 def local_device() -> torch.device:

@@ -13,16 +13,24 @@ from monai.utils import str2bool
 from ..commands import UsageError, check_command_line, check_writable
 from .checkpoints import read_record
 
-__all__ = ["PER_STAGE_OPTIONS", "per_stage", "check_unfinished_run", "preflight_training"]
+__all__ = ["PER_STAGE_OPTIONS", "per_stage", "check_data", "check_unfinished_run", "preflight_training"]
 
 #: the options that hold one value per stage ({global: ..., local: ..., joint: ...}) or one number for all
 PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size")
 
 
 # -- per-stage values ----------------------------------------------------------------------------------------------
-def per_stage(value: Any, stage: str, name: str = "value") -> Any:
+def per_stage(value: Any, stage: str, name: str = "value", scale: float | None = None) -> Any:
     """The value of a per-stage option for ``stage``: ``value[stage]`` of a dict, or ``value`` itself when it is one
-    number for every stage (``--epochs 1``). A dict without ``stage`` is a :class:`UsageError` naming it."""
+    number for every stage (``--epochs 1``), times ``scale`` when given (train.yaml: the cosine schedule's floor, a
+    tenth of the stage's learning rate). A dict without ``stage`` is a :class:`UsageError` naming it.
+
+    train.yaml reads every per-stage option through it as a component::
+
+        max_epochs: {_target_: scripts.training.preflight.per_stage, value: "@epochs", stage: "@stage", name: epochs}
+    """
+    if scale is not None:
+        return per_stage(value, stage, name) * scale
     if isinstance(value, Mapping):
         if stage not in value:
             raise UsageError(
@@ -35,6 +43,20 @@ def per_stage(value: Any, stage: str, name: str = "value") -> Any:
             f"{name} must be a number or a dict per stage {{global: .., local: .., joint: ..}}, got {value!r}"
         )
     return value
+
+
+def check_data(datalist: Any, pixel_spacing: Any = None, enabled: bool | str = True, split: str | None = None) -> Any:
+    """train.yaml's ``check_datalist``: the datalist's files, labels, masks and splits checked before any work
+    (:func:`scripts.data.assert_datalist_ok`, which raises naming every problem), unless ``enabled`` is no
+    (``--check_data false``). With ``split``, ``datalist`` is that split's items (evaluate.yaml checks the split it
+    evaluates). Returns the check's report, or None when it is off."""
+    if not str2bool(str(enabled)):
+        return None
+    from ..data import assert_datalist_ok
+
+    if split is not None:
+        datalist = {split: datalist}
+    return assert_datalist_ok(datalist, pixel_spacing=pixel_spacing)
 
 
 def _check_per_stage(parser: ConfigParser, stages: Sequence[str]) -> None:

@@ -39,7 +39,8 @@ class BalancedEpochSampler(Sampler[int]):
     Reproducible: the draw of epoch ``e`` depends only on ``seed`` and ``e`` (call :meth:`set_epoch` at the start of
     every epoch, as with ``DistributedSampler``), so a resumed run sees the same epochs as an uninterrupted one.
     With ``num_replicas`` > 1 every rank takes a disjoint, equally long share of the epoch (the epoch is padded by
-    repeating its first indices, like ``DistributedSampler``).
+    repeating its first indices, like ``DistributedSampler``). PyTorch's ``WeightedRandomSampler`` balances only in
+    expectation (it draws with replacement, so an epoch may miss positives) and MONAI has no such sampler.
 
     Args:
         positives: one flag per dataset item, True for images with a lesion (see :func:`positive_flags`).

@@ -27,7 +27,14 @@ from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 
 from ..enums import CLASS_NAMES, OutputKey, Stage
 
-__all__ = ["MASK_METRICS", "choose_selection", "validation_has_masks", "NegativeBCE", "stage_score_key"]
+__all__ = [
+    "MASK_METRICS",
+    "choose_selection",
+    "configured_selection",
+    "validation_has_masks",
+    "NegativeBCE",
+    "stage_score_key",
+]
 
 #: validation metrics that read the lesion masks (0.0 on a split without masks)
 MASK_METRICS = ("val_soft_dice", "val_dice_benign", "val_dice_malignant", "val_pointing_game")
@@ -61,15 +68,19 @@ def _auc_defined(items: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
+def configured_selection(metric: str) -> dict[str, str]:
+    """``{"metric": metric, "reason": "selection_metric"}``: the configured metric, whatever the data holds
+    (evaluate.yaml: the evaluation reports every metric, its key metric is the one asked for)."""
+    return {"metric": str(metric), "reason": "selection_metric"}
+
+
 def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str = "") -> dict[str, str]:
     """``{"metric": name, "reason": why}``: the configured ``metric``, unless it reads masks and the validation
     ``items`` have none (then ``val_auc_mean``, or ``val_neg_loss`` when an AUC is undefined). Logs one line when it
     selects by another metric than the configured one."""
     metric = str(metric)
-    if metric not in MASK_METRICS:
-        return {"metric": metric, "reason": "selection_metric"}
-    if validation_has_masks(items):
-        return {"metric": metric, "reason": "selection_metric"}
+    if metric not in MASK_METRICS or validation_has_masks(items):
+        return configured_selection(metric)
     why_not_auc = _auc_defined(items)
     if why_not_auc is None:
         chosen = "val_auc_mean"
@@ -92,7 +103,8 @@ class NegativeBCE(Metric):
 
     ``output_transform`` gives ``(predictions, labels)``: sequences of per-image tensors of shape (C,), or (B, C)
     tensors; the predictions are probabilities (GLAM's scores), clamped to [1e-7, 1 - 1e-7]. The mean is over
-    images and classes.
+    images and classes. (Ignite's ``Loss(BCELoss())`` gives the same mean up to its clamp of the log at -100, but
+    the key metric must grow as the model improves, and ``_target_`` cannot negate it.)
     """
 
     @reinit__is_reduced

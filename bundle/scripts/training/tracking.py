@@ -10,7 +10,7 @@ from typing import Any
 
 from monai.bundle import ConfigParser
 
-__all__ = ["TRACKED", "tracking_params", "attach_tracked_config", "track_config_artifact", "track_stage"]
+__all__ = ["TRACKED", "run_name", "tracking_params", "attach_tracked_config", "track_config_artifact", "track_stage"]
 
 #: the hyper-parameters a tracked stage records (top-level config ids; per-stage ones as the stage's value)
 TRACKED = (
@@ -39,6 +39,11 @@ TRACKED = (
     "amp",
     "train_cache",
 )
+
+
+def run_name(prefix: str, stage: str) -> str:
+    """The MLflow run's default name, ``<prefix>_<stage>`` (``train_global``, ``evaluate_joint``)."""
+    return f"{prefix}_{stage}"
 
 
 def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:

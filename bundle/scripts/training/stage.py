@@ -1,0 +1,104 @@
+"""What one training stage reads from ``train.yaml``, as named config components (``scripts.training.stage.…``).
+
+``train.yaml`` describes one stage, chosen by its ``stage`` id. These functions turn the stage's name and the
+configuration's plain values into what the stage's objects need, so that the configuration states values and names
+components rather than computing them in ``$`` expressions:
+
+- :func:`path_in`: a file or folder inside another (``datalist``, ``ckpt_root``, ``ckpt_dir``, ``output_dir`` ...);
+- :func:`previous_model`: the previous stage's best model, which the stage starts from (None for ``global``);
+- :func:`key_map`: the saliency map the stage is validated on (``S_g``, ``S_l``, ``S_c``);
+- :func:`trainable_parameters`: what the optimizer updates (GLAM freezes what a stage does not train);
+- :func:`train_stage`: runs the stage's trainer and returns its summary (``run_stage``'s last item).
+
+The per-stage numbers (epochs, learning rate, batch size, sparsity weight) are read by
+:func:`scripts.training.preflight.per_stage`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..enums import STAGES, Stage
+
+__all__ = [
+    "STAGE_MAPS",
+    "path_in",
+    "previous_stage",
+    "previous_model",
+    "key_map",
+    "trainable_parameters",
+    "train_stage",
+]
+
+#: the saliency map that validates (and selects) each stage: the map that stage trains
+STAGE_MAPS = {Stage.GLOBAL: "S_g", Stage.LOCAL: "S_l", Stage.JOINT: "S_c"}
+
+
+def _stage(stage: Any) -> str:
+    stage = str(stage)
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES} here, got {stage!r}")
+    return stage
+
+
+def path_in(folder: str | os.PathLike, name: str | os.PathLike) -> str:
+    """``os.path.join(folder, name)`` as a config component (MONAI passes keyword arguments only)."""
+    return os.path.join(os.fspath(folder), os.fspath(name))
+
+
+def previous_stage(stage: str) -> str | None:
+    """The stage that trains before ``stage`` (its best model is where ``stage`` starts); None for the first."""
+    index = STAGES.index(_stage(stage))
+    return STAGES[index - 1] if index > 0 else None
+
+
+def previous_model(ckpt_root: str | os.PathLike, stage: str) -> str | None:
+    """``<ckpt_root>/<previous stage>/model.pt``, the model ``stage`` starts from; None for the global stage."""
+    previous = previous_stage(stage)
+    return None if previous is None else os.path.join(os.fspath(ckpt_root), previous, "model.pt")
+
+
+def key_map(stage: str) -> str:
+    """The saliency map that validates ``stage`` (:data:`STAGE_MAPS`)."""
+    return STAGE_MAPS[_stage(stage)]
+
+
+def trainable_parameters(network: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of ``network`` that require a gradient, in ``parameters()`` order: the optimizer's ``params``
+    (the stage's frozen modules are left out, so Adam keeps no state for them)."""
+    return [p for p in network.parameters() if p.requires_grad]
+
+
+def train_stage(
+    stage: str,
+    trainer: Any,
+    best_metric: Any,
+    ckpt_dir: str | os.PathLike,
+    early_stop: Any = None,
+) -> dict[str, Any]:
+    """Run one stage's ``trainer`` and say what it selected.
+
+    Args:
+        stage: the stage's name (recorded in the summary).
+        trainer: the stage's ``SupervisedTrainer`` (``train#trainer``).
+        best_metric: its :class:`~scripts.handlers.training_state.BestMetricState` (``train#best_metric``).
+        ckpt_dir: the stage's checkpoint folder.
+        early_stop: the evaluator's early-stopping handler, or None (off): it is given the trainer to stop here,
+            because the configuration cannot name the trainer inside the evaluator the trainer holds.
+
+    Returns:
+        ``{"stage", "best_metric", "best_epoch", "model"}``: the best key metric, its epoch (-1: none) and the
+        path of the best model (``<ckpt_dir>/model.pt``).
+    """
+    if early_stop is not None:
+        early_stop.set_trainer(trainer)
+    trainer.run()
+    return {
+        "stage": stage,
+        "best_metric": best_metric.best_metric,
+        "best_epoch": best_metric.best_metric_epoch,
+        "model": os.path.join(os.fspath(ckpt_dir), "model.pt"),
+    }

@@ -1,0 +1,282 @@
+"""The named components train.yaml, evaluate.yaml and the overlays instantiate instead of `$` expressions: each on
+hand-computed cases, and train.yaml's per-stage wiring through MONAI's parser."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import TINY_CONFIG, TRAIN_CONFIG
+from ignite.engine import Engine, Events
+from monai.bundle import ConfigParser
+from monai.handlers import EarlyStopHandler
+
+from scripts.commands import UsageError
+from scripts.evaluation.report import run_evaluation
+from scripts.handlers.metrics import ClassScores
+from scripts.handlers.training_state import additional_metrics, early_stopping, key_metric, key_metric_score
+from scripts.precision import as_dtype, autocast_dtype, engine_amp, memory_format
+from scripts.training.batch import stage_prepare_batch
+from scripts.training.checkpoints import StageCheckpointer
+from scripts.training.datasets import default_cache_dir, read_datalist, single_thread_worker, split_items, uses_workers
+from scripts.training.distributed import device_ids, is_rank_zero
+from scripts.training.preflight import check_data, per_stage
+from scripts.training.selection import choose_selection, configured_selection
+from scripts.training.stage import key_map, path_in, previous_model, previous_stage, train_stage, trainable_parameters
+from scripts.training.tracking import run_name
+
+LR = {"global": 3.0e-5, "local": 2.0e-5, "joint": 1.0e-5}
+
+
+# -- scripts.training.stage ------------------------------------------------------------------------------------------
+def test_path_in_joins_like_os_path_join():
+    assert path_in("/a/b", "c.json") == "/a/b/c.json"
+    assert path_in("rel", "models") == os.path.join("rel", "models")
+
+
+def test_previous_stage_and_model_follow_the_training_order():
+    assert [previous_stage(s) for s in ("global", "local", "joint")] == [None, "global", "local"]
+    assert previous_model("/ck", "global") is None
+    assert previous_model("/ck", "local") == "/ck/global/model.pt"
+    assert previous_model("/ck", "joint") == "/ck/local/model.pt"
+    with pytest.raises(ValueError, match="stage must be one of"):
+        previous_model("/ck", "all")
+
+
+def test_key_map_is_the_map_each_stage_trains():
+    assert [key_map(s) for s in ("global", "local", "joint")] == ["S_g", "S_l", "S_c"]
+    assert type(key_map("global")) is str  # a plain string: the engine's output key
+    with pytest.raises(ValueError, match="stage must be one of"):
+        key_map("cam")
+
+
+def test_trainable_parameters_leave_out_the_frozen_ones_in_order():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1), torch.nn.Linear(1, 1))
+    net[1].requires_grad_(False)
+    got = trainable_parameters(net)
+    assert [id(p) for p in got] == [id(net[0].weight), id(net[0].bias), id(net[2].weight), id(net[2].bias)]
+
+
+def test_train_stage_hands_the_trainer_to_early_stopping_runs_it_and_summarises():
+    calls = []
+    trainer = SimpleNamespace(run=lambda: calls.append("run"))
+    stopper = SimpleNamespace(set_trainer=lambda t: calls.append(("set_trainer", t)))
+    best = SimpleNamespace(best_metric=0.25, best_metric_epoch=3)
+    summary = train_stage("local", trainer, best, "/ck/local", early_stop=stopper)
+    assert calls == [("set_trainer", trainer), "run"]
+    assert summary == {"stage": "local", "best_metric": 0.25, "best_epoch": 3, "model": "/ck/local/model.pt"}
+    calls.clear()
+    assert train_stage("global", trainer, best, "/x")["model"] == "/x/model.pt" and calls == ["run"]
+
+
+# -- per-stage values, precision, datasets, selection, tracking ----------------------------------------------------
+def test_per_stage_takes_the_stage_value_or_the_one_number_and_scales_it():
+    assert per_stage(LR, "local", "learning_rate") == 2.0e-5
+    assert per_stage(4, "joint", "epochs") == 4 and type(per_stage(4, "joint", "epochs")) is int
+    assert per_stage(LR, "joint", "learning_rate", scale=0.1) == 1.0e-5 * 0.1
+    assert per_stage(3.0e-5, "global", "learning_rate", scale=0.1) == 3.0e-5 * 0.1
+    with pytest.raises(UsageError, match="learning_rate has no value for the joint stage"):
+        per_stage({"global": 1.0}, "joint", "learning_rate", scale=0.1)
+
+
+def test_precision_components_split_the_amp_plan():
+    assert as_dtype("bfloat16") is torch.bfloat16 and as_dtype("torch.float16") is torch.float16
+    assert as_dtype(torch.bfloat16) is torch.bfloat16
+    assert autocast_dtype("true", "bfloat16", "cpu") is torch.bfloat16
+    assert autocast_dtype(False, torch.bfloat16, "cpu") is None
+    assert autocast_dtype(True, "float16", "cuda:0") is None
+    assert engine_amp(True, "float16", "cuda:0") is True
+    assert engine_amp(True, "bfloat16", "cuda:0") is False
+    assert engine_amp("false", "float16", "cpu") is False
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        engine_amp(True, "float16", "cpu")
+    assert memory_format("true") == torch.channels_last and memory_format(True) == torch.channels_last
+    assert memory_format("false") == torch.contiguous_format and memory_format(0) == torch.contiguous_format
+
+
+def test_datalist_is_read_with_paths_made_absolute_and_split_by_name(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    listing = {
+        "training": [{"image": "img/a.png", "label": [1, 0], "mask_benign": "m/a.png"}],
+        "validation": [{"image": "/abs/b.png", "label": [0, 0]}],
+    }
+    (folder / "datalist.json").write_text(json.dumps(listing))
+    content = read_datalist(str(folder / "datalist.json"))
+    assert content["training"][0]["image"] == str(folder / "img" / "a.png")
+    assert content["training"][0]["mask_benign"] == str(folder / "m" / "a.png")
+    assert content["validation"][0]["image"] == "/abs/b.png"
+    assert split_items(content, "validation") == content["validation"]
+    with pytest.raises(KeyError, match=r"my.json has no 'test' split \(it has \['training', 'validation'\]\)"):
+        split_items(content, "test", source="my.json")
+
+
+def test_cache_folder_and_persistent_workers():
+    assert default_cache_dir("/runs/eval") == "/runs/cache"
+    assert default_cache_dir("eval") == os.path.join(os.path.dirname(os.path.abspath("eval")), "cache")
+    assert uses_workers(4) is True and uses_workers(0) is False and uses_workers("2") is True
+
+
+def test_configured_selection_is_what_choose_selection_keeps():
+    assert configured_selection("val_auc_mean") == {"metric": "val_auc_mean", "reason": "selection_metric"}
+    items = [{"image": "a", "label": [1, 0], "mask_benign": "m.png"}]
+    assert choose_selection("val_soft_dice", items) == configured_selection("val_soft_dice")
+
+
+def test_run_name_and_distributed_helpers():
+    assert run_name("train", "joint") == "train_joint" and run_name("evaluate", "global") == "evaluate_global"
+    assert device_ids("cpu") is None
+    assert device_ids(torch.device("cuda", 1)) == [torch.device("cuda", 1)]
+    assert is_rank_zero() is True  # no process group: the only process
+
+
+def test_check_data_is_off_with_check_data_false_and_names_the_split_otherwise(tmp_path):
+    missing = str(tmp_path / "nope.png")
+    assert check_data({"training": [{"image": missing, "label": [0, 0]}]}, enabled="false") is None
+    with pytest.raises(Exception) as err:
+        check_data([{"image": missing, "label": [0, 0]}], split="test", enabled=True)
+    assert "nope.png" in str(err.value)
+
+
+def test_stage_prepare_batch_per_stage():
+    g, lo, jo = (stage_prepare_batch(s, seed=5, patch_shift=16) for s in ("global", "local", "joint"))
+    assert (g.random_negatives, g.patch_shift) == (False, 0)
+    assert (lo.random_negatives, lo.patch_shift) == (True, 16)
+    assert (jo.random_negatives, jo.patch_shift) == (False, 16)
+    assert lo.seed == 5 and not lo.with_masks
+    assert stage_prepare_batch("local", with_masks=True).with_masks
+
+
+def test_checkpointer_records_the_size_of_the_validation_split(tmp_path):
+    net = torch.nn.Linear(1, 1)
+    assert StageCheckpointer(tmp_path, {"network": net}, validation_items=[{}, {}, {}]).validation_items == 3
+    assert StageCheckpointer(tmp_path, {"network": net}, validation_items=7).validation_items == 7
+
+
+# -- validation metrics and handlers --------------------------------------------------------------------------------
+def test_class_scores_pick_one_class_of_the_scores_and_labels():
+    output = [
+        {"y_global": torch.tensor([0.1, 0.9]), "label": torch.tensor([0.0, 1.0]), "y_fusion": torch.tensor([0.3, 0.4])},
+        {"y_global": torch.tensor([0.7, 0.2]), "label": torch.tensor([1.0, 0.0]), "y_fusion": torch.tensor([0.5, 0.6])},
+    ]
+    scores, labels = ClassScores(1)(output)
+    assert [float(s) for s in scores] == pytest.approx([0.9, 0.2]) and [float(v) for v in labels] == [1.0, 0.0]
+    scores, labels = ClassScores(0, score_key="y_fusion")(output)
+    assert [float(s) for s in scores] == pytest.approx([0.3, 0.5]) and [float(v) for v in labels] == [0.0, 1.0]
+
+
+def test_key_and_additional_metrics_split_the_metrics_by_the_selection():
+    metrics = {"a": 1, "b": 2, "c": 3}
+    assert key_metric(metrics, {"metric": "b", "reason": "x"}) == {"b": 2}
+    assert key_metric(metrics, "c") == {"c": 3}
+    assert list(additional_metrics(metrics, {"metric": "b"})) == ["a", "c"]
+    with pytest.raises(ValueError, match="selection_metric 'd' is not a validation metric"):
+        key_metric(metrics, "d")
+
+
+def test_early_stopping_is_off_at_patience_0_and_stops_on_the_key_metric():
+    assert early_stopping(0) is None and early_stopping("0") is None
+    handler = early_stopping(2)
+    assert isinstance(handler, EarlyStopHandler) and handler.patience == 2
+    # a trainer validated every epoch on a key metric that peaks at epoch 2: stopped 2 epochs later, at epoch 4
+    scores = iter([0.5, 0.8, 0.7, 0.6, 0.9, 0.9])
+    evaluator = Engine(lambda e, b: None)
+
+    @evaluator.on(Events.STARTED)
+    def _name(engine):
+        engine.state.key_metric_name = "val_x"
+
+    @evaluator.on(Events.EPOCH_COMPLETED)  # where MONAI's metric handlers publish (before early stopping)
+    def _score(engine):
+        engine.state.metrics["val_x"] = next(scores)
+
+    trainer = Engine(lambda e, b: None)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda t: evaluator.run([0]))
+    trainer.run = functools.partial(trainer.run, [0], max_epochs=6)  # a SupervisedTrainer holds its data and epochs
+    handler.attach(evaluator)
+    train_stage("global", trainer, SimpleNamespace(best_metric=0, best_metric_epoch=0), "/c", early_stop=handler)
+    assert trainer.state.epoch == 4
+    assert key_metric_score(evaluator) == 0.6
+
+
+def test_run_evaluation_runs_and_returns_the_reports_summary():
+    ran = []
+    report = SimpleNamespace(summary={"n_images": 2})
+    assert run_evaluation(SimpleNamespace(run=lambda: ran.append(1)), report) == {"n_images": 2} and ran == [1]
+
+
+# -- train.yaml's per-stage wiring through MONAI's parser ----------------------------------------------------------
+def _parser(stage: str, **overrides) -> ConfigParser:
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(TINY_CONFIG)])
+    parser["stage"] = stage
+    parser["ckpt_root"] = "/ck"
+    parser["output_root"] = "/runs/eval"
+    parser["datalist"] = "/data/datalist.json"
+    for key, value in overrides.items():
+        parser[key] = value
+    return parser
+
+
+@pytest.mark.parametrize("stage", ["global", "local", "joint"])
+def test_train_yaml_reads_each_stage_s_values(stage):
+    epochs = {"global": 3, "local": 2, "joint": 1}
+    batch = {"global": 4, "local": 3, "joint": 2}
+    parser = _parser(stage, learning_rate=LR, epochs=epochs, batch_size=batch, lambda_sparsity=2.0e-4, patch_shift=8)
+    assert parser.get_parsed_content("max_epochs") == epochs[stage]
+    assert parser.get_parsed_content("stage_learning_rate") == LR[stage]
+    assert parser.get_parsed_content("lr_scheduler#eta_min") == LR[stage] * 0.1
+    assert parser.get_parsed_content("train#dataloader#batch_size") == batch[stage]
+    assert parser.get_parsed_content("loss#lambda_sparsity") == 2.0e-4
+    assert parser.get_parsed_content("key_map") == {"global": "S_g", "local": "S_l", "joint": "S_c"}[stage]
+    assert parser.get_parsed_content("ckpt_dir") == f"/ck/{stage}"
+    assert parser.get_parsed_content("output_dir") == f"/runs/eval/{stage}"
+    assert parser.get_parsed_content("cache_dir") == "/runs/cache"
+    assert (
+        parser.get_parsed_content("previous_model")
+        == {
+            "global": None,
+            "local": "/ck/global/model.pt",
+            "joint": "/ck/local/model.pt",
+        }[stage]
+    )
+    assert (
+        parser.get_parsed_content("validate#stage_score")
+        == {
+            "global": "y_global",
+            "local": "y_local",
+            "joint": "y_fusion",
+        }[stage]
+    )
+    prepare = parser.get_parsed_content("train#prepare_batch")
+    assert prepare.random_negatives == (stage == "local") and prepare.patch_shift == (0 if stage == "global" else 8)
+    assert parser.get_parsed_content("run_name") == f"train_{stage}"
+    assert parser.get_parsed_content("train#dataloader#worker_init_fn") is single_thread_worker  # the function itself
+    assert parser.get_parsed_content("train#dataloader#persistent_workers") is False  # tiny.yaml: num_workers 0
+
+
+def test_train_yaml_defaults_off_cuda_and_command_line_texts():
+    parser = _parser("global", amp="true", channels_last="false", pool_in_breast="true", train_masks="false")
+    cuda = torch.cuda.is_available()
+    assert parser.get_parsed_content("device") == torch.device("cuda:0" if cuda else "cpu")
+    assert parser.get_parsed_content("autocast_dtype") is torch.bfloat16  # `--amp true`: bf16 on any device
+    assert parser.get_parsed_content("engine_amp") is False
+    assert parser.get_parsed_content("memory_format") == torch.contiguous_format
+    assert parser.get_parsed_content("network_def#pool_in_breast") is True
+    assert parser.get_parsed_content("train_with_masks") is False
+    assert parser.get_parsed_content("pin_memory") is cuda
+    assert parser.get_parsed_content("datalist") == "/data/datalist.json"
+    assert parser.get_parsed_content("tracking_uri").startswith("sqlite:") and parser.get_parsed_content(
+        "tracking_uri"
+    ).endswith("/runs/eval/mlruns.db")
+    fresh = ConfigParser()
+    fresh.read_config([str(TRAIN_CONFIG)])
+    fresh["dataset_dir"] = "/mammo"
+    assert fresh.get_parsed_content("datalist") == "/mammo/datalist.json"
+    assert fresh.get_parsed_content("amp") is cuda and fresh.get_parsed_content("channels_last") is cuda
+    assert fresh.get_parsed_content("early_stop_patience") == 0
+    assert fresh.get_parsed_content("validate#early_stop") is None
