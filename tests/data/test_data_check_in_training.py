@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
-from monai.bundle import ConfigWorkflow
 
 import scripts.data
-import scripts.workflows
+import scripts.training.workflow
 from scripts.data import DataCheckError, load_datalist
 from scripts.data.datalist import resolve_paths
+from scripts.training.workflow import GLAMTrainingWorkflow
 
 META = TRAIN_CONFIG.parent / "metadata.json"
 
@@ -47,12 +47,14 @@ def calls(monkeypatch) -> dict[str, list]:
         return real_check(*args, **kwargs)
 
     monkeypatch.setattr(scripts.data, "assert_datalist_ok", check)
-    monkeypatch.setattr(scripts.workflows, "run_training", lambda stage: seen["train"].append(stage) or [])
+    monkeypatch.setattr(
+        scripts.training.workflow, "run_stages", lambda parser, stage, *args: seen["train"].append(stage) or []
+    )
     return seen
 
 
-def _workflow(tmp_path: Path, datalist: str, **overrides) -> ConfigWorkflow:
-    wf = ConfigWorkflow(
+def _workflow(tmp_path: Path, datalist: str, **overrides) -> GLAMTrainingWorkflow:
+    wf = GLAMTrainingWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=str(META),
         workflow_type="train",

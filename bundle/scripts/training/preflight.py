@@ -116,7 +116,7 @@ def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], re
 def preflight_training(parser: ConfigParser) -> None:
     """The checks of this module's docstring on the training workflow's merged configuration ``parser``, before
     any work (:meth:`scripts.training.workflow.GLAMTrainingWorkflow.run`)."""
-    from .workflow import stages_to_run
+    from .stage import stages_to_run
 
     check_command_line()
     try:

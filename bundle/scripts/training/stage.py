@@ -24,6 +24,8 @@ import torch
 from ..enums import STAGES, Stage
 
 __all__ = [
+    "STAGE_ORDER",
+    "stages_to_run",
     "STAGE_MAPS",
     "path_in",
     "previous_stage",
@@ -102,3 +104,16 @@ def train_stage(
         "best_epoch": best_metric.best_metric_epoch,
         "model": os.path.join(os.fspath(ckpt_dir), "model.pt"),
     }
+
+
+#: the stages in training order (the vocabulary's order)
+STAGE_ORDER = STAGES
+
+
+def stages_to_run(stage: str) -> list[str]:
+    """``"all"`` -> the three stages in order; one stage name -> that stage."""
+    if stage == "all":
+        return list(STAGE_ORDER)
+    if stage not in STAGE_ORDER:
+        raise ValueError(f"stage must be 'all' or one of {STAGE_ORDER}, got {stage!r}")
+    return [stage]

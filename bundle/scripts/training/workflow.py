@@ -27,7 +27,6 @@ from typing import Any
 from monai.bundle import ConfigParser, ConfigWorkflow
 from monai.utils import str2bool
 
-from ..enums import STAGES
 from .distributed import (
     destroy_distributed,
     disable_on_other_ranks,
@@ -35,22 +34,12 @@ from .distributed import (
     quiet_other_ranks,
     rank,
 )
+from .stage import stages_to_run
 from .tracking import track_stage
 
-__all__ = ["STAGE_ORDER", "stages_to_run", "run_stages", "train_from_command_line", "GLAMTrainingWorkflow"]
-
-#: the stages in training order (the vocabulary's order)
-STAGE_ORDER = STAGES
 logger = logging.getLogger(__name__)
 
-
-def stages_to_run(stage: str) -> list[str]:
-    """``"all"`` -> the three stages in order; one stage name -> that stage."""
-    if stage == "all":
-        return list(STAGE_ORDER)
-    if stage not in STAGE_ORDER:
-        raise ValueError(f"stage must be 'all' or one of {STAGE_ORDER}, got {stage!r}")
-    return [stage]
+__all__ = ["run_stages", "train_from_command_line", "GLAMTrainingWorkflow"]
 
 
 def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage") -> list[Any]:
