@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from .datalist_errors import CsvRowError
+from .errors import CsvRowError
 
 __all__ = [
     "CBIS_PIXEL_SPACING_MM",

@@ -22,7 +22,6 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import CLASS_NAMES, LesionClass
-from .datalist_errors import DatalistError
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
@@ -39,6 +38,7 @@ from .datalist_sources import (
     items_from_folder,
     path_for_datalist,
 )
+from .errors import DatalistError
 
 __all__ = [
     "SPLITS",

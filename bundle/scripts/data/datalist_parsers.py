@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..enums import CLASS_NAMES, LesionClass
-from .datalist_errors import CsvRowError
+from .errors import CsvRowError
 
 __all__ = [
     "CsvRow",

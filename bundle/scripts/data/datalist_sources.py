@@ -20,7 +20,6 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import LesionClass
-from .datalist_errors import DatalistError
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
@@ -31,6 +30,7 @@ from .datalist_parsers import (
     find_datalist_parser,
     normalise_column,
 )
+from .errors import DatalistError
 
 __all__ = [
     "detect_csv_flavour",

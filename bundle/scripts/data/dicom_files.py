@@ -22,6 +22,7 @@ from pydicom.errors import InvalidDicomError
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_file_meta_info
 
+from .errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
 from .header_facts import (
     dicom_spacing_and_source,
     laterality_and_source,
@@ -29,7 +30,6 @@ from .header_facts import (
     tag_text,
     view_and_source,
 )
-from .read_errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
 
 try:  # pydicom >= 3
     from pydicom.pixels import apply_modality_lut, apply_voi_lut

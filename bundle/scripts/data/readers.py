@@ -41,6 +41,7 @@ from monai.utils import ensure_tuple
 
 from .dicom_files import read_dicom as _read_dicom
 from .dicom_files import read_dicom_header
+from .errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
 from .geometry import chest_wall_side
 from .header_facts import (
     MAMMOGRAPHY_SOP_CLASSES,
@@ -54,7 +55,6 @@ from .header_facts import (
     view_and_source,
 )
 from .header_facts import file_suffix as _suffix
-from .read_errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",

@@ -1,4 +1,6 @@
-"""What a reader says when a file cannot be used, and the decoded-size cap every format checks before decoding."""
+"""What goes wrong with the data, in a module of its own so that every data module raises it without importing the
+others: a file a reader cannot use (and the decoded-size cap every format checks before decoding), a datalist or a
+CSV row that cannot be used."""
 
 from __future__ import annotations
 
@@ -7,7 +9,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["DEFAULT_MAX_PIXELS", "OUT_OF_SCOPE_3D", "MammogramReadError", "check_pixels", "read_error"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "OUT_OF_SCOPE_3D",
+    "CsvRowError",
+    "DatalistError",
+    "MammogramReadError",
+    "check_pixels",
+    "read_error",
+]
 
 OUT_OF_SCOPE_3D = "tomosynthesis / multi-frame inputs are out of scope (expected one 2-D image)"
 
@@ -42,3 +52,12 @@ def check_pixels(path: str | os.PathLike, shape: Sequence[int], max_pixels: int 
             f"reader's float32 array) exceeds the decoded-size cap of {max_pixels:,} pixels; if the file is trusted, "
             "raise the reader's max_pixels option (max_image_pixels of inference)",
         )
+
+
+class DatalistError(ValueError):
+    """A datalist file or structure that cannot be used; the message names the file/split and the problem."""
+
+
+class CsvRowError(ValueError):
+    """A row that cannot become an item; ``items_from_csv`` leaves it out and lists the message (which names the
+    row) among its problems."""
