@@ -12,6 +12,8 @@ from monai.data.meta_obj import get_track_meta, set_track_meta
 from monai.data.utils import set_rnd
 from monai.engines.utils import PrepareBatch
 
+from ..enums import Stage
+
 __all__ = ["GLAMPrepareBatch", "stage_prepare_batch"]
 
 #: the batch entries moved to the device before the per-step transforms (the rest stays where the loader put it)
@@ -30,9 +32,9 @@ def stage_prepare_batch(
     ``patch_shift`` px in the stages that crop patches (``local``, ``joint``; never in ``global``)."""
     return GLAMPrepareBatch(
         with_masks=with_masks,
-        random_negatives=stage == "local",
+        random_negatives=stage == Stage.LOCAL,
         seed=seed,
-        patch_shift=int(patch_shift) if stage != "global" else 0,
+        patch_shift=int(patch_shift) if stage != Stage.GLOBAL else 0,
         transform=transform,
     )
 

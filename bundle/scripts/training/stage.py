@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..enums import STAGES, Stage
+from ..enums import STAGES, MapName, Stage
 
 __all__ = [
     "STAGE_ORDER",
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 #: the saliency map that validates (and selects) each stage: the map that stage trains
-STAGE_MAPS = {Stage.GLOBAL: "S_g", Stage.LOCAL: "S_l", Stage.JOINT: "S_c"}
+STAGE_MAPS = {Stage.GLOBAL: MapName.GLOBAL.value, Stage.LOCAL: MapName.LOCAL.value, Stage.JOINT: MapName.COMBINED.value}
 
 
 def _stage(stage: Any) -> str:
