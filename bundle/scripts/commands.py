@@ -214,10 +214,24 @@ def _ids(config: Any, prefix: str = "") -> Iterable[str]:
         yield from _ids(v, name + "#")
 
 
+def _lookup(config: Any, id_: str) -> Any:
+    """The content of config id ``id_`` (``a#b#0``), or None when there is none."""
+    for part in id_.split("#") if id_ else []:
+        if isinstance(config, Mapping) and part in config:
+            config = config[part]
+        elif isinstance(config, list) and part.isdigit() and int(part) < len(config):
+            config = config[int(part)]
+        else:
+            return None
+    return config
+
+
 def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any]) -> None:
     """Every override id in ``keys`` must name an id of ``file_config`` (the merged config files, before the
-    overrides), a ``monai.bundle run`` argument or an id of MONAI's tracking. An unknown id is a
-    :class:`UsageError` naming it and the closest known id."""
+    overrides), a ``monai.bundle run`` argument or an id of MONAI's tracking, or add an argument to a component of
+    the files (``--network#find_unused_parameters true``: MONAI passes it to the component, which refuses a name it
+    does not take). An unknown id, or a new argument spelled like one the component has, is a :class:`UsageError`
+    naming it and the closest known id."""
     known = set(_ids(file_config))
     for key in keys:
         plain = key.lstrip("+")
@@ -226,6 +240,14 @@ def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any]) -> None
         parent, _, _ = plain.rpartition("#")
         pool = [k for k in known if k.rpartition("#")[0] == parent] + ([] if parent else sorted(TRACKING_IDS))
         close = difflib.get_close_matches(plain, pool, n=1, cutoff=0.6)
+        component = _lookup(file_config, parent) if parent else None
+        if isinstance(component, Mapping) and "_target_" in component:
+            leaf = plain.rpartition("#")[2]
+            arguments = [str(k) for k in component if not str(k).startswith("_")]
+            typo = difflib.get_close_matches(leaf, arguments, n=1, cutoff=0.75)
+            if not typo:
+                continue
+            close = [f"{parent}#{typo[0]}"]
         hint = f"; did you mean --{close[0]}?" if close else " (docs/training.md lists the options)"
         raise UsageError(f"unknown option --{key}: the configuration has no {plain!r}{hint}")
 

@@ -274,7 +274,7 @@ def test_unfinished_run_without_a_record_is_told_by_the_trainer_state(tmp_path):
 
 def test_command_line_overrides_are_checked_against_the_config_files():
     """The argv of `python -m monai.bundle run`: `--key value` and `--key=value`, nested ids, MONAI's own
-    arguments and tracking ids pass; an unknown id names its closest sibling."""
+    arguments, tracking ids and new arguments of a component pass; an unknown id names its closest sibling."""
     from scripts.commands import check_command_line
 
     main = "/venv/lib/python3.11/site-packages/monai/bundle/__main__.py"
@@ -289,3 +289,10 @@ def test_command_line_overrides_are_checked_against_the_config_files():
     ):
         check_command_line(base + ["--validate#metrics#val_auc_men", "x"])
     check_command_line(["/usr/bin/pytest", "--no_such_key", "1"])  # not the bundle command: nothing to check
+    # a new argument of a component passes (MONAI hands it over; the component refuses a name it does not take),
+    # unless it is spelled like one the component has
+    check_command_line(base + ["--validate#postprocessing#scales", "true"])
+    with pytest.raises(UsageError, match=r"--validate#postprocessing#gama_c: .*--validate#postprocessing#gamma_c"):
+        check_command_line(base + ["--validate#postprocessing#gama_c", "0.3"])
+    with pytest.raises(UsageError, match=r"unknown option --validate#no_such#scales"):
+        check_command_line(base + ["--validate#no_such#scales", "true"])  # no such component
