@@ -293,11 +293,13 @@ def _trained_glam_and_lesion_images(n: int = 6) -> tuple[GLAM, torch.Tensor]:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
 def test_bf16_autocast_matches_float32_on_a_trained_model(device):
     """bf16 against float32 where the comparison means something: a trained model on images with a lesion, so S_g
-    has a real peak. S_g and the scores stay within bf16's rounding; Algorithm 1 may move a patch by at most one cell
-    of S_g (neighbouring windows of a peak differ by less than that rounding: 1 of 6 images here); given the same
-    patches, S_c stays within 0.05, and so does S_l but at a few edge pixels: the shipped (0.7.0) local module's maps
-    are steep (they reach 1.0), so bf16's rounding of a logit near 0 moves a pixel by up to 0.06 (measured: 0.058 at
-    0.02 % of S_l's pixels, mean 9e-5). (Random weights give a nearly flat S_g, where bf16 picks windows anywhere.)"""
+    has a real peak. S_g and the scores stay within bf16's rounding; Algorithm 1 may pick another window than float32
+    only where the two are a tie within that rounding (float32's own score of bf16's window within 1 % of the best:
+    with 0.7.0's model a neighbouring window of the peak, 1 of 6 images; with 0.9.0's a second salient region 136 px
+    away, 1 of 6); given the same patches, S_c stays within 0.05, and so does S_l but at a few edge pixels: a trained
+    local module's maps are steep (they reach 1.0), so bf16's rounding of a logit near 0 moves a pixel by up to 0.06
+    (0.7.0's model: 0.058 at 0.02 % of S_l's pixels, mean 9e-5). (Random weights give a nearly flat S_g, where bf16
+    picks windows anywhere.)"""
     model, x = _trained_glam_and_lesion_images()
     model, x = model.to(device), x.to(device)
     with torch.no_grad():
@@ -309,8 +311,22 @@ def test_bf16_autocast_matches_float32_on_a_trained_model(device):
     for key in ("y_global", "y_fusion", "saliency_global"):
         assert torch.isfinite(bf16[key]).all()
         assert (bf16[key].float() - fp32[key]).abs().max() < 0.05, key
-    cell = x.shape[-1] // fp32["saliency_global"].shape[-1]
-    assert (bf16["patch_boxes"] - fp32["patch_boxes"]).abs().max() <= cell
+    # Algorithm 1's first window on each S_g, scored by float32's window averages (patches.select_map_windows)
+    from scripts.patches import _class_agnostic_map, map_window_size, select_map_windows
+
+    map_size = list(fp32["saliency_global"].shape[-2:])
+    patch = [int(s) for s in fp32["patch_boxes"][0, 0, 2:]]
+    window = map_window_size(patch, list(x.shape[-2:]), map_size)
+    scores = torch.nn.functional.avg_pool2d(_class_agnostic_map(fp32["saliency_global"].float()), window, stride=1)
+    for image, (c32, c16) in enumerate(
+        zip(
+            select_map_windows(fp32["saliency_global"].float(), window, 1)[:, 0],
+            select_map_windows(bf16["saliency_global"].float(), window, 1)[:, 0],
+        )
+    ):
+        best, taken = scores[image, 0, c32[0], c32[1]], scores[image, 0, c16[0], c16[1]]
+        assert taken >= 0.99 * best, (image, c32.tolist(), c16.tolist(), float(best), float(taken))
+    assert torch.equal(bf16["patch_boxes"][:, :, 2:], fp32["patch_boxes"][:, :, 2:])
     for key in ("saliency", "y_local"):
         assert (same_patches[key].float() - fp32[key]).abs().max() < 0.05, key
     local_error = (same_patches["saliency_local"].float() - fp32["saliency_local"]).abs()
