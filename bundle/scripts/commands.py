@@ -48,7 +48,17 @@ __all__ = [
 
 #: arguments of ``monai.bundle run`` itself, and the ids MONAI's ``--tracking`` adds: never config ids of ours
 RUN_ARGUMENTS = frozenset(
-    {"run_id", "init_id", "final_id", "meta_file", "config_file", "logging_file", "tracking", "args_file"}
+    {
+        "run_id",
+        "init_id",
+        "final_id",
+        "meta_file",
+        "config_file",
+        "logging_file",
+        "tracking",
+        "args_file",
+        "workflow_name",
+    }
 )
 TRACKING_IDS = frozenset(
     {"output_dir", "tracking_uri", "experiment_name", "run_name", "save_execute_config", "is_not_rank0"}
@@ -123,28 +133,10 @@ def _literal(text: str) -> Any:
 
 def command_line_overrides(argv: Sequence[str] | None = None) -> tuple[list[str], dict[str, Any]] | None:
     """``(override ids, run arguments)`` of a ``python -m monai.bundle run ...`` command line (``sys.argv`` by
-    default): every ``--key`` / ``--key=value`` in order, and ``config_file``, ``meta_file``, ``args_file``. None
-    when this process is not that command (the Python API, a test)."""
-    argv = list(sys.argv if argv is None else argv)
-    if not argv or not argv[0].replace("\\", "/").endswith("monai/bundle/__main__.py"):
-        return None
-    keys: list[str] = []
-    arguments: dict[str, Any] = {}
-    i = 1
-    while i < len(argv):
-        token = argv[i]
-        if token.startswith("--") and len(token) > 2:
-            key, eq, value = token[2:].partition("=")
-            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                value = argv[i + 1]
-                i += 1
-            key = key.replace("-", "_") if key.replace("-", "_") in RUN_ARGUMENTS else key
-            if key in RUN_ARGUMENTS:
-                arguments[key] = _literal(value)
-            else:
-                keys.append(key)
-        i += 1
-    return keys, arguments
+    default): every ``--key`` / ``--key=value`` in order, and the run arguments (:func:`command_line`). None when
+    this process is not that command (the Python API, a test)."""
+    given = command_line(argv)
+    return None if given is None else (list(given[1]), given[0])
 
 
 def _parse_value(text: str) -> Any:
@@ -180,7 +172,7 @@ def command_line(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], dic
             elif not eq:
                 value = "true"  # a bare flag: Fire's True
             plain = key.replace("-", "_")
-            if plain in RUN_ARGUMENTS or plain == "workflow_name":
+            if plain in RUN_ARGUMENTS:
                 arguments[plain] = _parse_value(value)
             else:
                 overrides[key] = _parse_value(value)

@@ -127,7 +127,7 @@ def test_the_plain_command_runs_the_workflow_built_from_its_command_line(tmp_pat
     overrides = tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False)
     overrides["run_stage"] = ["$@stage", "$@ckpt_dir"]
     arguments = {"run_id": "training", "config_file": [str(TRAIN_CONFIG), str(TINY_CONFIG)], "meta_file": META}
-    monkeypatch.setattr(scripts.commands, "command_line", lambda: (dict(arguments), dict(overrides)))
+    monkeypatch.setattr(scripts.commands, "command_line", lambda argv=None: (dict(arguments), dict(overrides)))
     wf = ConfigWorkflow(config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)], meta_file=META, **overrides)
     wf.initialize()
     result = wf.run()

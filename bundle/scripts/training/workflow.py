@@ -94,7 +94,8 @@ def train_from_command_line() -> Any:
             "workflow_name='scripts.training.workflow.GLAMTrainingWorkflow' to monai.bundle.run)"
         )
     arguments, overrides = given
-    arguments.pop("run_id", None)
+    for name in ("run_id", "workflow_name"):  # this workflow runs `training` its own way
+        arguments.pop(name, None)
     workflow = GLAMTrainingWorkflow(**arguments, **overrides)
     workflow.initialize()
     try:
