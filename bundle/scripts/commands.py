@@ -1,23 +1,21 @@
-"""The training command line, checked before any work: overrides, per-stage values, folders and earlier runs.
+"""The ``python -m monai.bundle run ...`` command line, as training, evaluation and inference read it.
 
-``python -m monai.bundle run training ... --key value`` merges every ``--key`` into the configuration, whether or not
-the configuration has such a key, and evaluates expressions only when something needs them: a typo (``--epoch 1``)
-was ignored, a number where a per-stage dict is expected (``--epochs 1``) failed deep inside a stage, and a
-problem of the user's (a missing folder, a read-only checkpoint folder) surfaced as a 60-line traceback ending in
-MONAI's "Failed to evaluate ConfigExpression". :func:`preflight_training` is the first entry of train.yaml's
-``training`` list and checks all of that before a dataset or a network is built:
+MONAI merges every ``--key`` into the configuration, whether or not the configuration has such a key, and evaluates
+expressions only when something needs them: a typo (``--epoch 1``) was ignored, and a problem of the user's (a missing
+folder, a read-only checkpoint folder) surfaced as a 60-line traceback ending in MONAI's "Failed to evaluate
+ConfigExpression". This module gives the three workflows one reading of that command line:
 
-- every ``--key`` of the ``monai.bundle run`` command line names an id of the config files; an unknown one is refused
-  with the closest known id (``difflib``). (The Python API, ``GLAMTrainingWorkflow(..., key=value)``, may add ids.)
-- the per-stage options (``epochs``, ``learning_rate``, ``batch_size``) are a number (every stage) or a dict with
-  every stage to run (:func:`per_stage`);
-- ``ckpt_root`` and ``output_root`` can be written (:func:`check_writable`);
-- a stage folder holding the checkpoints of an unfinished run is not silently overwritten
-  (:func:`check_unfinished_run`: ``--resume true`` continues it, ``--overwrite true`` starts afresh).
+- :func:`command_line`: the run arguments and the overrides, each value parsed as MONAI's command line (Python
+  Fire) parses it; :class:`~scripts.training.workflow.GLAMTrainingWorkflow` is built from it under the plain
+  ``monai.bundle run training``;
+- :func:`check_command_line`: every ``--key`` names an id of the config files, or a new argument of one of their
+  components; an unknown one is refused with the closest known id (``difflib``). (The Python API may add ids.)
+- :func:`check_writable`: a folder option accepts a new file.
 
 Errors the user can fix are :class:`UsageError` (or another exception raised with a message by the bundle's own
 code); :func:`install_excepthook` prints them as ``error: <message>`` without the traceback (exit status 1). Set
-``GLAM_TRACEBACK=1`` for the full traceback.
+``GLAM_TRACEBACK=1`` for the full traceback. The training's own checks (per-stage values, earlier runs) are in
+:mod:`scripts.training.preflight`.
 """
 
 from __future__ import annotations
@@ -118,7 +116,7 @@ def _excepthook(previous):
 def install_excepthook() -> None:
     """Print a user's error (:func:`user_error`) that ends the program as ``error: <message>`` without the
     traceback (the exit status stays 1); every other exception goes to the previous hook, traceback and all.
-    Idempotent; called first by train.yaml's ``training`` and evaluate.yaml's ``evaluating``."""
+    Idempotent; called by :func:`check_command_line`, the first check of every workflow."""
     if not getattr(sys.excepthook, "glam", False):
         sys.excepthook = _excepthook(sys.excepthook)
 

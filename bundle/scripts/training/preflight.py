@@ -1,4 +1,9 @@
-"""The training command line's own checks, before any work: per-stage values, folders and earlier runs."""
+"""The training's own checks, before a dataset or a network is built (:meth:`GLAMTrainingWorkflow.run
+<scripts.training.workflow.GLAMTrainingWorkflow.run>` calls :func:`preflight_training` first): the command line
+(:func:`scripts.commands.check_command_line`); the per-stage options (``epochs``, ``learning_rate``,
+``batch_size``) a number (every stage) or a dict with every stage to run (:func:`per_stage`); ``ckpt_root`` and
+``output_root`` writable; a stage folder holding the checkpoints of an unfinished run never silently overwritten
+(:func:`check_unfinished_run`: ``--resume true`` continues it, ``--overwrite true`` starts afresh)."""
 
 from __future__ import annotations
 
