@@ -34,7 +34,7 @@ from .metrics import read_metrics, table_row, validation_dice
 from .paths import BUNDLE_ROOT, DEFAULT_SEARCH, EVAL_CONFIG, TRAIN_CONFIG, display_path
 from .presets import MODELS, BenchmarkError, Budget, ModelSpec, flatten_preset, read_preset
 from .report import ModelResult, Replicate, write_results
-from .search import load_search_space, sample_trials, trial_overrides
+from .search import load_search_space, per_stage_values, sample_trials, trial_overrides
 from .steps import Runner, Step, bundle_command
 
 
@@ -98,12 +98,16 @@ class ModelSteps:
     eval_cfg: list[Path]
     stage: dict[str, str]
     init: Path | None = None
+    init_modules: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, spec: ModelSpec, preset: Path, init: Path | None = None) -> ModelSteps:
+    def of(
+        cls, spec: ModelSpec, preset: Path, init: Path | None = None, init_modules: Sequence[str] = ()
+    ) -> ModelSteps:
         extra = [spec.overlay] if spec.overlay else []
         stage = {"stage": Stage.GLOBAL} if spec.overlay is None else {}
-        return cls(spec, [TRAIN_CONFIG, preset, *extra], [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra], stage, init)
+        train_cfg, eval_cfg = [TRAIN_CONFIG, preset, *extra], [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra]
+        return cls(spec, train_cfg, eval_cfg, stage, init, tuple(init_modules))
 
     def train(self, name: str, overrides: Mapping[str, Any], done: Path, stage: str | None = None) -> Step:
         """The training step of ``stage`` (None: the model's first, which starts from ``init`` when there is one;
@@ -111,6 +115,8 @@ class ModelSteps:
         extra: dict[str, Any] = {"stage": stage} if stage else {}
         if stage is None and self.init is not None:
             extra["previous_model"] = str(self.init)
+            if self.init_modules:
+                extra["previous_modules"] = list(self.init_modules)
         return Step(
             name, bundle_command("training", self.train_cfg, {**overrides, **extra, "resume": True}), done, True
         )
@@ -225,8 +231,7 @@ def finish_model(
         names.append(step.name)
         if runner.run(step):
             setattr(target, attr, read_metrics(step.done_file))
-            if stage_name == Stage.JOINT:
-                target.test_csv = eval_dir / "metrics.csv"
+            setattr(target, f"{attr}_csv", eval_dir / "metrics.csv")
     return names
 
 
@@ -287,9 +292,12 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         datalist = prepare_data(preset, work_dir, args.datalist)
         common = {"datalist": str(datalist), "check_data": False, "bundle_root": str(BUNDLE_ROOT)}
-        lr = config["learning_rate"]
+        per_stage = per_stage_values(config)
         inits = {name: start.checkpoint for name, start in starts.items()}
-        model_steps = {name: ModelSteps.of(MODELS[name], preset, inits.get(name)) for name in args.models}
+        model_steps = {
+            name: ModelSteps.of(MODELS[name], preset, inits.get(name), budget.init_modules.get(name, ()))
+            for name in args.models
+        }
         results = {name: ModelResult(MODELS[name]) for name in args.models}
         step_names: dict[str, list[str]] = {name: [] for name in args.models}
 
@@ -304,7 +312,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     **common,
                     **folders,
                     **budget.model_overrides.get(name, {}),
-                    **trial_overrides(params, lr, seed=k),
+                    **trial_overrides(params, per_stage, seed=k),
                 }
                 overrides.update(model_steps[name].stage)
                 trial_calls.append(

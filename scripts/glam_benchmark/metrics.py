@@ -35,6 +35,8 @@ BORDER_LIMIT = 0.1
 UNET_DICE_TARGET = 0.5
 #: the orderings of Table 1 that the benchmark checks: (better, worse) on Dice and image-level PxAP
 ORDERINGS = (("GLAM", "GMIC"), ("GMIC", "CAM"), ("U-Net", "GLAM"))
+#: the paper's Table 2 in order (its Dice: S_c-joint 0.390 / 0.335 >= S_c-sep 0.375 / 0.318 > S_g 0.325 / 0.261)
+ABLATION_ORDERINGS = (("S_c-joint", "S_c-sep"), ("S_c-sep", "S_g"))
 
 
 def read_metrics(path: Path) -> dict[str, Any]:
@@ -169,6 +171,22 @@ def acceptance_checks(
         holds = wall_s is not None and wall_s <= wall_limit_s
         minutes = "n/a" if wall_s is None else f"{wall_s / 60:.0f} min"
         checks.append(Check(f"whole run within {wall_limit_s / 3600:g} h", minutes, holds))
+    return checks
+
+
+def ablation_checks(dice: Mapping[str, Mapping[str, float | None]]) -> list[Check]:
+    """The paper's Table-2 ordering on mean Dice, ``dice[map][class]`` for ``S_g`` (the global module trained
+    alone), ``S_c-sep`` (its average with the local map before joint training) and ``S_c-joint``: S_c-joint at
+    least S_c-sep, and S_c-sep strictly above S_g, both classes. A missing value fails its check."""
+    checks = []
+    for better, worse in ABLATION_ORDERINGS:
+        for cls in CLASSES:
+            a, b = (dice.get(better) or {}).get(cls), (dice.get(worse) or {}).get(cls)
+            a, b = (None if v is None or math.isnan(v) else float(v) for v in (a, b))
+            strict = worse == "S_g"
+            holds = a is not None and b is not None and (a > b if strict else a >= b)
+            detail = "n/a" if a is None or b is None else f"{a:.3f} vs {b:.3f}"
+            checks.append(Check(f"{better} {'>' if strict else '>='} {worse}: Dice {cls}", detail, holds))
     return checks
 
 

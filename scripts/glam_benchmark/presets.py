@@ -46,8 +46,12 @@ class Budget:
     ``variation_seeds``: data seeds on which every model is trained again with its selected hyper-parameters (the
     variation of the table across data sets); ``wall_limit_h``: the run's wall-time target, checked in the results
     (None: no target). ``local_learning_rate`` / ``joint_learning_rate`` and ``patch_shift``: GLAM's later stages as
-    the preset sets them (reported in the results; None: not a number in the preset). ``init_from``: the work folder
-    of an earlier benchmark run whose selected models the trials start from (None: fresh initialisations)."""
+    the preset sets them (reported in the results; None: not a number in the preset), ``local_lambda_sparsity`` /
+    ``joint_lambda_sparsity`` likewise when the preset sets the sparsity weight per stage (None: the trial's drawn
+    weight for every stage). ``init_from``: the work folder of an earlier benchmark run whose selected models the
+    trials start from (None: fresh initialisations); ``init_modules``: per model, the submodules taken from that
+    model (the others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a model not
+    named takes all of it."""
 
     search_space: str
     trials: int
@@ -62,6 +66,9 @@ class Budget:
     joint_learning_rate: float | None = None
     patch_shift: int = 0
     init_from: str | None = None
+    local_lambda_sparsity: float | None = None
+    joint_lambda_sparsity: float | None = None
+    init_modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -95,6 +102,20 @@ def _model_overrides(value: Any, preset: Path) -> dict[str, dict[str, Any]]:
     if unknown:
         raise BenchmarkError(f"{preset}: benchmark#model_overrides: unknown model(s) {unknown} (have {sorted(MODELS)})")
     return {str(k): dict(v) for k, v in value.items()}
+
+
+def _init_modules(value: Any, preset: Path) -> dict[str, tuple[str, ...]]:
+    if value is None:
+        return {}
+    where = f"{preset}: benchmark#init_modules"
+    if not isinstance(value, Mapping) or not all(
+        isinstance(v, (list, tuple)) and v and all(isinstance(m, str) and m for m in v) for v in value.values()
+    ):
+        raise BenchmarkError(f"{where} must map a model to a list of submodule names, got {value!r}")
+    unknown = sorted(set(value) - set(MODELS))
+    if unknown:
+        raise BenchmarkError(f"{where}: unknown model(s) {unknown} (have {sorted(MODELS)})")
+    return {str(k): tuple(v) for k, v in value.items()}
 
 
 def _seeds(value: Any, preset: Path) -> tuple[int, ...]:
@@ -139,6 +160,8 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
     learning_rate = config.get("learning_rate")
     if not isinstance(learning_rate, Mapping):
         raise BenchmarkError(f"{preset}: 'learning_rate' must be per stage (global, local, joint)")
+    lambdas = config.get("lambda_sparsity")
+    lambdas = lambdas if isinstance(lambdas, Mapping) else {}
     budget = Budget(
         search_space=str(section["search_space"]),
         trials=_positive_int(section["trials"], f"{preset}: benchmark#trials"),
@@ -153,6 +176,9 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         joint_learning_rate=_number(learning_rate.get(Stage.JOINT)),
         patch_shift=_positive_int(config.get("patch_shift", 0), f"{preset}: patch_shift", minimum=0),
         init_from=_optional_text(section.get("init_from"), f"{preset}: benchmark#init_from"),
+        local_lambda_sparsity=_number(lambdas.get(Stage.LOCAL)),
+        joint_lambda_sparsity=_number(lambdas.get(Stage.JOINT)),
+        init_modules=_init_modules(section.get("init_modules"), preset),
     )
     return config, budget
 

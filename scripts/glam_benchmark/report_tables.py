@@ -155,8 +155,11 @@ def _short(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _at_rate(learning_rate: float | None) -> str:
-    return "" if learning_rate is None else f" (learning rate {learning_rate:g})"
+def _at_rate(learning_rate: float | None, lambda_sparsity: float | None = None) -> str:
+    """A later stage's settings as the preset gives them, e.g. " (learning rate 3e-05, sparsity weight 0.001)"."""
+    parts = [f"learning rate {learning_rate:g}"] if learning_rate is not None else []
+    parts += [f"sparsity weight {lambda_sparsity:g}"] if lambda_sparsity is not None else []
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _minutes(seconds: float | None) -> str:
@@ -174,6 +177,7 @@ class Replicate:
     test: dict[str, Any] | None = None  # GLAM: the joint model's report
     test_local: dict[str, Any] | None = None
     test_csv: Path | None = None
+    test_local_csv: Path | None = None
 
 
 @dataclass
@@ -187,6 +191,7 @@ class ModelResult:
     test: dict[str, Any] | None = None  # GLAM: the joint model's report
     test_local: dict[str, Any] | None = None  # GLAM: the local-stage model's report (Table 2)
     test_csv: Path | None = None
+    test_local_csv: Path | None = None  # GLAM: the local-stage model's per-image metrics (Table 2's bootstrap)
     replicates: list[Replicate] = field(default_factory=list)
     wall_s: float = 0.0
     wall_complete: bool = True

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from scripts.enums import Stage
+from scripts.enums import STAGES, Stage
 
 from .presets import MODELS, BenchmarkError, load_yaml
 
@@ -87,16 +87,34 @@ def sample_trials(space: SearchSpace, model: str, n: int) -> list[dict[str, floa
     return trials
 
 
-def trial_overrides(params: Mapping[str, float], learning_rate: Mapping[str, float], seed: int = 0) -> dict[str, Any]:
-    """Bundle overrides of one trial: the searched learning rate replaces the ``global`` stage's (the stage every
-    model's search trains), the other ids are set as drawn, and the trial trains from its own torch ``seed``
-    (initialisation, data order, augmentations): whether the weakly supervised maps start to localise within a
-    short budget depends on the initialisation (docs/results_findings.md, section 4), so trials that shared one
-    would all share that luck."""
+def trial_overrides(
+    params: Mapping[str, float], per_stage: Mapping[str, Mapping[str, float]], seed: int = 0
+) -> dict[str, Any]:
+    """Bundle overrides of one trial: a drawn value whose config id the preset sets per stage (``per_stage``, e.g.
+    ``learning_rate`` and ``lambda_sparsity``: ``{global: ..., local: ..., joint: ...}``) replaces the ``global``
+    stage's only (the stage every model's search trains; GLAM's local and joint stages keep the preset's values:
+    the local map needs its own sparsity, docs/results_findings.md, section 7), the other ids are set as drawn, and
+    the trial trains from its own torch ``seed`` (initialisation, data order, augmentations): whether the weakly
+    supervised maps start to localise within a short budget depends on the initialisation (section 4), so trials
+    that shared one would all share that luck."""
     out: dict[str, Any] = {"seed": int(seed)}
     for key, value in params.items():
-        if key == "learning_rate":
-            out["learning_rate"] = {**{k: float(v) for k, v in learning_rate.items()}, Stage.GLOBAL: float(value)}
+        stages = per_stage.get(key)
+        if isinstance(stages, Mapping):
+            out[key] = {**{k: float(v) for k, v in stages.items()}, Stage.GLOBAL: float(value)}
         else:
             out[key] = float(value)
     return out
+
+
+def per_stage_values(config: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """The ids of a merged preset that are set per stage with a number for every stage (``learning_rate``,
+    ``lambda_sparsity`` when given as a mapping, ``epochs``...): what :func:`trial_overrides` keeps beside a
+    drawn global value."""
+    return {
+        str(key): {str(k): float(v) for k, v in value.items()}
+        for key, value in config.items()
+        if isinstance(value, Mapping)
+        and set(value) == set(STAGES)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
+    }

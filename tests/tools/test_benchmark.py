@@ -12,11 +12,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
+import fire.parser
 import numpy as np
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SEARCH = REPO_ROOT / "configs" / "benchmark_search.yaml"
@@ -77,23 +80,48 @@ def test_other_search_seed_gives_other_draws(tmp_path):
     assert search.sample_trials(one, "glam", 2) != search.sample_trials(two, "glam", 2)
 
 
-def test_trial_overrides_replace_only_the_global_learning_rate():
-    out = search.trial_overrides(
-        {"learning_rate": 2e-3, "lambda_sparsity": 1e-3, "cam_t": 1.0},
-        {"global": 1e-3, "local": 5e-4, "joint": 5e-5},
-        seed=3,
-    )
+def test_trial_overrides_replace_only_the_global_stage_of_per_stage_values():
+    per_stage = {
+        "learning_rate": {"global": 1e-3, "local": 5e-4, "joint": 5e-5},
+        "lambda_sparsity": {"global": 1e-5, "local": 1e-3, "joint": 1e-5},
+    }
+    out = search.trial_overrides({"learning_rate": 2e-3, "lambda_sparsity": 3e-6, "cam_t": 1.0}, per_stage, seed=3)
     assert out == {
         "seed": 3,
         "learning_rate": {"global": 2e-3, "local": 5e-4, "joint": 5e-5},
-        "lambda_sparsity": 1e-3,
+        "lambda_sparsity": {"global": 3e-6, "local": 1e-3, "joint": 1e-5},
         "cam_t": 1.0,
     }
+    # a preset that gives one sparsity weight for every stage: the drawn one replaces it everywhere
+    out = search.trial_overrides({"lambda_sparsity": 3e-6}, {"learning_rate": per_stage["learning_rate"]}, seed=0)
+    assert out == {"seed": 0, "lambda_sparsity": 3e-6}
+
+
+def test_per_stage_values_are_the_numeric_per_stage_ids_of_a_preset():
+    config = {
+        "learning_rate": {"global": 1e-3, "local": 3e-5, "joint": 1e-5},
+        "lambda_sparsity": 1e-5,
+        "epochs": {"global": 10, "local": 1, "joint": 2},
+        "t_local": 0.2,
+        "global_backbone": {"stem_pool": False},
+        "partial": {"global": 1.0, "local": 2.0},
+        "flags": {"global": True, "local": False, "joint": True},
+    }
+    assert search.per_stage_values(config) == {
+        "learning_rate": {"global": 1e-3, "local": 3e-5, "joint": 1e-5},
+        "epochs": {"global": 10.0, "local": 1.0, "joint": 2.0},
+    }
+    cpu = presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]
+    drawn = search.sample_trials(search.load_search_space(SEARCH, "cpu"), "glam", 1)[0]
+    out = search.trial_overrides(drawn, search.per_stage_values(cpu), seed=0)
+    # GLAM's local and joint stages keep the preset's values; the global stage trains with the drawn ones
+    assert out["learning_rate"]["global"] == drawn["learning_rate"]
+    assert out["learning_rate"]["local"] == cpu["learning_rate"]["local"]
+    assert out["lambda_sparsity"]["global"] == drawn["lambda_sparsity"]
+    assert out["lambda_sparsity"]["local"] == cpu["lambda_sparsity"]["local"]
 
 
 def test_bundle_command_round_trips_values_through_the_cli_parser():
-    import fire.parser
-
     cmd = steps.bundle_command(
         "training", [Path("a.yaml"), Path("b.yaml")], {"learning_rate": {"global": 1e-3}, "x": 0.5}
     )
@@ -165,6 +193,8 @@ def test_the_calibrated_preset_fine_tunes_the_cpu_presets_selected_models(tmp_pa
     assert [p.name for p in chain] == ["benchmark_cpu.yaml", "benchmark_calibrated.yaml"]
     config, budget = presets.read_preset(merged)
     assert budget.init_from == "runs/benchmark" and budget.search_space == "transfer" and budget.trials == 1
+    # GLAM's trials take the selected model's global module under a fresh local module; the baselines all of theirs
+    assert budget.init_modules == {"glam": ("global_network",)}
     # the generator's defaults; the rest is the CPU preset's
     assert config["benchmark_data"] == {"_target_": "scripts.data.synthetic.SyntheticConfig"}
     assert config["image_size"] == [736, 480] and budget.patch_shift == 32
@@ -218,7 +248,9 @@ def test_presets_declare_a_budget_and_an_existing_search_space():
     assert set(cpu_budget.model_overrides) == {"unet"} and len(cpu_budget.model_overrides["unet"]["unet_features"]) == 6
     assert cpu_budget.wall_limit_h == 3
     # GLAM's later stages as the results state them
-    assert (cpu_budget.local_learning_rate, cpu_budget.joint_learning_rate, cpu_budget.patch_shift) == (1e-4, 1e-5, 32)
+    assert (cpu_budget.local_learning_rate, cpu_budget.joint_learning_rate, cpu_budget.patch_shift) == (3e-5, 1e-5, 32)
+    # the local stage's own sparsity weight (docs/results_findings.md, section 7); the joint stage keeps the global's
+    assert (cpu_budget.local_lambda_sparsity, cpu_budget.joint_lambda_sparsity) == (1e-3, 1e-5)
     full_budget = presets.read_preset(REPO_ROOT / "configs" / "benchmark_full.yaml")[1]
     assert full_budget.patch_shift == 0  # the paper's patches
     assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]["image_size"] == [736, 480]
@@ -374,8 +406,9 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert cli.main(argv) == 0, capsys.readouterr().out
     text = results.read_text()
     assert (
-        "GLAM then trains its local stage for 1 (learning rate 0.001) and its joint stage for 1 epoch(s) (learning "
-        "rate 0.0001) from the selected global module, on Algorithm 1's patches moved by random offsets of up to 8 px"
+        "GLAM then trains its local stage for 1 (learning rate 0.001, sparsity weight 0.01) and its joint stage for 1 "
+        "epoch(s) (learning rate 0.0001, sparsity weight 0.006) from the selected global module, on Algorithm 1's "
+        "patches moved by random offsets of up to 8 px"
     ) in " ".join(text.split())
 
     # Table 1: every model row, every column, values as in each model's test metrics.json
@@ -442,8 +475,6 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         assert Image.open(png).size[0] > 100
         assert f"(../docs/images/{name})" in text
     # the preset's U-Net widths reached the trained model (the overlay alone would give MONAI's 32-wide default)
-    import torch
-
     unet = torch.load(next(work.glob("unet/trial_*/models/unet/model.pt")), weights_only=True)
     assert any(tuple(v.shape) == (4, 1, 3, 3) for v in unet.values())
     assert not any(v.ndim == 4 and v.shape[0] == 32 for v in unet.values())
@@ -534,6 +565,18 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         assert 10**-4.1 <= after["learning_rate"] <= 10**-3.9
     local_log = (transfer / "logs" / "glam_trial00_local.log").read_text()
     assert "--previous_model" not in local_log.splitlines()[0]
+    # GLAM's trial took the selected model's global module only: its local module starts fresh (init_modules)
+    glam_log = (transfer / "logs" / "glam_trial00_train.log").read_text()
+    assert "--previous_modules" in glam_log.splitlines()[0] and "(global_network only)" in glam_log
+    start = torch.load(work / "glam/trial_00/models/joint/model.pt", weights_only=True)
+    fine_tuned = torch.load(transfer / "glam/trial_00/models/global/model.pt", weights_only=True)
+    local_keys = [k for k in start if k.startswith("local_network.") and start[k].is_floating_point()]
+    assert local_keys and not any(torch.equal(start[k], fine_tuned[k]) for k in local_keys)
+    # the local stage kept the preset's own sparsity weight beside the drawn global one
+    words = shlex.split(local_log.splitlines()[0])
+    lambdas = fire.parser.DefaultParseValue(words[words.index("--lambda_sparsity") + 1])
+    glam_params = json.loads((transfer / "glam" / "trial_00" / "trial.json").read_text())["params"]
+    assert lambdas == {"global": glam_params["lambda_sparsity"], "local": 1e-2, "joint": 6e-3}
     assert f"loaded the previous stage's model {transfer / 'glam/trial_00/models/global/model.pt'}" in local_log
     transfer_text = " ".join((tmp_path / "transfer.md").read_text().split())
     assert f"start from the model it selected in the earlier benchmark run in `{work}`" in transfer_text
@@ -552,3 +595,19 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         cli.main(argv)
     assert info.value.code == 2
     assert f"{trial}: this trial ran with" in capsys.readouterr().err
+
+
+def test_bad_init_modules_are_named(tmp_path):
+    for value, message in (
+        ("{glam: global_network}", "must map a model to a list of submodule names"),
+        ("{glam: []}", "must map a model to a list of submodule names"),
+        ("{resnet: [global_network]}", r"unknown model\(s\) \['resnet'\]"),
+    ):
+        preset = tmp_path / "p.yaml"
+        preset.write_text(
+            f"benchmark: {{search_space: cpu, trials: 1, examples: 0, init_modules: {value}}}\n"
+            "epochs: {global: 1, local: 1, joint: 1}\nlearning_rate: {global: 1.0e-3, local: 1.0e-4, joint: 1.0e-5}\n"
+        )
+        with pytest.raises(presets.BenchmarkError, match=message) as err:
+            presets.read_preset(preset)
+        assert "benchmark#init_modules" in str(err.value) and str(preset) in str(err.value)

@@ -97,7 +97,7 @@ def _results(tmp_path: Path) -> dict:
         )
 
     return {
-        "glam": result("glam", 0.35, MAPS, test_local=_summary(0.3)),
+        "glam": result("glam", 0.35, MAPS, test_local=_summary(0.3), test_local_csv=_csv(tmp_path / "local.csv", 0.3)),
         "gmic": result("gmic", 0.3, ("S_g",), wall_complete=False),
         "cam": result("cam", 0.2, ("S_g",)),
         "unet": result("unet", 0.5, ("S_g",)),
@@ -214,3 +214,33 @@ def test_results_md_without_optional_sections(tmp_path, monkeypatch):
         assert title not in text, title
     assert "| GLAM | not run |" in text and "| GLAM | not run | not run |" in text
     assert text.endswith("`<work_dir>/logs/`.\n")
+
+
+def test_table2_orderings_against_a_hand_computation(tmp_path, monkeypatch):
+    from glam_benchmark.metrics import ablation_checks
+
+    # S_c-joint >= S_c-sep holds on a tie, S_c-sep > S_g does not; a missing value fails
+    checks = ablation_checks(
+        {
+            "S_g": {"benign": 0.2, "malignant": 0.3},
+            "S_c-sep": {"benign": 0.25, "malignant": 0.3},
+            "S_c-joint": {"benign": 0.25, "malignant": None},
+        }
+    )
+    assert {c.condition: c.holds for c in checks} == {
+        "S_c-joint >= S_c-sep: Dice benign": True,
+        "S_c-joint >= S_c-sep: Dice malignant": False,
+        "S_c-sep > S_g: Dice benign": True,
+        "S_c-sep > S_g: Dice malignant": False,
+    }
+    text, _ = render(tmp_path, monkeypatch)
+    table2 = text[text.index("## Table 2") :]
+    # the observed difference of S_c-sep over S_g: both from the local-stage model's metrics.csv, image by image
+    with open(tmp_path / "local.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for cls in CLASSES:
+        pairs = [(r[f"S_c_dice_{cls}"], r[f"S_g_dice_{cls}"]) for r in rows]
+        diffs = [float(a) - float(b) for a, b in pairs if a != "" and b != ""]
+        expected = sum(diffs) / len(diffs)
+        assert f"| S_c-sep > S_g | {cls} | {expected:+.3f} (" in table2, cls
+    assert "The paper's ordering, S_c-joint >= S_c-sep > S_g in Dice for both classes:" in table2

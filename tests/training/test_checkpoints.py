@@ -333,3 +333,50 @@ def test_key_metric_names_the_choices_when_unknown():
         ValueError, match=r"selection_metric 'val_dice' is not a validation metric; choose one of \['a', 'b'\]"
     ):
         key_metric({"b": 1, "a": 2}, "val_dice")
+
+
+class _TwoModules(torch.nn.Module):
+    """A network with two top-level submodules, as GLAM has ``global_network`` and ``local_network``."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(3, 2)
+        self.second = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+
+
+def test_previous_modules_take_only_the_named_submodules(tmp_path):
+    torch.manual_seed(1)
+    previous = _TwoModules()
+    previous.second[1].running_mean.fill_(5.0)
+    save_atomic(plain_state_dict(previous), tmp_path / "prev.pt")
+    torch.manual_seed(2)
+    network = _TwoModules()
+    fresh = _weights(network)
+
+    StageCheckpointer(
+        tmp_path / "stage", {"network": network}, previous_model=tmp_path / "prev.pt", previous_modules=["first"]
+    ).load(None)
+    loaded = _weights(network)
+    for key, value in loaded.items():
+        expected = previous.state_dict()[key] if key.startswith("first.") else fresh[key]
+        assert torch.equal(value, expected), key
+    assert not torch.equal(loaded["second.1.running_mean"], previous.state_dict()["second.1.running_mean"])
+
+    # None: the whole file, strictly (as before)
+    StageCheckpointer(tmp_path / "all", {"network": network}, previous_model=tmp_path / "prev.pt").load(None)
+    assert_identical(_weights(network), plain_state_dict(previous), "whole model")
+
+    # a name the network lacks, a file without the module's weights, a module whose weights do not fit
+    save_atomic({k: v for k, v in plain_state_dict(previous).items() if k.startswith("second.")}, tmp_path / "b.pt")
+    save_atomic({"first.weight": torch.zeros(4, 3), "first.bias": torch.zeros(4)}, tmp_path / "shape.pt")
+    cases = [("prev.pt", ["third"], "not a submodule"), ("b.pt", ["first"], "holds no weights of 'first'")]
+    cases.append(("shape.pt", ["first"], "size mismatch"))
+    for name, modules, message in cases:
+        checkpointer = StageCheckpointer(
+            tmp_path / "x", {"network": network}, previous_model=tmp_path / name, previous_modules=modules
+        )
+        with pytest.raises(ValueError, match=message) as err:
+            checkpointer.load(None)
+        assert str(tmp_path / name) in str(err.value)
+    with pytest.raises(ValueError, match="list of submodule names"):
+        StageCheckpointer(tmp_path / "y", {"network": network}, previous_modules="first")

@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sized
+from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +82,9 @@ class StageCheckpointer:
     - when the trainer starts: with ``resume`` and an existing ``last.pt``, everything is restored from it and
       training continues after its epoch up to the run's own ``max_epochs`` (so a finished stage can be
       extended; the data and batch size must be unchanged); otherwise, with ``previous_model`` (the previous
-      stage's ``model.pt``), the network is loaded from it, strictly. An unreadable or mismatched file raises a
-      ``ValueError`` naming it.
+      stage's ``model.pt``), the network is loaded from it, strictly, or only the submodules named in
+      ``previous_modules`` (every weight of each, strictly; the others keep their fresh initialisation). An
+      unreadable or mismatched file raises a ``ValueError`` naming it.
 
     Args:
         ckpt_dir: this stage's checkpoint folder.
@@ -91,6 +92,9 @@ class StageCheckpointer:
             is attached to is added as ``trainer`` (its epoch and iteration).
         evaluator: the validation evaluator whose best key metric selects ``model.pt``.
         previous_model: path of the previous stage's best model, required when given.
+        previous_modules: names of the network's top-level submodules to take from ``previous_model`` (e.g.
+            ``["global_network"]``: another model's global module under a freshly initialised local module, whose
+            sparse map has to be learnt from the start, docs/results_findings.md, section 7); None: all of it.
         resume: continue from ``last.pt`` when it exists.
         selection: ``{"metric": ..., "reason": ...}`` of :func:`~scripts.training.selection.choose_selection`:
             recorded in ``<ckpt_dir>/selection.json``.
@@ -121,6 +125,7 @@ class StageCheckpointer:
         save_dict: Mapping[str, Any],
         evaluator: Engine | None = None,
         previous_model: str | os.PathLike | None = None,
+        previous_modules: Sequence[str] | None = None,
         resume: bool = False,
         selection: Mapping[str, Any] | None = None,
         validation_items: int | Sized | None = None,
@@ -131,6 +136,11 @@ class StageCheckpointer:
         self.save_dict = dict(save_dict)
         self.evaluator = evaluator
         self.previous_model = Path(previous_model) if previous_model else None
+        if isinstance(previous_modules, str) or (
+            previous_modules is not None and not all(isinstance(m, str) and m for m in previous_modules)
+        ):
+            raise ValueError(f"previous_modules must be a list of submodule names, got {previous_modules!r}")
+        self.previous_modules = tuple(previous_modules) if previous_modules else None
         self.resume = as_flag(resume, "resume")
         self.selection = dict(selection or {})
         self.validation_items = len(validation_items) if isinstance(validation_items, Sized) else validation_items
@@ -202,13 +212,30 @@ class StageCheckpointer:
                 raise FileNotFoundError(why_no_model(self.previous_model))
             state = load_checkpoint_file(self.previous_model, "the previous stage's model")
             network = self.save_dict["network"]
+            network = getattr(network, "module", network)
             try:
-                getattr(network, "module", network).load_state_dict(state, strict=True)
+                if self.previous_modules is None:
+                    network.load_state_dict(state, strict=True)
+                else:
+                    self._load_modules(network, state)
             except (RuntimeError, ValueError, TypeError, AttributeError) as err:
                 raise ValueError(
                     f"previous stage's model {self.previous_model} does not fit this network: {err}"
                 ) from err
-            logger.info("loaded the previous stage's model %s", self.previous_model)
+            what = "" if self.previous_modules is None else f" ({', '.join(self.previous_modules)} only)"
+            logger.info("loaded the previous stage's model %s%s", self.previous_model, what)
+
+    def _load_modules(self, network: Any, state: Mapping[str, Any]) -> None:
+        """Load each of ``previous_modules`` from ``state``, strictly; the rest of ``network`` is left as it is."""
+        children = dict(network.named_children())
+        for name in self.previous_modules or ():
+            if name not in children:
+                raise ValueError(f"previous_modules names {name!r}, not a submodule (have {sorted(children)})")
+            prefix = f"{name}."
+            part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            if not part:
+                raise ValueError(f"the file holds no weights of {name!r}")
+            children[name].load_state_dict(part, strict=True)
 
     def _resume(self, engine: Engine) -> None:
         """Restore every object of ``save_dict`` from ``last.pt``; the run keeps its own ``max_epochs``."""
