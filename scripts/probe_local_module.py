@@ -23,8 +23,9 @@ measures:
   each map is where both exist), and ``hot_l``: the share of the patches' pixels where S_l > 0.5 (top t% pooling with
   t_local asks for about t of the patch to be hot on a positive image, whatever the lesion's size).
 
-The summary groups them by ``in_patch`` (missed < 0.1 <= partial < 0.9 <= held) and by ``lesion_to_patch``, for each
-M of ``--num_patches`` (M is an inference choice: it changes no weight). Everything is printed as a markdown table and
+The summary groups them by ``in_patch`` (missed < 0.1 <= partial < 0.9 <= held), by ``lesion_to_patch`` and, on the
+synthetic data (whose datalist names each image's lesions), by the kinds of the class's lesions, for each M of
+``--num_patches`` (M is an inference choice: it changes no weight). Everything is printed as a markdown table and
 written to ``--json``.
 """
 
@@ -207,8 +208,22 @@ def per_lesion_rows(network: GLAM, split: Mapping[str, torch.Tensor], tolerance:
     return rows
 
 
+def lesion_kinds(items: Sequence[Mapping[str, Any]], rows: Sequence[dict]) -> None:
+    """Add ``kinds`` to each row: the kinds of its class's lesions on its image, from the datalist item's
+    ``lesions`` (what the synthetic generator writes, e.g. ``spiculated_mass``), joined by " + "; rows of items
+    without that list are left as they are."""
+    from scripts.data.synthetic import BENIGN_TYPES, MALIGNANT_TYPES
+
+    types = dict(zip(CLASS_NAMES, (BENIGN_TYPES, MALIGNANT_TYPES)))
+    for row in rows:
+        lesions = items[row["image"]].get("lesions")
+        if isinstance(lesions, (list, tuple)):
+            row["kinds"] = " + ".join(sorted({k for k in lesions if k in types[row["class"]]})) or "unnamed"
+
+
 def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Mean of every measure per class over all rows, per in-patch group and per lesion-size group."""
+    """Mean of every measure per class over all rows, per in-patch group, per lesion-size group and, where the rows
+    name them (:func:`lesion_kinds`), per combination of lesion kinds."""
     groups: list[tuple[str, str, list]] = []
     for cls in CLASS_NAMES:
         mine = [r for r in rows if r["class"] == cls]
@@ -219,6 +234,8 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
             groups.append(
                 (cls, f"lesion {name}", [r for r in mine if _bucket(r["lesion_to_patch"], SIZE_GROUPS) == name])
             )
+        for kinds in sorted({r["kinds"] for r in mine if "kinds" in r}):
+            groups.append((cls, kinds, [r for r in mine if r.get("kinds") == kinds]))
     out = []
     for cls, group, members in groups:
         entry = {"class": cls, "group": group, "n": len(members)}
@@ -258,11 +275,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = load_parser(args.preset, config_overrides(args.set))
     datalist_path, splits = cached_splits(parser, [args.split], args.cache)
     split = splits[args.split]
+    from scripts.data import load_datalist
+
+    items = load_datalist(str(datalist_path))[args.split]
     torch.set_grad_enabled(False)
     report: dict[str, Any] = {"ckpt": str(args.ckpt), "split": args.split, "datalist": str(datalist_path), "runs": {}}
     for m in (int(v) for v in args.num_patches.split(",")):
         network = build_network(args.ckpt, m)
         rows = per_lesion_rows(network, split, args.tolerance, args.batch)
+        lesion_kinds(items, rows)
         summary = summarise(rows)
         report["runs"][str(m)] = {"rows": rows, "summary": summary}
         print(markdown(summary, m), flush=True)

@@ -98,6 +98,34 @@ def test_summary_groups_by_patch_and_size():
     assert table.splitlines()[0].startswith("| M | class | group | n | dice_g |")
 
 
+def test_summary_groups_by_lesion_kind_where_the_datalist_names_them():
+    items = [
+        {"lesions": ["spiculated_mass", "circumscribed_mass"]},
+        {"lesions": ["pleomorphic_calcifications", "spiculated_mass"]},
+        {"label": [1, 0]},  # a real datalist: no lesion kinds
+    ]
+    measures = dict.fromkeys(module_probe.MEASURES, 0.0)
+    rows = [
+        {"image": 0, "class": "benign", "in_patch": 1.0, "lesion_to_patch": 0.01, **measures, "dice_l": 0.4},
+        {"image": 0, "class": "malignant", "in_patch": 1.0, "lesion_to_patch": 0.01, **measures, "dice_l": 0.1},
+        {"image": 1, "class": "malignant", "in_patch": 1.0, "lesion_to_patch": 0.01, **measures, "dice_l": 0.3},
+        {"image": 2, "class": "benign", "in_patch": 1.0, "lesion_to_patch": 0.01, **measures, "dice_l": 0.9},
+    ]
+    module_probe.lesion_kinds(items, rows)
+    assert [r.get("kinds") for r in rows] == [
+        "circumscribed_mass",
+        "spiculated_mass",
+        "pleomorphic_calcifications + spiculated_mass",
+        None,
+    ]
+    summary = {(e["class"], e["group"]): e for e in module_probe.summarise(rows)}
+    assert summary[("benign", "circumscribed_mass")]["n"] == 1
+    assert summary[("benign", "circumscribed_mass")]["dice_l"] == pytest.approx(0.4)
+    assert summary[("malignant", "spiculated_mass")]["dice_l"] == pytest.approx(0.1)
+    assert summary[("malignant", "pleomorphic_calcifications + spiculated_mass")]["dice_l"] == pytest.approx(0.3)
+    assert summary[("benign", "all")]["n"] == 2  # the row without kinds still counts in the other groups
+
+
 def test_parse_run_names_the_allowed_changes():
     assert stage_probe.parse_run("control") == ("control", {})
     assert stage_probe.parse_run("t_local=0.05,negatives=algorithm1") == (
