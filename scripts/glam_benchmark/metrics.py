@@ -36,7 +36,8 @@ UNET_DICE_TARGET = 0.5
 #: the orderings of Table 1 that the benchmark checks: (better, worse) on Dice and image-level PxAP
 ORDERINGS = (("GLAM", "GMIC"), ("GMIC", "CAM"), ("U-Net", "GLAM"))
 #: the paper's Table 2 in order (its Dice: S_c-joint 0.390 / 0.335 >= S_c-sep 0.375 / 0.318 > S_g 0.325 / 0.261)
-ABLATION_ORDERINGS = (("S_c-joint", "S_c-sep"), ("S_c-sep", "S_g"))
+S_C_JOINT, S_C_SEP = f"{MapName.COMBINED}-joint", f"{MapName.COMBINED}-sep"
+ABLATION_ORDERINGS = ((S_C_JOINT, S_C_SEP), (S_C_SEP, MapName.GLOBAL.value))
 
 
 def read_metrics(path: Path) -> dict[str, Any]:
@@ -183,7 +184,7 @@ def ablation_checks(dice: Mapping[str, Mapping[str, float | None]]) -> list[Chec
         for cls in CLASSES:
             a, b = (dice.get(better) or {}).get(cls), (dice.get(worse) or {}).get(cls)
             a, b = (None if v is None or math.isnan(v) else float(v) for v in (a, b))
-            strict = worse == "S_g"
+            strict = worse == MapName.GLOBAL
             holds = a is not None and b is not None and (a > b if strict else a >= b)
             detail = "n/a" if a is None or b is None else f"{a:.3f} vs {b:.3f}"
             checks.append(Check(f"{better} {'>' if strict else '>='} {worse}: Dice {cls}", detail, holds))

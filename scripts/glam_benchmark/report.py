@@ -19,6 +19,8 @@ from .metrics import (
     ABLATION_ORDERINGS,
     CLASSES,
     ORDERINGS,
+    S_C_JOINT,
+    S_C_SEP,
     ablation_checks,
     acceptance_checks,
     bootstrap_orderings,
@@ -311,12 +313,14 @@ def _ablation_orderings(glam: ModelResult) -> list[str]:
     """The paper's Table-2 ordering (S_c-joint >= S_c-sep > S_g in Dice, both classes) on the rows above, and the
     bootstrap of the per-image differences (the same images for the three maps)."""
     local, joint = glam.test_local, glam.test
-    rows = {
-        "S_g": table_row(local, MapName.GLOBAL) if local else None,
-        "S_c-sep": table_row(local, MapName.COMBINED) if local else None,
-        "S_c-joint": table_row(joint, MapName.COMBINED) if joint else None,
+    # the three maps of the ordering: the local-stage model's S_g and S_c, the joint model's S_c
+    sources = {
+        MapName.GLOBAL.value: (local, glam.test_local_csv, MapName.GLOBAL),
+        S_C_SEP: (local, glam.test_local_csv, MapName.COMBINED),
+        S_C_JOINT: (joint, glam.test_csv, MapName.COMBINED),
     }
-    checks = ablation_checks({name: (row or {}).get("dice") for name, row in rows.items()})
+    dice = {name: table_row(report, key)["dice"] if report else None for name, (report, _, key) in sources.items()}
+    checks = ablation_checks(dice)
     lines = [
         "",
         f"The paper's ordering, S_c-joint >= S_c-sep > S_g in Dice for both classes: {sum(c.holds for c in checks)} "
@@ -326,12 +330,10 @@ def _ablation_orderings(glam: ModelResult) -> list[str]:
         "|---|---|---|",
         *_check_rows(checks),
     ]
-    csvs = {"S_g": glam.test_local_csv, "S_c-sep": glam.test_local_csv, "S_c-joint": glam.test_csv}
-    if not all(path is not None and Path(path).is_file() for path in csvs.values()):
+    if not all(path is not None and Path(path).is_file() for _, path, _ in sources.values()):
         return lines
-    maps = {"S_g": MapName.GLOBAL, "S_c-sep": MapName.COMBINED, "S_c-joint": MapName.COMBINED}
-    per_image = {name: per_image_values(Path(csvs[name]), maps[name], "dice") for name in csvs}
-    pairs = (*ABLATION_ORDERINGS, ("S_c-joint", "S_g"))
+    per_image = {name: per_image_values(Path(path), key, "dice") for name, (_, path, key) in sources.items()}
+    pairs = (*ABLATION_ORDERINGS, (S_C_JOINT, MapName.GLOBAL.value))
     lines += [
         "",
         "Bootstrap over the test images with a lesion of the class (2,000 resamples, the same for the three maps) of "
