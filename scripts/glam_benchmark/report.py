@@ -6,6 +6,7 @@ the hardware and dataset the run used, wall times and every trial (:func:`write_
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -273,14 +274,25 @@ def _variation(run: _Run) -> list[str]:
 
 
 def _findings(run: _Run) -> list[str]:
-    # what a person found when looking at a run (why a condition fails, what the benchmark needs): kept beside the
-    # generated file and included verbatim, so a re-run does not lose it
+    # what people found when looking at this run and the earlier ones (why a condition fails, what the benchmark
+    # needs, the experiments' commands) is a page of its own beside the generated one, so a re-run does not lose it;
+    # the results link it and list its sections (inlined, a lab notebook of a thousand lines would bury the tables)
     findings = run.docs_dir / FINDINGS_FILE
     if not findings.is_file():
         return []
+    sections, fenced = [], False
+    for line in findings.read_text(encoding="utf-8").splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and line.startswith(("## ", "### ")):
+            # "1. Title" as text, not as a numbered list inside the bullet
+            sections.append(re.sub(r"^(\w+)\. ", r"\1\\. ", line.lstrip("#").strip()))
+    link = f"[{FINDINGS_FILE}]({run.rel(findings)})"
     return [
-        *("", "## Findings", "", f"(from `{FINDINGS_FILE}`, written after looking at this run)", ""),
-        findings.read_text(encoding="utf-8").strip(),
+        *("", "## Findings", ""),
+        f"What was found looking at this run and the earlier ones, with the experiments' commands: {link}"
+        + (", sections:" if sections else "."),
+        *([""] if sections else []),
+        *(f"- {title}" for title in sections),
         "",
     ]
 

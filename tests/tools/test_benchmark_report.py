@@ -117,7 +117,11 @@ def render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
     monkeypatch.setenv("TZ", "UTC")
     docs = tmp_path / "docs"
     docs.mkdir()
-    (docs / report.FINDINGS_FILE).write_text("  A finding, written by hand.\n\n", encoding="utf-8")
+    (docs / report.FINDINGS_FILE).write_text(
+        "  A finding, written by hand.\n\n### 1. A section\n\n```bash\n# a comment, not a section\n```\n"
+        "## 2b. Another\n",
+        encoding="utf-8",
+    )
     data = tmp_path / "data"
     data.mkdir()
     datalist = data / "datalist.json"
