@@ -41,6 +41,7 @@ from .report_tables import (  # noqa: F401
     Replicate,
     _at_rate,
     _bootstrap_lines,
+    _bootstrap_row,
     _dataset_lines,
     _fmt,
     _hardware,
@@ -354,11 +355,8 @@ def _ablation_orderings(glam: ModelResult) -> list[str]:
         "| ordering | class | difference (95 % bootstrap interval) | resamples where it holds |",
         "|---|---|---|---|",
     ]
-    for (better, worse, cls), b in bootstrap_orderings(per_image, pairs).items():
-        lines.append(
-            f"| {better} > {worse} | {cls} | {b['difference']:+.3f} ({b['low']:+.3f}, {b['high']:+.3f}) "
-            f"| {b['share_ahead']:.0%} |"
-        )
+    boot = bootstrap_orderings(per_image, pairs)
+    lines += [_bootstrap_row(better, worse, (cls,), b) for (better, worse, cls), b in boot.items()]
     return lines
 
 

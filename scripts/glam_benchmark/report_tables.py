@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -233,12 +233,17 @@ def _bootstrap_lines(results: Mapping[str, Any], pick: Any = lambda r: r) -> lis
     ]
     for stat, title in (("dice", "Dice"), ("pxap", "image-level PxAP")):
         boot = bootstrap_orderings(_per_image(results, stat, pick))
-        for (better, worse, cls), b in boot.items():
-            lines.append(
-                f"| {better} > {worse} | {title} | {cls} | {b['difference']:+.3f} ({b['low']:+.3f}, {b['high']:+.3f}) "
-                f"| {b['share_ahead']:.0%} |"
-            )
+        lines += [_bootstrap_row(better, worse, (title, cls), b) for (better, worse, cls), b in boot.items()]
     return lines
+
+
+def _bootstrap_row(better: str, worse: str, cells: Sequence[str], b: Mapping[str, float]) -> str:
+    """One row of a bootstrap table: the ordering, ``cells`` (metric, class...), the observed difference with its
+    95 % interval and the share of resamples in which it holds."""
+    return (
+        f"| {better} > {worse} | {' | '.join(cells)} | {b['difference']:+.3f} ({b['low']:+.3f}, {b['high']:+.3f}) "
+        f"| {b['share_ahead']:.0%} |"
+    )
 
 
 def _localisation_lines(results: Mapping[str, Any], trivial: Mapping[str, Any] | None) -> list[str]:

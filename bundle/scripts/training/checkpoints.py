@@ -228,7 +228,7 @@ class StageCheckpointer:
     def _load_modules(self, network: Any, state: Mapping[str, Any]) -> None:
         """Load each of ``previous_modules`` from ``state``, strictly; the rest of ``network`` is left as it is."""
         children = dict(network.named_children())
-        for name in self.previous_modules or ():
+        for name in self.previous_modules:
             if name not in children:
                 raise ValueError(f"previous_modules names {name!r}, not a submodule (have {sorted(children)})")
             prefix = f"{name}."
