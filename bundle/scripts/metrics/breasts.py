@@ -1,0 +1,97 @@
+"""Breast-level classification: the paper's AUC is "for identifying breasts with malignant / benign lesions".
+
+A breast is the images of one (patient, laterality), and of one study where the datalist states one (``study``);
+its score per class is the mean of its images' scores (as the NYU screening models average a breast's views), its
+label per class the maximum of its images' labels. An image without a patient or a laterality is a breast of its
+own. The AUC over breasts is MONAI's ``compute_roc_auc`` per class (ties count one half, as Mann-Whitney's U).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from monai.metrics import compute_roc_auc
+
+__all__ = ["BreastAUC", "breast_auc", "breast_key", "group_breasts"]
+
+#: the items' keys that name a breast (the study only where stated)
+BREAST_FIELDS = ("patient_id", "laterality", "study")
+
+
+def breast_key(item: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """``(patient_id, laterality, study)`` of a datalist item or an inference row; None without a patient or a
+    laterality (the image is then a breast of its own). Laterality is compared in upper case ("l" is "L")."""
+    patient, side = item.get("patient_id"), item.get("laterality")
+    if patient in (None, "") or side in (None, ""):
+        return None
+    return str(patient), str(side).upper(), str(item.get("study") or "")
+
+
+def group_breasts(keys: Sequence[tuple | None]) -> tuple[list[list[int]], int]:
+    """The images' indices per breast, in order of first appearance, and how many images had no key."""
+    groups: dict[Any, list[int]] = {}
+    alone = 0
+    for i, key in enumerate(keys):
+        if key is None:
+            alone += 1
+            key = ("#image", i)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values()), alone
+
+
+def breast_auc(scores: torch.Tensor, labels: torch.Tensor, keys: Sequence[tuple | None]) -> dict[str, Any]:
+    """AUC per class over breasts.
+
+    Args:
+        scores: (N, C) image scores (the output the image-level AUC uses).
+        labels: (N, C) binary image labels.
+        keys: N breast keys (:func:`breast_key`), None for an image of its own.
+
+    Returns:
+        ``{"auc": (C,) float64 tensor (NaN for a class whose breasts are all one label), "breasts": number of
+        breasts, "images_without_breast": images without a patient or a laterality}``.
+    """
+    scores, labels = torch.as_tensor(scores, dtype=torch.float64), torch.as_tensor(labels, dtype=torch.float64)
+    if scores.ndim != 2 or scores.shape != labels.shape or len(keys) != scores.shape[0]:
+        raise ValueError(
+            f"scores and labels must be (N, C) of one shape with N keys, got {tuple(scores.shape)}, "
+            f"{tuple(labels.shape)} and {len(keys)} keys."
+        )
+    groups, alone = group_breasts(keys)
+    b_scores = torch.stack([scores[g].mean(0) for g in groups]) if groups else scores[:0]
+    b_labels = torch.stack([labels[g].amax(0) for g in groups]) if groups else labels[:0]
+    auc = torch.full((scores.shape[1],), float("nan"), dtype=torch.float64)
+    for c in range(scores.shape[1]):
+        if 0 < int(b_labels[:, c].sum()) < len(groups):  # both labels present: the AUC is defined
+            auc[c] = float(compute_roc_auc(b_scores[:, c], b_labels[:, c]))
+    return {"auc": auc, "breasts": len(groups), "images_without_breast": alone}
+
+
+class BreastAUC:
+    """Collects (score, label, breast key) per image over batches and gives :func:`breast_auc` at the end.
+
+    The breast keys come from the items (datalist or inference rows), not from the tensors, so this is a plain
+    accumulator beside the image-level ``ROCAUCMetric`` rather than a ``CumulativeIterationMetric``.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._scores: list[torch.Tensor] = []
+        self._labels: list[torch.Tensor] = []
+        self._keys: list[tuple | None] = []
+
+    def update(self, scores: torch.Tensor, labels: torch.Tensor, items: Sequence[Mapping[str, Any]]) -> None:
+        """One batch: (B, C) scores and labels and the B items (datalist entries) they came from."""
+        scores = torch.as_tensor(scores).detach().to("cpu", torch.float64).reshape(len(items), -1)
+        self._scores.append(scores)
+        self._labels.append(torch.as_tensor(labels).detach().to("cpu", torch.float64).reshape(scores.shape))
+        self._keys.extend(breast_key(item) for item in items)
+
+    def aggregate(self) -> dict[str, Any]:
+        if not self._scores:
+            raise ValueError("BreastAUC has no data: call update() on at least one batch first.")
+        return breast_auc(torch.cat(self._scores), torch.cat(self._labels), self._keys)
