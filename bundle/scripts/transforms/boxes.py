@@ -1,0 +1,122 @@
+"""Box annotations as lesion masks, so that boxes go through exactly the geometry masks go through.
+
+VinDr-Mammo and many hospital sets mark findings with boxes, not outlines. A datalist item may carry
+``"boxes": [{"label": "benign" | "malignant", "box": [y0, x0, y1, x1]}, ...]`` in the image file's pixels (rows
+and columns as displayed, the project's array convention; fractions allowed). Right after loading,
+:class:`BoxesToMasksd` paints each class's boxes into that class's mask (every pixel a box touches: rows
+``floor(y0)`` to ``ceil(y1)`` exclusive, clipped to the image), on top of the class's mask file when the item has
+one, with the image's metadata (spacing, affine) so that resampling, flipping and cropping treat it as the image.
+Evaluation then reads the boxes as masks: the pointing game hits a box, and for the FROC a box is a lesion
+(overlapping boxes of one class merge into one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.data import MetaTensor
+from monai.transforms import MapTransform, Transform
+
+from ..enums import CLASS_NAMES
+
+__all__ = ["BOXES_KEY", "BoxesToMask", "BoxesToMasksd", "parse_boxes"]
+
+#: the datalist field holding box annotations
+BOXES_KEY = "boxes"
+
+
+def parse_boxes(boxes: Any, where: str = "boxes") -> list[tuple[str, tuple[float, float, float, float]]]:
+    """Validated ``(label, (y0, x0, y1, x1))`` pairs of a datalist's ``boxes`` field (None or [] -> []).
+
+    Raises:
+        ValueError: one line naming ``where`` and the first bad entry.
+    """
+    if boxes is None:
+        return []
+    if not isinstance(boxes, (list, tuple)):
+        raise ValueError(f"{where}: must be a list of {{'label', 'box'}} entries, got {type(boxes).__name__}")
+    out = []
+    for i, entry in enumerate(boxes):
+        if not isinstance(entry, Mapping) or "label" not in entry or "box" not in entry:
+            raise ValueError(f"{where}[{i}]: must be {{'label': one of {list(CLASS_NAMES)}, 'box': [y0, x0, y1, x1]}}")
+        label, box = str(entry["label"]).lower(), entry["box"]
+        if label not in CLASS_NAMES:
+            raise ValueError(f"{where}[{i}]: label must be one of {list(CLASS_NAMES)}, got {entry['label']!r}")
+        if not isinstance(box, (list, tuple)) or len(box) != 4:
+            raise ValueError(f"{where}[{i}]: box must be [y0, x0, y1, x1] (four numbers), got {box!r}")
+        try:
+            y0, x0, y1, x1 = (float(v) for v in box)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}[{i}]: box must be [y0, x0, y1, x1] (four numbers), got {box!r}") from None
+        if not all(math.isfinite(v) and v >= 0 for v in (y0, x0, y1, x1)) or y1 <= y0 or x1 <= x0:
+            raise ValueError(f"{where}[{i}]: box [y0, x0, y1, x1] needs 0 <= y0 < y1 and 0 <= x0 < x1, got {box!r}")
+        out.append((label, (y0, x0, y1, x1)))
+    return out
+
+
+class BoxesToMask(Transform):
+    """One class's boxes painted into an (H, W) mask: ``BoxesToMask()(boxes, (H, W))`` -> (1, H, W) uint8.
+
+    ``boxes``: ``(y0, x0, y1, x1)`` tuples in pixels; every pixel a box touches is 1.
+    """
+
+    def __call__(self, boxes: Sequence[Sequence[float]], shape: Sequence[int]) -> np.ndarray:
+        h, w = int(shape[0]), int(shape[1])
+        mask = np.zeros((1, h, w), dtype=np.uint8)
+        for y0, x0, y1, x1 in boxes:
+            r0, c0 = max(int(math.floor(y0)), 0), max(int(math.floor(x0)), 0)
+            r1, c1 = min(int(math.ceil(y1)), h), min(int(math.ceil(x1)), w)
+            mask[0, r0:r1, c0:c1] = 1
+        return mask
+
+
+class BoxesToMasksd(MapTransform):
+    """Dictionary :class:`BoxesToMask`: an item's ``boxes`` into the per-class mask keys, after loading.
+
+    For each class with boxes, the class's mask key gets the painted mask (united with the loaded mask file when
+    the item has one, which must have the image's size), carrying the image's metadata. Items without boxes pass
+    unchanged; the ``boxes`` field is removed so that batches collate.
+
+    Args:
+        mask_keys: the per-class mask keys in the order of ``CLASS_NAMES`` (benign, malignant).
+        image_key: the loaded (1, H, W) image whose size and metadata the masks take.
+        boxes_key: the datalist field.
+    """
+
+    def __init__(
+        self,
+        mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
+        image_key: str = "image",
+        boxes_key: str = BOXES_KEY,
+    ) -> None:
+        super().__init__(list(mask_keys), allow_missing_keys=True)
+        if len(self.keys) != len(CLASS_NAMES):
+            raise ValueError(f"mask_keys must name one key per class {list(CLASS_NAMES)}, got {list(mask_keys)}")
+        self.image_key, self.boxes_key = image_key, boxes_key
+        self.painter = BoxesToMask()
+
+    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
+        d = dict(data)
+        boxes = d.pop(self.boxes_key, None)
+        image = d.get(self.image_key)
+        where = f"{d.get('image_path') or getattr(image, 'meta', {}).get('filename_or_obj', '')}: boxes"
+        entries = parse_boxes(boxes, where)
+        if not entries:
+            return d
+        shape = tuple(image.shape[-2:])
+        for key, cls in zip(self.keys, CLASS_NAMES):
+            painted = self.painter([b for label, b in entries if label == cls], shape)
+            if not painted.any():
+                continue
+            loaded = d.get(key)
+            if loaded is not None and not isinstance(loaded, str):
+                if tuple(loaded.shape[-2:]) != shape:
+                    raise ValueError(f"{key} of shape {tuple(loaded.shape[-2:])} does not match the image {shape}")
+                painted = np.maximum(painted, (np.asarray(loaded) > 0).astype(np.uint8).reshape(painted.shape))
+            meta = dict(getattr(image, "meta", {}) or {})
+            d[key] = MetaTensor(torch.from_numpy(painted), meta=meta) if meta else torch.from_numpy(painted)
+        return d
