@@ -288,7 +288,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
     space = load_search_space(search_path, budget.search_space)
     docs_dir = Path(args.docs_dir).resolve()
     results_path = Path(args.results).resolve() if args.results else docs_dir / "results.md"
-    runner = Runner(work_dir, args.threads, quiet=args.quiet)
+    runner = Runner(work_dir, args.threads, quiet=args.quiet, retries=args.retries)
     try:
         datalist = prepare_data(preset, work_dir, args.datalist)
         common = {"datalist": str(datalist), "check_data": False, "bundle_root": str(BUNDLE_ROOT)}
@@ -464,6 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="work folder of an earlier benchmark run: every model's trials start from the model that run selected "
         "(GLAM: its jointly trained model), e.g. on harder lesions (default: the preset's benchmark#init_from)",
     )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="run a failed step again this many times in the same invocation; training resumes from its last.pt "
+        "(default %(default)s)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
@@ -478,6 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.threads = max(1, _usable_cores() // args.jobs)
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.retries < 0:
+        parser.error(f"--retries must be >= 0, got {args.retries}")
     if args.trials is not None and args.trials < 1:
         parser.error(f"--trials must be >= 1, got {args.trials}")
     if not Path(args.preset).is_file():

@@ -53,7 +53,10 @@ class Step:
 class Runner:
     """Runs steps as subprocesses of ``threads`` threads each (several threads of the driver may call :meth:`run`
     at once), logs each to ``<work_dir>/logs/<name>.log``, records step wall times in ``<work_dir>/timings.json``
-    and remembers failures. It also keeps the wall time of every invocation of the driver on this work folder in
+    and remembers failures. A step that exits non-zero (killed, out of memory, a crash) is run again up to
+    ``retries`` times in the same invocation: training steps resume from their ``last.pt`` and evaluations
+    rewrite their files atomically, so an interrupted step costs its unfinished epoch, not the run. It also keeps
+    the wall time of every invocation of the driver on this work folder in
     ``<work_dir>/invocations.json`` (updated after each step and every ``heartbeat_s`` seconds, so an invocation
     that is killed still counts), so a run resumed over several sessions knows its whole wall time
     (:meth:`run_wall_s`)."""
@@ -64,6 +67,7 @@ class Runner:
     timings: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     heartbeat_s: float = 60.0
+    retries: int = 2
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -110,7 +114,8 @@ class Runner:
             print(f"[benchmark {datetime.now():%H:%M:%S}] {message}", flush=True)
 
     def run(self, step: Step) -> bool:
-        """Run ``step`` unless its output exists; False when it failed (the reason is in :attr:`failures`)."""
+        """Run ``step`` unless its output exists, again after a failure up to ``retries`` times; False when its last
+        attempt failed (the reason is in :attr:`failures`)."""
         if step.done_file.is_file():
             self._log(f"{step.name}: done already ({step.done_file})")
             return True
@@ -118,15 +123,24 @@ class Runner:
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log(f"{step.name}: running (log {log})")
         start = time.monotonic()
-        with open(log, "w", encoding="utf-8") as f:
-            f.write(shlex.join(step.command) + "\n\n")
-            f.flush()
-            done = subprocess.run(step.command, cwd=REPO_ROOT, env=self.env(), stdout=f, stderr=subprocess.STDOUT)
+        for attempt in range(self.retries + 1):
+            # the log keeps every attempt: "w" for the first, then appended under a header
+            with open(log, "w" if attempt == 0 else "a", encoding="utf-8") as f:
+                if attempt:
+                    f.write(f"\n\n[benchmark] attempt {attempt + 1} of {self.retries + 1} (the previous one failed)\n")
+                f.write(shlex.join(step.command) + "\n\n")
+                f.flush()
+                done = subprocess.run(step.command, cwd=REPO_ROOT, env=self.env(), stdout=f, stderr=subprocess.STDOUT)
+            if done.returncode == 0:
+                break
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+            reason = f"exit status {done.returncode}; log {log}; last lines: " + " | ".join(tail)
+            if attempt < self.retries:
+                self._log(f"{step.name}: failed ({reason}); running it again ({attempt + 2} of {self.retries + 1})")
         wall = time.monotonic() - start
         if done.returncode != 0:
-            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
             with self._lock:
-                self.failures[step.name] = f"exit status {done.returncode}; log {log}; last lines: " + " | ".join(tail)
+                self.failures[step.name] = reason
             self._log(f"{step.name}: FAILED after {wall:.0f} s ({self.failures[step.name]})")
             return False
         if step.marker:
@@ -138,7 +152,7 @@ class Runner:
             self.timings[step.name] = wall
             write_json(self.work_dir / "timings.json", self.timings)
         self.record_invocation()
-        self._log(f"{step.name}: finished in {wall:.0f} s")
+        self._log(f"{step.name}: finished in {wall:.0f} s" + (f" ({attempt + 1} attempts)" if attempt else ""))
         return True
 
     def skip(self, step_name: str, reason: str) -> None:

@@ -369,6 +369,36 @@ def test_a_step_whose_output_exists_is_skipped_and_a_failed_one_is_reported(tmp_
     assert steps.Runner(tmp_path, threads=1).timings.keys() == {"write", "train"}  # times survive a restart
 
 
+def test_a_step_killed_midway_is_run_again_in_the_same_invocation_and_resumes(tmp_path):
+    """The first attempt writes its progress (as training writes last.pt) and is killed by SIGKILL; the runner runs
+    it again, the second attempt continues from the progress file and finishes."""
+    progress, out = tmp_path / "progress.txt", tmp_path / "metrics.json"
+    script = (
+        "import os, pathlib, signal\n"
+        f"p, out = pathlib.Path({str(progress)!r}), pathlib.Path({str(out)!r})\n"
+        "done = int(p.read_text()) if p.exists() else 0\n"
+        "for epoch in range(done, 4):\n"
+        "    p.write_text(str(epoch + 1))\n"
+        "    if epoch == 1 and done == 0:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "print('resumed at', done)\n"
+        "out.write_text('{}')\n"
+    )
+    runner = steps.Runner(tmp_path, threads=1, quiet=True, retries=1)
+    assert runner.run(steps.Step("train", [sys.executable, "-c", script], out))
+    assert progress.read_text() == "4" and out.is_file() and not runner.failures
+    log = (tmp_path / "logs" / "train.log").read_text()
+    assert "attempt 2 of 2" in log and "resumed at 2" in log  # both attempts logged; the second resumed
+    # with no retry left the failure is reported as before
+    never = tmp_path / "never"
+    fail = steps.Runner(tmp_path / "b", threads=1, quiet=True, retries=0)
+    (tmp_path / "b").mkdir()
+    assert not fail.run(steps.Step("bad", [sys.executable, "-c", "raise SystemExit(3)"], never))
+    assert "exit status 3" in fail.failures["bad"]
+    runner.close()
+    fail.close()
+
+
 def test_invocation_wall_times_are_kept_by_a_heartbeat_until_the_runner_closes(tmp_path):
     import time
 
