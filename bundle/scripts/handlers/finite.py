@@ -104,6 +104,8 @@ class StopOnNonFinite:
         kept = [name for name in ("last.pt", "model.pt") if (self.ckpt_dir / name).is_file()]
         if not kept:
             return f"nothing was saved in {self.ckpt_dir}"
+        if len(kept) == 1:
+            return f"{kept[0]} in {self.ckpt_dir} keeps its last finite weights"
         return f"{', '.join(kept)} in {self.ckpt_dir} keep their last finite weights"
 
     def _stop(self, engine: Engine, what: str) -> TrainingDivergedError:

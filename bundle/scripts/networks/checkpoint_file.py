@@ -33,8 +33,10 @@ class NonFiniteError(CheckpointError):
     """Weights that hold NaN or Inf values (read from a file, or about to be written to one)."""
 
 
-def _first_line(text: str, limit: int = 200) -> str:
+def _first_line(text: Any, limit: int = 160) -> str:
+    """The first sentence of the first non-empty line of ``text`` (torch's messages run to paragraphs)."""
     line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
+    line = line.split(". ")[0]
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

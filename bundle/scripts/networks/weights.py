@@ -152,7 +152,7 @@ def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.
     record, keys or shapes differ from the network's is refused with one line naming the file (a ``ValueError``:
     :class:`CheckpointError`, or the settings' / keys' message).
     """
-    state = weights_of(load_checkpoint_file(Path(path), "model weights"), path)
+    state = weights_of(load_checkpoint_file(Path(path), "checkpoint"), path)
     wrapped = isinstance(network, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel))
     module = network.module if wrapped else network  # the weights of a data-parallel network's module
     problems = state_dict_problems(module, state, f"the checkpoint {path}")
