@@ -18,7 +18,13 @@ __all__ = ["GLAMLoss", "CAMLoss", "GMICLoss", "MaskDiceBCELoss"]
 def _bce(probabilities: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     # Binary cross-entropy on probabilities is not autocast-safe: compute it in float32 outside autocast.
     with torch.autocast(device_type=probabilities.device.type, enabled=False):
-        return F.binary_cross_entropy(probabilities.float(), target.float())
+        p = probabilities.float()
+        # torch's BCE refuses a NaN probability (a RuntimeError on the CPU, a device-side assert that ends the process
+        # on CUDA): diverged weights make the loss NaN instead, for the training's stop handler to report
+        # (scripts.handlers.finite), without a host synchronisation. NaN * 0 and Inf * 0 are NaN, a finite p * 0 is
+        # 0, so for finite probabilities the loss and its gradients are exactly what they were.
+        poison = (p * 0).sum()
+        return F.binary_cross_entropy(torch.nan_to_num(p, nan=0.5, posinf=1.0, neginf=0.0), target.float()) + poison
 
 
 def _l1(maps: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Ignite handlers of the bundle (used from the configs as ``scripts.handlers.…``)."""
 
-from . import panels, throughput, training_state
+from . import finite, panels, throughput, training_state
 from .loss_terms import LossTerms
 from .metrics import PointingGame, PxAP, SoftDice
 
-__all__ = ["panels", "throughput", "training_state", "LossTerms", "PointingGame", "PxAP", "SoftDice"]
+__all__ = ["finite", "panels", "throughput", "training_state", "LossTerms", "PointingGame", "PxAP", "SoftDice"]

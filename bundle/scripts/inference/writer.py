@@ -136,7 +136,8 @@ class GLAMInferenceWriter:
     def __call__(self, engine: Any) -> None:
         out = engine.state.output
         for record in out["errors"]:
-            logger.warning("%s", escape_text(record["error"]))
+            image, error = str(record.get("image", "")), str(record["error"])
+            logger.warning("%s", escape_text(error if image in error else f"{image}: {error}"))
             self.folder.tables.add_error(record)
         for i, item in enumerate(out["items"]):
             self._submit(item, {k: v[i] for k, v in out["pred"].items()})

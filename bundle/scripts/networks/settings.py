@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from .checkpoint_file import CheckpointError, read_checkpoint
+
 __all__ = [
     "SETTINGS_KEY",
     "INFERENCE_CHOICES",
@@ -112,7 +114,7 @@ def check_settings(saved: torch.Tensor, current: Mapping[str, Any], source: str 
 
 @lru_cache(maxsize=8)
 def _cached_record(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None:
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_checkpoint(path)
     record = state.get(SETTINGS_KEY) if isinstance(state, Mapping) else None
     return decode_settings(record) if isinstance(record, torch.Tensor) else None
 
@@ -126,6 +128,8 @@ def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
     stat = path.stat()
     try:
         record = _cached_record(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    except CheckpointError:
+        raise  # names the file already, in one line
     except ValueError as err:
         raise ValueError(f"the checkpoint {path}: {err}") from err
     except Exception as err:  # noqa: BLE001 - torch.load raises many types; the message names the file

@@ -1,5 +1,10 @@
-"""Checkpoint files of the bundle's networks: written atomically, loaded strictly with weights only, and the
-one-line help when the weights are missing."""
+"""Checkpoint files of the bundle's networks: written atomically and never with NaN or Inf weights, loaded strictly
+with weights only and refused when a tensor is not finite, and the one-line help when the weights are missing.
+
+Every load of weights goes through :func:`load_checkpoint_file` (inference, the MONAI Label app through
+:func:`~scripts.networks.fast_inference.load_for_inference` / :func:`load_weights`, evaluation, a stage's previous
+model, a resumed ``last.pt``), so every path refuses a file that cannot be read or holds non-finite values, with one
+line naming the file and the reason (:mod:`.checkpoint_file`)."""
 
 from __future__ import annotations
 
@@ -13,13 +18,19 @@ import torch
 from monai.utils import str2bool
 
 from ..atomic import atomic_write
+from .checkpoint_file import CheckpointError, NonFiniteError, describe_non_finite, non_finite_tensors, read_checkpoint
 from .settings import SETTINGS_KEY, check_settings
 
 __all__ = [
     "save_atomic",
     "WEIGHTS_HELP",
     "require_weights",
+    "CheckpointError",
+    "NonFiniteError",
+    "check_finite",
     "load_checkpoint_file",
+    "state_dict_problems",
+    "weights_of",
     "load_weights",
     "as_flag",
     "plain_state_dict",
@@ -29,7 +40,17 @@ logger = logging.getLogger(__name__)
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
-    """``torch.save`` to a temporary file in the target folder, then rename it over ``path`` (never a torn file)."""
+    """``torch.save`` to a temporary file in the target folder, then rename it over ``path`` (never a torn file).
+
+    Raises:
+        NonFiniteError: a floating-point tensor of ``obj`` holds NaN or Inf (named); nothing is written, and the
+            file already at ``path`` stays as it was.
+    """
+    found = non_finite_tensors(obj)
+    if found:
+        raise NonFiniteError(
+            f"{path} not written: {describe_non_finite(found)}; the file keeps its earlier content (if any)"
+        )
     with atomic_write(path, "wb") as f:
         torch.save(obj, f)
     return Path(path)
@@ -49,28 +70,58 @@ def require_weights(path: str | os.PathLike) -> str:
     return str(path)
 
 
-def load_checkpoint_file(path: Path, what: str) -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU; an unreadable file is a ``ValueError`` naming it."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as err:
-        raise ValueError(f"cannot read {what} {path}: {type(err).__name__}: {err}") from err
+def check_finite(obj: Any, source: str | os.PathLike) -> Any:
+    """``obj`` (a state dict, or a training checkpoint with nested ones) when every floating-point tensor in it is
+    finite; otherwise a :class:`NonFiniteError`: ``"<source>: tensor <name> holds 3 NaN values; the checkpoint is not
+    usable"``."""
+    found = non_finite_tensors(obj)
+    if found:
+        raise NonFiniteError(
+            f"{source}: {describe_non_finite(found)}; the checkpoint is not usable (weights that diverged in "
+            "training, or a damaged copy; see docs/training.md, 'Non-finite losses and weights')"
+        )
+    return obj
 
 
-def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
-    """Load a plain state dict (``weights_only``) into ``network``, strictly; returns ``network``.
+def load_checkpoint_file(path: str | os.PathLike, what: str = "checkpoint") -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU, its tensors checked finite: the one loader of the bundle's
+    checkpoints.
 
-    A file that is not a state dict, or whose keys or shapes differ from the network's, is a ``ValueError`` that
-    names the file (and the keys).
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: unreadable (empty, truncated, not a PyTorch file, Python objects besides tensors), one line
+            naming the file (:func:`~scripts.networks.checkpoint_file.read_checkpoint`).
+        NonFiniteError: a tensor holds NaN or Inf (:func:`check_finite`).
     """
-    state = load_checkpoint_file(Path(path), "model weights")
-    if not isinstance(state, Mapping):
-        raise ValueError(f"model weights {path}: not a state dict (a mapping of tensor names to tensors)")
+    return check_finite(read_checkpoint(path, what), path)
+
+
+def weights_of(state: Any, path: str | os.PathLike) -> Mapping[str, Any]:
+    """The network's state dict in a loaded checkpoint: the file itself (a ``model.pt``), or the ``network`` entry
+    of a training stage's ``last.pt``. A file that is neither is a :class:`CheckpointError` naming it."""
+    if isinstance(state, Mapping) and isinstance(state.get("network"), Mapping) and "trainer" in state:
+        state = state["network"]
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
+        raise CheckpointError(
+            f"model weights {path}: not a state dict (a mapping of tensor names to tensors; got {type(state).__name__})"
+        )
+    return state
+
+
+def _listed(items: list[str], separator: str = ", ") -> str:
+    return separator.join(items[:3]) + (f"{separator}..." if len(items) > 3 else "")
+
+
+def state_dict_problems(
+    network: torch.nn.Module, state: Mapping[str, Any], source: str = "the checkpoint"
+) -> list[str]:
+    """What keeps ``state`` from loading strictly into ``network``: missing and unexpected keys, values that are not
+    tensors, shape mismatches (at most three of each named); empty when it loads. One line each, unlike
+    ``load_state_dict``'s multi-line message. The settings record is compared first and not as a tensor: one that
+    differs from the network's is a ``ValueError`` naming each setting (``source`` names the file there)."""
     saved_settings = state.get(SETTINGS_KEY)
     if isinstance(saved_settings, torch.Tensor) and isinstance(getattr(network, "settings", None), Mapping):
-        check_settings(saved_settings, network.settings, f"the checkpoint {path}")  # before shapes: names the cause
+        check_settings(saved_settings, network.settings, source)  # before shapes: names the cause
     # the weights alone: the settings record is checked above, and older checkpoints have none
     expected = {k: v for k, v in network.state_dict().items() if k != SETTINGS_KEY}
     weights = {k: v for k, v in state.items() if k != SETTINGS_KEY}
@@ -78,24 +129,39 @@ def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.
     for what, keys in (
         ("missing", [k for k in expected if k not in weights]),
         ("unexpected", [k for k in weights if k not in expected]),
+        ("non-tensor", [k for k in expected if k in weights and not isinstance(weights[k], torch.Tensor)]),
     ):
         if keys:
-            problems.append(f"{len(keys)} {what} key(s) ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})")
+            problems.append(f"{len(keys)} {what} key(s) ({_listed(keys)})")
     shapes = [
         f"{k} {tuple(weights[k].shape)} vs {tuple(v.shape)}"
         for k, v in expected.items()
         if k in weights and isinstance(weights[k], torch.Tensor) and weights[k].shape != v.shape
     ]
     if shapes:
-        problems.append(
-            f"{len(shapes)} shape mismatch(es) ({'; '.join(shapes[:3])}{'; ...' if len(shapes) > 3 else ''})"
-        )
+        problems.append(f"{len(shapes)} shape mismatch(es) ({_listed(shapes, '; ')})")
+    return problems
+
+
+def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
+    """Load a plain state dict (``weights_only``) into ``network`` (the module of a (Distributed)DataParallel one),
+    strictly; returns ``network``.
+
+    The file is a ``model.pt`` (a plain state dict) or a stage's ``last.pt`` (its ``network`` entry). A file that
+    cannot be read, is not a state dict, holds a NaN or Inf (:func:`load_checkpoint_file`), or whose settings
+    record, keys or shapes differ from the network's is refused with one line naming the file (a ``ValueError``:
+    :class:`CheckpointError`, or the settings' / keys' message).
+    """
+    state = weights_of(load_checkpoint_file(Path(path), "checkpoint"), path)
+    wrapped = isinstance(network, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel))
+    module = network.module if wrapped else network  # the weights of a data-parallel network's module
+    problems = state_dict_problems(module, state, f"the checkpoint {path}")
     if problems:
         raise ValueError(
             f"model weights {path} do not match the network: {', '.join(problems)}; were they trained with other "
-            "model settings (a preset)?"
+            "model settings (a preset), or is it another model's file?"
         )
-    network.load_state_dict(state, strict=True)
+    module.load_state_dict(state, strict=True)
     logger.info("weights %s loaded strictly (%d tensors)", path, len(state))
     return network
 

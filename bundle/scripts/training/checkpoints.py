@@ -16,7 +16,14 @@ from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
 
 from ..atomic import atomic_write
-from ..networks.weights import as_flag, load_checkpoint_file, plain_state_dict, save_atomic
+from ..networks.weights import (
+    as_flag,
+    load_checkpoint_file,
+    plain_state_dict,
+    save_atomic,
+    state_dict_problems,
+    weights_of,
+)
 from .distributed import rank
 
 __all__ = ["read_record", "why_no_model", "StageCheckpointer"]
@@ -210,12 +217,15 @@ class StageCheckpointer:
         if self.previous_model is not None:
             if not self.previous_model.is_file():
                 raise FileNotFoundError(why_no_model(self.previous_model))
-            state = load_checkpoint_file(self.previous_model, "the previous stage's model")
+            # refused in one line naming the file: unreadable, not a state dict, a NaN or Inf tensor
+            state = weights_of(
+                load_checkpoint_file(self.previous_model, "the previous stage's model"), self.previous_model
+            )
             network = self.save_dict["network"]
             network = getattr(network, "module", network)
             try:
                 if self.previous_modules is None:
-                    network.load_state_dict(state, strict=True)
+                    self._load_strictly(network, state)
                 else:
                     self._load_modules(network, state)
             except (RuntimeError, ValueError, TypeError, AttributeError) as err:
@@ -224,6 +234,15 @@ class StageCheckpointer:
                 ) from err
             what = "" if self.previous_modules is None else f" ({', '.join(self.previous_modules)} only)"
             logger.info("loaded the previous stage's model %s%s", self.previous_model, what)
+
+    @staticmethod
+    def _load_strictly(module: Any, state: Mapping[str, Any]) -> None:
+        """``module.load_state_dict(state, strict=True)``, its problems (settings, keys, shapes) said in one line
+        first."""
+        problems = state_dict_problems(module, state)
+        if problems:
+            raise ValueError(", ".join(problems))
+        module.load_state_dict(state, strict=True)
 
     def _load_modules(self, network: Any, state: Mapping[str, Any]) -> None:
         """Load each of ``previous_modules`` from ``state``, strictly; the rest of ``network`` is left as it is."""
@@ -235,7 +254,10 @@ class StageCheckpointer:
             part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             if not part:
                 raise ValueError(f"the file holds no weights of {name!r}")
-            children[name].load_state_dict(part, strict=True)
+            try:
+                self._load_strictly(children[name], part)
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}") from err
 
     def _resume(self, engine: Engine) -> None:
         """Restore every object of ``save_dict`` from ``last.pt``; the run keeps its own ``max_epochs``."""
