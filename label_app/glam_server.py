@@ -343,6 +343,46 @@ def _close_apps_on_shutdown(api: FastAPI) -> None:
     api.router.lifespan_context = lifespan
 
 
+def _in_worker_threads(api: FastAPI) -> None:
+    """MONAI Label's inference routes are ``async`` functions that run the whole inference inline, so one
+    inference held the event loop and every other request (``/info/`` included) waited for it. Each is replaced by
+    a plain function of the same signature (its dependencies, the token check included, are kept), which FastAPI
+    runs in its worker threads: the event loop keeps answering while an image is on the model (the GLAM task lets
+    one image on the model at a time)."""
+    import inspect
+
+    from fastapi.routing import APIRoute
+    from monailabel.endpoints import batch_infer, infer
+
+    blocking = {("/infer/{model}", "POST"): infer.run_inference, ("/batch/infer/{model}", "POST"): batch_infer.run}
+    for index, route in enumerate(api.router.routes):
+        if not isinstance(route, APIRoute):
+            continue
+        impl = next(
+            (f for (path, method), f in blocking.items() if route.path == path and method in route.methods), None
+        )
+        if impl is None:
+            continue
+        signature = inspect.signature(route.endpoint)
+
+        def endpoint(*args: Any, _impl: Any = impl, **kwargs: Any) -> Any:
+            kwargs.pop("user", None)  # the token check has run (a dependency); the implementation takes no user
+            return _impl(*args, **kwargs)
+
+        endpoint.__signature__ = signature  # type: ignore[attr-defined]
+        endpoint.__name__ = route.endpoint.__name__
+        api.router.routes[index] = APIRoute(
+            route.path,
+            endpoint,
+            methods=list(route.methods),
+            summary=route.summary,
+            name=route.name,
+            tags=route.tags,
+            dependencies=route.dependencies,
+            responses=route.responses,
+        )
+
+
 def configure(api: FastAPI) -> FastAPI:
     """Make MONAI Label's FastAPI app ``api`` the GLAM server (module docstring); before it starts."""
     origins = parse_origins(o for o in os.environ.get("GLAM_LABEL_CORS_ORIGINS", "").split(",") if o.strip())
@@ -359,6 +399,7 @@ def configure(api: FastAPI) -> FastAPI:
     if settings.MONAI_LABEL_AUTH_ENABLE:
         _install_token_check(api)
     _close_apps_on_shutdown(api)
+    _in_worker_threads(api)
     setattr(api.state, SERVER_FLAG, True)
     logger.info(
         "GLAM server: cross-origin access for %s; hosts %s; request bodies up to %d MiB; authentication %s; "
