@@ -43,8 +43,8 @@ def _kind(path: str) -> str | None:
 
 
 def stated_shape(path: str | os.PathLike, max_pixels: int | None = None) -> tuple[int, ...] | None:
-    """The array shape ``path``'s header states (rows first for 2-D pictures, as the bundle reads them; NIfTI and
-    NRRD in their own axis order, which only the product and the two largest sides matter for), or None when the
+    """The array shape ``path``'s header states, rows first as the bundle reads a picture (NIfTI and NRRD store
+    columns first: their axes are reversed), or None when the
     header cannot be read here (the bundle's reader then decides). A DICOM whose header cannot be read within
     ``max_pixels`` (a deflated file inflating past it) raises the bundle's ``MammogramReadError``."""
     path = str(path)
@@ -71,11 +71,11 @@ def stated_shape(path: str | os.PathLike, max_pixels: int | None = None) -> tupl
         if kind == "nifti":
             import nibabel as nib
 
-            return tuple(int(d) for d in nib.load(path).header.get_data_shape())
+            return tuple(int(d) for d in nib.load(path).header.get_data_shape())[::-1]
         if kind == "nrrd":
             import nrrd
 
-            return tuple(int(d) for d in nrrd.read_header(path)["sizes"])
+            return tuple(int(d) for d in nrrd.read_header(path)["sizes"])[::-1]
     except Exception:  # noqa: BLE001 - an unreadable header is the reader's to report, with its reason
         return None
     return None

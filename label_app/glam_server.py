@@ -349,38 +349,43 @@ def _in_worker_threads(api: FastAPI) -> None:
     a plain function of the same signature (its dependencies, the token check included, are kept), which FastAPI
     runs in its worker threads: the event loop keeps answering while an image is on the model (the GLAM task lets
     one image on the model at a time)."""
-    import inspect
-
     from fastapi.routing import APIRoute
     from monailabel.endpoints import batch_infer, infer
 
-    blocking = {("/infer/{model}", "POST"): infer.run_inference, ("/batch/infer/{model}", "POST"): batch_infer.run}
-    for index, route in enumerate(api.router.routes):
-        if not isinstance(route, APIRoute):
-            continue
-        impl = next(
-            (f for (path, method), f in blocking.items() if route.path == path and method in route.methods), None
-        )
-        if impl is None:
-            continue
-        signature = inspect.signature(route.endpoint)
+    blocking = {infer.api_run_inference: infer.run_inference, batch_infer.api_run: batch_infer.run}
+    # the app's own routes (older FastAPI copies included routes there) and the routers MONAI Label included
+    # (newer FastAPI resolves those when the first request comes)
+    for router in (api.router, infer.router, batch_infer.router):
+        for index, route in enumerate(router.routes):
+            impl = blocking.get(route.endpoint) if isinstance(route, APIRoute) else None
+            if impl is not None:
+                router.routes[index] = _threaded_route(route, impl)
+        if hasattr(router, "_routes_version"):  # tell a newer FastAPI that the routes changed
+            router._routes_version += 1
 
-        def endpoint(*args: Any, _impl: Any = impl, **kwargs: Any) -> Any:
-            kwargs.pop("user", None)  # the token check has run (a dependency); the implementation takes no user
-            return _impl(*args, **kwargs)
 
-        endpoint.__signature__ = signature  # type: ignore[attr-defined]
-        endpoint.__name__ = route.endpoint.__name__
-        api.router.routes[index] = APIRoute(
-            route.path,
-            endpoint,
-            methods=list(route.methods),
-            summary=route.summary,
-            name=route.name,
-            tags=route.tags,
-            dependencies=route.dependencies,
-            responses=route.responses,
-        )
+def _threaded_route(route: Any, impl: Callable[..., Any]) -> Any:
+    """``route`` with a plain function calling ``impl`` as its endpoint, of the same signature."""
+    import inspect
+
+    from fastapi.routing import APIRoute
+
+    def endpoint(**kwargs: Any) -> Any:
+        kwargs.pop("user", None)  # the token check has run (a dependency); the implementation takes no user
+        return impl(**kwargs)
+
+    endpoint.__signature__ = inspect.signature(route.endpoint)  # type: ignore[attr-defined]
+    endpoint.__name__ = route.endpoint.__name__
+    return APIRoute(
+        route.path,
+        endpoint,
+        methods=list(route.methods),
+        summary=route.summary,
+        name=route.name,
+        tags=route.tags,
+        dependencies=route.dependencies,
+        responses=route.responses,
+    )
 
 
 def configure(api: FastAPI) -> FastAPI:
