@@ -34,9 +34,11 @@ from typing import Any
 
 from filelock import FileLock
 from glam_safety import (
+    MAX_NAME_LENGTH,
     RequestRefused,
     check_name,
     deletable_path,
+    invisible_characters,
     is_inside,
     is_utf8,
     readable_path,
@@ -72,6 +74,7 @@ class GLAMDatastore(LocalDatastore):
         self.file_types = tuple(e.replace("*", "") for e in extensions)
         self.uploads_dir = os.path.realpath(uploads_dir) if uploads_dir else None
         self._reported: set[tuple[str, str]] = set()
+        self._ambiguous: dict[str, list[str]] = {}
         self._archive: str | None = None
         for name in ("datastore_v2.json", ".lock"):  # written on every change: never through a link
             writable_path(self.root, name, f"the datastore's {name}")
@@ -145,19 +148,102 @@ class GLAMDatastore(LocalDatastore):
             path.unlink(missing_ok=True)
 
     def _skip_undecodable(self, names: list[str], where: str) -> list[str]:
-        """``names`` without those that are not UTF-8 (each logged once: no JSON answer could list it)."""
+        """``names`` without those no request could name (each logged once): not UTF-8 (no JSON answer can hold
+        it), holding control or invisible format characters (U+202E and the like), or an id longer than
+        ``MAX_NAME_LENGTH``."""
         kept = []
         for name in names:
-            if is_utf8(name):
+            if not is_utf8(name):
+                problem = "the file name is not valid UTF-8"
+            elif invisible_characters(name):
+                problem = f"the file name holds control or invisible format characters ({invisible_characters(name)})"
+            elif len(self._to_id(name)[0]) > MAX_NAME_LENGTH:
+                problem = f"its id would be longer than {MAX_NAME_LENGTH} characters"
+            else:
                 kept.append(name)
-            elif (where, name) not in self._reported:
+                continue
+            if (where, name) not in self._reported:
                 self._reported.add((where, name))
                 logger.warning(
-                    "datastore: skipped %s in %s: the file name is not valid UTF-8 (rename it to serve it)",
-                    shown_name(name),
-                    where,
+                    "datastore: skipped %s in %s: %s (rename it to serve it)", shown_name(name), where, problem
                 )
         return kept
+
+    # -- ids: one file, one id --------------------------------------------------------------------------------------
+    def _to_id(self, file: str) -> tuple[str, str]:
+        """``(id, extension)`` of a file name: the name without the longest datastore extension it ends with (one
+        extension removed, once: MONAI Label removed every occurrence, so ``x.nrrd.nrrd`` was ``x``)."""
+        matches = [e for e in self.file_types if file.endswith(e) and len(file) > len(e)]
+        if matches:
+            ext = max(matches, key=len)
+            return file[: -len(ext)], ext
+        return LocalDatastore._to_id(self, file)
+
+    def _assign_ids(self) -> dict[str, tuple[str, str]]:
+        """``id -> (file name, extension)`` of every image of the studies folder. A file's id is its name without
+        its extension, unless other files share that stem (``x.png`` beside ``x.nrrd``): then each of them is served
+        under its whole file name (``x.png``, ``x.nrrd``; extension ``""``), the stem names none of them, and the
+        log names the files once. A file whose id would still be taken is left out and logged."""
+        files = self._list_files(self._datastore.image_path(), self._extensions)
+        stems: dict[str, list[tuple[str, str]]] = {}
+        for name in sorted(files):
+            stem, ext = self._to_id(name)
+            stems.setdefault(stem, []).append((name, ext))
+        ids: dict[str, tuple[str, str]] = {}
+        self._ambiguous = {}
+        for stem, members in stems.items():
+            if len(members) == 1:
+                ids.setdefault(stem, members[0])
+                continue
+            self._ambiguous[stem] = [name for name, _ in members]
+            self._report_once(
+                ("shared stem", stem),
+                "datastore: %s share the id %r: each is served under its whole file name as id (%s)",
+                " and ".join(shown_name(n) for n, _ in members),
+                stem,
+                ", ".join(repr(n) for n, _ in members),
+            )
+        for names in self._ambiguous.values():
+            for name in names:
+                if name in ids:  # a whole name that is another file's stem (x.png beside x.png.nrrd)
+                    self._report_once(
+                        ("taken", name), "datastore: skipped %s: its id is taken by another file", shown_name(name)
+                    )
+                    continue
+                ids[name] = (name, "")
+        return ids
+
+    def _report_once(self, key: tuple[str, str], message: str, *args: Any) -> None:
+        if key not in self._reported:
+            self._reported.add(key)
+            logger.warning(message, *args)
+
+    def _add_non_existing_images(self) -> int:
+        """LocalDatastore's, with the ids of :meth:`_assign_ids`: a record whose id no longer names its file (the
+        stem two files now share) is dropped, every file gets the record of its own id."""
+        self._init_from_datastore_file()
+        assigned = self._assign_ids()
+        objects = self._datastore.objects
+        changed = 0
+        for image_id in list(objects):
+            current = assigned.get(image_id)
+            if current is None or image_id + objects[image_id].image.ext != current[0]:
+                if image_id in self._ambiguous or current is not None:
+                    del objects[image_id]  # the id now names another file, or none of the files sharing it
+                    changed += 1
+        for image_id, (name, ext) in assigned.items():
+            if image_id not in objects:
+                info = {"ts": int(time.time()), "name": name}
+                objects[image_id] = ImageLabelModel(image=DataModel(info=info, ext=ext))
+                changed += 1
+        return changed
+
+    def unknown_id_message(self, image_id: str) -> str:
+        """Why ``image_id`` names no image: unknown, or the stem several files share (their ids named)."""
+        shared = getattr(self, "_ambiguous", {}).get(image_id)
+        if shared:
+            return f"image id {image_id!r} is shared by {len(shared)} files; each is served under its own id: {shared}"
+        return f"image id {image_id!r} is not in the datastore"
 
     # -- listings (LocalDatastore's, without names no answer can hold) ------------------------------------------------
     def _list_files(self, path: str, patterns: Sequence[str]) -> dict[str, str]:
@@ -228,6 +314,7 @@ class GLAMDatastore(LocalDatastore):
             image_id = image_id or self._to_id(os.path.basename(image_filename))[0]
             check_name(image_id, "image id", new=True)
             name = image_id + ext
+            self._check_free(image_id, name)
             logger.info("Adding Image: %s => %s", image_id, image_filename)
             with FileLock(self._lock_file):
                 target = writable_path(self.root, self._image_file(image_id, ext), f"image {image_id!r}")
@@ -239,6 +326,26 @@ class GLAMDatastore(LocalDatastore):
             return image_id
         finally:
             self._discard_upload(image_filename)
+
+    def _check_free(self, image_id: str, name: str) -> None:
+        """Refuse (409) an upload whose id names another file (``x`` of ``x.png`` for an upload ``x.nrrd``, a stem
+        files share, the whole name of one of them): two files would share an id. Replacing the file of the same
+        name is allowed."""
+        taken = [f for f in self._ambiguous.get(image_id, [])]
+        taken += [
+            f
+            for f in self._list_files(self._image_dir(), self._extensions)
+            if f != name and f not in taken and self._to_id(f)[0] == image_id
+        ]
+        obj = self._datastore.objects.get(image_id)
+        if obj is not None and image_id + obj.image.ext not in (name, *taken):
+            taken.append(image_id + obj.image.ext)
+        if taken:
+            raise RequestRefused(
+                f"image id {image_id!r} already names {', '.join(taken)}: upload {name} under another id (no two "
+                "files share one)",
+                409,
+            )
 
     def remove_image(self, image_id: str) -> None:
         obj = self._datastore.objects.get(check_name(image_id, "image id"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -138,6 +139,35 @@ def check_settings_record(parser: ConfigParser, model_path: str | os.PathLike, l
     check_model_settings(values, limits, source)
 
 
+def non_finite_tensor(network: torch.nn.Module) -> str | None:
+    """The name of the first floating-point parameter or buffer of ``network`` holding NaN or an infinity, else
+    None: such weights make every map 0 or NaN, which the server must not serve as a result."""
+    for name, tensor in network.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def load_model(parser: ConfigParser, model_path: Path, device: torch.device) -> torch.nn.Module:
+    """The bundle's ``network_def`` with the weights of ``model_path`` through the bundle's own
+    ``load_for_inference`` (strict, ``weights_only``, the config's precision) on ``device``; ``ValueError`` in one
+    line naming the file for weights that do not load or that hold NaN or infinite values."""
+    from scripts.networks.fast_inference import load_for_inference
+
+    network = parser.get_parsed_content("network_def")
+    try:
+        glam = load_for_inference(network, model_path, device, str(parser.get_parsed_content("precision")))
+    except ValueError as e:
+        raise ValueError(f"model {model_path} does not load into the bundle's network_def: {e}") from None
+    bad = non_finite_tensor(glam)
+    if bad is not None:
+        raise ValueError(
+            f"model {model_path}: tensor {bad} holds NaN or infinite values (a diverged or corrupted checkpoint); "
+            "the label server refuses the model"
+        )
+    return glam
+
+
 def write_map(path: str, array: np.ndarray, spacing: Sequence[float] | None) -> None:
     """Write an ``(H, W)`` map in the project's array convention (rows as displayed) with ``(row, col)`` spacing."""
     if path.endswith(".nrrd"):
@@ -191,21 +221,21 @@ class GLAMSaliencyInfer(BasicInferTask):
         parser["bundle_root"] = str(self.bundle_dir)
         # the network and the window are built from the checkpoint's settings record (presets still override)
         parser["ckpt_path"] = str(model_path)
-        check_settings_record(parser, model_path, limits)
+        self.limits = limits or Limits.from_env()
+        check_settings_record(parser, model_path, self.limits)
+        # the bundle's reader refuses, from the header and before decoding, an image above the server's pixel limit
+        parser["max_image_pixels"] = self.limits.max_image_pixels
         self.gamma_c = float(parser.get_parsed_content("gamma_c"))
+        window = parser.get_parsed_content("image_size")
+        self.window = tuple(int(v) for v in window) if window is not None else None
         self.transform = parser.get_parsed_content("preprocessing")
-        from scripts.networks import optimize_for_inference
-        from scripts.networks.weights import load_weights
-
-        network = parser.get_parsed_content("network_def")
-        try:
-            network = load_weights(network, model_path)
-        except ValueError as e:
-            raise ValueError(f"model {model_path} does not match the bundle's network_def: {e}") from e
-        logger.info("GLAM weights %s loaded strictly", model_path)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        # the inference config's precision: on CPU a bf16 copy where the CPU supports it (docs/inference.md)
-        self.glam = optimize_for_inference(network.to(self.device), str(parser.get_parsed_content("precision")))
+        # the bundle's own loading (inference.yaml's `network`): strictly, weights only, on the device, at the
+        # config's precision (on CPU a bf16 copy where the CPU supports it, docs/inference.md)
+        self.glam = load_model(parser, model_path, self.device)
+        logger.info("GLAM weights %s loaded strictly", model_path)
+        # one image on the model at a time; requests wait here, after their checks, never in the event loop
+        self.lock = threading.Lock()
         super().__init__(
             path=str(model_path),
             network=self.glam,
@@ -234,9 +264,11 @@ class GLAMSaliencyInfer(BasicInferTask):
         return []
 
     def __call__(self, request: Mapping[str, Any], callbacks: Any = None) -> tuple[str, dict[str, Any]]:
-        """Run GLAM on ``request["image"]`` (a file path) and write the requested map to a temporary file."""
-        from scripts.inference.facts import spacing_note
-        from scripts.inference.geometry import maps_on_original
+        """Run GLAM on ``request["image"]`` (a file path) and write the requested map to a temporary file.
+
+        Everything that can refuse the request from its parameters and the file's header is decided first, in
+        milliseconds; then the request waits for the model (one image at a time) and runs the bundle's pipeline."""
+        from glam_inputs import check_input
 
         begin = time.time()
         settings = overlay_settings(request)
@@ -246,10 +278,38 @@ class GLAMSaliencyInfer(BasicInferTask):
         shown = name if name == UPLOADED else f"image {name!r}"
         if not isinstance(path, str) or not os.path.isfile(path):
             raise _bad_request(f"{shown}: no such file")
-        try:
-            item = self.transform({"image": path})
-        except Exception as e:  # noqa: BLE001 - any reader or transform failure is the input's problem: 400
-            raise _bad_request(f"{shown} cannot be read: {unreadable_image_message(e, path, name)}") from e
+        check_input(path, self.limits, shown)
+        with self.lock:
+            waited = time.time() - begin
+            try:
+                item = self.transform({"image": path})
+            except Exception as e:  # noqa: BLE001 - any reader or transform failure is the input's problem: 400
+                raise _bad_request(f"{shown} cannot be read: {unreadable_image_message(e, path, name)}") from e
+            try:
+                out_file, result_json = self._run(item, settings)
+            except Exception as e:  # noqa: BLE001 - a server-side failure: 500 with one line, the traceback logged
+                logger.exception("GLAM failed on %s", path)
+                text = unreadable_image_message(e, path, name)
+                raise HTTPException(status_code=500, detail=f"GLAM failed on {shown}: {text}") from e
+        if request.get("image_source"):
+            result_json["read_from"] = request["image_source"]
+        result_json["latencies"] = {"total": round(time.time() - begin, 4), "waited": round(waited, 4)}
+        logger.info(
+            "GLAM %s: y_g benign %.4f malignant %.4f -> %s",
+            path,
+            result_json["prob_benign"],
+            result_json["prob_malignant"],
+            out_file,
+        )
+        return out_file, result_json
+
+    def _run(self, item: dict[str, Any], settings: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The network on a preprocessed ``item``, its maps on the file's grid written as ``settings`` ask, and the
+        JSON result: the scores, the patch boxes and what the bundle's predictions.csv states of the image (its
+        laterality, view and pixel spacing used with their sources, the model's window on the file)."""
+        from scripts.inference.facts import image_facts, image_notes, spacing_note
+        from scripts.inference.geometry import maps_on_original
+
         amp = self.device.type == "cuda"
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=amp):
             out = self.glam.forward_all(torch.as_tensor(item["image"])[None].to(self.device))
@@ -257,7 +317,8 @@ class GLAMSaliencyInfer(BasicInferTask):
         back = maps_on_original(item, pred, self.transform, self.gamma_c)
         maps, boxes = back.maps, back.boxes
         result = overlay_map(maps[MapName.COMBINED], settings)
-        # the reader's (row, col) spacing travels with the preprocessed image (NaN when the file has none)
+        # the reader's (row, col) spacing travels with the preprocessed image (NaN when the file has none): the map
+        # carries the file's own spacing, or none
         spacing = np.asarray(item["image"].meta.get("spacing", (np.nan, np.nan)), dtype=np.float64).reshape(-1)[:2]
         spacing = tuple(float(v) for v in spacing) if np.isfinite(spacing).all() else None
 
@@ -265,6 +326,8 @@ class GLAMSaliencyInfer(BasicInferTask):
         os.close(fd)
         write_map(out_file, result, spacing)
         y = pred[OutputKey.Y_GLOBAL].tolist()
+        facts = image_facts(item)
+        used = [facts["spacing_row_mm"], facts["spacing_col_mm"]]
         result_json = {
             **{f"prob_{c}": float(y[i]) for i, c in enumerate(CLASS_NAMES)},
             "patch_boxes": [list(b) for b in boxes],
@@ -272,12 +335,17 @@ class GLAMSaliencyInfer(BasicInferTask):
             "height": int(result.shape[0]),
             "width": int(result.shape[1]),
             "label_names": dict(LABELS),
-            "latencies": {"total": round(time.time() - begin, 4)},
+            **{k: facts[k] for k in ("laterality", "laterality_source", "view", "view_source")},
+            "spacing_mm": [float(v) for v in used] if all(used) else None,
+            "spacing_source": facts["spacing_source"],
+            "file_spacing_mm": list(spacing) if spacing else None,
+            "window": list(back.window) if back.window is not None else None,
+            "model_window": list(self.window) if self.window else None,
+            "notes": image_notes(item, self.window),
         }
-        # a file without a pixel spacing was used at the model's: say so, as the bundle's inference does
-        note = spacing_note(item["image"])
+        # a file without a pixel spacing was used at an estimated one: say so, as the bundle's inference does
+        note = spacing_note(item["image"], self.window)
         if note:
-            logger.warning("GLAM %s: %s", path, note)
+            logger.warning("GLAM %s: %s", item["image"].meta.get("filename", "image"), note)
             result_json["note"] = note
-        logger.info("GLAM %s: y_g benign %.4f malignant %.4f -> %s", path, y[0], y[1], out_file)
         return out_file, result_json

@@ -5,9 +5,10 @@ Plain Python (no MONAI Label import), so the rules are unit-tested in any enviro
 never depends on whether a file exists, so the answers tell a client nothing about the filesystem.
 
 - Datastore ids and label tags are single file-name components of the studies folder: no ``/`` or ``\\``, not
-  ``.`` or ``..``, no control characters, valid UTF-8, at most :data:`MAX_NAME_LENGTH` characters; a new id (an
-  upload) may not start with ``.`` either. Ids and tags are never decoded again, so an encoded ``%2e%2e%2f`` is a
-  plain name. The file name of an upload is one such name too (:func:`check_upload_name`).
+  ``.`` or ``..``, no control or invisible format characters (Unicode Cc / Cf, e.g. U+202E), valid UTF-8, at
+  most :data:`MAX_NAME_LENGTH` characters; a new id (an upload) may not start with ``.`` either. Ids and tags
+  are never decoded again, so an encoded ``%2e%2e%2f`` is a plain name. The file name of an upload is one such
+  name too (:func:`check_upload_name`).
 - Paths are decided on where they resolve (:func:`readable_path`, :func:`writable_path`, :func:`deletable_path`):
   nothing is written or deleted outside the studies folder or through a symbolic link; a link the server's own user
   put in the folder is followed for reading, and answers name the path inside the folder, never the link's target.
@@ -25,6 +26,7 @@ import ipaddress
 import json
 import os
 import stat
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -36,6 +38,13 @@ MAX_NAME_LENGTH = 200
 MAX_JSON_DEPTH = 32
 #: longest file name of an upload, in UTF-8 bytes (file systems allow 255)
 MAX_UPLOAD_NAME_BYTES = 255
+#: the most digits a JSON integer a request carries may have (Python refuses more than 4300 with a ValueError; no
+#: parameter of the server needs more than a few)
+MAX_JSON_INT_DIGITS = 64
+#: Unicode categories refused in ids, tags and upload names: controls (Cc, e.g. NUL, ESC) and invisible format
+#: characters (Cf: U+202E right-to-left override, U+200B zero-width space, U+FEFF, ...), which make a name look like
+#: another one
+INVISIBLE_CATEGORIES = ("Cc", "Cf")
 #: host names every server answers for
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: form fields of MONAI Label's routes that carry a JSON object
@@ -65,10 +74,10 @@ def check_name(value: Any, what: str, *, new: bool = False) -> str:
         raise RequestRefused(f"{what} must be a non-empty string, got {_shown(value)}")
     if "/" in value or "\\" in value or value in (".", ".."):
         problem = "is a path; it must name a file of the studies folder (no '/', '\\', '.' or '..')"
-    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
-        problem = "holds control characters"
     elif not is_utf8(value):
         problem = "is not valid UTF-8"
+    elif invisible_characters(value):
+        problem = f"holds control or invisible format characters ({invisible_characters(value)})"
     elif len(value) > MAX_NAME_LENGTH:
         problem = f"is longer than {MAX_NAME_LENGTH} characters"
     elif new and value.startswith("."):
@@ -76,6 +85,13 @@ def check_name(value: Any, what: str, *, new: bool = False) -> str:
     else:
         return value
     raise RequestRefused(f"{what} {_shown(value)} {problem}")
+
+
+def invisible_characters(text: str) -> str:
+    """The code points of ``text`` in :data:`INVISIBLE_CATEGORIES` (control and format characters), written as
+    ``U+202E, U+0000``; empty when there are none."""
+    found = dict.fromkeys(f"U+{ord(c):04X}" for c in text if unicodedata.category(c) in INVISIBLE_CATEGORIES)
+    return ", ".join(found)
 
 
 def is_utf8(text: str) -> bool:
@@ -103,10 +119,12 @@ def check_upload_name(value: Any, field: str) -> str:
         raise RequestRefused(f"the file name of form field {field!r} must be text, got {_shown(value)}")
     if "/" in value or "\\" in value:
         problem = "is a path; send the file's name only (no '/' or '\\')"
-    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
-        problem = "holds control characters (such as NUL)"
     elif not is_utf8(value):
         problem = "is not valid UTF-8"
+    elif invisible_characters(value):
+        problem = (
+            f"holds control characters (such as NUL) or invisible format characters: {invisible_characters(value)}"
+        )
     elif len(value.encode("utf-8")) > MAX_UPLOAD_NAME_BYTES:
         problem = f"is longer than {MAX_UPLOAD_NAME_BYTES} bytes"
     elif value in (".", ".."):
@@ -221,8 +239,19 @@ def json_value(what: str, text: str | bytes) -> Any:
     """The JSON value of ``text`` (``what`` names it in messages), nested at most :data:`MAX_JSON_DEPTH` deep,
     else :class:`RequestRefused` (400)."""
     too_deep = f"{what} nests lists or objects deeper than {MAX_JSON_DEPTH} levels"
+
+    def bounded_int(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
+            raise RequestRefused(
+                f"{what} holds an integer of {len(digits.lstrip('-'))} digits; the server takes at most "
+                f"{MAX_JSON_INT_DIGITS}"
+            )
+        return int(digits)
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=bounded_int)
+    except RequestRefused:
+        raise
     except json.JSONDecodeError as e:
         raise RequestRefused(f"{what} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except UnicodeDecodeError:
@@ -324,7 +353,12 @@ LIMIT_VARIABLES = {
     "GLAM_LABEL_MAX_IMAGE_SIDE": (8192, "each side of the model's image_size (the preprocessing window), in pixels"),
     "GLAM_LABEL_MAX_PATCH_SIDE": (2048, "each side of the model's patch_size, in pixels"),
     "GLAM_LABEL_MAX_PATCHES": (32, "the patches per image (num_patches_eval)"),
+    "GLAM_LABEL_MAX_IMAGE_PIXELS": (50_000_000, "the pixels of an input image, as its header states them"),
 }
+#: an input image's shorter side, at least (pixels), and its longer side over its shorter side, at most: a
+#: mammogram is about 1.2-1.6 times as long as it is wide; a 65000 x 10 strip is no picture the model can place
+MIN_IMAGE_SIDE = 32
+MAX_IMAGE_ASPECT = 10
 
 
 class Limits(NamedTuple):
@@ -339,6 +373,7 @@ class Limits(NamedTuple):
     max_image_side: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_IMAGE_SIDE"][0]
     max_patch_side: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_PATCH_SIDE"][0]
     max_patches: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_PATCHES"][0]
+    max_image_pixels: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_IMAGE_PIXELS"][0]
 
     @property
     def max_body_bytes(self) -> int:
@@ -359,6 +394,33 @@ class Limits(NamedTuple):
                 raise ValueError(f"{name}={text!r}: expected a positive whole number ({meaning}; default {default})")
             values[field] = int(text)
         return cls(**values)
+
+
+def check_image_shape(shape: Iterable[int], limits: Limits, what: str) -> None:
+    """:class:`RequestRefused` for an input image whose header states ``shape`` (rows, cols; or more dimensions)
+    larger than ``limits.max_image_pixels`` (413), or whose picture is no mammogram's: a side below
+    :data:`MIN_IMAGE_SIDE` or sides more than :data:`MAX_IMAGE_ASPECT` times apart (400). Decided from the header,
+    before any pixel is decoded; ``what`` names the image in the message."""
+    dims = [int(d) for d in shape]
+    pixels = 1
+    for d in dims:
+        pixels *= max(d, 0)
+    size = " x ".join(str(d) for d in dims)
+    if pixels > limits.max_image_pixels:
+        raise RequestRefused(
+            f"{what}: its header states {size} = {pixels:,} pixels, above the server's limit of "
+            f"{limits.max_image_pixels:,} (GLAM_LABEL_MAX_IMAGE_PIXELS raises it)",
+            413,
+        )
+    sides = [d for d in dims if d != 1] if len(dims) > 2 else dims
+    if len(sides) != 2:
+        return  # not 2-D: the reader names the problem
+    short, long = min(sides), max(sides)
+    if short < MIN_IMAGE_SIDE or long > MAX_IMAGE_ASPECT * short:
+        raise RequestRefused(
+            f"{what}: an image of {size} pixels is no mammogram the model can place (each side at least "
+            f"{MIN_IMAGE_SIDE} pixels, the longer at most {MAX_IMAGE_ASPECT} times the shorter)"
+        )
 
 
 def _pair(value: Any) -> list[int] | None:

@@ -343,6 +343,51 @@ def _close_apps_on_shutdown(api: FastAPI) -> None:
     api.router.lifespan_context = lifespan
 
 
+def _in_worker_threads(api: FastAPI) -> None:
+    """MONAI Label's inference routes are ``async`` functions that run the whole inference inline, so one
+    inference held the event loop and every other request (``/info/`` included) waited for it. Each is replaced by
+    a plain function of the same signature (its dependencies, the token check included, are kept), which FastAPI
+    runs in its worker threads: the event loop keeps answering while an image is on the model (the GLAM task lets
+    one image on the model at a time)."""
+    from fastapi.routing import APIRoute
+    from monailabel.endpoints import batch_infer, infer
+
+    blocking = {infer.api_run_inference: infer.run_inference, batch_infer.api_run: batch_infer.run}
+    # the app's own routes (older FastAPI copies included routes there) and the routers MONAI Label included
+    # (newer FastAPI resolves those when the first request comes)
+    for router in (api.router, infer.router, batch_infer.router):
+        for index, route in enumerate(router.routes):
+            impl = blocking.get(route.endpoint) if isinstance(route, APIRoute) else None
+            if impl is not None:
+                router.routes[index] = _threaded_route(route, impl)
+        if hasattr(router, "_routes_version"):  # tell a newer FastAPI that the routes changed
+            router._routes_version += 1
+
+
+def _threaded_route(route: Any, impl: Callable[..., Any]) -> Any:
+    """``route`` with a plain function calling ``impl`` as its endpoint, of the same signature."""
+    import inspect
+
+    from fastapi.routing import APIRoute
+
+    def endpoint(**kwargs: Any) -> Any:
+        kwargs.pop("user", None)  # the token check has run (a dependency); the implementation takes no user
+        return impl(**kwargs)
+
+    endpoint.__signature__ = inspect.signature(route.endpoint)  # type: ignore[attr-defined]
+    endpoint.__name__ = route.endpoint.__name__
+    return APIRoute(
+        route.path,
+        endpoint,
+        methods=list(route.methods),
+        summary=route.summary,
+        name=route.name,
+        tags=route.tags,
+        dependencies=route.dependencies,
+        responses=route.responses,
+    )
+
+
 def configure(api: FastAPI) -> FastAPI:
     """Make MONAI Label's FastAPI app ``api`` the GLAM server (module docstring); before it starts."""
     origins = parse_origins(o for o in os.environ.get("GLAM_LABEL_CORS_ORIGINS", "").split(",") if o.strip())
@@ -359,6 +404,7 @@ def configure(api: FastAPI) -> FastAPI:
     if settings.MONAI_LABEL_AUTH_ENABLE:
         _install_token_check(api)
     _close_apps_on_shutdown(api)
+    _in_worker_threads(api)
     setattr(api.state, SERVER_FLAG, True)
     logger.info(
         "GLAM server: cross-origin access for %s; hosts %s; request bodies up to %d MiB; authentication %s; "

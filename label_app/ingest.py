@@ -1,27 +1,44 @@
-"""Ingest DICOM mammograms into a MONAI Label studies folder as NRRD files.
+"""Ingest DICOM mammograms into a MONAI Label studies folder: a NRRD copy for the viewers, the DICOM for the model.
 
     python label_app/ingest.py STUDIES_DIR [--bundle bundle]
 
-MONAI Label's local datastore lists NIfTI, NRRD, PNG, JPEG and TIFF files, and writes 2-D results without
-geometry: a DICOM is best served as a 2-D NRRD. Every DICOM file in STUDIES_DIR (``.dcm``/``.dicom``/``.dic``, or
-any file with the DICM preamble) becomes ``<stem>.nrrd`` beside it: the pixels as the bundle reads them (Modality
-and VOI LUTs applied, MONOCHROME1 inverted: what the model sees and a viewer should show), rows as displayed, and
-the DICOM pixel spacing (Imager Pixel Spacing / Pixel Spacing) as the NRRD's space directions. A NRRD newer than
-its DICOM is kept; a DICOM that cannot be read is reported (file and reason) and the others are still converted.
-The DICOM files are left untouched. Exit code 0 unless no DICOM could be converted while some failed.
+MONAI Label's local datastore lists NIfTI, NRRD, PNG, JPEG and TIFF files, not DICOM. Every DICOM file in
+STUDIES_DIR (``.dcm``/``.dicom``/``.dic`` in any case, or any file with the DICM preamble) gets a copy for the
+viewers named after its whole file name, ``<file name>.nrrd`` (``x.dcm`` -> ``x.dcm.nrrd``, datastore id ``x.dcm``),
+so that no two DICOMs, and no DICOM and a picture beside it (``x.png``, id ``x``), share a name: the pixels as the
+bundle reads them (Modality and VOI LUTs applied, MONOCHROME1 inverted), rows as displayed, with the pixel spacing
+the DICOM states (Imager Pixel Spacing / Pixel Spacing) as the NRRD's space directions, or **no geometry at all**
+when the DICOM states none (nothing invented: viewers show such a file at their default of 1 mm per pixel).
+
+The label server reads the DICOM itself for inference (the bundle's reader and spacing policy, as
+``monai.bundle run inference`` reads the same file): ingest records each copy in ``.glam_ingest.json`` in the
+studies folder (the DICOM's name, size and modification time, the NRRD's), and the server follows the record only
+while the NRRD is still the file ingest wrote and the DICOM still the one it read (:func:`ingested_source`); a NRRD
+replaced by an upload is read as itself. A copy still current is kept; a DICOM that cannot be read, whose name is
+too long to serve or whose copy's name is taken by a file ingest did not write is reported (file and reason, one
+line each) and the others are still converted. The DICOM files are left untouched. Exit code 0 unless no DICOM
+could be converted while some failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 APP_DIR = Path(__file__).resolve().parent
 DICOM_SUFFIXES = (".dcm", ".dicom", ".dic")
+#: the record of the copies ingest made, in the studies folder (hidden: never listed, never an upload's name)
+MANIFEST = ".glam_ingest.json"
+MANIFEST_VERSION = 1
+#: the longest file name the file systems take, in bytes
+MAX_FILE_NAME_BYTES = 255
 
 
 @dataclass
@@ -29,6 +46,7 @@ class IngestReport:
     converted: list[Path] = field(default_factory=list)
     up_to_date: list[Path] = field(default_factory=list)
     failed: list[tuple[Path, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def _is_dicom(path: Path) -> bool:
@@ -50,8 +68,91 @@ def _pixels(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
+def copy_name(dicom_name: str) -> str:
+    """The viewers' copy of DICOM ``dicom_name``: ``<dicom_name>.nrrd`` (its datastore id is ``dicom_name``)."""
+    return dicom_name + ".nrrd"
+
+
+def _stat(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def read_manifest(studies: Path) -> dict[str, dict[str, Any]]:
+    """The copies ingest recorded in ``studies`` (NRRD name -> record); empty when there is no valid record."""
+    try:
+        data = json.loads((studies / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if (
+        not isinstance(data, dict)
+        or data.get("version") != MANIFEST_VERSION
+        or not isinstance(data.get("copies"), dict)
+    ):
+        return {}
+    return {k: v for k, v in data["copies"].items() if isinstance(k, str) and isinstance(v, dict)}
+
+
+def _write_manifest(studies: Path, copies: dict[str, dict[str, Any]]) -> None:
+    from scripts.atomic import atomic_write
+
+    with atomic_write(studies / MANIFEST, "w", encoding="utf-8") as f:
+        json.dump({"version": MANIFEST_VERSION, "copies": copies}, f, indent=1, sort_keys=True)
+
+
+def _is_ours(studies: Path, name: str, record: dict[str, Any]) -> bool:
+    """Whether copy ``name`` is still the file ingest wrote (``record``'s size, modification time and inode)."""
+    try:
+        return _stat(studies / name) == record.get("copy_stat")
+    except OSError:
+        return False
+
+
+def _current(studies: Path, name: str, record: dict[str, Any]) -> bool:
+    """Whether ``record`` of copy ``name`` still holds: the copy is the file ingest wrote, the DICOM the one it read."""
+    source = record.get("source")
+    if not isinstance(source, str) or os.sep in source or "/" in source or source.startswith("."):
+        return False
+    try:
+        return _is_ours(studies, name, record) and _stat(studies / source)[:2] == record.get("source_stat")
+    except OSError:
+        return False
+
+
+def ingested_source(studies: Path, copy: Path) -> Path | None:
+    """The DICOM of the studies folder that ``copy`` (a file of it) is ingest's current copy of, else None."""
+    from glam_safety import RequestRefused, readable_path
+
+    record = read_manifest(studies).get(copy.name)
+    if copy.parent.resolve() != studies.resolve() or record is None or not _current(studies, copy.name, record):
+        return None
+    try:
+        return Path(readable_path(studies, record["source"], f"the DICOM of {copy.name!r}"))
+    except RequestRefused:
+        return None
+
+
+def _name_problem(name: str) -> str | None:
+    """Why DICOM ``name`` cannot be served under its id, or None."""
+    from glam_safety import MAX_NAME_LENGTH, RequestRefused, check_name
+
+    size = len(os.fsencode(copy_name(name)))
+    if size > MAX_FILE_NAME_BYTES or len(name) > MAX_NAME_LENGTH:
+        return (
+            f"the file name is {len(os.fsencode(name))} bytes: its copy {copy_name(name)[:40]!r}... would be "
+            f"{size} bytes (file systems take {MAX_FILE_NAME_BYTES}) and its id longer than {MAX_NAME_LENGTH} "
+            "characters; rename the file"
+        )
+    try:
+        check_name(name, "the file name", new=True)
+    except RequestRefused as e:
+        return f"{e}; rename the file"
+    return None
+
+
 def ingest_dicoms(studies: str | Path) -> IngestReport:
-    """Convert every DICOM in ``studies`` (top level, as MONAI Label's datastore lists it) to ``<stem>.nrrd``."""
+    """Copy every DICOM in ``studies`` (top level, as MONAI Label's datastore lists it) to ``<name>.nrrd`` for the
+    viewers and record it (module docstring)."""
     from nrrd_io import write_nrrd_2d
 
     from scripts.data.readers import read_mammogram
@@ -60,20 +161,52 @@ def ingest_dicoms(studies: str | Path) -> IngestReport:
     if not studies.is_dir():
         raise ValueError(f"studies {studies}: not a folder")
     report = IngestReport()
-    for path in sorted(p for p in studies.iterdir() if p.is_file() and not p.name.startswith(".")):
-        if not _is_dicom(path):
-            continue
-        target = path.with_suffix(".nrrd") if path.suffix else path.with_name(path.name + ".nrrd")
-        if target.exists() and target.stat().st_mtime >= path.stat().st_mtime:
-            report.up_to_date.append(target)
-            continue
+    old = read_manifest(studies)
+    copies = {k: v for k, v in old.items() if _current(studies, k, v)}
+    for path in sorted(p for p in studies.iterdir() if not p.name.startswith(".")):
         try:
+            if not path.is_file() or not _is_dicom(path):
+                continue
+            problem = _name_problem(path.name)
+            if problem:
+                report.failed.append((path, problem))
+                continue
+            name = copy_name(path.name)
+            target = studies / name
+            if name in copies and copies[name]["source"] == path.name:
+                report.up_to_date.append(target)
+                continue
+            ours = name in old and old[name].get("source") == path.name and _is_ours(studies, name, old[name])
+            if (target.exists() or target.is_symlink()) and not ours:
+                report.failed.append(
+                    (
+                        path,
+                        f"{name} exists and is not ingest's current copy of it: left as it is (remove it to convert)",
+                    )
+                )
+                continue
+            legacy = path.with_suffix(".nrrd")
+            if path.suffix and legacy.exists() and legacy.name not in copies:
+                report.notes.append(
+                    f"{legacy.name} beside {path.name} is served as its own image {legacy.stem!r}: ingest now writes "
+                    f"{name}; if {legacy.name} is an earlier ingest's copy (at an invented 1 mm), remove it"
+                )
             array, meta = read_mammogram(path)
-            write_nrrd_2d(target, _pixels(array), meta.get("spacing"))
+            spacing = meta.get("spacing")
+            write_nrrd_2d(target, _pixels(array), spacing, {"glam_source": path.name})
+            copies[name] = {
+                "source": path.name,
+                "source_stat": _stat(path)[:2],
+                "copy_stat": _stat(target),
+                "spacing": list(spacing) if spacing else None,
+                "spacing_source": meta.get("spacing_source"),
+            }
         except Exception as e:  # noqa: BLE001 - one bad file must not stop the others
             report.failed.append((path, f"{type(e).__name__}: {e}"))
             continue
         report.converted.append(target)
+    if copies != old:
+        _write_manifest(studies, copies)
     return report
 
 
@@ -86,13 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(APP_DIR))
     try:
         report = ingest_dicoms(args.studies)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"ingest: {e}", file=sys.stderr)
         return 2
     for target in report.converted:
         print(f"ingest: converted {target.name}")
-    for path, reason in report.failed:
-        print(f"ingest: FAILED {path}: {reason}", file=sys.stderr)
+    for note in report.notes:
+        print(f"ingest: note: {note}")
+    for path, reason in report.failed:  # a name that is not UTF-8 is shown with its bytes escaped
+        print(f"ingest: FAILED {os.fsencode(path).decode('utf-8', 'backslashreplace')}: {reason}", file=sys.stderr)
     print(
         f"ingest: {len(report.converted)} DICOM converted, {len(report.up_to_date)} up to date, "
         f"{len(report.failed)} failed ({args.studies})"

@@ -262,6 +262,7 @@ class GLAMApp(MONAILabelApp):
 
     def _infer(self, request: dict[str, Any], upload: str | None, datastore: Any) -> dict[str, Any]:
         from glam_infer import UPLOADED, overlay_settings
+        from glam_inputs import inference_input
         from glam_safety import RequestRefused, as_bool, check_name
         from monailabel.utils.others.generic import handle_torch_linalg_multithread
 
@@ -276,8 +277,11 @@ class GLAMApp(MONAILabelApp):
             image_id = check_name(request.get("image"), "image id")
             path = datastore.get_image_uri(image_id)
             if not path:
-                raise RequestRefused(f"image id {image_id!r} is not in the datastore", 404)
-            request["image"], request["image_name"] = path, image_id
+                raise RequestRefused(datastore.unknown_id_message(image_id), 404)
+            # a DICOM's copy for the viewers is read as the DICOM itself (ingest.py): the bundle's reader and spacing
+            # policy on the file as it states it
+            path, source = inference_input(datastore.root, path)
+            request["image"], request["image_name"], request["image_source"] = path, image_id, source
         else:
             image_id = None
             request["image_name"] = UPLOADED

@@ -3,33 +3,45 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import nrrd
 import numpy as np
 
 
-def write_nrrd_2d(path: str | os.PathLike, array: np.ndarray, spacing: Sequence[float] | None = None) -> None:
-    """Write ``array`` ``(H, W)`` (rows as displayed) with pixel ``spacing`` ``(row, col)`` in mm (None: 1 x 1).
+def write_nrrd_2d(
+    path: str | os.PathLike,
+    array: np.ndarray,
+    spacing: Sequence[float] | None = None,
+    key_values: Mapping[str, str] | None = None,
+) -> None:
+    """Write ``array`` ``(H, W)`` (rows as displayed) with pixel ``spacing`` ``(row, col)`` in mm.
 
-    Stored x (column) first with ``space directions`` and ``space origin``, the layout ITK and 3D Slicer read as a
-    picture; written to a temporary file in the same folder and moved into place, so a reader never sees half a
-    file."""
+    With a spacing the file has ``space directions`` and ``space origin``, stored x (column) first, the layout ITK
+    and 3D Slicer read as a picture. Without one (None: the source states none) it has **no geometry**: no spacing is
+    invented, the bundle's reader finds none (its spacing policy applies) and viewers show it at their default.
+    ``key_values``: NRRD key/value pairs (``key:=value``) recorded in the header. Written to a temporary file of a
+    short name in the same folder and moved into place, so a reader never sees half a file."""
     array = np.asarray(array)
     if array.ndim != 2:
         raise ValueError(f"{path}: expected a 2-D array, got shape {array.shape}")
-    sr, sc = (float(v) for v in (spacing or (1.0, 1.0)))
-    if not (np.isfinite([sr, sc]).all() and sr > 0 and sc > 0):
-        raise ValueError(f"{path}: pixel spacing must be positive and finite, got {(sr, sc)}")
-    header = {
-        "space dimension": 2,
-        "space directions": np.array([[sc, 0.0], [0.0, sr]]),
-        "space origin": np.zeros(2),
-        "encoding": "gzip",
-    }
+    header: dict = {"encoding": "gzip"}
+    if spacing is not None:
+        sr, sc = (float(v) for v in spacing)
+        if not (np.isfinite([sr, sc]).all() and sr > 0 and sc > 0):
+            raise ValueError(f"{path}: pixel spacing must be positive and finite, got {(sr, sc)}")
+        header.update(
+            {
+                "space dimension": 2,
+                "space directions": np.array([[sc, 0.0], [0.0, sr]]),
+                "space origin": np.zeros(2),
+            }
+        )
+    header.update({str(k): str(v) for k, v in (key_values or {}).items()})
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.nrrd")
+    tmp = path.with_name(f".glam-{uuid.uuid4().hex[:12]}.tmp.nrrd")  # short: the final name may be 255 bytes
     try:
         nrrd.write(str(tmp), np.ascontiguousarray(array), header, index_order="C")
         os.replace(tmp, path)

@@ -9,7 +9,8 @@
 #    cached outside the repository in ${GLAM_LABEL_ENV_ROOT:-~/.cache/glam-monailabel}/<hash>, keyed by the hash of
 #    requirements-label.txt and the monailabel pin, so a machine builds it once (built in a temporary folder and
 #    moved into place: an interrupted build is never used).
-# 2. Ingests DICOM files of the studies folder as NRRD beside them (label_app/ingest.py; geometry kept).
+# 2. Ingests DICOM files of the studies folder: a copy for the viewers, <file name>.nrrd, beside each, with the
+#    pixel spacing the DICOM states or none (label_app/ingest.py); inference reads the DICOM itself.
 # 3. Starts the server in the foreground on HOST:PORT (127.0.0.1 unless told otherwise) with label_app/ and the
 #    bundle (bundle/). The default weights are the shipped bundle/models/model.pt (a demonstration model trained
 #    on synthetic 736x480 images, not for real mammograms); --model for others. A checkpoint records the settings
@@ -24,7 +25,7 @@
 # begins with 127. is not one) is refused without it, unless --insecure-no-auth says so explicitly.
 # --max-upload-mb N: the largest request body (an upload) the server reads, in MiB (default 256, or
 # GLAM_LABEL_MAX_UPLOAD_MB); a larger one is answered 413 before it is read. The model's limits (GLAM_LABEL_MAX_*)
-# are in docs/monailabel.md, Security.
+# and the inputs' (GLAM_LABEL_MAX_IMAGE_PIXELS) are in docs/monailabel.md, Limits.
 # --setup-only stops after step 1 and prints the environment's python (tests use it).
 set -euo pipefail
 

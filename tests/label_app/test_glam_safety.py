@@ -27,6 +27,7 @@ normalize_origin, parse_origins = safety.normalize_origin, safety.parse_origins
 Limits, check_model_settings, check_upload_name = safety.Limits, safety.check_model_settings, safety.check_upload_name
 json_value, json_depth, MAX_JSON_DEPTH = safety.json_value, safety.json_depth, safety.MAX_JSON_DEPTH
 readable_path, writable_path, deletable_path = safety.readable_path, safety.writable_path, safety.deletable_path
+MAX_JSON_INT_DIGITS, check_image_shape = safety.MAX_JSON_INT_DIGITS, safety.check_image_shape
 
 # what a client may call an image: the file names a studies folder holds (Slicer names uploads after its volume)
 GOOD_NAMES = ["SYN00000_L_CC", "dcm_1.2.840.113619.2", "MR head (1)", "Mammo-ä", "%2e%2e%2fx", "a..b", "..x"]
@@ -324,3 +325,50 @@ def test_paths_are_decided_where_they_resolve(tmp_path):
     with pytest.raises(RequestRefused, match="not a regular file"):
         deletable_path(studies, "pipe.png", "x")
     assert victim.read_bytes() == b"victim"
+
+
+# -- issue 45: invisible characters, huge JSON integers, the image sizes an input's header states -------------------
+@pytest.mark.parametrize("char", ["\u202e", "\u200b", "\ufeff", "\u2066", "\x1b", "\x85"])
+def test_ids_and_upload_names_with_invisible_characters_are_refused(char):
+    code = re.escape(f"U+{ord(char):04X}")
+    with pytest.raises(RequestRefused, match=code) as err:
+        check_name(f"scan{char}gnp", "image id")
+    assert err.value.status_code == 400
+    with pytest.raises(RequestRefused, match=code):
+        check_upload_name(f"scan{char}.png", "file")
+    assert check_name("scan_ü_漢字", "image id") == "scan_ü_漢字"  # letters of any script pass
+
+
+def test_json_integers_are_bounded_before_python_converts_them():
+    digits = MAX_JSON_INT_DIGITS
+    assert json_object("params", '{"n": ' + "9" * digits + "}")["n"] == int("9" * digits)
+    for text in ('{"threshold": ' + "9" * 5000 + "}", '{"a": [-' + "1" * (digits + 1) + "]}"):
+        with pytest.raises(RequestRefused, match="holds an integer of .* digits; the server takes at most") as err:
+            json_object("params", text)
+        assert err.value.status_code == 400 and "'params'" in str(err.value)
+    assert json_value("the JSON body", '{"x": 1e999}')["x"] == float("inf")  # floats never raise
+
+
+@pytest.mark.parametrize(
+    ("shape", "status", "problem"),
+    [
+        ((12000, 12000), 413, "144,000,000 pixels, above the server's limit of 50,000,000"),
+        ((65000, 10), 400, "65000 x 10 pixels is no mammogram"),
+        ((10, 65000), 400, "no mammogram"),
+        ((20, 20), 400, "each side at least 32 pixels"),
+        ((3000, 200), 400, "the longer at most 10 times the shorter"),
+    ],
+)
+def test_image_shapes_beyond_the_limits_are_refused(shape, status, problem):
+    with pytest.raises(RequestRefused, match=problem) as err:
+        check_image_shape(shape, Limits.from_env({}), "the uploaded file")
+    assert err.value.status_code == status and str(err.value).startswith("the uploaded file: ")
+
+
+def test_mammogram_shapes_pass_and_the_pixel_limit_comes_from_the_environment():
+    limits = Limits.from_env({})
+    for shape in [(4096, 3328), (5928, 4728), (736, 480), (1, 2944, 1920), (32, 320)]:
+        check_image_shape(shape, limits, "image")
+    assert limits.max_image_pixels == 50_000_000
+    assert Limits.from_env({"GLAM_LABEL_MAX_IMAGE_PIXELS": "200000000"}).max_image_pixels == 200_000_000
+    check_image_shape((12000, 12000), Limits.from_env({"GLAM_LABEL_MAX_IMAGE_PIXELS": "200000000"}), "image")

@@ -297,3 +297,88 @@ def test_an_unreadable_image_is_reported_by_its_root_cause_without_the_servers_p
     # any other error: the type and the message, the path replaced by the client's name
     other = ValueError(f"{upload} has shape (3, 4, 5, 6)")
     assert unreadable_image_message(other, str(upload), "SYN1") == "ValueError: SYN1 has shape (3, 4, 5, 6)"
+
+
+# -- issue 45: one file, one id; DICOMs copied for the viewers without an invented spacing --------------------------
+def _mammo_dicom(path: Path, value: int, spacing=None) -> None:
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from _dicom_factory import make_dataset
+
+    pixels = np.zeros((64, 48), np.uint16)
+    pixels[8:56, :30] = value  # a breast against the left edge
+    make_dataset(pixels, spacing=spacing, bits_stored=16, patient_id=f"P{value}").save_as(
+        str(path), write_like_original=False
+    )
+
+
+def test_dicoms_sharing_a_stem_each_become_an_image_and_nothing_invents_a_spacing(tmp_path, caplog):
+    import nrrd
+    from ingest import MANIFEST, ingest_dicoms, ingested_source
+
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    _mammo_dicom(studies / "pat.dcm", 1000)
+    _mammo_dicom(studies / "pat.dicom", 2000)
+    _mammo_dicom(studies / "pat.DCM", 3000, spacing=(0.1, 0.12))
+    _png(studies / "scan.png")
+    _mammo_dicom(studies / "scan.dcm", 4000)
+    _mammo_dicom(studies / ("a" * 246 + ".dcm"), 5000)
+    (studies / "pat.nrrd").write_bytes(b"NRRD0004\n")  # what an earlier ingest wrote for pat.dcm
+    report = ingest_dicoms(studies)
+    assert sorted(p.name for p in report.converted) == [
+        "pat.DCM.nrrd",
+        "pat.dcm.nrrd",
+        "pat.dicom.nrrd",
+        "scan.dcm.nrrd",
+    ]
+    [(failed, reason)] = report.failed
+    assert failed.name.startswith("aaaa") and "rename the file" in reason and "\n" not in reason
+    assert any("pat.nrrd beside pat.dcm" in n for n in report.notes)
+    for name, value in [("pat.dcm", 1000), ("pat.dicom", 2000), ("pat.DCM", 3000), ("scan.dcm", 4000)]:
+        array, header = nrrd.read(str(studies / f"{name}.nrrd"), index_order="C")
+        assert array.max() == value and header["glam_source"] == name
+        assert ingested_source(studies, studies / f"{name}.nrrd") == studies / name
+        assert ("space directions" in header) == (name == "pat.DCM")  # only the DICOM that states one
+    np.testing.assert_allclose(
+        np.linalg.norm(nrrd.read_header(str(studies / "pat.DCM.nrrd"))["space directions"], axis=1), [0.12, 0.1]
+    )
+    # a second run keeps the copies; a copy replaced since (an upload) is read as itself, never as the DICOM
+    again = ingest_dicoms(studies)
+    assert len(again.up_to_date) == 4 and not again.converted
+    os.replace(studies / "pat.dicom.nrrd", studies / "moved.tmp")
+    (studies / "pat.dicom.nrrd").write_bytes((studies / "moved.tmp").read_bytes())
+    assert ingested_source(studies, studies / "pat.dicom.nrrd") is None
+    third = ingest_dicoms(studies)  # the replaced copy is left as it is, and said so
+    assert [(p.name, "is not ingest's current copy" in r) for p, r in third.failed][-1] == ("pat.dicom", True)
+    assert (studies / "pat.dicom.nrrd").read_bytes() == (studies / "moved.tmp").read_bytes()
+    assert json.loads((studies / MANIFEST).read_text())["version"] == 1
+
+    (studies / "moved.tmp").unlink()
+    store = _store(studies)
+    assert sorted(store.list_images()) == ["pat", "pat.DCM", "pat.dcm", "pat.dicom", "scan", "scan.dcm"]
+    assert store.get_image_uri("pat.dicom") == str(studies / "pat.dicom.nrrd")
+
+
+def test_pictures_sharing_a_stem_are_served_under_their_whole_names(layout, caplog):
+    import nrrd
+
+    root, studies, upload = layout
+    _png(studies / "dup.png", 10)
+    nrrd.write(str(studies / "dup.nrrd"), np.full((8, 6), 20, np.uint16), index_order="C")
+    _png(studies / "evil\u202egnp.png")
+    store = _store(studies)
+    assert sorted(store.list_images()) == ["SYN00000_L_CC", "dup.nrrd", "dup.png"]
+    assert store.get_image_uri("dup.png") == str(studies / "dup.png")
+    assert read_mammogram(store.get_image_uri("dup.nrrd"))[0].max() == 20
+    assert store.get_image_uri("dup") == "" and "each is served under its own id" in store.unknown_id_message("dup")
+    assert "'dup.nrrd' and 'dup.png' share the id 'dup'" in caplog.text and "U+202E" in caplog.text
+    # an upload may not take an id that names another file; replacing a file under its own name is allowed
+    nrrd.write(str(root / "upload" / "tmpx.nrrd"), np.ones((8, 6), np.uint16), index_order="C")
+    with pytest.raises(RequestRefused, match="already names SYN00000_L_CC.png") as err:
+        store.add_image("SYN00000_L_CC", str(root / "upload" / "tmpx.nrrd"), {})
+    assert err.value.status_code == 409 and not (studies / "SYN00000_L_CC.nrrd").exists()
+    with pytest.raises(RequestRefused, match="already names dup.nrrd, dup.png"):
+        store.add_image("dup", str(upload), {})
+    again = _png(root / "upload" / "tmpagain.png", 60)
+    assert store.add_image("SYN00000_L_CC", str(again), {}) == "SYN00000_L_CC"  # the same file, replaced
+    assert read_mammogram(studies / "SYN00000_L_CC.png")[0].max() == 60

@@ -105,7 +105,8 @@ def test_info_lists_glam_as_a_2d_segmentation_model(server, label_setup):
     # PNGs and the ingested DICOMs (as NRRD) are in the datastore; the broken DICOM is not
     ids = set(server.get("/datastore/?output=all")["objects"])
     stems = {Path(d["image"]).stem for d in label_setup["png_items"]}
-    dicoms = {f"dcm_{f.stem}" for f in sorted((label_setup["root"] / "dcm" / "images").iterdir())[:2]}
+    # a DICOM is served under its whole file name (its copy for the viewers is <name>.nrrd)
+    dicoms = {f"dcm_{f.name}" for f in sorted((label_setup["root"] / "dcm" / "images").iterdir())[:2]}
     assert ids == stems | dicoms
     log = server.log.read_text()
     assert "ingest: FAILED" in log and "dcm_broken.dcm" in log and "ingest: 2 DICOM converted" in log
@@ -168,7 +169,7 @@ def test_dicom_is_served_on_its_own_geometry(server, label_setup, tmp_path):
 
     f = sorted((label_setup["root"] / "dcm" / "images").iterdir())[0]
     _, meta = read_mammogram(f)
-    heat, header = server.infer_map(tmp_path, f"image=dcm_{f.stem}", {"overlay": "heatmap"})
+    heat, header = server.infer_map(tmp_path, f"image=dcm_{f.name}", {"overlay": "heatmap"})
     assert heat.shape == tuple(meta["shape"])
     spacing = np.linalg.norm(np.asarray(header["space directions"], dtype=float), axis=1)  # x (column) first
     np.testing.assert_allclose(spacing[::-1], meta["spacing"], rtol=1e-6)
