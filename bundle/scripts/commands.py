@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -144,12 +145,34 @@ def disk_full_message(err: OSError) -> str:
     return f"{head}; {kept} (free space on that disk, then continue with --resume true)"
 
 
+class _UserErrorTraceback(logging.Filter):
+    """Keep the line of a log record whose exception is a user's error (:func:`user_error`) but drop its
+    traceback: MONAI's ``StatsHandler`` logs every exception that stops an engine with its traceback before the
+    exception hook prints the one line (``GLAM_TRACEBACK=1`` keeps it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and not os.environ.get("GLAM_TRACEBACK") and user_error(exc) is not None:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+#: the loggers that log an engine's exception with its traceback: MONAI's StatsHandler's (its own, not
+#: propagated), and the root one (a StatsHandler given no logger in older MONAI versions)
+_EXCEPTION_LOGGERS = ("monai.handlers.StatsHandler", "")
+
+
 def install_excepthook() -> None:
     """Print a user's error (:func:`user_error`) that ends the program as ``error: <message>`` without the
-    traceback (the exit status stays 1); every other exception goes to the previous hook, traceback and all.
-    Idempotent; called by :func:`check_command_line`, the first check of every workflow."""
+    traceback (the exit status stays 1); every other exception goes to the previous hook, traceback and all. The
+    engines' exception log lines keep their message without the traceback for the same errors. Idempotent; called
+    by :func:`check_command_line`, the first check of every workflow."""
     if not getattr(sys.excepthook, "glam", False):
         sys.excepthook = _excepthook(sys.excepthook)
+    for name in _EXCEPTION_LOGGERS:
+        target = logging.getLogger(name or None)
+        if not any(isinstance(f, _UserErrorTraceback) for f in target.filters):
+            target.addFilter(_UserErrorTraceback())
 
 
 # -- overrides -----------------------------------------------------------------------------------------------------
