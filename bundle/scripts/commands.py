@@ -170,7 +170,14 @@ def install_excepthook() -> None:
     if not getattr(sys.excepthook, "glam", False):
         sys.excepthook = _excepthook(sys.excepthook)
     for name in _EXCEPTION_LOGGERS:
-        target = logging.getLogger(name or None)
+        if name:
+            from monai.apps import get_logger
+
+            # MONAI's own set-up of that logger (its stdout handler), as StatsHandler makes it: a logger made here with
+            # logging.getLogger would exist already, and MONAI would then give it no handler
+            target = get_logger(name)
+        else:
+            target = logging.getLogger()
         if not any(isinstance(f, _UserErrorTraceback) for f in target.filters):
             target.addFilter(_UserErrorTraceback())
 

@@ -325,10 +325,16 @@ def test_labels_only_training_selects_by_the_validation_auc(tmp_path, tiny_datal
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stderr + result.stdout
     assert "global stage: best-model selection: the validation split (8 images) has no lesion masks" in log
+    assert (
+        "selecting by val_auc_mean (the mean of val_auc_benign and val_auc_malignant, the ROC AUCs of y_global)" in log
+    )
     logged = {}
     for match in EPOCH_LINE.finditer(log):
         values = dict(re.findall(r"(\w+): (\S+)", match.group(2)))
         logged[int(match.group(1))] = float(values["val_auc_mean"])
+        # the mean printed is the mean of the two printed beside it (4 decimals each)
+        pair = (float(values["val_auc_benign"]), float(values["val_auc_malignant"]))
+        assert abs(sum(pair) / 2 - float(values["val_auc_mean"])) <= 1e-4
     assert sorted(logged) == [1, 2, 3]
     record = json.loads((tmp_path / "models" / "global" / "selection.json").read_text())
     assert record["metric"] == "val_auc_mean" and "no lesion masks" in record["reason"]
@@ -436,3 +442,36 @@ def test_command_line_overrides_are_checked_against_the_config_files():
         check_command_line(base + ["--validate#postprocessing#gama_c", "0.3"])
     with pytest.raises(UsageError, match=r"unknown option --validate#no_such#scales"):
         check_command_line(base + ["--validate#no_such#scales", "true"])  # no such component
+
+
+def test_engine_exception_logs_keep_their_line_but_not_a_user_errors_traceback(monkeypatch):
+    """MONAI's StatsHandler logs the exception that stops an engine with its traceback: a user's error keeps the line
+    only (the hook prints it once more as ``error: ...``), a bug keeps its traceback, and the StatsHandler logger keeps
+    MONAI's own stdout handler (the epochs' metric lines)."""
+    import logging
+    import sys as _sys
+
+    from monai.handlers import StatsHandler
+
+    from scripts.commands import install_excepthook
+
+    monkeypatch.delenv("GLAM_TRACEBACK", raising=False)
+    install_excepthook()
+    stats = StatsHandler()
+    assert stats.logger.handlers and stats.logger.handlers[0].stream is _sys.stdout
+
+    def logged(exc: BaseException) -> logging.LogRecord:
+        try:
+            raise exc
+        except BaseException:
+            record = stats.logger.makeRecord(
+                stats.logger.name, logging.ERROR, __file__, 1, "Exception", (), _sys.exc_info()
+            )
+        for f in stats.logger.filters:
+            f.filter(record)
+        return record
+
+    assert logged(UsageError("--epochs must be a finite number")).exc_info is None
+    assert logged(RuntimeError("a bug")).exc_info is not None
+    monkeypatch.setenv("GLAM_TRACEBACK", "1")
+    assert logged(UsageError("shown in full")).exc_info is not None
