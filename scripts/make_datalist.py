@@ -167,10 +167,35 @@ def _summary(datalist: dict, n_skipped: int) -> str:
     return line
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` names a file that can be written: not a folder, in a folder (or one to create) that accepts a new
+    file; else a ``DatalistError`` naming the flag. Checked before any file is searched or read."""
+    import tempfile
+
+    path = Path(os.path.abspath(out))
+    if path.is_dir():
+        raise DatalistError(
+            f"--out {out} is a folder: give the datalist's file name (e.g. --out {out / 'datalist.json'})"
+        )
+    existing = path.parent
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, f"{existing} is a file, not a folder")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise DatalistError(
+            f"--out {out} cannot be written ({err.strerror or err}): choose a file in a writable folder"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     relative_to = None if args.absolute else Path(os.path.abspath(args.out)).parent
     try:
+        _check_out(args.out)
         fractions = normalise_fractions(args.fractions)
         items, skipped, notes = _collect(args, relative_to)
         for line in skipped:
@@ -211,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    save_datalist(datalist, args.out)
+    try:
+        save_datalist(datalist, args.out)
+    except OSError as err:  # the disk filled, the folder went away since the check
+        print(f"error: --out {args.out} cannot be written ({err.strerror or err}); nothing written", file=sys.stderr)
+        return 1
     print(f"wrote {args.out} ({_summary(datalist, len(skipped))})")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "disk_full"]
 
 
 @contextmanager
@@ -33,11 +34,25 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if disk_full(err) is not None:  # name the file (torch.save's own error names none)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
         raise
     _fsync_dir(path.parent)
+
+
+def disk_full(err: BaseException | None) -> OSError | None:
+    """The ``OSError`` in ``err``'s chain (``__cause__`` / ``__context__``) that says the disk or the quota is full
+    (``ENOSPC``, ``EDQUOT``), or None. torch.save reports a full disk as a ``RuntimeError`` whose context is it."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,18 +31,22 @@ from typing import Any
 
 from monai.bundle import ConfigParser
 
+from .atomic import disk_full
+
 __all__ = [
     "RUN_ARGUMENTS",
     "TRACKING_IDS",
     "UsageError",
     "user_error",
     "install_excepthook",
+    "disk_full_message",
     "command_line_overrides",
     "command_line",
     "command_line_config",
     "check_overrides",
     "check_writable",
     "check_command_line",
+    "check_tracking",
 ]
 
 #: arguments of ``monai.bundle run`` itself, and the ids MONAI's ``--tracking`` adds: never config ids of ours
@@ -84,6 +89,9 @@ def user_error(err: BaseException) -> BaseException | None:
     """The exception in ``err``'s chain (``__cause__`` / ``__context__``) that is the user's to fix: a
     :class:`UsageError`, a ``SystemExit`` with a message, or a ``ValueError`` / ``OSError`` raised by the bundle's
     own code (its messages name the file or option). None for anything else (a bug: keep the traceback)."""
+    full = disk_full(err)
+    if full is not None:  # wherever it was raised: a checkpoint, a report, a map
+        return full
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
@@ -102,6 +110,10 @@ def _excepthook(previous):
         if found is None:
             previous(exc_type, exc, tb)
             return
+        if disk_full(found) is found:
+            print(f"error: {disk_full_message(found)}", file=sys.stderr)
+            print("(GLAM_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+            return
         message = str(found).strip()
         # the kind of problem for anything but a usage error (DataCheckError, FileNotFoundError...): it says where
         # to look (a datalist, a file)
@@ -113,12 +125,61 @@ def _excepthook(previous):
     return hook
 
 
+def disk_full_message(err: OSError) -> str:
+    """One line for a full disk (``ENOSPC``; :func:`scripts.atomic.disk_full`): the file being written (every
+    atomic write names it) and what is still there. A checkpoint (``.pt``): the last good checkpoint of its folder
+    (``last.pt``, which ``--resume true`` continues from, else the file itself: an atomic write leaves the previous
+    version whole, else the newest ``.pt``); another file: whether its previous version is unchanged."""
+    if not err.filename:
+        return "no space left on device (free space on the output disk, then run again)"
+    target = Path(os.path.abspath(err.filename))
+    head = f"no space left on device writing {target}"
+    if target.suffix != ".pt":
+        kept = "its previous version is unchanged" if target.is_file() else "nothing was written to it"
+        return f"{head}; {kept} (free space on that disk, then run again)"
+    others = sorted(
+        (p for p in target.parent.glob("*.pt") if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    good = next((p for p in [target.parent / "last.pt", target, *others] if p.is_file()), None)
+    kept = f"the last good checkpoint is {good}" if good else f"no checkpoint was written in {target.parent} yet"
+    return f"{head}; {kept} (free space on that disk, then continue with --resume true)"
+
+
+class _UserErrorTraceback(logging.Filter):
+    """Keep the line of a log record whose exception is a user's error (:func:`user_error`) but drop its
+    traceback: MONAI's ``StatsHandler`` logs every exception that stops an engine with its traceback before the
+    exception hook prints the one line (``GLAM_TRACEBACK=1`` keeps it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and not os.environ.get("GLAM_TRACEBACK") and user_error(exc) is not None:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+#: the loggers that log an engine's exception with its traceback: MONAI's StatsHandler's (its own, not
+#: propagated), and the root one (a StatsHandler given no logger in older MONAI versions)
+_EXCEPTION_LOGGERS = ("monai.handlers.StatsHandler", "")
+
+
 def install_excepthook() -> None:
     """Print a user's error (:func:`user_error`) that ends the program as ``error: <message>`` without the
-    traceback (the exit status stays 1); every other exception goes to the previous hook, traceback and all.
-    Idempotent; called by :func:`check_command_line`, the first check of every workflow."""
+    traceback (the exit status stays 1); every other exception goes to the previous hook, traceback and all. The
+    engines' exception log lines keep their message without the traceback for the same errors. Idempotent; called
+    by :func:`check_command_line`, the first check of every workflow."""
     if not getattr(sys.excepthook, "glam", False):
         sys.excepthook = _excepthook(sys.excepthook)
+    for name in _EXCEPTION_LOGGERS:
+        if name:
+            from monai.apps import get_logger
+
+            # MONAI's own set-up of that logger (its stdout handler), as StatsHandler makes it: a logger made here with
+            # logging.getLogger would exist already, and MONAI would then give it no handler
+            target = get_logger(name)
+        else:
+            target = logging.getLogger()
+        if not any(isinstance(f, _UserErrorTraceback) for f in target.filters):
+            target.addFilter(_UserErrorTraceback())
 
 
 # -- overrides -----------------------------------------------------------------------------------------------------
@@ -278,6 +339,35 @@ def check_writable(**folders: str | os.PathLike) -> None:
             ) from None
 
 
+# -- experiment tracking ---------------------------------------------------------------------------------------------
+#: what MONAI's ``--tracking mlflow`` imports: the client, and the SQLite store's (requirements-dev.txt)
+TRACKING_PACKAGES = {"mlflow": "mlflow-skinny", "sqlalchemy": "sqlalchemy", "alembic": "alembic"}
+
+
+def check_tracking(tracking: Any) -> None:
+    """``--tracking mlflow`` needs MLflow and its SQLite store's packages (:data:`TRACKING_PACKAGES`): a
+    :class:`UsageError` naming the missing ones and the ``pip install`` that brings them, before anything is built
+    (MONAI's own error comes as a traceback of a hundred lines, once the first handler is built)."""
+    import importlib.util
+
+    if not (isinstance(tracking, str) and tracking.strip().lower() == "mlflow"):
+        return
+    missing = []
+    for module, package in TRACKING_PACKAGES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken install, or a module whose spec is None
+            found = False
+        if not found:
+            missing.append(package)
+    if missing:
+        raise UsageError(
+            f"--tracking mlflow needs {', '.join(missing)}, not installed in this Python: pip install "
+            f"{' '.join(missing)} (the versions requirements-dev.txt pins: pip install -r requirements-dev.txt), or "
+            "leave --tracking out"
+        )
+
+
 # -- the whole check -----------------------------------------------------------------------------------------------
 def check_command_line(argv: Sequence[str] | None = None) -> None:
     """:func:`install_excepthook`, then every ``--key`` of a ``monai.bundle run`` command line checked against the
@@ -287,4 +377,5 @@ def check_command_line(argv: Sequence[str] | None = None) -> None:
     given = command_line_overrides(argv)
     if given is not None:
         keys, arguments = given
+        check_tracking(arguments.get("tracking"))
         check_overrides(keys, _file_config(arguments))

@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from scripts.data.checks import DataCheckError, assert_datalist_ok, check_datalist, run_data_checks
+from scripts.data.checks import (
+    SPACING_HINT,
+    DataCheckError,
+    assert_datalist_ok,
+    check_datalist,
+    run_data_checks,
+)
 from scripts.data.synthetic import make_synthetic_dataset, write_mask_png, write_png16
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -214,6 +220,26 @@ def test_structural_problems(tmp_path):
     assert "must be an object" in str(problems[0]) and "missing 'image'" in str(problems[1])
 
 
+def test_deeply_nested_json_is_one_line(tmp_path):
+    """100000 nested lists make Python's JSON parser recurse past its limit: one problem naming the file, exit 1."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"training": ' + "[" * 100000 + "]" * 100000 + "}")
+    (problem,) = check_datalist(deep)
+    assert str(problem).startswith(f"{deep}: JSON nested too deeply to read")
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "check_data.py"), str(deep)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"ERROR {deep}: JSON nested too deeply to read" in result.stdout
+    # a datalist nested less deeply than the limit is read, and its odd item reported as one
+    shallow = tmp_path / "shallow.json"
+    shallow.write_text('{"training": [' + "[" * 500 + "]" * 500 + "]}")
+    assert any("must be an object" in str(p) for p in check_datalist(shallow))
+
+
 def test_pixel_spacing_is_summarised_and_unknown_spacing_warned_against_the_model(tmp_path, caplog):
     img = np.full((40, 30), 500, np.uint16)
     write_png16(tmp_path / "at_04.png", img, spacing_mm=0.4)  # pHYs: 2500 px/m
@@ -230,6 +256,9 @@ def test_pixel_spacing_is_summarised_and_unknown_spacing_warned_against_the_mode
     line = report.format().splitlines()[1]
     assert line.startswith("pixel spacing: 2 of 4 image(s) state one (0.1-0.4 mm); without: ")
     assert "none_a.png" in line and "none_b.png" in line and "at_01" not in line
+    # the flags that state a spacing are named
+    assert line.endswith("; " + SPACING_HINT) and "make_datalist.py --pixel_spacing MM" in line
+    assert "--input_spacing MM" in line
     # nothing read, nothing to say; all stated and equal: one value, no list
     assert run_data_checks(data, tmp_path, read_files=False).spacing_summary() is None
     uniform = run_data_checks({"test": items[:1]}, tmp_path).spacing_summary()
@@ -242,6 +271,7 @@ def test_pixel_spacing_is_summarised_and_unknown_spacing_warned_against_the_mode
     (record,) = caplog.records
     assert "2 of 4 image(s) state no pixel spacing" in record.getMessage() and "0.4 mm" in record.getMessage()
     assert "none_a.png" in record.getMessage() and "at_04.png" not in record.getMessage()
+    assert record.getMessage().endswith(SPACING_HINT)
     caplog.clear()
     with caplog.at_level("WARNING", logger="scripts.data.checks"):
         assert_datalist_ok({"test": items[:2]}, tmp_path, pixel_spacing=[0.4, 0.4])  # every image states one

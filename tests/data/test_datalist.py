@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -360,3 +361,32 @@ def test_small_strata_still_fill_every_requested_split():
     two = split_by_patient(items[:4], (0.7, 0.15, 0.15), seed=0)
     assert sorted(len({it["patient_id"] for it in two[s]}) for s in SPLITS) == [0, 1, 1]
     assert check_split_sizes(two, (0.7, 0.15, 0.15))
+
+
+@pytest.mark.parametrize("how", ["a_folder", "under_a_file", "read_only"])
+def test_make_datalist_refuses_an_out_it_cannot_write_naming_the_flag(tmp_path, capsys, how):
+    """--out a folder, under a file or in a read-only folder: one line naming --out, exit 2, before any file is read
+    (the junk DICOM is not reported) and nothing written."""
+    make_synthetic_dataset(tmp_path / "exam", 2, size=(64, 48), seed=1, fmt="dcm")
+    (tmp_path / "exam" / "images" / "junk.dcm").write_bytes(b"\x00" * 10)
+    if how == "a_folder":
+        out = tmp_path / "lists"
+        out.mkdir()
+        expected = f"error: --out {out} is a folder: give the datalist's file name (e.g. --out {out / 'datalist.json'})"
+    elif how == "under_a_file":
+        (tmp_path / "afile").write_text("x")
+        out = tmp_path / "afile" / "lists" / "list.json"
+        expected = f"error: --out {out} cannot be written ({tmp_path / 'afile'} is a file, not a folder)"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        (tmp_path / "ro").mkdir()
+        (tmp_path / "ro").chmod(0o500)
+        out = tmp_path / "ro" / "list.json"
+        expected = f"error: --out {out} cannot be written (Permission denied)"
+    args = ["--dicom-dir", str(tmp_path / "exam" / "images"), "--out", str(out), "--fractions", "0", "0", "1"]
+    assert _cli().main(args) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(expected)
+    assert not (tmp_path / "afile").is_dir() and not out.is_file()
+    assert how != "a_folder" or not any(out.iterdir())

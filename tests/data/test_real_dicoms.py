@@ -137,7 +137,10 @@ def test_cbis_ddsm_sized_file_is_read_well_inside_the_size_cap(tmp_path):
     np.testing.assert_array_equal(arr, a)
     assert (meta["view"], meta["laterality"], meta["spacing"]) == ("CC", "R", None)
     assert meta["transfer_syntax"] == str(ds.file_meta.TransferSyntaxUID)  # RLE where pylibjpeg-rle encodes
-    _refused(path, "exceeds the decoded-size cap of 12,000,000 pixels", max_pixels=12_000_000)
+    message = _refused(path, "exceeds the decoded-size cap of 12,000,000 pixels", max_pixels=12_000_000)
+    assert message.endswith(
+        "raise the cap: --max_image_pixels N on the inference command line (the reader's max_pixels in Python)"
+    )
 
 
 def test_view_and_side_only_in_the_patient_id(tmp_path):
@@ -326,7 +329,12 @@ def test_cr_chest_radiograph_is_refused_unless_opted_in(tmp_path):
         view_position="PA",
     )
     message = _refused(path, "not a mammogram")
-    assert "Modality CR" in message and "BodyPartExamined CHEST" in message and "accept_non_mammography" in message
+    assert "Modality CR" in message and "BodyPartExamined CHEST" in message
+    # the flag the user passes, not the reader's keyword alone
+    assert message.endswith(
+        "to read it anyway, pass --accept_non_mammography true to inference "
+        "(MammogramReader(accept_non_mammography=True) in Python)"
+    )
     with pytest.raises(MammogramReadError, match="not a mammogram"):
         LoadImaged("image", reader=MammogramReader())({"image": str(path)})
     arr, meta = read_mammogram(path, accept_non_mammography=True)

@@ -5,6 +5,7 @@ source study and referencing the source image; a PNG input with dicom_outputs se
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,3 +124,72 @@ def test_dicom_outputs_switch_and_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match=r"S_c must have shape \(2, 4, 4\)"):
         saliency_segmentation(ds, np.zeros((2, 3, 4)))
     assert not (tmp_path / "dicom").exists()
+
+
+@pytest.fixture(scope="module")
+def odd_headers(tmp_path_factory) -> dict:
+    """Four DICOM inputs with DICOM outputs asked for: one plain, one whose SpecificCharacterSet is no character set
+    ('ISO_IR 999', a name in Latin-1 bytes), one pydicom knows but highdicom does not write ('ISO_IR 6'), one whose
+    ImageLaterality highdicom refuses ('X')."""
+    from scripts.data.synthetic import make_synthetic_dataset
+    from scripts.networks import GLAMSaliencyNet
+
+    root = tmp_path_factory.mktemp("odd_headers")
+    make_synthetic_dataset(root / "dcm", 4, size=(256, 160), seed=8, fmt="dcm", facing="native")
+    sources = sorted((root / "dcm" / "images").iterdir())[:4]
+    folder = root / "in"
+    folder.mkdir()
+    shutil.copy(sources[0], folder / "plain.dcm")
+    edits = {
+        "unknown_charset.dcm": {"SpecificCharacterSet": "ISO_IR 999", "PatientName": "Müller^Anna"},
+        "ascii_charset.dcm": {"SpecificCharacterSet": "ISO_IR 6", "PatientName": "Smith^Jo"},
+        "odd_laterality.dcm": {"ImageLaterality": "X"},
+    }
+    for source, (name, values) in zip(sources[1:], edits.items()):
+        ds = pydicom.dcmread(source)
+        for keyword, value in values.items():
+            setattr(ds, keyword, value)
+        ds.save_as(folder / name)
+    torch.manual_seed(0)
+    ckpt = root / "model.pt"
+    torch.save(GLAMSaliencyNet(stage="joint", **TINY).state_dict(), ckpt)
+    out = root / "out"
+    overrides = {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(ckpt), "dicom_outputs": "both"}
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], {**overrides, "num_workers": 1})
+    notes = {Path(e["image"]).name: e for e in _read_csv(out / "errors.csv")}
+    rows = {Path(r["image"]).name: r for r in _read_csv(out / "predictions.csv")}
+    return {"folder": folder, "out": out, "notes": notes, "rows": rows}
+
+
+def test_an_odd_character_set_falls_back_and_says_so_while_every_image_finishes(odd_headers):
+    out, notes, rows = odd_headers["out"], odd_headers["notes"], odd_headers["rows"]
+    assert set(rows) == {"plain.dcm", "unknown_charset.dcm", "ascii_charset.dcm", "odd_laterality.dcm"}
+    assert not [e for e in notes.values() if e["error"]]  # no image failed
+    assert "DICOM outputs" not in notes.get("plain.dcm", {}).get("note", "")
+    assert (
+        "DICOM outputs: SpecificCharacterSet 'ISO_IR 999' is not a DICOM character set; they state ISO_IR 100 "
+        in (notes["unknown_charset.dcm"]["note"])
+    )
+    assert (
+        "SpecificCharacterSet 'ISO_IR 6' is not one highdicom writes; they state ISO_IR 192"
+        in (notes["ascii_charset.dcm"]["note"])
+    )
+    for name, charset in (("unknown_charset", "ISO_IR 100"), ("ascii_charset", "ISO_IR 192")):
+        source = pydicom.dcmread(odd_headers["folder"] / f"{name}.dcm")
+        for kind in ("sc", "map"):
+            written = pydicom.dcmread(out / "dicom" / f"{name}_{kind}.dcm")
+            assert written.SpecificCharacterSet == charset
+            assert written.StudyInstanceUID == source.StudyInstanceUID
+            # the name's bytes (Latin-1 under the unknown set) or its text (ASCII) are kept
+            assert written["PatientName"].value == source["PatientName"].value
+    assert str(pydicom.dcmread(out / "dicom" / "unknown_charset_sc.dcm").PatientName) == "Müller^Anna"
+
+
+def test_a_header_highdicom_refuses_fails_the_dicom_outputs_only(odd_headers):
+    out, notes, rows = odd_headers["out"], odd_headers["notes"], odd_headers["rows"]
+    note = notes["odd_laterality.dcm"]["note"]
+    assert "DICOM outputs not written: ValueError: " in note and "'X'" in note
+    files = rows["odd_laterality.dcm"]["files"].split(";")
+    assert files == ["maps/odd_laterality_S_c.nii.gz", "panels/odd_laterality_panel.png"]
+    assert all((out / f).is_file() for f in files)
+    assert not list((out / "dicom").glob("odd_laterality*"))

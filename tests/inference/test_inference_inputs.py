@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_inference_workflow import INFERENCE_CONFIG, TINY, TINY_INFERENCE, _run
+from test_inference_workflow import ALL_OUTPUTS, INFERENCE_CONFIG, TINY, TINY_INFERENCE, _run
 
 NOT_UTF8 = b"scan\xff\xfe.png"  # latin-1 bytes: not a valid UTF-8 file name
 FORMULA = "=HYPERLINK(1).png"  # its stem would run in a spreadsheet
@@ -196,3 +196,59 @@ def test_an_output_folder_inside_the_input_folder_is_not_read_as_input(odd_folde
     (tmp_path / "run.json").rename(out / "run.json")
     _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
     assert len(_rows(out / "predictions.csv")) == 1 and [r["error"] for r in _rows(out / "errors.csv")] == [""]
+
+
+# -- file names too long for their outputs ---------------------------------------------------------------------------
+def test_a_250_byte_file_name_gets_its_outputs_under_a_shortened_stem(tmp_path):
+    """A 250-byte input name (ASCII, and one of two-byte characters) would make its outputs' names pass NAME_MAX
+    (255 bytes: OSError 36, "File name too long"): its stem is shortened, with a hash, and every output is written;
+    the short name beside it keeps its own stem."""
+    from scripts.data.synthetic import make_synthetic_dataset
+    from scripts.inference.folder import stem_limit
+    from scripts.inference.tables import unescape_text
+    from scripts.networks import GLAMSaliencyNet
+
+    make_synthetic_dataset(tmp_path / "png", 3, size=(256, 160), seed=6, fmt="png")
+    images = sorted((tmp_path / "png" / "images").iterdir())
+    folder = tmp_path / "in"
+    folder.mkdir()
+    long_ascii = "L" * 246 + ".png"
+    long_accents = "é" * 123 + ".png"  # 250 bytes in UTF-8
+    assert len(long_ascii.encode()) == 250 == len(long_accents.encode())
+    for image, name in zip(images, ["short.png", long_ascii, long_accents]):
+        shutil.copy(image, folder / name)
+    torch.manual_seed(0)
+    torch.save(GLAMSaliencyNet(stage="joint", **TINY).state_dict(), tmp_path / "model.pt")
+    out = tmp_path / "out"
+    overrides = {"input_dir": str(folder), "output_dir": str(out), "ckpt_path": str(tmp_path / "model.pt")}
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], {**overrides, "outputs": ALL_OUTPUTS, "num_workers": 1})
+
+    assert not [r for r in _rows(out / "errors.csv") if r["error"]]
+    rows = {Path(unescape_text(r["image"])).name: r for r in _rows(out / "predictions.csv")}
+    assert set(rows) == {"short.png", long_ascii, long_accents}
+    assert rows["short.png"]["output_stem"] == "short"
+    limit = stem_limit(out)
+    assert limit == 200  # NAME_MAX 255 here
+    stems = [unescape_text(rows[name]["output_stem"]) for name in (long_ascii, long_accents)]
+    for stem, name in zip(stems, (long_ascii, long_accents)):
+        assert len(stem.encode()) <= limit and name.startswith(stem.split("~")[0]) and len(stem.split("~")[1]) == 8
+        files = unescape_text(rows[name]["files"]).split(";")
+        assert (
+            len(files) == 10 and all
+        )  # 3 maps x (NIfTI + 2 PNGs) + the panel((out / f).is_file() and Path(f).name.startswith(stem) for f in files)
+        assert all(len(Path(f).name.encode()) < 255 for f in files)
+
+
+def test_long_names_with_one_beginning_get_distinct_stems_and_short_ones_stay():
+    from scripts.inference.folder import assign_stems
+
+    a, b = "/in/" + "x" * 240 + "a.png", "/in/" + "x" * 240 + "b.png"
+    stems = assign_stems([a, b, "/in/short.dcm"], {}, limit=100)
+    assert stems["/in/short.dcm"] == "short"
+    assert stems[a] != stems[b] and all(len(stems[p].encode()) <= 100 for p in (a, b))
+    assert stems[a].startswith("x" * 91 + "~") and len(stems[a]) == 100
+    # a character is never cut in two: the stem stays valid UTF-8
+    accents = assign_stems(["/in/" + "é" * 100 + ".png"], {}, limit=100)["/in/" + "é" * 100 + ".png"]
+    assert accents.startswith("é" * 45 + "~") and len(accents.encode()) == 99
+    # the stem a folder already has for an input is kept, whatever its length
+    assert assign_stems([a], {a: "kept"}, limit=100) == {a: "kept"}

@@ -90,6 +90,146 @@ def test_an_unwritable_ckpt_root_is_refused_before_the_first_epoch(tmp_path, tin
     assert not (tmp_path / "eval").exists() or not any((tmp_path / "eval").rglob("events.out*"))
 
 
+@pytest.mark.parametrize("value", ["1e400", "{'global':1e-3,'local':-1e400,'joint':1e400}"])
+def test_a_learning_rate_that_overflows_is_refused_naming_the_flag(tmp_path, tiny_datalist, value):
+    """``--learning_rate 1e400`` parses to inf (the first step would make every weight NaN): one line naming the
+    flag, before anything is made."""
+    result = run(train_command(tiny_datalist, tmp_path, "--learning_rate", value), cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = error_lines(result)
+    if value.startswith("{"):  # the negative one is refused as not positive, before the finite check
+        assert line.startswith("error: learning_rate must be positive numbers, got {'global': 0.001, 'local': -inf")
+    else:
+        assert line == (
+            "error: --learning_rate must be a finite number, got inf (a value beyond 1.8e+308 overflows to inf)"
+        )
+    assert not (tmp_path / "models").exists()
+
+
+def test_epochs_that_overflow_are_refused_naming_the_flag(tmp_path, tiny_datalist):
+    result = run(train_command(tiny_datalist, tmp_path, "--epochs", "1e400"), cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert error_lines(result) == [
+        "error: --epochs must be a finite number, got inf (a value beyond 1.8e+308 overflows to inf)"
+    ]
+
+
+#: runs ``python -m monai.bundle ...`` as if MLflow were not installed (an import of it fails)
+WITHOUT_MLFLOW = (
+    "import runpy, sys; sys.modules['mlflow'] = None; sys.argv[0] = 'monai/bundle/__main__.py'; "
+    "runpy.run_module('monai.bundle', run_name='__main__', alter_sys=True)"
+)
+
+
+@pytest.mark.parametrize("workflow", ["training", "evaluating"])
+def test_tracking_without_mlflow_is_one_line_naming_the_install(tmp_path, tiny_datalist, workflow):
+    command = train_command(tiny_datalist, tmp_path, "--epochs", "1", "--stage", "global", "--tracking", "mlflow")
+    command[1:3] = ["-c", WITHOUT_MLFLOW]  # python -c ... run training ...
+    if workflow == "evaluating":
+        command[4] = "evaluating"
+        files = command.index("--config_file") + 1
+        command[files] = f"['{TRAIN_CONFIG}','{TINY_CONFIG}','{TRAIN_CONFIG.parent / 'evaluate.yaml'}']"
+    result = run(command, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) <= 4, result.stderr[-3000:]
+    assert error_lines(result) == [
+        "error: --tracking mlflow needs mlflow-skinny, not installed in this Python: pip install mlflow-skinny (the "
+        "versions requirements-dev.txt pins: pip install -r requirements-dev.txt), or leave --tracking out"
+    ]
+    assert not (tmp_path / "models").exists() and not (tmp_path / "eval").exists()
+
+
+#: a ``sitecustomize`` for the training process: the disk fills while the N-th ``last.pt`` is being written
+#: (GLAM_TEST_FULL_AT=N): every write to its temporary file fails with ENOSPC, as a full disk's would
+FULL_DISK_SITE = """
+import errno
+import os
+
+_real_fdopen = os.fdopen
+_seen = [0]
+
+
+class _FullFile:
+    def __init__(self, f):
+        self._f = f
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+        return False
+
+
+def _fdopen(fd, *args, **kwargs):
+    f = _real_fdopen(fd, *args, **kwargs)
+    try:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return f
+    if name.startswith(".last.pt.") and name.endswith(".tmp"):
+        _seen[0] += 1
+        if _seen[0] >= int(os.environ["GLAM_TEST_FULL_AT"]):
+            return _FullFile(f)
+    return f
+
+
+os.fdopen = _fdopen
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="the test double finds file names in /proc")
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_naming_the_last_good_one(tmp_path, tiny_datalist):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FULL_DISK_SITE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(site), "GLAM_TEST_FULL_AT": "2"}
+    env.pop("GLAM_TRACEBACK", None)
+    command = train_command(tiny_datalist, tmp_path, "--stage", "global", "--epochs", "2")
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    # nowhere a traceback: MONAI's StatsHandler logs the exception's line only (scripts.commands' log filter)
+    assert "Traceback" not in result.stderr + result.stdout, result.stdout[-3000:]
+    folder = tmp_path / "models" / "global"
+    assert error_lines(result) == [
+        f"error: no space left on device writing {folder / 'last.pt'}; the last good checkpoint is "
+        f"{folder / 'last.pt'} (free space on that disk, then continue with --resume true)"
+    ]
+    # the epoch-1 checkpoint is whole (the atomic write left it), and no temporary file is left behind
+    state = torch.load(folder / "last.pt", weights_only=True)
+    assert state["trainer"]["iteration"] == state["trainer"]["epoch_length"]  # epoch 1
+    assert sorted(p.name for p in folder.iterdir()) == ["last.pt", "model.pt", "selection.json"]
+
+
+def test_the_disk_full_message_for_other_files(tmp_path):
+    import errno
+
+    from scripts.commands import disk_full_message
+
+    def full(path) -> OSError:
+        return OSError(errno.ENOSPC, "No space left on device", None if path is None else str(path))
+
+    assert disk_full_message(full(None)) == "no space left on device (free space on the output disk, then run again)"
+    report = tmp_path / "metrics.json"
+    assert disk_full_message(full(report)) == (
+        f"no space left on device writing {report}; nothing was written to it (free space on that disk, then run again)"
+    )
+    report.write_text("{}")
+    assert "; its previous version is unchanged (" in disk_full_message(full(report))
+    assert disk_full_message(full(tmp_path / "model.pt")) == (
+        f"no space left on device writing {tmp_path / 'model.pt'}; no checkpoint was written in {tmp_path} yet "
+        "(free space on that disk, then continue with --resume true)"
+    )
+    (tmp_path / "model.pt").write_bytes(b"x")
+    assert f"; the last good checkpoint is {tmp_path / 'model.pt'} (" in disk_full_message(full(tmp_path / "model.pt"))
+
+
 # -- one training run, from the repository root, tracked -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory, tiny_datalist):
@@ -185,10 +325,16 @@ def test_labels_only_training_selects_by_the_validation_auc(tmp_path, tiny_datal
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stderr + result.stdout
     assert "global stage: best-model selection: the validation split (8 images) has no lesion masks" in log
+    assert (
+        "selecting by val_auc_mean (the mean of val_auc_benign and val_auc_malignant, the ROC AUCs of y_global)" in log
+    )
     logged = {}
     for match in EPOCH_LINE.finditer(log):
         values = dict(re.findall(r"(\w+): (\S+)", match.group(2)))
         logged[int(match.group(1))] = float(values["val_auc_mean"])
+        # the mean printed is the mean of the two printed beside it (4 decimals each)
+        pair = (float(values["val_auc_benign"]), float(values["val_auc_malignant"]))
+        assert abs(sum(pair) / 2 - float(values["val_auc_mean"])) <= 1e-4
     assert sorted(logged) == [1, 2, 3]
     record = json.loads((tmp_path / "models" / "global" / "selection.json").read_text())
     assert record["metric"] == "val_auc_mean" and "no lesion masks" in record["reason"]
@@ -296,3 +442,36 @@ def test_command_line_overrides_are_checked_against_the_config_files():
         check_command_line(base + ["--validate#postprocessing#gama_c", "0.3"])
     with pytest.raises(UsageError, match=r"unknown option --validate#no_such#scales"):
         check_command_line(base + ["--validate#no_such#scales", "true"])  # no such component
+
+
+def test_engine_exception_logs_keep_their_line_but_not_a_user_errors_traceback(monkeypatch):
+    """MONAI's StatsHandler logs the exception that stops an engine with its traceback: a user's error keeps the line
+    only (the hook prints it once more as ``error: ...``), a bug keeps its traceback, and the StatsHandler logger keeps
+    MONAI's own stdout handler (the epochs' metric lines)."""
+    import logging
+    import sys as _sys
+
+    from monai.handlers import StatsHandler
+
+    from scripts.commands import install_excepthook
+
+    monkeypatch.delenv("GLAM_TRACEBACK", raising=False)
+    install_excepthook()
+    stats = StatsHandler()
+    assert stats.logger.handlers and stats.logger.handlers[0].stream is _sys.stdout
+
+    def logged(exc: BaseException) -> logging.LogRecord:
+        try:
+            raise exc
+        except BaseException:
+            record = stats.logger.makeRecord(
+                stats.logger.name, logging.ERROR, __file__, 1, "Exception", (), _sys.exc_info()
+            )
+        for f in stats.logger.filters:
+            f.filter(record)
+        return record
+
+    assert logged(UsageError("--epochs must be a finite number")).exc_info is None
+    assert logged(RuntimeError("a bug")).exc_info is not None
+    monkeypatch.setenv("GLAM_TRACEBACK", "1")
+    assert logged(UsageError("shown in full")).exc_info is not None

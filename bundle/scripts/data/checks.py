@@ -47,6 +47,12 @@ __all__ = [
     "assert_datalist_ok",
 ]
 
+#: what to do about images whose file states no pixel spacing (the check's spacing line and training's warning)
+SPACING_HINT = (
+    "if you know their mm per pixel, state it: scripts/make_datalist.py --pixel_spacing MM (every item of the "
+    "datalist), a pixel_spacing key per item, or --input_spacing MM on the training / inference command line"
+)
+
 # mask key -> channel of its class in ``label`` (the vocabulary's class order)
 MASK_KEYS = {f"mask_{cls}": channel for channel, cls in enumerate(CLASS_NAMES)}
 
@@ -112,6 +118,8 @@ class DataCheckReport:
             stated = sum(1 for p in unknown if p in self.stated_by_datalist)
             if stated:
                 line += f"; {stated} of those {len(unknown)} have a pixel_spacing in the datalist"
+            if stated < len(unknown):
+                line += f"; {SPACING_HINT}"
         return line
 
     def format(self, list_ok: bool = False) -> str:
@@ -334,11 +342,12 @@ def assert_datalist_ok(
         logger.warning(
             "%s: %d of %d image(s) state no pixel spacing, in the file or the datalist; unless input_spacing says it, "
             "the preprocessing estimates it so that the breast fits the window of the model's %s mm "
-            "(spacing_fallback): %s",
+            "(spacing_fallback): %s; %s",
             report.source,
             len(unknown),
             len(report.spacings),
             format_spacing(model_spacing),
             ", ".join(unknown[:5]) + (", ..." if len(unknown) > 5 else ""),
+            SPACING_HINT,
         )
     return report

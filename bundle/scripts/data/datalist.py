@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -85,6 +86,11 @@ def load_datalist(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DatalistError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:  # Python's parser recurses once per nested list / object
+        raise DatalistError(
+            f"{path}: JSON nested too deeply to read (more than about {sys.getrecursionlimit()} levels of lists or "
+            "objects); a datalist is {split: [item, ...]} with flat items"
+        ) from None
     _validate_structure(data, str(path))
     return data
 

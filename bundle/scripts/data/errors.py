@@ -50,7 +50,7 @@ def check_pixels(path: str | os.PathLike, shape: Sequence[int], max_pixels: int 
             path,
             f"image of {' x '.join(str(d) for d in dims)} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as the "
             f"reader's float32 array) exceeds the decoded-size cap of {max_pixels:,} pixels; if the file is trusted, "
-            "raise the reader's max_pixels option (max_image_pixels of inference)",
+            "raise the cap: --max_image_pixels N on the inference command line (the reader's max_pixels in Python)",
         )
 
 

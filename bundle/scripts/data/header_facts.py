@@ -281,6 +281,6 @@ def mammography_problem(modality: Any, body_part: Any, sop_class: Any = None) ->
         return None
     return (
         f"not a mammogram (Modality {modality or '(none)'}, BodyPartExamined {body_part or '(none)'}; accepted: "
-        "Modality MG, BodyPartExamined BREAST or a Digital Mammography SOP class); to read it anyway set the "
-        "reader's accept_non_mammography option"
+        "Modality MG, BodyPartExamined BREAST or a Digital Mammography SOP class); to read it anyway, pass "
+        "--accept_non_mammography true to inference (MammogramReader(accept_non_mammography=True) in Python)"
     )

@@ -87,10 +87,17 @@ def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: 
         ValueError: an unknown split name, or a split that is missing or empty in the datalist.
     """
     if split not in EVAL_SPLITS:
-        raise ValueError(f"eval_split must be one of {EVAL_SPLITS}, got {split!r}")
+        raise ValueError(f"--eval_split must be one of {EVAL_SPLITS}, got {split!r}")
     items = datalist.get(split)
     if not items:
-        raise ValueError(f"{source}: split {split!r} is missing or empty; nothing to evaluate")
+        other = next((s for s in EVAL_SPLITS if s != split and datalist.get(s)), None)
+        hint = f"evaluate the {other} split with --eval_split {other}, or " if other else ""
+        share = "VAL" if split == "validation" else "TEST"
+        raise ValueError(
+            f"{source}: split {split!r} is missing or empty; nothing to evaluate: {hint}give the datalist a {split} "
+            f"split (scripts/make_datalist.py --fractions TRAIN VAL TEST with {share} > 0, e.g. --fractions "
+            "0.7 0.15 0.15)"
+        )
     return list(items)
 
 

@@ -40,6 +40,10 @@ SC_SERIES_NUMBER = 9901
 MAP_SERIES_NUMBER = 9902
 #: stored value of a fraction of 1 in the Segmentation (8 bits): read-back error <= 0.5 / FRACTIONAL_MAX
 FRACTIONAL_MAX = 255
+#: what the outputs state for a source SpecificCharacterSet highdicom refuses (see _usable_charset): Latin-1 keeps the
+#: bytes of a value pydicom did not know either (it decoded with its Latin-1 default), UTF-8 the text of one it knew
+FALLBACK_CHARSET_BYTES = "ISO_IR 100"
+FALLBACK_CHARSET_TEXT = "ISO_IR 192"
 _TYPE2_SOURCE = (
     "PatientName",
     "PatientID",
@@ -61,7 +65,34 @@ def dicom_output_kinds(mode: str | None) -> tuple[str, ...]:
     return DICOM_OUTPUT_MODES[key]
 
 
-def _read_source(path: str | os.PathLike) -> Any:
+def _usable_charset(ds: Any) -> str | None:
+    """Make ``ds``'s SpecificCharacterSet one highdicom writes, in place; returns a note when it had to change it.
+
+    highdicom copies the source's SpecificCharacterSet into its objects and refuses a value it does not know
+    (``'ISO_IR 999'``, a typo, an empty first value). Every text value is decoded first with the source's own
+    character set; then the outputs state ``ISO_IR 100`` (Latin-1) when pydicom did not know the value either (it
+    decoded the text with its Latin-1 default, so the bytes are written back as they were), else ``ISO_IR 192``
+    (UTF-8: any text pydicom decoded is written as it reads)."""
+    import highdicom as hd
+    from pydicom.charset import python_encoding
+
+    value = ds.get("SpecificCharacterSet")
+    if value is None:
+        return None
+    values = [str(value)] if isinstance(value, str) else [str(v) for v in value]
+    accepted = {member.value for member in hd.SpecificCharacterSetValues}
+    if values and all(v in accepted for v in values):
+        return None
+    known = any(v.strip() for v in values) and all(v.strip() in python_encoding for v in values)
+    ds.decode()  # every text value as the source's character set reads it, before the set is replaced
+    fallback = FALLBACK_CHARSET_TEXT if known else FALLBACK_CHARSET_BYTES
+    ds.SpecificCharacterSet = fallback
+    what = "is not one highdicom writes" if known else "is not a DICOM character set"
+    kept = "the text as pydicom read it" if known else "the text bytes copied as they are"
+    return f"DICOM outputs: SpecificCharacterSet {'/'.join(values)!r} {what}; they state {fallback} ({kept})"
+
+
+def _read_source(path: str | os.PathLike, notes: list[str] | None = None) -> Any:
     import pydicom
 
     # the header is enough: highdicom copies patient/study attributes and references the SOP instance
@@ -73,6 +104,9 @@ def _read_source(path: str | os.PathLike) -> Any:
     for keyword in _TYPE2_SOURCE:
         if keyword not in ds:
             setattr(ds, keyword, None)
+    note = _usable_charset(ds)
+    if note is not None and notes is not None:
+        notes.append(note)
     return ds
 
 
@@ -180,11 +214,13 @@ def dicom_objects(
     kinds: Sequence[str],
     panel: np.ndarray | None = None,
     s_c: np.ndarray | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """``kind -> DICOM object`` for the kinds asked: ``"sc"`` (the Secondary Capture of ``panel``, (H', W', 3)
     uint8) and / or ``"map"`` (the Segmentation of ``s_c``, (2, H, W) float on the source grid), both referencing
-    the DICOM file ``source_path`` (its header is read)."""
-    source = _read_source(source_path)
+    the DICOM file ``source_path`` (its header is read). What had to change in the source's header to write them (a
+    character set highdicom refuses) is appended to ``notes``."""
+    source = _read_source(source_path, notes)
     objects = {}
     for kind in kinds:
         if kind == "sc":
@@ -207,11 +243,12 @@ def write_dicom_outputs(
     kinds: Sequence[str],
     panel: np.ndarray | None = None,
     s_c: np.ndarray | None = None,
+    notes: list[str] | None = None,
 ) -> list[Path]:
     """Write ``output_dir/dicom/<stem>_sc.dcm`` and / or ``<stem>_map.dcm`` (:func:`dicom_objects`) atomically.
     Returns the paths written."""
     written = []
-    for kind, ds in dicom_objects(source_path, kinds, panel, s_c).items():
+    for kind, ds in dicom_objects(source_path, kinds, panel, s_c, notes).items():
         path = Path(output_dir) / "dicom" / f"{stem}_{kind}.dcm"
         with atomic_write(path, "wb") as f:
             ds.save_as(f, enforce_file_format=True)

@@ -58,6 +58,7 @@ __all__ = [
     "file_sha256",
     "file_is_complete",
     "assign_stems",
+    "stem_limit",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,10 +125,45 @@ def _strip_suffix(name: str) -> str:
     return name
 
 
-def assign_stems(paths: Sequence[str], taken: Mapping[str, str]) -> dict[str, str]:
+#: what an output's file name adds to its stem at most: the temporary prefix ``.tmp-<pid>-`` (13 bytes with a 7-digit
+#: pid) and ``_S_c_malignant.png`` (18), or atomic_write's ``.<name>.<8 random>.tmp`` around ``_map.dcm`` (22); and
+#: the ``_<n>`` that keeps stems apart, with room to spare
+STEM_OVERHEAD_BYTES = 55
+
+
+def stem_limit(folder: str | os.PathLike | None = None) -> int:
+    """The most bytes of a stem whose every output file name fits the file system of ``folder`` (its ``NAME_MAX``,
+    255 on most; 200 bytes of stem there)."""
+    name_max = 255
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        name_max = int(os.pathconf(folder, "PC_NAME_MAX")) if folder is not None else name_max
+    return max(name_max - STEM_OVERHEAD_BYTES, 32)
+
+
+def _fitted(name: str, limit: int) -> str:
+    """``name`` when its bytes fit ``limit``; else its first characters and ``~`` with 8 hex digits of its hash (so
+    that two long names with the same beginning stay apart), ``limit`` bytes at most."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= limit:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:8]
+    head, size = [], 0
+    for ch in name:
+        width = len(ch.encode("utf-8", "surrogateescape"))
+        if size + width > limit - len(digest) - 1:
+            break
+        head.append(ch)
+        size += width
+    return f"{''.join(head)}~{digest}"
+
+
+def assign_stems(paths: Sequence[str], taken: Mapping[str, str], limit: int | None = None) -> dict[str, str]:
     """``path -> stem`` for every input: the stem the folder already has for it (``taken``: path -> stem), else its
-    file name without the suffix, made unique (ignoring case, for case-insensitive file systems) against every stem
-    of the folder and of this run by ``_2``, ``_3``, ... in the order of ``paths``."""
+    file name without the suffix, shortened to ``limit`` bytes when longer (:func:`_fitted`; default
+    :func:`stem_limit`: every output's file name then fits the file system), made unique (ignoring case, for
+    case-insensitive file systems) against every stem of the folder and of this run by ``_2``, ``_3``, ... in the
+    order of ``paths``."""
+    limit = stem_limit() if limit is None else int(limit)
     used = {stem.casefold() for stem in taken.values()}
     stems = {}
     for path in paths:
@@ -136,6 +172,7 @@ def assign_stems(paths: Sequence[str], taken: Mapping[str, str]) -> dict[str, st
             continue
         name = "".join(_STEM_UNSAFE.get(ch, ch) for ch in _strip_suffix(os.path.basename(path))) or "image"
         name = "".join(ch if ch.isprintable() or 0xDC80 <= ord(ch) <= 0xDCFF else "_" for ch in name)
+        name = _fitted(name, limit)
         stem, n = name, 2
         while stem.casefold() in used:
             stem, n = f"{name}_{n}", n + 1
@@ -383,7 +420,7 @@ class InferenceOutputFolder:
             )
         done = {row["image"] for row in current}
         taken = {unescape_text(row["image"]): unescape_text(row["output_stem"]) for row in predictions}
-        stems = assign_stems(list(unique), taken)
+        stems = assign_stems(list(unique), taken, stem_limit(self.path))
         plan = InferencePlan(total=len(unique), redone=damaged + changed)
         for path, item in unique.items():
             if csv_cell(path) in done:

@@ -177,15 +177,16 @@ class GLAMInferenceWriter:
     def _write_safely(self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor]) -> None:
         path = _image_path(item)
         begin = time.perf_counter()
+        written_notes: list[str] = []
         try:
-            row = self.write_item(item, pred)
+            row = self.write_item(item, pred, written_notes)
         except Exception as exc:  # noqa: BLE001 - one image's failure must not lose the others
             logger.warning("%s: outputs not written: %s: %s", escape_text(path), type(exc).__name__, exc)
             self.folder.tables.add_error(error_record(path, exc))
             return
         finally:
             self._add_seconds("writing", time.perf_counter() - begin)
-        notes = image_notes(item, default_view=self._default_view())
+        notes = image_notes(item, default_view=self._default_view()) + written_notes
         maps_note = map_spacing_note(item["image"].meta, self.outputs)
         if maps_note is not None:
             note, first = maps_note
@@ -208,9 +209,12 @@ class GLAMInferenceWriter:
         with self._lock:
             self.seconds[part] += seconds
 
-    def write_item(self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    def write_item(
+        self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor], notes: list[str] | None = None
+    ) -> dict[str, Any]:
         """Write one image's files (under temporary names, then renamed together), each step after the other (see
-        the module's docstring); returns its predictions.csv row."""
+        the module's docstring); returns its predictions.csv row. What the DICOM step could not do as asked is
+        appended to ``notes``."""
         path = _image_path(item)
         meta = item["image"].meta
         stem = str(item["output_stem"])
@@ -242,7 +246,8 @@ class GLAMInferenceWriter:
             # 5. the DICOM objects
             if self.outputs.dicom:
                 begin = time.perf_counter()
-                self._write_dicom(path, dicom_input, staged, files, panel, back.maps.get(MapName.COMBINED.value))
+                s_c = back.maps.get(MapName.COMBINED.value)
+                self._write_dicom(path, dicom_input, staged, files, panel, s_c, notes)
                 self._add_seconds("dicom", time.perf_counter() - begin)
             # 6. into place together
             written = staged.commit()
@@ -260,14 +265,25 @@ class GLAMInferenceWriter:
         files: Mapping[str, str],
         panel: Any,
         s_c: Any,
+        notes: list[str] | None = None,
     ) -> None:
+        """The DICOM objects of a DICOM input. A header they cannot be made from (highdicom refusing a value) fails
+        the DICOM outputs only: a note says why, the maps, the panel and the row are written."""
         if not dicom_input:
             logger.info(
                 "%s: not a DICOM input, DICOM outputs %s skipped", escape_text(path), "/".join(self.outputs.dicom)
             )
             return
-        for kind, ds in dicom_objects(path, self.outputs.dicom, panel, s_c).items():
+        found: list[str] = []
+        try:
+            objects = dicom_objects(path, self.outputs.dicom, panel, s_c, found)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:  # the source's header, as highdicom reads it
+            found.append(f"DICOM outputs not written: {type(exc).__name__}: {exc}")
+            objects = {}
+        for kind, ds in objects.items():
             save_dicom(ds, staged.path(files[f"dicom_{kind}"]))
+        if notes is not None:
+            notes.extend(found)
 
     def stats(self) -> dict[str, Any]:
         """For timing.json: images skipped (done before), written and failed by this run, writer threads, and the

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,6 +78,11 @@ def _check_per_stage(parser: ConfigParser, stages: Sequence[str]) -> None:
             # a learning rate of 0 is allowed (a stage that only validates)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and name != "learning_rate"):
                 raise UsageError(f"{name} must be positive numbers, got {value!r}")
+            if not math.isfinite(v):  # --learning_rate 1e400 parses to inf: the first step would make every weight NaN
+                raise UsageError(
+                    f"--{name} must be a finite number, got {value!r} (a value beyond {sys.float_info.max:.3g} "
+                    "overflows to inf)"
+                )
             if name != "learning_rate" and int(v) != v:
                 raise UsageError(f"{name} must be whole numbers, got {value!r}")
 

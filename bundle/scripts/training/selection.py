@@ -6,7 +6,8 @@ empty ones) gives 0.0 every epoch for those metrics, so the first epoch's model 
 :func:`choose_selection` selects by a metric that exists:
 
 - ``val_auc_mean``: the mean of the two classes' ROC AUC of the stage's image-level prediction, when every class
-  has validation images with and without it;
+  has validation images with and without it: the mean of ``val_auc_benign`` and ``val_auc_malignant``, which
+  train.yaml computes from the same prediction and logs beside it;
 - ``val_neg_loss``: otherwise (an AUC is undefined when a class is all 0 or all 1 in validation): minus the mean
   binary cross-entropy of the stage's image-level prediction (negated because MONAI keeps the largest key metric).
 
@@ -86,7 +87,8 @@ def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str
         chosen = "val_auc_mean"
         reason = (
             f"the validation split ({len(items)} images) has no lesion masks, so {metric} would be 0 every epoch: "
-            "selecting by val_auc_mean (the mean ROC AUC of the two classes)"
+            f"selecting by val_auc_mean (the mean of val_auc_benign and val_auc_malignant, the ROC AUCs of "
+            f"{stage_score_key(stage)})"
         )
     else:
         chosen = "val_neg_loss"
