@@ -186,6 +186,7 @@ def run_settings(
     spacing_fallback: str = "fit_breast",
     accept_non_mammography: bool = False,
     panel_height: int | None = 1024,
+    spacing_range: Any = None,
 ) -> dict[str, Any]:
     """What makes two runs into one output folder the same run (``run.json``; the folder adds the outputs): the
     checkpoint's SHA-256, the ``network``'s model settings, the precision, the preprocessing's sizes and spacing
@@ -198,6 +199,7 @@ def run_settings(
         "crop_buffer": int(crop_buffer),
         "input_spacing": input_spacing,
         "spacing_fallback": str(spacing_fallback),
+        "spacing_range": None if spacing_range is None else [float(v) for v in spacing_range],
         "accept_non_mammography": as_flag(accept_non_mammography, "accept_non_mammography"),
         "panel_height": panel_height,
     }
