@@ -199,9 +199,10 @@ def run_settings(
         "crop_buffer": int(crop_buffer),
         "input_spacing": input_spacing,
         "spacing_fallback": str(spacing_fallback),
-        "spacing_range": None if spacing_range is None else [float(v) for v in spacing_range],
         "accept_non_mammography": as_flag(accept_non_mammography, "accept_non_mammography"),
         "panel_height": panel_height,
+        # the plausible pixel sizes (inference.yaml always gives them; a caller that does not keeps the old record)
+        **({} if spacing_range is None else {"spacing_range": [float(v) for v in spacing_range]}),
     }
 
 
