@@ -154,3 +154,32 @@ def test_the_sample_exams_mlo_views_are_whole_in_the_window(sample_exam, view):
     share = float(breast[y0:y1, x0:x1].sum() / breast.sum())
     assert str(meta["spacing_source"]) == "fit_breast" and share >= 0.97
     assert float(image_facts(item)["breast_in_window"]) == pytest.approx(share, abs=0.01)
+
+
+def test_a_crop_opening_too_large_for_the_models_scale_is_named(tmp_path):
+    """The MLO stated at 0.07 mm fits the window (717 model rows), but the crop's mask opening, 100 pixels at the
+    model's scale for a stated spacing (40 mm; the breast is 240 model pixels wide), cuts its top away: the window
+    holds less than the whole breast (the test's own count), breast_in_window says so, and the note names the cause
+    and the setting. crop_iterations 25 (10 mm, the quick start's) keeps it whole."""
+    from _dicom_factory import make_dicom
+
+    from scripts.inference.facts import image_facts, image_notes
+    from scripts.inference.geometry import original_size, window_on_original
+    from scripts.transforms.mammo.pipeline import inference_loading, inference_preprocessing
+
+    image, mask = mlo_phantom(*SHAPE, seed=0)
+    path = make_dicom(tmp_path / "mlo_0.07.dcm", image, spacing=(0.07, 0.07), view_position="MLO", laterality="L")
+    shares = {}
+    for iterations in (100, 25):
+        chain = inference_preprocessing(pixel_spacing=MODEL_MM, window=WINDOW, iterations=iterations, buffer=12)
+        item = inference_loading(chain, panel_height=1024)({"image": str(path)})
+        meta = item["image"].meta
+        y0, x0, y1, x1 = window_on_original(meta, original_size(meta))
+        shares[iterations] = float(mask[y0:y1, x0:x1].sum() / mask.sum())
+        assert float(image_facts(item)["breast_in_window"]) == pytest.approx(shares[iterations], abs=0.01)
+        notes = image_notes(item, WINDOW)
+        if iterations == 100:
+            assert any("the crop's mask opening (100 erosions) cut part of it away" in n for n in notes), notes
+        else:
+            assert not any("breast_in_window" in n for n in notes), notes
+    assert shares[100] < 0.999 <= shares[25]
