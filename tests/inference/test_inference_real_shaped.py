@@ -337,9 +337,15 @@ def test_inference_reader_takes_the_options_of_inference_yaml():
 
 
 def test_a_predictions_table_of_an_earlier_version_is_refused_with_the_missing_columns(tmp_path):
-    from scripts.inference.tables import FACT_COLUMNS, FINGERPRINT_COLUMNS, PREDICTION_COLUMNS, AppendOnlyCsv
+    from scripts.inference.tables import (
+        BREAST_COLUMNS,
+        FACT_COLUMNS,
+        FINGERPRINT_COLUMNS,
+        PREDICTION_COLUMNS,
+        AppendOnlyCsv,
+    )
 
-    older = PREDICTION_COLUMNS[: -len(FACT_COLUMNS) - len(FINGERPRINT_COLUMNS)]
+    older = PREDICTION_COLUMNS[: -len(FACT_COLUMNS) - len(FINGERPRINT_COLUMNS) - len(BREAST_COLUMNS)]
     path = tmp_path / "predictions.csv"
     path.write_text(",".join(older) + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"written by an earlier version of this workflow \(it lacks the columns"):

@@ -23,6 +23,8 @@ FINE_SIZE = (512, 320)  # twice the tiny window (256, 160) each way: the window 
 # the coarse files, each the fine picture averaged over 2x2 blocks, in a format that states its spacing another way
 COARSE = ("coarse_png.png", "coarse_nifti.nii.gz", "coarse_dicom_R.dcm")
 UNKNOWN, CORRUPT = "unknown.png", "corrupt.png"
+# the coarse files state 1.2 mm, above the pixel sizes of mammograms (0.02-1 mm): the option widens the range
+SPACING_RANGE = [0.02, 2.0]
 
 
 def _read_csv(path: Path) -> list[dict]:
@@ -77,6 +79,7 @@ def _run(folder: Path, out: Path, ckpt: Path) -> None:
         output_dir=str(out),
         ckpt_path=str(ckpt),
         outputs=["S_g", "S_c"],
+        spacing_range=SPACING_RANGE,
     )
     wf.initialize()
     wf.run()

@@ -178,3 +178,91 @@ def test_checkpoint_setting_refuses_a_name_glam_does_not_take(tmp_path):
     assert checkpoint_setting(path, "t_local") == 0.2
     with pytest.raises(KeyError, match="'patch_sise' is not a GLAM setting"):
         checkpoint_setting(path, "patch_sise")
+
+
+def _with_record(tmp_path, name: str, text: str) -> Path:
+    """A tiny GLAM checkpoint whose settings record is ``text`` (JSON, written as the network writes its own)."""
+    state = GLAM(**TINY).state_dict()
+    state[SETTINGS_KEY] = torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
+    path = tmp_path / name
+    torch.save(state, path)
+    return path
+
+
+def _record(**changes) -> str:
+    record = decode_settings(GLAM(**TINY).state_dict()[SETTINGS_KEY])
+    record.update(changes)
+    return json.dumps(record)  # allow_nan: NaN is written as the token NaN, which json.loads reads back
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (_record(t_global=float("nan")), "the settings record's t_global is not a finite number (NaN or infinite)"),
+        (
+            _record(global_backbone={"width": float("inf")}),
+            "the settings record's global_backbone.width is not a finite number",
+        ),
+        ("[1, 2, 3]", "the settings record is a list, not a mapping of settings"),
+        (
+            _record(image_size=[40000, 40000]),
+            "the settings record's image_size is [40000, 40000]; it must be [rows, cols], integers in 1..8192",
+        ),
+        (_record(patch_size=[0, 64]), "the settings record's patch_size is [0, 64]"),
+        (_record(pixel_spacing=[0.4, -1]), "the settings record's pixel_spacing is [0.4, -1]"),
+        (_record(num_patches_eval=10**9), "the settings record's num_patches_eval is 1000000000"),
+        (_record(joint_modules="yes"), 'the settings record\'s joint_modules is "yes"; it must be true or false'),
+    ],
+)
+def test_a_settings_record_is_validated_when_read(tmp_path, text, expected):
+    """Each bad record is one line naming the checkpoint file, from every way in: the inference config's
+    checkpoint_settings (read_checkpoint_settings), load_weights, and GLAM's own load_state_dict."""
+    from scripts.networks.inference import checkpoint_settings
+    from scripts.networks.weights import load_weights
+
+    path = _with_record(tmp_path, "bad.pt", text)
+    for read in (lambda: checkpoint_settings(path), lambda: load_weights(GLAM(**TINY), path)):
+        with pytest.raises(ValueError) as caught:
+            read()
+        message = str(caught.value)
+        assert message.startswith(f"the checkpoint {path}: ") and expected in message and "\n" not in message
+    with pytest.raises(ValueError, match="^the checkpoint: the settings record"):
+        GLAM(**TINY).load_state_dict(torch.load(path, weights_only=True))
+
+
+def test_a_valid_record_of_a_later_version_is_kept():
+    """A setting this version does not know is kept (a later version's record), when finite; the shipped model's and
+    the defaults' records pass."""
+    from scripts.networks.settings import validate_settings
+
+    record = {**decode_settings(GLAM(**TINY).state_dict()[SETTINGS_KEY]), "new_setting": [1, {"a": 2.5}]}
+    assert validate_settings(record) is record
+    assert read_checkpoint_settings(BUNDLE / "models" / "model.pt")["image_size"] == [736, 480]
+    with pytest.raises(ValueError, match="new_setting\\[1\\].a is not a finite number"):
+        validate_settings({**record, "new_setting": [1, {"a": float("-inf")}]})
+
+
+def test_the_inference_command_stops_with_one_line_on_a_window_of_40000(tmp_path):
+    """The documented command with a checkpoint whose record asks for a 40000 x 40000 window: exit status 1, one line
+    on stderr naming the file, no traceback, and nothing allocated for the window (the process stays small)."""
+    import subprocess
+    import sys
+
+    path = _with_record(tmp_path, "huge_window.pt", _record(image_size=[40000, 40000]))
+    (tmp_path / "in").mkdir()
+    command = [
+        sys.executable, "-c",
+        "import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+        "print('MAXRSS', p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+        sys.executable, "-m", "monai.bundle", "run", "inference",
+        "--config_file", str(BUNDLE / "configs" / "inference.yaml"),
+        "--meta_file", str(BUNDLE / "configs" / "metadata.json"),
+        "--bundle_root", str(BUNDLE),
+        "--input_dir", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out"), "--ckpt_path", str(path),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    rc, maxrss = done.stdout.split("MAXRSS")[-1].split()
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert rc == "1" and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert any(str(path) in line and "image_size is [40000, 40000]" in line for line in errors), done.stderr[-2000:]
+    assert int(maxrss) < 1.5 * 1024**2

@@ -109,8 +109,9 @@ def test_upsampling_doubles_the_size_with_pixel_centres_aligned():
 
 
 def test_rounding_tolerance_and_the_model_fallback():
-    # within rtol (a PNG's whole pixels per metre): not resampled, the file's spacing is kept
-    out = ResampleToSpacing(1.2)(image(50, 40, spacing=(1.2004802, 1.2004802)))
+    # within rtol (a PNG's whole pixels per metre): not resampled, the file's spacing is kept (1.2 mm is above the
+    # plausible range of mammograms' pixel sizes: spacing_range widens it)
+    out = ResampleToSpacing(1.2, spacing_range=(0.02, 2.0))(image(50, 40, spacing=(1.2004802, 1.2004802)))
     assert tuple(out.shape) == (1, 50, 40) and out.meta["spacing"][0] == pytest.approx(1.2004802)
     # unknown spacing with fallback="model" (the opt-in): not resampled, the model's spacing is assumed and recorded
     t = ResampleToSpacing([0.4, 0.5], fallback="model")

@@ -1,6 +1,6 @@
 """What goes wrong with the data, in a module of its own so that every data module raises it without importing the
-others: a file a reader cannot use (and the decoded-size cap every format checks before decoding), a datalist or a
-CSV row that cannot be used."""
+others: a file a reader cannot use (and the decoded-size cap every format checks before decoding, the same cap on the
+size an image is resampled to), a datalist or a CSV row that cannot be used."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ __all__ = [
     "DatalistError",
     "MammogramReadError",
     "check_pixels",
+    "check_resampled_pixels",
     "read_error",
 ]
 
@@ -51,6 +52,27 @@ def check_pixels(path: str | os.PathLike, shape: Sequence[int], max_pixels: int 
             f"image of {' x '.join(str(d) for d in dims)} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as the "
             f"reader's float32 array) exceeds the decoded-size cap of {max_pixels:,} pixels; if the file is trusted, "
             "raise the cap: --max_image_pixels N on the inference command line (the reader's max_pixels in Python)",
+        )
+
+
+def check_resampled_pixels(
+    path: str | os.PathLike,
+    shape: Sequence[int],
+    size: Sequence[int],
+    why: str,
+    max_pixels: int | None,
+) -> None:
+    """Refuse, before the resampled picture exists, resampling an image of ``shape`` to ``size`` when that has more
+    than ``max_pixels`` pixels (the decoded-size cap, applied to what the resampling would allocate): the message names
+    the file, both sizes, ``why`` (the spacings that ask for it), the cap and the option that raises it."""
+    dims = [max(int(s), 0) for s in size]
+    pixels = int(np.prod(dims, dtype=object)) if dims else 0
+    if max_pixels is not None and pixels > max_pixels:
+        raise read_error(
+            path,
+            f"resampling the {' x '.join(str(int(s)) for s in shape)} image {why} would make it "
+            f"{' x '.join(str(d) for d in dims)} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as float32), "
+            f"above the cap of {max_pixels:,} pixels; if the spacing is right, raise max_image_pixels",
         )
 
 

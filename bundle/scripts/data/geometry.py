@@ -1,5 +1,6 @@
 """Facts about a picture's geometry that reading and checking need and the transforms share: its pixel size (the one
-parser of a pixel spacing and its wording) and the side its chest wall is on.
+parser of a pixel spacing and its wording, and the range of pixel sizes a mammogram can plausibly have) and the side
+its chest wall is on.
 
 They live here, below the transforms package, because the reader (a laterality no file states is taken from the
 picture) and the data checks (the model's spacing in a warning) need them, while the transforms' pipeline loads
@@ -14,7 +15,23 @@ from typing import Any
 import numpy as np
 from monai.utils import convert_to_numpy
 
-__all__ = ["as_2d", "as_pixel_spacing", "chest_wall_side", "format_spacing"]
+__all__ = [
+    "SPACING_RANGE_MM",
+    "as_2d",
+    "as_pixel_spacing",
+    "as_spacing_range",
+    "chest_wall_side",
+    "format_spacing",
+    "spacing_in_range",
+]
+
+#: the pixel sizes (mm, both axes) a mammogram can plausibly have, bounds included (docs/preprocessing.md, "Pixel
+#: spacing"): full-field detectors are 0.05-0.1 mm (Fuji 0.05, Hologic 0.07, Siemens 0.085, GE 0.1), digitised films
+#: 0.03-0.2 mm (DDSM 0.042-0.05, MIAS 0.05, mini-MIAS 0.2); 0.02 mm is below the finest digitiser and 1 mm, five
+#: times the coarsest of them, still admits a mammogram downsampled for research. A file stating a size outside it
+#: (20 mm, 1000 mm, 1e-6 mm: the resampling would make a picture of billions of pixels, or of one) is not trusted;
+#: the ``spacing_range`` option widens it.
+SPACING_RANGE_MM = (0.02, 1.0)
 
 
 def as_2d(image: Any, name: str = "image") -> np.ndarray:
@@ -66,3 +83,25 @@ def format_spacing(spacing: Sequence[float]) -> str:
     """``"0.4"`` for isotropic, ``"0.4 x 0.5"`` (row x col) otherwise (for messages, in mm)."""
     row, col = (float(s) for s in spacing)
     return f"{row:g}" if np.isclose(row, col, rtol=1e-6) else f"{row:g} x {col:g}"
+
+
+def as_spacing_range(value: Any, name: str = "spacing_range") -> tuple[float, float]:
+    """``(low, high)`` mm from two numbers with ``0 < low <= high``, both finite; None: :data:`SPACING_RANGE_MM`.
+    Raises a ``ValueError`` naming ``name`` for anything else."""
+    if value is None:
+        return SPACING_RANGE_MM
+    try:
+        if isinstance(value, (str, bool, np.bool_)):
+            raise TypeError
+        flat = np.asarray(convert_to_numpy(value, wrap_sequence=True), dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        flat = np.asarray([], dtype=np.float64)
+    if flat.size != 2 or not (np.isfinite(flat).all() and 0 < flat[0] <= flat[1]):
+        raise ValueError(f"{name} must be [low, high] in mm with 0 < low <= high, got {value!r}")
+    return float(flat[0]), float(flat[1])
+
+
+def spacing_in_range(spacing: Sequence[float], spacing_range: Sequence[float] = SPACING_RANGE_MM) -> bool:
+    """Whether both of ``spacing``'s (row, col) mm lie in ``spacing_range`` (bounds included)."""
+    low, high = (float(v) for v in spacing_range)
+    return all(low <= float(s) <= high for s in spacing)

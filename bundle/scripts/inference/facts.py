@@ -1,6 +1,14 @@
 """What an inference run states about how each image was read: the laterality, the view and the pixel spacing
-the preprocessing used and where each came from (predictions.csv's columns, the panel's title), and what was assumed
-(a note per image in errors.csv and the log).
+the preprocessing used and where each came from, and how much of the breast the model's window holds
+(predictions.csv's columns, the panel's title), and what was assumed or missed (a note per image in errors.csv and the
+log).
+
+The share of the breast in the window (``breast_in_window``) is measured on the file's grid, against the authors'
+breast mask of the whole file (:func:`~scripts.transforms.mammo.breast.file_breast_mask`: the opened mask of pixels >
+0, ``crop_iterations`` counted in the file's pixels, the mask the spacing estimate fits into the window), found on the
+thumbnail the panel is drawn from: the mask pixels inside the model's window on the file (what it saw: the window
+clipped to the crop, :func:`~.geometry.window_on_original`) over all mask pixels. It is independent of the crop's own
+opening, so a crop that cut part of the breast away shows in it as well as a breast larger than the window.
 """
 
 from __future__ import annotations
@@ -9,17 +17,29 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from monai.data import MetaTensor
 
-from ..transforms.mammo.breast import view_kind
+from ..transforms.mammo.array import CROP_ITERATIONS_KEY
+from ..transforms.mammo.breast import breast_share, file_breast_mask, view_kind
 from ..transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
+    SPACING_IGNORED_KEY,
+    SPACING_RANGE_KEY,
+    SPACING_RANGE_MM,
     SPACING_SOURCE_KEY,
     SPACING_USED_KEY,
     format_spacing,
 )
+from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
+from .geometry import original_size, window_on_original
 
-__all__ = ["spacing_note", "image_facts", "image_notes"]
+__all__ = ["BREAST_IN_WINDOW", "breast_in_window", "breast_note", "spacing_note", "image_facts", "image_notes"]
+
+#: the predictions.csv column (and item key) of the share of the breast inside the model's window
+BREAST_IN_WINDOW = "breast_in_window"
+# the crop's iterations when the metadata does not record them (the authors')
+_DEFAULT_ITERATIONS = 100
 
 
 def _meta(image: Any) -> Mapping[str, Any]:
@@ -31,25 +51,89 @@ def _spacing_pair(value: Any) -> tuple[float, float]:
     return (float(flat[0]), float(flat[1])) if flat.size >= 2 else (np.nan, np.nan)
 
 
+def _range(meta: Mapping[str, Any]) -> str:
+    low, high = _spacing_pair(meta.get(SPACING_RANGE_KEY, SPACING_RANGE_MM))
+    return f"{low:g}-{high:g} mm"
+
+
 def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
     """What was assumed about the pixel spacing of a preprocessed image (``MetaTensor``, after
     :class:`~scripts.transforms.ResampleToSpacingd`), for a log line and errors.csv; None when the spacing was stated
-    (by the file, the datalist or ``input_spacing``) or when the model has none (nothing resampled):
+    (by the file, the datalist or ``input_spacing``) and used, or when the model has none (nothing resampled):
 
     - ``"pixel spacing not stated: estimated 0.31 mm, the breast fitted into the model's 736 x 480 window at 0.4
       mm"`` (``spacing_source`` ``fit_breast``; ``window`` is the model's, from the image's shape when not given);
-    - ``"pixel spacing not stated: assumed the model's 0.4 mm (spacing_fallback: model)"``."""
+    - ``"pixel spacing not stated: assumed the model's 0.4 mm (spacing_fallback: model)"``;
+    - a file whose spacing lies outside the plausible range (``meta["spacing_ignored"]``) starts with ``"the file's
+      pixel spacing 20 mm is outside the pixel sizes of mammograms (0.02-1 mm; the spacing_range option widens it),
+      not used: "`` followed by what was used instead (the estimate, the model's, the datalist's or the option's)."""
     meta = _meta(image)
     source = str(meta.get(SPACING_SOURCE_KEY, ""))
-    if source not in ("fit_breast", "model"):
+    ignored = _spacing_pair(meta.get(SPACING_IGNORED_KEY))
+    lead = "pixel spacing not stated: "
+    if np.isfinite(ignored).all():
+        lead = (
+            f"the file's pixel spacing {format_spacing(ignored)} mm is outside the pixel sizes of mammograms "
+            f"({_range(meta)}; the spacing_range option widens it), not used: "
+        )
+    elif source not in ("fit_breast", "model"):
         return None
     model = format_spacing(_spacing_pair(meta.get(MODEL_SPACING_KEY)))
-    if source == "model":
-        return f"pixel spacing not stated: assumed the model's {model} mm (spacing_fallback: model)"
     used = format_spacing(tuple(float(f"{v:.4g}") for v in _spacing_pair(meta.get(SPACING_USED_KEY))))
-    rows, cols = (int(v) for v in (window if window is not None else tuple(image.shape[-2:])))
-    fitted = f"the breast fitted into the model's {rows} x {cols} window at {model} mm"
-    return f"pixel spacing not stated: estimated {used} mm, {fitted}"
+    if source == "model":
+        return f"{lead}assumed the model's {model} mm (spacing_fallback: model)"
+    if source == "fit_breast":
+        rows, cols = (int(v) for v in (window if window is not None else tuple(image.shape[-2:])))
+        fitted = f"the breast fitted into the model's {rows} x {cols} window at {model} mm"
+        return f"{lead}estimated {used} mm, {fitted}"
+    stated = {"datalist": "the datalist's", "option": "input_spacing's"}.get(source, source)
+    return f"{lead}{stated} {used} mm used"
+
+
+def breast_in_window(item: Mapping[str, Any]) -> float | None:
+    """The share of the breast inside the model's window, in [0, 1] (see the module's docstring), for a preprocessed
+    ``item`` whose ``image_thumbnail`` was taken at loading (``inference_loading`` of the pipeline takes it); None
+    without a thumbnail or a window record. Computed once per item (kept under :data:`BREAST_IN_WINDOW`)."""
+    if BREAST_IN_WINDOW in item:
+        return item[BREAST_IN_WINDOW]
+    meta = _meta(item.get("image"))
+    thumbnail = item.get(f"image{THUMBNAIL_SUFFIX}")
+    share = None
+    if thumbnail is not None and "window_start" in meta and "crop_box" in meta and "spatial_shape" in meta:
+        picture = np.asarray(torch.as_tensor(thumbnail).detach().cpu().numpy())
+        iterations = int(meta.get(CROP_ITERATIONS_KEY, _DEFAULT_ITERATIONS))
+        try:
+            mask, k = file_breast_mask(picture, iterations, int(item.get(THUMBNAIL_STEP_KEY, 1)))
+            share = breast_share(mask, k, window_on_original(meta, original_size(meta)))
+        except ValueError:  # no pixel > 0 in the thumbnail: nothing to measure
+            share = None
+    if isinstance(item, dict):
+        item[BREAST_IN_WINDOW] = share
+    return share
+
+
+def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) -> str | None:
+    """The note of an image whose window holds less than the whole breast (``breast_in_window`` below 1 at three
+    decimals), naming the share and why: the breast's crop larger than the window at the spacing used (a stated
+    spacing can make it so), or the crop's opening at the model's scale cutting part of it away; None otherwise."""
+    share = breast_in_window(item)
+    if share is None or round(share, 3) >= 1.0:
+        return None
+    meta = _meta(item["image"])
+    rows, cols = (int(v) for v in (window if window is not None else tuple(item["image"].shape[-2:])))
+    text = f"the model's {rows} x {cols} window holds {share:.3f} of the breast (breast_in_window)"
+    crop = np.asarray(meta.get("crop_box", (0, 0, 0, 0))).reshape(-1)[:4]
+    crop_h, crop_w = int(crop[2] - crop[0]), int(crop[3] - crop[1])
+    source = str(meta.get(SPACING_SOURCE_KEY, ""))
+    used = _spacing_pair(meta.get(SPACING_USED_KEY))
+    at = f"at {format_spacing(used)} mm ({source})" if np.isfinite(used).all() else "at the file's pixel size"
+    if crop_h > rows or crop_w > cols:
+        return f"{text}: {at} the breast's crop ({crop_h} x {crop_w} px) is larger than the window"
+    iterations = int(meta.get(CROP_ITERATIONS_KEY, _DEFAULT_ITERATIONS))
+    return (
+        f"{text}: {at} the crop's mask opening ({iterations} erosions) cut part of it away; a smaller "
+        "crop_iterations keeps it"
+    )
 
 
 def _text(value: Any) -> str:
@@ -60,8 +144,9 @@ def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
     """What predictions.csv states about how an image was read (``item``: the preprocessed item, its ``image`` a
     ``MetaTensor``): ``laterality`` / ``laterality_source`` and ``view`` / ``view_source`` as the preprocessing used
     them (a datalist item's value, source ``"datalist"``, before the file's; ``""`` and ``"unknown"`` when neither
-    states one), and the input's pixel spacing used (``spacing_row_mm``, ``spacing_col_mm``, empty when unknown) with
-    its ``spacing_source``."""
+    states one), the input's pixel spacing used (``spacing_row_mm``, ``spacing_col_mm``, empty when unknown) with
+    its ``spacing_source``, and the share of the breast in the model's window (``breast_in_window``, three decimals,
+    :func:`breast_in_window`; empty when it cannot be measured)."""
     meta = _meta(item["image"])
     facts: dict[str, Any] = {}
     for key in ("laterality", "view"):
@@ -77,17 +162,20 @@ def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
     facts["spacing_row_mm"] = f"{row_mm:.6g}" if known else ""
     facts["spacing_col_mm"] = f"{col_mm:.6g}" if known else ""
     facts["spacing_source"] = _text(meta.get(SPACING_SOURCE_KEY)) or "unknown"
+    share = breast_in_window(item)
+    facts[BREAST_IN_WINDOW] = "" if share is None else f"{share:.3f}"
     return facts
 
 
 def image_notes(
     item: Mapping[str, Any], window: Sequence[int] | None = None, default_view: str | None = "CC"
 ) -> list[str]:
-    """Everything assumed about one image, for its log line and errors.csv note: an estimated or assumed pixel spacing
-    (:func:`spacing_note`), a view that is unknown or not a CC- / MLO-like code (the ``default_view`` window rule was
-    used), a laterality inferred from the image (the side of the chest wall decided the mirroring)."""
+    """Everything assumed about one image, for its log line and errors.csv note: an estimated or assumed pixel spacing,
+    or one the file states outside the plausible range (:func:`spacing_note`), a window that holds less than the
+    whole breast (:func:`breast_note`), a view that is unknown or not a CC- / MLO-like code (the ``default_view``
+    window rule was used), a laterality inferred from the image (the side of the chest wall decided the mirroring)."""
     facts = image_facts(item)
-    notes = [note for note in [spacing_note(item["image"], window)] if note]
+    notes = [note for note in [spacing_note(item["image"], window), breast_note(item, window)] if note]
     view = facts["view"]
     try:
         view_kind(view, None)

@@ -223,6 +223,7 @@ def run_settings(
     spacing_fallback: str = "fit_breast",
     accept_non_mammography: bool = False,
     panel_height: int | None = 1024,
+    spacing_range: Any = None,
 ) -> dict[str, Any]:
     """What makes two runs into one output folder the same run (``run.json``; the folder adds the outputs): the
     checkpoint's SHA-256, the ``network``'s model settings, the precision, the preprocessing's sizes and spacing
@@ -237,6 +238,8 @@ def run_settings(
         "spacing_fallback": str(spacing_fallback),
         "accept_non_mammography": as_flag(accept_non_mammography, "accept_non_mammography"),
         "panel_height": panel_height,
+        # the plausible pixel sizes (inference.yaml always gives them; a caller that does not keeps the old record)
+        **({} if spacing_range is None else {"spacing_range": [float(v) for v in spacing_range]}),
     }
 
 

@@ -50,7 +50,8 @@ def panel_title_lines(
 ) -> list[str]:
     """The panel's title, in plain words: the file and its scores (malignant first: ``"malignant 0.16 · benign
     0.14"``) and labels when known; how it was read (spacing, view, laterality and where each came from, ``facts``
-    of :func:`~.facts.image_facts`); what the tiles and the colours show."""
+    of :func:`~.facts.image_facts`); what the tiles and the colours show, with the share of the breast the window
+    holds (``facts["breast_in_window"]``) beside the window's colour."""
     order = sorted(range(len(CLASS_NAMES)), key=lambda i: CLASS_NAMES[i] != LesionClass.MALIGNANT)
     scored = " · ".join(f"{CLASS_NAMES[i]} {scores[i]:.2f}" for i in order)
     truth = "" if labels[0] == "" else "   (labels: " + ", ".join(f"{CLASS_NAMES[i]} {labels[i]}" for i in order) + ")"
@@ -67,7 +68,15 @@ def panel_title_lines(
         side = f"{facts['laterality']} ({facts.get('laterality_source', '')})" if facts.get("laterality") else "unknown"
         lines.append(f"pixel spacing {spacing} · view {view} · laterality {side}")
     tiles = f"image{' + ground truth' if with_masks else ''} | " + " | ".join(maps)
-    lines.append(f"{tiles}   yellow: the model's window · blue: selected patches · colours per map, see its bars")
+    share = str((facts or {}).get("breast_in_window", "") or "")
+    holds = ""
+    if share:
+        value = float(share)
+        holds = f" (holds {value:.0%} of the breast)" if round(value, 3) >= 1.0 or value < 0.99 else ""
+        holds = holds or f" (holds {value:.1%} of the breast)"
+    lines.append(
+        f"{tiles}   yellow: the model's window{holds} · blue: selected patches · colours per map, see its bars"
+    )
     return lines
 
 

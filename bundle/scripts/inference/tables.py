@@ -34,6 +34,7 @@ __all__ = [
     "PREDICTION_COLUMNS",
     "FACT_COLUMNS",
     "FINGERPRINT_COLUMNS",
+    "BREAST_COLUMNS",
     "input_fingerprint",
     "escape_text",
     "unescape_text",
@@ -80,7 +81,10 @@ FACT_COLUMNS = [
 ]
 #: the input's size and modification time (ns) when it was read: a row counts as done only while they still hold
 FINGERPRINT_COLUMNS = ["input_bytes", "input_mtime_ns"]
-PREDICTION_COLUMNS += [*FACT_COLUMNS, *FINGERPRINT_COLUMNS]
+#: the share of the breast inside the model's window (:func:`~.facts.breast_in_window`), last: a table of the
+#: version before it is refused with the column named
+BREAST_COLUMNS = ["breast_in_window"]
+PREDICTION_COLUMNS += [*FACT_COLUMNS, *FINGERPRINT_COLUMNS, *BREAST_COLUMNS]
 # the columns whose cells are free text (escaped and neutralised); the others are numbers this module formats
 _TEXT_COLUMNS = frozenset(
     {"image", "output_stem", ERROR_KEY, NOTE_KEY, FILES_KEY, "laterality", "laterality_source", "view", "view_source"}
@@ -178,8 +182,8 @@ def prediction_row(
     """A predictions.csv row: the input, its stem, the scores y_g (6 decimals) and labels per class, the file's
     size, the patch boxes on the file (``top left bottom right`` per patch, patches separated by ``;``), the
     image's files (relative to the output folder, separated by ``;``), the ``facts`` (laterality, view, spacing and
-    their sources), the model's ``window`` on the file (``top, left, bottom, right``, end-exclusive; empty when
-    None) and the input's ``fingerprint`` (:func:`input_fingerprint`)."""
+    their sources, and the share of the breast in the window), the model's ``window`` on the file (``top, left,
+    bottom, right``, end-exclusive; empty when None) and the input's ``fingerprint`` (:func:`input_fingerprint`)."""
     window_cells = dict(zip(FACT_COLUMNS[-4:], window if window is not None else ("",) * 4))
     return {
         **dict(facts or {}),

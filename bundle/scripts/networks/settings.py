@@ -18,6 +18,11 @@ input scale the convolutions learned (``image_size``, ``pixel_spacing``). The bu
 checkpoint is recorded for information and never compared (``INFORMATIONAL``). A setting the checkpoint does not
 record (it predates the setting) is not compared either.
 
+A record is checked when it is read (:func:`validate_settings`, through :func:`decode_settings`), before anything is
+built from it: a mapping (not a list), every number finite, each known setting of its type and within its range, the
+window's and the patches' sides at most :data:`MAX_WINDOW_SIDE` pixels; a record that fails is one ``ValueError``
+line naming the checkpoint file and the setting.
+
 The inference config and the MONAI Label app read a checkpoint's record back
 (:func:`~scripts.networks.glam.checkpoint_setting`, which falls back on GLAM's defaults), so a network trained with a
 preset is rebuilt with that preset's settings without the preset. This module knows nothing of GLAM: the network
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from collections.abc import Mapping
 from functools import lru_cache
@@ -43,6 +49,8 @@ __all__ = [
     "INFERENCE_CHOICES",
     "encode_settings",
     "decode_settings",
+    "validate_settings",
+    "MAX_WINDOW_SIDE",
     "settings_differences",
     "check_settings",
     "read_checkpoint_settings",
@@ -62,6 +70,14 @@ INFERENCE_CHOICES = (
 )
 #: recorded for information, never compared
 INFORMATIONAL = ("bundle_version",)
+#: the largest side (pixels) a record's window (``image_size``) or patch (``patch_size``) may have: 8192 px at the
+#: finest detector's 0.05 mm are 41 cm, beyond any mammography detector (24 x 30 cm); a larger window only allocates
+#: (a 40000 x 40000 window is 6.4 GB per float32 image)
+MAX_WINDOW_SIDE = 8192
+# the most patches per image a record may ask for (the paper's K is 6, M 1)
+_MAX_PATCHES = 256
+# the largest width / depth a record's local module or attention may have
+_MAX_UNITS = 65536
 
 
 def _plain(value: Any) -> Any:
@@ -79,12 +95,86 @@ def encode_settings(settings: Mapping[str, Any]) -> torch.Tensor:
     return torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinite number in a JSON value, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = (f"{path}.{key}" if path else str(key)) if isinstance(value, dict) else f"{path}[{key}]"
+        found = _non_finite(item, where)
+        if found:
+            return found
+    return None
+
+
+def _sides(value: Any) -> bool:
+    pair = value if isinstance(value, list) else [value, value]
+    return len(pair) == 2 and all(_is_int(v) and 1 <= v <= MAX_WINDOW_SIDE for v in pair)
+
+
+# each known setting: (the check of its JSON value, what it must be)
+_CHECKS: dict[str, tuple[Any, str]] = {
+    "image_size": (lambda v: isinstance(v, list) and _sides(v), f"[rows, cols], integers in 1..{MAX_WINDOW_SIDE}"),
+    "patch_size": (_sides, f"an integer or [rows, cols], integers in 1..{MAX_WINDOW_SIDE}"),
+    "pixel_spacing": (
+        lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(_is_number(s) and s > 0 for s in v)),
+        "null or [row, col] mm, positive numbers",
+    ),
+    "num_patches_train": (lambda v: _is_int(v) and 1 <= v <= _MAX_PATCHES, f"an integer in 1..{_MAX_PATCHES}"),
+    "num_patches_eval": (lambda v: _is_int(v) and 1 <= v <= _MAX_PATCHES, f"an integer in 1..{_MAX_PATCHES}"),
+    "t_global": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "t_local": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "gamma_c": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "gammas": (
+        lambda v: isinstance(v, list) and len(v) == 3 and all(_is_number(g) and g >= 0 for g in v),
+        "three numbers >= 0",
+    ),
+    "local_depth": (lambda v: _is_int(v) and 1 <= v <= _MAX_UNITS, f"an integer in 1..{_MAX_UNITS}"),
+    "local_width": (lambda v: _is_int(v) and 1 <= v <= _MAX_UNITS, f"an integer in 1..{_MAX_UNITS}"),
+    "attention_hidden": (lambda v: _is_int(v) and 1 <= v <= _MAX_UNITS, f"an integer in 1..{_MAX_UNITS}"),
+    "joint_modules": (lambda v: isinstance(v, bool), "true or false"),
+    "pool_in_breast": (lambda v: isinstance(v, bool), "true or false"),
+    "global_pool_after_upsampling": (lambda v: isinstance(v, bool), "true or false"),
+    "aggregation": (lambda v: v is None or isinstance(v, str), "null or a name"),
+    "global_backbone": (lambda v: isinstance(v, dict), "a mapping of the backbone's options"),
+    "bundle_version": (lambda v: isinstance(v, str), "a version string"),
+}
+
+
+def validate_settings(record: Any) -> dict[str, Any]:
+    """``record`` (a decoded settings record) when it can be built from, else a one-line ``ValueError`` saying what
+    is wrong: not a mapping (a list, a number), a NaN or infinite number anywhere, a known setting of the wrong type
+    or outside its range (the window's and patches' sides at most :data:`MAX_WINDOW_SIDE` px, at most 256 patches,
+    the pooling fractions in (0, 1]). Settings this version does not know are kept (a later version's record)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"the settings record is a {type(record).__name__}, not a mapping of settings")
+    found = _non_finite(record, "")
+    if found:
+        raise ValueError(f"the settings record's {found} is not a finite number (NaN or infinite)")
+    for name, (check, expected) in _CHECKS.items():
+        if name in record and not check(record[name]):
+            shown = json.dumps(record[name])
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise ValueError(f"the settings record's {name} is {shown}; it must be {expected}")
+    return record
+
+
 def decode_settings(tensor: torch.Tensor) -> dict[str, Any]:
-    """The settings recorded by :func:`encode_settings`."""
+    """The settings recorded by :func:`encode_settings`, validated (:func:`validate_settings`)."""
     try:
-        return json.loads(bytes(tensor.detach().cpu().to(torch.uint8).tolist()).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        record = json.loads(bytes(tensor.detach().cpu().to(torch.uint8).tolist()).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise ValueError(f"the checkpoint's {SETTINGS_KEY} entry is not a settings record ({err})") from err
+    return validate_settings(record)
 
 
 def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -103,8 +193,13 @@ def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -
 
 def check_settings(saved: torch.Tensor, current: Mapping[str, Any], source: str = "the checkpoint") -> None:
     """``ValueError`` naming every setting that differs (see :func:`settings_differences`) between the record
-    ``saved`` (a :data:`SETTINGS_KEY` entry) and a network's ``current`` settings."""
-    differences = settings_differences(decode_settings(saved), current)
+    ``saved`` (a :data:`SETTINGS_KEY` entry) and a network's ``current`` settings; a record that is not valid
+    (:func:`validate_settings`) is a ``ValueError`` naming ``source``."""
+    try:
+        record = decode_settings(saved)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
+    differences = settings_differences(record, current)
     if differences:
         raise ValueError(
             f"{source} was trained with other model settings than this network's: {'; '.join(differences)} "
@@ -116,12 +211,15 @@ def check_settings(saved: torch.Tensor, current: Mapping[str, Any], source: str 
 def _cached_record(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None:
     state = read_checkpoint(path)
     record = state.get(SETTINGS_KEY) if isinstance(state, Mapping) else None
+    if record is not None and not isinstance(record, torch.Tensor):
+        raise ValueError(f"its {SETTINGS_KEY} entry is a {type(record).__name__}, not a settings record")
     return decode_settings(record) if isinstance(record, torch.Tensor) else None
 
 
 def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The settings record of the checkpoint at ``path``; None when the file does not exist or has no record (an
-    older checkpoint). A file that cannot be read is a ``ValueError`` naming it. Read once per file version."""
+    """The settings record of the checkpoint at ``path``, validated (:func:`validate_settings`); None when the file does
+    not exist or has no record (an older checkpoint). A file that cannot be read, or whose record is not valid, is a
+    one-line ``ValueError`` naming it. Read once per file version."""
     path = Path(path)
     if not path.is_file():
         return None

@@ -38,9 +38,15 @@ __all__ = [
     "StandardizeImage",
     "first_channel",
     "normalize_laterality",
+    "opening_iterations",
 ]
 
 FLIPPED_KEY = "flipped_to_right"  # meta: whether FlipToRight mirrored this image
+#: meta (written by ResampleToSpacing): the crop's and the window's mask openings take ``iterations`` times this
+#: (model pixels per file pixel when the spacing was estimated, so that they count the file's pixels; else 1)
+OPENING_SCALE_KEY = "opening_scale"
+#: meta (written by CropBreast): the crop's ``iterations`` as configured (before the opening scale)
+CROP_ITERATIONS_KEY = "crop_iterations"
 HORIZONTAL_FLIP_VALUES = ("NO", "YES")
 
 
@@ -56,6 +62,19 @@ def first_channel(img: NdarrayOrTensor) -> np.ndarray:
 
 def _meta(img: Any) -> dict:
     return img.meta if isinstance(img, MetaTensor) else {}
+
+
+def opening_iterations(img: Any, iterations: int) -> int:
+    """``iterations`` scaled by the image's ``meta["opening_scale"]`` (see :data:`OPENING_SCALE_KEY`), rounded; as
+    they are when the image has no such record."""
+    scale = _meta(img).get(OPENING_SCALE_KEY)
+    try:
+        scale = float(np.asarray(convert_to_numpy(scale, wrap_sequence=True), dtype=np.float64).reshape(-1)[0])
+    except (TypeError, ValueError, IndexError):
+        return int(iterations)
+    if not np.isfinite(scale) or scale <= 0 or scale == 1.0:
+        return int(iterations)
+    return int(round(int(iterations) * scale))
 
 
 def _filename(img: Any) -> str:
@@ -146,7 +165,11 @@ class CropBreast(CropForeground):
 
     Box of the opened mask of pixels > 0 (erosion ``iterations`` times, largest component, dilation)
     plus up to ``buffer`` px at the top, the bottom and the side away from the chest wall. The box is
-    written to ``meta["crop_box"]`` as ``[top, left, bottom, right]`` (end-exclusive, input coordinates).
+    written to ``meta["crop_box"]`` as ``[top, left, bottom, right]`` (end-exclusive, input coordinates), the
+    configured ``iterations`` to ``meta["crop_iterations"]``. An image whose spacing was estimated
+    (``meta["opening_scale"]``, :class:`~scripts.transforms.ResampleToSpacing`) is opened by ``iterations`` of its
+    file's pixels (:func:`opening_iterations`), as the estimate was, so that the crop keeps the breast the estimate
+    fitted into the window.
 
     Args:
         iterations: erosion/dilation iterations (100 for full-resolution mammograms; scale with the
@@ -174,7 +197,12 @@ class CropBreast(CropForeground):
         """``(start, end)`` of the crop in ``img``'s spatial coordinates, end-exclusive."""
         try:
             start, end = breast_crop_box(
-                first_channel(img), self.iterations, self.buffer, self.chest_wall, self.method, name=_filename(img)
+                first_channel(img),
+                opening_iterations(img, self.iterations),
+                self.buffer,
+                self.chest_wall,
+                self.method,
+                name=_filename(img),
             )
         except ValueError as err:
             raise ValueError(f"CropBreast: {_filename(img)}: {err}") from err
@@ -184,6 +212,7 @@ class CropBreast(CropForeground):
         out = super().crop_pad(img, box_start, box_end, mode, lazy=lazy, **pad_kwargs)
         if isinstance(out, MetaTensor):
             out.meta["crop_box"] = np.concatenate([box_start, box_end]).astype(np.int64)
+            out.meta[CROP_ITERATIONS_KEY] = self.iterations
         return out
 
     def __call__(self, img: torch.Tensor, mode: str | None = None, lazy: bool | None = None, **pad_kwargs):  # type: ignore[override]
@@ -204,7 +233,7 @@ class BestCenterWindow(CropForeground):
         window: ``(rows, cols)``, the authors' ``(2944, 1920)`` by default.
         reference_compatible: reproduce the released code's 1-2 px conventions (see
             :func:`~scripts.transforms.mammo.breast.best_center_window`).
-        iterations, method: the breast-mask opening.
+        iterations, method: the breast-mask opening (scaled as :class:`CropBreast`'s for an estimated spacing).
         default_view: window rule for unknown views (``"CC"``; ``None`` makes unknown views an error).
     """
 
@@ -239,7 +268,7 @@ class BestCenterWindow(CropForeground):
                 self.window,
                 mirrored=mirrored,
                 reference_compatible=self.reference_compatible,
-                iterations=self.iterations,
+                iterations=opening_iterations(img, self.iterations),
                 method=self.method,
                 default_view=self.default_view,
                 name=_filename(img),

@@ -30,6 +30,8 @@ __all__ = [
     "WindowPlacement",
     "best_center_window",
     "breast_crop_box",
+    "breast_share",
+    "file_breast_mask",
     "chest_wall_side",
     "largest_component",
     "open_breast_mask",
@@ -111,6 +113,43 @@ def open_breast_mask(foreground: np.ndarray, iterations: int = 100, method: str 
     opened = np.zeros_like(fg)
     opened[r0:r1, c0:c1] = dist <= iterations
     return opened
+
+
+#: the breast mask of the whole file is found on a copy of about this many pixels along its longer side
+MASK_SAMPLE_PIXELS = 1024
+
+
+def file_breast_mask(image: np.ndarray, iterations: int = 100, step: int = 1) -> tuple[np.ndarray, int]:
+    """The authors' breast mask of a whole file, cheaply: ``(mask, k)``, the opened mask of pixels > 0 (erosion,
+    largest component, dilation, as :func:`open_breast_mask`) on every ``k``-th pixel of ``image``, with
+    ``iterations // k`` erosions: the authors' crop counted in the file's own pixels.
+
+    ``image`` ``(H, W)`` may itself be every ``step``-th pixel of the file (a thumbnail); ``k`` (a multiple of
+    ``step``) is then the file's pixels per mask pixel, about :data:`MASK_SAMPLE_PIXELS` along the longer side.
+    When the erosions leave nothing (a tiny or thin picture) the largest component of pixels > 0 stands for the
+    breast. Raises ``ValueError`` for an image without a pixel > 0."""
+    arr = as_2d(image)
+    step = max(1, int(step))
+    j = max(1, int(np.ceil(max(arr.shape) / MASK_SAMPLE_PIXELS)))
+    fg = arr[::j, ::j] > 0
+    if not fg.any():
+        raise ValueError("no pixel > 0: cannot locate the breast")
+    k = j * step
+    opened = open_breast_mask(fg, int(iterations) // k)
+    return (opened if opened.any() else largest_component(fg)), k
+
+
+def breast_share(mask: np.ndarray, k: int, box: tuple[int, int, int, int] | None) -> float:
+    """The share of the breast ``mask`` (every ``k``-th pixel of the file, :func:`file_breast_mask`) inside ``box``
+    ``(top, left, bottom, right)`` in the file's pixels, end-exclusive: the mask pixels whose file pixel lies in the
+    box over all mask pixels. None (no box): 0."""
+    total = int(mask.sum())
+    if box is None or total == 0:
+        return 0.0
+    top, left, bottom, right = (int(v) for v in box)
+    r0, c0 = -(-max(top, 0) // k), -(-max(left, 0) // k)  # the first sampled row / col at or after the box's start
+    r1, c1 = -(-max(bottom, 0) // k), -(-max(right, 0) // k)
+    return float(mask[r0:r1, c0:c1].sum()) / total
 
 
 def _opened_or_fallback(image: np.ndarray, iterations: int, method: str, name: str = "") -> np.ndarray:

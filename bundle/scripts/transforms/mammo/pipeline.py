@@ -56,6 +56,7 @@ from monai.transforms import (
     SelectItemsd,
 )
 
+from scripts.data.errors import DEFAULT_MAX_PIXELS
 from scripts.data.readers import MammogramReader
 from scripts.transforms.mammo.dictionary import (
     BestCenterRegiond,
@@ -145,6 +146,8 @@ def mammogram_prefix(
     horizontal_flip: str = "NO",
     laterality_key: str | None = "laterality",
     crop: bool = True,
+    spacing_range: Sequence[float] | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> list[Callable]:
     """The deterministic start of every chain (``mammogram_prefix`` of ``bundle/configs/train.yaml``), for datalist
     items ``{"image": path, "mask_benign"?: path, ...}``: drop empty mask fields, load, resample to the model's pixel
@@ -165,6 +168,8 @@ def mammogram_prefix(
             ``MammogramReader(mask=True)``.
         horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
         crop: the authors' crop (skip it for images that are already cropped).
+        spacing_range, max_pixels: the plausible pixel sizes of a file (mm; None: 0.02-1 mm) and the most pixels an
+            image is resampled to (see :class:`~scripts.transforms.mammo.spacing.ResampleToSpacing`).
     """
     keys, mask_keys = _check_keys(keys, mask_keys)
     all_keys = keys + mask_keys
@@ -193,6 +198,8 @@ def mammogram_prefix(
             window=tuple(window),
             iterations=iterations,
             buffer=buffer,
+            spacing_range=spacing_range,
+            max_pixels=max_pixels,
         )
     )
     if mask_keys:
@@ -534,12 +541,16 @@ def inference_preprocessing(
     view_key: str | None = "view",
     reference_compatible: bool = True,
     default_view: str | None = "CC",
+    spacing_range: Sequence[float] | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> Compose:
     """``preprocessing`` of ``bundle/configs/inference.yaml``: the validation chain for the image alone, in one
     piece: load with ``reader`` (inference's, which refuses non-mammograms and oversized files; default
     :class:`~scripts.data.readers.MammogramReader` with the DICOM VOI LUT applied), resample to the model's pixel
     spacing, mirror, crop, the best-centre window, standardise. Every geometric step records itself, so
-    ``Invertd`` over this ``Compose`` puts a window-sized map back on the file's grid."""
+    ``Invertd`` over this ``Compose`` puts a window-sized map back on the file's grid. ``spacing_range`` and
+    ``max_pixels`` (inference.yaml's ``spacing_range`` and ``max_image_pixels``) bound the spacings and the resampled
+    size (:func:`mammogram_prefix`)."""
     prefix = mammogram_prefix(
         ["image"],
         [],
@@ -550,6 +561,8 @@ def inference_preprocessing(
         iterations=iterations,
         buffer=buffer,
         reader=reader,
+        spacing_range=spacing_range,
+        max_pixels=max_pixels,
     )
     best_window = _window_step(
         BestCenterWindowd,

@@ -47,17 +47,28 @@ from monai.networks.layers import gaussian_1d
 from monai.transforms import InvertibleTransform, MapTransform, Resize
 from monai.utils import TraceKeys, convert_to_numpy, convert_to_tensor, ensure_tuple_rep
 
-from scripts.data.geometry import as_pixel_spacing, format_spacing
-from scripts.transforms.mammo.array import first_channel
-from scripts.transforms.mammo.breast import largest_component, open_breast_mask
+from scripts.data.errors import DEFAULT_MAX_PIXELS, check_resampled_pixels
+from scripts.data.geometry import (
+    SPACING_RANGE_MM,
+    as_pixel_spacing,
+    as_spacing_range,
+    format_spacing,
+    spacing_in_range,
+)
+from scripts.transforms.mammo.array import OPENING_SCALE_KEY, first_channel
+from scripts.transforms.mammo.breast import file_breast_mask
 from scripts.transforms.mammo.dictionary import _check_shapes, _source
 
 __all__ = [
     "MODEL_SPACING_KEY",
+    "OPENING_SCALE_KEY",
     "RESAMPLED_SHAPE_KEY",
     "SPACING_ASSUMED_KEY",
     "SPACING_FALLBACKS",
+    "SPACING_IGNORED_KEY",
     "SPACING_KEY",
+    "SPACING_RANGE_KEY",
+    "SPACING_RANGE_MM",
     "SPACING_SOURCE_KEY",
     "SPACING_USED_KEY",
     "ResampleToSpacing",
@@ -75,12 +86,12 @@ SPACING_USED_KEY = "spacing_used"  # meta: the input's (row, col) mm the resampl
 MODEL_SPACING_KEY = "model_spacing"  # meta: the model's (row, col) mm the image was brought to, NaN when unknown
 SPACING_ASSUMED_KEY = "spacing_assumed"  # meta: the input's spacing was estimated or assumed, not stated
 RESAMPLED_SHAPE_KEY = "resampled_shape"  # meta: (H, W) after the resampling (the input's when not resampled)
+SPACING_IGNORED_KEY = "spacing_ignored"  # meta: the file's (row, col) mm outside spacing_range (not used), else NaN
+SPACING_RANGE_KEY = "spacing_range"  # meta: the plausible (low, high) mm the file's spacing was checked against
 #: what happens to an image whose spacing nobody states (the model's being known)
 SPACING_FALLBACKS = ("fit_breast", "model")
 # interpolation modes that blend neighbours: they take align_corners and anti-aliasing, the nearest ones neither
 _BLENDING_MODES = ("linear", "bilinear", "bicubic", "trilinear", "area")
-# the breast's box is found on a copy of about this many pixels along its longer side (the estimate needs no more)
-_FIT_PIXELS = 1024
 # the estimate keeps this share of the window free, for the crop's rounding after the resampling
 _FIT_MARGIN = 0.02
 # ... and this many pixels on each side, where the anti-aliasing blur carries the breast's edge
@@ -147,13 +158,14 @@ def fit_breast_spacing(
     """The input spacing (row, col) mm at which the breast of ``image`` fits the model's window: the fallback for an
     image whose spacing nobody states.
 
-    The breast's box is the bounding box of the opened mask of pixels > 0 (as :class:`~scripts.transforms.CropBreast`
-    finds it: erosion, largest component, dilation; on a copy of every k-th pixel, about 1024 px along the longer
-    side, with ``iterations // k`` erosions, which removes no more than the crop's opening on the resampled image
-    does, so the box is not smaller than the crop's). Resampling multiplies the size by ``f = input spacing / model
-    spacing``, so the crop is ``box_h * f + 2 buffer`` rows (buffer at the top and the bottom) and ``box_w * f +
-    buffer`` columns (buffer on the side away from the chest wall); ``f`` is the largest factor, the same on both axes
-    (the aspect ratio is kept), that makes both fit the window with 2 % to spare:
+    The breast's box is the bounding box of the authors' breast mask of the file (:func:`file_breast_mask`: the opened
+    mask of pixels > 0, ``iterations`` counted in the file's pixels, found on a copy of every k-th pixel, about 1024
+    px along the longer side). The crop and the window of an image whose spacing is estimated open their masks with
+    the same ``iterations`` file pixels (:class:`ResampleToSpacing` records the scale, ``meta["opening_scale"]``), so
+    the crop holds what this box holds, an MLO's pectoral muscle and axilla included. Resampling multiplies the size
+    by ``f = input spacing / model spacing``, so the crop is ``box_h * f + 2 buffer`` rows (buffer at the top and the
+    bottom) and ``box_w * f + buffer`` columns (buffer on the side away from the chest wall); ``f`` is the largest
+    factor, the same on both axes (the aspect ratio is kept), that makes both fit the window with 2 % to spare:
     ``f = min((0.98 window_h - 2 buffer - 6) / box_h, (0.98 window_w - buffer - 6) / box_w)`` (6 px for the
     anti-aliasing blur, which carries the breast's edge about 2 px out). The window rule then has
     nothing to choose: a crop no larger than the window lies wholly inside it.
@@ -170,13 +182,7 @@ def fit_breast_spacing(
     """
     arr = first_channel(image)
     h, w = arr.shape
-    k = max(1, int(np.ceil(max(h, w) / _FIT_PIXELS)))
-    fg = arr[::k, ::k] > 0
-    if not fg.any():
-        raise ValueError("no pixel > 0: cannot locate the breast to estimate the pixel spacing")
-    opened = open_breast_mask(fg, int(iterations) // k)
-    if not opened.any():
-        opened = largest_component(fg)
+    opened, k = file_breast_mask(arr, iterations)
     rows, cols = np.flatnonzero(opened.any(axis=1)), np.flatnonzero(opened.any(axis=0))
     box_h = min(h, (int(rows[-1]) + 1) * k) - int(rows[0]) * k
     box_w = min(w, (int(cols[-1]) + 1) * k) - int(cols[0]) * k
@@ -190,25 +196,43 @@ def fit_breast_spacing(
     return row_mm * factor, col_mm * factor
 
 
-def _stated_spacing(value: Any, name: str) -> tuple[float, float] | None:
-    """A user-stated spacing (a datalist's ``pixel_spacing``) parsed, or None; a bad value names where it came from."""
+def _range_text(spacing_range: Sequence[float]) -> str:
+    return f"{spacing_range[0]:g}-{spacing_range[1]:g} mm"
+
+
+def _stated_spacing(value: Any, name: str, spacing_range: Sequence[float] | None = None) -> tuple[float, float] | None:
+    """A user-stated spacing (a datalist's ``pixel_spacing``, the ``input_spacing`` option) parsed, or None; a bad
+    value, or one outside ``spacing_range`` (None: not checked), is a ``ValueError`` naming where it came from."""
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
         value = value.tolist()
     try:
-        return as_pixel_spacing(value)
+        spacing = as_pixel_spacing(value)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
+    if spacing is not None and spacing_range is not None and not spacing_in_range(spacing, spacing_range):
+        raise ValueError(
+            f"{name}: {format_spacing(spacing)} mm is outside the pixel sizes of mammograms, "
+            f"{_range_text(spacing_range)} (the spacing_range option widens it)"
+        )
+    return spacing
 
 
 class ResampleToSpacing(InvertibleTransform):
     """Resample a ``(C, H, W)`` image from its pixel spacing to ``pixel_spacing``, the spacing chosen as the module
     docstring says (the file's, the datalist's, ``input_spacing``, else the fallback).
 
+    Sizes are checked before they are used: a file's spacing outside ``spacing_range`` is not used (the next source
+    decides, and ``meta["spacing_ignored"]`` records it for the image's note), a datalist's or ``input_spacing``
+    outside it is a ``ValueError`` naming it, and a resampled size above ``max_pixels`` is refused (a
+    :class:`~scripts.data.errors.MammogramReadError` naming the file) before anything is resampled.
+
     The output's metadata records the choice (``spacing_used``, ``spacing_source``, ``model_spacing``,
-    ``spacing_assumed``); ``meta["spacing"]`` (the file's) is left as it is. The inverse restores the size and the
-    metadata as they were.
+    ``spacing_assumed``, ``spacing_ignored``, ``spacing_range``) and the scale of the crop's mask opening
+    (``opening_scale``: for an estimated spacing, model pixels per file pixel, so that the crop opens the breast mask
+    by ``iterations`` of the file's pixels, as the estimate does; 1 otherwise); ``meta["spacing"]`` (the file's) is
+    left as it is. The inverse restores the size and the metadata as they were.
 
     Args:
         pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic); None: unknown, nothing is resampled.
@@ -224,6 +248,9 @@ class ResampleToSpacing(InvertibleTransform):
         window: the model's window (rows, cols); ``"fit_breast"`` needs it for an image whose spacing nobody states
             (a ``ValueError`` naming the file without it).
         iterations, buffer: the crop's settings (``crop_iterations``, ``crop_buffer``), for ``"fit_breast"``.
+        spacing_range: the plausible ``(low, high)`` mm of an input's spacing (None:
+            :data:`~scripts.data.geometry.SPACING_RANGE_MM`, 0.02-1 mm); checked when the model's spacing is known.
+        max_pixels: the most pixels an image is resampled to (the decoded-size cap by default); None: no cap.
     """
 
     backend = Resize.backend
@@ -239,12 +266,17 @@ class ResampleToSpacing(InvertibleTransform):
         window: Sequence[int] | None = None,
         iterations: int = 100,
         buffer: int = 50,
+        spacing_range: Sequence[float] | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         self.pixel_spacing = as_pixel_spacing(pixel_spacing)
         self.mode = str(mode)
         self.anti_aliasing = bool(anti_aliasing)
         self.rtol = float(rtol)
-        self.input_spacing = _stated_spacing(input_spacing, "input_spacing")
+        self.spacing_range = as_spacing_range(spacing_range)
+        # the range matters only where a spacing is used: when the model's is known
+        checked = self.spacing_range if self.pixel_spacing is not None else None
+        self.input_spacing = _stated_spacing(input_spacing, "input_spacing", checked)
         self.fallback = str(fallback)
         if self.fallback not in SPACING_FALLBACKS:
             raise ValueError(f"fallback must be one of {SPACING_FALLBACKS}, got {fallback!r}")
@@ -253,17 +285,27 @@ class ResampleToSpacing(InvertibleTransform):
             raise ValueError(f"window must be (rows, cols) of positive ints, got {window!r}")
         self.iterations = int(iterations)
         self.buffer = int(buffer)
+        self.max_pixels = None if max_pixels is None else int(max_pixels)
+
+    def file_spacing(self, img: NdarrayOrTensor) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+        """``(usable, ignored)``: the spacing ``img``'s file states when it may be used, else None; the one it
+        states outside ``spacing_range`` (the model's spacing being known) as ``ignored``, else None."""
+        from_file = spacing_of(img)
+        if from_file is None or self.pixel_spacing is None or spacing_in_range(from_file, self.spacing_range):
+            return from_file, None
+        return None, from_file
 
     def choose(self, img: NdarrayOrTensor, stated: Any = None) -> tuple[tuple[float, float] | None, str]:
-        """The input spacing and its source for ``img`` (``(C, H, W)``): the file's, ``stated`` (a datalist's
-        ``pixel_spacing``), ``input_spacing``, else the fallback (``(None, "unknown")`` when nothing is known and
-        the model's spacing is unknown too)."""
+        """The input spacing and its source for ``img`` (``(C, H, W)``): the file's (when inside ``spacing_range``),
+        ``stated`` (a datalist's ``pixel_spacing``), ``input_spacing``, else the fallback (``(None, "unknown")``
+        when nothing is known and the model's spacing is unknown too)."""
         meta = img.meta if isinstance(img, MetaTensor) else {}
         name = str(meta.get("filename_or_obj") or meta.get("filename") or "<image>")
-        from_file = spacing_of(img)
+        from_file, _ = self.file_spacing(img)
         if from_file is not None:
             return from_file, str(meta.get(SPACING_SOURCE_KEY, "") or "file")
-        from_item = _stated_spacing(stated, f"{name}: the datalist's pixel_spacing")
+        checked = self.spacing_range if self.pixel_spacing is not None else None
+        from_item = _stated_spacing(stated, f"{name}: the datalist's pixel_spacing", checked)
         if from_item is not None:
             return from_item, "datalist"
         if self.input_spacing is not None:
@@ -280,28 +322,39 @@ class ResampleToSpacing(InvertibleTransform):
         try:
             estimate = fit_breast_spacing(img, self.pixel_spacing, self.window, self.iterations, self.buffer)
         except ValueError as err:
-            raise ValueError(f"ResampleToSpacing: {name}: {err}") from err
+            raise ValueError(f"ResampleToSpacing: {name}: {err} to estimate the pixel spacing") from err
         return estimate, "fit_breast"
 
     def plan(self, img: NdarrayOrTensor, spacing: Sequence[float] | None = None, stated: Any = None) -> dict[str, Any]:
         """What to do with ``img`` (``(C, H, W)``; ``spacing`` overrides every source, ``stated`` is a datalist's
         ``pixel_spacing``): ``{"size": output (H, W), "resample": bool, "assumed": bool, "spacing": the input's
-        (row, col) mm or None, "source": str}``."""
+        (row, col) mm or None, "source": str, "ignored": the file's spacing left unused or None, "opening_scale":
+        float}``. A size above ``max_pixels`` is refused here, before anything is resampled."""
         shape = tuple(int(s) for s in img.shape[1:])
         if len(shape) != 2:
             raise ValueError(f"ResampleToSpacing expects a (C, H, W) image, got shape {tuple(img.shape)}")
+        ignored = None
         if spacing is not None:
             source_spacing, source = as_pixel_spacing(spacing), "given"
         else:
+            ignored = self.file_spacing(img)[1]
             source_spacing, source = self.choose(img, stated)
-        out = {"size": shape, "resample": False, "spacing": source_spacing, "source": source}
+        out = {"size": shape, "resample": False, "spacing": source_spacing, "source": source, "ignored": ignored}
         out["assumed"] = source in ("fit_breast", "model")
+        out["opening_scale"] = 1.0
         target = self.pixel_spacing
         if target is None or source_spacing is None:
             return out
+        if source == "fit_breast":  # the estimate keeps the aspect ratio: one factor for both axes
+            out["opening_scale"] = float(source_spacing[0] / target[0])
         if all(abs(s / t - 1.0) <= self.rtol for s, t in zip(source_spacing, target)):
             return out
         size = tuple(max(1, int(np.floor(n * s / t + 0.5))) for n, s, t in zip(shape, source_spacing, target))
+        meta = img.meta if isinstance(img, MetaTensor) else {}
+        why = f"from {format_spacing(source_spacing)} mm ({source}) to the model's {format_spacing(target)} mm"
+        check_resampled_pixels(
+            str(meta.get("filename_or_obj") or meta.get("filename") or "<image>"), shape, size, why, self.max_pixels
+        )
         return {**out, "size": size, "resample": size != shape}
 
     def __call__(
@@ -333,12 +386,16 @@ class ResampleToSpacing(InvertibleTransform):
             extra["spacing_source"] = str(img.meta.get(SPACING_SOURCE_KEY, ""))
         self.push_transform(out, orig_size=tuple(int(s) for s in img.shape[1:]), extra_info=extra)
         if isinstance(out, MetaTensor):
-            used = plan["spacing"] if plan["spacing"] is not None else (np.nan, np.nan)
+            nan = (np.nan, np.nan)
+            used = plan["spacing"] if plan["spacing"] is not None else nan
             out.meta[SPACING_USED_KEY] = np.asarray(used, dtype=np.float64)
             out.meta[SPACING_SOURCE_KEY] = str(plan["source"])
-            out.meta[MODEL_SPACING_KEY] = np.asarray(self.pixel_spacing or (np.nan, np.nan), dtype=np.float64)
+            out.meta[MODEL_SPACING_KEY] = np.asarray(self.pixel_spacing or nan, dtype=np.float64)
             out.meta[SPACING_ASSUMED_KEY] = bool(plan["assumed"])
             out.meta[RESAMPLED_SHAPE_KEY] = np.asarray(out.shape[1:], dtype=np.int64)
+            out.meta[SPACING_IGNORED_KEY] = np.asarray(plan.get("ignored") or nan, dtype=np.float64)
+            out.meta[SPACING_RANGE_KEY] = np.asarray(self.spacing_range, dtype=np.float64)
+            out.meta[OPENING_SCALE_KEY] = float(plan.get("opening_scale", 1.0))
         return out
 
     def inverse(self, data: torch.Tensor) -> torch.Tensor:
@@ -348,11 +405,23 @@ class ResampleToSpacing(InvertibleTransform):
             # Invertd(nearest_interp=True) rewrites "mode" to "nearest"
             data = _resize(data, transform[TraceKeys.ORIG_SIZE], info["mode"], info["anti_aliasing"])
         if isinstance(data, MetaTensor):
-            for key in (MODEL_SPACING_KEY, SPACING_ASSUMED_KEY, SPACING_USED_KEY, RESAMPLED_SHAPE_KEY):
+            for key in _RECORDED_KEYS:
                 data.meta.pop(key, None)
             if "spacing_source" in info:
                 data.meta[SPACING_SOURCE_KEY] = info["spacing_source"]
         return data
+
+
+# what the forward step adds to the metadata (the inverse takes it away)
+_RECORDED_KEYS = (
+    MODEL_SPACING_KEY,
+    SPACING_ASSUMED_KEY,
+    SPACING_USED_KEY,
+    RESAMPLED_SHAPE_KEY,
+    SPACING_IGNORED_KEY,
+    SPACING_RANGE_KEY,
+    OPENING_SCALE_KEY,
+)
 
 
 class ResampleToSpacingd(MapTransform, InvertibleTransform):
@@ -369,7 +438,8 @@ class ResampleToSpacingd(MapTransform, InvertibleTransform):
             stay 0/1).
         spacing_key: the data field with a per-image spacing (a number or ``[row, col]`` mm; None or ``""``: not
             stated).
-        anti_aliasing, rtol, input_spacing, fallback, window, iterations, buffer: as in ``ResampleToSpacing``.
+        anti_aliasing, rtol, input_spacing, fallback, window, iterations, buffer, spacing_range, max_pixels: as in
+            ``ResampleToSpacing``.
     """
 
     backend = ResampleToSpacing.backend
@@ -389,6 +459,8 @@ class ResampleToSpacingd(MapTransform, InvertibleTransform):
         window: Sequence[int] | None = None,
         iterations: int = 100,
         buffer: int = 50,
+        spacing_range: Sequence[float] | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         super().__init__(keys, allow_missing_keys)
         self.resampler = ResampleToSpacing(
@@ -400,6 +472,8 @@ class ResampleToSpacingd(MapTransform, InvertibleTransform):
             window=window,
             iterations=iterations,
             buffer=buffer,
+            spacing_range=spacing_range,
+            max_pixels=max_pixels,
         )
         self.source_key = source_key
         self.spacing_key = spacing_key
