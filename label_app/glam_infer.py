@@ -139,33 +139,20 @@ def check_settings_record(parser: ConfigParser, model_path: str | os.PathLike, l
     check_model_settings(values, limits, source)
 
 
-def non_finite_tensor(network: torch.nn.Module) -> str | None:
-    """The name of the first floating-point parameter or buffer of ``network`` holding NaN or an infinity, else
-    None: such weights make every map 0 or NaN, which the server must not serve as a result."""
-    for name, tensor in network.state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return name
-    return None
-
-
 def load_model(parser: ConfigParser, model_path: Path, device: torch.device) -> torch.nn.Module:
     """The bundle's ``network_def`` with the weights of ``model_path`` through the bundle's own
     ``load_for_inference`` (strict, ``weights_only``, the config's precision) on ``device``; ``ValueError`` in one
     line naming the file for weights that do not load or that hold NaN or infinite values."""
+    from scripts.networks.checkpoint_file import CheckpointError
     from scripts.networks.fast_inference import load_for_inference
 
     network = parser.get_parsed_content("network_def")
     try:
-        glam = load_for_inference(network, model_path, device, str(parser.get_parsed_content("precision")))
+        return load_for_inference(network, model_path, device, str(parser.get_parsed_content("precision")))
+    except CheckpointError:
+        raise  # the bundle's loader already names the file and what is wrong (NaN / Inf tensors, foreign keys...)
     except ValueError as e:
         raise ValueError(f"model {model_path} does not load into the bundle's network_def: {e}") from None
-    bad = non_finite_tensor(glam)
-    if bad is not None:
-        raise ValueError(
-            f"model {model_path}: tensor {bad} holds NaN or infinite values (a diverged or corrupted checkpoint); "
-            "the label server refuses the model"
-        )
-    return glam
 
 
 def write_map(path: str, array: np.ndarray, spacing: Sequence[float] | None) -> None:
@@ -228,7 +215,10 @@ class GLAMSaliencyInfer(BasicInferTask):
         self.gamma_c = float(parser.get_parsed_content("gamma_c"))
         window = parser.get_parsed_content("image_size")
         self.window = tuple(int(v) for v in window) if window is not None else None
+        # inference.yaml's `loading`: its `preprocessing` (the same transform objects, which the maps are inverted
+        # through) with the picture the share of the breast in the window is measured on, as the bundle's inference
         self.transform = parser.get_parsed_content("preprocessing")
+        self.loading = parser.get_parsed_content("loading")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # the bundle's own loading (inference.yaml's `network`): strictly, weights only, on the device, at the
         # config's precision (on CPU a bf16 copy where the CPU supports it, docs/inference.md)
@@ -282,7 +272,7 @@ class GLAMSaliencyInfer(BasicInferTask):
         with self.lock:
             waited = time.time() - begin
             try:
-                item = self.transform({"image": path})
+                item = self.loading({"image": path})
             except Exception as e:  # noqa: BLE001 - any reader or transform failure is the input's problem: 400
                 raise _bad_request(f"{shown} cannot be read: {unreadable_image_message(e, path, name)}") from e
             try:
@@ -336,6 +326,8 @@ class GLAMSaliencyInfer(BasicInferTask):
             "width": int(result.shape[1]),
             "label_names": dict(LABELS),
             **{k: facts[k] for k in ("laterality", "laterality_source", "view", "view_source")},
+            # the share of the breast inside the model's window, as predictions.csv's column (None: not measured)
+            "breast_in_window": float(facts["breast_in_window"]) if facts["breast_in_window"] else None,
             "spacing_mm": [float(v) for v in used] if all(used) else None,
             "spacing_source": facts["spacing_source"],
             "file_spacing_mm": list(spacing) if spacing else None,

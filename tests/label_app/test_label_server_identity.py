@@ -106,6 +106,9 @@ def test_a_dicom_without_spacing_is_served_at_the_scale_of_the_bundles_inference
     np.testing.assert_allclose(result["spacing_mm"], [float(row["spacing_row_mm"]), float(row["spacing_col_mm"])])
     assert result["view"] == "MLO" and result["view_source"] == row["view_source"] == "ViewPosition"
     assert result["window"] == [int(row[f"window_{k}"]) for k in ("y0", "x0", "y1", "x1")]
+    assert result["breast_in_window"] == pytest.approx(
+        float(row["breast_in_window"])
+    )  # the share predictions.csv states
     assert any("pixel spacing not stated" in n for n in result["notes"])
     # the same patch (its size is the model's patch at the estimated scale: about twice the model's 128 pixels)
     bundle_boxes = [[int(v) for v in box.split()] for box in row["patch_boxes"].split(";")]
@@ -274,6 +277,7 @@ def test_a_model_with_a_nan_weight_is_refused_at_start(site, tmp_path):
             os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
     text = log.read_text(errors="replace")
-    lines = [line for line in text.splitlines() if "NaN or infinite" in line]
+    # the bundle's own loader's line: the file, the tensor and its count of NaN values
+    lines = [line for line in text.splitlines() if " holds " in line and "NaN" in line]
     assert lines and name in lines[0] and str(bad) in lines[0], text[-3000:]
     assert "Application startup complete" not in text

@@ -543,15 +543,16 @@ def test_batch_inference_reports_each_failure_and_never_saves_under_original(ser
 
 
 def test_a_checkpoint_asking_for_huge_images_is_refused_before_anything_is_built(site, tmp_path):
-    """A settings record of image_size [40000, 40000] (12.8 GB per image) stops the server at once, naming the
-    setting, the limit and the variable that raises it."""
+    """A settings record of image_size [6000, 6000] under a server limit of 4096 pixels per side stops the server at
+    once, naming the setting, the limit and the variable that raises it. (A record past the bundle's own bound of
+    8192, such as [40000, 40000], is refused by the bundle's record check first: test_model_settings.py.)"""
     import torch
 
     state = torch.load(BUNDLE_ROOT / "models" / "model.pt", weights_only=True)
     from scripts.networks.settings import decode_settings, encode_settings
 
     record = decode_settings(state["model_settings"])
-    state["model_settings"] = encode_settings({**record, "image_size": [40000, 40000]})
+    state["model_settings"] = encode_settings({**record, "image_size": [6000, 6000]})
     huge = tmp_path / "huge.pt"
     torch.save(state, huge)
     studies = tmp_path / "studies"
@@ -560,7 +561,7 @@ def test_a_checkpoint_asking_for_huge_images_is_refused_before_anything_is_built
     log = tmp_path / "huge.log"
     cmd = ["bash", str(REPO_ROOT / "scripts" / "start_label_server.sh"), "--studies", str(studies)]
     cmd += ["--port", str(free_port()), "--device", "cpu", "--model", str(huge)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLAM_LABEL_MAX_IMAGE_SIDE": "4096"}
     begin = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -575,7 +576,7 @@ def test_a_checkpoint_asking_for_huge_images_is_refused_before_anything_is_built
         proc.wait(timeout=60)
     text = log.read_text(errors="replace")
     assert (
-        "image_size [40000, 40000] exceeds the limit of 8192 pixels per side (GLAM_LABEL_MAX_IMAGE_SIDE raises it)"
+        "image_size [6000, 6000] exceeds the limit of 4096 pixels per side (GLAM_LABEL_MAX_IMAGE_SIDE raises it)"
         in text
     ), text[-3000:]
     assert "its settings record gives image_size" in text and "the label server refuses the model" in text
