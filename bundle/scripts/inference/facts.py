@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from monai.data import MetaTensor
 
+from ..data.cbis_ddsm import cbis_patient_id
 from ..transforms.mammo.array import CROP_ITERATIONS_KEY
 from ..transforms.mammo.breast import breast_share, file_breast_mask, view_kind
 from ..transforms.mammo.spacing import (
@@ -34,7 +35,15 @@ from ..transforms.mammo.spacing import (
 from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from .geometry import original_size, window_on_original
 
-__all__ = ["BREAST_IN_WINDOW", "breast_in_window", "breast_note", "spacing_note", "image_facts", "image_notes"]
+__all__ = [
+    "BREAST_IN_WINDOW",
+    "breast_in_window",
+    "breast_note",
+    "spacing_note",
+    "image_facts",
+    "image_notes",
+    "patient_id",
+]
 
 #: the predictions.csv column (and item key) of the share of the breast inside the model's window
 BREAST_IN_WINDOW = "breast_in_window"
@@ -145,8 +154,8 @@ def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
     ``MetaTensor``): ``laterality`` / ``laterality_source`` and ``view`` / ``view_source`` as the preprocessing used
     them (a datalist item's value, source ``"datalist"``, before the file's; ``""`` and ``"unknown"`` when neither
     states one), the input's pixel spacing used (``spacing_row_mm``, ``spacing_col_mm``, empty when unknown) with
-    its ``spacing_source``, and the share of the breast in the model's window (``breast_in_window``, three decimals,
-    :func:`breast_in_window`; empty when it cannot be measured)."""
+    its ``spacing_source``, the share of the breast in the model's window (``breast_in_window``, three decimals,
+    :func:`breast_in_window`; empty when it cannot be measured) and the ``patient_id`` (:func:`patient_id`)."""
     meta = _meta(item["image"])
     facts: dict[str, Any] = {}
     for key in ("laterality", "view"):
@@ -164,7 +173,19 @@ def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
     facts["spacing_source"] = _text(meta.get(SPACING_SOURCE_KEY)) or "unknown"
     share = breast_in_window(item)
     facts[BREAST_IN_WINDOW] = "" if share is None else f"{share:.3f}"
+    facts["patient_id"] = patient_id(item)
     return facts
+
+
+def patient_id(item: Mapping[str, Any]) -> str:
+    """The patient an image belongs to, for breasts.csv: a datalist item's ``patient_id``, else the file's PatientID
+    (a CBIS-DDSM per-view id such as ``Mass-Test_P_00173_LEFT_CC`` becomes the woman's ``P_00173``, as the
+    datalists make it), else ``""`` (the image is then a breast of its own)."""
+    given = _text(item.get("patient_id"))
+    if given:
+        return given
+    stated = _text(_meta(item["image"]).get("patient_id"))
+    return (cbis_patient_id(stated) or stated) if stated else ""
 
 
 def image_notes(

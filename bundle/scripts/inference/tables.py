@@ -1,4 +1,5 @@
-"""``predictions.csv`` and ``errors.csv`` of an inference run, appended row by row as each image completes.
+"""``predictions.csv`` and ``errors.csv`` of an inference run, appended row by row as each image completes, and
+``breasts.csv``, made from ``predictions.csv`` whenever the run compacts its tables (at its end).
 
 Each row reaches the file in one ``write`` on a descriptor opened for appending, so the tables are valid CSV at every
 moment: after the process is killed (SIGKILL included) they hold exactly the images that completed. A table that
@@ -25,6 +26,7 @@ from typing import Any
 
 from ..atomic import atomic_write
 from ..enums import CLASS_NAMES
+from ..metrics.breasts import breast_key, group_breasts
 
 __all__ = [
     "ERROR_KEY",
@@ -35,6 +37,8 @@ __all__ = [
     "FACT_COLUMNS",
     "FINGERPRINT_COLUMNS",
     "BREAST_COLUMNS",
+    "BREAST_TABLE_COLUMNS",
+    "breast_rows",
     "input_fingerprint",
     "escape_text",
     "unescape_text",
@@ -83,13 +87,25 @@ FACT_COLUMNS = [
 FINGERPRINT_COLUMNS = ["input_bytes", "input_mtime_ns"]
 #: the share of the breast inside the model's window (:func:`~.facts.breast_in_window`), last: a table of the
 #: version before it is refused with the column named
-BREAST_COLUMNS = ["breast_in_window"]
+BREAST_COLUMNS = ["breast_in_window", "patient_id"]
 PREDICTION_COLUMNS += [*FACT_COLUMNS, *FINGERPRINT_COLUMNS, *BREAST_COLUMNS]
 # the columns whose cells are free text (escaped and neutralised); the others are numbers this module formats
 _TEXT_COLUMNS = frozenset(
     {"image", "output_stem", ERROR_KEY, NOTE_KEY, FILES_KEY, "laterality", "laterality_source", "view", "view_source"}
-    | {"spacing_source"}
+    | {"spacing_source", "patient_id", "views", "inputs"}
 )
+#: breasts.csv: one row per breast (:func:`breast_rows`)
+BREAST_TABLE_COLUMNS = [
+    "patient_id",
+    "laterality",
+    "views",
+    "images",
+    *(f"prob_{c}" for c in CLASS_NAMES),
+    "inputs",
+    NOTE_KEY,
+]
+#: the views a screening exam takes of each breast: a breast without one of them is noted
+SCREENING_VIEWS = ("CC", "MLO")
 # first characters that make a spreadsheet evaluate a cell (OWASP "CSV injection"), and the quote that marks them
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
 
@@ -200,6 +216,44 @@ def prediction_row(
     }
 
 
+def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
+    """breasts.csv's rows from predictions.csv's (cells as stored): the images of one (patient_id, laterality) are one
+    breast (:func:`~scripts.metrics.breasts.breast_key`), its scores the mean of its images' (as the breast-level
+    AUC of the evaluation), its ``views`` the distinct views seen (``;``-separated, sorted) and ``inputs`` its
+    images. ``note`` states a breast without a CC or an MLO view, images of unknown view, and an image without a
+    patient ID or a laterality (a breast of its own, its row's key cells empty). Sorted by patient, then
+    laterality, the images of their own last."""
+    keys = [breast_key({"patient_id": r["patient_id"], "laterality": r["laterality"]}) for r in predictions]
+    groups, _ = group_breasts(keys)
+    rows = []
+    for group in groups:
+        images = [predictions[i] for i in group]
+        key = keys[group[0]]
+        views = sorted({r["view"] for r in images if r["view"]})
+        notes = []
+        if key is None:
+            notes.append("no patient ID or no laterality: the image is a breast of its own")
+        else:
+            missing = [v for v in SCREENING_VIEWS if v not in views]
+            if missing:
+                notes.append(f"no {' or '.join(missing)} view")
+        unknown = sum(1 for r in images if not r["view"])
+        if unknown:
+            notes.append(f"the view of {unknown} image(s) is unknown")
+        rows.append(
+            {
+                "patient_id": key[0] if key else "",
+                "laterality": key[1] if key else "",
+                "views": ";".join(views),
+                "images": len(images),
+                **{f"prob_{c}": f"{sum(float(r[f'prob_{c}']) for r in images) / len(images):.6f}" for c in CLASS_NAMES},
+                "inputs": ";".join(r["image"] for r in images),
+                NOTE_KEY: "; ".join(notes),
+            }
+        )
+    return sorted(rows, key=lambda r: (r["patient_id"] == "", r["patient_id"], r["laterality"], r["inputs"]))
+
+
 def input_fingerprint(path: str | os.PathLike) -> dict[str, str]:
     """``{"input_bytes", "input_mtime_ns"}`` of a file as text (empty cells when it cannot be stat-ed): what ties a
     predictions.csv row to the content it was computed from. Size and modification time, not a hash: reading every
@@ -306,8 +360,10 @@ class InferenceTables:
     ``image``, ``error``, ``note``: a row with an ``error`` for each input that failed, a row with a ``note`` for
     an image processed under an assumption) under ``output_dir``, appended as images complete.
 
-    A run that resumes appends to them; :meth:`compact` (at the end of a run) sorts them and leaves in errors.csv
-    only the last error of each input that is still not in predictions.csv, and each note once.
+    A run that resumes appends to them; :meth:`compact` (at the end of a run) sorts them, leaves in errors.csv
+    only the last error of each input that is still not in predictions.csv, and each note once, and writes
+    ``breasts.csv`` from the whole predictions.csv (so a resumed or repeated run's breasts are those of all its
+    images; a run killed before its end has the breasts.csv of its last finished invocation).
     """
 
     def __init__(self, output_dir: str | os.PathLike) -> None:
@@ -346,6 +402,13 @@ class InferenceTables:
         predictions = sorted({r["image"]: r for r in rows}.values(), key=lambda r: r["image"])
         if predictions != rows:  # a file already in order is left as it is
             self.predictions.replace_rows(predictions)
+        header = dict(zip(BREAST_TABLE_COLUMNS, BREAST_TABLE_COLUMNS))
+        # the cells as stored in predictions.csv: escaped once
+        table = b"".join(_line(BREAST_TABLE_COLUMNS, r, escape=False) for r in [header, *breast_rows(predictions)])
+        breasts = self.output_dir / "breasts.csv"
+        if not breasts.is_file() or breasts.read_bytes() != table:  # a rerun that changed nothing leaves it alone
+            with atomic_write(breasts, "wb") as f:
+                f.write(table)
         done = {row["image"] for row in predictions}
         self.errors.close()
         rows = self.errors.open()
