@@ -8,7 +8,8 @@ import torch
 from monai.data import MetaTensor
 from monai.transforms import Compose
 
-from scripts.transforms.boxes import BoxesToMasksd, parse_boxes
+from scripts.data.boxes import parse_boxes
+from scripts.transforms.boxes import BoxesToMasksd
 
 
 def _image(h=10, w=8):

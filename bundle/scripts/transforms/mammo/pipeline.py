@@ -56,8 +56,9 @@ from monai.transforms import (
     SelectItemsd,
 )
 
+from scripts.data.boxes import BOXES_KEY
 from scripts.data.readers import MammogramReader
-from scripts.transforms.boxes import BOXES_KEY, BoxesToMasksd
+from scripts.transforms.boxes import BoxesToMasksd
 from scripts.transforms.mammo.dictionary import (
     BestCenterRegiond,
     BestCenterWindowd,
