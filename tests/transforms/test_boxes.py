@@ -52,6 +52,20 @@ def test_items_without_boxes_pass_and_bad_boxes_are_one_line():
         with pytest.raises(ValueError, match=match):
             BoxesToMasksd()({"image": _image(), "boxes": bad})
     assert parse_boxes(None) == []
+    with pytest.raises(ValueError, match="mask_files must be 'unite' or 'keep'"):
+        BoxesToMasksd(mask_files="replace")
+
+
+def test_keep_leaves_a_class_with_a_mask_file_as_the_file_says():
+    """mask_files="keep" (the pipeline's): boxes fill the classes without a mask file only."""
+    mask_file = torch.zeros(1, 10, 8, dtype=torch.uint8)
+    mask_file[0, 9, 7] = 1
+    boxes = [{"label": "benign", "box": [1, 2, 3, 4]}, {"label": "malignant", "box": [4, 0, 6, 2]}]
+    out = BoxesToMasksd(mask_files="keep")({"image": _image(), "mask_benign": mask_file, "boxes": boxes})
+    assert out["mask_benign"] is mask_file
+    malignant = np.zeros((10, 8), np.uint8)
+    malignant[4:6, 0:2] = 1
+    np.testing.assert_array_equal(np.asarray(out["mask_malignant"])[0], malignant)
 
 
 def test_boxes_go_through_the_masks_geometry_in_the_whole_prefix(tmp_path):
