@@ -6,9 +6,9 @@ Examples (docs/own_data.md walks through each source):
     python scripts/make_datalist.py --csv mass_case_description_train_set.csv mass_case_description_test_set.csv \
         calc_case_description_train_set.csv calc_case_description_test_set.csv \
         --root /data/CBIS-DDSM --out /data/lists/cbis.json
-    # VinDr-Mammo (labels from BI-RADS; the CSV's split column is kept)
-    python scripts/make_datalist.py --csv /data/vindr/breast-level_annotations.csv --root /data/vindr \
-        --out /data/vindr/datalist.json
+    # VinDr-Mammo (labels from BI-RADS; the CSV's split column is kept; finding_annotations.csv adds the boxes)
+    python scripts/make_datalist.py --csv /data/vindr/breast-level_annotations.csv \
+        /data/vindr/finding_annotations.csv --root /data/vindr --out /data/vindr/datalist.json
     # INbreast (';'-separated INbreast.csv, AllDICOMs/, AllXML/)
     python scripts/make_datalist.py --csv /data/INbreast/INbreast.csv --root /data/INbreast --out /data/lists/inb.json
     # a hospital folder sorted by class: <root>/normal/..., <root>/benign/..., <root>/malignant/...
@@ -110,7 +110,8 @@ def _collect(args, relative_to) -> tuple[list[dict], list[str], list[str]]:
 
 def _merge_duplicates(items: list[dict], skipped: list[str]) -> list[dict]:
     """One item per image across CSVs (VinDr-Mammo's breast-level and finding CSVs name the same images): labels
-    OR-ed, the first CSV's fields kept; masks that differ for one class are a problem (the item keeps the first)."""
+    OR-ed, boxes listed together (once each), the first CSV's fields kept; masks that differ for one class are a
+    problem (the item keeps the first)."""
     by_image: dict[str, dict] = {}
     for item in items:
         first = by_image.setdefault(item["image"], item)
@@ -120,6 +121,9 @@ def _merge_duplicates(items: list[dict], skipped: list[str]) -> list[dict]:
             first["label"] = [max(a, b) for a, b in zip(first["label"], item["label"])]
         else:
             first["label"] = first.get("label") if first.get("label") is not None else item.get("label")
+        for box in item.get("boxes") or ():  # VinDr-Mammo: the finding CSV's boxes join the breast-level CSV's item
+            if box not in first.setdefault("boxes", []):
+                first["boxes"].append(box)
         for key, value in item.items():
             if key.startswith("mask_") and first.get(key) not in (None, value):
                 skipped.append(f"{item['image']}: two CSVs give different {key} ({first[key]}, {value}); first kept")

@@ -24,7 +24,9 @@ METRIC_GROUPS = (
     ("dice", "Dice"),
     ("pxap_image", "image-level PxAP"),
     ("pxap_dataset", "dataset-level PxAP"),
+    ("froc_1", "FROC at 1 FP/image"),
     ("auc", "classification AUC"),
+    ("breast_auc", "breast-level AUC"),
 )
 #: GLAM's AUC within this distance of the best weakly supervised baseline's counts as "classifying as well"
 AUC_TOLERANCE = 0.05
@@ -58,9 +60,10 @@ def validation_dice(summary: Mapping[str, Any], map_key: str = MapName.GLOBAL) -
 
 def table_row(summary: Mapping[str, Any], map_key: str) -> dict[str, dict[str, float | None]]:
     """One row of Table 1 from a metrics.json: ``{"dice": {class: mean}, "dice_std": ..., "pxap_image": ...,
-    "pxap_image_std": ..., "pxap_dataset": ..., "auc": ..., "pointing_game": ..., "peak_on_border": ...,
-    "n_lesion": {class: images with a lesion of the class}}``, classes by name (None / 0 where the report has no
-    such entry)."""
+    "pxap_image_std": ..., "pxap_dataset": ..., "froc_1": (the lesion sensitivity at 1 false positive per image),
+    "auc": ..., "breast_auc": ..., "pointing_game": ..., "peak_on_border": ..., "n_lesion": {class: images with a
+    lesion of the class}}``, classes by name (None / 0 where the report has no such entry: reports written before
+    the breast-level AUC and the FROC)."""
     stats = summary["metrics"][map_key]
     classes = list(summary["classes"])
     row: dict[str, dict[str, float | None]] = {
@@ -69,7 +72,9 @@ def table_row(summary: Mapping[str, Any], map_key: str) -> dict[str, dict[str, f
         "pxap_image": {c: stats[c]["pxap_image_mean"] for c in classes},
         "pxap_image_std": {c: stats[c]["pxap_image_std"] for c in classes},
         "pxap_dataset": {c: stats[c]["pxap_dataset"] for c in classes},
+        "froc_1": {c: (stats[c].get("froc") or {}).get("1") for c in classes},
         "auc": {c: summary["classification_auc"][c] for c in classes},
+        "breast_auc": {c: (summary.get("breast_auc") or {}).get(c) for c in classes},
         "pointing_game": {c: stats[c].get("pointing_game") for c in classes},
         "peak_on_border": {c: stats[c].get("peak_on_border") for c in classes},
         "n_lesion": {c: summary.get("n_lesion_images", {}).get(c, 0) for c in classes},

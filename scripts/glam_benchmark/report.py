@@ -175,9 +175,11 @@ def _table1(run: _Run) -> list[str]:
         "## Table 1: GLAM and the baselines (test split)",
         "",
         "GLAM's map is S_c of the jointly trained model; each baseline's is its only map (the `S_g` row of its "
-        "report). Dice and PxAP: mean ± population std over the test images with a lesion of the class; AUC of "
-        "each model's classification output (GLAM: y_global; CAM: its pooled map; GMIC: y_fusion; U-Net: its "
-        "top-t% pooled map, reported for completeness: the paper gives none).",
+        "report). Dice and PxAP: mean ± population std over the test images with a lesion of the class; FROC: the "
+        "share of the lesions (connected components of the masks) a map finds at 1 false positive per image "
+        "(docs/metrics.md); AUC of each model's classification output (GLAM: y_global; CAM: its pooled map; GMIC: "
+        "y_fusion; U-Net: its top-t% pooled map, reported for completeness: the paper gives none), per image and "
+        "per breast (a breast's score the mean of its views'; the paper's AUC is per breast).",
         "",
         *_table1_lines(run.table1, "model"),
         "",

@@ -209,3 +209,39 @@ def test_path_label_csv(tmp_path):
     assert items[0]["patient_id"] == "P_00007"  # CBIS-DDSM's per-view PatientID becomes the woman
     assert len(problems) == 2 and "x/3.png" in problems[0] and "not found" in problems[0]
     assert "labels.csv:5" in problems[1] and "maybe" in problems[1]
+
+
+def test_vindr_finding_boxes_take_their_findings_class_and_the_label_follows(tmp_path):
+    """finding_annotations.csv: a box per finding row in [y0, x0, y1, x1] (the CSV's ymin, xmin, ymax, xmax), its
+    class from the finding's BI-RADS (2-3 benign, 4-5 malignant; the breast's when the finding states none), the
+    label including it; rows of one image merged, a box given twice kept once; 'No Finding' rows (NaN) add none; a
+    BI-RADS 1 box is left out with a note; a box missing a coordinate is a problem naming the row."""
+    root = tmp_path / "vindr"
+    for image in ("a", "b", "c"):
+        _dicom(root / "images" / "st" / f"{image}.dicom", np.full((50, 40), 50, np.uint16))
+    header = ["study_id", "series_id", "image_id", "laterality", "view_position", "height", "width"]
+    header += ["breast_birads", "breast_density", "finding_categories", "finding_birads", "xmin", "ymin", "xmax"]
+    header += ["ymax", "split"]
+    common = ["st", "se"]
+    rows = [
+        [*common, "a", "L", "CC", 50, 40, "BI-RADS 4", "B", "['Mass']", "BI-RADS 4", "10.5", "3", "20", "9.25", "test"],
+        [*common, "a", "L", "CC", 50, 40, "BI-RADS 4", "B", "['Mass']", "BI-RADS 3", "1", "2", "5", "6", "test"],
+        [*common, "a", "L", "CC", 50, 40, "BI-RADS 4", "B", "['Mass']", "BI-RADS 3", "1", "2", "5", "6", "test"],
+        [*common, "b", "L", "MLO", 50, 40, "BI-RADS 5", "B", "['Asymmetry']", "", "0", "0", "40", "50", "test"],
+        [*common, "b", "L", "MLO", 50, 40, "BI-RADS 5", "B", "['Other']", "BI-RADS 1", "1", "1", "2", "2", "test"],
+        [*common, "c", "R", "CC", 50, 40, "BI-RADS 1", "A", "['No Finding']", "", "nan", "nan", "nan", "nan", "test"],
+        [*common, "c", "R", "CC", 50, 40, "BI-RADS 1", "A", "['Mass']", "BI-RADS 4", "1", "", "3", "4", "test"],
+    ]
+    notes: list[str] = []
+    items, problems = items_from_csv(_csv(root / "finding_annotations.csv", header, rows), root, notes=notes)
+    by_image = {Path(it["image"]).stem: it for it in items}
+    assert by_image["a"]["boxes"] == [
+        {"label": "malignant", "box": [3.0, 10.5, 9.25, 20.0]},
+        {"label": "benign", "box": [2.0, 1.0, 6.0, 5.0]},  # a BI-RADS 3 finding in a BI-RADS 4 breast: benign
+    ]
+    assert by_image["a"]["label"] == [1, 1]
+    assert by_image["b"]["boxes"] == [{"label": "malignant", "box": [0.0, 0.0, 50.0, 40.0]}]  # the breast's BI-RADS
+    assert by_image["b"]["label"] == [0, 1]
+    assert len(notes) == 1 and ":6: box left out: its finding's BI-RADS (1)" in notes[0]
+    assert "boxes" not in by_image["c"] and by_image["c"]["label"] == [0, 0]
+    assert len(problems) == 1 and problems[0].startswith(f"{root / 'finding_annotations.csv'}:8: a box needs all of")

@@ -210,6 +210,38 @@ def test_label_mask_consistency_rules(tmp_path):
     assert {p.key for p in wrong} == {"label", "laterality"}
 
 
+def test_boxes_are_checked_for_form_size_and_label(tmp_path):
+    """Boxes: well formed (parse_boxes's rules), inside the image the file states (40x30), agreeing with the label;
+    every problem of every item in one run; good boxes, touching the far edges, pass."""
+    write_png16(tmp_path / "img.png", np.full((40, 30), 500, np.uint16))
+    base = {"image": "img.png", "patient_id": "p", "label": [1, 1]}
+    boxes = [{"label": "benign", "box": [0, 0, 40, 30]}, {"label": "malignant", "box": [1, 2, 3.5, 4]}]
+    good = {**base, "boxes": boxes}
+    assert check_datalist({"test": [good]}, tmp_path) == []
+    items = [
+        {**base, "boxes": [{"label": "malignant", "box": [10, 5, 41, 12]}]},  # one row too far
+        {**base, "boxes": [{"label": "benign", "box": [0, 25, 5, 30.5]}]},  # half a column too far
+        {**base, "label": [1, 0], "boxes": [{"label": "malignant", "box": [1, 1, 2, 2]}]},
+        {**base, "boxes": [{"label": "cyst", "box": [1, 1, 2, 2]}]},
+        {**base, "boxes": [{"label": "benign", "box": [5, 1, 2, 2]}]},
+        {**base, "boxes": {"label": "benign", "box": [1, 1, 2, 2]}},
+        {**base, "image": "missing.png", "boxes": [{"label": "benign", "box": [0, 0, 999, 999]}]},  # size unknown
+    ]
+    problems = check_datalist({"test": items}, tmp_path)
+    by_item = {i: [str(p) for p in problems if p.index == i] for i in range(len(items))}
+    assert all(p.key == "boxes" for p in problems if p.index not in (None, 6))  # None: the image listed 6 times
+    assert by_item[0] == [
+        "test[0] boxes: boxes[0]: box [y0, x0, y1, x1] = [10, 5, 41, 12] reaches beyond the image (40x30 pixels); "
+        "boxes are in the image file's pixels"
+    ]
+    assert "[0, 25, 5, 30.5] reaches beyond the image (40x30 pixels)" in by_item[1][0]
+    assert by_item[2] == ["test[2] boxes: boxes[0]: a malignant box but label malignant is 0"]
+    assert "boxes[0]: label must be one of ['benign', 'malignant'], got 'cyst'" in by_item[3][0]
+    assert "needs 0 <= y0 < y1" in by_item[4][0]
+    assert by_item[5] == ["test[5] boxes: must be a list of {'label', 'box'} entries, got dict"]
+    assert len(by_item[6]) == 1 and by_item[6][0].startswith("test[6] image")  # the file, not the box
+
+
 def test_structural_problems(tmp_path):
     missing = check_datalist(tmp_path / "nope.json")
     assert len(missing) == 1 and "not found" in str(missing[0])

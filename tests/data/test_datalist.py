@@ -390,3 +390,31 @@ def test_make_datalist_refuses_an_out_it_cannot_write_naming_the_flag(tmp_path, 
     assert line.startswith(expected)
     assert not (tmp_path / "afile").is_dir() and not out.is_file()
     assert how != "a_folder" or not any(out.iterdir())
+
+
+def test_generic_csv_box_columns_one_row_per_box(tmp_path):
+    """The generic layout's box columns (box_y0, box_x0, box_y1, box_x1, box_label): one row per box, the rows of an
+    image merged into its item's boxes; empty box columns: no box; a bad box is a problem naming the row."""
+    for name in ("a.png", "b.png"):
+        Image.fromarray(np.full((30, 20), 9, np.uint8)).save(tmp_path / name)
+    header = ["image", "patient_id", "laterality", "label_benign", "label_malignant"]
+    header += ["box_y0", "box_x0", "box_y1", "box_x1", "box_label"]
+    rows = [
+        ["a.png", "p1", "L", "1", "1", "1", "2", "10", "12", "benign"],
+        ["a.png", "p1", "L", "1", "1", "5.5", "0", "30", "20", "Malignant"],
+        ["b.png", "p2", "R", "0", "0", "", "", "", "", ""],
+        ["b.png", "p2", "R", "0", "0", "3", "3", "2", "9", "benign"],  # y1 < y0
+        ["b.png", "p2", "R", "0", "0", "1", "1", "2", "2", "cyst"],
+    ]
+    items, problems = items_from_csv(_write_csv(tmp_path / "boxes.csv", header, rows))
+    by_image = {Path(it["image"]).name: it for it in items}
+    assert by_image["a.png"]["boxes"] == [
+        {"label": "benign", "box": [1.0, 2.0, 10.0, 12.0]},
+        {"label": "malignant", "box": [5.5, 0.0, 30.0, 20.0]},
+    ]
+    assert "boxes" not in by_image["b.png"] and by_image["b.png"]["label"] == [0, 0]
+    where = str(tmp_path / "boxes.csv")
+    assert problems[0].startswith(f"{where}:5: box [y0, x0, y1, x1] needs 0 <= y0 < y1")
+    assert problems[1] == f"{where}:6: label must be one of ['benign', 'malignant'], got 'cyst' " + (
+        "(box y0, box x0, box y1, box x1)"
+    )

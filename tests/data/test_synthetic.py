@@ -345,3 +345,34 @@ def test_make_synthetic_cli(tmp_path, capsys):
     assert (grid == (60, 220, 60)).all(axis=-1).any() and (grid == (255, 50, 50)).all(axis=-1).any()
     assert cli.main(["--out", str(tmp_path / "e"), "--n", "0", "--size", "256", "160"]) == 2
     assert "n must be a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["png", "dcm"])
+def test_items_list_their_lesions_boxes_in_the_files_pixels(tmp_path, fmt):
+    """Each item's boxes are in the written file's pixels (DICOM right breasts stored mirrored): every lesion pixel
+    of a class lies in a box of that class, every box is tight (its edges touch the mask), and a class whose mask
+    is one connected lesion has exactly that lesion's bounding box; the label names the classes with boxes."""
+    from scipy import ndimage
+
+    from scripts.data.readers import read_mammogram
+
+    make_synthetic_dataset(tmp_path, 12, size=(256, 160), seed=5, fmt=fmt, lesion_prevalence=1.0)
+    items = [it for s in SPLITS for it in _load(tmp_path)[s]]
+    assert sum(len(it["boxes"]) for it in items) >= 6
+    assert fmt == "png" or any(it["facing"] == "left" and it["boxes"] for it in items)
+    for it in items:
+        assert it["label"] == [int(any(b["label"] == c for b in it["boxes"])) for c in ("benign", "malignant")]
+        for cls in ("benign", "malignant"):
+            mask = np.asarray(read_mammogram(tmp_path / it[f"mask_{cls}"], mask=True)[0]) > 0
+            boxes = [b["box"] for b in it["boxes"] if b["label"] == cls]
+            covered = np.zeros_like(mask)
+            for y0, x0, y1, x1 in boxes:
+                assert 0 <= y0 < y1 <= mask.shape[0] and 0 <= x0 < x1 <= mask.shape[1]
+                inside = mask[y0:y1, x0:x1]
+                assert inside[0].any() and inside[-1].any() and inside[:, 0].any() and inside[:, -1].any()
+                covered[y0:y1, x0:x1] = True
+            assert not (mask & ~covered).any()
+            labels, n = ndimage.label(mask, structure=np.ones((3, 3)))
+            if n == 1 and len(boxes) == 1:
+                s = ndimage.find_objects(labels)[0]
+                assert boxes[0] == [s[0].start, s[1].start, s[0].stop, s[1].stop]

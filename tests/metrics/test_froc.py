@@ -170,3 +170,16 @@ def test_random_maps_match_the_brute_force_reference(seed):
     metric(torch.from_numpy(maps), torch.from_numpy(masks))
     expected = _reference(maps, masks, 2, 60, metric.rates)
     np.testing.assert_allclose(metric.aggregate().numpy(), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("radius", [0, 1, 2, 3, 7, 8, 16, 40])
+def test_max_filter_equals_max_pool(radius):
+    """The doubling max filter gives max_pool2d's values exactly (-inf borders), plateaus and index maps included."""
+    from scripts.metrics.froc import _max_filter
+
+    rng = np.random.default_rng(radius)
+    for shape in [(3, 1, 17, 23), (2, 1, 40, 33), (1, 1, 5, 4)]:
+        x = torch.from_numpy(np.round(rng.random(shape), 1))  # ties on purpose
+        padded = torch.nn.functional.pad(x, (radius,) * 4, value=-float("inf"))
+        want = torch.nn.functional.max_pool2d(padded, 2 * radius + 1, stride=1)
+        assert torch.equal(_max_filter(x, radius), want)

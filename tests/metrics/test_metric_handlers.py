@@ -224,3 +224,24 @@ def test_documented_bundle_configuration_runs_and_gives_per_class_values(tmp_pat
         assert m[name] == pytest.approx(expected, abs=1e-12)
         assert per_class[c] == pytest.approx(expected, abs=1e-12)
     assert m["val_auc_benign"] != m["val_auc_malignant"]
+
+
+def test_froc_handler_publishes_the_metrics_sensitivity_at_its_rate():
+    """FROC (the handler) over two epochs equals FROCMetric on the same batches: one class or the mean at its rate,
+    the per-image lesion counts as details; a rate the metric does not report is refused."""
+    from scripts.handlers import FROC
+    from scripts.metrics import FROCMetric
+
+    batches = make_batches(2)
+    froc = reference(batches, FROCMetric(radius=2, tolerance=1.0)).aggregate()  # (C, 5): 0.25, 0.5, 1, 2, 4
+    handlers = {
+        "froc": FROC(radius=2, tolerance=1.0),
+        "froc2_malignant": FROC(rate=2, radius=2, tolerance=1.0, class_index=1),
+    }
+    engine = run_engine(batches, handlers, epochs=2)
+    assert engine.state.metrics["froc"] == pytest.approx(froc[:, 2].mean().item(), rel=1e-12)
+    assert engine.state.metrics["froc2_malignant"] == froc[1, 3].item()
+    lesions = torch.stack([y.flatten(2).amax(-1) for _, y, *_ in batches]).reshape(-1, 2)  # one rectangle or none
+    torch.testing.assert_close(engine.state.metric_details["froc"], lesions.double(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="rate must be one of"):
+        FROC(rate=3)

@@ -291,7 +291,9 @@ def check_report(eval_dir: Path, n_images: int) -> dict:
     summary = json.loads((eval_dir / "metrics.json").read_text())
     assert summary["maps"] == ["S_g"] and summary["stage"] == "global" and summary["n_images"] == n_images
     for c in ("benign", "malignant"):
-        assert all(math.isfinite(v) for v in summary["metrics"]["S_g"][c].values()), summary["metrics"]
+        stats = summary["metrics"]["S_g"][c]
+        assert all(math.isfinite(v) for k, v in stats.items() if k != "froc"), summary["metrics"]
+        assert all(math.isfinite(v) for v in stats["froc"].values()), stats["froc"]  # sensitivity at each rate
         assert math.isfinite(summary["classification_auc"][c])
     with open(eval_dir / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -444,7 +444,14 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     # Table 1: every model row, every column, values as in each model's test metrics.json
     header = "| model | " + " | ".join(
         f"{t} {c}"
-        for t in ("Dice", "image-level PxAP", "dataset-level PxAP", "classification AUC")
+        for t in (
+            "Dice",
+            "image-level PxAP",
+            "dataset-level PxAP",
+            "FROC at 1 FP/image",
+            "classification AUC",
+            "breast-level AUC",
+        )  # fmt: skip
         for c in ("malignant", "benign")
     )
     assert header + " |" in text  # fmt: skip
@@ -464,7 +471,9 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         for c in ("malignant", "benign"):
             cells.append(_cell(stats[c]["pxap_image_mean"], stats[c]["pxap_image_std"]))
         cells += [_cell(stats[c]["pxap_dataset"]) for c in ("malignant", "benign")]
+        cells += [_cell(stats[c]["froc"]["1"]) for c in ("malignant", "benign")]
         cells += [_cell(summary["classification_auc"][c]) for c in ("malignant", "benign")]
+        cells += [_cell(summary["breast_auc"][c]) for c in ("malignant", "benign")]
         assert f"| {name} | " + " | ".join(cells) + " |" in text, name
     # Table 2 rows, gains, acceptance, trials, setup
     for row in ("S_g (global alone)", "S_l (local, global frozen)", "S_c-sep", "**S_c-joint (GLAM)**"):

@@ -37,6 +37,7 @@ def _summary(base: float, maps=MAPS, missing_auc: bool = False) -> dict:
                 "pxap_dataset": round(base + 0.03 * j, 6),
                 "pointing_game": 0.5 + 0.1 * j,
                 "peak_on_border": 0.125 * i,
+                "froc": {"0.25": 0.1, "0.5": 0.2, "1": round(base + 0.1 * j + 0.05 * i, 6), "2": 0.6, "4": 0.7},
             }
             for j, c in enumerate(CLASSES)
         }
@@ -47,6 +48,7 @@ def _summary(base: float, maps=MAPS, missing_auc: bool = False) -> dict:
         "maps": list(maps),
         "n_lesion_images": {"benign": 3, "malignant": 2},
         "classification_auc": {"benign": None if missing_auc else 0.7, "malignant": base + 0.4},
+        "breast_auc": {"benign": None if missing_auc else 0.75, "malignant": round(base + 0.45, 6)},
         "metrics": stats,
         "pointing_tolerance_px": 16.0,
     }

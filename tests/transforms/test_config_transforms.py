@@ -103,7 +103,8 @@ def python_chain(parser: ConfigParser, chain: str, **settings) -> Compose:
     with_masks = not train or parser.get_parsed_content("train_with_masks")
     # the config's blocks name the mask keys even where GLAM's training drops the masks first (allow_missing_keys)
     cache = mammogram_cache_transforms(keys=["image"], mask_keys=mask_keys, train=train, **settings)
-    head = [CopyItemsd(keys="image", names="image_path")] + ([] if with_masks else [DeleteItemsd(keys=MASK_KEYS)])
+    drop = [DeleteItemsd(keys=[*MASK_KEYS, "boxes"])]  # the masks and the boxes painted into them
+    head = [CopyItemsd(keys="image", names="image_path")] + ([] if with_masks else drop)
     stack = [StackMasksd(keys=MASK_KEYS, output_key="mask", dtype=torch.uint8)] if with_masks else []
     return Compose(head + list(cache.transforms) + stack + cached_targets())
 

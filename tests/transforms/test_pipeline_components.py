@@ -3,8 +3,10 @@ chains the configs used to write out as transform blocks: the same transforms, i
 arguments, and the same outputs (random chains included, with the same seed) on synthetic mammograms.
 
 The written-out blocks are kept below as they stood in bundle/configs/train.yaml and inference.yaml before the
-components replaced them (the inference reader written as the MammogramReader that ``inference_reader`` returns), so
-the comparison stays independent of what the configs hold now; the last test checks the configs themselves."""
+components replaced them (the inference reader written as the MammogramReader that ``inference_reader`` returns;
+since then with the box annotations painted into the masks after loading, and dropped with the masks when training
+takes none), so the comparison stays independent of what the configs hold now; the last test checks the configs
+themselves."""
 
 from __future__ import annotations
 
@@ -73,6 +75,10 @@ mammogram_prefix:
     reader: {_target_: scripts.data.readers.MammogramReader, mask: true}
     image_only: true
     allow_missing_keys: true
+  - _target_: scripts.transforms.boxes.BoxesToMasksd
+    mask_keys: [mask_benign, mask_malignant]
+    image_key: image
+    mask_files: keep
   - _target_: scripts.transforms.ResampleToSpacingd
     keys: [image, mask_benign, mask_malignant]
     pixel_spacing: "@pixel_spacing"
@@ -125,7 +131,7 @@ train:
       + @train#region + ([@stack_masks] if @train_with_masks else []) + @target_transforms"
   drop_masks:
     _target_: DeleteItemsd
-    keys: [mask_benign, mask_malignant]
+    keys: [mask_benign, mask_malignant, boxes]
   region:
     - _target_: scripts.transforms.BestCenterRegiond
       keys: [image, mask_benign, mask_malignant]
@@ -225,6 +231,9 @@ panel_pictures:
     reader: {_target_: scripts.data.readers.MammogramReader, mask: true}
     image_only: true
     allow_missing_keys: true
+  - _target_: scripts.transforms.boxes.BoxesToMasksd
+    mask_keys: [mask_benign, mask_malignant]
+    mask_files: keep
   - _target_: scripts.transforms.Thumbnaild
     keys: [image, mask_benign, mask_malignant]
     max_rows: "@panel_height"
@@ -334,8 +343,8 @@ def test_the_inference_loading_shares_the_preprocessing_objects_so_invertd_undoe
     parser = written_out()
     preprocessing, loading = components(parser, "inference")
     steps = list(preprocessing.transforms)
-    assert loading.transforms[0] is steps[0] and all(a is b for a, b in zip(loading.transforms[5:], steps[1:]))
-    assert len(loading.transforms) == len(steps) + 4
+    assert loading.transforms[0] is steps[0] and all(a is b for a, b in zip(loading.transforms[6:], steps[1:]))
+    assert len(loading.transforms) == len(steps) + 5
     items = write_items(tmp_path)
     out = loading(dict(items[0]))  # the right CC view stored facing left, 300x180, with a benign mask
     assert tuple(out["image"].shape) == (1, 192, 128) and "mask_benign" not in out

@@ -9,9 +9,11 @@ Checked per item: the item is an object with an ``image`` path; every file (imag
 without pixel data, non-DICOM ``.dcm``, RGB pictures, multi-frame/3-D inputs and all-zero images are errors);
 masks are binary and have the image's size; ``label`` is absent/null (unknown) or two values 0/1; labels agree
 with masks (a lesion pixel under label 0 is an error; with ``strict_masks`` an empty mask under label 1 too);
-``laterality``/``facing`` take their allowed values. Across items: no patient (or image) in two splits and no
-image listed twice; a datalist with training items has validation items (training without validation selects
-no model and writes no model.pt); a ``pixel_spacing`` key is one or two positive numbers (mm).
+``boxes`` (:mod:`scripts.data.boxes`) are well formed, lie inside the image and agree with the label (a box of a
+class under label 0 is an error); ``laterality``/``facing`` take their allowed values. Across items: no patient
+(or image) in two splits and no image listed twice; a datalist with training items has validation items (training
+without validation selects no model and writes no model.pt); a ``pixel_spacing`` key is one or two positive
+numbers (mm).
 
 Not a problem but worth knowing before training: the pixel spacing the images state (DICOM PixelSpacing, NIfTI / ITK
 geometry, PNG pHYs). The report counts the images that state one and those that do not; given the model's
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..enums import CLASS_NAMES
+from .boxes import BOXES_KEY, parse_boxes
 from .datalist import DatalistError, check_patient_splits, check_split_sizes, iter_items, load_datalist
 from .geometry import as_pixel_spacing, format_spacing
 
@@ -274,6 +277,8 @@ def _check_item(
             spacings[str(image_path)] = meta.get("spacing")  # the readers' (row, col) mm, None when unknown
             if item.get("pixel_spacing") is not None and stated_by_datalist is not None:
                 stated_by_datalist.add(str(image_path))
+    for message in _box_problems(item.get(BOXES_KEY), label if label_ok else None, image_shape):
+        add(message, BOXES_KEY)
     for key, cls in MASK_KEYS.items():
         value = item.get(key)
         if value is None:
@@ -306,6 +311,25 @@ def _check_item(
                 add(f"mask has {positives} lesion pixel(s) but label {CLASS_NAMES[cls]} is 0", key, mask_path)
             elif strict_masks and not positives and label[cls] == 1:
                 add(f"label {CLASS_NAMES[cls]} is 1 but the mask is empty", key, mask_path)
+    return problems
+
+
+def _box_problems(boxes: Any, label: Any, image_shape: tuple[int, ...] | None) -> list[str]:
+    """Problems of an item's ``boxes``: malformed (the first bad entry), beyond the image's size (when it was read),
+    a box of a class whose label is 0."""
+    try:
+        entries = parse_boxes(boxes, BOXES_KEY)
+    except ValueError as err:
+        return [str(err).split(": ", 1)[-1] if str(err).startswith(f"{BOXES_KEY}: ") else str(err)]
+    problems = []
+    for i, (cls, (y0, x0, y1, x1)) in enumerate(entries):
+        if image_shape is not None and (y1 > image_shape[0] or x1 > image_shape[1]):
+            problems.append(
+                f"{BOXES_KEY}[{i}]: box [y0, x0, y1, x1] = [{y0:g}, {x0:g}, {y1:g}, {x1:g}] reaches beyond the image "
+                f"({image_shape[0]}x{image_shape[1]} pixels); boxes are in the image file's pixels"
+            )
+        if label is not None and label[CLASS_NAMES.index(cls)] == 0:
+            problems.append(f"{BOXES_KEY}[{i}]: a {cls} box but label {cls} is 0")
     return problems
 
 

@@ -1,9 +1,9 @@
 """CSV layouts ("flavours") a datalist can be built from: one row parser per flavour, behind a registry.
 
-A parser turns one CSV row into a :class:`ParsedRow` (the image, its label, patient/laterality/view and the row's
-ROI masks); :func:`scripts.data.datalist.items_from_csv` reads the CSV, picks the parser whose signature columns
-the header has (:func:`find_datalist_parser`) and merges the rows of one image. Parsers register themselves with
-:func:`register_datalist_parser`; a new layout needs one decorated function and nothing else::
+A parser turns one CSV row into a :class:`ParsedRow` (the image, its label, patient/laterality/view, the row's
+ROI masks and box annotations); :func:`scripts.data.datalist.items_from_csv` reads the CSV, picks the parser whose
+signature columns the header has (:func:`find_datalist_parser`) and merges the rows of one image. Parsers register
+themselves with :func:`register_datalist_parser`; a new layout needs one decorated function and nothing else::
 
     @register_datalist_parser("my-layout", signature=["file", "diagnosis"], columns="file, diagnosis")
     def parse_my_layout_row(row, where, base):
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..enums import CLASS_NAMES, LesionClass
+from .boxes import parse_boxes
 from .errors import CsvRowError
 
 __all__ = [
@@ -55,6 +56,8 @@ class ParsedRow:
     pixel_spacing: float | tuple[float, float] | None = None  # mm, stated by the CSV or the archive's preset
     spacing_source: str | None = None  # where pixel_spacing comes from ("csv:pixel_spacing", "preset:cbis-ddsm")
     notes: tuple[str, ...] = ()  # what the parser decided that the user should know (listed, not errors)
+    # the row's box annotations, ``{"label": class, "box": [y0, x0, y1, x1]}`` in the image file's pixels
+    boxes: tuple[dict[str, Any], ...] = ()
 
 
 # (row, where, base) -> ParsedRow; ``where`` ("file.csv:line") starts every CsvRowError message, ``base`` is the
@@ -151,6 +154,26 @@ def _binary(value: Any, where: str) -> int | None:
     raise CsvRowError(f"{where}: label must be 0/1 (or empty for unknown), got {value!r}")
 
 
+_MISSING = ("", "nan", "none", "null")
+
+
+def _box(row: CsvRow, columns: tuple[str, str, str, str], label: str | None, where: str) -> dict[str, Any] | None:
+    """A row's box from its four coordinate ``columns`` (y0, x0, y1, x1 order): None when all four are empty or NaN
+    (a row without a box); one coordinate missing, or a box :func:`~scripts.data.boxes.parse_boxes` refuses, raises
+    CsvRowError naming ``where``. ``label``: the box's class (None: the caller decided it has no class)."""
+    cells = [str(row.get(c, "") or "").strip() for c in columns]
+    if all(cell.lower() in _MISSING for cell in cells):
+        return None
+    if any(cell.lower() in _MISSING for cell in cells):
+        raise CsvRowError(f"{where}: a box needs all of {', '.join(columns)}, got {cells}")
+    try:
+        box = [float(cell) for cell in cells]
+        (cls, coords), *_ = parse_boxes([{"label": label, "box": box}], "box")
+    except ValueError as err:
+        raise CsvRowError(f"{where}: {str(err).removeprefix('box[0]: ')} ({', '.join(columns)})") from None
+    return {"label": cls, "box": [round(v, 3) for v in coords]}
+
+
 def _image_fields(patient_id: str, laterality: Any, view: str, official_split: str | None = None) -> dict[str, Any]:
     """The item fields every layout gives, in item key order; the view is upper-cased ("cc" -> "CC")."""
     fields = {"patient_id": patient_id, "laterality": _laterality(laterality), "view": view.upper() or None}
@@ -198,24 +221,31 @@ def _dicom_fields(path: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------------------
 # the flavours; registration order is the order users see them listed in
 # ------------------------------------------------------------------------------------------------------------
+#: the generic layout's box columns (normalised), in [y0, x0, y1, x1] order
+GENERIC_BOX_COLUMNS = ("box y0", "box x0", "box y1", "box x1")
+
+
 @register_datalist_parser(
     "generic",
     signature=["image"],
     columns="image, patient_id, laterality, view, label_benign, label_malignant, mask_benign, mask_malignant, "
-    "pixel_spacing",
+    "pixel_spacing, box_y0, box_x0, box_y1, box_x1, box_label",
 )
 def parse_generic_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
-    """The project's own layout, one row per image (repeated rows of an image are merged).
+    """The project's own layout, one row per image or per box (repeated rows of an image are merged).
 
     Columns: ``image`` (path, required); ``patient_id``; ``laterality`` (L/R/left/right); ``view``;
     ``label_benign`` and ``label_malignant`` (0/1, true/false, yes/no; empty, nan, none, null or unknown means
     unknown, and one unknown value makes the whole label unknown); ``mask_benign`` and ``mask_malignant`` (paths);
-    ``pixel_spacing`` (mm, one number or "row col"; used for images whose file states none).
+    ``pixel_spacing`` (mm, one number or "row col"; used for images whose file states none); ``box_y0``, ``box_x0``,
+    ``box_y1``, ``box_x1`` and ``box_label`` (benign / malignant): one box in the image file's pixels (rows down,
+    columns across the image as displayed; y1 and x1 the far edges), all empty for a row without a box.
     """
     if not row.get("image"):
         raise CsvRowError(f"{where}: empty image path")
     label = [_binary(row.get(f"label {cls}"), where) for cls in CLASS_NAMES]
     spacing = parse_spacing(row.get("pixel spacing"), where)
+    box = _box(row, GENERIC_BOX_COLUMNS, row.get("box label", ""), where)
     return ParsedRow(
         image=base / row["image"],
         label=None if None in label else label,
@@ -223,6 +253,7 @@ def parse_generic_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
         masks={cls: base / row[f"mask {cls}"] for cls in CLASS_NAMES if row.get(f"mask {cls}")},
         pixel_spacing=spacing,
         spacing_source=None if spacing is None else "csv:pixel_spacing",
+        boxes=() if box is None else (box,),
     )
 
 
@@ -330,10 +361,20 @@ def parse_cbis_ddsm_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     )
 
 
+#: VinDr-Mammo's box columns (normalised), in [y0, x0, y1, x1] order
+VINDR_BOX_COLUMNS = ("ymin", "xmin", "ymax", "xmax")
+
+
+def _birads_class(category: int | None) -> list[int]:
+    """VinDr's BI-RADS proxy: 1 normal [0, 0], 2-3 benign [1, 0], 4-5 malignant [0, 1]."""
+    return [int(category in (2, 3)), int(category is not None and category >= 4)]
+
+
 @register_datalist_parser(
     "vindr-mammo",
     signature=["study id", "image id"],
-    columns="study_id, image_id, laterality, view_position, breast_birads (finding_birads, split optional)",
+    columns="study_id, image_id, laterality, view_position, breast_birads (finding_birads, xmin, ymin, xmax, ymax, "
+    "split optional)",
 )
 def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     """VinDr-Mammo's annotation CSVs (breast-level_annotations.csv, finding_annotations.csv); images are
@@ -341,8 +382,12 @@ def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
 
     Columns: ``study_id`` and ``image_id`` (required; the study is the patient); ``laterality``;
     ``view_position``; ``breast_birads`` and/or ``finding_birads`` (at least one); ``split`` (training/test: the
-    official split, kept). VinDr has no pathology, so the label is a BI-RADS proxy on the higher category:
-    1 normal, 2-3 benign, 4-5 malignant (suspicious).
+    official split, kept); ``xmin``, ``ymin``, ``xmax``, ``ymax`` (finding_annotations.csv: the finding's box in the
+    DICOM's pixels; empty or NaN on rows without a finding). VinDr has no pathology, so the label is a BI-RADS proxy
+    on the higher category: 1 normal, 2-3 benign, 4-5 malignant (suspicious). A box takes the class of its own
+    finding's BI-RADS by the same rule (the breast's where the finding states none), and the image's label includes
+    that class (a BI-RADS 3 finding in a BI-RADS 4 breast is a benign box: label [1, 1]); a box whose category is 1
+    or missing is left out (noted).
     """
     study, image_id = row.get("study id", ""), row.get("image id", "")
     if not study or not image_id:
@@ -353,11 +398,23 @@ def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     split = row.get("split", "").lower()
     if split not in ("", "training", "test"):
         raise CsvRowError(f"{where}: split must be training or test, got {row['split']!r}")
-    top = max(scores)
+    label = _birads_class(max(scores))
+    finding = _birads(row.get("finding birads")) or _birads(row.get("breast birads"))
+    box_class = _birads_class(finding)
+    cls = CLASS_NAMES[box_class.index(1)] if any(box_class) else None
+    box = _box(row, VINDR_BOX_COLUMNS, cls or CLASS_NAMES[0], where)
+    notes = []
+    if box is not None and cls is None:
+        notes.append(f"{where}: box left out: its finding's BI-RADS ({finding}) is neither benign nor malignant")
+        box = None
+    if box is not None:
+        label = [max(a, b) for a, b in zip(label, box_class)]
     return ParsedRow(
         image=base / "images" / study / f"{image_id}.dicom",
-        label=[int(top in (2, 3)), int(top >= 4)],
+        label=label,
         fields=_image_fields(study, row.get("laterality"), row.get("view position", ""), split or None),
+        boxes=() if box is None else (box,),
+        notes=tuple(notes),
     )
 
 

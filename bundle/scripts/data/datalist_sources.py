@@ -20,6 +20,7 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import LesionClass
+from .boxes import BOXES_KEY
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
@@ -180,8 +181,9 @@ def items_from_csv(
 
     File paths in the CSV are relative to ``root`` (default: the CSV's folder). Rows of the same image are
     merged: labels are OR-ed; several ROI masks (or outlines) of one class are merged (union) into ``mask_dir`` as
-    0/255 PNG. Every image and mask file is checked to exist. Returns ``(items, problems)``; a row with a problem
-    is left out and named in ``problems``; what parsers decided without an error is appended to ``notes``.
+    0/255 PNG; the rows' boxes are listed together in the item's ``boxes`` (a box given twice once). Every image
+    and mask file is checked to exist. Returns ``(items, problems)``; a row with a problem is left out and named in
+    ``problems``; what parsers decided without an error is appended to ``notes``.
     """
     csv_path = Path(csv_path)
     parser, rows = _read_csv(csv_path)
@@ -265,8 +267,9 @@ def _merge_row(
     merged: dict[str, dict[str, Any]], parsed: ParsedRow, where: str, rel: str | os.PathLike | None
 ) -> list[str]:
     """Fold one row into its image's item: labels are OR-ed (an unknown label stays unknown only until a row
-    knows it), fields come from the first row that gives them. Returns a problem per field that disagrees with an
-    earlier row (the earlier value is kept: rows of one image must describe one image)."""
+    knows it), fields come from the first row that gives them, boxes are added (once each). Returns a problem per
+    field that disagrees with an earlier row (the earlier value is kept: rows of one image must describe one
+    image)."""
     item = merged.setdefault(str(parsed.image), {"image": path_for_datalist(parsed.image, rel)})
     if parsed.label is None:
         item.setdefault("label", None)
@@ -281,6 +284,10 @@ def _merge_row(
                     f"{where}: {key} {value!r} differs from {item[key]!r} on an earlier row of {parsed.image}"
                 )
             item.setdefault(key, value)
+    for box in parsed.boxes:
+        boxes = item.setdefault(BOXES_KEY, [])
+        if box not in boxes:
+            boxes.append(box)
     if parsed.pixel_spacing is not None and "pixel_spacing" not in item:
         spacing = parsed.pixel_spacing
         item["pixel_spacing"] = list(spacing) if isinstance(spacing, tuple) else spacing

@@ -44,8 +44,10 @@ _GROUPS: tuple[tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any], str], 
     ("image-level PxAP", lambda summary, s, c: _fmt(s[c]["pxap_image_mean"], s[c]["pxap_image_std"])),
     ("dataset-level PxAP", lambda summary, s, c: _fmt(s[c]["pxap_dataset"])),
     ("pointing game", lambda summary, s, c: _fmt(s[c].get("pointing_game"))),
+    ("FROC at 1 FP/image", lambda summary, s, c: _fmt(s[c].get("froc", {}).get("1"))),
     # of y_global, so the same on every row
     ("classification AUC", lambda summary, s, c: _fmt(summary["classification_auc"][c])),
+    ("breast AUC", lambda summary, s, c: _fmt(summary.get("breast_auc", {}).get(c))),
 )
 _SEPARATOR = "  "
 
@@ -87,17 +89,25 @@ def _heading(summary: Mapping[str, Any], order: Sequence[str]) -> list[str]:
         title += f", stage {summary['stage']}"
     lesions = ", ".join(f"{c} {summary['n_lesion_images'][c]}" for c in order)
     positives = ", ".join(f"{c} {summary['n_positive_labels'][c]}" for c in order)
-    return [
+    lines = [
         title,
         *([f"checkpoint: {summary['checkpoint']}"] if summary.get("checkpoint") else []),
         f"images with a lesion mask: {lesions}; labelled positive: {positives}",
     ]
+    if "n_breasts" in summary:
+        counted = ", ".join(f"{c} {summary['n_lesions'][c]}" for c in order)
+        lines.append(
+            f"lesions (connected components of the masks): {counted}; breasts: {summary['n_breasts']} "
+            f"({summary['images_without_breast']} image(s) without a patient_id or laterality, each its own breast)"
+        )
+    return lines
 
 
 def format_table(summary: Mapping[str, Any]) -> str:
     """The summary as plain text in the paper's Table 1 layout: one row per map, per class (malignant first, as
-    the paper) Dice mean +/- std, image-level PxAP mean +/- std, dataset-level PxAP, and classification AUC (of
-    ``y_global``, so the same on every row)."""
+    the paper) Dice mean +/- std, image-level PxAP mean +/- std, dataset-level PxAP, pointing game, the FROC's lesion
+    sensitivity at 1 false positive per image, and the classification AUC per image and per breast (of ``y_global``,
+    so the same on every row)."""
     order = _paper_order(list(summary["classes"]))
     header = ["", *(c for _ in _GROUPS for c in order)]
     body = [
@@ -113,7 +123,8 @@ def format_table(summary: Mapping[str, Any]) -> str:
         *(_line(row, widths) for row in body),
         "",
         "Dice and PxAP over the images with a lesion of the class (mean +/- std); pointing game: share of those images"
-        f" whose map peaks within {summary.get('pointing_tolerance_px', 0):g} px of a lesion of the class; AUC of"
-        " y_global (every row).",
+        f" whose map peaks within {summary.get('pointing_tolerance_px', 0):g} px of a lesion of the class; FROC: share"
+        " of the lesions found at 1 false positive per image (docs/metrics.md); AUC of y_global per image and per"
+        " breast (the mean of its images'; every row).",
     ]
     return "\n".join(lines)

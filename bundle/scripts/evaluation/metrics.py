@@ -4,19 +4,25 @@ rows and the summary.
 
 - :class:`ReportMetrics` attaches, per map, the bundle's Ignite metric handlers (the classes train.yaml's
   ``validate#metrics`` uses: :class:`~scripts.handlers.SoftDice`, :class:`~scripts.handlers.PxAP`,
-  :class:`~scripts.handlers.PointingGame`) with ``save_details=True``, so that, as in validation, each publishes
-  its value in ``engine.state.metrics`` and its (N, C) per-image values, gathered across ranks, in
-  ``engine.state.metric_details`` (what ``monai.handlers.MetricsSaver`` reads); plus one ``ROCAUCMetric`` for the
-  image-level scores. At the end (:meth:`ReportMetrics.gather`, collective under DDP) it reads those details, adds
-  the dataset-level PxAP of the pooled histograms and the AUC, into a :class:`GatheredMetrics` on the CPU;
+  :class:`~scripts.handlers.PointingGame`, and :class:`~scripts.handlers.FROC`) with ``save_details=True``, so
+  that, as in validation, each publishes its value in ``engine.state.metrics`` and its (N, C) per-image values,
+  gathered across ranks, in ``engine.state.metric_details`` (what ``monai.handlers.MetricsSaver`` reads); plus one
+  ``ROCAUCMetric`` for the image-level scores and, per image, the breast it belongs to. When the epoch completes
+  (:meth:`ReportMetrics.classify`) it computes the image-level and the breast-level AUC
+  (:func:`~scripts.metrics.breasts.breast_auc`) and publishes them in ``engine.state.metrics``
+  (``classification_auc_<class>``, ``breast_auc_<class>``: what MLflow logs); at the end
+  (:meth:`ReportMetrics.gather`, collective under DDP) it reads the handlers' details, adds the dataset-level PxAP of
+  the pooled histograms and the FROC sensitivities, into a :class:`GatheredMetrics` on the CPU;
 - :func:`per_image_rows` and :func:`report_summary` build the CSV rows and the JSON summary from it, without
   collective calls.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,8 +34,9 @@ from monai.handlers import from_engine
 from monai.metrics import ROCAUCMetric
 from monai.utils import string_list_all_gather
 
-from ..handlers import PointingGame, PxAP, SoftDice
+from ..handlers import FROC, PointingGame, PxAP, SoftDice
 from ..metrics._common import nan_reduce
+from ..metrics.breasts import breast_auc, breast_key
 
 __all__ = ["MAP_STATS", "map_handlers", "ReportMetrics", "GatheredMetrics", "per_image_rows", "report_summary"]
 
@@ -48,7 +55,7 @@ MAP_STATS = (
 )
 
 #: the metric handlers of one map, by the suffix of their name (``<map>_<suffix>`` in ``engine.state.metrics``)
-HANDLER_SUFFIXES = ("dice", "pxap", "hit", "border")
+HANDLER_SUFFIXES = ("dice", "pxap", "hit", "border", "froc")
 
 
 def _decollated(output: Any) -> list[Mapping[str, Any]]:
@@ -63,10 +70,14 @@ def map_handlers(
     pointing_tolerance: float,
     peak_border: float,
     check_values: bool,
-) -> dict[str, PxAP | SoftDice | PointingGame]:
+    froc_radius: int = 8,
+    froc_tolerance: float = 0.0,
+    froc_max_candidates: int = 20,
+) -> dict[str, PxAP | SoftDice | PointingGame | FROC]:
     """The metric handlers of one map, by :data:`HANDLER_SUFFIXES`: soft Dice, PxAP (per-image APs plus the pooled
     histograms of the dataset level: memory does not grow with the split), pointing-game hits and peaks on the
-    image border, each keeping its (N, C) per-image values (``save_details=True``).
+    image border, each keeping its (N, C) per-image values (``save_details=True``), and the lesion-level FROC
+    (binned counts: memory does not grow either; its details are the images' lesion counts).
 
     Built like train.yaml's ``validate#metrics`` (``class_index=None``: the published value is the mean over the
     classes with a lesion image); the report reads the per-class numbers from the details."""
@@ -80,6 +91,13 @@ def map_handlers(
         # the range checks of the Dice already ran on these maps
         "hit": PointingGame(tolerance=pointing_tolerance, output_transform=transform, check_values=False),
         "border": PointingGame(border=peak_border, measure="border", output_transform=transform, check_values=False),
+        "froc": FROC(
+            radius=froc_radius,
+            tolerance=froc_tolerance,
+            max_candidates=froc_max_candidates,
+            output_transform=transform,
+            check_values=False,
+        ),
     }
 
 
@@ -99,8 +117,15 @@ class GatheredMetrics:
     n_lesion: list[int]
     #: per class: classification AUC of the scores (NaN where a class has one label value)
     auc: list[float]
-    #: map -> :data:`MAP_STATS` -> per class
-    map_stats: dict[str, dict[str, list[float]]]
+    #: map -> :data:`MAP_STATS` -> per class (and ``"froc"`` -> per class, the sensitivity at each FROC rate)
+    map_stats: dict[str, dict[str, list[Any]]]
+    #: :func:`~scripts.metrics.breasts.breast_auc`'s result: per class AUC over breasts, number of breasts, images
+    #: without a patient or a laterality
+    breast: dict[str, Any]
+    #: per class: lesions (connected components of the masks) over the split, what the FROC's sensitivity counts
+    n_lesions: list[int]
+    #: the false-positive rates of the FROC sensitivities
+    froc_rates: tuple[float, ...]
 
 
 def _batch_path(batch_item: Any, output_item: Any, image_key: str) -> str:
@@ -117,9 +142,12 @@ def _batch_path(batch_item: Any, output_item: Any, image_key: str) -> str:
     return ""
 
 
-def _map_stats(details: Mapping[str, torch.Tensor], dataset_pxap: torch.Tensor) -> dict[str, list[float]]:
+def _map_stats(
+    details: Mapping[str, torch.Tensor], dataset_pxap: torch.Tensor, froc: torch.Tensor
+) -> dict[str, list[Any]]:
     """:data:`MAP_STATS` -> one value per class (NaN where no image has a lesion of the class), from one map's
-    per-image details (the same reductions as the metrics' ``aggregate``) and its dataset-level PxAP."""
+    per-image details (the same reductions as the metrics' ``aggregate``) and its dataset-level PxAP; ``"froc"`` ->
+    per class the sensitivities at the FROC rates (``froc``: (C, rates))."""
     stats = {
         "dice_mean": nan_reduce(details["dice"], "mean"),
         "dice_std": nan_reduce(details["dice"], "std"),
@@ -128,8 +156,19 @@ def _map_stats(details: Mapping[str, torch.Tensor], dataset_pxap: torch.Tensor) 
         "pxap_dataset": dataset_pxap,
         "pointing_game": nan_reduce(details["hit"], "mean"),
         "peak_on_border": nan_reduce(details["border"], "mean"),
+        "froc": froc,
     }
     return {k: v.cpu().tolist() for k, v in stats.items()}
+
+
+def _path_key(path: Any) -> str:
+    """An image path as the report matches it to a datalist item (absolute, normalised)."""
+    return os.path.normpath(os.path.abspath(str(path))) if path else ""
+
+
+def _key_text(key: tuple | None) -> str:
+    """A breast key as text, for the ranks' string gather ("" for none)."""
+    return "" if key is None else json.dumps(list(key))
 
 
 class ReportMetrics:
@@ -153,6 +192,10 @@ class ReportMetrics:
         mask_key: str,
         score_key: str,
         label_key: str,
+        froc_radius: int = 8,
+        froc_tolerance: float = 0.0,
+        froc_max_candidates: int = 20,
+        items: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self.class_names = list(class_names)
         self.maps = list(maps)
@@ -161,13 +204,20 @@ class ReportMetrics:
             pointing_tolerance=pointing_tolerance,
             peak_border=peak_border,
             check_values=check_values,
+            froc_radius=froc_radius,
+            froc_tolerance=froc_tolerance,
+            froc_max_candidates=froc_max_candidates,
         )
+        #: image path -> breast key, from the evaluated datalist items (their patient_id, laterality, study)
+        self.breast_of = {_path_key(it.get("image")): breast_key(it) for it in items or () if isinstance(it, Mapping)}
         self.image_key, self.mask_key, self.score_key, self.label_key = image_key, mask_key, score_key, label_key
         self.present: list[str] | None = None
         #: map -> suffix -> handler, attached to the engine by the first update
-        self.handlers: dict[str, dict[str, PxAP | SoftDice | PointingGame]] = {}
+        self.handlers: dict[str, dict[str, PxAP | SoftDice | PointingGame | FROC]] = {}
         self.auc = ROCAUCMetric(average="none")
         self.paths: list[str] = []
+        self.keys: list[str] = []
+        self.classified: dict[str, Any] | None = None
         self._engine: Engine | None = None
 
     def update(self, engine: Engine) -> None:
@@ -179,7 +229,15 @@ class ReportMetrics:
         self._fix_maps(engine, outputs[0])
         self.auc(*self._scores_and_labels(outputs))
         batch = engine.state.batch if isinstance(engine.state.batch, list) else [None] * len(outputs)
-        self.paths.extend(_batch_path(b, o, self.image_key) for b, o in zip(batch, outputs))
+        paths = [_batch_path(b, o, self.image_key) for b, o in zip(batch, outputs)]
+        self.paths.extend(paths)
+        self.keys.extend(_key_text(self._breast(b, p)) for b, p in zip(batch, paths))
+
+    def _breast(self, batch_item: Any, path: str) -> tuple | None:
+        """The image's breast: from the batch item where it carries patient_id and laterality, else from the datalist
+        item of its file; None (a breast of its own) when neither states both."""
+        key = breast_key(batch_item) if isinstance(batch_item, Mapping) else None
+        return key if key is not None else self.breast_of.get(_path_key(path))
 
     def _check_keys(self, output: Mapping[str, Any]) -> None:
         for key in (self.mask_key, self.score_key, self.label_key):
@@ -226,6 +284,35 @@ class ReportMetrics:
             )
         return scores, labels
 
+    def classify(self, engine: Engine) -> dict[str, Any]:
+        """The image-level and breast-level AUC per class, from every rank, published in ``engine.state.metrics``
+        as ``classification_auc_<class>`` and ``breast_auc_<class>`` (defined values only) when the epoch completes,
+        so that the handlers logging the epoch's metrics after the report (MLflow) log them. Collective under DDP:
+        runs on every rank, once per evaluation (:meth:`gather` reuses it)."""
+        if self.classified is not None:
+            return self.classified
+        if self.present is None:
+            raise ValueError("MetricsReport: no image was evaluated (empty split?)")
+        # the same collective calls, in the same order, on every rank
+        paths = string_list_all_gather(self.paths)
+        keys = [tuple(json.loads(k)) if k else None for k in string_list_all_gather(self.keys)]
+        y_score, y_label = self.auc.get_buffer()
+        auc = self._aggregate_auc()
+        breast = breast_auc(y_score.cpu(), y_label.cpu(), keys)
+        breast["auc"] = breast["auc"].tolist()
+        logger.info(
+            "breast-level AUC over %d breasts of %d images (%d without a patient_id or laterality: each a breast)",
+            breast["breasts"],
+            len(keys),
+            breast["images_without_breast"],
+        )
+        for name, values in (("classification_auc", auc), ("breast_auc", breast["auc"])):
+            for c, value in zip(self.class_names, values):
+                if not math.isnan(value):
+                    engine.state.metrics[f"{name}_{c}"] = value
+        self.classified = {"paths": paths, "y_score": y_score, "y_label": y_label, "auc": auc, "breast": breast}
+        return self.classified
+
     def gather(self, engine: Engine) -> GatheredMetrics:
         """Everything collected, from every rank, after the handlers completed (their ``EPOCH_COMPLETED`` put the
         gathered per-image values in ``engine.state.metric_details``). Collective under DDP: call it on every rank."""
@@ -236,11 +323,14 @@ class ReportMetrics:
             for m in self.present
         }
         # the same collective calls, in the same order, on every rank
-        paths = string_list_all_gather(self.paths)
-        y_score, y_label = self.auc.get_buffer()
-        auc = self._aggregate_auc()
+        classified = self.classify(engine)
+        paths, y_score, y_label, auc = (classified[k] for k in ("paths", "y_score", "y_label", "auc"))
         map_stats = {
-            m: _map_stats(details[m], self.handlers[m]["pxap"].metric_fn.aggregate(level="dataset"))
+            m: _map_stats(
+                details[m],
+                self.handlers[m]["pxap"].metric_fn.aggregate(level="dataset"),
+                self.handlers[m]["froc"].metric_fn.aggregate(),
+            )
             for m in self.present
         }
         scores = y_score.cpu().tolist()
@@ -259,6 +349,9 @@ class ReportMetrics:
             n_lesion=(~torch.isnan(dice0)).sum(0).cpu().tolist(),
             auc=auc,
             map_stats=map_stats,
+            breast=classified["breast"],
+            n_lesions=[int(v) for v in details[self.present[0]]["froc"].sum(0).cpu().tolist()],
+            froc_rates=self.handlers[self.present[0]]["froc"].metric_fn.rates,
         )
 
     def _aggregate_auc(self) -> list[float]:
@@ -274,6 +367,11 @@ def _number(value: float) -> float | None:
     """JSON has no NaN: undefined values become null."""
     value = float(value)
     return None if math.isnan(value) else value
+
+
+def _rate(rate: float) -> str:
+    """A false-positive rate as a metrics.json key: 0.25 -> "0.25", 1.0 -> "1"."""
+    return f"{float(rate):g}"
 
 
 def _cell(value: float) -> str:
@@ -310,9 +408,11 @@ def report_summary(
     info: Mapping[str, Any],
     settings: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The summary (``metrics.json``): ``info``, counts, per class the classification AUC, per map and class the
-    :data:`MAP_STATS`, then ``settings`` (what the numbers depend on: PxAP step, tolerances, the CSV's name).
-    Undefined values are None."""
+    """The summary (``metrics.json``): ``info``, counts, per class the classification AUC and the breast-level AUC
+    (with the numbers of breasts and of images without a patient or laterality), per map and class the
+    :data:`MAP_STATS` and ``"froc"`` (the sensitivity at each false-positive rate, keyed ``"0.25"`` ... ``"4"``),
+    then ``settings`` (what the numbers depend on: PxAP step, tolerances, the CSV's name). Undefined values are
+    None."""
     names = list(class_names)
     n_positive = [int(sum(1 for row in gathered.labels if row[i] >= 0.5)) for i in range(len(names))]
     return {
@@ -322,9 +422,19 @@ def report_summary(
         "maps": list(gathered.maps),
         "n_lesion_images": {c: int(gathered.n_lesion[i]) for i, c in enumerate(names)},
         "n_positive_labels": {c: n_positive[i] for i, c in enumerate(names)},
+        "n_lesions": {c: int(gathered.n_lesions[i]) for i, c in enumerate(names)},
         "classification_auc": {c: _number(gathered.auc[i]) for i, c in enumerate(names)},
+        "breast_auc": {c: _number(gathered.breast["auc"][i]) for i, c in enumerate(names)},
+        "n_breasts": int(gathered.breast["breasts"]),
+        "images_without_breast": int(gathered.breast["images_without_breast"]),
         "metrics": {
-            m: {c: {k: _number(stats[k][i]) for k in MAP_STATS} for i, c in enumerate(names)}
+            m: {
+                c: {
+                    **{k: _number(stats[k][i]) for k in MAP_STATS},
+                    "froc": {_rate(r): _number(v) for r, v in zip(gathered.froc_rates, stats["froc"][i])},
+                }
+                for i, c in enumerate(names)
+            }
             for m, stats in gathered.map_stats.items()
         },
         **settings,

@@ -5,16 +5,19 @@
 first iteration it attaches, per map (``S_g``, and ``S_l``/``S_c`` when the model ran its local module), the
 metric handlers train.yaml's ``validate#metrics`` is made of (:class:`~scripts.handlers.SoftDice`,
 :class:`~scripts.handlers.PxAP` at the dataset level, two :class:`~scripts.handlers.PointingGame`: hit rate and
-share of peaks on the border) with ``save_details=True``, and feeds one ``monai.metrics.ROCAUCMetric`` with the
-image-level probabilities ``y_global``. When the evaluator completes, the handlers have gathered the per-image
+share of peaks on the border, and the lesion-level :class:`~scripts.handlers.FROC`) with ``save_details=True``,
+and feeds one ``monai.metrics.ROCAUCMetric`` with the image-level probabilities ``y_global``, noting each image's
+breast (its datalist item's patient_id, laterality and study). When the epoch completes it computes the image- and
+breast-level AUC and publishes them in ``engine.state.metrics`` (``classification_auc_<class>``,
+``breast_auc_<class>``: MLflow logs them). When the evaluator completes, the handlers have gathered the per-image
 values across ranks into ``engine.state.metric_details`` (collective calls on every rank); the report reduces
-them, adds the dataset-level PxAP of the pooled histograms and the AUC, and rank 0 writes
+them, adds the dataset-level PxAP of the pooled histograms, the FROC sensitivities and the AUCs, and rank 0 writes
 
 - ``metrics.csv``: one row per image (image path, labels, ``y_global``, then per map and class soft Dice,
   image-level PxAP and the pointing-game hit (1/0); empty where undefined: the image has no lesion of that class);
 - ``metrics.json``: the summary (per map and class: Dice mean/std, image-level PxAP mean/std, dataset-level PxAP,
-  pointing-game hit rate and share of peaks on the border; per class: classification AUC, lesion and label counts)
-  plus what was evaluated;
+  pointing-game hit rate and share of peaks on the border, FROC sensitivity at 0.25 to 4 false positives per image;
+  per class: classification AUC per image and per breast, lesion and label counts) plus what was evaluated;
 
 atomically, and prints the summary as a plain-text table in the layout of the paper's Table 1.
 
@@ -130,6 +133,12 @@ class MetricsReport:
         pointing_tolerance: pixels between a map's peak and a lesion pixel of its class that still count as a
             pointing-game hit.
         peak_border: pixels from the image edge within which a peak counts as on the border.
+        froc_radius: the FROC's candidates are the maxima of the ``(2 froc_radius + 1)`` px square around them.
+        froc_tolerance: a FROC candidate within this many pixels of a lesion of its class finds it.
+        froc_max_candidates: at most this many FROC candidates per map, class and image (the highest).
+        items: the evaluated datalist items: their ``patient_id``, ``laterality`` (and ``study``) name the breast of
+            each image, matched by the image's path (None: every image is a breast of its own, unless the batch
+            items carry those keys).
         check_values: let the metrics check score ranges and mask values (one host synchronisation per call).
         print_table: print the table to stdout at completion (rank 0).
         image_key, mask_key, score_key, label_key: keys of the decollated batch/output items.
@@ -145,6 +154,10 @@ class MetricsReport:
         pxap_step: float = 0.001,
         pointing_tolerance: float = 0.0,
         peak_border: float = 0.0,
+        froc_radius: int = 8,
+        froc_tolerance: float = 0.0,
+        froc_max_candidates: int = 20,
+        items: Sequence[Mapping[str, Any]] | None = None,
         check_values: bool = True,
         print_table: bool = True,
         image_key: str = "image",
@@ -162,6 +175,9 @@ class MetricsReport:
         self.pxap_step = float(pxap_step)
         self.pointing_tolerance = float(pointing_tolerance)
         self.peak_border = float(peak_border)
+        self.froc_radius, self.froc_tolerance = int(froc_radius), float(froc_tolerance)
+        self.froc_max_candidates = int(froc_max_candidates)
+        self.items = list(items) if items is not None else None
         self.check_values = bool(check_values)
         self.print_table = bool(print_table)
         self.image_key, self.mask_key, self.score_key, self.label_key = image_key, mask_key, score_key, label_key
@@ -195,11 +211,17 @@ class MetricsReport:
             mask_key=self.mask_key,
             score_key=self.score_key,
             label_key=self.label_key,
+            froc_radius=self.froc_radius,
+            froc_tolerance=self.froc_tolerance,
+            froc_max_candidates=self.froc_max_candidates,
+            items=self.items,
         )
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.EPOCH_STARTED, lambda _: self.reset())
         engine.add_event_handler(Events.ITERATION_COMPLETED, self.update)
+        # the AUCs into engine.state.metrics before the handlers attached after the report log the epoch (MLflow)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: self.metrics.classify(e))
         engine.add_event_handler(Events.COMPLETED, self.complete)
 
     def update(self, engine: Engine) -> None:
@@ -214,6 +236,9 @@ class MetricsReport:
             "pxap_step": self.pxap_step,
             "pointing_tolerance_px": self.pointing_tolerance,
             "peak_border_px": self.peak_border,
+            "froc_radius_px": self.froc_radius,
+            "froc_tolerance_px": self.froc_tolerance,
+            "froc_max_candidates": self.froc_max_candidates,
             "per_image_csv": self.csv_path.name,
         }
         return per_image_rows(gathered, self.class_names), report_summary(

@@ -2,6 +2,6 @@
 
 from . import finite, panels, throughput, training_state
 from .loss_terms import LossTerms
-from .metrics import PointingGame, PxAP, SoftDice
+from .metrics import FROC, PointingGame, PxAP, SoftDice
 
-__all__ = ["finite", "panels", "throughput", "training_state", "LossTerms", "PointingGame", "PxAP", "SoftDice"]
+__all__ = ["finite", "panels", "throughput", "training_state", "LossTerms", "FROC", "PointingGame", "PxAP", "SoftDice"]

@@ -1,4 +1,5 @@
-"""Ignite metric handlers for soft Dice, PxAP and the pointing game, in the style of ``monai.handlers.MeanDice``.
+"""Ignite metric handlers for soft Dice, PxAP, the pointing game and the lesion-level FROC, in the style of
+``monai.handlers.MeanDice``.
 
 They go into a MONAI evaluator's ``key_val_metric`` / ``additional_metrics`` and publish one float per epoch in
 ``engine.state.metrics[name]``: one class (``class_index=c``) or the mean over classes (``class_index=None``).
@@ -23,8 +24,9 @@ import torch
 from monai.handlers import IgniteMetricHandler, from_engine
 
 from ..metrics import PointingGameMetric, PxAPMetric, SoftDiceMetric
+from ..metrics.froc import FROC_RATES, FROCMetric
 
-__all__ = ["ClassScores", "PointingGame", "PxAP", "SoftDice"]
+__all__ = ["ClassScores", "FROC", "PointingGame", "PxAP", "SoftDice"]
 
 _logger = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
 
     def __init__(
         self,
-        metric_fn: SoftDiceMetric | PxAPMetric | PointingGameMetric,
+        metric_fn: SoftDiceMetric | PxAPMetric | PointingGameMetric | FROCMetric,
         class_index: int | None,
         reduction: str,
         empty_value: float,
@@ -188,6 +190,53 @@ class PointingGame(_ClassReducedMetricHandler):
             output_transform,
             save_details,
         )
+
+
+class FROC(_ClassReducedMetricHandler):
+    """Lesion-level FROC (:class:`~scripts.metrics.froc.FROCMetric`) over an epoch, as an Ignite metric: the lesion
+    sensitivity at ``rate`` false positives per image, of one class or the mean over the classes with a lesion.
+
+    The per-image details (``save_details``) are the (N, C) numbers of lesions (connected components of the masks);
+    the sensitivity at every rate of ``rates`` is ``handler.metric_fn.aggregate()`` ((C, len(rates)), collective
+    under DDP), and the curve ``handler.metric_fn.curve()``.
+
+    Args:
+        rate: the false positives per image whose sensitivity is published; one of ``rates``.
+        rates: the rates the metric reports (0.25, 0.5, 1, 2, 4 per image).
+        radius: a candidate is the maximum of the ``(2 radius + 1)`` px square around it (one per S_g cell when
+            ``radius`` is a cell's side).
+        tolerance: a candidate within this many pixels of a lesion of its class finds it.
+        max_candidates: at most this many candidates per map and class, the highest.
+        class_index: publish this class's value; None: the mean over the classes that have lesions.
+        empty_value: published when the selected value is undefined (no lesion); see the module docstring.
+        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``; see :class:`SoftDice`.
+        save_details: store the (N, C) lesion counts in ``engine.state.metric_details[name]``.
+        check_values: validate scores and masks on every iteration (one host synchronisation per iteration).
+    """
+
+    def __init__(
+        self,
+        rate: float = 1.0,
+        rates=FROC_RATES,
+        radius: int = 8,
+        tolerance: float = 0.0,
+        max_candidates: int = 20,
+        class_index: int | None = None,
+        empty_value: float = 0.0,
+        output_transform: Callable = lambda x: x,
+        save_details: bool = True,
+        check_values: bool = True,
+    ) -> None:
+        metric = FROCMetric(
+            rates=rates, radius=radius, tolerance=tolerance, max_candidates=max_candidates, check_values=check_values
+        )
+        if float(rate) not in metric.rates:
+            raise ValueError(f"rate must be one of the rates {list(metric.rates)}, got {rate!r}.")
+        self.rate_index = metric.rates.index(float(rate))
+        super().__init__(metric, class_index, "mean", empty_value, output_transform, save_details)
+
+    def _aggregate(self) -> torch.Tensor:
+        return self.metric_fn.aggregate()[:, self.rate_index]
 
 
 class ClassScores:

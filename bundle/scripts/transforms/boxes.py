@@ -5,7 +5,8 @@ VinDr-Mammo and many hospital sets mark findings with boxes, not outlines. A dat
 and columns as displayed, the project's array convention; fractions allowed). Right after loading,
 :class:`BoxesToMasksd` paints each class's boxes into that class's mask (every pixel a box touches: rows
 ``floor(y0)`` to ``ceil(y1)`` exclusive, clipped to the image), on top of the class's mask file when the item has
-one, with the image's metadata (spacing, affine) so that resampling, flipping and cropping treat it as the image.
+one (or, with ``mask_files="keep"``, only for the classes without a mask file), with the image's metadata (spacing,
+affine) so that resampling, flipping and cropping treat it as the image.
 Evaluation then reads the boxes as masks: the pointing game hits a box, and for the FROC a box is a lesion
 (overlapping boxes of one class merge into one).
 """
@@ -21,41 +22,10 @@ import torch
 from monai.data import MetaTensor
 from monai.transforms import MapTransform, Transform
 
+from ..data.boxes import BOXES_KEY, parse_boxes
 from ..enums import CLASS_NAMES
 
-__all__ = ["BOXES_KEY", "BoxesToMask", "BoxesToMasksd", "parse_boxes"]
-
-#: the datalist field holding box annotations
-BOXES_KEY = "boxes"
-
-
-def parse_boxes(boxes: Any, where: str = "boxes") -> list[tuple[str, tuple[float, float, float, float]]]:
-    """Validated ``(label, (y0, x0, y1, x1))`` pairs of a datalist's ``boxes`` field (None or [] -> []).
-
-    Raises:
-        ValueError: one line naming ``where`` and the first bad entry.
-    """
-    if boxes is None:
-        return []
-    if not isinstance(boxes, (list, tuple)):
-        raise ValueError(f"{where}: must be a list of {{'label', 'box'}} entries, got {type(boxes).__name__}")
-    out = []
-    for i, entry in enumerate(boxes):
-        if not isinstance(entry, Mapping) or "label" not in entry or "box" not in entry:
-            raise ValueError(f"{where}[{i}]: must be {{'label': one of {list(CLASS_NAMES)}, 'box': [y0, x0, y1, x1]}}")
-        label, box = str(entry["label"]).lower(), entry["box"]
-        if label not in CLASS_NAMES:
-            raise ValueError(f"{where}[{i}]: label must be one of {list(CLASS_NAMES)}, got {entry['label']!r}")
-        if not isinstance(box, (list, tuple)) or len(box) != 4:
-            raise ValueError(f"{where}[{i}]: box must be [y0, x0, y1, x1] (four numbers), got {box!r}")
-        try:
-            y0, x0, y1, x1 = (float(v) for v in box)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}[{i}]: box must be [y0, x0, y1, x1] (four numbers), got {box!r}") from None
-        if not all(math.isfinite(v) and v >= 0 for v in (y0, x0, y1, x1)) or y1 <= y0 or x1 <= x0:
-            raise ValueError(f"{where}[{i}]: box [y0, x0, y1, x1] needs 0 <= y0 < y1 and 0 <= x0 < x1, got {box!r}")
-        out.append((label, (y0, x0, y1, x1)))
-    return out
+__all__ = ["BoxesToMask", "BoxesToMasksd"]
 
 
 class BoxesToMask(Transform):
@@ -85,6 +55,9 @@ class BoxesToMasksd(MapTransform):
         mask_keys: the per-class mask keys in the order of ``CLASS_NAMES`` (benign, malignant).
         image_key: the loaded (1, H, W) image whose size and metadata the masks take.
         boxes_key: the datalist field.
+        mask_files: a class that has both a loaded mask file and boxes: ``"unite"`` (the boxes' pixels added to the
+            file's mask) or ``"keep"`` (the file's mask as it is: an outline is the finer annotation of the same
+            lesions, as in the synthetic sets, which write both; the pipeline's choice).
     """
 
     def __init__(
@@ -92,11 +65,14 @@ class BoxesToMasksd(MapTransform):
         mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
         image_key: str = "image",
         boxes_key: str = BOXES_KEY,
+        mask_files: str = "unite",
     ) -> None:
         super().__init__(list(mask_keys), allow_missing_keys=True)
         if len(self.keys) != len(CLASS_NAMES):
             raise ValueError(f"mask_keys must name one key per class {list(CLASS_NAMES)}, got {list(mask_keys)}")
-        self.image_key, self.boxes_key = image_key, boxes_key
+        if mask_files not in ("unite", "keep"):
+            raise ValueError(f"mask_files must be 'unite' or 'keep', got {mask_files!r}")
+        self.image_key, self.boxes_key, self.mask_files = image_key, boxes_key, mask_files
         self.painter = BoxesToMask()
 
     def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
@@ -114,6 +90,8 @@ class BoxesToMasksd(MapTransform):
                 continue
             loaded = d.get(key)
             if loaded is not None and not isinstance(loaded, str):
+                if self.mask_files == "keep":
+                    continue
                 if tuple(loaded.shape[-2:]) != shape:
                     raise ValueError(f"{key} of shape {tuple(loaded.shape[-2:])} does not match the image {shape}")
                 painted = np.maximum(painted, (np.asarray(loaded) > 0).astype(np.uint8).reshape(painted.shape))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...enums import CLASS_NAMES
+from ..boxes import BOXES_KEY
 from .config import SIDES, VIEWS, SyntheticConfig
 from .generator import SyntheticMammogramGenerator
 from .writers import _atomic_target, deterministic_uid, write_mammogram_dicom, write_mask_png, write_nifti, write_png16
@@ -34,6 +35,26 @@ def _plan_images(n: int) -> list[tuple[int, str, str]]:
         p, k = divmod(i, 4)
         out.append((p, SIDES[k // 2], VIEWS[k % 2]))
     return out
+
+
+def _lesion_boxes(case: Any, mirrored: bool) -> list[dict[str, Any]]:
+    """Each drawn lesion's box, ``{"label": class, "box": [y0, x0, y1, x1]}`` in the written file's pixels (far edges
+    exclusive): the bounding box of its class's mask inside the window the lesion was drawn in (a lesion of the
+    same class overlapping that window would widen it; lesions cut away by the breast's outline give none).
+    ``mirrored``: the file stores the view mirrored (a right breast facing left)."""
+    masks = dict(zip(CLASS_NAMES, (case.mask_benign, case.mask_malignant)))
+    width = case.image.shape[1]
+    boxes = []
+    for lesion in case.lesions:
+        r0, c0, r1, c1 = lesion["bbox"]
+        rows, cols = np.nonzero(masks[lesion["class"]][r0:r1, c0:c1])
+        if not len(rows):
+            continue
+        y0, y1, x0, x1 = r0 + int(rows.min()), r0 + int(rows.max()) + 1, c0 + int(cols.min()), c0 + int(cols.max()) + 1
+        if mirrored:
+            x0, x1 = width - x1, width - x0
+        boxes.append({"label": str(lesion["class"]), "box": [y0, x0, y1, x1]})
+    return boxes
 
 
 def _write_one(args: tuple) -> dict[str, Any]:
@@ -79,6 +100,7 @@ def _write_one(args: tuple) -> dict[str, Any]:
         else:
             write_mask_png(out / rel, flip(mask), spacing)
         item[f"mask_{cls}"] = rel
+    item[BOXES_KEY] = _lesion_boxes(case, mirrored=facing == "left")
     item.update(
         patient_id=case.patient_id,
         laterality=side,
@@ -109,7 +131,9 @@ def make_synthetic_dataset(
 
     Layout: ``images/SYN00012_L_CC.<ext>``, ``masks/SYN00012_L_CC_{benign,malignant}.<png|nii.gz>`` (both masks
     always written, all-zero where the image has no lesion of that class: for synthetic data "no lesion" is
-    known, not missing), ``datalist.json`` in MONAI layout with paths relative to ``out_dir`` and the split by
+    known, not missing; each item lists its lesions' ``boxes`` beside them, in the written file's pixels: the
+    preprocessing keeps the mask files, and a box-only copy of the list evaluates the same lesions as boxes),
+    ``datalist.json`` in MONAI layout with paths relative to ``out_dir`` and the split by
     patient (``fractions`` of patients for training/validation/test), and ``generator.json`` with the config.
 
     fmt: "png" (16-bit PNG, masks 0/255 PNG), "dcm" (MG DICOM For Presentation, masks 0/255 PNG) or "nii"

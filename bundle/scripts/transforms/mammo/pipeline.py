@@ -15,11 +15,10 @@ in the loader and is cached; the window shift, the standardisation and the augme
 (:func:`mammogram_step_transforms`) run at every step on the device the model runs on, per image of the batch. For
 the same random draws the two halves give :func:`mammogram_transforms`'s images.
 
-The configs declare no chain themselves: they instantiate the components below by name with their sizes
-(``_target_: scripts.transforms.mammo.pipeline.train_preprocessing``, ...), one per config id of the same name:
+The configs instantiate the components below by name with their sizes, one per config id of the same name:
 
-- :func:`mammogram_prefix` (``mammogram_prefix``): drop empty mask fields, load, resample, masks to 0/1 bytes,
-  mirror, crop; shared by the training and validation chains;
+- :func:`mammogram_prefix` (``mammogram_prefix``): drop empty mask fields, load, boxes into masks, resample, masks
+  to 0/1 bytes, mirror, crop; shared by the training and validation chains;
 - :func:`train_preprocessing` / :func:`train_batch_transforms` (``train#preprocessing`` / ``train#batch_transforms``):
   the cached half (the file's path, the prefix, the window's region grown by ``max_shift``, uint16, the stored
   targets) and the per-step half (window shift, standardisation, then the config's ``augmentations``, declared there
@@ -56,8 +55,10 @@ from monai.transforms import (
     SelectItemsd,
 )
 
+from scripts.data.boxes import BOXES_KEY
 from scripts.data.errors import DEFAULT_MAX_PIXELS
 from scripts.data.readers import MammogramReader
+from scripts.transforms.boxes import BoxesToMasksd
 from scripts.transforms.mammo.dictionary import (
     BestCenterRegiond,
     BestCenterWindowd,
@@ -150,9 +151,10 @@ def mammogram_prefix(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> list[Callable]:
     """The deterministic start of every chain (``mammogram_prefix`` of ``bundle/configs/train.yaml``), for datalist
-    items ``{"image": path, "mask_benign"?: path, ...}``: drop empty mask fields, load, resample to the model's pixel
-    spacing, masks to 0/1 bytes, mirror the breast to face right, crop it. Every step but the loading runs on all
-    keys, placed by the first image key; masks may be missing (``allow_missing_keys``).
+    items ``{"image": path, "mask_benign"?: path, "boxes"?: [...], ...}``: drop empty mask fields, load, paint the
+    ``boxes`` into the masks of the classes without a mask file (:class:`~scripts.transforms.boxes.BoxesToMasksd`),
+    resample to the model's pixel spacing, masks to 0/1 bytes, mirror the breast to face right, crop it. Every step
+    but the loading runs on all keys, placed by the first image key; masks may be missing (``allow_missing_keys``).
 
     Args:
         keys, mask_keys: the image keys and the per-image masks (none: an image-only chain).
@@ -184,6 +186,8 @@ def mammogram_prefix(
             chain.append(
                 LoadImaged(keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True)
             )
+    if mask_keys:  # box annotations painted into the classes without a mask file, then the masks' geometry
+        chain.append(BoxesToMasksd(mask_keys, image_key=source, mask_files="keep"))
     # the image's spacing decides for its masks too; masks nearest-exact, so they stay 0/1 (0/255) before binarising
     modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
     chain.append(
@@ -457,11 +461,12 @@ def train_preprocessing(
 ) -> Compose:
     """``train#preprocessing``: the training chain's cached half, run once per image in the loader.
 
-    The file's path (``image_path``); the masks dropped before loading unless ``with_masks`` (GLAM's stages learn
-    from the image labels; the U-Net baseline trains on the masks); ``prefix`` (:func:`mammogram_prefix`, the
-    config's ``@mammogram_prefix``: the same objects); the authors' best-centre window grown by ``max_shift`` px on
-    every side (:class:`~scripts.transforms.mammo.dictionary.BestCenterRegiond`: every shifted window lies in it),
-    the image as uint16; the masks stacked in ``mask`` when kept; the stored targets (:data:`CACHED_KEYS`).
+    The file's path (``image_path``); the masks and boxes dropped before loading unless ``with_masks`` (GLAM's
+    stages learn from the image labels; the U-Net baseline trains on the masks); ``prefix``
+    (:func:`mammogram_prefix`, the config's ``@mammogram_prefix``: the same objects); the authors' best-centre window
+    grown by ``max_shift`` px on every side (:class:`~scripts.transforms.mammo.dictionary.BestCenterRegiond`: every
+    shifted window lies in it), the image as uint16; the masks stacked in ``mask`` when kept; the stored targets
+    (:data:`CACHED_KEYS`).
     :func:`train_batch_transforms` finishes the chain.
     """
     all_keys = ["image", *MASK_KEYS]
@@ -477,7 +482,7 @@ def train_preprocessing(
     )
     chain: list[Callable] = [_record_path()]
     if not with_masks:
-        chain.append(DeleteItemsd(keys=list(MASK_KEYS)))
+        chain.append(DeleteItemsd(keys=[*MASK_KEYS, BOXES_KEY]))
     chain += [*prefix, region, QuantizeToUint16d(keys="image")]
     if with_masks:
         chain.append(_stack_masks())
@@ -582,13 +587,14 @@ def inference_loading(preprocessing: Compose, *, panel_height: int | None = 1024
     objects, so that ``Invertd(preprocessing)`` undoes what they recorded.
 
     The pictures are taken right after loading, before the preprocessing changes the image, so that nothing reads
-    the file again: a datalist's masks (empty fields dropped) are loaded and the image and masks shrunk to at most
-    ``panel_height`` rows (:class:`~scripts.transforms.thumbnail.Thumbnaild`; None: full resolution), then the
-    masks are dropped: they take no part in the preprocessing the maps are inverted through."""
+    the file again: a datalist's masks (empty fields dropped) are loaded, its boxes painted into them, and the image
+    and masks shrunk to at most ``panel_height`` rows (:class:`~scripts.transforms.thumbnail.Thumbnaild`; None: full
+    resolution), then the masks are dropped: they take no part in the preprocessing the maps are inverted through."""
     steps = list(preprocessing.transforms)
     pictures = [
         DropEmptyKeysd(keys=list(MASK_KEYS)),
         LoadImaged(keys=list(MASK_KEYS), reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True),
+        BoxesToMasksd(list(MASK_KEYS), mask_files="keep"),
         Thumbnaild(keys=["image", *MASK_KEYS], max_rows=panel_height, allow_missing_keys=True),
         DeleteItemsd(keys=list(MASK_KEYS)),
     ]
