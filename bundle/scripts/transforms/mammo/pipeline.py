@@ -29,8 +29,7 @@ The configs instantiate the components below by name with their sizes, one per c
   the image-only chain the maps are inverted through, and what the data loader runs: the same transform objects with
   the panel's pictures taken right after loading.
 
-The Python builders (:func:`mammogram_transforms`, :func:`mammogram_cache_transforms`,
-:func:`mammogram_step_transforms`) build the same chains from the same pieces with every option open;
+The Python builders (:func:`mammogram_transforms` and its two halves) build the same chains with every option open;
 ``tests/transforms/test_config_transforms.py`` checks that both give the same transforms and outputs.
 """
 
