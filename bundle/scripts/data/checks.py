@@ -48,6 +48,7 @@ __all__ = [
     "check_datalist",
     "run_data_checks",
     "assert_datalist_ok",
+    "assert_report_ok",
 ]
 
 #: what to do about images whose file states no pixel spacing (the check's spacing line and training's warning)
@@ -357,8 +358,15 @@ def assert_datalist_ok(
     datalist item state no spacing are logged as a warning: the preprocessing takes ``input_spacing`` or estimates
     their spacing from the breast's size (``spacing_fallback``), which is right only roughly. Training goes on.
     """
-    model_spacing = as_pixel_spacing(pixel_spacing)  # a bad value fails here, before every file is read
-    report = run_data_checks(datalist, base_dir, strict_masks=strict_masks)
+    as_pixel_spacing(pixel_spacing)  # a bad value fails here, before every file is read
+    return assert_report_ok(run_data_checks(datalist, base_dir, strict_masks=strict_masks), pixel_spacing)
+
+
+def assert_report_ok(report: DataCheckReport, pixel_spacing: float | Sequence[float] | None = None) -> DataCheckReport:
+    """:func:`assert_datalist_ok` for a report already made (such as the one the ranks of a distributed evaluation
+    make together, each reading its share of the files): raise :class:`DataCheckError` if it has a problem, else warn
+    about the images without a pixel spacing when ``pixel_spacing`` is set, and return it."""
+    model_spacing = as_pixel_spacing(pixel_spacing)
     if not report.ok:
         raise DataCheckError(report)
     unknown = [image for image in report.unknown_spacing if image not in report.stated_by_datalist]

@@ -93,12 +93,19 @@ def local_device() -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> torch.device:
+def init_distributed(
+    backend: str | None = None,
+    timeout_s: float = 1800.0,
+    overlay: str = "multi_gpu_train.yaml",
+    command: str = "training",
+) -> torch.device:
     """Join the process group described by ``torchrun``'s environment, once per process (idempotent).
 
     Args:
         backend: ``None`` picks ``nccl`` on CUDA and ``gloo`` on the CPU.
         timeout_s: how long a collective may wait for the other ranks.
+        overlay, command: the configuration and the ``monai.bundle run`` command the error names when the process
+            was not started by ``torchrun``.
 
     Returns:
         this process's device (see :func:`local_device`), made the current CUDA device on GPUs.
@@ -118,8 +125,8 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> t
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
         raise ValueError(
-            f"multi_gpu_train.yaml must run under torchrun (missing environment variables {missing}): "
-            "torchrun --nproc_per_node=N -m monai.bundle run training --config_file ..."
+            f"{overlay} must run under torchrun (missing environment variables {missing}): "
+            f"torchrun --nproc_per_node=N -m monai.bundle run {command} --config_file ..."
         )
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     idist.initialize(backend, timeout=timedelta(seconds=timeout_s))
