@@ -185,7 +185,7 @@ def mammogram_prefix(
             chain.append(
                 LoadImaged(keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True)
             )
-    if mask_keys:  # box annotations painted into the classes without a mask file, then the masks' geometry
+    if list(mask_keys) == list(MASK_KEYS):  # boxes painted into the classes without a mask file; then their geometry
         chain.append(BoxesToMasksd(mask_keys, image_key=source, mask_files="keep"))
     # the image's spacing decides for its masks too; masks nearest-exact, so they stay 0/1 (0/255) before binarising
     modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
