@@ -247,6 +247,20 @@ def test_dataset_is_reproducible_file_for_file(tmp_path):
         assert f.read_bytes() == (b / "images" / f.name).read_bytes()
 
 
+def test_workers_make_the_same_files_in_the_same_folder(tmp_path):
+    """Two worker processes write the files one process writes, byte for byte, into the folder named by the same
+    settings: the quick start generates its data with two."""
+    config = SyntheticConfig(lesion_prevalence=0.6)
+    serial = Path(ensure_synthetic_dataset(tmp_path / "a", 8, size=(256, 160), seed=3, config=config)).parent
+    parallel = Path(ensure_synthetic_dataset(tmp_path / "b", 8, size=(256, 160), seed=3, config=config, workers=2))
+    assert parallel.parent.name == serial.name and serial.name.startswith("synthetic_n8_256x160_seed3_png_")
+    assert _load(parallel.parent) == _load(serial)
+    files = sorted(p.relative_to(serial) for p in serial.rglob("*.png"))
+    assert len(files) == 8 * 3
+    for f in files:
+        assert (parallel.parent / f).read_bytes() == (serial / f).read_bytes(), f
+
+
 def test_dicom_dataset_tags_orientation_and_photometric_mix(tmp_path):
     pydicom = pytest.importorskip("pydicom")
     size = (256, 160)

@@ -24,6 +24,7 @@ from monai.bundle import ConfigParser, ConfigWorkflow
 from references import loop_pointing
 
 EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
+QUICKSTART = BUNDLE_ROOT.parent / "configs" / "quickstart.yaml"
 META = str(BUNDLE_ROOT / "configs" / "metadata.json")
 CLASSES = ("benign", "malignant")
 MAPS = ("S_g", "S_l", "S_c")
@@ -299,6 +300,66 @@ def test_quickstart_layering_keeps_the_preset(tmp_path):
         assert parser[key] == quick[key], key
     assert parser.get_parsed_content("ckpt_path") == str(Path(quick["ckpt_root"]) / "joint" / "model.pt")
     assert parser.get_parsed_content("eval_dir") == str(Path(quick["output_root"]) / "evaluate")
+
+
+def _quickstart_parser(stage: str, **overrides) -> ConfigParser:
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(QUICKSTART)])
+    parser["stage"] = stage
+    parser["ckpt_root"] = "ckpts"
+    for key, value in overrides.items():
+        parser[key] = value
+    return parser
+
+
+def test_quickstart_global_stage_starts_from_the_shipped_global_module():
+    """The quick start's global stage takes the shipped model's global module (strictly: the architectures match) and
+    nothing else; the later stages start from the stage before; `--quickstart_global_init None` trains from scratch."""
+    from scripts.networks.settings import read_checkpoint_settings
+
+    shipped = BUNDLE_ROOT / "models" / "model.pt"
+    chain = {
+        stage: (
+            _quickstart_parser(stage).get_parsed_content("previous_model"),
+            _quickstart_parser(stage).get_parsed_content("previous_modules"),
+        )
+        for stage in ("global", "local", "joint")
+    }
+    assert chain == {
+        "global": (str(Path("bundle") / "models" / "model.pt"), ["global_network"]),
+        "local": (str(Path("ckpts") / "global" / "model.pt"), None),
+        "joint": (str(Path("ckpts") / "local" / "model.pt"), None),
+    }
+    scratch = _quickstart_parser("global", quickstart_global_init=None)
+    assert scratch.get_parsed_content("previous_model") is None
+    assert scratch.get_parsed_content("previous_modules") is None
+
+    parser = _quickstart_parser("global", device="cpu")
+    network = parser.get_parsed_content("network_def")
+    state = torch.load(shipped, map_location="cpu", weights_only=True)
+    prefix = "global_network."
+    own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    network.global_network.load_state_dict(own, strict=True)  # raises on any missing, extra or reshaped weight
+    record = read_checkpoint_settings(shipped)
+    for key in ("image_size", "t_global", "pool_in_breast", "global_backbone", "pixel_spacing"):
+        preset = parser.get_parsed_content(key)
+        preset = [preset, preset] if key == "pixel_spacing" and not isinstance(preset, list) else preset
+        assert record[key] == preset, key
+
+
+def test_quickstart_local_stage_has_its_own_sparsity():
+    """The local stage's lambda is its own (1e-3, the CPU benchmark's), the global and joint stages keep 1e-5; every
+    stage runs at its own learning rate and epoch count."""
+    parser = _quickstart_parser("local")
+    assert parser.get_parsed_content("lambda_sparsity") == {"global": 1.0e-5, "local": 1.0e-3, "joint": 1.0e-5}
+    stage_values = {
+        stage: (
+            _quickstart_parser(stage).get_parsed_content("stage_learning_rate"),
+            _quickstart_parser(stage).get_parsed_content("max_epochs"),
+        )
+        for stage in ("global", "local", "joint")
+    }
+    assert stage_values == {"global": (1.0e-4, 2), "local": (5.0e-5, 2), "joint": (1.0e-5, 1)}
 
 
 # -- DDP: the report gathers through the metrics; only rank 0 writes ----------------------------------------------

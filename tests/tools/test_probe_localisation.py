@@ -221,7 +221,8 @@ def test_a_few_cpu_minutes_of_the_recipe_localise_well_above_chance(tmp_path):
     overrides = {
         "datalist": f"$scripts.data.synthetic.ensure_synthetic_dataset({data_root!r}, n=@quickstart_images, "
         "size=@image_size, seed=@seed, config=@quickstart_data)",
-        # the sizes it was measured at (the quick start's before it moved to 736x480)
+        # the sizes it was measured at (the quick start's before it moved to 736x480 and 800 images)
+        "quickstart_images": 400,
         "image_size": [368, 240],
         "pixel_spacing": 0.8,
         "crop_iterations": 12,

@@ -200,12 +200,15 @@ def ensure_synthetic_dataset(
     The dataset lives in ``root/synthetic_n{n}_{H}x{W}_seed{seed}_{fmt}_{tag}``, ``tag`` a hash of the other keyword
     arguments (``config``, ``lesion_prevalence``…), so other settings never reuse it, and is
     generated into a temporary folder that is renamed when complete, so an interrupted run leaves nothing half
-    written. Returns the path of its ``datalist.json``.
+    written. Returns the path of its ``datalist.json``. ``workers`` (processes) changes how the files are made, not
+    what they hold (every image is drawn from its own seed), so it is left out of the tag.
     """
-    settings = {k: (asdict(v) if isinstance(v, SyntheticConfig) else v) for k, v in sorted(kwargs.items())}
+    settings = {
+        k: (asdict(v) if isinstance(v, SyntheticConfig) else v) for k, v in sorted(kwargs.items()) if k != "workers"
+    }
     tag = (
         hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        if kwargs
+        if settings
         else "default"
     )
     out = Path(root) / f"synthetic_n{int(n)}_{int(size[0])}x{int(size[1])}_seed{int(seed)}_{fmt}_{tag}"
