@@ -40,7 +40,9 @@ def test_shares_are_disjoint_cover_every_input_and_do_not_depend_on_what_is_done
         shares = [input_share(paths, r, n) for r in range(n)]
         assert sorted(p for share in shares for p in share) == sorted(set(paths))  # every input once
         assert max(map(len, shares)) - min(map(len, shares)) <= 1
-        assert shares == [list(s) for s in partition_dataset(sorted(set(paths)), num_partitions=n, even_divisible=False)]
+        assert shares == [
+            list(s) for s in partition_dataset(sorted(set(paths)), num_partitions=n, even_divisible=False)
+        ]
         # the order the inputs are listed in changes nothing
         assert shares == [input_share(list(reversed(paths)), r, n) for r in range(n)]
     assert input_share(["/in/x.png", "/in/y.png"], 3, 4) == []  # more ranks than inputs: some run nothing
@@ -234,14 +236,16 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: the session this test started
+        _kill_job(proc)
         output, _ = proc.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s:\n{output.decode(errors='replace')[-4000:]}")
     return output.decode(errors="replace")
 
 
-def _worker(proc: subprocess.Popen, rank: int) -> int:
-    """The pid of torchrun's worker of ``rank`` (a child of the torchrun process, RANK in its environment)."""
+def _workers(proc: subprocess.Popen) -> dict[int, int]:
+    """rank -> pid of torchrun's workers (children of the torchrun process, RANK in their environment; torchrun starts
+    each in a session of its own, so a signal to torchrun's process group does not reach them)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -250,9 +254,18 @@ def _worker(proc: subprocess.Popen, rank: int) -> int:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == proc.pid and f"RANK={rank}".encode() in environ:
-            return int(entry.name)
-    raise AssertionError(f"no worker of rank {rank} under torchrun {proc.pid}")
+        if ppid == proc.pid:
+            ranks = [int(v[5:]) for v in environ if v.startswith(b"RANK=")]
+            if ranks:
+                found[ranks[0]] = int(entry.name)
+    return found
+
+
+def _kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL every worker, then torchrun: the whole job at once (as a scheduler's cancel does)."""
+    for pid in _workers(proc).values():
+        os.kill(pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _table_rows(path: Path) -> list[dict]:
@@ -286,14 +299,15 @@ def _done(out: Path) -> set[str]:
     return done
 
 
-def _wait_for_rows(proc: subprocess.Popen, table: Path, rows: int, not_inodes: set[int] = frozenset()) -> bool:
-    """Wait until ``table`` (a file other than ``not_inodes``) holds ``rows`` rows; False when the run ended first."""
+def _wait_for_rows(proc: subprocess.Popen, table: Path, rows: int, besides: set[str] = frozenset()) -> bool:
+    """Wait until ``table`` holds ``rows`` rows of inputs not in ``besides``; False when the run ended first."""
     while proc.poll() is None:
         try:
-            if table.stat().st_ino not in not_inodes and table.read_bytes().count(b"\n") - 1 >= rows:
-                return True
+            lines = table.read_bytes().split(b"\n")[1:-1]  # whole rows
         except FileNotFoundError:
-            pass
+            lines = []
+        if sum(1 for line in lines if line.split(b",", 1)[0].decode() not in besides) >= rows:
+            return True
         time.sleep(0.002)
     return False
 
@@ -341,7 +355,7 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_finishes_every_in
     # 1. rank 1 killed once it has finished an image: torchrun stops rank 0 too
     proc = _start(case, out)
     assert _wait_for_rows(proc, out / "predictions.rank1.csv", 1), _finish(proc)[-4000:]
-    os.kill(_worker(proc, 1), signal.SIGKILL)
+    os.kill(_workers(proc)[1], signal.SIGKILL)
     log = _finish(proc)
     assert proc.returncode != 0, log[-3000:]
     kept = _done(out)
@@ -349,11 +363,10 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_finishes_every_in
     assert not _table_rows(out / "predictions.csv")  # nothing merged: the rows wait in the ranks' tables
 
     # 2. the same command, the whole job killed once a rank has finished an image of this run
-    old = {p.stat().st_ino for p in out.glob("predictions.rank*.csv")}
     proc = _start(case, out)
-    caught = _wait_for_rows(proc, out / "predictions.rank0.csv", 1, old) or False
+    caught = _wait_for_rows(proc, out / "predictions.rank0.csv", 1, besides=kept)
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_job(proc)
     log = _finish(proc)
     assert caught, log[-4000:]
     done = _done(out)
@@ -364,7 +377,7 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_finishes_every_in
     log = _finish(proc)
     assert proc.returncode == 0, log[-4000:]
     assert f"18 inputs over 2 processes (9 / 9), {len(done)} done already (skipped), {18 - len(done)} to run" in log
-    assert "took up the rows of an interrupted run's processes" in log
+    assert "took up the rows of an interrupted run's processes" in log, log
     assert json.loads((out / "timing.json").read_text())["skipped"] == len(done)
     _assert_as_one_process(case, out)
 
