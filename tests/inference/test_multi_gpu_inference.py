@@ -350,7 +350,7 @@ def test_two_processes_write_what_one_process_writes(case, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_rank_then_a_killed_job_then_the_same_command_finishes_every_input_once(case, tmp_path):
+def test_a_killed_rank_then_a_killed_job_then_the_same_command_or_one_process_finishes_every_input_once(case, tmp_path):
     out = tmp_path / "out"
     # 1. rank 1 killed once it has finished an image: torchrun stops rank 0 too
     proc = _start(case, out)
@@ -371,6 +371,8 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_finishes_every_in
     assert caught, log[-4000:]
     done = _done(out)
     assert kept < done < set(case["inputs"])  # nothing finished was lost, something new was added
+    one_process = tmp_path / "one_process"
+    shutil.copytree(out, one_process, symlinks=True)
 
     # 3. the same command again: resumes, each input once, as one process would have written it
     proc = _start(case, out)
@@ -380,6 +382,12 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_finishes_every_in
     assert "took up the rows of an interrupted run's processes" in log, log
     assert json.loads((out / "timing.json").read_text())["skipped"] == len(done)
     _assert_as_one_process(case, out)
+
+    # or inference.yaml in one process: it takes up the ranks' rows too, and finishes the same way
+    overrides = {"input_dir": str(case["folder"]), "output_dir": str(one_process), "ckpt_path": str(case["ckpt"])}
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
+    assert json.loads((one_process / "timing.json").read_text())["skipped"] == len(done)
+    _assert_as_one_process(case, one_process)
 
 
 @pytest.mark.slow
