@@ -215,12 +215,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(case: dict, out: Path, *extra_configs: Path) -> subprocess.Popen:
-    configs = [str(INFERENCE_CONFIG), str(TINY_INFERENCE), str(MULTI_GPU_INFERENCE), *map(str, extra_configs)]
+def _start(case: dict, out: Path, *extra: str | Path) -> subprocess.Popen:
+    """The documented command on 2 gloo processes; ``extra``: config files (paths) layered last, and options."""
+    configs = [str(INFERENCE_CONFIG), str(TINY_INFERENCE), str(MULTI_GPU_INFERENCE)]
+    configs += [str(e) for e in extra if isinstance(e, Path)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr", "127.0.0.1"]
     cmd += ["--master_port", str(_free_port()), "-m", "monai.bundle", "run", "inference"]
     cmd += ["--config_file", json.dumps(configs), "--meta_file", str(META), "--input_dir", str(case["folder"])]
-    cmd += ["--output_dir", str(out), "--ckpt_path", str(case["ckpt"])]
+    cmd += ["--output_dir", str(out), "--ckpt_path", str(case["ckpt"]), *(e for e in extra if isinstance(e, str))]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO_ROOT / "tests")]),
@@ -299,15 +301,17 @@ def _done(out: Path) -> set[str]:
     return done
 
 
-def _wait_for_rows(proc: subprocess.Popen, table: Path, rows: int, besides: set[str] = frozenset()) -> bool:
-    """Wait until ``table`` holds ``rows`` rows of inputs not in ``besides``; False when the run ended first."""
+def _wait_for_rows(proc: subprocess.Popen, tables: list[Path], rows: int, besides: set[str] = frozenset()) -> bool:
+    """Wait until one of ``tables`` holds ``rows`` rows of inputs not in ``besides``; False when the run ended
+    first."""
     while proc.poll() is None:
-        try:
-            lines = table.read_bytes().split(b"\n")[1:-1]  # whole rows
-        except FileNotFoundError:
-            lines = []
-        if sum(1 for line in lines if line.split(b",", 1)[0].decode() not in besides) >= rows:
-            return True
+        for table in tables:
+            try:
+                lines = table.read_bytes().split(b"\n")[1:-1]  # whole rows
+            except FileNotFoundError:
+                continue
+            if sum(1 for line in lines if line.split(b",", 1)[0].decode() not in besides) >= rows:
+                return True
         time.sleep(0.002)
     return False
 
@@ -348,13 +352,23 @@ def test_two_processes_write_what_one_process_writes(case, tmp_path):
     assert f"[rank {owner}/2] MammogramReadError: {corrupt}" in log
     assert "18 inputs over 2 processes (9 / 9), 0 done already (skipped), 18 to run" in log
 
+    # another run's settings into this folder: rank 0 refuses, every rank stops with its line, nothing is changed
+    before = {**_digests(out), "run.json": (out / "run.json").read_bytes()}
+    proc = _start(case, out, "--gamma_c", "0.8")
+    log = _finish(proc)
+    assert proc.returncode != 0
+    refusal = "holds the outputs of another run (run.json), which this run would mix with its own: model.gamma_c"
+    assert log.count(refusal) >= 2, log[-4000:]  # printed by both ranks
+    assert {**_digests(out), "run.json": (out / "run.json").read_bytes()} == before
+    assert not list(out.glob("*.rank*.csv"))
+
 
 @pytest.mark.slow
 def test_a_killed_rank_then_a_killed_job_then_the_same_command_or_one_process_finishes_every_input_once(case, tmp_path):
     out = tmp_path / "out"
     # 1. rank 1 killed once it has finished an image: torchrun stops rank 0 too
     proc = _start(case, out)
-    assert _wait_for_rows(proc, out / "predictions.rank1.csv", 1), _finish(proc)[-4000:]
+    assert _wait_for_rows(proc, [out / "predictions.rank1.csv"], 1), _finish(proc)[-4000:]
     os.kill(_workers(proc)[1], signal.SIGKILL)
     log = _finish(proc)
     assert proc.returncode != 0, log[-3000:]
@@ -364,7 +378,7 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_or_one_process_fi
 
     # 2. the same command, the whole job killed once a rank has finished an image of this run
     proc = _start(case, out)
-    caught = _wait_for_rows(proc, out / "predictions.rank0.csv", 1, besides=kept)
+    caught = _wait_for_rows(proc, [out / f"predictions.rank{r}.csv" for r in range(2)], 1, besides=kept)
     if proc.poll() is None:
         _kill_job(proc)
     log = _finish(proc)
