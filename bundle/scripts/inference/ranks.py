@@ -326,7 +326,10 @@ def _report(ranks: InferenceRanks, writer: Any, throughput: Any, error: str | No
     plan = writer.folder.plan
     timing = None
     if throughput is not None:
-        timing = throughput.summary or throughput.summarise()
+        try:
+            timing = throughput.summary or throughput.summarise()
+        except Exception:  # noqa: BLE001 - the figures of a broken run must not keep this rank from reporting
+            logger.warning("%s: no timing figures", ranks.label, exc_info=True)
     return {
         "rank": ranks.rank,
         "host": ranks.host,
