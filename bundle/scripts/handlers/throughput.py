@@ -21,12 +21,18 @@ from ..inference.inputs import LOAD_SECONDS_KEY
 __all__ = [
     "InferenceThroughput",
     "InferenceProgress",
+    "RankTimings",
+    "combine_rank_timings",
+    "idle_summary",
     "format_duration",
     "show_inference_log",
     "quiet_library_logs",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: the run's timing record in the output folder
+TIMING_FILE = "timing.json"
 
 
 #: the loggers of the inference workflow's own lines: its wing (the writer's warnings naming files, the output
@@ -125,17 +131,21 @@ class InferenceThroughput:
         if isinstance(engine.state.output, dict):
             self.loading += float(engine.state.output.get(LOAD_SECONDS_KEY, 0.0))
 
-    def _completed(self, engine: Engine) -> None:
+    def summarise(self) -> dict[str, Any]:
+        """The figures of the run so far (those of :meth:`_completed` at its end; a run stopped by an exception gets
+        them up to then; a run that never started, with nothing left to do, zero images in zero seconds)."""
+        writer = self.writer.stats() if self.writer is not None else {}
+        if not self._start:
+            return idle_summary(writer)
         wall = time.perf_counter() - self._start
         results = self.profiler.get_results()
-        writer = self.writer.stats() if self.writer is not None else {}
         parts = {
             "model": float(results["processing_stats"]["total"]),
             "waiting_for_data": float(results["dataflow_stats"]["total"]),
             "waiting_for_writers": float(writer.get("waiting_for_writers_s", 0.0)),
         }
         parts["other"] = max(0.0, wall - sum(parts.values()))
-        self.summary = {
+        return {
             "images": self.images,
             "failed": writer.get("failed", self.errors),
             "written": writer.get("written", self.images),
@@ -148,11 +158,14 @@ class InferenceThroughput:
             "loading_s": self.loading,
             **{k: v for k, v in writer.items() if k.startswith("writing") or k == "writer_threads"},
         }
+
+    def _completed(self, engine: Engine) -> None:
+        self.summary = self.summarise()
         logger.info(
             "inference: %d images in %.1f s (%.2f images/s; %d skipped as done before, %d failed); model %.0f %%, "
             "waiting for data %.0f %%, waiting for the writers %.0f %%",
             self.images,
-            wall,
+            self.summary["wall_s"],
             self.summary["images_per_s"],
             self.summary["skipped"],
             self.summary["failed"],
@@ -162,8 +175,115 @@ class InferenceThroughput:
         )
         if self.output_dir is not None:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            with atomic_write(self.output_dir / "timing.json", "w") as f:
+            with atomic_write(self.output_dir / TIMING_FILE, "w") as f:
                 json.dump(self.summary, f, indent=2)
+
+
+#: the parts of a run's wall time in timing.json (``<part>_s`` and ``<part>_share``), adding up to ``wall_s``
+WALL_PARTS = ("model", "waiting_for_data", "waiting_for_writers", "other")
+#: the work done beside the wall time, summed over threads and processes
+WORK_KEYS = (
+    "loading_s",
+    "writing_s",
+    "writing_maps_back_s",
+    "writing_map_files_s",
+    "writing_panel_s",
+    "writing_dicom_s",
+)
+
+
+def idle_summary(writer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """timing.json's figures of a run that had nothing to do: no image, no second (the writer's counts kept)."""
+    writer = writer or {}
+    return {
+        "images": 0,
+        "failed": writer.get("failed", 0),
+        "written": writer.get("written", 0),
+        "skipped": writer.get("skipped", 0),
+        "wall_s": 0.0,
+        "images_per_s": 0.0,
+        "images_per_min": 0.0,
+        **{f"{k}_s": 0.0 for k in WALL_PARTS},
+        **{f"{k}_share": 0.0 for k in WALL_PARTS},
+        "loading_s": 0.0,
+        **{k: v for k, v in writer.items() if k.startswith("writing") or k == "writer_threads"},
+    }
+
+
+def combine_rank_timings(reports: list[dict[str, Any]], merge_s: float = 0.0) -> dict[str, Any]:
+    """timing.json of a run over several processes (multi_gpu_inference.yaml) from each rank's report (``rank``,
+    ``host``, ``device``, ``inputs`` (its share), ``error`` (None, or why it failed), ``timing`` (its
+    :meth:`InferenceThroughput.summarise`)): every rank's figures under ``ranks``, and the run's:
+
+    - ``images``, ``failed``, ``written``, ``skipped``: summed over the ranks;
+    - ``wall_s``: the slowest rank's (the ranks start together, so the run's images took that long), and
+      ``images_per_s`` / ``images_per_min`` over it: the throughput of all the processes together;
+    - the split of the time, ``<part>_s`` summed over the ranks and ``<part>_share`` of the summed wall times
+      (``rank_seconds``), and the work beside it summed;
+    - ``processes``, ``ranks_failed`` (the ranks that stopped on an error) and ``merge_s`` (rank 0 merging the
+      tables after the last rank)."""
+    ranks = []
+    for report in sorted(reports, key=lambda r: int(r["rank"])):
+        timing = report.get("timing") or idle_summary()
+        who = {k: report.get(k) for k in ("rank", "host", "device", "inputs", "error")}
+        ranks.append({**who, **timing})
+    wall = max((r["wall_s"] for r in ranks), default=0.0)
+    rank_seconds = sum(r["wall_s"] for r in ranks)
+    images = sum(r["images"] for r in ranks)
+    total: dict[str, Any] = {
+        k: sum(int(r.get(k, 0)) for r in ranks) for k in ("images", "failed", "written", "skipped")
+    }
+    total.update(
+        processes=len(ranks),
+        wall_s=wall,
+        images_per_s=images / wall if wall > 0 else 0.0,
+        images_per_min=60.0 * images / wall if wall > 0 else 0.0,
+        rank_seconds=rank_seconds,
+    )
+    for part in WALL_PARTS:
+        seconds = sum(r.get(f"{part}_s", 0.0) for r in ranks)
+        total[f"{part}_s"] = seconds
+        total[f"{part}_share"] = seconds / rank_seconds if rank_seconds > 0 else 0.0
+    for key in WORK_KEYS:
+        total[key] = sum(r.get(key, 0.0) for r in ranks)
+    total.update(ranks_failed=[r["rank"] for r in ranks if r.get("error")], merge_s=float(merge_s), ranks=ranks)
+    return total
+
+
+class RankTimings:
+    """timing.json of a run over several processes (:func:`combine_rank_timings`), written by rank 0 after the
+    merge, and its summary line: the run's images/s and each rank's.
+
+    Args:
+        output_dir: where ``timing.json`` goes.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike) -> None:
+        self.output_dir = Path(output_dir)
+        self.summary: dict[str, Any] = {}
+
+    def write(self, reports: list[dict[str, Any]], merge_s: float = 0.0) -> dict[str, Any]:
+        self.summary = combine_rank_timings(reports, merge_s)
+        total = self.summary
+        logger.info(
+            "inference on %d processes: %d images in %.1f s (%.2f images/s together; %d skipped as done before, %d "
+            "failed); per rank %s images/s; model %.0f %%, waiting for data %.0f %%, waiting for the writers %.0f %% "
+            "of the ranks' time",
+            total["processes"],
+            total["images"],
+            total["wall_s"],
+            total["images_per_s"],
+            total["skipped"],
+            total["failed"],
+            " / ".join(f"{r['images_per_s']:.2f}" for r in total["ranks"]),
+            100 * total["model_share"],
+            100 * total["waiting_for_data_share"],
+            100 * total["waiting_for_writers_share"],
+        )
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self.output_dir / TIMING_FILE, "w") as f:
+            json.dump(total, f, indent=2)
+        return total
 
 
 class InferenceProgress:

@@ -41,6 +41,7 @@ from .tables import (
     InferenceTables,
     csv_cell,
     input_fingerprint,
+    rank_tables,
     unescape_text,
 )
 
@@ -277,6 +278,8 @@ class InferenceOutputFolder:
                     json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
             try:
                 predictions, _ = self.tables.open()
+                if self.tables.absorb():  # the rows of a killed multi_gpu_inference.yaml job's ranks
+                    predictions = self.tables.predictions.read_rows()
             except (OSError, ValueError) as err:
                 raise self._refused(f"its tables cannot be continued: {type(err).__name__}: {err}") from err
             self.plan = self._make_plan(items, predictions)
@@ -362,8 +365,9 @@ class InferenceOutputFolder:
         )
 
     def _holds_outputs(self) -> bool:
-        """Whether a table has a row or a sub-folder holds a file."""
-        for name in _RUN_OUTPUTS:
+        """Whether a table (a rank's included) has a row or a sub-folder holds a file."""
+        ranks = [path.name for paths in rank_tables(self.path).values() for path in paths.values()]
+        for name in [*_RUN_OUTPUTS, *ranks]:
             path = self.path / name
             if path.is_file():
                 with open(path, "rb") as f:
@@ -394,6 +398,23 @@ class InferenceOutputFolder:
             return True
         return all(row.get(k, "") == current[k] != "" for k in FINGERPRINT_COLUMNS)
 
+    # -- what this process runs (a rank of multi_gpu_inference.yaml: its share; ranks.RankOutputFolder) ---------------
+    def _my_inputs(self, paths: list[str]) -> list[str]:
+        """The inputs this process runs, of the run's ``paths``: all of them."""
+        return paths
+
+    def _rows_to_check(
+        self, predictions: list[dict[str, str]], paths: list[str], mine: list[str]
+    ) -> list[dict[str, str]]:
+        """The predictions.csv rows whose files and input this process checks: all of them."""
+        return predictions
+
+    def _drop_rows(self, predictions: list[dict[str, str]], stale: list[dict[str, str]]) -> None:
+        """Remove the ``stale`` rows (files missing or damaged, input changed) from predictions.csv: their images
+        run again and get a new row."""
+        stale_ids = {id(row) for row in stale}
+        self.tables.predictions.replace_rows([row for row in predictions if id(row) not in stale_ids])
+
     def _make_plan(self, items: Sequence[Mapping[str, Any]], predictions: list[dict[str, str]]) -> InferencePlan:
         unique: dict[str, Mapping[str, Any]] = {}
         for item in items:
@@ -402,14 +423,18 @@ class InferenceOutputFolder:
                 logger.warning("%s is listed twice: it is run once", path)
                 continue
             unique[path] = item
+        paths = list(unique)
+        mine = self._my_inputs(paths)
         # what each input is now: a row counts as done only for the content it was computed from
-        fingerprints = {path: input_fingerprint(path) for path in unique}
-        complete = [row for row in predictions if self._row_is_complete(row)]
-        damaged = len(predictions) - len(complete)
-        current = [row for row in complete if self._row_is_current(row, fingerprints)]
+        fingerprints = {path: input_fingerprint(path) for path in mine}
+        checked = self._rows_to_check(predictions, paths, mine)
+        complete = [row for row in checked if self._row_is_complete(row)]
+        damaged = len(checked) - len(complete)
+        current = {id(row) for row in complete if self._row_is_current(row, fingerprints)}
         changed = len(complete) - len(current)
-        if damaged or changed:
-            self.tables.predictions.replace_rows(current)  # their images run again and get a new row
+        stale = [row for row in checked if id(row) not in current]
+        if stale:
+            self._drop_rows(predictions, stale)
         if damaged:
             logger.warning(
                 "%s: %d images in predictions.csv have missing or damaged files: they are run again", self.path, damaged
@@ -421,15 +446,16 @@ class InferenceOutputFolder:
                 self.path,
                 changed,
             )
-        done = {row["image"] for row in current}
+        stale_ids = {id(row) for row in stale}
+        done = {row["image"] for row in predictions if id(row) not in stale_ids}
         taken = {unescape_text(row["image"]): unescape_text(row["output_stem"]) for row in predictions}
-        stems = assign_stems(list(unique), taken, stem_limit(self.path))
-        plan = InferencePlan(total=len(unique), redone=damaged + changed)
-        for path, item in unique.items():
+        stems = assign_stems(paths, taken, stem_limit(self.path))
+        plan = InferencePlan(total=len(mine), redone=damaged + changed)
+        for path in mine:
             if csv_cell(path) in done:
                 plan.skipped += 1
             else:
-                plan.items.append({**item, "output_stem": stems[path], FINGERPRINT_KEY: fingerprints[path]})
+                plan.items.append({**unique[path], "output_stem": stems[path], FINGERPRINT_KEY: fingerprints[path]})
         if plan.skipped:
             logger.info(
                 "%s: resuming: %d of %d inputs are done already (skipped), %d to run",

@@ -39,6 +39,7 @@ __all__ = [
     "collate_inference",
     "root_cause",
     "batch_size_for",
+    "cores_per_process",
     "loader_workers",
     "inference_loader",
 ]
@@ -236,11 +237,19 @@ def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu")
     return int(batch_size)
 
 
+def cores_per_process(cpus: int | None = None) -> int:
+    """The CPU cores of this process: the node's (``cpus``, default ``os.cpu_count()``) divided among the processes
+    ``torchrun`` started on it (``LOCAL_WORLD_SIZE``; 1 without torchrun), at least 1."""
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, (cpus or os.cpu_count() or 2) // processes)
+
+
 def loader_workers(num_workers: Any = "auto", cpus: int | None = None) -> int:
     """Processes reading and preprocessing the inputs: ``num_workers`` as a number; ``"auto"``: half the CPU cores
-    (``cpus``, default ``os.cpu_count()``), at most 8."""
+    (``cpus``, default ``os.cpu_count()``; under torchrun this process's part of them, :func:`cores_per_process`),
+    at most 8."""
     if str(num_workers).strip().lower() == "auto":
-        return min(8, (cpus or os.cpu_count() or 2) // 2)
+        return min(8, cores_per_process(cpus) // 2)
     return int(num_workers)
 
 

@@ -19,6 +19,7 @@ import csv
 import io
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,10 @@ __all__ = [
     "note_record",
     "prediction_row",
     "AppendOnlyCsv",
+    "PREDICTIONS_TABLE",
+    "ERRORS_TABLE",
+    "table_name",
+    "rank_tables",
     "InferenceTables",
 ]
 
@@ -304,6 +309,21 @@ class AppendOnlyCsv:
         if not data:
             self._write_all([])
             data = self.path.read_bytes()
+        rows = self._parse(data)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_BINARY", 0))
+        return rows
+
+    def read_rows(self) -> list[dict[str, str]]:
+        """The rows as stored (escaped cells), read without changing the file: a torn last line is left out, and a
+        file that is not there has none."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        data = data[: data.rfind(b"\n") + 1]
+        return self._parse(data) if data else []
+
+    def _parse(self, data: bytes) -> list[dict[str, str]]:
         reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace"), newline=""))
         header = next(reader, [])
         if header != self.columns and header == self.columns[: len(header)]:
@@ -316,9 +336,7 @@ class AppendOnlyCsv:
                 f"{self.path}: its columns {header} are not those this version writes {self.columns} (a table of "
                 "another version or program)"
             )
-        rows = [dict(zip(self.columns, r)) for r in reader if r]
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_BINARY", 0))
-        return rows
+        return [dict(zip(self.columns, r)) for r in reader if r]
 
     def append(self, row: Mapping[str, Any]) -> None:
         """Write one row (text cells escaped) with a single ``write``."""
@@ -355,6 +373,32 @@ class AppendOnlyCsv:
 
 
 # -- the run's two tables --------------------------------------------------------------------------------------------
+#: the tables of an inference run, by the name of their file without ``.csv``
+PREDICTIONS_TABLE = "predictions"
+ERRORS_TABLE = "errors"
+# a rank's own tables under multi_gpu_inference.yaml: predictions.rank<r>.csv, errors.rank<r>.csv
+_RANK_TABLE = re.compile(rf"^({PREDICTIONS_TABLE}|{ERRORS_TABLE})\.rank(\d+)\.csv$")
+
+
+def table_name(table: str, rank: int | None = None) -> str:
+    """The file name of a table: ``predictions.csv``, or a rank's ``predictions.rank<r>.csv``."""
+    return f"{table}.csv" if rank is None else f"{table}.rank{int(rank)}.csv"
+
+
+def rank_tables(output_dir: str | os.PathLike) -> dict[int, dict[str, Path]]:
+    """The ranks' tables in a folder: rank -> {``"predictions"`` / ``"errors"``: path} (those that exist)."""
+    found: dict[int, dict[str, Path]] = {}
+    try:
+        names = sorted(os.listdir(output_dir))
+    except OSError:
+        return found
+    for name in names:
+        match = _RANK_TABLE.match(name)
+        if match:
+            found.setdefault(int(match.group(2)), {})[match.group(1)] = Path(output_dir) / name
+    return dict(sorted(found.items()))
+
+
 class InferenceTables:
     """The run's ``predictions.csv`` (one row per image whose outputs are all written) and ``errors.csv`` (columns
     ``image``, ``error``, ``note``: a row with an ``error`` for each input that failed, a row with a ``note`` for
@@ -366,10 +410,11 @@ class InferenceTables:
     images; a run killed before its end has the breasts.csv of its last finished invocation).
     """
 
-    def __init__(self, output_dir: str | os.PathLike) -> None:
+    def __init__(self, output_dir: str | os.PathLike, rank: int | None = None) -> None:
         self.output_dir = Path(output_dir)
-        self.predictions = AppendOnlyCsv(self.output_dir / "predictions.csv", PREDICTION_COLUMNS)
-        self.errors = AppendOnlyCsv(self.output_dir / "errors.csv", ERROR_COLUMNS)
+        self.rank = rank
+        self.predictions = AppendOnlyCsv(self.output_dir / table_name(PREDICTIONS_TABLE, rank), PREDICTION_COLUMNS)
+        self.errors = AppendOnlyCsv(self.output_dir / table_name(ERRORS_TABLE, rank), ERROR_COLUMNS)
         self.failed = 0
         self.written = 0
         self._count_lock = threading.Lock()
@@ -391,6 +436,35 @@ class InferenceTables:
 
     def add_note(self, record: Mapping[str, Any]) -> None:
         self.errors.append(record)
+
+    def absorb(self) -> dict[int, tuple[list[dict[str, str]], list[dict[str, str]]]]:
+        """Take the rows of the ranks' tables in the folder (:func:`rank_tables`: what the processes of
+        multi_gpu_inference.yaml appended, or a killed job left) into these tables, which must be open, then remove
+        the ranks' tables. predictions.csv keeps one row per input, the last (a rank's row is newer than the folder's);
+        errors.csv gets the ranks' rows after its own (:meth:`compact` keeps each input's last error). The tables are
+        replaced atomically before a rank's table is removed, so a process killed in between absorbs its rows again,
+        without doubling an image. Returns rank -> (prediction rows, error rows) taken, cells as stored."""
+        found = rank_tables(self.output_dir)
+        if not found:
+            return {}
+        predictions, errors = self.predictions.read_rows(), self.errors.read_rows()
+        taken = {}
+        for rank, paths in found.items():
+            rows = (
+                AppendOnlyCsv(paths[PREDICTIONS_TABLE], PREDICTION_COLUMNS).read_rows()
+                if PREDICTIONS_TABLE in paths
+                else [],
+                AppendOnlyCsv(paths[ERRORS_TABLE], ERROR_COLUMNS).read_rows() if ERRORS_TABLE in paths else [],
+            )
+            taken[rank] = rows
+            predictions += rows[0]
+            errors += rows[1]
+        self.predictions.replace_rows({row["image"]: row for row in predictions}.values())
+        self.errors.replace_rows(errors)
+        for paths in found.values():
+            for path in paths.values():
+                path.unlink(missing_ok=True)
+        return taken
 
     def compact(self) -> None:
         """Rewrite both tables (atomically) in a stable order: predictions.csv sorted by input; errors.csv with the

@@ -19,7 +19,6 @@ A failure of one image is its row in errors.csv; the others go on.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -36,6 +35,7 @@ from .facts import image_facts, image_notes
 from .files import StagedFiles
 from .folder import FINGERPRINT_KEY, InferenceOutputFolder
 from .geometry import maps_on_original, original_size
+from .inputs import cores_per_process
 from .maps import map_spacing_note, save_png, write_map_files
 from .panel import item_panel
 from .tables import error_record, escape_text, note_record, prediction_row
@@ -49,11 +49,11 @@ WRITING_PARTS = ("maps_back", "map_files", "panel", "dicom")
 
 
 def writer_threads(threads: int | str = "auto", cpus: int | None = None) -> int:
-    """``threads`` as a number; ``"auto"``: half the CPU cores (``cpus``, default ``os.cpu_count()``), at least 2,
-    at most 8 (on 2 cores the run took 8.5 s with 2 writer threads against 11.6-12.6 s with 1; docs/performance.md,
-    "Inference on a folder")."""
+    """``threads`` as a number; ``"auto"``: half the CPU cores (``cpus``, default ``os.cpu_count()``; under torchrun
+    this process's part of them, :func:`~.inputs.cores_per_process`), at least 2, at most 8 (on 2 cores the run took
+    8.5 s with 2 writer threads against 11.6-12.6 s with 1; docs/performance.md, "Inference on a folder")."""
     if str(threads).strip().lower() == "auto":
-        return max(2, min(8, (cpus or os.cpu_count() or 2) // 2))
+        return max(2, min(8, cores_per_process(cpus) // 2))
     return int(threads)
 
 
