@@ -53,18 +53,19 @@ def walk(node, where):
 files = [f for f in sorted(Path("configs").iterdir()) if f.suffix in (".yaml", ".yml", ".json")]
 layered = []
 for f in files:
-    # an overlay (evaluate.yaml, multi_gpu_train.yaml, inference_reference.yaml) only loads over its base config
-    for base in [None, "train.yaml", "inference.yaml"]:
+    # an overlay (evaluate.yaml, multi_gpu_train.yaml, inference_reference.yaml) only loads over its base config, and
+    # an overlay of the evaluation (multi_gpu_evaluate.yaml) over train.yaml and evaluate.yaml
+    for base in [None, "train.yaml", "inference.yaml", "train.yaml + evaluate.yaml"]:
         parser = ConfigParser()
         try:
-            parser.read_config([f"configs/{base}", str(f)] if base else str(f))
+            parser.read_config([*(f"configs/{b}" for b in base.split(" + ")), str(f)] if base else str(f))
             parser.parse()
         except KeyError as e:
             err = e
             continue
         break
     else:
-        sys.exit(f"{f}: does not load alone nor over train.yaml or inference.yaml: {err}")
+        sys.exit(f"{f}: does not load alone nor over train.yaml, inference.yaml or train.yaml + evaluate.yaml: {err}")
     if base:
         layered.append(f"{f.name} over {base}")
     walk(parser.get(), f.name)

@@ -66,7 +66,8 @@ print(json.dumps({"files": out, "maxrss_kib": resource.getrusage(resource.RUSAGE
 def test_absurd_file_spacings_are_not_used_and_cost_little(tmp_path):
     """Each file's spacing is outside 0.02-1 mm: it is recorded as ignored, the spacing is estimated so that the
     breast fits the 736 x 480 window (the resampled picture is about the window's size), each file takes well under
-    a second and the whole process stays under 1.5 GB (Python, torch and MONAI themselves take most of it)."""
+    a second and the whole process stays under 2 GB (Python, torch and MONAI themselves take most of it: 1.0-1.6 GB
+    measured, the higher figure while the whole suite ran; the issue's files took 5 GB and attempted 1.4 TB)."""
     _write_absurd(tmp_path)
     paths = [str(tmp_path / name) for name in ABSURD]
     done = subprocess.run(
@@ -81,7 +82,7 @@ def test_absurd_file_spacings_are_not_used_and_cost_little(tmp_path):
         assert facts["shape"] == [1, 736, 480] and facts["resampled"][0] * facts["resampled"][1] < 1.5 * 736 * 480
         # the estimate is what fits the breast (rows 10-90 % of 300) into the window: about 0.4 mm x 620 / 240 rows
         assert 0.9 < facts["used"][0] < 1.2 and facts["seconds"] < 5
-    assert report["maxrss_kib"] < 1.5 * 1024**2, report["maxrss_kib"]
+    assert report["maxrss_kib"] < 2 * 1024**2, report["maxrss_kib"]
 
 
 def test_the_note_says_the_files_spacing_was_not_used():
