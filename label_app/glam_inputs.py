@@ -18,29 +18,6 @@ from pathlib import Path
 
 from glam_safety import Limits, check_image_shape
 
-#: suffixes read through PIL (as the bundle's reader: scripts.data.readers.PIL_SUFFIXES)
-_PIL = (".png", ".tif", ".tiff", ".jpg", ".jpeg")
-_DICOM = (".dcm", ".dicom", ".dic")
-
-
-def _kind(path: str) -> str | None:
-    name = os.path.basename(path).lower()
-    for kind, suffixes in (("pil", _PIL), ("nifti", (".nii", ".nii.gz")), ("nrrd", (".nrrd",)), ("dicom", _DICOM)):
-        if name.endswith(suffixes):
-            return kind
-    try:
-        with open(path, "rb") as f:
-            head = f.read(132)
-    except OSError:
-        return None
-    if head[128:132] == b"DICM":
-        return "dicom"
-    if head.startswith(b"NRRD"):
-        return "nrrd"
-    if head.startswith(b"\x89PNG\r\n\x1a\n") or head[:4] in (b"II*\x00", b"MM\x00*") or head[:3] == b"\xff\xd8\xff":
-        return "pil"
-    return None
-
 
 def stated_shape(path: str | os.PathLike, max_pixels: int | None = None) -> tuple[int, ...] | None:
     """The array shape ``path``'s header states, rows first as the bundle reads a picture (NIfTI and NRRD store
@@ -48,7 +25,9 @@ def stated_shape(path: str | os.PathLike, max_pixels: int | None = None) -> tupl
     header cannot be read here (the bundle's reader then decides). A DICOM whose header cannot be read within
     ``max_pixels`` (a deflated file inflating past it) raises the bundle's ``MammogramReadError``."""
     path = str(path)
-    kind = _kind(path)
+    from scripts.data.readers import file_format
+
+    kind = file_format(path)  # the bundle reader's own choice: by suffix, else by the first bytes
     if kind == "dicom":
         from scripts.data.dicom_files import read_dicom_header
         from scripts.data.errors import MammogramReadError

@@ -64,6 +64,7 @@ __all__ = [
     "SUPPORTED_SUFFIXES",
     "dicom_laterality",
     "dicom_view",
+    "file_format",
     "mammography_problem",
     "orientation_view_laterality",
     "read_dicom_header",
@@ -114,6 +115,15 @@ def _format_of(path: str | os.PathLike) -> str:
             path, f"unsupported file type {suffix or '(no suffix)'}; supported: {', '.join(SUPPORTED_SUFFIXES)}"
         )
     return sniffed
+
+
+def file_format(path: str | os.PathLike) -> str | None:
+    """The reader a file goes to: ``"dicom"``, ``"pil"``, ``"nifti"``, ``"itk"`` or ``"nrrd"``, by its suffix, else by
+    its first bytes; None for a file of neither (what the MONAI Label app checks headers by)."""
+    try:
+        return _format_of(path)
+    except MammogramReadError:
+        return None
 
 
 # ------------------------------------------------------------------------------------------ other formats
