@@ -41,15 +41,25 @@ def read_error(path: str | os.PathLike, problem: str) -> MammogramReadError:
     return MammogramReadError(f"{path}: {problem}", path=path, problem=problem)
 
 
+def _over_cap(size: Sequence[int], max_pixels: int | None) -> tuple[str, int] | None:
+    """``("H x W", pixels)`` of ``size`` when it holds more than ``max_pixels`` pixels (exact: Python integers), else
+    None."""
+    dims = [max(int(s), 0) for s in size]
+    pixels = int(np.prod(dims, dtype=object)) if dims else 0
+    if max_pixels is None or pixels <= max_pixels:
+        return None
+    return " x ".join(str(d) for d in dims), pixels
+
+
 def check_pixels(path: str | os.PathLike, shape: Sequence[int], max_pixels: int | None) -> None:
     """Refuse, before any pixel buffer exists, an image whose header states more than ``max_pixels`` pixels; the
     message names the file, the decoded size, the cap and the option that raises it."""
-    dims = [max(int(s), 0) for s in shape]
-    pixels = int(np.prod(dims, dtype=object)) if dims else 0
-    if max_pixels is not None and pixels > max_pixels:
+    over = _over_cap(shape, max_pixels)
+    if over is not None:
+        dims, pixels = over
         raise read_error(
             path,
-            f"image of {' x '.join(str(d) for d in dims)} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as the "
+            f"image of {dims} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as the "
             f"reader's float32 array) exceeds the decoded-size cap of {max_pixels:,} pixels; if the file is trusted, "
             "raise the cap: --max_image_pixels N on the inference command line (the reader's max_pixels in Python)",
         )
@@ -65,13 +75,13 @@ def check_resampled_pixels(
     """Refuse, before the resampled picture exists, resampling an image of ``shape`` to ``size`` when that has more
     than ``max_pixels`` pixels (the decoded-size cap, applied to what the resampling would allocate): the message names
     the file, both sizes, ``why`` (the spacings that ask for it), the cap and the option that raises it."""
-    dims = [max(int(s), 0) for s in size]
-    pixels = int(np.prod(dims, dtype=object)) if dims else 0
-    if max_pixels is not None and pixels > max_pixels:
+    over = _over_cap(size, max_pixels)
+    if over is not None:
+        dims, pixels = over
         raise read_error(
             path,
             f"resampling the {' x '.join(str(int(s)) for s in shape)} image {why} would make it "
-            f"{' x '.join(str(d) for d in dims)} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as float32), "
+            f"{dims} = {pixels:,} pixels (about {pixels * 4 / 1e9:.1f} GB as float32), "
             f"above the cap of {max_pixels:,} pixels; if the spacing is right, raise max_image_pixels",
         )
 
