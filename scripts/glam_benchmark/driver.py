@@ -32,7 +32,7 @@ from .figures import make_figures
 from .files import write_json
 from .metrics import read_metrics, table_row, validation_dice
 from .paths import BUNDLE_ROOT, DEFAULT_SEARCH, EVAL_CONFIG, TRAIN_CONFIG, display_path
-from .presets import MODELS, BenchmarkError, Budget, ModelSpec, flatten_preset, read_preset
+from .presets import HELD_MODELS, MODELS, BenchmarkError, Budget, ModelSpec, flatten_preset, read_preset
 from .report import ModelResult, Replicate, write_results
 from .search import load_search_space, per_stage_values, sample_trials, trial_overrides
 from .steps import Runner, Step, bundle_command
@@ -98,16 +98,22 @@ class ModelSteps:
     eval_cfg: list[Path]
     stage: dict[str, str]
     init: Path | None = None
-    init_modules: tuple[str, ...] = ()
+    init_modules: tuple[str, ...] | Mapping[str, str] = ()
 
     @classmethod
     def of(
-        cls, spec: ModelSpec, preset: Path, init: Path | None = None, init_modules: Sequence[str] = ()
+        cls,
+        spec: ModelSpec,
+        preset: Path,
+        init: Path | None = None,
+        init_modules: Sequence[str] | Mapping[str, str] = (),
     ) -> ModelSteps:
+        """``init_modules``: train.yaml's ``previous_modules`` for the first stage (names, or {submodule: prefix})."""
         extra = [spec.overlay] if spec.overlay else []
         stage = {"stage": Stage.GLOBAL} if spec.overlay is None else {}
         train_cfg, eval_cfg = [TRAIN_CONFIG, preset, *extra], [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra]
-        return cls(spec, train_cfg, eval_cfg, stage, init, tuple(init_modules))
+        modules = dict(init_modules) if isinstance(init_modules, Mapping) else tuple(init_modules)
+        return cls(spec, train_cfg, eval_cfg, stage, init, modules)
 
     def train(self, name: str, overrides: Mapping[str, Any], done: Path, stage: str | None = None) -> Step:
         """The training step of ``stage`` (None: the model's first, which starts from ``init`` when there is one;
@@ -116,7 +122,8 @@ class ModelSteps:
         if stage is None and self.init is not None:
             extra["previous_model"] = str(self.init)
             if self.init_modules:
-                extra["previous_modules"] = list(self.init_modules)
+                modules = self.init_modules
+                extra["previous_modules"] = dict(modules) if isinstance(modules, Mapping) else list(modules)
         return Step(
             name, bundle_command("training", self.train_cfg, {**overrides, **extra, "resume": True}), done, True
         )
@@ -283,6 +290,15 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         budget = Budget(**{**budget.__dict__, "init_from": args.init_from})
     if budget.init_from and Path(budget.init_from).resolve() == work_dir:
         raise BenchmarkError(f"--work_dir {work_dir} is the run the trials start from (init_from): use another")
+    if budget.init_from and budget.start_from:
+        raise BenchmarkError(f"--init_from and {args.preset}'s benchmark#start_from exclude each other")
+    missing = sorted(
+        f"{n} (starts from {w.model})"
+        for n, w in budget.start_from.items()
+        if n in args.models and w.model not in args.models
+    )
+    if missing:
+        raise BenchmarkError(f"--models: {', '.join(missing)} needs the model it starts from")
     starts = selected_models(Path(budget.init_from).resolve(), args.models) if budget.init_from else {}
     search_path = Path(args.search).resolve()
     space = load_search_space(search_path, budget.search_space)
@@ -301,28 +317,54 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         results = {name: ModelResult(MODELS[name]) for name in args.models}
         step_names: dict[str, list[str]] = {name: [] for name in args.models}
 
-        # (1) every trial of every model
-        trial_calls = []
+        def trial_call(steps: ModelSteps, k: int, params: Mapping[str, float], extra: Mapping[str, Any]) -> Callable:
+            name = steps.spec.name
+            trial_dir = work_dir / name / f"trial_{k:02d}"
+            folders = {"ckpt_root": str(trial_dir / "models"), "output_root": str(trial_dir / "eval")}
+            overrides = {
+                **common,
+                **folders,
+                **budget.model_overrides.get(name, {}),
+                **trial_overrides(params, per_stage, seed=k),
+                **extra,
+                **steps.stage,
+            }
+            return lambda: run_trial(runner, steps, k, params, trial_dir, overrides)
+
+        def run_trials(calls: Sequence[Callable]) -> None:
+            for record, names in _in_parallel(args.jobs, calls):
+                results[record["model"]].trials.append(record)
+                step_names[record["model"]] += names
+
+        # (1) every trial of every model that starts afresh (or from an earlier run: init_from)
+        warm = {name: w for name, w in budget.start_from.items() if name in args.models}
+        calls = []
         for name in args.models:
+            if name in warm:
+                continue
             drawn = sample_trials(space, name, budget.trials)
             for k, params in enumerate(fine_tuning_trials(drawn, starts[name]) if name in starts else drawn):
-                trial_dir = work_dir / name / f"trial_{k:02d}"
-                folders = {"ckpt_root": str(trial_dir / "models"), "output_root": str(trial_dir / "eval")}
-                overrides = {
-                    **common,
-                    **folders,
-                    **budget.model_overrides.get(name, {}),
-                    **trial_overrides(params, per_stage, seed=k),
-                }
-                overrides.update(model_steps[name].stage)
-                trial_calls.append(
-                    lambda s=model_steps[name], k=k, p=params, d=trial_dir, o=overrides: run_trial(
-                        runner, s, k, p, d, o
-                    )
-                )
-        for record, names in _in_parallel(args.jobs, trial_calls):
-            results[record["model"]].trials.append(record)
-            step_names[record["model"]] += names
+                calls.append(trial_call(model_steps[name], k, params, {}))
+        run_trials(calls)
+        # (1b) the trials that start from another model's selection (GMIC from CAM's: its global module trained
+        # first on the same budget as GLAM's, then the whole network)
+        calls = []
+        for name, warm_start in warm.items():
+            source = best_trial(results[warm_start.model].trials)
+            if source is None:
+                runner.skip(f"{name}_trials", f"{warm_start.model}, which its trials start from, selected no trial")
+                continue
+            source_dir = work_dir / warm_start.model / f"trial_{source['index']:02d}"
+            ckpt = source_dir / "models" / warm_start.model / "model.pt"
+            held, taken = HELD_MODELS[(name, warm_start.model)]
+            model_steps[name] = ModelSteps.of(MODELS[name], preset, ckpt, held)
+            epochs = {**{k: int(v) for k, v in per_stage.get("epochs", {}).items()}, Stage.GLOBAL: warm_start.epochs}
+            rates = sample_trials(load_search_space(search_path, warm_start.search_space), name, budget.trials)
+            for k, drawn in enumerate(rates):
+                params = {key: float(source["params"][other]) for key, other in taken.items()}
+                params["learning_rate"] = float(drawn["learning_rate"])
+                calls.append(trial_call(model_steps[name], k, params, {"epochs": epochs}))
+        run_trials(calls)
 
         # (2) selection, GLAM's later stages, test evaluations; (3) the replicates on other data seeds
         later = []

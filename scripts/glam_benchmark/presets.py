@@ -33,6 +33,26 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+# What a model's network holds of another model's, for a preset's ``start_from``: {its submodule: the prefix of that
+# submodule's weights in the other model's file ("" = the whole file)}, and which of its searched hyper-parameters
+# the other's selected trial gives ({its config id: the other's config id}). GMIC's global module is a CAM.
+HELD_MODELS: dict[tuple[str, str], tuple[dict[str, str], dict[str, str]]] = {
+    ("gmic", "cam"): ({"global_network": ""}, {"t_global": "cam_t", "lambda_sparsity": "lambda_sparsity"}),
+}
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A model whose trials start from the model another model's trials selected in the same run (GMIC from CAM:
+    its global module trained first on the same budget as GLAM's, then the whole network, as GLAM's later stages
+    follow its global stage): ``epochs`` of training each, the learning rate drawn from ``search_space``, the
+    other hyper-parameters the selected trial's (:data:`HELD_MODELS`)."""
+
+    model: str
+    epochs: int
+    search_space: str
+
+
 class BenchmarkError(ValueError):
     """A preset, search space or previous run that the benchmark cannot use; the message names it."""
 
@@ -51,7 +71,8 @@ class Budget:
     weight for every stage). ``init_from``: the work folder of an earlier benchmark run whose selected models the
     trials start from (None: fresh initialisations); ``init_modules``: per model, the submodules taken from that
     model (the others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a model not
-    named takes all of it."""
+    named takes all of it. ``start_from``: per model, the :class:`WarmStart` its trials take from another model's
+    selection in this run (GMIC from CAM)."""
 
     search_space: str
     trials: int
@@ -69,6 +90,7 @@ class Budget:
     local_lambda_sparsity: float | None = None
     joint_lambda_sparsity: float | None = None
     init_modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    start_from: dict[str, WarmStart] = field(default_factory=dict)
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -134,6 +156,25 @@ def _hours(value: Any, preset: Path) -> float | None:
     return float(value)
 
 
+def _start_from(value: Any, preset: Path) -> dict[str, WarmStart]:
+    if value is None:
+        return {}
+    where = f"{preset}: benchmark#start_from"
+    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+        raise BenchmarkError(f"{where} must map a model to {{model, epochs, search_space}}, got {value!r}")
+    out = {}
+    for name, spec in value.items():
+        source = spec.get("model")
+        if (name, source) not in HELD_MODELS:
+            known = ", ".join(f"{a} from {b}" for a, b in HELD_MODELS)
+            raise BenchmarkError(f"{where}: {name} cannot start from {source!r} (known: {known})")
+        if not isinstance(spec.get("search_space"), str):
+            raise BenchmarkError(f"{where}#{name}: needs a search_space (the learning rate's), got {spec!r}")
+        epochs = _positive_int(spec.get("epochs"), f"{where}#{name}#epochs")
+        out[str(name)] = WarmStart(str(source), epochs, spec["search_space"])
+    return out
+
+
 def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
     """The merged ``train.yaml`` + preset configuration (raw, unparsed) and the benchmark budget it declares.
 
@@ -179,7 +220,10 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         local_lambda_sparsity=_number(lambdas.get(Stage.LOCAL)),
         joint_lambda_sparsity=_number(lambdas.get(Stage.JOINT)),
         init_modules=_init_modules(section.get("init_modules"), preset),
+        start_from=_start_from(section.get("start_from"), preset),
     )
+    if budget.init_from and budget.start_from:
+        raise BenchmarkError(f"{preset}: benchmark#start_from and init_from exclude each other (one start per model)")
     return config, budget
 
 

@@ -31,7 +31,7 @@ from .metrics import (
     row_value,
     table_row,
 )
-from .presets import Budget
+from .presets import MODELS, Budget
 
 # ModelResult, Replicate, table1_rows and PAPER_TABLE1 are imported from here by the driver, the figures and the tests
 from .report_tables import (  # noqa: F401
@@ -131,6 +131,14 @@ def _setup(run: _Run) -> list[str]:
         if budget.init_from
         else ""
     )
+    warm = "".join(
+        f" {MODELS[name].title} does not train from scratch: its {budget.trials} trial(s) of {w.epochs} epoch(s) "
+        f"start from the model {MODELS[w.model].title}'s trials selected (the same network as its global module, "
+        f"trained first on the same budget, as GLAM's global module is before its later stages), then train the "
+        f"whole network; the learning rate is drawn from search space `{w.search_space}`, the pooling threshold and "
+        f"sparsity weight are {MODELS[w.model].title}'s selected ones."
+        for name, w in sorted(budget.start_from.items())
+    )
     variation = (
         f" Variation: every model trained again with its selected hyper-parameters on the data of seed(s) "
         f"{', '.join(str(x) for x in budget.variation_seeds)} (same settings, other images), no new search."
@@ -157,7 +165,7 @@ def _setup(run: _Run) -> list[str]:
         f"{_at_rate(budget.local_learning_rate, budget.local_lambda_sparsity)} and its joint stage for "
         f"{budget.joint_epochs} epoch(s){_at_rate(budget.joint_learning_rate, budget.joint_lambda_sparsity)} from the "
         f"selected global module{shift} (the paper: 30 trials of 50 epochs, then 20 local and < 5 joint epochs)."
-        f"{start}{variation}",
+        f"{start}{warm}{variation}",
         "",
     ]
 

@@ -505,6 +505,22 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         # trial k trains from torch seed k
         command = (work / "logs" / f"{model}_trial00_train.log").read_text().splitlines()[0]
         assert " --seed 0 " in command, model
+    # GMIC's trial started from CAM's selected model, taken whole into its global module, with CAM's pooling
+    # threshold and sparsity weight and a learning rate of the transfer space
+    cam_model = work / "cam" / "trial_00" / "models" / "cam" / "model.pt"
+    gmic_log = (work / "logs" / "gmic_trial00_train.log").read_text()
+    assert f" --previous_model {cam_model} " in gmic_log.splitlines()[0]
+    words = shlex.split(gmic_log.splitlines()[0])
+    assert fire.parser.DefaultParseValue(words[words.index("--previous_modules") + 1]) == {"global_network": ""}
+    assert f"loaded the previous stage's model {cam_model} (global_network only)" in gmic_log
+    cam_params = json.loads((work / "cam" / "trial_00" / "trial.json").read_text())["params"]
+    gmic_params = json.loads((work / "gmic" / "trial_00" / "trial.json").read_text())["params"]
+    assert gmic_params["t_global"] == cam_params["cam_t"]
+    assert gmic_params["lambda_sparsity"] == cam_params["lambda_sparsity"]
+    assert 10**-4.1 <= gmic_params["learning_rate"] <= 10**-3.9
+    assert "GMIC does not train from scratch: its 1 trial(s) of 1 epoch(s) start from the model CAM's" in " ".join(
+        text.split()
+    )
     assert "torch " in text and "OMP_NUM_THREADS=1" in text and "## Wall time per model" in text
     assert "python scripts/benchmark.py --preset " in text
     assert "- test: " in text and "differ from the generator's calibrated defaults" in text
@@ -650,3 +666,27 @@ def test_bad_init_modules_are_named(tmp_path):
         with pytest.raises(presets.BenchmarkError, match=message) as err:
             presets.read_preset(preset)
         assert "benchmark#init_modules" in str(err.value) and str(preset) in str(err.value)
+
+
+def test_bad_start_from_is_named(tmp_path, capsys):
+    base = "epochs: {global: 1, local: 1, joint: 1}\nlearning_rate: {global: 1.0e-3, local: 1.0e-4, joint: 1.0e-5}\n"
+    for value, message in (
+        ("{gmic: cam}", "must map a model to"),
+        ("{gmic: {model: unet, epochs: 1, search_space: cpu}}", "gmic cannot start from 'unet' .known: gmic from cam"),
+        ("{gmic: {model: cam, epochs: 0, search_space: cpu}}", "epochs must be an integer >= 1"),
+        ("{gmic: {model: cam, epochs: 1}}", "needs a search_space"),
+    ):
+        preset = tmp_path / "p.yaml"
+        preset.write_text(f"benchmark: {{search_space: cpu, trials: 1, examples: 0, start_from: {value}}}\n{base}")
+        with pytest.raises(presets.BenchmarkError, match=message) as err:
+            presets.read_preset(preset)
+        assert "benchmark#start_from" in str(err.value) and str(preset) in str(err.value)
+    # GMIC without the model it starts from, and a start from an earlier run besides
+    for extra, message in (
+        (["--models", "gmic"], "gmic .starts from cam. needs the model it starts from"),
+        (["--init_from", str(tmp_path)], "exclude each other"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            cli.main(["--preset", str(TINY_PRESET), "--work_dir", str(tmp_path / "w"), *extra])
+        assert info.value.code == 2
+        assert re.search(message, capsys.readouterr().err)

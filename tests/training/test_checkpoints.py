@@ -380,3 +380,35 @@ def test_previous_modules_take_only_the_named_submodules(tmp_path):
         assert str(tmp_path / name) in str(err.value)
     with pytest.raises(ValueError, match="list of submodule names"):
         StageCheckpointer(tmp_path / "y", {"network": network}, previous_modules="first")
+
+
+def test_previous_modules_mapping_loads_a_whole_file_into_a_submodule(tmp_path):
+    # {submodule: prefix}: "" takes the whole file (a CAM's model.pt under GMIC's global_network, which is one)
+    torch.manual_seed(3)
+    alone = torch.nn.Linear(3, 2)
+    save_atomic(plain_state_dict(alone), tmp_path / "alone.pt")
+    torch.manual_seed(4)
+    network = _TwoModules()
+    fresh = _weights(network)
+    StageCheckpointer(
+        tmp_path / "s", {"network": network}, previous_model=tmp_path / "alone.pt", previous_modules={"first": ""}
+    ).load(None)
+    loaded = _weights(network)
+    assert torch.equal(loaded["first.weight"], alone.weight) and torch.equal(loaded["first.bias"], alone.bias)
+    assert all(torch.equal(loaded[k], fresh[k]) for k in loaded if k.startswith("second."))
+    # a named prefix: the file's "second." weights into "second"; an unknown prefix is named
+    previous = _TwoModules()
+    save_atomic(plain_state_dict(previous), tmp_path / "two.pt")
+    StageCheckpointer(
+        tmp_path / "t", {"network": network}, previous_model=tmp_path / "two.pt", previous_modules={"second": "second"}
+    ).load(None)
+    assert torch.equal(_weights(network)["second.0.weight"], previous.second[0].weight)
+    with pytest.raises(ValueError, match="holds no weights of 'third'"):
+        StageCheckpointer(
+            tmp_path / "u",
+            {"network": network},
+            previous_model=tmp_path / "two.pt",
+            previous_modules={"first": "third"},
+        ).load(None)
+    with pytest.raises(ValueError, match=r"mapping \{submodule: prefix in the file\}"):
+        StageCheckpointer(tmp_path / "v", {"network": network}, previous_modules={"first": 1})

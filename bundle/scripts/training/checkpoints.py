@@ -79,6 +79,27 @@ def why_no_model(model: str | os.PathLike) -> str:
     )
 
 
+def module_sources(previous_modules: Sequence[str] | Mapping[str, str] | None) -> dict[str, str] | None:
+    """``previous_modules`` as {submodule of this network: the prefix of its weights in the previous model's file}:
+    a list names submodules found under their own names (``["global_network"]``); a mapping gives the prefix
+    (``{"global_network": ""}``: the whole file is this submodule's, e.g. a CAM under GMIC's global module, which is
+    one). None or empty: the whole network from the whole file."""
+    if not previous_modules:
+        return None
+    if isinstance(previous_modules, Mapping):
+        pairs = list(previous_modules.items())
+    elif isinstance(previous_modules, str):
+        pairs = [(previous_modules, None)]
+    else:
+        pairs = [(m, m) for m in previous_modules]
+    if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in pairs):
+        raise ValueError(
+            "previous_modules must be a list of submodule names or a mapping {submodule: prefix in the file}, "
+            f"got {previous_modules!r}"
+        )
+    return dict(pairs)
+
+
 class StageCheckpointer:
     """Best-model and last-epoch checkpoints of one training stage, resumption, and loading the previous stage.
 
@@ -101,7 +122,8 @@ class StageCheckpointer:
         previous_model: path of the previous stage's best model, required when given.
         previous_modules: names of the network's top-level submodules to take from ``previous_model`` (e.g.
             ``["global_network"]``: another model's global module under a freshly initialised local module, whose
-            sparse map has to be learnt from the start, docs/results_findings.md, section 7); None: all of it.
+            sparse map has to be learnt from the start, docs/results_findings.md, section 7), or a mapping
+            {submodule: prefix of its weights in the file} (:func:`module_sources`); None: all of it.
         resume: continue from ``last.pt`` when it exists.
         selection: ``{"metric": ..., "reason": ...}`` of :func:`~scripts.training.selection.choose_selection`:
             recorded in ``<ckpt_dir>/selection.json``.
@@ -132,7 +154,7 @@ class StageCheckpointer:
         save_dict: Mapping[str, Any],
         evaluator: Engine | None = None,
         previous_model: str | os.PathLike | None = None,
-        previous_modules: Sequence[str] | None = None,
+        previous_modules: Sequence[str] | Mapping[str, str] | None = None,
         resume: bool = False,
         selection: Mapping[str, Any] | None = None,
         validation_items: int | Sized | None = None,
@@ -143,11 +165,7 @@ class StageCheckpointer:
         self.save_dict = dict(save_dict)
         self.evaluator = evaluator
         self.previous_model = Path(previous_model) if previous_model else None
-        if isinstance(previous_modules, str) or (
-            previous_modules is not None and not all(isinstance(m, str) and m for m in previous_modules)
-        ):
-            raise ValueError(f"previous_modules must be a list of submodule names, got {previous_modules!r}")
-        self.previous_modules = tuple(previous_modules) if previous_modules else None
+        self.previous_modules = module_sources(previous_modules)
         self.resume = as_flag(resume, "resume")
         self.selection = dict(selection or {})
         self.validation_items = len(validation_items) if isinstance(validation_items, Sized) else validation_items
@@ -245,15 +263,16 @@ class StageCheckpointer:
         module.load_state_dict(state, strict=True)
 
     def _load_modules(self, network: Any, state: Mapping[str, Any]) -> None:
-        """Load each of ``previous_modules`` from ``state``, strictly; the rest of ``network`` is left as it is."""
+        """Load each of ``previous_modules`` from its part of ``state``, strictly; the rest of ``network`` is left
+        as it is."""
         children = dict(network.named_children())
-        for name in self.previous_modules:
+        for name, source in self.previous_modules.items():
             if name not in children:
                 raise ValueError(f"previous_modules names {name!r}, not a submodule (have {sorted(children)})")
-            prefix = f"{name}."
+            prefix = f"{source}." if source else ""
             part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             if not part:
-                raise ValueError(f"the file holds no weights of {name!r}")
+                raise ValueError(f"the file holds no weights of {source!r}")
             try:
                 self._load_strictly(children[name], part)
             except ValueError as err:
