@@ -187,6 +187,12 @@ def _check_trial_record(saved: Path, record: Mapping[str, Any]) -> None:
                 f"{saved}: this trial ran with {previous.get('params')}, the search now draws {record['params']} "
                 "(another preset or search file?): use another --work_dir"
             )
+        ran = previous.get("seed", previous.get("index"))  # records before seed_base hold none: trial k ran from k
+        if ran != record["seed"]:
+            raise BenchmarkError(
+                f"{saved}: this trial ran from torch seed {ran}, now {record['seed']} "
+                "(another --seed_base?): use another --work_dir"
+            )
     else:
         write_json(saved, record)
 
@@ -197,7 +203,7 @@ def run_trial(
     """Train one trial and evaluate its selected checkpoint on the validation split; returns the trial record
     (params, overrides, validation row and score when it finished) and the names of its steps."""
     name = steps.spec.name
-    record: dict[str, Any] = {"model": name, "index": k, "params": dict(params)}
+    record: dict[str, Any] = {"model": name, "index": k, "params": dict(params), "seed": int(overrides["seed"])}
     _check_trial_record(trial_dir / "trial.json", record)
     train = steps.train(f"{name}_trial{k:02d}_train", overrides, trial_dir / "global_trained.json")
     val_dir = trial_dir / "validation"
@@ -288,6 +294,8 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         budget = Budget(**{**budget.__dict__, "variation_seeds": tuple(args.variation_seeds)})
     if args.init_from is not None:
         budget = Budget(**{**budget.__dict__, "init_from": args.init_from})
+    if args.seed_base is not None:
+        budget = Budget(**{**budget.__dict__, "seed_base": args.seed_base})
     if budget.init_from and Path(budget.init_from).resolve() == work_dir:
         raise BenchmarkError(f"--work_dir {work_dir} is the run the trials start from (init_from): use another")
     if budget.init_from and budget.start_from:
@@ -325,7 +333,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 **common,
                 **folders,
                 **budget.model_overrides.get(name, {}),
-                **trial_overrides(params, per_stage, seed=k),
+                **trial_overrides(params, per_stage, seed=budget.seed_base + k),
                 **extra,
                 **steps.stage,
             }
@@ -513,6 +521,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a failed step again this many times in the same invocation; training resumes from its last.pt "
         "(default %(default)s)",
     )
+    parser.add_argument(
+        "--seed_base",
+        type=int,
+        default=None,
+        help="trial k trains from torch seed SEED_BASE + k: the same recipe and draws on other initialisations "
+        "(default: the preset's benchmark#seed_base, else 0)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
 
@@ -529,6 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.retries < 0:
         parser.error(f"--retries must be >= 0, got {args.retries}")
+    if args.seed_base is not None and args.seed_base < 0:
+        parser.error(f"--seed_base must be >= 0, got {args.seed_base}")
     if args.trials is not None and args.trials < 1:
         parser.error(f"--trials must be >= 1, got {args.trials}")
     if not Path(args.preset).is_file():

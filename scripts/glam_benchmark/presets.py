@@ -72,7 +72,8 @@ class Budget:
     trials start from (None: fresh initialisations); ``init_modules``: per model, the submodules taken from that
     model (the others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a model not
     named takes all of it. ``start_from``: per model, the :class:`WarmStart` its trials take from another model's
-    selection in this run (GMIC from CAM)."""
+    selection in this run (GMIC from CAM). ``seed_base``: trial k trains from torch seed ``seed_base + k`` (another
+    base: the same recipe and hyper-parameter draws on other initialisations, data orders and augmentations)."""
 
     search_space: str
     trials: int
@@ -91,6 +92,7 @@ class Budget:
     joint_lambda_sparsity: float | None = None
     init_modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
     start_from: dict[str, WarmStart] = field(default_factory=dict)
+    seed_base: int = 0
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -221,6 +223,7 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         joint_lambda_sparsity=_number(lambdas.get(Stage.JOINT)),
         init_modules=_init_modules(section.get("init_modules"), preset),
         start_from=_start_from(section.get("start_from"), preset),
+        seed_base=_positive_int(section.get("seed_base", 0), f"{preset}: benchmark#seed_base", minimum=0),
     )
     if budget.init_from and budget.start_from:
         raise BenchmarkError(f"{preset}: benchmark#start_from and init_from exclude each other (one start per model)")

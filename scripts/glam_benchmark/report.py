@@ -441,11 +441,16 @@ def _trial_row(r: ModelResult, t: Mapping[str, Any]) -> str:
     )
 
 
+def _seed_text(base: int) -> str:
+    return f"{base} + k" if base else "k"
+
+
 def _trials(run: _Run) -> list[str]:
     return [
         *("", "## Every trial", ""),
         "Hyper-parameters drawn by random search (log-uniform learning rate and lambda, t from the paper's set; "
-        "see the search file; trial k trains from torch seed k) and the validation soft Dice and pointing game "
+        f"see the search file; trial k trains from torch seed {_seed_text(run.budget.seed_base)}) and the validation "
+        "soft Dice and pointing game "
         "(both classes) of the trial's selected checkpoint.",
         "",
         "| model | trial | learning rate | lambda | t | val Dice malignant | val Dice benign | val Dice (mean) "

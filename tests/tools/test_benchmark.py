@@ -690,3 +690,29 @@ def test_bad_start_from_is_named(tmp_path, capsys):
             cli.main(["--preset", str(TINY_PRESET), "--work_dir", str(tmp_path / "w"), *extra])
         assert info.value.code == 2
         assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_trial_folder_remembers_its_torch_seed(tmp_path, capsys):
+    from glam_benchmark.driver import _check_trial_record
+
+    record = {"model": "cam", "index": 1, "params": {"learning_rate": 1e-3}, "seed": 101}
+    saved = tmp_path / "trial.json"
+    _check_trial_record(saved, record)  # written
+    _check_trial_record(saved, record)  # the same: accepted
+    with pytest.raises(presets.BenchmarkError, match=r"ran from torch seed 101, now 1 \(another --seed_base\?\)"):
+        _check_trial_record(saved, {**record, "seed": 1})
+    # a record of an earlier version holds no seed: trial k ran from seed k
+    saved.write_text(json.dumps({"model": "cam", "index": 1, "params": {"learning_rate": 1e-3}}))
+    _check_trial_record(saved, {**record, "seed": 1})
+    with pytest.raises(presets.BenchmarkError, match=str(saved)):
+        _check_trial_record(saved, record)
+    # the preset's base, and the command line's
+    preset = tmp_path / "p.yaml"
+    preset.write_text(
+        "benchmark: {search_space: cpu, trials: 1, examples: 0, seed_base: 100}\n"
+        "epochs: {global: 1, local: 1, joint: 1}\nlearning_rate: {global: 1.0e-3, local: 1.0e-4, joint: 1.0e-5}\n"
+    )
+    assert presets.read_preset(preset)[1].seed_base == 100
+    with pytest.raises(SystemExit):
+        cli.main(["--preset", str(TINY_PRESET), "--seed_base", "-1"])
+    assert "--seed_base must be >= 0" in capsys.readouterr().err
