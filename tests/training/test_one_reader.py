@@ -74,7 +74,9 @@ def _run_training(monkeypatch, **overrides) -> None:
     bundle_scripts.run("training", config_file=files, meta_file=META, logging_file=False, **overrides)
 
 
-def test_a_training_run_reads_the_command_line_once_and_builds_one_workflow(tmp_path, tiny_datalist, monkeypatch, reads):
+def test_a_training_run_reads_the_command_line_once_and_builds_one_workflow(
+    tmp_path, tiny_datalist, monkeypatch, reads
+):
     """The documented command, one tiny stage: MONAI's workflow is the only one; the bundle never reads sys.argv;
     train.yaml is read twice: by MONAI to build the run, and by the override check for the ids the files had
     before MONAI merged the overrides in (the one question MONAI's merged copy cannot answer)."""
