@@ -23,6 +23,7 @@ __all__ = [
     "chest_wall_side",
     "format_spacing",
     "spacing_in_range",
+    "usable_spacing",
 ]
 
 #: the pixel sizes (mm, both axes) a mammogram can plausibly have, bounds included (docs/preprocessing.md, "Pixel
@@ -74,9 +75,10 @@ def as_pixel_spacing(value: Any) -> tuple[float, float] | None:
         flat = np.asarray(convert_to_numpy(values, wrap_sequence=True), dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
         raise ValueError(f"pixel_spacing must be a number or (row, col) in mm, or None, got {value!r}") from None
-    if flat.size != 2 or not (np.isfinite(flat).all() and (flat > 0).all()):
+    spacing = usable_spacing(flat)
+    if spacing is None:
         raise ValueError(f"pixel_spacing must be one or two positive finite numbers (mm), or None, got {value!r}")
-    return float(flat[0]), float(flat[1])
+    return spacing
 
 
 def format_spacing(spacing: Sequence[float]) -> str:
@@ -101,7 +103,25 @@ def as_spacing_range(value: Any, name: str = "spacing_range") -> tuple[float, fl
     return float(flat[0]), float(flat[1])
 
 
+def usable_spacing(value: Any, spacing_range: Sequence[float] | None = None) -> tuple[float, float] | None:
+    """``(row, col)`` mm when ``value`` holds two finite positive numbers and, given ``spacing_range``, both lie in it
+    (:func:`spacing_in_range`); None otherwise (None, NaN, zero, negative, one or three numbers).
+
+    The one rule for whether a pixel spacing can be used (tests/test_owners.py keeps it the only one): the readers
+    ask it of a header's spacing, the spacing transforms of the one an image's metadata states, the inference of the
+    one its map files state, the label app of its NRRD files' spacing, and :func:`as_pixel_spacing` refuses what it
+    refuses."""
+    if value is None:
+        return None
+    flat = np.asarray(convert_to_numpy(value, wrap_sequence=True), dtype=np.float64).reshape(-1)
+    if flat.size != 2 or not (np.isfinite(flat).all() and (flat > 0).all()):
+        return None
+    spacing = float(flat[0]), float(flat[1])
+    return spacing if spacing_range is None or spacing_in_range(spacing, spacing_range) else None
+
+
 def spacing_in_range(spacing: Sequence[float], spacing_range: Sequence[float] = SPACING_RANGE_MM) -> bool:
-    """Whether both of ``spacing``'s (row, col) mm lie in ``spacing_range`` (bounds included)."""
+    """Whether both of ``spacing``'s (row, col) mm lie in ``spacing_range`` (bounds included): the one comparison
+    of a spacing with ``spacing_range`` (:func:`usable_spacing` with a range asks it)."""
     low, high = (float(v) for v in spacing_range)
     return all(low <= float(s) <= high for s in spacing)
