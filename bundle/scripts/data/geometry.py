@@ -17,12 +17,14 @@ from monai.utils import convert_to_numpy
 
 __all__ = [
     "SPACING_RANGE_MM",
+    "STATED_SPACING_LIMIT_MM",
     "as_2d",
     "as_pixel_spacing",
     "as_spacing_range",
     "chest_wall_side",
     "format_spacing",
     "spacing_in_range",
+    "stated_spacing_ok",
     "usable_spacing",
 ]
 
@@ -33,6 +35,9 @@ __all__ = [
 #: (20 mm, 1000 mm, 1e-6 mm: the resampling would make a picture of billions of pixels, or of one) is not trusted;
 #: the ``spacing_range`` option widens it.
 SPACING_RANGE_MM = (0.02, 1.0)
+#: a pixel size a datalist or a CSV states is below this (mm): a check of what was typed (micrometres, centimetres);
+#: the preprocessing then holds it to ``spacing_range``
+STATED_SPACING_LIMIT_MM = 10.0
 
 
 def as_2d(image: Any, name: str = "image") -> np.ndarray:
@@ -118,6 +123,14 @@ def usable_spacing(value: Any, spacing_range: Sequence[float] | None = None) -> 
         return None
     spacing = float(flat[0]), float(flat[1])
     return spacing if spacing_range is None or spacing_in_range(spacing, spacing_range) else None
+
+
+def stated_spacing_ok(numbers: Sequence[Any]) -> bool:
+    """Whether ``numbers`` are a pixel spacing a datalist or a CSV may state: one (isotropic) or two (row, col) real
+    numbers (not bools), each 0 < mm < :data:`STATED_SPACING_LIMIT_MM`."""
+    return len(numbers) in (1, 2) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < STATED_SPACING_LIMIT_MM for v in numbers
+    )
 
 
 def spacing_in_range(spacing: Sequence[float], spacing_range: Sequence[float] = SPACING_RANGE_MM) -> bool:
