@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"{args.source}: {exc}", file=sys.stderr)
         return 1
-    # staged as <name>.tmp: torch.save records <name> in the archive, as it would writing to the output itself
+    # staged as <name>.tmp: torch.save records the staged name less its suffix (<name>) in the archive
     with atomic_path(args.output, staged_name=args.output.name + ".tmp") as tmp:
         torch.save(converted, tmp)
     print(report.summary())

@@ -360,3 +360,38 @@ def test_a_bad_file_fails_each_scan(tmp_path):
     assert findings(lambda tree, path: renames(tree), roots=roots) == [f"{bad}:5"]
     assert findings(lambda tree, path: autocasts(tree), roots=roots) == [f"{bad}:6"]
     assert findings(lambda tree, path: spacing_comparisons(tree), roots=roots) == [f"{bad}:8"]
+
+
+def test_atomic_path_moves_the_finished_file_into_place_and_removes_a_failed_one(tmp_path):
+    """``atomic_path`` / ``move_into_place``: the target keeps its old bytes until the new file is complete, a
+    failed write leaves no temporary file, a given staged name is used (``torch.save`` records it, less its last
+    suffix, in the archive: the bytes are those of saving under that name), and ``durable`` moves the same bytes."""
+    import torch
+
+    from scripts.atomic import atomic_path, move_into_place
+
+    target = tmp_path / "sub" / "out.bin"
+    with atomic_path(target) as tmp:
+        assert tmp.parent == target.parent and tmp.name.endswith("out.bin") and tmp.name.startswith(".")
+        tmp.write_bytes(b"old")
+    try:
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"half")
+            assert target.read_bytes() == b"old"
+            raise KeyError("stop")
+    except KeyError:
+        pass
+    assert target.read_bytes() == b"old" and sorted(p.name for p in target.parent.iterdir()) == ["out.bin"]
+
+    state = {"w": torch.arange(6.0).reshape(2, 3)}
+    (tmp_path / "plain").mkdir()
+    torch.save(state, tmp_path / "plain" / "model.pt.tmp")
+    with atomic_path(tmp_path / "model.pt", staged_name="model.pt.tmp", durable=True) as tmp:
+        assert tmp.name == "model.pt.tmp"
+        torch.save(state, tmp)
+    assert (tmp_path / "model.pt").read_bytes() == (tmp_path / "plain" / "model.pt.tmp").read_bytes()
+    assert b"model.pt/data.pkl" in (tmp_path / "model.pt").read_bytes()  # the archive's folder: the staged name
+
+    (tmp_path / "a").write_bytes(b"new")
+    move_into_place(tmp_path / "a", target, durable=True)
+    assert target.read_bytes() == b"new" and not (tmp_path / "a").exists()

@@ -61,8 +61,8 @@ def atomic_path(path: str | os.PathLike, staged_name: str | None = None, durable
         path: the final file; its folder is created when missing.
         staged_name: the temporary file's name in ``path``'s folder. Default ``.tmp<pid>-<name>``: hidden, and
             ending with the final name so that its extension stays. Give one where the name matters: a short one
-            when the final name may be 255 bytes long; ``torch.save`` records the name without its last suffix in
-            the archive, so ``<name>.tmp`` keeps a checkpoint's bytes those of ``torch.save(obj, path)``.
+            when the final name may be 255 bytes long; the name of a file ``torch.save`` writes, which records it
+            (less its last suffix) in the archive, so that the bytes stay those the file had before.
         durable: sync the content and the rename to disk (as :func:`atomic_write` always does); off by default for
             files that can be written again (a synthetic data set, a converted checkpoint, a run that resumes).
     """
