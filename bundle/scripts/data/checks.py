@@ -37,7 +37,7 @@ import numpy as np
 from ..enums import CLASS_NAMES
 from .boxes import BOXES_KEY, parse_boxes
 from .datalist import DatalistError, check_patient_splits, check_split_sizes, iter_items, load_datalist
-from .geometry import as_pixel_spacing, format_spacing
+from .geometry import as_pixel_spacing, format_spacing, stated_spacing_ok
 
 logger = logging.getLogger(__name__)
 
@@ -258,10 +258,7 @@ def _check_item(
     spacing = item.get("pixel_spacing")
     if spacing is not None:
         values = spacing if isinstance(spacing, (list, tuple)) else [spacing]
-        good = len(values) in (1, 2) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 10 for v in values
-        )
-        if not good:
+        if not stated_spacing_ok(values):
             add(f"pixel_spacing must be a number or [row, col] in mm (0 < mm < 10), got {spacing!r}", "pixel_spacing")
     if not isinstance(image_value, str) or not image_value:
         add(f"missing 'image' path (got {image_value!r})", "image")

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import move_into_place
 from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
 from .dicom import DICOM_OUTPUT_MODES
 
@@ -150,7 +151,7 @@ class StagedFiles:
     def commit(self) -> list[str]:
         """Rename every staged file into place; returns their relative paths."""
         for tmp, final, _ in self._staged:
-            os.replace(tmp, final)
+            move_into_place(tmp, final)
         done = [relative for _, _, relative in self._staged]
         self._staged = []
         return done
