@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from monai.data import MetaTensor
 
+from ..handlers.throughput import LOAD_SECONDS_KEY
 from ..networks.weights import as_flag
 from ..precision import autocast
-from .inputs import LOAD_SECONDS_KEY
 from .tables import error_record
 
 __all__ = ["GLAMInferenceStep", "split_non_finite"]
