@@ -69,6 +69,21 @@ REFERENCE_PRESET: dict[str, Any] = {
 }
 
 
+#: the global module's outputs, in the order GLAM's output dict starts with them
+GLOBAL_OUTPUTS = tuple(
+    key.value
+    for key in (
+        OutputKey.Y_GLOBAL,
+        OutputKey.Y_SCALES,
+        OutputKey.Z_GLOBAL,
+        OutputKey.SALIENCY_GLOBAL,
+        OutputKey.SALIENCY_SCALE0,
+        OutputKey.SALIENCY_SCALE1,
+        OutputKey.SALIENCY_SCALE2,
+    )
+)
+
+
 def check_image(image: torch.Tensor, patch_size: Sequence[int] | None = None, name: str = "image") -> None:
     """Validate a batch of mammograms (B, 1, H, W): rank, channels, size, finite values (one host sync)."""
     if not isinstance(image, torch.Tensor):
@@ -144,10 +159,31 @@ def training_patch_boxes(
     return boxes
 
 
+def train_stage_parameters(network: GLAM) -> None:
+    """Which of ``network``'s parameters train in its stage. ``global``: only the global module; ``local``: the global
+    module is frozen (no gradients, BN in eval mode) and only the local module trains; ``joint``: everything. Parts a
+    stage does not use (the local module in ``global``; attention and fusion in ``local``) are frozen too, so that
+    every trainable parameter receives a gradient."""
+    stage = network.stage
+    network.freeze_global(stage == Stage.LOCAL)
+    for p in network.local_network.parameters():
+        p.requires_grad_(stage != Stage.GLOBAL)
+    # only the stage's own aggregation trains (none in the global stage)
+    active = network.stage_aggregation.get(stage)
+    for name in network.held_aggregations:
+        for p in getattr(network, AGGREGATIONS.look_up(name, "aggregation").attribute).parameters():
+            p.requires_grad_(name == active)
+    if network.fusion is not None:
+        for p in network.fusion.parameters():
+            p.requires_grad_(stage == Stage.JOINT)
+
+
 class GLAM(RecordsSettings):
-    """GLAM (Liu et al., MIDL 2021): weakly supervised high-resolution saliency for mammograms (the module's docstring
-    says what ``forward`` takes and returns). ``settings``: a :class:`~scripts.networks.glam_settings.GLAMSettings`
-    (default: the paper's), ``overrides``: its fields to change (``GLAM(patch_size=256, stage="local")``)."""
+    """GLAM (Liu et al., MIDL 2021), forward as the module's docstring says: ``settings`` a :class:`GLAMSettings`
+    (default: the paper's), ``overrides`` its fields to change (``GLAM(patch_size=256, stage="local")``)."""
+
+    __constants__ = ["global_outputs"]  # TorchScript reads a tuple of names from the module, not from a global
+    global_outputs = GLOBAL_OUTPUTS
 
     def __init__(self, settings: GLAMSettings | None = None, **overrides: Any) -> None:
         super().__init__()
@@ -156,8 +192,8 @@ class GLAM(RecordsSettings):
         self.patch_size = as_pair(s.patch_size, "patch_size")
         self.num_patches_train, self.num_patches_eval = s.num_patches_train, s.num_patches_eval
         self.gamma_c, self.aggregation = float(s.gamma_c), s.aggregation
-        # the submodules in the order their initial weights are drawn: global, local, aggregations, fusion (a seed
-        # gives the same network as every earlier version)
+        self.stage, self.global_frozen = Stage.JOINT.value, False
+        # the submodules in the order their weights are drawn (a seed gives the same network as every earlier version)
         self.global_network = GlobalNetwork(
             t=s.t_global,
             gammas=s.gammas,
@@ -172,7 +208,6 @@ class GLAM(RecordsSettings):
         self.fusion: FusionHead | None = None
         if s.joint_modules:
             self.fusion = FusionHead(self.global_network.representation_size, self.local_network.representation_size)
-        self.stage, self.global_frozen = Stage.JOINT.value, False
         self.set_stage(s.stage)
         # how it was built, in every state dict it saves (scripts/networks/settings.py); the stage is not recorded
         self.record_settings(s.recorded())
@@ -182,32 +217,14 @@ class GLAM(RecordsSettings):
         """The authors' inference behaviour (:data:`REFERENCE_PRESET`), in eval mode."""
         return cls(**{**REFERENCE_PRESET, **overrides}).eval()
 
-    # -- stages and freezing -------------------------------------------------------------------------------------
     def set_stage(self, stage: str) -> GLAM:
-        """Select the training stage and which parameters train in it.
-
-        ``global``: only the global module trains; ``local``: the global module is frozen (no gradients, BN in eval
-        mode) and only the local module trains; ``joint``: everything trains. Parts a stage does not use (the local
-        module in ``global``; attention and fusion in ``local``) are frozen too, so that every trainable parameter
-        receives a gradient.
-        """
+        """Select the training stage and which parameters train in it (:func:`train_stage_parameters`)."""
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         if stage == Stage.JOINT and self.fusion is None:
             raise ValueError("stage 'joint' needs the attention and fusion modules (joint_modules=True)")
         self.stage = str(Stage(stage))
-        self.freeze_global(stage == Stage.LOCAL)
-        uses_local = stage != Stage.GLOBAL
-        for p in self.local_network.parameters():
-            p.requires_grad_(uses_local)
-        # only the stage's own aggregation trains (none in the global stage)
-        active = self.stage_aggregation.get(self.stage)
-        for name in self.held_aggregations:
-            for p in getattr(self, AGGREGATIONS.look_up(name, "aggregation").attribute).parameters():
-                p.requires_grad_(name == active)
-        if self.fusion is not None:
-            for p in self.fusion.parameters():
-                p.requires_grad_(stage == Stage.JOINT)
+        train_stage_parameters(self)
         return self
 
     def freeze_global(self, frozen: bool = True) -> GLAM:
@@ -225,17 +242,13 @@ class GLAM(RecordsSettings):
         return self
 
     def aggregation_module(self, stage: str | None = None) -> nn.Module:
-        """The aggregation module that ``stage`` (default: the current one) runs; the global stage runs none, and
-        gets the local stage's (so that the TorchScript copy has one to compile)."""
+        """The aggregation module ``stage`` (default: the current) runs; the global stage's is the local stage's."""
         stage = self.stage if stage is None else str(Stage(stage))
         name = self.stage_aggregation.get(stage, self.stage_aggregation[Stage.LOCAL.value])
         return getattr(self, AGGREGATIONS.look_up(name, "aggregation").attribute)
 
     def __prepare_scriptable__(self) -> GLAM:
-        """The copy ``torch.jit.script`` compiles: TorchScript resolves attributes by their names in the source, not
-        by a name held in a variable, so the copy also holds the current stage's aggregation as
-        ``scripted_aggregation``, which the scripted forward calls (the eager network is left as it is; the
-        exported state dict has that module's weights under both names)."""
+        """The copy ``torch.jit.script`` compiles, with the stage's aggregation also as ``scripted_aggregation``."""
         clone = copy.copy(self)
         clone._modules = dict(self._modules)  # its own module table: adding to it leaves this network unchanged
         clone._modules["scripted_aggregation"] = self.aggregation_module()
@@ -246,7 +259,6 @@ class GLAM(RecordsSettings):
         """K in training mode, M in eval mode."""
         return self.num_patches_train if self.training else self.num_patches_eval
 
-    # -- forward ---------------------------------------------------------------------------------------------------
     def forward_all(
         self,
         image: torch.Tensor,
@@ -264,32 +276,20 @@ class GLAM(RecordsSettings):
         else:
             g = self.global_network(image)
         out: dict[str, torch.Tensor] = {}
-        for key in (
-            OutputKey.Y_GLOBAL.value,
-            OutputKey.Y_SCALES.value,
-            OutputKey.Z_GLOBAL.value,
-            OutputKey.SALIENCY_GLOBAL.value,
-            OutputKey.SALIENCY_SCALE0.value,
-            OutputKey.SALIENCY_SCALE1.value,
-            OutputKey.SALIENCY_SCALE2.value,
-        ):
+        for key in self.global_outputs:
             out[key] = g[key]
         if self.stage == Stage.GLOBAL.value:
             return out
-
         image_size = [image.shape[-2], image.shape[-1]]
         patch_size = [self.patch_size[0], self.patch_size[1]]
+        s_g = g[OutputKey.SALIENCY_GLOBAL.value]
         if torch.jit.is_scripting():
             # the exported network runs Algorithm 1 (inference); given and random boxes are for training in Python
             if patch_boxes is not None or random_patch_mask is not None:
                 raise RuntimeError("the TorchScript GLAM selects its patches itself: patch_boxes/random_patch_mask")
-            boxes = select_patch_boxes(
-                g[OutputKey.SALIENCY_GLOBAL.value].detach(), image_size, patch_size, self.num_patches_eval
-            )
+            boxes = select_patch_boxes(s_g.detach(), image_size, patch_size, self.num_patches_eval)
         else:
-            boxes = training_patch_boxes(
-                self, image, g[OutputKey.SALIENCY_GLOBAL.value], patch_boxes, random_patch_mask, generator, patch_shift
-            )
+            boxes = training_patch_boxes(self, image, s_g, patch_boxes, random_patch_mask, generator, patch_shift)
         B, K = boxes.shape[0], boxes.shape[1]
         patches = crop_patches(image, boxes, patch_size)  # (B, K, 1, p, p)
         local = self.local_network(patches.flatten(0, 1))
@@ -307,9 +307,7 @@ class GLAM(RecordsSettings):
         fusion = self.fusion
         if self.stage == Stage.JOINT.value and fusion is not None:
             out[OutputKey.Y_FUSION.value] = fusion(g[OutputKey.Z_GLOBAL.value], agg[OutputKey.Z_LOCAL.value])
-        maps = render_saliency(
-            g[OutputKey.SALIENCY_GLOBAL.value], patch_maps, boxes, image_size, stride=4, gamma_c=self.gamma_c
-        )
+        maps = render_saliency(s_g, patch_maps, boxes, image_size, stride=4, gamma_c=self.gamma_c)
         out[OutputKey.SALIENCY_LOCAL.value] = maps[MapName.LOCAL.value]
         out[OutputKey.SALIENCY.value] = maps[MapName.COMBINED.value]
         return out
@@ -318,8 +316,7 @@ class GLAM(RecordsSettings):
     forward = forward_all
 
     def fuse_for_inference(self) -> GLAM:
-        """An eval-mode copy with the local module's batch norms folded into its convolutions (same outputs up to
-        float rounding, faster; its state dict has no local BN entries, so fuse after loading weights)."""
+        """An eval-mode copy, the local module's batch norms folded into its convolutions (fuse after loading)."""
         fused = copy.deepcopy(self).eval()
         fused.local_network.fuse_batchnorm()
         return fused
@@ -328,11 +325,5 @@ class GLAM(RecordsSettings):
         """Render S_g, S_l and S_c at full input resolution (B, 2, H, W) from a forward's outputs."""
         if OutputKey.PATCH_MAPS not in outputs:
             raise ValueError("full_resolution needs the outputs of a 'local' or 'joint' stage forward")
-        return render_saliency(
-            outputs[OutputKey.SALIENCY_GLOBAL],
-            outputs[OutputKey.PATCH_MAPS],
-            outputs[OutputKey.PATCH_BOXES],
-            image_size,
-            1,
-            self.gamma_c,
-        )
+        maps = [outputs[key] for key in (OutputKey.SALIENCY_GLOBAL, OutputKey.PATCH_MAPS, OutputKey.PATCH_BOXES)]
+        return render_saliency(*maps, image_size, 1, self.gamma_c)
