@@ -152,14 +152,30 @@ def _spacing_record(value: Any) -> list[float] | None:
 class GLAMSettings:
     """GLAM's settings (the arguments of :class:`~scripts.networks.glam.GLAM`), the paper's values by default.
 
-    A frozen record: ``dataclasses.replace(settings, patch_size=256)`` gives another. The fields are listed in the
-    order of GLAM's former signature; their meaning is in the comment above each.
+    A frozen record: ``dataclasses.replace(settings, patch_size=256)`` gives another. The meaning of each field is in
+    the comment above it; their order is the one inference lists them in (the window and spacing first).
     """
 
     # "global" (global module only), "local" (global module frozen, local module with concatenation aggregation) or
     # "joint" (both, attention aggregation and fusion); GLAM.set_stage. Not recorded: one checkpoint serves the next
     # stage and inference
     stage: str = setting(Stage.JOINT, None, inference=None)
+    # the preprocessing window (rows, cols) the network is trained on: recorded for inference to use the same window,
+    # not used by the forward pass (which takes any size)
+    image_size: Sequence[int] = setting(
+        (2944, 1920),
+        _pair_record("image_size"),
+        lambda v: isinstance(v, list) and _sides(v),
+        f"[rows, cols], integers in 1..{MAX_WINDOW_SIDE}",
+    )
+    # the (row, col) pixel size in mm of the training images (a number: the same both ways), or None when unknown:
+    # recorded for inference, which resamples inputs of known spacing to it
+    pixel_spacing: float | Sequence[float] | None = setting(
+        None,
+        _spacing_record,
+        lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(_is_number(s) and s > 0 for s in v)),
+        "null or [row, col] mm, positive numbers",
+    )
     # local patch size in input pixels, int or (rows, cols); a multiple of 4
     patch_size: int | Sequence[int] = setting(512, _pair_record("patch_size"), _sides, _SIDES)
     # K, patches per image in training mode
@@ -170,8 +186,6 @@ class GLAMSettings:
     t_global: float = setting(0.03, float, _fraction, _FRACTION, compared=False, text=_float_text)
     # top-t% fraction of the patch aggregation
     t_local: float = setting(0.2, float, _fraction, _FRACTION, compared=False, text=_float_text)
-    # pool every global scale after upsampling it to S_0's size (the authors' code)
-    global_pool_after_upsampling: bool = setting(False, bool, _is_bool, _BOOL, compared=False, text=_flag_text)
     # weights of S_0, S_1, S_2 in S_g
     gammas: Sequence[float] = setting(
         (0.2, 0.6, 0.2),
@@ -189,9 +203,6 @@ class GLAMSettings:
         inference=CHOSEN,
         text=_float_text,
     )
-    # None for the paper's choice per stage (concatenation in local, gated attention in joint), or a name in
-    # scripts.aggregation.AGGREGATIONS ("concat", "attention" or one registered with register_aggregation)
-    aggregation: str | None = setting(None, _as_is, lambda v: v is None or isinstance(v, str), "null or a name")
     # the local ResNet-HR's depth and width (34, 64 in the paper; smaller for tests and CPU presets)
     local_depth: int = setting(34, int, _units, _UNITS, text=_int_text)
     local_width: int = setting(64, int, _units, _UNITS, text=_int_text)
@@ -199,9 +210,6 @@ class GLAMSettings:
     activation_checkpointing: bool = setting(False, None, inference=None, text=_flag_text)
     # hidden size of the gated attention
     attention_hidden: int = setting(128, int, _units, _UNITS, text=_int_text)
-    # hold the gated attention and the fusion head (needed by the joint stage and attention aggregation); False gives
-    # the authors' inference layout (global and local modules only)
-    joint_modules: bool = setting(True, bool, _is_bool, _BOOL, text=_flag_text)
     # keyword arguments of the global module's GlobalBackbone (width, strides, blocks_per_layer, stem_stride,
     # stem_pool, padding_mode); the paper's ResNet-22 when empty
     global_backbone: Mapping[str, Any] | None = setting(
@@ -209,22 +217,14 @@ class GLAMSettings:
     )
     # the global module pools only map cells on the breast (GlobalNetwork)
     pool_in_breast: bool = setting(False, bool, _is_bool, _BOOL, text=_flag_text)
-    # the preprocessing window (rows, cols) the network is trained on: recorded for inference to use the same window,
-    # not used by the forward pass (which takes any size)
-    image_size: Sequence[int] = setting(
-        (2944, 1920),
-        _pair_record("image_size"),
-        lambda v: isinstance(v, list) and _sides(v),
-        f"[rows, cols], integers in 1..{MAX_WINDOW_SIDE}",
-    )
-    # the (row, col) pixel size in mm of the training images (a number: the same both ways), or None when unknown:
-    # recorded for inference, which resamples inputs of known spacing to it
-    pixel_spacing: float | Sequence[float] | None = setting(
-        None,
-        _spacing_record,
-        lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(_is_number(s) and s > 0 for s in v)),
-        "null or [row, col] mm, positive numbers",
-    )
+    # None for the paper's choice per stage (concatenation in local, gated attention in joint), or a name in
+    # scripts.aggregation.AGGREGATIONS ("concat", "attention" or one registered with register_aggregation)
+    aggregation: str | None = setting(None, _as_is, lambda v: v is None or isinstance(v, str), "null or a name")
+    # hold the gated attention and the fusion head (needed by the joint stage and attention aggregation); False gives
+    # the authors' inference layout (global and local modules only)
+    joint_modules: bool = setting(True, bool, _is_bool, _BOOL, text=_flag_text)
+    # pool every global scale after upsampling it to S_0's size (the authors' code)
+    global_pool_after_upsampling: bool = setting(False, bool, _is_bool, _BOOL, compared=False, text=_flag_text)
 
     @classmethod
     def of(cls, settings: GLAMSettings | None = None, **overrides: Any) -> GLAMSettings:
