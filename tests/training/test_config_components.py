@@ -266,7 +266,7 @@ def test_train_yaml_defaults_off_cuda_and_command_line_texts():
     assert parser.get_parsed_content("autocast_dtype") is torch.bfloat16  # `--amp true`: bf16 on any device
     assert parser.get_parsed_content("engine_amp") is False
     assert parser.get_parsed_content("memory_format") == torch.contiguous_format
-    assert parser.get_parsed_content("network_def#pool_in_breast") is True
+    assert parser.get_parsed_content("glam_settings").pool_in_breast is True
     assert parser.get_parsed_content("train_with_masks") is False
     assert parser.get_parsed_content("pin_memory") is cuda
     assert parser.get_parsed_content("datalist") == "/data/datalist.json"
