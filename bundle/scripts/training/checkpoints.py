@@ -16,6 +16,7 @@ from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint
 
 from ..atomic import atomic_write
+from ..distributed import rank
 from ..networks.weights import (
     as_flag,
     load_checkpoint_file,
@@ -24,7 +25,6 @@ from ..networks.weights import (
     state_dict_problems,
     weights_of,
 )
-from .distributed import rank
 
 __all__ = ["read_record", "why_no_model", "StageCheckpointer"]
 

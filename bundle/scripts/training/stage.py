@@ -4,14 +4,14 @@
 configuration's plain values into what the stage's objects need, so that the configuration states values and names
 components rather than computing them in ``$`` expressions:
 
-- :func:`path_in`: a file or folder inside another (``datalist``, ``ckpt_root``, ``ckpt_dir``, ``output_dir`` ...);
 - :func:`previous_model`: the previous stage's best model, which the stage starts from (None for ``global``);
 - :func:`key_map`: the saliency map the stage is validated on (``S_g``, ``S_l``, ``S_c``);
 - :func:`trainable_parameters`: what the optimizer updates (GLAM freezes what a stage does not train);
 - :func:`train_stage`: runs the stage's trainer and returns its summary (``run_stage``'s last item).
 
 The per-stage numbers (epochs, learning rate, batch size, sparsity weight) are read by
-:func:`scripts.training.preflight.per_stage`.
+:func:`scripts.training.preflight.per_stage`; the stage's folders (``ckpt_dir``, ``output_dir``) by
+:func:`scripts.runs.path_in`, which every workflow shares.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ __all__ = [
     "STAGE_ORDER",
     "stages_to_run",
     "STAGE_MAPS",
-    "path_in",
     "previous_stage",
     "previous_model",
     "key_map",
@@ -44,11 +43,6 @@ def _stage(stage: Any) -> str:
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES} here, got {stage!r}")
     return stage
-
-
-def path_in(folder: str | os.PathLike, name: str | os.PathLike) -> str:
-    """``os.path.join(folder, name)`` as a config component (MONAI passes keyword arguments only)."""
-    return os.path.join(os.fspath(folder), os.fspath(name))
 
 
 def previous_stage(stage: str) -> str | None:
