@@ -29,7 +29,14 @@ from scripts.training.datasets import default_cache_dir, read_datalist, single_t
 from scripts.training.distributed import device_ids
 from scripts.training.preflight import per_stage
 from scripts.training.selection import choose_selection, configured_selection
-from scripts.training.stage import key_map, previous_model, previous_stage, train_stage, trainable_parameters
+from scripts.training.stage import (
+    key_map,
+    previous_model,
+    previous_modules,
+    previous_stage,
+    train_stage,
+    trainable_parameters,
+)
 
 LR = {"global": 3.0e-5, "local": 2.0e-5, "joint": 1.0e-5}
 
@@ -47,6 +54,17 @@ def test_previous_stage_and_model_follow_the_training_order():
     assert previous_model("/ck", "joint") == "/ck/local/model.pt"
     with pytest.raises(ValueError, match="stage must be one of"):
         previous_model("/ck", "all")
+
+
+def test_a_model_to_start_from_reaches_the_global_stage_only_with_its_modules():
+    """previous_model's ``init`` and previous_modules (the quick start's shipped global module; None: from scratch)."""
+    starts = [previous_model("/ck", s, init="m.pt") for s in ("global", "local", "joint")]
+    assert starts == ["m.pt", "/ck/global/model.pt", "/ck/local/model.pt"]
+    assert previous_model("/ck", "global", init=None) is None
+    kept = [previous_modules(s, init="m.pt", modules=("global_network",)) for s in ("global", "local", "joint")]
+    assert kept == [["global_network"], None, None]
+    assert previous_modules("global", init=None, modules=["global_network"]) is None
+    assert previous_modules("global", init="m.pt") is None
 
 
 def test_key_map_is_the_map_each_stage_trains():
