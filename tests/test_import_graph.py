@@ -157,6 +157,35 @@ def test_the_bundle_has_no_import_cycle_and_no_mutually_importing_packages():
     )
 
 
+#: the wings: none imports another, and the evaluation's and inference's configs name no training component (what
+#: they share with training lives below them: scripts.distributed, scripts.runs, scripts.data.checks)
+WINGS = ("training", "evaluation", "inference")
+WING_CONFIGS = ("evaluate.yaml", "multi_gpu_evaluate.yaml", "inference.yaml", "multi_gpu_inference.yaml")
+
+
+def test_no_wing_imports_another_and_the_other_wings_configs_name_no_training_component():
+    graph = import_graph(SCRIPTS, IGNORED_PACKAGES)
+    crossing = sorted(
+        f"{module} -> {other}"
+        for module, imported in graph.items()
+        for other in imported
+        if package_of(module, SCRIPTS) in WINGS
+        and package_of(other, SCRIPTS) in WINGS
+        and package_of(module, SCRIPTS) != package_of(other, SCRIPTS)
+    )
+    assert crossing == [], f"wings importing each other: {crossing}"
+    assert "scripts.distributed" in graph["scripts.inference.ranks"]  # the graph sees the shared room
+    named = {
+        name: [
+            line.strip()
+            for line in (BUNDLE_ROOT / "configs" / name).read_text().splitlines()
+            if "scripts.training" in line
+        ]
+        for name in WING_CONFIGS
+    }
+    assert named == {name: [] for name in WING_CONFIGS}
+
+
 def write_package(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / "pkg" / name

@@ -149,8 +149,8 @@ def test_auto_workers_and_writers_share_the_node_among_its_processes(monkeypatch
 
 
 def test_the_overlay_refuses_to_run_without_torchrun(monkeypatch):
+    from scripts.distributed import TORCHRUN_ENV
     from scripts.inference.ranks import InferenceRanks
-    from scripts.training.distributed import TORCHRUN_ENV
 
     for key in TORCHRUN_ENV:
         monkeypatch.delenv(key, raising=False)

@@ -28,7 +28,7 @@ def torchrun_env(monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     yield
-    from scripts.training.distributed import destroy_distributed
+    from scripts.distributed import destroy_distributed
 
     destroy_distributed()
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from monai.utils import str2bool
 
 from ..enums import CLASS_NAMES
 from .boxes import BOXES_KEY, parse_boxes
@@ -49,6 +50,7 @@ __all__ = [
     "run_data_checks",
     "assert_datalist_ok",
     "assert_report_ok",
+    "check_data",
 ]
 
 #: what to do about images whose file states no pixel spacing (the check's spacing line and training's warning)
@@ -357,6 +359,18 @@ def assert_datalist_ok(
     """
     as_pixel_spacing(pixel_spacing)  # a bad value fails here, before every file is read
     return assert_report_ok(run_data_checks(datalist, base_dir, strict_masks=strict_masks), pixel_spacing)
+
+
+def check_data(datalist: Any, pixel_spacing: Any = None, enabled: bool | str = True, split: str | None = None) -> Any:
+    """:func:`assert_datalist_ok` as the configs' component (train.yaml's ``check_datalist``, evaluate.yaml's
+    ``evaluating``): the datalist's files, labels, masks and splits checked before any work, unless ``enabled`` is no
+    (``--check_data false``). With ``split``, ``datalist`` is that split's items (evaluate.yaml checks the split it
+    evaluates). Returns the check's report, or None when it is off."""
+    if not str2bool(str(enabled)):
+        return None
+    if split is not None:
+        datalist = {split: datalist}
+    return assert_datalist_ok(datalist, pixel_spacing=pixel_spacing)
 
 
 def assert_report_ok(report: DataCheckReport, pixel_spacing: float | Sequence[float] | None = None) -> DataCheckReport:

@@ -33,7 +33,14 @@ from ..networks.glam_settings import GLAMSettings
 from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, INFERENCE_CHOSEN, inference_settings
 from ..networks.settings import SETTINGS_KEY, decode_settings, read_checkpoint_settings
 
-__all__ = ["EVALUATION_CHOICES", "checkpoint_record", "command_line_names", "evaluation_settings", "evaluation_network"]
+__all__ = [
+    "EVALUATION_CHOICES",
+    "checkpoint_record",
+    "command_line_names",
+    "evaluation_settings",
+    "evaluation_network",
+    "model_setting",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -118,3 +125,12 @@ def evaluation_settings(
 def evaluation_network(settings: Mapping[str, Any], **extra: Any) -> GLAM:
     """``GLAM(**settings, **extra)`` (evaluate.yaml's ``network_def``: a config's ``_target_`` takes no ``**``)."""
     return GLAM(**{**settings, **extra})
+
+
+def model_setting(settings: Mapping[str, Any], name: str) -> Any:
+    """``settings[name]``: one setting of :func:`evaluation_settings`'s record as a config component, for the
+    configuration's pieces that follow the checkpoint (evaluate.yaml: the preprocessing's window and pixel spacing, the
+    data check's spacing, S_c's gamma_c)."""
+    if name not in settings:
+        raise KeyError(f"the model settings have no {name!r} (they have {sorted(settings)})")
+    return settings[name]

@@ -18,6 +18,7 @@ from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver
 
 from ..atomic import atomic_write
+from ..distributed import rank
 from ..networks.weights import (
     as_flag,
     load_checkpoint_file,
@@ -26,7 +27,6 @@ from ..networks.weights import (
     state_dict_problems,
     weights_of,
 )
-from .distributed import rank
 
 __all__ = ["read_record", "why_no_model", "CheckpointFiles", "StageCheckpointer"]
 

@@ -27,13 +27,8 @@ import torch.distributed
 from monai.bundle import ConfigParser, ConfigWorkflow
 from monai.utils import str2bool
 
-from .distributed import (
-    destroy_distributed,
-    disable_on_other_ranks,
-    init_distributed,
-    quiet_other_ranks,
-    rank,
-)
+from ..distributed import destroy_distributed, init_distributed, quiet_other_ranks, rank
+from .distributed import disable_on_other_ranks
 from .stage import stages_to_run
 from .tracking import track_stage
 
