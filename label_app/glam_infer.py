@@ -299,18 +299,19 @@ class GLAMSaliencyInfer(BasicInferTask):
         laterality, view and pixel spacing used with their sources, the model's window on the file)."""
         from scripts.inference.facts import image_facts, image_notes, spacing_note
         from scripts.inference.geometry import maps_on_original
+        from scripts.inference.maps import map_spacing
+        from scripts.precision import autocast
 
         amp = self.device.type == "cuda"
-        with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=amp):
+        with torch.no_grad(), autocast(self.device.type, dtype=torch.bfloat16, enabled=amp):
             out = self.glam.forward_all(torch.as_tensor(item["image"])[None].to(self.device))
         pred = outputs_as_float32(out)
         back = maps_on_original(item, pred, self.transform, self.gamma_c)
         maps, boxes = back.maps, back.boxes
         result = overlay_map(maps[MapName.COMBINED], settings)
         # the reader's (row, col) spacing travels with the preprocessed image (NaN when the file has none): the map
-        # carries the file's own spacing, or none
-        spacing = np.asarray(item["image"].meta.get("spacing", (np.nan, np.nan)), dtype=np.float64).reshape(-1)[:2]
-        spacing = tuple(float(v) for v in spacing) if np.isfinite(spacing).all() else None
+        # carries the file's own spacing, or none, as the bundle's map files do
+        spacing = map_spacing(item["image"].meta)
 
         fd, out_file = tempfile.mkstemp(suffix=settings["result_extension"], prefix="glam_")
         os.close(fd)

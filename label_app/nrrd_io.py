@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import nrrd
 import numpy as np
+
+# the bundle folder is on sys.path before this module is imported (main.GLAMApp, ingest.main put it there)
+from scripts.atomic import atomic_path
+from scripts.data.geometry import usable_spacing
 
 
 def write_nrrd_2d(
@@ -30,7 +33,7 @@ def write_nrrd_2d(
     header: dict = {"encoding": "gzip"}
     if spacing is not None:
         sr, sc = (float(v) for v in spacing)
-        if not (np.isfinite([sr, sc]).all() and sr > 0 and sc > 0):
+        if usable_spacing((sr, sc)) is None:
             raise ValueError(f"{path}: pixel spacing must be positive and finite, got {(sr, sc)}")
         header.update(
             {
@@ -40,11 +43,6 @@ def write_nrrd_2d(
             }
         )
     header.update({str(k): str(v) for k, v in (key_values or {}).items()})
-    path = Path(path)
-    tmp = path.with_name(f".glam-{uuid.uuid4().hex[:12]}.tmp.nrrd")  # short: the final name may be 255 bytes
-    try:
+    # a short staged name: the final name may be 255 bytes
+    with atomic_path(path, staged_name=f".glam-{uuid.uuid4().hex[:12]}.tmp.nrrd") as tmp:
         nrrd.write(str(tmp), np.ascontiguousarray(array), header, index_order="C")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from scripts import precision  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
 
 
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     conv_in = torch.randn(1, 256, 128, 128, device=device).to(memory_format=memory_format)
     conv_flops = 2 * 256 * 9 * 256 * 128 * 128
 
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
+    autocast = precision.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
 
     def run_model():
         with torch.inference_mode(), autocast:

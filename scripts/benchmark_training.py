@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
+from scripts import precision  # noqa: E402
 from scripts.enums import STAGES, OutputKey, Stage  # noqa: E402
 from scripts.losses import GLAMLoss  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
@@ -80,7 +81,7 @@ def make_batch(args: argparse.Namespace, batch: int, height: int, width: int, de
 
 def step(net, loss_fn, opt, image, label, device: torch.device, bf16: bool) -> None:
     opt.zero_grad(set_to_none=True)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+    with precision.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         out = net(image)
     loss = loss_fn(out, label)
     loss.backward()

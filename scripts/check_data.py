@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
+from scripts.atomic import atomic_path  # noqa: E402
 from scripts.data.checks import run_data_checks  # noqa: E402
 
 
@@ -49,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             # image -> the (row, col) mm its file states, null when none (images that were read)
             "pixel_spacing": {image: None if v is None else list(v) for image, v in report.spacings.items()},
         }
-        tmp = args.json.with_name(f".tmp-{args.json.name}")
-        tmp.write_text(json.dumps(payload, indent=2) + "\n")
-        tmp.replace(args.json)
+        with atomic_path(args.json) as tmp:
+            tmp.write_text(json.dumps(payload, indent=2) + "\n")
     return 0 if report.ok else 1
 
 

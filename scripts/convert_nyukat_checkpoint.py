@@ -13,7 +13,6 @@ written atomically; load it with ``torch.load(path, weights_only=True)``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
 import torch  # noqa: E402
 
+from scripts.atomic import atomic_path  # noqa: E402
 from scripts.networks.convert import convert_nyukat_state_dict, load_nyukat_glam  # noqa: E402
 
 
@@ -43,10 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"{args.source}: {exc}", file=sys.stderr)
         return 1
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.output.with_name(args.output.name + ".tmp")
-    torch.save(converted, tmp)
-    os.replace(tmp, args.output)
+    # staged as <name>.tmp: torch.save records the staged name less its suffix (<name>) in the archive
+    with atomic_path(args.output, staged_name=args.output.name + ".tmp") as tmp:
+        torch.save(converted, tmp)
     print(report.summary())
     print(f"joint modules (attention, fusion) included: {report.has_joint_modules}")
     print(f"wrote {args.output}")

@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
+from scripts.atomic import atomic_path  # noqa: E402
 from scripts.data.synthetic import SyntheticConfig, SyntheticMammogramGenerator  # noqa: E402
 from scripts.enums import MAP_NAMES  # noqa: E402
 from scripts.networks import GLAM  # noqa: E402
@@ -82,10 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     sheet = Image.new("RGB", (size[1] * 4, size[0]))
     for i, p in enumerate([truth, *panels]):
         sheet.paste(p, (i * size[1], 0))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp.png")
-    sheet.save(tmp)
-    tmp.replace(args.out)
+    with atomic_path(args.out, staged_name=args.out.name + ".tmp.png") as tmp:
+        sheet.save(tmp)  # the format from the staged name's extension
     print(f"wrote {args.out}")
     return {"y_global": y, "patch_boxes": out["patch_boxes"][0].tolist(), "png": str(args.out)}
 

@@ -20,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
+from scripts.atomic import atomic_path  # noqa: E402
 from scripts.data.synthetic import (  # noqa: E402
     BENIGN_TYPES,
     MALIGNANT_TYPES,
@@ -124,10 +125,8 @@ def render_preview(cases: list[SyntheticCase], path: Path, n_full: int = 6, crop
             draw.text((x, y0), title, fill=(0, 0, 0))
             canvas.paste(Image.fromarray(tile), (x, y0 + text_h))
             x += tile.shape[1] + pad
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
-    canvas.save(tmp, format="PNG", optimize=True)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        canvas.save(tmp, format="PNG", optimize=True)
 
 
 def preview_cases(seed: int, size: tuple[int, int], n_full: int = 6) -> list[SyntheticCase]:

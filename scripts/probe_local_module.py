@@ -32,7 +32,7 @@ written to ``--json``.
 from __future__ import annotations
 
 import argparse
-import inspect
+import dataclasses
 import json
 import math
 import sys
@@ -56,7 +56,7 @@ from scripts.atomic import atomic_write  # noqa: E402
 from scripts.enums import CLASS_NAMES, MapName, OutputKey, Stage  # noqa: E402
 from scripts.metrics.pointing_game import PointingGameMetric  # noqa: E402
 from scripts.metrics.soft_dice import compute_soft_dice  # noqa: E402
-from scripts.networks import GLAM  # noqa: E402
+from scripts.networks import GLAM, GLAMSettings  # noqa: E402
 from scripts.networks.settings import read_checkpoint_settings  # noqa: E402
 from scripts.networks.weights import load_weights  # noqa: E402
 
@@ -102,7 +102,7 @@ def glam_from_checkpoint(ckpt: Path, **overrides: Any) -> tuple[GLAM, dict[str, 
     settings = read_checkpoint_settings(ckpt)
     if settings is None:
         raise SystemExit(f"{ckpt}: no settings record (a checkpoint written by this bundle's workflows is needed)")
-    accepted = inspect.signature(GLAM.__init__).parameters
+    accepted = {f.name for f in dataclasses.fields(GLAMSettings)}
     kwargs = {k: v for k, v in settings.items() if k in accepted}  # the record also names the bundle version
     network = GLAM(**{**kwargs, **overrides})
     load_weights(network, ckpt)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import inspect
+import dataclasses
 import json
 import math
 import sys
@@ -55,7 +55,7 @@ from probe_localisation import parse_value  # noqa: E402
 
 from scripts.atomic import atomic_write  # noqa: E402
 from scripts.enums import CLASS_NAMES, OutputKey, Stage  # noqa: E402
-from scripts.networks import GLAM  # noqa: E402
+from scripts.networks import GLAM, GLAMSettings  # noqa: E402
 from scripts.patches import crop_patches, random_patch_boxes, select_patch_boxes, shift_patch_boxes  # noqa: E402
 from scripts.training.sampler import BalancedEpochSampler, positive_flags  # noqa: E402
 
@@ -88,7 +88,7 @@ def fresh_model(
 ) -> GLAM:
     """A GLAM of the checkpoint's settings whose local module is freshly initialised from ``seed`` and whose global
     module holds ``global_state`` (frozen), in the local stage."""
-    accepted = inspect.signature(GLAM.__init__).parameters
+    accepted = {f.name for f in dataclasses.fields(GLAMSettings)}
     kwargs = {k: v for k, v in settings.items() if k in accepted}
     torch.manual_seed(seed)
     model = GLAM(**{**kwargs, "t_local": float(t_local), "num_patches_eval": 1})

@@ -53,6 +53,7 @@ from glam_benchmark.trivial import (  # noqa: E402
 )
 from monai.bundle import ConfigParser  # noqa: E402
 
+from scripts import precision  # noqa: E402
 from scripts.atomic import atomic_write  # noqa: E402
 from scripts.enums import CLASS_NAMES, OutputKey, Stage  # noqa: E402
 from scripts.metrics import PointingGameMetric, SoftDiceMetric  # noqa: E402
@@ -165,7 +166,7 @@ def evaluate(
     with torch.no_grad():
         for sl in batches(split["image"], batch_size):
             x = split["image"][sl].float().contiguous(memory_format=memory_format)
-            with torch.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            with precision.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
                 out = network(x)
             maps = nearest_resize(out[map_key].float(), x.shape[-2:])
             masks = split["mask"][sl]
@@ -214,7 +215,7 @@ def train_epochs(
         for sl in batches(order, batch_size):
             idx = order[sl].to(train["image"].device)
             x = shift_batch(train["image"][idx].float(), max_shift, generator).contiguous(memory_format=memory_format)
-            with torch.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            with precision.autocast(x.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
                 out = network(x)
             loss = loss_fn(out, train["label"][idx])
             optimizer.zero_grad(set_to_none=True)
@@ -283,7 +284,7 @@ def run_probe(
     device = torch.device(device)
     autocast = torch.bfloat16 if bf16 else None
     network = network.to(device=device, memory_format=memory_format)
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+    with torch.no_grad(), precision.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         probe_out = network.eval()(val["image"][:1].float().to(device))
     cell = val["image"].shape[-2] // probe_out[OutputKey.SALIENCY_GLOBAL].shape[-2]
 

@@ -1,7 +1,9 @@
-"""The bundle's code imports in layers: no module imports itself back through others (no import cycle), and no two of
+"""The bundle's code imports in layers: no module imports itself back through others (no import cycle), no two of
 its packages import each other (bundle/scripts' subpackages, the top-level modules as one more package, the
-``scripts/__init__`` facade on its own). Every ``import`` / ``from`` statement counts, those inside functions too
-(an import hidden in a function is still a cycle); every package, new ones included, is checked as it comes."""
+``scripts/__init__`` facade on its own), and the Ignite handlers stand below the workflow wings (``handlers`` imports
+none of ``training``, ``evaluation``, ``inference``, which all build on handlers). Every ``import`` / ``from``
+statement counts, those inside functions too (an import hidden in a function is still a cycle); every package, new
+ones included, is checked as it comes."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ SCRIPTS = BUNDLE_ROOT / "scripts"
 IGNORED_PACKAGES: tuple[str, ...] = ()
 TOP_LEVEL = "top-level modules"
 FACADE = "scripts/__init__"
+#: package -> the packages it must not import: the handlers are shared by the workflow wings, so they sit below them
+BELOW = {"handlers": ("training", "evaluation", "inference")}
 
 
 def modules_of(root: Path, ignored: tuple[str, ...] = ()) -> dict[str, Path]:
@@ -130,6 +134,16 @@ def mutual_packages(graph: dict[str, set[str]], root: Path) -> dict[tuple[str, s
     }
 
 
+def layer_violations(graph: dict[str, set[str]], root: Path, below: dict[str, tuple[str, ...]]) -> list[str]:
+    """``"module -> imported"`` for every import from a package of ``below`` into one it must stay below."""
+    return sorted(
+        f"{module} -> {other}"
+        for module, imported in graph.items()
+        for other in imported
+        if package_of(other, root) in below.get(package_of(module, root), ())
+    )
+
+
 def test_the_bundle_has_no_import_cycle_and_no_mutually_importing_packages():
     graph = import_graph(SCRIPTS, IGNORED_PACKAGES)
     # the graph sees the imports (a parser that saw none would pass): known ones, relative and absolute, in functions
@@ -141,6 +155,35 @@ def test_the_bundle_has_no_import_cycle_and_no_mutually_importing_packages():
     assert mutual == {}, "packages that import each other: " + "; ".join(
         f"{a} <-> {b}: {', '.join(edges)}" for (a, b), edges in mutual.items()
     )
+
+
+#: the wings: none imports another, and the evaluation's and inference's configs name no training component (what
+#: they share with training lives below them: scripts.distributed, scripts.runs, scripts.data.checks)
+WINGS = ("training", "evaluation", "inference")
+WING_CONFIGS = ("evaluate.yaml", "multi_gpu_evaluate.yaml", "inference.yaml", "multi_gpu_inference.yaml")
+
+
+def test_no_wing_imports_another_and_the_other_wings_configs_name_no_training_component():
+    graph = import_graph(SCRIPTS, IGNORED_PACKAGES)
+    crossing = sorted(
+        f"{module} -> {other}"
+        for module, imported in graph.items()
+        for other in imported
+        if package_of(module, SCRIPTS) in WINGS
+        and package_of(other, SCRIPTS) in WINGS
+        and package_of(module, SCRIPTS) != package_of(other, SCRIPTS)
+    )
+    assert crossing == [], f"wings importing each other: {crossing}"
+    assert "scripts.distributed" in graph["scripts.inference.ranks"]  # the graph sees the shared room
+    named = {
+        name: [
+            line.strip()
+            for line in (BUNDLE_ROOT / "configs" / name).read_text().splitlines()
+            if "scripts.training" in line
+        ]
+        for name in WING_CONFIGS
+    }
+    assert named == {name: [] for name in WING_CONFIGS}
 
 
 def write_package(root: Path, files: dict[str, str]) -> Path:
@@ -178,3 +221,34 @@ def test_the_checks_find_a_cycle_through_a_function_import_and_a_mutual_package_
         "pkg.data.read -> pkg.nets.model",
         "pkg.nets.model -> pkg.data.read",
     ]
+
+
+def test_the_handlers_import_no_workflow_wing():
+    graph = import_graph(SCRIPTS, IGNORED_PACKAGES)
+    assert "scripts.handlers.throughput" in graph["scripts.inference.step"]  # the wings build on the handlers
+    assert layer_violations(graph, SCRIPTS, BELOW) == [], "handlers must not import a workflow wing"
+
+
+def test_the_layer_check_finds_a_handler_that_imports_a_wing(tmp_path):
+    """A handler importing the inference wing (relative, inside a function) and another the training wing
+    (absolute) are found; the wings importing the handlers, and the handlers importing other packages, are not."""
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "atomic.py": "",
+            "handlers/__init__.py": "",
+            "handlers/timing.py": "from ..atomic import x\ndef f():\n    from ..inference.inputs import KEY\n",
+            "handlers/best.py": "import pkg.training.stage\n",
+            "inference/__init__.py": "",
+            "inference/inputs.py": "from ..handlers.timing import f\nKEY = 1\n",
+            "training/__init__.py": "",
+            "training/stage.py": "from pkg.handlers import best\n",
+        },
+    )
+    graph = import_graph(root)
+    assert layer_violations(graph, root, BELOW) == [
+        "pkg.handlers.best -> pkg.training.stage",
+        "pkg.handlers.timing -> pkg.inference.inputs",
+    ]
+    assert layer_violations(graph, root, {}) == []

@@ -1,4 +1,9 @@
-"""Atomic file writes: what a user produced is either the old file or the complete new one, never a torn file."""
+"""Atomic file writes: what a user produced is either the old file or the complete new one, never a torn file.
+
+The one owner of the project's temporary-file-and-rename: :func:`atomic_write` (a file object, synced),
+:func:`atomic_path` (a temporary path for writers that take a file name) and :func:`move_into_place` (the rename
+itself, for files staged elsewhere, e.g. an inference run's files committed together). No other module renames a
+file (tests/test_owners.py checks it)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "disk_full"]
+__all__ = ["atomic_write", "atomic_path", "move_into_place", "disk_full"]
 
 
 @contextmanager
@@ -33,7 +38,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        move_into_place(tmp, path)
     except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -41,6 +46,47 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from err
         raise
     _fsync_dir(path.parent)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, staged_name: str | None = None, durable: bool = False) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that takes a file name (nibabel, which picks the compression
+    from the extension, pydicom, pynrrd, PIL, ``torch.save``); when the block ends without error the file is moved
+    over ``path`` (:func:`move_into_place`), on any error it is removed and ``path`` is left untouched.
+
+        with atomic_path("maps/x.nii.gz") as tmp:
+            nib.save(image, str(tmp))
+
+    Args:
+        path: the final file; its folder is created when missing.
+        staged_name: the temporary file's name in ``path``'s folder. Default ``.tmp<pid>-<name>``: hidden, and
+            ending with the final name so that its extension stays. Give one where the name matters: a short one
+            when the final name may be 255 bytes long; the name of a file ``torch.save`` writes, which records it
+            (less its last suffix) in the archive, so that the bytes stay those the file had before.
+        durable: sync the content and the rename to disk (as :func:`atomic_write` always does); off by default for
+            files that can be written again (a synthetic data set, a converted checkpoint, a run that resumes).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(staged_name or f".tmp{os.getpid()}-{path.name}")
+    try:
+        yield tmp
+        move_into_place(tmp, path, durable=durable)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def move_into_place(staged: str | os.PathLike, path: str | os.PathLike, durable: bool = False) -> None:
+    """Rename the complete file (or folder) ``staged`` over ``path`` in one step (``os.replace``: on the same file
+    system, a reader sees the old file or the new one, never a part). ``durable``: the file's content is synced
+    before the rename and its folder after it, so that a crash cannot leave the new name over lost content."""
+    if durable and os.path.isfile(staged):
+        with open(staged, "rb") as f:
+            os.fsync(f.fileno())
+    os.replace(staged, path)
+    if durable:
+        _fsync_dir(Path(path).parent)
 
 
 def disk_full(err: BaseException | None) -> OSError | None:

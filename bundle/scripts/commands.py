@@ -1,15 +1,23 @@
 """The ``python -m monai.bundle run ...`` command line, as training, evaluation and inference read it.
 
+MONAI reads the command line once (Python Fire parses it into the arguments of ``monai.bundle.scripts.run``), reads
+the config files once (its ``ConfigWorkflow``'s ``ConfigParser``, with the overrides merged in) and evaluates the
+run id on that parser. The bundle reads neither again: it takes what MONAI parsed.
+
+- :func:`command_line`: the arguments MONAI's ``run`` was called with (the run arguments and the overrides, as Fire
+  parsed them), read from that call; None in a process that is not that command (the Python API, a test);
+- :func:`running_parser`: the ``ConfigParser`` evaluating the config entry that calls it (train.yaml's
+  ``training`` runs the stages on it: :func:`scripts.training.workflow.run_training`).
+
 MONAI merges every ``--key`` into the configuration, whether or not the configuration has such a key, and evaluates
 expressions only when something needs them: a typo (``--epoch 1``) was ignored, and a problem of the user's (a missing
 folder, a read-only checkpoint folder) surfaced as a 60-line traceback ending in MONAI's "Failed to evaluate
-ConfigExpression". This module gives the three workflows one reading of that command line:
+ConfigExpression". Hence:
 
-- :func:`command_line`: the run arguments and the overrides, each value parsed as MONAI's command line (Python
-  Fire) parses it; :class:`~scripts.training.workflow.GLAMTrainingWorkflow` is built from it under the plain
-  ``monai.bundle run training``;
 - :func:`check_command_line`: every ``--key`` names an id of the config files, or a new argument of one of their
   components; an unknown one is refused with the closest known id (``difflib``). (The Python API may add ids.)
+  MONAI's parser holds the files with the overrides already merged, which no longer tells an override of an id of
+  the files from a new id: this check is the one reader of the files besides MONAI (only their ids are used);
 - :func:`check_writable`: a folder option accepts a new file.
 
 Errors the user can fix are :class:`UsageError` (or another exception raised with a message by the bundle's own
@@ -20,12 +28,12 @@ code); :func:`install_excepthook` prints them as ``error: <message>`` without th
 
 from __future__ import annotations
 
-import ast
 import difflib
+import inspect
 import logging
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +48,8 @@ __all__ = [
     "user_error",
     "install_excepthook",
     "disk_full_message",
-    "command_line_overrides",
     "command_line",
+    "running_parser",
     "command_line_config",
     "check_overrides",
     "check_writable",
@@ -182,60 +190,39 @@ def install_excepthook() -> None:
             target.addFilter(_UserErrorTraceback())
 
 
-# -- overrides -----------------------------------------------------------------------------------------------------
-def _literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+# -- what MONAI parsed ------------------------------------------------------------------------------------------
+def _calling_frame(*functions: Any) -> Any:
+    """The innermost frame on this thread's call stack that runs one of ``functions`` (None when none does)."""
+    codes = {f.__code__ for f in functions}
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code not in codes:
+        frame = frame.f_back
+    return frame
 
 
-def command_line_overrides(argv: Sequence[str] | None = None) -> tuple[list[str], dict[str, Any]] | None:
-    """``(override ids, run arguments)`` of a ``python -m monai.bundle run ...`` command line (``sys.argv`` by
-    default): every ``--key`` / ``--key=value`` in order, and the run arguments (:func:`command_line`). None when
-    this process is not that command (the Python API, a test)."""
-    given = command_line(argv)
-    return None if given is None else (list(given[1]), given[0])
+def command_line() -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(run arguments, overrides)`` of the ``python -m monai.bundle run ...`` (or ``run_workflow``) call this
+    process is inside, as MONAI received them: Python Fire's parse of the command line, taken from the arguments
+    of ``monai.bundle.scripts.run`` on the call stack (the command line is not parsed again). The run arguments are
+    the given ones among :data:`RUN_ARGUMENTS` (``config_file``, ``meta_file``, ``tracking``, ``args_file``, the
+    ids...), with an ``--args_file``'s defaults under the run arguments and the overrides. None outside that call
+    (the Python API, a test).
 
+    MONAI gives a config entry no handle on the command it runs, hence the call stack: ``run``'s signature is MONAI's
+    public API (monai 1.6.1 is pinned; ``tests/training/test_one_reader.py`` pins the rule)."""
+    from monai.bundle import scripts as bundle_scripts
 
-def _parse_value(text: str) -> Any:
-    """A command-line value as ``python -m monai.bundle`` (Python Fire) parses it: ``[S_c,S_g]`` is a list of two
-    strings, ``1e-3`` a float, ``{'local': 3e-5}`` a dict, anything else the text."""
-    try:
-        from fire.parser import DefaultParseValue
-    except ImportError:  # fire is MONAI's command-line dependency: without it there is no such command line
-        return _literal(text)
-    return DefaultParseValue(text)
-
-
-def command_line(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """``(run arguments, overrides)`` of a ``python -m monai.bundle run ...`` command line (``sys.argv`` by default),
-    each value parsed as MONAI's command line parses it (:func:`_parse_value`); the run arguments are those of
-    ``monai.bundle.run`` (``config_file``, ``meta_file``, ``logging_file``, ``tracking``, ``args_file``, the ids),
-    with an ``--args_file``'s defaults under them. None when this process is not that command (the Python API)."""
-    argv = list(sys.argv if argv is None else argv)
-    if not argv or not argv[0].replace("\\", "/").endswith("monai/bundle/__main__.py"):
+    frame = _calling_frame(bundle_scripts.run, bundle_scripts.run_workflow)
+    if frame is None:
         return None
-    arguments: dict[str, Any] = {}
-    overrides: dict[str, Any] = {}
-    i = 1
-    if len(argv) > 2 and argv[1] == "run" and not argv[2].startswith("--"):
-        arguments["run_id"] = argv[2]
-    while i < len(argv):
-        token = argv[i]
-        if token.startswith("--") and len(token) > 2:
-            key, eq, value = token[2:].partition("=")
-            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                value = argv[i + 1]
-                i += 1
-            elif not eq:
-                value = "true"  # a bare flag: Fire's True
-            plain = key.replace("-", "_")
-            if plain in RUN_ARGUMENTS:
-                arguments[plain] = _parse_value(value)
-            else:
-                overrides[key] = _parse_value(value)
-        i += 1
+    try:
+        info = inspect.getargvalues(frame)
+        given = {name: info.locals[name] for name in info.args}
+        given.update(info.locals[info.keywords] if info.keywords else {})
+    finally:
+        del frame
+    arguments = {k: v for k, v in given.items() if k in RUN_ARGUMENTS and v is not None}  # run's unset defaults
+    overrides = {k: v for k, v in given.items() if k not in RUN_ARGUMENTS}
     if arguments.get("args_file"):
         defaults = ConfigParser.load_config_files(arguments.pop("args_file"))
         arguments = {**{k: v for k, v in defaults.items() if k in RUN_ARGUMENTS}, **arguments}
@@ -243,10 +230,26 @@ def command_line(argv: Sequence[str] | None = None) -> tuple[dict[str, Any], dic
     return arguments, overrides
 
 
-def command_line_config(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
-    """The merged configuration a ``monai.bundle run`` command line describes (its config files, metadata and
-    overrides, as MONAI merges them), or None outside that command."""
-    given = command_line(argv)
+def running_parser() -> ConfigParser:
+    """The ``ConfigParser`` whose ``get_parsed_content`` is evaluating the caller: for a config entry's component,
+    the parser of the workflow running it (under ``python -m monai.bundle run``, the one MONAI built from the command
+    line and the config files). MONAI passes a component its arguments only, hence the call stack.
+
+    Raises:
+        RuntimeError: the caller is not evaluated by a ``ConfigParser`` (called from plain Python)."""
+    frame = _calling_frame(ConfigParser.get_parsed_content)
+    if frame is None:
+        raise RuntimeError("running_parser() is called by a config entry that a ConfigParser evaluates")
+    try:
+        return frame.f_locals["self"]
+    finally:
+        del frame
+
+
+def command_line_config() -> dict[str, Any] | None:
+    """The merged configuration the ``monai.bundle run`` command describes (its config files, metadata and
+    overrides, as MONAI merges them, before its macros are resolved), or None outside that command."""
+    given = command_line()
     if given is None:
         return None
     arguments, overrides = given
@@ -369,13 +372,14 @@ def check_tracking(tracking: Any) -> None:
 
 
 # -- the whole check -----------------------------------------------------------------------------------------------
-def check_command_line(argv: Sequence[str] | None = None) -> None:
-    """:func:`install_excepthook`, then every ``--key`` of a ``monai.bundle run`` command line checked against the
-    config files it names (:func:`check_overrides`); nothing to check outside that command. evaluate.yaml's first
-    ``evaluating`` entry, and the start of :func:`preflight_training`."""
+def check_command_line(given: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> None:
+    """:func:`install_excepthook`, then every override of the ``monai.bundle run`` command checked against the
+    config files it names (:func:`check_overrides`); nothing to check outside that command. ``given``: ``(run
+    arguments, overrides)``, by default MONAI's (:func:`command_line`). evaluate.yaml's and inference.yaml's first
+    entry, and the start of :func:`~scripts.training.preflight.preflight_training`."""
     install_excepthook()
-    given = command_line_overrides(argv)
+    given = command_line() if given is None else given
     if given is not None:
-        keys, arguments = given
+        arguments, overrides = given
         check_tracking(arguments.get("tracking"))
-        check_overrides(keys, _file_config(arguments))
+        check_overrides(list(overrides), _file_config(arguments))

@@ -8,6 +8,7 @@ from monai.losses import DiceLoss
 from torch import nn
 
 from .enums import STAGES, OutputKey, Stage
+from .precision import full_precision
 
 # the global module's three maps S_0, S_1, S_2, each under the sparsity term
 SCALE_KEYS = (OutputKey.SALIENCY_SCALE0, OutputKey.SALIENCY_SCALE1, OutputKey.SALIENCY_SCALE2)
@@ -17,7 +18,7 @@ __all__ = ["GLAMLoss", "CAMLoss", "GMICLoss", "MaskDiceBCELoss"]
 
 def _bce(probabilities: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     # Binary cross-entropy on probabilities is not autocast-safe: compute it in float32 outside autocast.
-    with torch.autocast(device_type=probabilities.device.type, enabled=False):
+    with full_precision(probabilities.device.type):
         p = probabilities.float()
         # torch's BCE refuses a NaN probability (a RuntimeError on the CPU, a device-side assert that ends the process
         # on CUDA): diverged weights make the loss NaN instead, for the training's stop handler to report
@@ -174,7 +175,7 @@ class MaskDiceBCELoss(nn.Module):
             raise ValueError(
                 f"logits {tuple(logits.shape)}, mask {tuple(mask.shape)} and label {tuple(label.shape)} disagree"
             )
-        with torch.autocast(device_type=logits.device.type, enabled=False):
+        with full_precision(logits.device.type):
             logits, mask = logits.float(), mask.float()
             known = ((label < 0.5) | (mask.flatten(2).amax(dim=2) > 0)).float()  # (B, C)
             count = known.sum().clamp_min(1.0)

@@ -13,7 +13,11 @@ network and its inputs use.
 Why the workflows keep their own inferer rather than MONAI's AMP alone: see above (bf16 on any device, no scaler).
 The inference workflow (``scripts.inference.step``) and the fast inference copy (``scripts.networks.fast_inference``)
 autocast inside their own forward step, under ``torch.no_grad``, without an engine: they need neither MONAI's AMP
-nor this inferer.
+nor this inferer, only :func:`autocast`.
+
+This module is the one place that enters ``torch.autocast`` (tests/test_owners.py checks it): :func:`autocast` for
+a forward pass in lower precision, :func:`full_precision` for the computations inside one that need float32 (the
+losses' binary cross-entropy).
 """
 
 from __future__ import annotations
@@ -24,9 +28,31 @@ import torch
 from monai.inferers import SimpleInferer
 from monai.utils import str2bool
 
-__all__ = ["AutocastInferer", "amp_plan", "as_dtype", "autocast_dtype", "engine_amp", "memory_format"]
+__all__ = [
+    "AutocastInferer",
+    "amp_plan",
+    "as_dtype",
+    "autocast",
+    "autocast_dtype",
+    "engine_amp",
+    "full_precision",
+    "memory_format",
+]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def autocast(device_type: str, dtype: torch.dtype | None = torch.bfloat16, enabled: bool = True) -> torch.autocast:
+    """``torch.autocast(device_type, dtype=dtype, enabled=enabled)``: the forward pass on ``device_type``
+    (``"cuda"``, ``"cpu"``: the device of the inputs, so that a CPU run takes the path a GPU run takes) in ``dtype``
+    (None: torch's default for the device); ``enabled=False`` runs it in the network's own precision."""
+    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
+
+
+def full_precision(device_type: str) -> torch.autocast:
+    """Autocast switched off on ``device_type`` for a block inside an autocast region: what it computes on float32
+    inputs stays float32 (the losses' binary cross-entropy, which is not autocast-safe)."""
+    return torch.autocast(device_type=device_type, enabled=False)
 
 
 def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -96,5 +122,5 @@ class AutocastInferer(SimpleInferer):
         self.dtype = None if dtype is None else as_dtype(dtype)
 
     def __call__(self, inputs: torch.Tensor, network: Any, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(inputs.device.type, dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None):
+        with autocast(inputs.device.type, dtype=self.dtype or torch.bfloat16, enabled=self.dtype is not None):
             return super().__call__(inputs, network, *args, **kwargs)

@@ -40,13 +40,13 @@ def bad_datalist(tmp_path, tiny_datalist) -> tuple[str, list[str]]:
 def calls(monkeypatch) -> dict[str, list]:
     """Record the data check and the stage runner instead of training (the config looks both up when it runs)."""
     seen: dict[str, list] = {"check": [], "train": []}
-    real_check = scripts.data.assert_datalist_ok
+    real_check = scripts.data.checks.assert_datalist_ok
 
     def check(*args, **kwargs):
         seen["check"].append(args)
         return real_check(*args, **kwargs)
 
-    monkeypatch.setattr(scripts.data, "assert_datalist_ok", check)
+    monkeypatch.setattr(scripts.data.checks, "assert_datalist_ok", check)
     monkeypatch.setattr(
         scripts.training.workflow, "run_stages", lambda parser, stage, *args: seen["train"].append(stage) or []
     )

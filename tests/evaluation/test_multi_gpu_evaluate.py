@@ -135,14 +135,14 @@ def test_overlay_runs_evaluate_yaml_steps_with_the_group_joined_and_the_check_sh
     single, multi = raw(EVAL_CONFIG), raw(MULTI_GPU_EVAL)
     steps = [target(s) for s in multi["evaluating"]]
     joined = [
-        "scripts.training.distributed.init_distributed",
-        "$scripts.training.distributed.quiet_other_ranks(@log_level_other_ranks)",
-        "$scripts.training.distributed.is_rank_zero() or scripts.training.distributed.barrier()",
+        "scripts.distributed.init_distributed",
+        "$scripts.distributed.quiet_other_ranks(@log_level_other_ranks)",
+        "$scripts.distributed.is_rank_zero() or scripts.distributed.barrier()",
         "$@datalist",
-        "$scripts.training.distributed.is_rank_zero() and scripts.training.distributed.barrier()",
+        "$scripts.distributed.is_rank_zero() and scripts.distributed.barrier()",
     ]
     expected = [target(s) for s in single["evaluating"]]
-    assert expected[4] == "scripts.training.preflight.check_data"
+    assert expected[4] == "scripts.data.checks.check_data"
     expected[4] = "scripts.evaluation.ranks.check_data_on_ranks"
     assert steps == expected[:1] + joined + expected[1:]
     shared_check = multi["evaluating"][len(joined) + 4]
@@ -151,7 +151,7 @@ def test_overlay_runs_evaluate_yaml_steps_with_the_group_joined_and_the_check_sh
     }
     # the steps MONAI's `run` evaluates other than in evaluate.yaml: the same arguments
     for a, b in zip(single["evaluating"], [s for s in multi["evaluating"] if target(s) in expected]):
-        if target(a) != "scripts.training.preflight.check_data":
+        if target(a) != "scripts.data.checks.check_data":
             assert a == b
     handlers = single["handlers"]
     assert [target(h).rsplit(".", 1)[-1] in RANK_ZERO_ONLY for h in handlers] == [True, True, False]
@@ -209,8 +209,7 @@ def test_data_check_of_two_ranks_equals_one_process(tmp_path, split_setup):
     its index in the whole split, an image listed in both blocks among them), or return its report."""
     import torch.multiprocessing as mp
 
-    from scripts.data.checks import DataCheckError
-    from scripts.training.preflight import check_data
+    from scripts.data.checks import DataCheckError, check_data
 
     _, _, items = split_setup
     bad = [dict(it) for it in items[:5]]

@@ -8,6 +8,7 @@ another run's folder is refused, and so is a folder that cannot be written, befo
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -183,9 +184,9 @@ def test_sigkill_at_any_point_then_the_same_command_finishes_every_image_once(ca
     # once, though tried by every run (the other rows are notes: views unknown, lateralities inferred)
     assert [Path(e["image"]).name for e in errors if e["error"]] == ["corrupt.png"]
     assert _temporaries(out) == []
-    listed = {f for r in rows for f in r["files"].split(";")}
+    listed = {f for r in rows for f in r["files"].split(";")} | {f"manifests/{r['output_stem']}.json" for r in rows}
     on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.parent != out}
-    assert on_disk == listed  # no orphan files of an interrupted image
+    assert on_disk == listed  # no orphan files (nor manifests) of an interrupted image
     for row in rows:
         ref = expected[row["image"]]
         assert {k: v for k, v in row.items() if k not in ("files",)} == {k: v for k, v in ref.items() if k != "files"}
@@ -263,7 +264,9 @@ def test_another_runs_folder_is_refused_naming_what_differs(tiny_run, case, tmp_
     assert _snapshot(out) == before  # nothing there was changed
 
     (out / "run.json").unlink()  # outputs without a record (an earlier version)
-    with pytest.raises(OutputFolderRefused, match="holds predictions.csv, errors.csv, maps, panels but no run.json"):
+    with pytest.raises(
+        OutputFolderRefused, match="holds predictions.csv, errors.csv, maps, panels, manifests but no run.json"
+    ):
         tiny_run()
 
 
@@ -358,3 +361,67 @@ def test_the_record_of_a_run_that_wrote_nothing_gives_way(tmp_path):
     assert json.loads((tmp_path / "out" / "run.json").read_text())["settings"]["checkpoint_sha256"] == "b"
     with pytest.raises(OutputFolderRefused, match='checkpoint_sha256: "b" there, "a" now'):
         InferenceOutputFolder(tmp_path / "out", {"checkpoint_sha256": "a"}, OutputSelection()).open([])
+
+
+def test_a_file_of_the_recorded_size_with_another_end_makes_its_image_run_again(tiny_run, caplog):
+    # the manifest, not the format: a panel whose last block was zeroed (a crash before the data reached the disk)
+    # keeps its size, and only its manifest's hash of the last bytes tells it apart
+    out = tiny_run()
+    rows = list(csv.DictReader(open(out / "predictions.csv", newline="", encoding="utf-8")))
+    panel = out / "panels" / f"{rows[0]['output_stem']}_panel.png"
+    data = panel.read_bytes()
+    panel.write_bytes(data[:-100] + bytes(100))
+    with caplog.at_level("INFO", logger="scripts"):
+        tiny_run()
+    assert "1 images in predictions.csv have missing or damaged files: they are run again" in caplog.text
+    assert "resuming: 2 of 3 inputs are done already (skipped), 1 to run" in caplog.text
+    assert panel.read_bytes() == data  # the same image again, the same bytes
+
+
+def test_an_earlier_versions_folder_without_manifests_is_run_again_once(tiny_run, caplog):
+    # an earlier version wrote the same files but no manifests: each of its images is run again (one inference
+    # each), its files are replaced by the same bytes, and from then on the folder resumes as any other
+    out = tiny_run()
+    before = {k: data for k, (data, _) in _snapshot(out).items() if k != "timing.json"}
+    shutil.rmtree(out / "manifests")
+    with caplog.at_level("INFO", logger="scripts"):
+        tiny_run()
+    assert "3 images in predictions.csv were written by an earlier version" in caplog.text
+    assert "missing or damaged" not in caplog.text
+    after = {k: data for k, (data, _) in _snapshot(out).items() if k != "timing.json"}
+    assert after == before  # every file (tables, maps, panels, manifests) as the first run wrote it
+    caplog.clear()
+    with caplog.at_level("INFO", logger="scripts"):
+        tiny_run()
+    assert "resuming: 3 of 3 inputs are done already (skipped), 0 to run" in caplog.text
+
+
+def test_files_are_complete_only_as_their_manifest_records_them(tmp_path):
+    from scripts.inference.files import TAIL_BYTES, StagedFiles, files_are_complete
+
+    staged = StagedFiles(tmp_path, "manifests/a.json")
+    big = bytes(range(256)) * (TAIL_BYTES // 128)  # two tail lengths long
+    staged.path("maps/a.bin").write_bytes(big)
+    staged.path("panels/a.png").write_bytes(b"small")
+    files = staged.commit()
+    assert files == ["maps/a.bin", "panels/a.png"] and not _temporaries(tmp_path)
+    record = json.loads((tmp_path / "manifests" / "a.json").read_text())["files"]
+    # independent of the code: the sizes, and the SHA-256 of the last TAIL_BYTES (all of a smaller file)
+    assert record["maps/a.bin"] == {"size": len(big), "tail_sha256": hashlib.sha256(big[-TAIL_BYTES:]).hexdigest()}
+    assert record["panels/a.png"] == {"size": 5, "tail_sha256": hashlib.sha256(b"small").hexdigest()}
+    assert files_are_complete(tmp_path, "a", files)
+    assert files_are_complete(tmp_path, "a", list(reversed(files)))  # the order the row lists them in is free
+    assert files_are_complete(tmp_path, "none", [])  # nothing written, nothing to check
+    assert not files_are_complete(tmp_path, "a", files[:1])  # the row and the manifest disagree
+    assert not files_are_complete(tmp_path, "b", files)  # no manifest
+    (tmp_path / "maps" / "a.bin").write_bytes(b"\xff" + big[1:])  # same size and end: a change at the start is
+    assert files_are_complete(tmp_path, "a", files)  # not looked for (the check reads one block per file)
+    (tmp_path / "panels" / "a.png").write_bytes(b"smalL")
+    assert not files_are_complete(tmp_path, "a", files)
+    (tmp_path / "panels" / "a.png").unlink()
+    assert not files_are_complete(tmp_path, "a", files)
+    (tmp_path / "manifests" / "a.json").write_text("{not json")
+    assert not files_are_complete(tmp_path, "a", [files[0]])
+    # nothing staged: no manifest
+    empty = StagedFiles(tmp_path, "manifests/c.json")
+    assert empty.commit() == [] and not (tmp_path / "manifests" / "c.json").exists()

@@ -319,6 +319,7 @@ def test_default_outputs_are_the_s_c_map_and_the_panel(inputs, tmp_path):
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     stems = sorted(r["output_stem"] for r in rows)
     expected = [f"maps/{s}_S_c.nii.gz" for s in stems] + [f"panels/{s}_panel.png" for s in stems]
+    expected += [f"manifests/{s}.json" for s in stems]  # what a rerun checks the files against
     assert files == sorted([*expected, "breasts.csv", "errors.csv", "predictions.csv", "run.json", "timing.json"])
     for row in rows:
         assert row["files"] == f"maps/{row['output_stem']}_S_c.nii.gz;panels/{row['output_stem']}_panel.png"

@@ -149,8 +149,8 @@ def test_auto_workers_and_writers_share_the_node_among_its_processes(monkeypatch
 
 
 def test_the_overlay_refuses_to_run_without_torchrun(monkeypatch):
+    from scripts.distributed import TORCHRUN_ENV
     from scripts.inference.ranks import InferenceRanks
-    from scripts.training.distributed import TORCHRUN_ENV
 
     for key in TORCHRUN_ENV:
         monkeypatch.delenv(key, raising=False)
@@ -287,16 +287,15 @@ def _table_rows(path: Path) -> list[dict]:
 
 def _done(out: Path) -> set[str]:
     """The inputs the folder's predictions tables hold (the folder's and the ranks'), each once per table, every file
-    they list complete."""
-    from scripts.inference.folder import file_is_complete
+    they list complete (as their manifests record them)."""
+    from scripts.inference.files import files_are_complete
 
     done: set[str] = set()
     for path in [out / "predictions.csv", *sorted(out.glob("predictions.rank*.csv"))]:
         rows = _table_rows(path)
         assert len({r["image"] for r in rows}) == len(rows), f"{path.name} lists an input twice"
         for row in rows:
-            size = (int(row["height"]), int(row["width"]))
-            assert all(file_is_complete(out / f, size) for f in row["files"].split(";")), row["image"]
+            assert files_are_complete(out, row["output_stem"], row["files"].split(";")), row["image"]
         done |= {r["image"] for r in rows}
     return done
 

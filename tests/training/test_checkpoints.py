@@ -412,3 +412,74 @@ def test_previous_modules_mapping_loads_a_whole_file_into_a_submodule(tmp_path):
         ).load(None)
     with pytest.raises(ValueError, match=r"mapping \{submodule: prefix in the file\}"):
         StageCheckpointer(tmp_path / "v", {"network": network}, previous_modules={"first": 1})
+
+
+def _old_layout_last_pt(run: Run, path: Path) -> None:
+    """``last.pt`` as StageCheckpointer wrote it before Ignite's ``Checkpoint`` did (0.10.0 and earlier): one
+    ``torch.save`` of ``{name: state dict}`` over the save_dict and the trainer, the network as its plain CPU state
+    dict, through the bundle's atomic write."""
+    objects = {**run.checkpointer.save_dict, "trainer": run.trainer}
+    state = {name: plain_state_dict(obj) if name == "network" else obj.state_dict() for name, obj in objects.items()}
+    save_atomic(state, path)
+
+
+def test_an_earlier_versions_last_pt_resumes_to_the_uninterrupted_run(tmp_path):
+    scores = {1: 0.5, 2: 0.3, 3: 0.6, 4: 0.45}
+    reference = Run(tmp_path / "ref", scores, max_epochs=4).run()
+    cut = Run(tmp_path / "cut", scores, max_epochs=4, stop_at=2).run()
+    # the layout did not change: the file the old code writes is, byte for byte, the one written now
+    _old_layout_last_pt(cut, tmp_path / "old.pt")
+    assert (tmp_path / "old.pt").read_bytes() == (tmp_path / "cut" / "last.pt").read_bytes()
+    # resume from the earlier version's file (not from one the new code wrote)
+    os.replace(tmp_path / "old.pt", tmp_path / "cut" / "last.pt")
+    resumed = Run(tmp_path / "cut", scores, max_epochs=4, resume=True, init_seed=7).run()
+    assert resumed.started_state["epoch"] == 2 and resumed.started_state["best"] == (0.5, 1)
+    assert sorted(resumed.snapshots) == [3, 4]
+    assert_identical(resumed.snapshots[4], reference.snapshots[4], "final weights")
+    assert_identical(_load(tmp_path / "cut" / "last.pt"), _load(tmp_path / "ref" / "last.pt"), "last.pt")
+    # epoch 3 was a new best after the resume: model.pt is the reference's epoch-3 model, a plain state dict
+    best = _load(tmp_path / "cut" / "model.pt")
+    assert type(best) is dict and all(t.device.type == "cpu" for t in best.values())
+    assert_identical(best, reference.snapshots[3], "model.pt")
+    assert_identical(best, _load(tmp_path / "ref" / "model.pt"), "model.pt")
+
+
+def test_checkpoint_files_are_ignites_and_replace_without_a_gap(tmp_path, monkeypatch):
+    # Ignite's Checkpoint writes both files through the atomic DiskSaver; it never deletes a file before replacing it
+    from ignite.handlers import Checkpoint, DiskSaver
+
+    calls: list[str] = []
+    original = Checkpoint.__call__
+
+    def spy(self, engine, *args, **kwargs):
+        assert isinstance(self.save_handler, DiskSaver) and self.save_handler._atomic
+        calls.append(self.filename_pattern)
+        return original(self, engine, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpoint, "__call__", spy)
+    removed: list[str] = []
+    monkeypatch.setattr(os, "unlink", lambda path, *a, **k: removed.append(str(path)))
+    Run(tmp_path, {1: 0.1, 2: 0.2, 3: 0.15}, max_epochs=3).run()
+    assert calls == ["model.pt", "last.pt", "model.pt", "last.pt", "last.pt"]
+    assert removed == []  # neither the old model.pt / last.pt nor a temporary file was removed
+    assert sorted(os.listdir(tmp_path)) == ["last.pt", "model.pt", "selection.json"]
+
+
+def test_tensors_are_moved_to_the_cpu_only_when_elsewhere():
+    from scripts.training.checkpoints import _on_cpu
+
+    state = {"w": torch.ones(2), "nested": [{"step": torch.tensor(3.0)}, (1, "a")], "lr": 0.1}
+    assert _on_cpu(state) is state  # on the CPU already: the very object, so the file is what torch.save writes
+
+    class Elsewhere(torch.Tensor):  # a tensor that reports another device, moved by .cpu()
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+        def cpu(self):
+            return torch.Tensor(self).clone()
+
+    away = torch.arange(3.0).as_subclass(Elsewhere)
+    moved = _on_cpu({"a": {"m": away}, "b": [away], "c": 5})
+    assert type(moved["a"]["m"]) is torch.Tensor and torch.equal(moved["a"]["m"], torch.arange(3.0))
+    assert type(moved["b"][0]) is torch.Tensor and moved["c"] == 5

@@ -419,29 +419,32 @@ def test_unfinished_run_without_a_record_is_told_by_the_trainer_state(tmp_path):
 
 
 def test_command_line_overrides_are_checked_against_the_config_files():
-    """The argv of `python -m monai.bundle run`: `--key value` and `--key=value`, nested ids, MONAI's own
-    arguments, tracking ids and new arguments of a component pass; an unknown id names its closest sibling."""
+    """The overrides MONAI's `run` received (as Fire parsed them): nested ids, tracking ids and new arguments of a
+    component pass; an unknown id names its closest sibling."""
     from scripts.commands import check_command_line
 
-    main = "/venv/lib/python3.11/site-packages/monai/bundle/__main__.py"
-    files = f"['{TRAIN_CONFIG}','{TRAIN_CONFIG.parent / 'evaluate.yaml'}']"
-    base = [main, "run", "evaluating", "--config_file", files, "--meta_file", META]
-    check_command_line(base + ["--eval_split=validation", "--validate#metrics#val_auc_mean#average", "micro"])
-    check_command_line(base + ["--tracking", "mlflow", "--tracking_uri", "sqlite:///x.db", "--epochs", "1"])
+    files = [str(TRAIN_CONFIG), str(TRAIN_CONFIG.parent / "evaluate.yaml")]
+    arguments = {"run_id": "evaluating", "config_file": files, "meta_file": META}
+
+    def check(**overrides):
+        check_command_line((arguments, overrides))
+
+    check(**{"eval_split": "validation", "validate#metrics#val_auc_mean#average": "micro"})
+    check_command_line(({**arguments, "tracking": "mlflow"}, {"tracking_uri": "sqlite:///x.db", "epochs": 1}))
     with pytest.raises(UsageError, match=r"unknown option --eval_splt: .*did you mean --eval_split\?"):
-        check_command_line(base + ["--eval_splt", "validation"])
+        check(eval_splt="validation")
     with pytest.raises(
         UsageError, match=r"unknown option --validate#metrics#val_auc_men: .*--validate#metrics#val_auc_mean"
     ):
-        check_command_line(base + ["--validate#metrics#val_auc_men", "x"])
-    check_command_line(["/usr/bin/pytest", "--no_such_key", "1"])  # not the bundle command: nothing to check
+        check(**{"validate#metrics#val_auc_men": "x"})
+    check_command_line()  # not inside MONAI's `run` (pytest): nothing to check
     # a new argument of a component passes (MONAI hands it over; the component refuses a name it does not take),
     # unless it is spelled like one the component has
-    check_command_line(base + ["--validate#postprocessing#scales", "true"])
+    check(**{"validate#postprocessing#scales": True})
     with pytest.raises(UsageError, match=r"--validate#postprocessing#gama_c: .*--validate#postprocessing#gamma_c"):
-        check_command_line(base + ["--validate#postprocessing#gama_c", "0.3"])
+        check(**{"validate#postprocessing#gama_c": 0.3})
     with pytest.raises(UsageError, match=r"unknown option --validate#no_such#scales"):
-        check_command_line(base + ["--validate#no_such#scales", "true"])  # no such component
+        check(**{"validate#no_such#scales": True})  # no such component
 
 
 def test_engine_exception_logs_keep_their_line_but_not_a_user_errors_traceback(monkeypatch):

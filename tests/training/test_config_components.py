@@ -16,23 +16,32 @@ from monai.bundle import ConfigParser
 from monai.handlers import EarlyStopHandler
 
 from scripts.commands import UsageError
+from scripts.data.checks import check_data
+from scripts.distributed import is_rank_zero
 from scripts.evaluation.report import run_evaluation
 from scripts.handlers.metrics import ClassScores
 from scripts.handlers.training_state import additional_metrics, early_stopping, key_metric, key_metric_score
 from scripts.precision import as_dtype, autocast_dtype, engine_amp, memory_format
+from scripts.runs import path_in, run_name
 from scripts.training.batch import stage_prepare_batch
 from scripts.training.checkpoints import StageCheckpointer
 from scripts.training.datasets import default_cache_dir, read_datalist, single_thread_worker, split_items, uses_workers
-from scripts.training.distributed import device_ids, is_rank_zero
-from scripts.training.preflight import check_data, per_stage
+from scripts.training.distributed import device_ids
+from scripts.training.preflight import per_stage
 from scripts.training.selection import choose_selection, configured_selection
-from scripts.training.stage import key_map, path_in, previous_model, previous_stage, train_stage, trainable_parameters
-from scripts.training.tracking import run_name
+from scripts.training.stage import (
+    key_map,
+    previous_model,
+    previous_modules,
+    previous_stage,
+    train_stage,
+    trainable_parameters,
+)
 
 LR = {"global": 3.0e-5, "local": 2.0e-5, "joint": 1.0e-5}
 
 
-# -- scripts.training.stage ------------------------------------------------------------------------------------------
+# -- scripts.runs, scripts.training.stage ----------------------------------------------------------------------------
 def test_path_in_joins_like_os_path_join():
     assert path_in("/a/b", "c.json") == "/a/b/c.json"
     assert path_in("rel", "models") == os.path.join("rel", "models")
@@ -45,6 +54,17 @@ def test_previous_stage_and_model_follow_the_training_order():
     assert previous_model("/ck", "joint") == "/ck/local/model.pt"
     with pytest.raises(ValueError, match="stage must be one of"):
         previous_model("/ck", "all")
+
+
+def test_a_model_to_start_from_reaches_the_global_stage_only_with_its_modules():
+    """previous_model's ``init`` and previous_modules (the quick start's shipped global module; None: from scratch)."""
+    starts = [previous_model("/ck", s, init="m.pt") for s in ("global", "local", "joint")]
+    assert starts == ["m.pt", "/ck/global/model.pt", "/ck/local/model.pt"]
+    assert previous_model("/ck", "global", init=None) is None
+    kept = [previous_modules(s, init="m.pt", modules=("global_network",)) for s in ("global", "local", "joint")]
+    assert kept == [["global_network"], None, None]
+    assert previous_modules("global", init=None, modules=["global_network"]) is None
+    assert previous_modules("global", init="m.pt") is None
 
 
 def test_key_map_is_the_map_each_stage_trains():
@@ -266,7 +286,7 @@ def test_train_yaml_defaults_off_cuda_and_command_line_texts():
     assert parser.get_parsed_content("autocast_dtype") is torch.bfloat16  # `--amp true`: bf16 on any device
     assert parser.get_parsed_content("engine_amp") is False
     assert parser.get_parsed_content("memory_format") == torch.contiguous_format
-    assert parser.get_parsed_content("network_def#pool_in_breast") is True
+    assert parser.get_parsed_content("glam_settings").pool_in_breast is True
     assert parser.get_parsed_content("train_with_masks") is False
     assert parser.get_parsed_content("pin_memory") is cuda
     assert parser.get_parsed_content("datalist") == "/data/datalist.json"

@@ -1,6 +1,6 @@
 """DistributedDataParallel overlay (bundle/configs/multi_gpu_train.yaml): 2 gloo processes on the CPU under torchrun,
 checked against the sampler's split, a single-process evaluation of the written checkpoints, and the rank-0-only
-outputs; plus the helpers of scripts.training.distributed.
+outputs; plus the helpers of scripts.distributed and scripts.training.distributed.
 
 The torchrun children import this module (this folder and tests/ on their PYTHONPATH) for :class:`DDPProbe`, a
 handler that a test overlay appends to each stage's trainer: every rank records the images it trained and validated
@@ -328,7 +328,7 @@ def test_disable_on_other_ranks_keeps_what_every_rank_needs():
 @pytest.fixture
 def torchrun_env(monkeypatch):
     """The environment torchrun gives a 1-process group on 127.0.0.1; the group is left again afterwards."""
-    from scripts.training.distributed import destroy_distributed
+    from scripts.distributed import destroy_distributed
 
     env = {
         "RANK": "0",
@@ -344,7 +344,7 @@ def torchrun_env(monkeypatch):
 
 
 def test_init_distributed_needs_torchrun(monkeypatch):
-    from scripts.training.distributed import init_distributed
+    from scripts.distributed import init_distributed
 
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
@@ -355,7 +355,7 @@ def test_init_distributed_needs_torchrun(monkeypatch):
 def test_init_distributed_is_idempotent(torchrun_env):
     import torch.distributed as dist
 
-    from scripts.training.distributed import destroy_distributed, init_distributed
+    from scripts.distributed import destroy_distributed, init_distributed
 
     assert not dist.is_initialized()
     device = init_distributed(backend="gloo")
@@ -370,7 +370,7 @@ def test_init_distributed_is_idempotent(torchrun_env):
 def test_overlay_passes_monai_train_properties(tmp_path, tiny_datalist, torchrun_env):
     from monai.bundle import ConfigWorkflow
 
-    from scripts.training.distributed import init_distributed
+    from scripts.distributed import init_distributed
 
     wf = ConfigWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(MULTI_GPU_CONFIG)],
@@ -402,7 +402,8 @@ def _rank_zero_first_worker(rank: int, port: int, local_ranks: list[int], log: s
 
     from monai.bundle import ConfigParser
 
-    from scripts.training.distributed import destroy_distributed, init_distributed, rank_zero_first
+    from scripts.distributed import destroy_distributed, init_distributed
+    from scripts.training.distributed import rank_zero_first
 
     env = {"RANK": str(rank), "LOCAL_RANK": str(local_ranks[rank]), "WORLD_SIZE": str(len(local_ranks))}
     os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")

@@ -28,7 +28,7 @@ def torchrun_env(monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     yield
-    from scripts.training.distributed import destroy_distributed
+    from scripts.distributed import destroy_distributed
 
     destroy_distributed()
 
@@ -119,34 +119,41 @@ def test_initialize_and_finalize_own_the_process_group(tmp_path, tiny_datalist, 
     assert not dist.is_initialized()
 
 
-def test_the_plain_command_runs_the_workflow_built_from_its_command_line(tmp_path, tiny_datalist, monkeypatch):
-    """`python -m monai.bundle run training` (MONAI's plain ConfigWorkflow): train.yaml's `training` entry builds
-    GLAMTrainingWorkflow from the command line it was given, which hands its own parser to every stage."""
-    import scripts.commands
-
+def test_the_plain_workflow_runs_the_stages_on_its_own_parser(tmp_path, tiny_datalist, monkeypatch):
+    """`python -m monai.bundle run training` builds MONAI's plain ConfigWorkflow: train.yaml's `training` entry runs
+    the stages on that workflow's own parser (no second workflow, nothing read again), from Python too."""
     overrides = tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False)
     overrides["run_stage"] = ["$@stage", "$@ckpt_dir"]
-    arguments = {"run_id": "training", "config_file": [str(TRAIN_CONFIG), str(TINY_CONFIG)], "meta_file": META}
-    monkeypatch.setattr(scripts.commands, "command_line", lambda argv=None: (dict(arguments), dict(overrides)))
-    wf = ConfigWorkflow(config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)], meta_file=META, **overrides)
-    wf.initialize()
-    result = wf.run()
-    # `training`'s one entry -> GLAMTrainingWorkflow.run() -> [per stage, the last entry of its run_stage]
-    assert result == [[[str(tmp_path / "models" / s) for s in ("global", "local", "joint")]]]
-
-
-def test_the_training_entry_outside_a_command_line_says_what_to_do(tmp_path, tiny_datalist):
-    from scripts.commands import UsageError
-
     wf = ConfigWorkflow(
-        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
-        meta_file=META,
-        **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
+        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)], meta_file=META, run_id="training", **overrides
     )
     wf.initialize()
-    with pytest.raises(Exception) as info:
-        wf.run()
-    cause = info.value
-    while cause.__cause__ is not None and not isinstance(cause, UsageError):
-        cause = cause.__cause__
-    assert isinstance(cause, UsageError) and "GLAMTrainingWorkflow(config_file=" in str(cause)
+    seen = []
+    real_run_stages = runner.run_stages
+    monkeypatch.setattr(
+        runner, "run_stages", lambda parser, stage: seen.append(parser) or real_run_stages(parser, stage)
+    )
+    result = wf.run()
+    assert seen == [wf.parser]
+    # `training`'s one entry -> run_training -> [per stage, the last entry of its run_stage]
+    assert result == [[str(tmp_path / "models" / s) for s in ("global", "local", "joint")]]
+
+
+def test_distributed_training_joins_and_leaves_the_group_under_the_plain_workflow(
+    tmp_path, tiny_datalist, torchrun_env
+):
+    """Under MONAI's plain workflow (no GLAMTrainingWorkflow.initialize) `training` joins the process group itself
+    and leaves it after the stages."""
+    import torch.distributed as dist
+
+    wf = ConfigWorkflow(
+        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(MULTI_GPU_CONFIG)],
+        meta_file=META,
+        run_id="training",
+        **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
+        run_stage=["$torch.distributed.get_world_size()"],
+    )
+    wf.initialize()
+    assert not dist.is_initialized()
+    assert wf.run() == [[1, 1, 1]]
+    assert not dist.is_initialized()

@@ -376,3 +376,58 @@ def test_the_configs_build_the_components():
             augmentations = parser.get_parsed_content("augmentations") if chain == "train" else None
             for config_id, built in zip(IDS[chain], components(parser, chain, augmentations)):
                 assert_same_chain(parser.get_parsed_content(config_id), built)
+
+
+def test_one_settings_record_reaches_every_builder_and_a_setting_of_another_part_is_refused():
+    """Every builder reads its settings from PreprocessingSettings: a setting of a part it builds takes effect there
+    (a field changed once changes every chain that has the step), one of a part it does not build (a built prefix's,
+    say) or a misspelt one is a TypeError naming the builder and the setting."""
+    from dataclasses import fields
+
+    from scripts.transforms.mammo.dictionary import BestCenterRegiond, BestCenterWindowd, CropBreastd, RandWindowShiftd
+    from scripts.transforms.mammo.pipeline import (
+        PreprocessingSettings,
+        mammogram_cache_transforms,
+        mammogram_step_transforms,
+        mammogram_transforms,
+    )
+
+    names = {f.name for f in fields(PreprocessingSettings)}
+    assert {"pixel_spacing", "window", "iterations", "max_shift", "view_key", "standardize", "reader"} <= names
+    prefix = mammogram_prefix(window=(64, 40))
+    windows = {
+        "mammogram_transforms": mammogram_transforms(view_key=None, default_view="MLO").transforms[-2],
+        "mammogram_cache_transforms": mammogram_cache_transforms(view_key=None, default_view="MLO").transforms[-2],
+        "train_preprocessing": [
+            t
+            for t in train_preprocessing(prefix, view_key=None, default_view="MLO").transforms
+            if isinstance(t, BestCenterRegiond)
+        ][0],
+        "validate_preprocessing": [
+            t
+            for t in validate_preprocessing(prefix, view_key=None, default_view="MLO").transforms
+            if isinstance(t, BestCenterWindowd)
+        ][0],
+        "inference_preprocessing": inference_preprocessing(view_key=None, default_view="MLO").transforms[-2],
+    }
+    for builder, step in windows.items():
+        assert isinstance(step, BestCenterWindowd | BestCenterRegiond), builder
+        assert (step.view_key, step.cropper.default_view) == (None, "MLO"), builder
+    shifts = [
+        train_batch_transforms(max_shift=(3, 5), window=(64, 40)).transforms[0],
+        mammogram_step_transforms(train=True, max_shift=(3, 5), window=(64, 40)).transforms[0],
+    ]
+    for shift in shifts:
+        assert isinstance(shift, RandWindowShiftd) and (shift.cropper.max_shift, shift.cropper.window) == (
+            (3, 5),
+            (64, 40),
+        )
+    assert not any(isinstance(t, CropBreastd) for t in inference_preprocessing(crop=False).transforms)
+    assert any(isinstance(t, CropBreastd) for t in inference_preprocessing().transforms)
+
+    with pytest.raises(TypeError, match=r"train_preprocessing\(\) takes no 'pixel_spacing'.*prefix"):
+        train_preprocessing(prefix, pixel_spacing=0.2)
+    with pytest.raises(TypeError, match=r"validate_preprocessing\(\) takes no 'standardize'.*step"):
+        validate_preprocessing(prefix, standardize=False)
+    with pytest.raises(TypeError, match=r"mammogram_prefix\(\) got an unexpected keyword argument 'standardise'"):
+        mammogram_prefix(standardise=True)

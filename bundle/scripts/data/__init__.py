@@ -1,6 +1,6 @@
 """From files on disk to arrays: readers for every supported format, datalists, data checks, synthetic data."""
 
-from .checks import DataCheckError, DataCheckReport, DataProblem, assert_datalist_ok, check_datalist
+from .checks import DataCheckError, DataCheckReport, DataProblem, assert_datalist_ok, check_data, check_datalist
 from .datalist import (
     DatalistError,
     check_patient_splits,
@@ -37,6 +37,7 @@ __all__ = [
     "DataCheckError",
     "check_datalist",
     "assert_datalist_ok",
+    "check_data",
     "SyntheticConfig",
     "SyntheticMammogramGenerator",
     "make_synthetic_dataset",

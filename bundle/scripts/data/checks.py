@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from monai.utils import str2bool
 
 from ..enums import CLASS_NAMES
 from .boxes import BOXES_KEY, parse_boxes
 from .datalist import DatalistError, check_patient_splits, check_split_sizes, iter_items, load_datalist
-from .geometry import as_pixel_spacing, format_spacing
+from .geometry import as_pixel_spacing, format_spacing, stated_spacing_ok
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ __all__ = [
     "run_data_checks",
     "assert_datalist_ok",
     "assert_report_ok",
+    "check_data",
 ]
 
 #: what to do about images whose file states no pixel spacing (the check's spacing line and training's warning)
@@ -258,10 +260,7 @@ def _check_item(
     spacing = item.get("pixel_spacing")
     if spacing is not None:
         values = spacing if isinstance(spacing, (list, tuple)) else [spacing]
-        good = len(values) in (1, 2) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 10 for v in values
-        )
-        if not good:
+        if not stated_spacing_ok(values):
             add(f"pixel_spacing must be a number or [row, col] in mm (0 < mm < 10), got {spacing!r}", "pixel_spacing")
     if not isinstance(image_value, str) or not image_value:
         add(f"missing 'image' path (got {image_value!r})", "image")
@@ -360,6 +359,18 @@ def assert_datalist_ok(
     """
     as_pixel_spacing(pixel_spacing)  # a bad value fails here, before every file is read
     return assert_report_ok(run_data_checks(datalist, base_dir, strict_masks=strict_masks), pixel_spacing)
+
+
+def check_data(datalist: Any, pixel_spacing: Any = None, enabled: bool | str = True, split: str | None = None) -> Any:
+    """:func:`assert_datalist_ok` as the configs' component (train.yaml's ``check_datalist``, evaluate.yaml's
+    ``evaluating``): the datalist's files, labels, masks and splits checked before any work, unless ``enabled`` is no
+    (``--check_data false``). With ``split``, ``datalist`` is that split's items (evaluate.yaml checks the split it
+    evaluates). Returns the check's report, or None when it is off."""
+    if not str2bool(str(enabled)):
+        return None
+    if split is not None:
+        datalist = {split: datalist}
+    return assert_datalist_ok(datalist, pixel_spacing=pixel_spacing)
 
 
 def assert_report_ok(report: DataCheckReport, pixel_spacing: float | Sequence[float] | None = None) -> DataCheckReport:

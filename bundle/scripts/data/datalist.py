@@ -104,7 +104,7 @@ def _validate_structure(data: Any, where: str) -> None:
 
 
 def save_datalist(datalist: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> Path:
-    """Write ``datalist`` as indented JSON atomically (temporary file + os.replace); returns the path."""
+    """Write ``datalist`` as indented JSON atomically (:func:`~scripts.atomic.atomic_write`); returns the path."""
     _validate_structure(datalist, "datalist")
     with atomic_write(path, "w") as f:
         f.write(json.dumps(datalist, indent=2) + "\n")

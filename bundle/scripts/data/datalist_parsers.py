@@ -26,6 +26,7 @@ from typing import Any
 from ..enums import CLASS_NAMES, LesionClass
 from .boxes import parse_boxes
 from .errors import CsvRowError
+from .geometry import stated_spacing_ok
 
 __all__ = [
     "CsvRow",
@@ -193,7 +194,7 @@ def parse_spacing(value: Any, where: str) -> float | tuple[float, float] | None:
         numbers = [float(p) for p in parts]
     except ValueError:
         numbers = []
-    if len(numbers) not in (1, 2) or not all(0 < n < 10 for n in numbers):
+    if not stated_spacing_ok(numbers):
         raise CsvRowError(f"{where}: pixel spacing must be one or two numbers in mm (0 < mm < 10), got {value!r}")
     return numbers[0] if len(numbers) == 1 else (numbers[0], numbers[1])
 

@@ -17,12 +17,15 @@ from monai.utils import convert_to_numpy
 
 __all__ = [
     "SPACING_RANGE_MM",
+    "STATED_SPACING_LIMIT_MM",
     "as_2d",
     "as_pixel_spacing",
     "as_spacing_range",
     "chest_wall_side",
     "format_spacing",
     "spacing_in_range",
+    "stated_spacing_ok",
+    "usable_spacing",
 ]
 
 #: the pixel sizes (mm, both axes) a mammogram can plausibly have, bounds included (docs/preprocessing.md, "Pixel
@@ -32,6 +35,9 @@ __all__ = [
 #: (20 mm, 1000 mm, 1e-6 mm: the resampling would make a picture of billions of pixels, or of one) is not trusted;
 #: the ``spacing_range`` option widens it.
 SPACING_RANGE_MM = (0.02, 1.0)
+#: a pixel size a datalist or a CSV states is below this (mm): a check of what was typed (micrometres, centimetres);
+#: the preprocessing then holds it to ``spacing_range``
+STATED_SPACING_LIMIT_MM = 10.0
 
 
 def as_2d(image: Any, name: str = "image") -> np.ndarray:
@@ -74,9 +80,10 @@ def as_pixel_spacing(value: Any) -> tuple[float, float] | None:
         flat = np.asarray(convert_to_numpy(values, wrap_sequence=True), dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
         raise ValueError(f"pixel_spacing must be a number or (row, col) in mm, or None, got {value!r}") from None
-    if flat.size != 2 or not (np.isfinite(flat).all() and (flat > 0).all()):
+    spacing = usable_spacing(flat)
+    if spacing is None:
         raise ValueError(f"pixel_spacing must be one or two positive finite numbers (mm), or None, got {value!r}")
-    return float(flat[0]), float(flat[1])
+    return spacing
 
 
 def format_spacing(spacing: Sequence[float]) -> str:
@@ -101,7 +108,33 @@ def as_spacing_range(value: Any, name: str = "spacing_range") -> tuple[float, fl
     return float(flat[0]), float(flat[1])
 
 
+def usable_spacing(value: Any, spacing_range: Sequence[float] | None = None) -> tuple[float, float] | None:
+    """``(row, col)`` mm when ``value`` holds two finite positive numbers and, given ``spacing_range``, both lie in it
+    (:func:`spacing_in_range`); None otherwise (None, NaN, zero, negative, one or three numbers).
+
+    The one rule for whether a pixel spacing can be used (tests/test_owners.py keeps it the only one): the readers
+    ask it of a header's spacing, the spacing transforms of the one an image's metadata states, the inference of the
+    one its map files state, the label app of its NRRD files' spacing, and :func:`as_pixel_spacing` refuses what it
+    refuses."""
+    if value is None:
+        return None
+    flat = np.asarray(convert_to_numpy(value, wrap_sequence=True), dtype=np.float64).reshape(-1)
+    if flat.size != 2 or not (np.isfinite(flat).all() and (flat > 0).all()):
+        return None
+    spacing = float(flat[0]), float(flat[1])
+    return spacing if spacing_range is None or spacing_in_range(spacing, spacing_range) else None
+
+
+def stated_spacing_ok(numbers: Sequence[Any]) -> bool:
+    """Whether ``numbers`` are a pixel spacing a datalist or a CSV may state: one (isotropic) or two (row, col) real
+    numbers (not bools), each 0 < mm < :data:`STATED_SPACING_LIMIT_MM`."""
+    return len(numbers) in (1, 2) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < STATED_SPACING_LIMIT_MM for v in numbers
+    )
+
+
 def spacing_in_range(spacing: Sequence[float], spacing_range: Sequence[float] = SPACING_RANGE_MM) -> bool:
-    """Whether both of ``spacing``'s (row, col) mm lie in ``spacing_range`` (bounds included)."""
+    """Whether both of ``spacing``'s (row, col) mm lie in ``spacing_range`` (bounds included): the one comparison
+    of a spacing with ``spacing_range`` (:func:`usable_spacing` with a range asks it)."""
     low, high = (float(v) for v in spacing_range)
     return all(low <= float(s) <= high for s in spacing)

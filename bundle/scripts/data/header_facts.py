@@ -13,8 +13,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pydicom
+
+from .geometry import usable_spacing
 
 __all__ = [
     "MAMMOGRAPHY_SOP_CLASSES",
@@ -240,7 +241,7 @@ def laterality_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -
 def valid_spacing(row: float, col: float) -> tuple[float, float] | None:
     """(row, col) mm when both are positive finite numbers; None (unknown) otherwise, e.g. the zeros some exporters
     write."""
-    return (float(row), float(col)) if np.isfinite(row) and np.isfinite(col) and row > 0 and col > 0 else None
+    return usable_spacing((row, col))
 
 
 def dicom_spacing_and_source(ds: pydicom.Dataset) -> tuple[tuple[float, float] | None, str | None]:

@@ -11,9 +11,10 @@ setting (each of :data:`~scripts.networks.inference.CHECKPOINT_SETTINGS`, plus M
    that differs, as inference refuses it; the choices that change no weight (``t_global``, ``t_local``,
    ``num_patches_eval``, ``gamma_c``, ``global_pool_after_upsampling``) may differ;
 2. else the checkpoint's recorded value (a ``model.pt``, or a ``last.pt``'s ``network`` entry);
-3. else the configuration's (train.yaml and the presets layered before evaluate.yaml: a checkpoint without a record,
-   such as the baselines' or an older file, is built as before), and GLAM's default for the settings train.yaml does
-   not name (``gammas``, ``attention_hidden``, ``joint_modules``, ``global_pool_after_upsampling``).
+3. else the configuration's (train.yaml's ``glam_settings`` record, with the presets layered before evaluate.yaml: a
+   checkpoint without a record, such as the baselines' or an older file, is built as before); the settings train.yaml
+   does not name (``gammas``, ``attention_hidden``, ``joint_modules``, ``global_pool_after_upsampling``) are the
+   record's defaults, GLAM's.
 
 One log line says which settings came from where. The preprocessing's window and pixel spacing, and the
 postprocessing's gamma_c, are read from the same settings (evaluate.yaml).
@@ -28,15 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from ..networks.glam import GLAM, GLAM_DEFAULTS
-from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, inference_settings
+from ..networks.glam_settings import GLAMSettings
+from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, INFERENCE_CHOSEN, inference_settings
 from ..networks.settings import SETTINGS_KEY, decode_settings, read_checkpoint_settings
 
-__all__ = ["EVALUATION_CHOICES", "checkpoint_record", "command_line_names", "evaluation_settings", "evaluation_network"]
+__all__ = [
+    "EVALUATION_CHOICES",
+    "checkpoint_record",
+    "command_line_names",
+    "evaluation_settings",
+    "evaluation_network",
+    "model_setting",
+]
 
 logger = logging.getLogger(__name__)
 
-#: besides CHECKPOINT_SETTINGS, what the evaluation network takes from the same three places
-EVALUATION_CHOICES = ("num_patches_eval", "gamma_c")
+#: besides CHECKPOINT_SETTINGS, what the evaluation network takes from the same three places (M, gamma_c)
+EVALUATION_CHOICES = INFERENCE_CHOSEN
 
 
 def checkpoint_record(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -68,7 +77,7 @@ def command_line_names() -> set[str]:
 def evaluation_settings(
     ckpt_path: str | os.PathLike,
     stage: str,
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | GLAMSettings,
     explicit: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of :class:`~scripts.networks.glam.GLAM` for evaluating ``ckpt_path`` at ``stage``.
@@ -76,14 +85,15 @@ def evaluation_settings(
     Args:
         ckpt_path: the checkpoint evaluated.
         stage: the stage the network runs (``global``, ``local``, ``joint``).
-        config: the configuration's value of each setting it names (evaluate.yaml: train.yaml's ids, after the
-            presets and the command line).
+        config: the configuration's value of each setting it names, or its record (evaluate.yaml: train.yaml's
+            ``glam_settings``, after the presets and the command line).
         explicit: the names given explicitly, used as given; default: those of the ``monai.bundle run`` command
             line (:func:`command_line_names`).
 
     See the module docstring for the order. A yes/no setting given as text becomes a boolean, counts integers.
     """
     record = checkpoint_record(ckpt_path) or {}
+    config = config.as_kwargs() if isinstance(config, GLAMSettings) else config
     explicit = command_line_names() if explicit is None else set(explicit)
     checkpoint = {
         name: record.get(name, GLAM_DEFAULTS.get(name)) for name in (*CHECKPOINT_SETTINGS, *EVALUATION_CHOICES)
@@ -115,3 +125,12 @@ def evaluation_settings(
 def evaluation_network(settings: Mapping[str, Any], **extra: Any) -> GLAM:
     """``GLAM(**settings, **extra)`` (evaluate.yaml's ``network_def``: a config's ``_target_`` takes no ``**``)."""
     return GLAM(**{**settings, **extra})
+
+
+def model_setting(settings: Mapping[str, Any], name: str) -> Any:
+    """``settings[name]``: one setting of :func:`evaluation_settings`'s record as a config component, for the
+    configuration's pieces that follow the checkpoint (evaluate.yaml: the preprocessing's window and pixel spacing, the
+    data check's spacing, S_c's gamma_c)."""
+    if name not in settings:
+        raise KeyError(f"the model settings have no {name!r} (they have {sorted(settings)})")
+    return settings[name]

@@ -22,7 +22,7 @@ from typing import Any
 import ignite.distributed as idist
 from monai.utils import str2bool
 
-from ..training.distributed import rank, world_size
+from ..distributed import rank, world_size
 
 __all__ = ["block_bounds", "rank_block", "check_data_on_ranks"]
 
@@ -58,7 +58,7 @@ def check_data_on_ranks(
     datalist: Sequence[Any], split: str, pixel_spacing: Any = None, enabled: bool | str = True
 ) -> Any:
     """The files, labels, masks and boxes of the split checked as evaluate.yaml's ``check_data`` does
-    (:func:`scripts.data.assert_datalist_ok` on ``{split: datalist}``), each rank reading the files of its own
+    (:func:`scripts.data.checks.check_data` on ``{split: datalist}``), each rank reading the files of its own
     block (:func:`rank_block`) only. Collective: every rank calls it, and every rank gets the same outcome.
 
     The ranks gather their block's reports; each problem keeps its item's index in the whole split; the whole

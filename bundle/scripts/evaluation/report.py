@@ -46,8 +46,8 @@ from typing import Any
 
 from ignite.engine import Engine, Events
 
+from ..distributed import rank
 from ..enums import CLASS_NAMES, MAP_NAMES, STAGES, OutputKey
-from ..training.distributed import rank
 from .files import format_table, write_report_files
 from .metrics import MAP_STATS, ReportMetrics, per_image_rows, report_summary
 

@@ -16,9 +16,9 @@ from ignite.engine import Engine, Events
 from ignite.handlers import BasicTimeProfiler
 
 from ..atomic import atomic_write
-from ..inference.inputs import LOAD_SECONDS_KEY
 
 __all__ = [
+    "LOAD_SECONDS_KEY",
     "InferenceThroughput",
     "InferenceProgress",
     "RankTimings",
@@ -30,6 +30,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: the key of the seconds an item took to load and preprocess (in the loader worker), carried with it through the
+#: batch into the step's output, where :class:`InferenceThroughput` adds them up for timing.json. Defined here, below
+#: the inference wing that records it, so that the handlers import no workflow wing
+LOAD_SECONDS_KEY = "load_s"
 
 #: the run's timing record in the output folder
 TIMING_FILE = "timing.json"

@@ -2,18 +2,24 @@
 
 - :class:`OutputSelection`: what a run writes (the ``outputs`` setting), the file names of one image and the maps
   that must come back onto its file;
-- :class:`StagedFiles`: one image's files, written under temporary names and renamed into place together.
+- :class:`StagedFiles`: one image's files, written under temporary names and renamed into place together, then
+  recorded in the image's manifest (``manifests/<stem>.json``: each file's size and the SHA-256 of its last bytes);
+- :func:`files_are_complete`: whether an image's files are the ones its manifest records (what a rerun skips).
 
 The files themselves are written by the steps of an image's outputs: :mod:`.maps`, :mod:`.panel`, :mod:`.dicom`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from ..atomic import atomic_write, move_into_place
 from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
 from .dicom import DICOM_OUTPUT_MODES
 
@@ -22,8 +28,12 @@ __all__ = [
     "MAPS_DIR",
     "PANELS_DIR",
     "DICOM_DIR",
+    "MANIFESTS_DIR",
     "is_temporary",
     "OutputSelection",
+    "manifest_name",
+    "file_record",
+    "files_are_complete",
     "StagedFiles",
 ]
 
@@ -31,6 +41,10 @@ __all__ = [
 TEMPORARY_PREFIX = ".tmp-"
 # the folders of each kind of file under the output folder
 MAPS_DIR, PANELS_DIR, DICOM_DIR = "maps", "panels", "dicom"
+#: the folder of the per-image manifests (what :class:`StagedFiles` put in place)
+MANIFESTS_DIR = "manifests"
+#: a manifest hashes this many bytes at the end of each file: a torn or zero-filled end is seen by reading one block
+TAIL_BYTES = 4096
 
 
 def is_temporary(name: str) -> bool:
@@ -94,8 +108,9 @@ class OutputSelection:
         return out
 
     def folders(self) -> list[str]:
-        """The sub-folders this selection writes into."""
-        return [MAPS_DIR] * bool(self.maps) + [PANELS_DIR] * self.panel + [DICOM_DIR] * bool(self.dicom)
+        """The sub-folders this selection writes into (the manifests' whenever it writes a file)."""
+        folders = [MAPS_DIR] * bool(self.maps) + [PANELS_DIR] * self.panel + [DICOM_DIR] * bool(self.dicom)
+        return folders + [MANIFESTS_DIR] * bool(folders)
 
     def files(self, stem: str, dicom_input: bool) -> dict[str, str]:
         """``what -> relative path`` of one image's files: ``<map>`` (NIfTI), ``<map>_<class>`` (PNG), ``panel``,
@@ -129,14 +144,51 @@ class OutputSelection:
         return tuple(m for m in MAP_NAMES if m in needed)
 
 
+# -- what was written ------------------------------------------------------------------------------------------------
+def manifest_name(stem: str) -> str:
+    """The manifest of the image with output stem ``stem``, relative to the output folder."""
+    return f"{MANIFESTS_DIR}/{stem}.json"
+
+
+def file_record(path: str | os.PathLike) -> dict[str, Any]:
+    """What a manifest records of a file: its ``size`` in bytes and ``tail_sha256``, the SHA-256 of its last
+    :data:`TAIL_BYTES` bytes (all of a smaller file). Checking it costs a ``stat`` and one block's read, whatever the
+    file's format."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - TAIL_BYTES))
+        tail = f.read()
+    return {"size": size, "tail_sha256": hashlib.sha256(tail).hexdigest()}
+
+
+def files_are_complete(root: str | os.PathLike, stem: str, files: Sequence[str]) -> bool:
+    """Whether the image of ``stem`` has its ``files`` (relative to ``root``, as its predictions.csv row lists them)
+    whole: its manifest lists exactly these files and each one on disk has the recorded size and last bytes. No
+    files: True. No manifest (outputs of an earlier version, which kept none): False."""
+    if not files:
+        return True
+    root = Path(root)
+    try:
+        recorded = json.loads((root / manifest_name(stem)).read_text(encoding="utf-8"))["files"]
+        if not isinstance(recorded, dict) or set(recorded) != set(files):
+            return False
+        return all(file_record(root / name) == recorded[name] for name in files)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 # -- writing files ---------------------------------------------------------------------------------------------------
 class StagedFiles:
     """One image's files under ``root``: each is written to a temporary name beside its final one
     (``.tmp-<pid>-<name>``, ending with the final name so that writers that pick the format from the extension still
-    do), and :meth:`commit` renames them all into place once every one is complete; :meth:`discard` removes them."""
+    do), and :meth:`commit` renames them all into place once every one is complete, then records them in the image's
+    manifest (``manifest``, relative to ``root``; :func:`manifest_name`), written atomically after the renames: an
+    image counts as complete when its manifest says so and its files match it (:func:`files_are_complete`), so the
+    check knows nothing of the files' formats. :meth:`discard` removes the temporary files."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, manifest: str | None = None) -> None:
         self.root = Path(root)
+        self.manifest = manifest
         self._staged: list[tuple[Path, Path, str]] = []
 
     def path(self, relative: str) -> Path:
@@ -150,9 +202,13 @@ class StagedFiles:
     def commit(self) -> list[str]:
         """Rename every staged file into place; returns their relative paths."""
         for tmp, final, _ in self._staged:
-            os.replace(tmp, final)
+            move_into_place(tmp, final)
         done = [relative for _, _, relative in self._staged]
         self._staged = []
+        if self.manifest is not None and done:
+            record = {"files": {relative: file_record(self.root / relative) for relative in done}}
+            with atomic_write(self.root / self.manifest, "w") as f:
+                json.dump(record, f, indent=1, sort_keys=True)
         return done
 
     def discard(self) -> None:

@@ -9,7 +9,9 @@ interruptions, resuming, reusing a folder"):
 3. checked for writing: a probe file in the folder and in every sub-folder the run writes to;
 4. temporary files that an interrupted run left are removed, and this run's record is written;
 5. the tables are taken up: an image is done when its predictions.csv row exists and every file the row lists is
-   complete; rows whose files are missing or damaged are dropped and their images run again;
+   the one its manifest records (``manifests/<stem>.json``, written after the files were put in place:
+   :func:`~.files.files_are_complete`); rows whose files are missing, damaged or unrecorded (an earlier version
+   kept no manifests) are dropped and their images run again;
 6. every input gets its file stem (kept for an input the folder already has, new and unique otherwise) and the
    inputs that are not done are what the run reads.
 
@@ -24,7 +26,6 @@ import hashlib
 import json
 import logging
 import os
-import struct
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,15 @@ from typing import Any
 from ..atomic import atomic_write
 from ..data.readers import SUPPORTED_SUFFIXES
 from ..networks.weights import as_flag
-from .files import DICOM_DIR, TEMPORARY_PREFIX, OutputSelection, is_temporary
+from .files import (
+    DICOM_DIR,
+    MANIFESTS_DIR,
+    TEMPORARY_PREFIX,
+    OutputSelection,
+    files_are_complete,
+    is_temporary,
+    manifest_name,
+)
 from .tables import (
     FILES_KEY,
     FINGERPRINT_COLUMNS,
@@ -57,7 +66,6 @@ __all__ = [
     "InferencePlan",
     "InferenceOutputFolder",
     "file_sha256",
-    "file_is_complete",
     "assign_stems",
     "stem_limit",
 ]
@@ -69,10 +77,7 @@ RUN_RECORD = "run.json"
 #: the item key of an input's size and modification time when the run was planned (its row records them)
 FINGERPRINT_KEY = "input_fingerprint"
 # what a folder holds once a run has written into it
-_RUN_OUTPUTS = ("predictions.csv", "errors.csv", "maps", "panels", DICOM_DIR)
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
-_NIFTI_DATA_OFFSET = 352  # nibabel writes NIfTI-1 single files with the data at byte 352
+_RUN_OUTPUTS = ("predictions.csv", "errors.csv", "maps", "panels", DICOM_DIR, MANIFESTS_DIR)
 _STEM_UNSAFE = {";": "_", "/": "_", "\\": "_"}  # ";" separates the files column's entries
 
 
@@ -88,35 +93,6 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def file_is_complete(path: Path, size: tuple[int, int] | None = None) -> bool:
-    """Whether a file written by this workflow is there and whole, from its ends only: a PNG with its IEND chunk, a
-    gzip NIfTI whose trailer states the uncompressed size of a (2, H, W) 16-bit map when ``size`` (H, W) is given,
-    a DICOM with its preamble; any other file non-empty."""
-    try:
-        length = path.stat().st_size
-        if not path.is_file() or length == 0:
-            return False
-        with open(path, "rb") as f:
-            head = f.read(132)
-            f.seek(max(0, length - 12))
-            tail = f.read(12)
-    except OSError:
-        return False
-    name = path.name.lower()
-    if name.endswith(".png"):
-        return head.startswith(_PNG_SIGNATURE) and tail == _PNG_END
-    if name.endswith(".gz"):
-        if not head.startswith(b"\x1f\x8b") or length < 18:
-            return False
-        if size is None:
-            return True
-        expected = (_NIFTI_DATA_OFFSET + 2 * 2 * size[0] * size[1]) % (1 << 32)
-        return struct.unpack("<I", tail[-4:])[0] == expected
-    if name.endswith(".dcm"):
-        return head[128:132] == b"DICM"
-    return True
 
 
 def _strip_suffix(name: str) -> str:
@@ -382,12 +358,14 @@ class InferenceOutputFolder:
         return any(path.iterdir()) if path.is_dir() else path.stat().st_size > 0
 
     def _row_is_complete(self, row: Mapping[str, str]) -> bool:
-        try:
-            size = (int(row["height"]), int(row["width"]))
-        except (KeyError, ValueError):
-            return False
+        """Whether the files a row lists are those its image's manifest records (:func:`~.files.files_are_complete`)."""
         files = [unescape_text(f) for f in row.get(FILES_KEY, "").split(";") if f]
-        return all(file_is_complete(self.path / f, size) for f in files)
+        return files_are_complete(self.path, unescape_text(row.get("output_stem", "")), files)
+
+    def _unrecorded(self, row: Mapping[str, str]) -> bool:
+        """Whether a row lists files but its image has no manifest: written by an earlier version."""
+        stem = unescape_text(row.get("output_stem", ""))
+        return bool(row.get(FILES_KEY)) and not (self.path / manifest_name(stem)).is_file()
 
     @staticmethod
     def _row_is_current(row: Mapping[str, str], fingerprints: Mapping[str, Mapping[str, str]]) -> bool:
@@ -429,7 +407,8 @@ class InferenceOutputFolder:
         fingerprints = {path: input_fingerprint(path) for path in mine}
         checked = self._rows_to_check(predictions, paths, mine)
         complete = [row for row in checked if self._row_is_complete(row)]
-        damaged = len(checked) - len(complete)
+        unrecorded = sum(self._unrecorded(row) for row in checked)
+        damaged = len(checked) - len(complete) - unrecorded
         current = {id(row) for row in complete if self._row_is_current(row, fingerprints)}
         changed = len(complete) - len(current)
         stale = [row for row in checked if id(row) not in current]
@@ -438,6 +417,13 @@ class InferenceOutputFolder:
         if damaged:
             logger.warning(
                 "%s: %d images in predictions.csv have missing or damaged files: they are run again", self.path, damaged
+            )
+        if unrecorded:
+            logger.warning(
+                "%s: %d images in predictions.csv were written by an earlier version, which kept no record of their "
+                "files: they are run again (one inference each) and their files replaced",
+                self.path,
+                unrecorded,
             )
         if changed:
             logger.warning(
@@ -450,7 +436,7 @@ class InferenceOutputFolder:
         done = {row["image"] for row in predictions if id(row) not in stale_ids}
         taken = {unescape_text(row["image"]): unescape_text(row["output_stem"]) for row in predictions}
         stems = assign_stems(paths, taken, stem_limit(self.path))
-        plan = InferencePlan(total=len(mine), redone=damaged + changed)
+        plan = InferencePlan(total=len(mine), redone=damaged + unrecorded + changed)
         for path in mine:
             if csv_cell(path) in done:
                 plan.skipped += 1

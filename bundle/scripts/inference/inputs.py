@@ -25,12 +25,12 @@ from monai.data import DataLoader, Dataset
 from ..data.datalist import load_datalist, resolve_paths
 from ..data.readers import DEFAULT_MAX_PIXELS, SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError
 from ..enums import Stage
+from ..handlers.throughput import LOAD_SECONDS_KEY
 from ..networks.weights import as_flag
-from .files import DICOM_DIR, MAPS_DIR, PANELS_DIR
+from .files import DICOM_DIR, MANIFESTS_DIR, MAPS_DIR, PANELS_DIR
 from .tables import ERROR_KEY, error_record
 
 __all__ = [
-    "LOAD_SECONDS_KEY",
     "looks_like_an_input",
     "scan_input_folder",
     "inference_items",
@@ -46,10 +46,7 @@ __all__ = [
 
 # an inference output folder holds this record (folder.RUN_RECORD) and writes into these sub-folders
 _RUN_RECORD = "run.json"
-_OUTPUT_SUBFOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR)
-
-#: seconds an item took to load and preprocess (in the loader worker), carried with it for timing.json
-LOAD_SECONDS_KEY = "load_s"
+_OUTPUT_SUBFOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR, MANIFESTS_DIR)
 
 
 def looks_like_an_input(name: str) -> bool:

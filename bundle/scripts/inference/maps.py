@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data.geometry import usable_spacing
 from ..enums import CLASS_NAMES
 from .files import OutputSelection, StagedFiles
 
@@ -92,11 +93,7 @@ def map_spacing(meta: Mapping[str, Any]) -> tuple[float, float] | None:
     image in any viewer; None when the file states none (the maps then state :data:`FALLBACK_SPACING_MM`, as viewers
     show such a file). A spacing from the datalist, ``input_spacing`` or the estimate is what the model saw the image
     at, stated in predictions.csv, not the file's geometry."""
-    value = meta.get("spacing")
-    flat = None if value is None else np.asarray(value, dtype=np.float64).reshape(-1)
-    if flat is not None and flat.size == 2 and np.isfinite(flat).all() and (flat > 0).all():
-        return float(flat[0]), float(flat[1])
-    return None
+    return usable_spacing(meta.get("spacing"))
 
 
 def used_spacing(meta: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -105,10 +102,9 @@ def used_spacing(meta: Mapping[str, Any]) -> tuple[float, float] | None:
     which), else the file's (``meta["spacing"]``); None (the maps state :data:`FALLBACK_SPACING_MM`) when neither is
     known, which predictions.csv states as ``spacing_source`` ``unknown``."""
     for key in ("spacing_used", "spacing"):
-        value = meta.get(key)
-        flat = None if value is None else np.asarray(value, dtype=np.float64).reshape(-1)
-        if flat is not None and flat.size == 2 and np.isfinite(flat).all() and (flat > 0).all():
-            return float(flat[0]), float(flat[1])
+        spacing = usable_spacing(meta.get(key))
+        if spacing is not None:
+            return spacing
     return None
 
 

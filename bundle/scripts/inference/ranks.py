@@ -2,7 +2,7 @@
 GPUs and machines"): one process (rank) per GPU, or several CPU processes with gloo, on one node or several, all
 writing into one output folder on a file system they share.
 
-- :class:`InferenceRanks` joins the process group (NCCL on GPUs, gloo on CPUs: ``training.distributed``) and keeps a
+- :class:`InferenceRanks` joins the process group (NCCL on GPUs, gloo on CPUs: ``scripts.distributed``) and keeps a
   gloo group for what the ranks tell each other (small Python objects at the start and at the end; no tensor is
   exchanged: each rank runs its own images);
 - :func:`input_share`: which inputs a rank runs. Every rank lists the same inputs and takes those at positions
@@ -38,7 +38,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..atomic import atomic_write
-from ..training.distributed import TORCHRUN_ENV, init_distributed, rank, world_size
+from ..distributed import TORCHRUN_ENV, init_distributed, rank, world_size
 from .files import OutputSelection
 from .folder import RUN_RECORD, InferenceOutputFolder, InferencePlan, OutputFolderRefused, _differences
 from .tables import ERROR_KEY, InferenceTables, csv_cell, error_record

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from monai.data import MetaTensor
 
+from ..handlers.throughput import LOAD_SECONDS_KEY
 from ..networks.weights import as_flag
-from .inputs import LOAD_SECONDS_KEY
+from ..precision import autocast
 from .tables import error_record
 
 __all__ = ["GLAMInferenceStep", "split_non_finite"]
@@ -81,7 +82,7 @@ class GLAMInferenceStep:
     output dict) on the batch's good images without gradients; floating-point outputs come back as float32 on the
     CPU whatever the network computed in (bf16 under autocast), so everything after the model is bf16-safe.
 
-    With ``amp`` the network runs under ``torch.autocast(amp_dtype)`` (bf16 by default); without it, on CUDA, in
+    With ``amp`` the network runs under autocast to ``amp_dtype`` (bf16 by default); without it, on CUDA, in
     true float32 (TF32 off), so that ``precision: fp32`` gives float32 numbers on a GPU too.
 
     An image whose outputs hold NaN or Inf is an error (its errors.csv row names the outputs,
@@ -103,7 +104,7 @@ class GLAMInferenceStep:
             device = next(network.parameters()).device
             image = batch["image"].to(device)
             precise = contextlib.nullcontext() if self.amp else _exact_float32(device)
-            with torch.no_grad(), precise, torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp):
+            with torch.no_grad(), precise, autocast(device.type, dtype=self.amp_dtype, enabled=self.amp):
                 out = engine.inferer(image, network)
             pred = {
                 k: (v.detach().float().cpu() if v.is_floating_point() else v.detach().cpu())

@@ -10,8 +10,9 @@ Each image goes forward through one step per module, in a writer thread (:meth:`
 3. :mod:`.maps`: the NIfTI / PNG map files, staged under temporary names (:class:`~.files.StagedFiles`);
 4. :mod:`.panel`: the overlay panel;
 5. :mod:`.dicom`: the DICOM objects of a DICOM input;
-6. the staged files renamed into place together, then :mod:`.tables`: the notes (errors.csv) and the image's row
-   (predictions.csv), appended only once its files are in place.
+6. the staged files renamed into place together and recorded in the image's manifest (``manifests/<stem>.json``),
+   then :mod:`.tables`: the notes (errors.csv) and the image's row (predictions.csv), appended only once its files
+   are in place and recorded.
 
 A failure of one image is its row in errors.csv; the others go on.
 """
@@ -32,7 +33,7 @@ from monai.transforms import Compose
 from ..enums import CLASS_NAMES, InferenceOutput, MapName, OutputKey
 from .dicom import dicom_objects, save_dicom
 from .facts import image_facts, image_notes
-from .files import StagedFiles
+from .files import StagedFiles, manifest_name
 from .folder import FINGERPRINT_KEY, InferenceOutputFolder
 from .geometry import maps_on_original, original_size
 from .inputs import cores_per_process
@@ -228,7 +229,7 @@ class GLAMInferenceWriter:
         scores = pred[OutputKey.Y_GLOBAL].tolist()
         labels = _labels(item)
         files = self.outputs.files(stem, dicom_input)
-        staged = StagedFiles(self.folder.path)
+        staged = StagedFiles(self.folder.path, manifest_name(stem))
         try:
             # 3. the map files
             begin = time.perf_counter()
@@ -249,7 +250,7 @@ class GLAMInferenceWriter:
                 s_c = back.maps.get(MapName.COMBINED.value)
                 self._write_dicom(path, dicom_input, staged, files, panel, s_c, notes)
                 self._add_seconds("dicom", time.perf_counter() - begin)
-            # 6. into place together
+            # 6. into place together, then recorded in the image's manifest (what a rerun checks)
             written = staged.commit()
         finally:
             staged.discard()

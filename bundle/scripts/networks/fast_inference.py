@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..precision import autocast
+
 __all__ = [
     "PRECISIONS",
     "AutocastInference",
@@ -62,8 +64,8 @@ def _as_float32(value: Any) -> Any:
 
 
 class AutocastInference(nn.Module):
-    """Runs ``network`` under ``torch.autocast`` with ``dtype`` on the input's device, inputs in channels-last memory;
-    floating-point outputs come back as float32.
+    """Runs ``network`` under autocast (:func:`scripts.precision.autocast`) with ``dtype`` on the input's device,
+    inputs in channels-last memory; floating-point outputs come back as float32.
 
     The forward contract is the wrapped network's: ``forward(image)`` returns what ``network(image)`` returns (S_c
     (B, 2, H/4, W/4) for :class:`~scripts.networks.GLAMSaliencyNet`), ``forward_all(image)`` its whole output dict
@@ -79,7 +81,7 @@ class AutocastInference(nn.Module):
     def _run(self, fn: Any, image: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if self.channels_last:
             image = image.contiguous(memory_format=torch.channels_last)
-        with torch.no_grad(), torch.autocast(image.device.type, dtype=self.dtype):
+        with torch.no_grad(), autocast(image.device.type, dtype=self.dtype):
             out = fn(image, *args, **kwargs)
         return _as_float32(out)
 

@@ -11,42 +11,25 @@ import torch
 from monai.inferers import Inferer
 
 from ..enums import OutputKey, Stage
-from .glam import GLAM, checkpoint_setting
+from .glam import GLAM
+from .glam_settings import CHOSEN, FROM_CHECKPOINT, GLAM_DEFAULTS, GLAMSettings, coerce_text, setting_specs
 from .settings import read_checkpoint_settings
-from .weights import as_flag
 
 __all__ = [
     "GLAMSaliencyNet",
     "GLAMInferer",
     "FROM_CHECKPOINT",
     "CHECKPOINT_SETTINGS",
+    "INFERENCE_CHOSEN",
     "checkpoint_settings",
     "inference_settings",
 ]
 
-#: the value of a model setting in inference.yaml that takes the checkpoint's (its record's, else GLAM's default)
-FROM_CHECKPOINT = "checkpoint"
-#: the model settings a checkpoint's record gives the inference network (inference.yaml's ids of the same names)
-CHECKPOINT_SETTINGS = (
-    "image_size",
-    "pixel_spacing",
-    "patch_size",
-    "t_global",
-    "t_local",
-    "gammas",
-    "local_depth",
-    "local_width",
-    "attention_hidden",
-    "global_backbone",
-    "pool_in_breast",
-    "aggregation",
-    "joint_modules",
-    "global_pool_after_upsampling",
-)
-# GLAMSaliencyNet's settings that the command line may give as text: yes/no flags, integers and numbers
-_FLAGS = ("global_pool_after_upsampling", "joint_modules", "pool_in_breast")
-_INTEGERS = ("num_patches_eval", "attention_hidden")
-_NUMBERS = ("t_global", "t_local", "gamma_c")
+#: the model settings a checkpoint's record gives the inference network (inference.yaml's ids of the same names,
+#: ``checkpoint`` there): the record's settings with ``inference=FROM_CHECKPOINT``
+CHECKPOINT_SETTINGS = tuple(name for name, spec in setting_specs().items() if spec.inference == FROM_CHECKPOINT)
+#: the settings inference chooses itself (M patches, gamma_c): inference.yaml's value, else the record's default
+INFERENCE_CHOSEN = tuple(name for name, spec in setting_specs().items() if spec.inference == CHOSEN)
 
 
 def checkpoint_settings(ckpt_path: str | os.PathLike) -> dict[str, Any]:
@@ -54,48 +37,34 @@ def checkpoint_settings(ckpt_path: str | os.PathLike) -> dict[str, Any]:
     GLAM's default (the paper's) for one it does not record or when the file does not exist. The file is read once
     (a ``ValueError`` names one that cannot be read)."""
     record = read_checkpoint_settings(ckpt_path) or {}
-    return {
-        name: record[name] if name in record else checkpoint_setting(ckpt_path, name) for name in CHECKPOINT_SETTINGS
-    }
+    return {name: record[name] if name in record else GLAM_DEFAULTS[name] for name in CHECKPOINT_SETTINGS}
 
 
-def inference_settings(
-    checkpoint: Mapping[str, Any],
-    stage: str = FROM_CHECKPOINT,
-    num_patches_eval: int | str = 1,
-    gamma_c: float | str = 0.5,
-    **settings: Any,
-) -> dict[str, Any]:
+def inference_settings(checkpoint: Mapping[str, Any], stage: str = FROM_CHECKPOINT, **settings: Any) -> dict[str, Any]:
     """The keyword arguments of :class:`GLAMSaliencyNet` (:meth:`GLAMSaliencyNet.from_settings`) for inference.
 
     Args:
         checkpoint: the checkpoint's settings (:func:`checkpoint_settings`).
         stage: ``"local"`` or ``"joint"``; :data:`FROM_CHECKPOINT`: joint when the settings have the joint modules
             (gated attention, fusion), local for the authors' released layout.
-        num_patches_eval: M, patches per image (a choice made here: any value).
-        gamma_c: weight of S_g in S_c (a choice made here).
         settings: each of :data:`CHECKPOINT_SETTINGS`, :data:`FROM_CHECKPOINT` (the default) for the checkpoint's
             value; another value overrides it (the weights then load only when the record agrees, or for the
             settings that change no weight: ``t_global``, ``t_local``, ``global_pool_after_upsampling``; see
-            ``scripts.networks.settings``).
+            ``scripts.networks.settings``); and each of :data:`INFERENCE_CHOSEN` (``num_patches_eval``, M patches
+            per image, and ``gamma_c``, the weight of S_g in S_c: choices made here, the paper's values by default).
 
-    Yes/no settings given as text (the command line's ``false``) become booleans, counts integers and the pooling
-    numbers floats. A name outside :data:`CHECKPOINT_SETTINGS` is a ``ValueError``.
+    Texts as the command line gives them (``false``, ``3``) are read as each setting's type
+    (:class:`~scripts.networks.glam_settings.GLAMSettings`). A name outside those two lists is a ``ValueError``.
     """
-    unknown = sorted(set(settings) - set(CHECKPOINT_SETTINGS))
+    unknown = sorted(set(settings) - set(CHECKPOINT_SETTINGS) - set(INFERENCE_CHOSEN))
     if unknown:
         raise ValueError(f"inference_settings: unknown model settings {unknown}; known: {list(CHECKPOINT_SETTINGS)}")
     out: dict[str, Any] = {
         name: checkpoint[name] if _from_checkpoint(settings.get(name, FROM_CHECKPOINT)) else settings[name]
         for name in CHECKPOINT_SETTINGS
     }
-    out["num_patches_eval"], out["gamma_c"] = num_patches_eval, gamma_c
-    for name in _FLAGS:
-        out[name] = as_flag(out[name], name)
-    for name in _INTEGERS:
-        out[name] = int(out[name])
-    for name in _NUMBERS:
-        out[name] = float(out[name])
+    out.update({name: settings.get(name, GLAM_DEFAULTS[name]) for name in INFERENCE_CHOSEN})
+    out = coerce_text(out)
     joint = Stage.JOINT.value if out["joint_modules"] else Stage.LOCAL.value
     out["stage"] = joint if _from_checkpoint(stage) else stage
     return out
@@ -115,10 +84,10 @@ class GLAMSaliencyNet(GLAM):
     the stage must run the local module (``local`` or ``joint``, default ``joint``) since S_c needs it.
     """
 
-    def __init__(self, stage: str = Stage.JOINT, **kwargs: Any) -> None:
-        if stage == Stage.GLOBAL:
+    def __init__(self, settings: GLAMSettings | None = None, **overrides: Any) -> None:
+        if GLAMSettings.of(settings, **overrides).stage == Stage.GLOBAL:
             raise ValueError("GLAMSaliencyNet returns S_c, which needs the local module: stage 'local' or 'joint'")
-        super().__init__(stage=stage, **kwargs)
+        super().__init__(settings, **overrides)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> GLAMSaliencyNet:

@@ -23,15 +23,17 @@ built from it: a mapping (not a list), every number finite, each known setting o
 window's and the patches' sides at most :data:`MAX_WINDOW_SIDE` pixels; a record that fails is one ``ValueError``
 line naming the checkpoint file and the setting.
 
-The inference config and the MONAI Label app read a checkpoint's record back
-(:func:`~scripts.networks.glam.checkpoint_setting`, which falls back on GLAM's defaults), so a network trained with a
-preset is rebuilt with that preset's settings without the preset. This module knows nothing of GLAM: the network
-imports it, not the other way round.
+The inference config and the MONAI Label app read a checkpoint's record back (:func:`checkpoint_setting`, which
+falls back on GLAM's defaults), so a network trained with a preset is rebuilt with that preset's settings without the
+preset. Which settings are recorded, their checks and which are compared are read from GLAM's settings record
+(:class:`~scripts.networks.glam_settings.GLAMSettings`); this module holds the record's format, a network that
+carries one (:class:`RecordsSettings`) and its reading.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import math
 import os
@@ -41,8 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from .checkpoint_file import CheckpointError, read_checkpoint
+from .glam_settings import GLAM_DEFAULTS, MAX_WINDOW_SIDE, setting_specs
 
 __all__ = [
     "SETTINGS_KEY",
@@ -54,30 +58,17 @@ __all__ = [
     "settings_differences",
     "check_settings",
     "read_checkpoint_settings",
+    "RecordsSettings",
+    "checkpoint_setting",
 ]
 
 #: the buffer's name in a module's state dict
 SETTINGS_KEY = "model_settings"
 #: recorded, but a network may be built with other values than its checkpoint's (they change no weight; see the
-#: module's docstring for why the others are compared)
-INFERENCE_CHOICES = (
-    "num_patches_eval",
-    "num_patches_train",
-    "gamma_c",
-    "t_global",
-    "t_local",
-    "global_pool_after_upsampling",
-)
+#: module's docstring for why the others are compared): the record's settings with ``compared=False``
+INFERENCE_CHOICES = tuple(name for name, spec in setting_specs().items() if spec.record and not spec.compared)
 #: recorded for information, never compared
 INFORMATIONAL = ("bundle_version",)
-#: the largest side (pixels) a record's window (``image_size``) or patch (``patch_size``) may have: 8192 px at the
-#: finest detector's 0.05 mm are 41 cm, beyond any mammography detector (24 x 30 cm); a larger window only allocates
-#: (a 40000 x 40000 window is 6.4 GB per float32 image)
-MAX_WINDOW_SIDE = 8192
-# the most patches per image a record may ask for (the paper's K is 6, M 1)
-_MAX_PATCHES = 256
-# the largest width / depth a record's local module or attention may have
-_MAX_UNITS = 65536
 
 
 def _plain(value: Any) -> Any:
@@ -95,14 +86,6 @@ def encode_settings(settings: Mapping[str, Any]) -> torch.Tensor:
     return torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _non_finite(value: Any, path: str) -> str | None:
     """The path of the first NaN or infinite number in a JSON value, or None."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -116,36 +99,9 @@ def _non_finite(value: Any, path: str) -> str | None:
     return None
 
 
-def _sides(value: Any) -> bool:
-    pair = value if isinstance(value, list) else [value, value]
-    return len(pair) == 2 and all(_is_int(v) and 1 <= v <= MAX_WINDOW_SIDE for v in pair)
-
-
-# each known setting: (the check of its JSON value, what it must be)
+# each recorded setting: (the check of its JSON value, what it must be), from the record (GLAMSettings)
 _CHECKS: dict[str, tuple[Any, str]] = {
-    "image_size": (lambda v: isinstance(v, list) and _sides(v), f"[rows, cols], integers in 1..{MAX_WINDOW_SIDE}"),
-    "patch_size": (_sides, f"an integer or [rows, cols], integers in 1..{MAX_WINDOW_SIDE}"),
-    "pixel_spacing": (
-        lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(_is_number(s) and s > 0 for s in v)),
-        "null or [row, col] mm, positive numbers",
-    ),
-    "num_patches_train": (lambda v: _is_int(v) and 1 <= v <= _MAX_PATCHES, f"an integer in 1..{_MAX_PATCHES}"),
-    "num_patches_eval": (lambda v: _is_int(v) and 1 <= v <= _MAX_PATCHES, f"an integer in 1..{_MAX_PATCHES}"),
-    "t_global": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "t_local": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
-    "gamma_c": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "gammas": (
-        lambda v: isinstance(v, list) and len(v) == 3 and all(_is_number(g) and g >= 0 for g in v),
-        "three numbers >= 0",
-    ),
-    "local_depth": (lambda v: _is_int(v) and 1 <= v <= _MAX_UNITS, f"an integer in 1..{_MAX_UNITS}"),
-    "local_width": (lambda v: _is_int(v) and 1 <= v <= _MAX_UNITS, f"an integer in 1..{_MAX_UNITS}"),
-    "attention_hidden": (lambda v: _is_int(v) and 1 <= v <= _MAX_UNITS, f"an integer in 1..{_MAX_UNITS}"),
-    "joint_modules": (lambda v: isinstance(v, bool), "true or false"),
-    "pool_in_breast": (lambda v: isinstance(v, bool), "true or false"),
-    "global_pool_after_upsampling": (lambda v: isinstance(v, bool), "true or false"),
-    "aggregation": (lambda v: v is None or isinstance(v, str), "null or a name"),
-    "global_backbone": (lambda v: isinstance(v, dict), "a mapping of the backbone's options"),
+    **{name: (spec.check, spec.expected) for name, spec in setting_specs().items() if spec.record},
     "bundle_version": (lambda v: isinstance(v, str), "a version string"),
 }
 
@@ -234,3 +190,35 @@ def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
         raise ValueError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
     # a copy: the cached record is shared by every caller, and config values get mutated downstream
     return copy.deepcopy(record)
+
+
+def checkpoint_setting(path: str | os.PathLike, name: str, default: Any = inspect.Parameter.empty) -> Any:
+    """The value of setting ``name`` recorded in the checkpoint at ``path``; when the file is missing or does not
+    record it, ``default``, or else GLAM's own default for it (:data:`~scripts.networks.glam_settings.GLAM_DEFAULTS`,
+    the paper's value)."""
+    record = read_checkpoint_settings(path)
+    if record is not None and name in record:
+        return record[name]
+    if default is not inspect.Parameter.empty:
+        return default
+    if name not in GLAM_DEFAULTS:
+        raise KeyError(f"{name!r} is not a GLAM setting with a default")
+    return GLAM_DEFAULTS[name]
+
+
+class RecordsSettings(nn.Module):
+    """A module that carries its settings record in its state dict (:meth:`record_settings`) and checks a loaded
+    state dict's record against it: one that differs is a ``ValueError`` naming the settings (:func:`check_settings`);
+    after the check the module keeps its own record (inference choices may differ, older checkpoints have none)."""
+
+    def record_settings(self, record: Mapping[str, Any]) -> None:
+        """Record ``record`` (JSON values) as :attr:`settings` and as the persistent :data:`SETTINGS_KEY` buffer."""
+        self.settings: dict[str, Any] = dict(record)
+        self.register_buffer(SETTINGS_KEY, encode_settings(self.settings), persistent=True)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):
+        key = prefix + SETTINGS_KEY
+        if key in state_dict:
+            check_settings(state_dict[key], self.settings)
+        state_dict[key] = getattr(self, SETTINGS_KEY)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)

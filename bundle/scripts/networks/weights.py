@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monai.utils import str2bool
 
 from ..atomic import atomic_write
 from .checkpoint_file import CheckpointError, NonFiniteError, describe_non_finite, non_finite_tensors, read_checkpoint
+from .glam_settings import as_flag
 from .settings import SETTINGS_KEY, check_settings
 
 __all__ = [
@@ -164,14 +164,6 @@ def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.
     module.load_state_dict(state, strict=True)
     logger.info("weights %s loaded strictly (%d tensors)", path, len(state))
     return network
-
-
-def as_flag(value: Any, name: str) -> bool:
-    """A yes/no option that may come from the command line as text (fire passes ``--resume false`` as 'false')."""
-    try:
-        return str2bool(str(value).strip())  # str(): also bools and the integers 0/1
-    except ValueError:
-        raise ValueError(f"{name} must be true or false, got {value!r}") from None
 
 
 def plain_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:

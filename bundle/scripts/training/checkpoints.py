@@ -1,6 +1,6 @@
 """Checkpoints of a GLAM stage: the best model (by the key metric), the last epoch's full state, resumption and
-the hand-over from the previous stage. Every file is written atomically (temporary file + rename), by rank 0 only,
-and read back with ``torch.load(..., weights_only=True)``."""
+the hand-over from the previous stage. The files are written by Ignite's ``Checkpoint`` through an atomic
+``DiskSaver`` (temporary file + rename), by rank 0 only, and read back with ``torch.load(..., weights_only=True)``."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import json
 import logging
 import math
 import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
+import torch
 from ignite.engine import Engine, Events
-from ignite.handlers import Checkpoint
+from ignite.handlers import Checkpoint, DiskSaver
 
 from ..atomic import atomic_write
+from ..distributed import rank
 from ..networks.weights import (
     as_flag,
     load_checkpoint_file,
@@ -24,9 +27,8 @@ from ..networks.weights import (
     state_dict_problems,
     weights_of,
 )
-from .distributed import rank
 
-__all__ = ["read_record", "why_no_model", "StageCheckpointer"]
+__all__ = ["read_record", "why_no_model", "CheckpointFiles", "StageCheckpointer"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,59 @@ def module_sources(previous_modules: Sequence[str] | Mapping[str, str] | None) -
     return dict(pairs)
 
 
+def _on_cpu(obj: Any) -> Any:
+    """``obj`` (nested mappings, lists and tuples of state) with every tensor on the CPU; ``obj`` itself, untouched,
+    when all its tensors are there already (the file is then the one a plain ``torch.save`` of it writes)."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device.type == "cpu" else obj.detach().cpu()
+    if isinstance(obj, Mapping):
+        moved = {k: _on_cpu(v) for k, v in obj.items()}
+        if all(moved[k] is v for k, v in obj.items()):
+            return obj
+        return OrderedDict(moved) if isinstance(obj, OrderedDict) else moved
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        moved = [_on_cpu(v) for v in obj]
+        return obj if all(m is v for m, v in zip(moved, obj)) else type(obj)(moved)
+    return obj
+
+
+class CheckpointFiles(DiskSaver):
+    """Ignite's ``DiskSaver`` with ``atomic=True`` for a stage's checkpoint files, which have fixed names
+    (``model.pt``, ``last.pt``), written by rank 0:
+
+    - the write goes through :func:`~scripts.networks.weights.save_atomic`, the bundle's atomic write
+      (:mod:`scripts.atomic`: a temporary ``.<name>.<random>.tmp`` beside the file, synced, renamed over it, the
+      folder synced; a full disk raises an ``OSError`` naming the file), which also refuses a NaN / Inf tensor
+      (:mod:`scripts.networks.checkpoint_file`) and leaves the file as it was. ``DiskSaver``'s own atomic branch
+      renames an unsynced anonymous ``tmpXXXX`` and lets a full disk surface as torch's ``RuntimeError``, which
+      names no file;
+    - every tensor is written on the CPU (:func:`_on_cpu`), so a CUDA run's files load anywhere;
+    - ``remove`` does nothing: ``Checkpoint`` removes the file it is about to replace under the same name, which
+      would leave a moment with no ``model.pt`` at all, whereas the atomic rename replaces it whole.
+    """
+
+    def __init__(self, dirname: str | os.PathLike) -> None:
+        super().__init__(dirname, atomic=True, create_dir=True, require_empty=False, save_on_rank=0)
+
+    def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
+        if rank() == self.save_on_rank:
+            save_atomic(_on_cpu(checkpoint), self.dirname / filename)
+
+    def remove(self, filename: str) -> None:
+        """Nothing: the next save of ``filename`` replaces it atomically."""
+
+
+class _PlainWeights:
+    """The network as ``Checkpoint`` saves it: :func:`~scripts.networks.weights.plain_state_dict` (unwrapped from
+    (Distributed)DataParallel, on the CPU, a plain ``dict``: the model zoo's ``model.pt``)."""
+
+    def __init__(self, network: Any) -> None:
+        self.network = network
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return plain_state_dict(self.network)
+
+
 class StageCheckpointer:
     """Best-model and last-epoch checkpoints of one training stage, resumption, and loading the previous stage.
 
@@ -132,20 +187,30 @@ class StageCheckpointer:
     ``<ckpt_dir>/selection.json`` (written atomically after every validation and when the run ends) records the
     selection metric and why it was chosen, every validation's metrics by epoch, the best epoch and value, the
     epochs run and whether the run finished: the next stage names the reason when no model was selected, and a
-    rerun into the folder refuses to overwrite an unfinished run (scripts/commands.py).
+    rerun into the folder refuses to overwrite an unfinished run (:mod:`scripts.training.preflight`).
 
-    Why not MONAI's ``CheckpointSaver`` + ``CheckpointLoader`` (MONAI 1.6, Ignite 0.5), which cover the best-by-key-
-    metric and last-epoch files and the resume with the run's own ``max_epochs``: their files are not written
-    atomically (MONAI's saver passes ``atomic=False`` to Ignite's ``DiskSaver``), so a run killed while saving can
-    leave a truncated ``model.pt`` / ``last.pt``; the tensors are saved on the device they live on (a CUDA run's
-    ``model.pt`` would not load on a CPU without ``map_location``), whereas the model zoo's ``model.pt`` is a plain
-    CPU state dict; one saver saves one ``save_dict``, so the plain best network and the full last state need two;
-    after a resume the key-metric saver forgets the best value unless its own state is saved and reloaded too
-    (``key_metric_save_state``), so the first validation would overwrite a better ``model.pt``; and neither knows a
-    previous stage's model (resume from ``last.pt`` *or* start from the previous ``model.pt``, with the reason from
-    its ``selection.json`` when it is missing), the ``epoch_length`` check that refuses an inexact resume, or the
-    selection record. ``Checkpoint.load_objects`` (Ignite) does the restoring here, and evaluate.yaml uses MONAI's
-    ``CheckpointLoader``, where a plain load is all it needs.
+    The files are Ignite's: two ``ignite.handlers.Checkpoint`` objects on one :class:`CheckpointFiles` (a
+    ``DiskSaver``, atomic) write them, and ``Checkpoint.load_objects`` restores ``last.pt``. MONAI's
+    ``CheckpointSaver`` is the same Ignite machinery with four gaps, each closed here:
+
+    - it passes ``atomic=False`` to ``DiskSaver`` (a run killed while saving leaves a torn file): the save handler
+      here is atomic, through :mod:`scripts.atomic`;
+    - it saves the tensors on the device they live on (a CUDA run's ``model.pt`` would not load on a CPU without
+      ``map_location``): the handler writes CPU tensors, and ``model.pt`` is the network's plain state dict;
+    - one saver saves one ``save_dict``: here one ``Checkpoint`` saves ``{"network"}`` (a single object, which
+      Ignite writes as its state dict itself: ``model.pt``) and another the whole ``save_dict`` (``last.pt``);
+    - its key-metric saver keeps the best value in its own state, lost on resume unless that is saved too
+      (``key_metric_save_state``), so the first validation after a resume would overwrite a better ``model.pt``:
+      here the evaluator's own comparison decides (``state.best_metric_epoch``, the evaluator's key metric and
+      comparison), its best value travels in ``last.pt`` through
+      :class:`~scripts.handlers.training_state.BestMetricState`, and the best-model ``Checkpoint`` is called only on
+      a new best, so its own list of saved files (empty after a restart) never decides.
+
+    On top stay GLAM's parts: the previous stage's hand-over (``previous_model`` / ``previous_modules``, with the
+    reason from its ``selection.json`` when the model is missing), the ``epoch_length`` check that refuses an inexact
+    resume, one-line errors naming the file, the selection record, and (scripts.training.preflight) the refusal to
+    overwrite an unfinished run. ``last.pt`` keeps the layout it always had (``{name: state dict}`` over
+    ``save_dict`` and ``trainer``, the network as a plain CPU state dict), so files from earlier versions resume.
     """
 
     def __init__(
@@ -171,6 +236,7 @@ class StageCheckpointer:
         self.validation_items = len(validation_items) if isinstance(validation_items, Sized) else validation_items
         self.record: dict[str, Any] = {}
         self.trainer: Engine | None = None
+        self._files: dict[str, Checkpoint] = {}
 
     @property
     def best_path(self) -> Path:
@@ -184,9 +250,21 @@ class StageCheckpointer:
     def record_path(self) -> Path:
         return self.ckpt_dir / "selection.json"
 
+    def _checkpoint(self, name: str) -> Checkpoint:
+        """The Ignite ``Checkpoint`` that writes ``model.pt`` (the network) or ``last.pt`` (all of ``save_dict``),
+        made on first use (its ``DiskSaver`` creates the folder). ``n_saved=None``: every call writes, and the file
+        name is fixed, so each write replaces the last (the best model's calls are decided by :meth:`save_best`)."""
+        if name not in self._files:
+            weights = _PlainWeights(self.save_dict["network"])
+            to_save = {"network": weights} if name == self.best_path.name else {**self.save_dict, "network": weights}
+            saver = CheckpointFiles(self.ckpt_dir)
+            self._files[name] = Checkpoint(to_save, saver, filename_pattern=name, n_saved=None)
+        return self._files[name]
+
     def attach(self, trainer: Engine) -> None:
         self.trainer = trainer
         self.save_dict.setdefault("trainer", trainer)
+        self._files.clear()  # built from the complete save_dict on first use
         trainer.add_event_handler(Events.STARTED, self.load)
         trainer.add_event_handler(Events.STARTED, self._start_record)
         trainer.add_event_handler(Events.EPOCH_COMPLETED, self.save_last)
@@ -282,10 +360,16 @@ class StageCheckpointer:
         """Restore every object of ``save_dict`` from ``last.pt``; the run keeps its own ``max_epochs``."""
         checkpoint = load_checkpoint_file(self.last_path, "checkpoint")
         if not isinstance(checkpoint, Mapping):
-            raise ValueError(f"{self.last_path} is not a checkpoint of this workflow (got {type(checkpoint).__name__})")
+            raise ValueError(
+                f"{self.last_path} is not a checkpoint of this workflow (got {type(checkpoint).__name__}): start this "
+                "stage afresh without --resume, or pass the --ckpt_root of the run to continue"
+            )
         missing = sorted(set(self.save_dict) - set(checkpoint))
         if missing:
-            raise ValueError(f"{self.last_path} lacks {missing}: it was not written by this workflow")
+            raise ValueError(
+                f"{self.last_path} lacks {missing}: it was not written by this workflow with these settings (start "
+                "this stage afresh without --resume, or pass the --ckpt_root of the run to continue)"
+            )
         # the configured number of epochs wins over the checkpoint's, so that a finished stage can be extended
         max_epochs, epoch_length = engine.state.max_epochs, engine.state.epoch_length
         saved_length = checkpoint["trainer"].get("epoch_length") if "trainer" in self.save_dict else None
@@ -310,20 +394,16 @@ class StageCheckpointer:
         logger.info("resumed from %s (epoch %d of %s)", self.last_path, engine.state.epoch, engine.state.max_epochs)
 
     def save_last(self, engine: Engine) -> None:
-        if rank() != 0:
-            return
-        checkpoint = {}
-        for name, obj in self.save_dict.items():
-            if name == "network":
-                checkpoint[name] = plain_state_dict(obj)
-            else:
-                checkpoint[name] = obj.state_dict()
-        save_atomic(checkpoint, self.last_path)
+        """``last.pt``: every object of ``save_dict`` (rank 0; the others would only gather state dicts)."""
+        if rank() == 0:
+            self._checkpoint(self.last_path.name)(engine)
 
     def save_best(self, evaluator: Engine) -> None:
+        """``model.pt`` when the evaluator's key metric reached a new best at this validation (MONAI's comparison,
+        its best value restored on resume by ``BestMetricState``), then the selection record."""
         state = evaluator.state
         if rank() == 0 and getattr(state, "best_metric_epoch", -1) == state.epoch:
-            save_atomic(plain_state_dict(self.save_dict["network"]), self.best_path)
+            self._checkpoint(self.best_path.name)(evaluator)
             logger.info(
                 "new best %s = %.4f at epoch %d: %s",
                 state.key_metric_name,

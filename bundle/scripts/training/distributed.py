@@ -1,18 +1,14 @@
-"""Helpers of the DistributedDataParallel overlay (``configs/multi_gpu_train.yaml``) for runs under ``torchrun``.
+"""The training's pieces of the DistributedDataParallel overlay (``configs/multi_gpu_train.yaml``) for runs under
+``torchrun``; the process group itself (rank, world size, device, joining and leaving) is :mod:`scripts.distributed`,
+shared with the evaluation and the inference.
 
-One process per device. The rank logic is PyTorch-Ignite's (``ignite.distributed``, the same view MONAI's metric
-gathering uses): the process group is joined through ``idist.initialize`` once per process, before the stages run
-in their fresh copies of the configuration, and left through ``idist.finalize`` once at the end. Logging and
-TensorBoard handlers are disabled on ranks other than 0 *before* they are built (in each stage's copy), so that
-only rank 0 opens event files; metrics, checkpoint loading and everything else run on every rank.
+Logging and TensorBoard handlers are disabled on ranks other than 0 *before* they are built (in each stage's copy),
+so that only rank 0 opens event files; metrics, checkpoint loading and everything else run on every rank.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
 from typing import Any
 
 import ignite.distributed as idist
@@ -21,29 +17,17 @@ import torch.distributed as dist
 from ignite.engine import Engine, Events
 from monai.data import partition_dataset
 
+from ..distributed import barrier, rank, world_size
+
 __all__ = [
-    "TORCHRUN_ENV",
     "RANK_ZERO_ONLY",
-    "world_size",
-    "rank",
-    "local_device",
-    "init_distributed",
-    "destroy_distributed",
-    "barrier",
-    "rank_share",
-    "is_rank_zero",
     "device_ids",
     "rank_zero_first",
+    "rank_share",
     "disable_on_other_ranks",
-    "quiet_other_ranks",
     "RankBarrier",
     "SyncBuffers",
 ]
-
-logger = logging.getLogger(__name__)
-
-#: environment variables that ``torchrun`` sets for every process and ``init_process_group`` reads
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 #: handler classes that only log or draw: built on rank 0 only (MetricsSaver is not here: it gathers across ranks)
 RANK_ZERO_ONLY = (
@@ -58,92 +42,11 @@ RANK_ZERO_ONLY = (
 )
 
 
-def world_size() -> int:
-    """Number of processes of the running group (1 without one)."""
-    return idist.get_world_size()
-
-
-def rank() -> int:
-    """Global rank of this process (0 without a process group)."""
-    return idist.get_rank()
-
-
-def is_rank_zero() -> bool:
-    """Whether this process is rank 0 (or the only process): the one that logs, draws and shows progress."""
-    return rank() == 0
-
-
 def device_ids(device: torch.device | str) -> list[torch.device] | None:
     """``DistributedDataParallel``'s ``device_ids`` for a module on ``device``: ``[device]`` on CUDA, None on the
     CPU (gloo), as PyTorch requires."""
     device = torch.device(device)
     return [device] if device.type == "cuda" else None
-
-
-def local_device() -> torch.device:
-    """This process's device: ``cuda:<LOCAL_RANK>`` when CUDA is available, else the CPU."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if not 0 <= local_rank < torch.cuda.device_count():
-        raise ValueError(
-            f"LOCAL_RANK={local_rank} but this node has {torch.cuda.device_count()} CUDA device(s): "
-            "start at most one process per GPU (torchrun --nproc_per_node)"
-        )
-    return torch.device("cuda", local_rank)
-
-
-def init_distributed(
-    backend: str | None = None,
-    timeout_s: float = 1800.0,
-    overlay: str = "multi_gpu_train.yaml",
-    command: str = "training",
-) -> torch.device:
-    """Join the process group described by ``torchrun``'s environment, once per process (idempotent).
-
-    Args:
-        backend: ``None`` picks ``nccl`` on CUDA and ``gloo`` on the CPU.
-        timeout_s: how long a collective may wait for the other ranks.
-        overlay, command: the configuration and the ``monai.bundle run`` command the error names when the process
-            was not started by ``torchrun``.
-
-    Returns:
-        this process's device (see :func:`local_device`), made the current CUDA device on GPUs.
-
-    Raises:
-        ValueError: the process was not started by ``torchrun`` (its environment variables are missing).
-    """
-    device = local_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if dist.is_available() and dist.is_initialized():
-        idist.sync()  # a group made elsewhere: ignite keeps its view of it instead of re-reading it at every call
-        return device
-    if not dist.is_available():
-        raise ValueError("torch.distributed is not available in this PyTorch build")
-    # ignite would fill in a 1-process group for a missing environment: a run started without torchrun must fail
-    missing = [k for k in TORCHRUN_ENV if k not in os.environ]
-    if missing:
-        raise ValueError(
-            f"{overlay} must run under torchrun (missing environment variables {missing}): "
-            f"torchrun --nproc_per_node=N -m monai.bundle run {command} --config_file ..."
-        )
-    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-    idist.initialize(backend, timeout=timedelta(seconds=timeout_s))
-    logger.info("process group: backend %s, rank %d of %d, device %s", backend, rank(), world_size(), device)
-    return device
-
-
-def barrier() -> None:
-    """Wait for every rank (no-op without a process group)."""
-    idist.barrier()
-
-
-def destroy_distributed() -> None:
-    """Leave the process group after every rank got here (no-op without one)."""
-    if dist.is_available() and dist.is_initialized():
-        idist.barrier()
-        idist.finalize()
 
 
 def rank_zero_first(parser: Any, ids: Sequence[str]) -> None:
@@ -220,12 +123,6 @@ def _disable(config: Any, names: frozenset[str], id_: str) -> list[str]:
             else:
                 disabled += _disable(value, names, sub_id)
     return disabled
-
-
-def quiet_other_ranks(level: int | str = logging.WARNING) -> None:
-    """Raise the root logger's level on ranks other than 0 (their INFO lines repeat rank 0's)."""
-    if rank() != 0:
-        logging.getLogger().setLevel(level)
 
 
 class RankBarrier:

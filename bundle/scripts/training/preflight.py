@@ -20,7 +20,7 @@ from monai.utils import str2bool
 from ..commands import UsageError, check_command_line, check_writable
 from .checkpoints import read_record
 
-__all__ = ["PER_STAGE_OPTIONS", "per_stage", "check_data", "check_unfinished_run", "preflight_training"]
+__all__ = ["PER_STAGE_OPTIONS", "per_stage", "check_unfinished_run", "preflight_training"]
 
 #: the options that hold one value per stage ({global: ..., local: ..., joint: ...}) or one number for all
 PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size")
@@ -50,20 +50,6 @@ def per_stage(value: Any, stage: str, name: str = "value", scale: float | None =
             f"{name} must be a number or a dict per stage {{global: .., local: .., joint: ..}}, got {value!r}"
         )
     return value
-
-
-def check_data(datalist: Any, pixel_spacing: Any = None, enabled: bool | str = True, split: str | None = None) -> Any:
-    """train.yaml's ``check_datalist``: the datalist's files, labels, masks and splits checked before any work
-    (:func:`scripts.data.assert_datalist_ok`, which raises naming every problem), unless ``enabled`` is no
-    (``--check_data false``). With ``split``, ``datalist`` is that split's items (evaluate.yaml checks the split it
-    evaluates). Returns the check's report, or None when it is off."""
-    if not str2bool(str(enabled)):
-        return None
-    from ..data import assert_datalist_ok
-
-    if split is not None:
-        datalist = {split: datalist}
-    return assert_datalist_ok(datalist, pixel_spacing=pixel_spacing)
 
 
 def _check_per_stage(parser: ConfigParser, stages: Sequence[str]) -> None:

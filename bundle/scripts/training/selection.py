@@ -71,7 +71,7 @@ def _auc_defined(items: Sequence[Mapping[str, Any]]) -> str | None:
 
 def configured_selection(metric: str) -> dict[str, str]:
     """``{"metric": metric, "reason": "selection_metric"}``: the configured metric, whatever the data holds
-    (evaluate.yaml: the evaluation reports every metric, its key metric is the one asked for)."""
+    (evaluate.yaml states the same record as plain values: its key metric is the one asked for)."""
     return {"metric": str(metric), "reason": "selection_metric"}
 
 

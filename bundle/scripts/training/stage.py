@@ -4,19 +4,21 @@
 configuration's plain values into what the stage's objects need, so that the configuration states values and names
 components rather than computing them in ``$`` expressions:
 
-- :func:`path_in`: a file or folder inside another (``datalist``, ``ckpt_root``, ``ckpt_dir``, ``output_dir`` ...);
-- :func:`previous_model`: the previous stage's best model, which the stage starts from (None for ``global``);
+- :func:`previous_model`: the previous stage's best model, which the stage starts from (for ``global``: none, or
+  the model a preset names), and :func:`previous_modules`, which of its submodules;
 - :func:`key_map`: the saliency map the stage is validated on (``S_g``, ``S_l``, ``S_c``);
 - :func:`trainable_parameters`: what the optimizer updates (GLAM freezes what a stage does not train);
 - :func:`train_stage`: runs the stage's trainer and returns its summary (``run_stage``'s last item).
 
 The per-stage numbers (epochs, learning rate, batch size, sparsity weight) are read by
-:func:`scripts.training.preflight.per_stage`.
+:func:`scripts.training.preflight.per_stage`; the stage's folders (``ckpt_dir``, ``output_dir``) by
+:func:`scripts.runs.path_in`, which every workflow shares.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,9 +29,9 @@ __all__ = [
     "STAGE_ORDER",
     "stages_to_run",
     "STAGE_MAPS",
-    "path_in",
     "previous_stage",
     "previous_model",
+    "previous_modules",
     "key_map",
     "trainable_parameters",
     "train_stage",
@@ -46,21 +48,28 @@ def _stage(stage: Any) -> str:
     return stage
 
 
-def path_in(folder: str | os.PathLike, name: str | os.PathLike) -> str:
-    """``os.path.join(folder, name)`` as a config component (MONAI passes keyword arguments only)."""
-    return os.path.join(os.fspath(folder), os.fspath(name))
-
-
 def previous_stage(stage: str) -> str | None:
     """The stage that trains before ``stage`` (its best model is where ``stage`` starts); None for the first."""
     index = STAGES.index(_stage(stage))
     return STAGES[index - 1] if index > 0 else None
 
 
-def previous_model(ckpt_root: str | os.PathLike, stage: str) -> str | None:
-    """``<ckpt_root>/<previous stage>/model.pt``, the model ``stage`` starts from; None for the global stage."""
+def previous_model(ckpt_root: str | os.PathLike, stage: str, init: str | os.PathLike | None = None) -> str | None:
+    """``<ckpt_root>/<previous stage>/model.pt``, the model ``stage`` starts from; for the global stage ``init`` (a
+    model to start from, such as the quick start's shipped model; None: a fresh network)."""
     previous = previous_stage(stage)
-    return None if previous is None else os.path.join(os.fspath(ckpt_root), previous, "model.pt")
+    if previous is None:
+        return None if init is None else os.fspath(init)
+    return os.path.join(os.fspath(ckpt_root), previous, "model.pt")
+
+
+def previous_modules(stage: str, init: Any = None, modules: Sequence[str] | None = None) -> list[str] | None:
+    """The top-level submodules ``stage`` takes from the model it starts from (train.yaml's ``previous_modules``):
+    ``modules`` for the global stage when it starts from a model ``init`` (the quick start: the global module only),
+    else None (all of the previous stage's model, strictly)."""
+    if previous_stage(stage) is None and init and modules is not None:
+        return list(modules)
+    return None
 
 
 def key_map(stage: str) -> str:

@@ -1,16 +1,17 @@
-"""What MLflow records of a training stage or an evaluation (``--tracking mlflow``): parameters and the merged
-configuration."""
+"""What MLflow records of a training stage (``--tracking mlflow``): parameters and the merged configuration. The
+pieces the evaluation shares (the run's name, the configuration saved as the run's artifact) are in
+:mod:`scripts.runs`."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
-from typing import Any
 
 from monai.bundle import ConfigParser
 
-__all__ = ["TRACKED", "run_name", "tracking_params", "attach_tracked_config", "track_config_artifact", "track_stage"]
+from ..runs import save_config
+
+__all__ = ["TRACKED", "tracking_params", "attach_tracked_config", "track_stage"]
 
 #: the hyper-parameters a tracked stage records (top-level config ids; per-stage ones as the stage's value)
 TRACKED = (
@@ -39,11 +40,6 @@ TRACKED = (
     "amp",
     "train_cache",
 )
-
-
-def run_name(prefix: str, stage: str) -> str:
-    """The MLflow run's default name, ``<prefix>_<stage>`` (``train_global``, ``evaluate_joint``)."""
-    return f"{prefix}_{stage}"
 
 
 def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
@@ -80,45 +76,13 @@ def attach_tracked_config(
     tracked = [h for h in handlers if isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler")]
     if not tracked:
         return None
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "config.json")
-    from ..atomic import atomic_write
-
-    with atomic_write(path, "w") as f:
-        json.dump(parser.get(), f, indent=1, default=str)
+    path = save_config(folder, parser.get())
     for handler in tracked:
         if params_id is not None and params_id in parser:
             handler.setdefault("experiment_param", f"@{params_id}")
         # MONAI's own copy (`--save_execute_config true`) when asked for, else this one
         if handler.get("artifacts") in (None, "@save_execute_config") and not parser.get("save_execute_config"):
             handler["artifacts"] = path
-    return path
-
-
-def track_config_artifact(
-    handlers: Sequence[Any], folder: str | os.PathLike, config: dict[str, Any] | None = None
-) -> str | None:
-    """For built handlers (evaluate.yaml's ``handlers``): when one of them is an ``MLFlowHandler`` that logs no
-    artifact, save the merged configuration as ``<folder>/config.json`` and make it that handler's artifact (MONAI's
-    own copy is off: train.yaml's ``save_execute_config: false``). ``config``: the merged configuration, by default
-    the one the ``monai.bundle run`` command line describes (:func:`scripts.commands.command_line_config`); from
-    Python there is no such command, and nothing is saved (pass ``save_execute_config=<file>`` to MONAI's workflow
-    for its own copy). Returns the file's path, or None."""
-    from monai.handlers import MLFlowHandler
-
-    from ..atomic import atomic_write
-    from ..commands import command_line_config
-
-    tracked = [h for h in handlers or () if isinstance(h, MLFlowHandler) and not any(h.artifacts)]
-    config = command_line_config() if config is None and tracked else config
-    if not tracked or config is None:
-        return None
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "config.json")
-    with atomic_write(path, "w") as f:
-        json.dump(config, f, indent=1, default=str)
-    for handler in tracked:
-        handler.artifacts = (path,)
     return path
 
 

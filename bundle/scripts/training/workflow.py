@@ -7,39 +7,34 @@ three in order for ``stage: all``: each in a fresh copy of the bundle's merged c
 presets, command-line overrides and the handlers MONAI's ``--tracking`` patched in), with ``stage`` set, so that
 nothing of one stage's objects leaks into the next and every override applies to every stage.
 
-:class:`GLAMTrainingWorkflow` is that run as a ``ConfigWorkflow`` that hands its own parser to the stages:
-``initialize`` joins the process group when the configuration asks for one (``distributed: true``,
-``multi_gpu_train.yaml``), ``run`` checks the command line and the data, then runs the stages, ``finalize`` leaves
-the group. ``python -m monai.bundle run training`` builds MONAI's plain ``ConfigWorkflow``, whose parser reaches no
-config expression; its ``training`` entry (:func:`train_from_command_line`) builds a :class:`GLAMTrainingWorkflow`
-from the same command line (MONAI's ``--workflow_name`` would need ``scripts`` importable before MONAI puts the
-bundle root on ``sys.path``, which it is not from the repository root).
+train.yaml's ``training`` entry is :func:`run_training`: on the parser of the workflow that evaluates it (under
+``python -m monai.bundle run training``, MONAI's own ``ConfigWorkflow``, built from the command line and the config
+files MONAI read), it checks the command line and the data, then runs the stages; no second workflow is built and
+nothing is read again. It joins the process group of a distributed run (``distributed: true``,
+``multi_gpu_train.yaml``) when none is joined yet, and leaves what it joined. :class:`GLAMTrainingWorkflow` is the
+same run from Python, a ``ConfigWorkflow`` whose ``run_id`` is ``training`` and which owns the process group from
+``initialize`` to ``finalize`` (so that ``check_properties`` can build the DDP network).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import sys
 from collections.abc import Sequence
 from typing import Any
 
+import torch.distributed
 from monai.bundle import ConfigParser, ConfigWorkflow
 from monai.utils import str2bool
 
-from .distributed import (
-    destroy_distributed,
-    disable_on_other_ranks,
-    init_distributed,
-    quiet_other_ranks,
-    rank,
-)
+from ..distributed import destroy_distributed, init_distributed, quiet_other_ranks, rank
+from .distributed import disable_on_other_ranks
 from .stage import stages_to_run
 from .tracking import track_stage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_stages", "train_from_command_line", "GLAMTrainingWorkflow"]
+__all__ = ["run_stages", "run_training", "GLAMTrainingWorkflow"]
 
 
 def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage") -> list[Any]:
@@ -75,33 +70,47 @@ def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage"
     return results
 
 
-def train_from_command_line() -> Any:
-    """train.yaml's ``training`` entry under MONAI's plain ``ConfigWorkflow`` (``python -m monai.bundle run
-    training ...``): a :class:`GLAMTrainingWorkflow` built from this process's command line (the same config
-    files, metadata, logging, tracking and overrides), initialised, run and finalised. Returns its ``run()``.
+def _distributed(parser: ConfigParser) -> bool:
+    return str2bool(str(parser.get("distributed", False)))
 
-    Raises:
-        UsageError: this process is not a ``monai.bundle run`` command (the Python API): build the workflow
-            yourself, ``GLAMTrainingWorkflow(config_file=..., meta_file=..., **overrides)``.
-    """
-    from ..commands import UsageError, command_line
 
-    given = command_line()
-    if given is None:
-        raise UsageError(
-            "train.yaml's `training` runs the stages through scripts.training.workflow.GLAMTrainingWorkflow: from "
-            "Python, build GLAMTrainingWorkflow(config_file=..., meta_file=..., **overrides) (or pass "
-            "workflow_name='scripts.training.workflow.GLAMTrainingWorkflow' to monai.bundle.run)"
-        )
-    arguments, overrides = given
-    for name in ("run_id", "workflow_name"):  # this workflow runs `training` its own way
-        arguments.pop(name, None)
-    workflow = GLAMTrainingWorkflow(**arguments, **overrides)
-    workflow.initialize()
+def _join_process_group(parser: ConfigParser) -> None:
+    init_distributed(
+        backend=parser.get_parsed_content("dist_backend"), timeout_s=parser.get_parsed_content("dist_timeout_s")
+    )
+    quiet_other_ranks(parser.get_parsed_content("log_level_other_ranks"))
+
+
+def run_training(parser: ConfigParser | None = None) -> list[Any]:
+    """train.yaml's ``training`` entry: the whole training run on ``parser`` (default: the parser evaluating this
+    entry, :func:`scripts.commands.running_parser`: under ``python -m monai.bundle run training``, the one MONAI
+    built from the command line and the config files).
+
+    In order: the process group joined when the configuration asks for one and none is joined yet (a
+    :class:`GLAMTrainingWorkflow` joined it in ``initialize``); the command line and the folders checked
+    (:func:`~scripts.training.preflight.preflight_training`); on a process group the ``rank_zero_first`` items
+    built by rank 0 first; the data checked (``check_datalist``); the stages (:func:`run_stages`); the process group
+    left if this call joined it. Returns one summary dict per stage (``stage``, ``best_metric``, ``best_epoch``,
+    ``model``)."""
+    from ..commands import running_parser
+    from .distributed import rank_zero_first
+    from .preflight import preflight_training
+
+    parser = running_parser() if parser is None else parser
+    joined = False
+    if _distributed(parser) and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        _join_process_group(parser)
+        joined = True
     try:
-        return workflow.run()
+        preflight_training(parser)
+        if _distributed(parser):
+            rank_zero_first(parser, parser.get("rank_zero_first", ["datalist"]))
+        if "check_datalist" in parser:
+            parser.get_parsed_content("check_datalist")
+        return run_stages(parser, str(parser.get_parsed_content("stage")))
     finally:
-        workflow.finalize()
+        if joined:
+            destroy_distributed()
 
 
 class GLAMTrainingWorkflow(ConfigWorkflow):
@@ -124,40 +133,13 @@ class GLAMTrainingWorkflow(ConfigWorkflow):
         super().__init__(*args, run_id=run_id, **kwargs)
         self._joined_group = False
 
-    def _distributed(self) -> bool:
-        return str2bool(str(self.parser.get("distributed", False)))
-
     def initialize(self) -> Any:
         """Parse the configuration, join the process group if it is a distributed run, evaluate ``initialize``."""
         result = super().initialize()
-        if self._distributed() and not self._joined_group:
-            init_distributed(
-                backend=self.parser.get_parsed_content("dist_backend"),
-                timeout_s=self.parser.get_parsed_content("dist_timeout_s"),
-            )
-            quiet_other_ranks(self.parser.get_parsed_content("log_level_other_ranks"))
+        if _distributed(self.parser) and not self._joined_group:
+            _join_process_group(self.parser)
             self._joined_group = True
         return result
-
-    def run(self) -> list[Any]:
-        """The command line and the folders checked (:func:`~scripts.training.preflight.preflight_training`), on a
-        process group the ``rank_zero_first`` items built by rank 0 first, the data checked (``check_datalist``),
-        then the stages (:func:`run_stages` on this workflow's parser). Returns ``[per-stage summaries]``: the last
-        item is one summary dict per stage (``stage``, ``best_metric``, ``best_epoch``, ``model``)."""
-        from .distributed import rank_zero_first
-        from .preflight import preflight_training
-
-        sys.path.insert(1, str(self._bundle_root()))  # as ConfigWorkflow.run: the bundle's `scripts` importable
-        preflight_training(self.parser)
-        if self._distributed():
-            rank_zero_first(self.parser, self.parser.get("rank_zero_first", ["datalist"]))
-        if "check_datalist" in self.parser:
-            self.parser.get_parsed_content("check_datalist")
-        return [run_stages(self.parser, str(self.parser.get_parsed_content("stage")))]
-
-    def _bundle_root(self) -> Any:
-        root = self.config_root_path
-        return root.parent if root.name == "configs" else root
 
     def finalize(self) -> Any:
         """Evaluate ``finalize``, then leave the process group this workflow joined."""

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from ...atomic import atomic_path, move_into_place
 from ...enums import CLASS_NAMES
 from ..boxes import BOXES_KEY
 from .config import SIDES, VIEWS, SyntheticConfig
 from .generator import SyntheticMammogramGenerator
-from .writers import _atomic_target, deterministic_uid, write_mammogram_dicom, write_mask_png, write_nifti, write_png16
+from .writers import deterministic_uid, write_mammogram_dicom, write_mask_png, write_nifti, write_png16
 
 __all__ = ["make_synthetic_dataset", "ensure_synthetic_dataset"]
 
@@ -181,9 +182,8 @@ def make_synthetic_dataset(
         "config": asdict(cfg),
         "config_sha1": hashlib.sha1(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest(),
     }
-    tmp = _atomic_target(out / "generator.json")
-    tmp.write_text(json.dumps(description, indent=2) + "\n")
-    os.replace(tmp, out / "generator.json")
+    with atomic_path(out / "generator.json") as tmp:
+        tmp.write_text(json.dumps(description, indent=2) + "\n")
     return save_datalist(datalist, out / "datalist.json")
 
 
@@ -219,7 +219,7 @@ def ensure_synthetic_dataset(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         make_synthetic_dataset(tmp, n, size=size, seed=seed, fmt=fmt, **kwargs)
-        os.replace(tmp, out)
+        move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

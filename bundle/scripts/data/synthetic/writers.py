@@ -1,24 +1,19 @@
 """File writers of the synthetic data set: 16-bit PNG images, 0/255 PNG masks, 2-D NIfTI and MG DICOM (Digital
-Mammography X-Ray Image For Presentation). Every writer is atomic: it writes to a temporary name beside the target,
-then ``os.replace``s it, so an interrupted run never leaves a half-written file under the final name."""
+Mammography X-Ray Image For Presentation). Every writer is atomic (:func:`~scripts.atomic.atomic_path`): it writes to a
+temporary name beside the target, then renames it, so an interrupted run never leaves a half-written file under the
+final name."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ...atomic import atomic_path
 from .config import MAX_VALUE_12BIT
 
 __all__ = ["write_png16", "write_mask_png", "write_nifti", "write_mammogram_dicom", "deterministic_uid"]
-
-
-def _atomic_target(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # a hidden name that keeps the extension (nibabel picks compression from it)
-    return path.with_name(f".tmp{os.getpid()}-{path.name}")
 
 
 def _png_options(spacing_mm: float | None) -> dict[str, Any]:
@@ -31,11 +26,9 @@ def write_png16(path: str | os.PathLike, image: np.ndarray, spacing_mm: float | 
     """(H, W) uint16 -> 16-bit grayscale PNG; ``spacing_mm`` (isotropic) goes into its pHYs chunk."""
     from PIL import Image
 
-    path = Path(path)
     arr = np.ascontiguousarray(image, dtype=np.uint16)
-    tmp = _atomic_target(path)
-    Image.fromarray(arr).save(tmp, format="PNG", **_png_options(spacing_mm))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(arr).save(tmp, format="PNG", **_png_options(spacing_mm))
 
 
 def write_mask_png(path: str | os.PathLike, mask: np.ndarray, spacing_mm: float | None = None) -> None:
@@ -43,11 +36,9 @@ def write_mask_png(path: str | os.PathLike, mask: np.ndarray, spacing_mm: float 
     :func:`write_png16`."""
     from PIL import Image
 
-    path = Path(path)
-    tmp = _atomic_target(path)
     mask_u8 = np.where(np.asarray(mask) > 0, 255, 0).astype(np.uint8)
-    Image.fromarray(mask_u8).save(tmp, format="PNG", **_png_options(spacing_mm))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(mask_u8).save(tmp, format="PNG", **_png_options(spacing_mm))
 
 
 def write_nifti(path: str | os.PathLike, array: np.ndarray, spacing_mm: float) -> None:
@@ -55,13 +46,11 @@ def write_nifti(path: str | os.PathLike, array: np.ndarray, spacing_mm: float) -
     PILReader (reverse_indexing) and NibabelReader lay out 2-D images: the stored data is ``array.T``."""
     import nibabel as nib
 
-    path = Path(path)
     affine = np.diag([spacing_mm, spacing_mm, 1.0, 1.0])
     img = nib.Nifti1Image(np.ascontiguousarray(np.asarray(array).T), affine)
     img.header.set_xyzt_units("mm")
-    tmp = _atomic_target(path)
-    nib.save(img, str(tmp))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:  # the staged name keeps the extension: nibabel picks the compression from it
+        nib.save(img, str(tmp))
 
 
 # SNOMED CT view codes (DICOM CID 4014)
@@ -170,12 +159,10 @@ def write_mammogram_dicom(
     ds.WindowWidth = "4096"
     ds.PixelData = pixels.astype("<u2").tobytes()
 
-    path = Path(path)
-    tmp = _atomic_target(path)
-    if int(pydicom.__version__.split(".")[0]) >= 3:
-        pydicom.dcmwrite(tmp, ds, enforce_file_format=True)
-    else:  # pydicom 2.x: encoding from the dataset flags, file meta written by write_like_original=False
-        ds.is_little_endian = True
-        ds.is_implicit_VR = False
-        pydicom.dcmwrite(str(tmp), ds, write_like_original=False)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        if int(pydicom.__version__.split(".")[0]) >= 3:
+            pydicom.dcmwrite(tmp, ds, enforce_file_format=True)
+        else:  # pydicom 2.x: encoding from the dataset flags, file meta written by write_like_original=False
+            ds.is_little_endian = True
+            ds.is_implicit_VR = False
+            pydicom.dcmwrite(str(tmp), ds, write_like_original=False)

@@ -36,6 +36,8 @@ The Python builders (:func:`mammogram_transforms` and its two halves) build the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from monai.data import ImageReader
@@ -76,6 +78,7 @@ from scripts.transforms.thumbnail import Thumbnaild
 __all__ = [
     "CACHED_KEYS",
     "MASK_KEYS",
+    "PreprocessingSettings",
     "inference_loading",
     "inference_preprocessing",
     "mammogram_augmentations",
@@ -130,157 +133,168 @@ def mammogram_augmentations(
     return augs
 
 
-def mammogram_prefix(
-    keys: Sequence[str] = ("image",),
-    mask_keys: Sequence[str] = MASK_KEYS,
-    *,
-    pixel_spacing: float | Sequence[float] | None = None,
-    input_spacing: float | Sequence[float] | None = None,
-    spacing_fallback: str = "fit_breast",
-    window: Sequence[int] = (2944, 1920),
-    iterations: int = 100,
-    buffer: int = 50,
-    load: bool = True,
-    apply_voi: bool = True,
-    reader: ImageReader | None = None,
-    horizontal_flip: str = "NO",
-    laterality_key: str | None = "laterality",
-    crop: bool = True,
-    spacing_range: Sequence[float] | None = None,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-) -> list[Callable]:
-    """The deterministic start of every chain (``mammogram_prefix`` of ``bundle/configs/train.yaml``), for datalist
-    items ``{"image": path, "mask_benign"?: path, "boxes"?: [...], ...}``: drop empty mask fields, load, paint the
-    ``boxes`` into the masks of the classes without a mask file (:class:`~scripts.transforms.boxes.BoxesToMasksd`),
-    resample to the model's pixel spacing, masks to 0/1 bytes, mirror the breast to face right, crop it. Every step
-    but the loading runs on all keys, placed by the first image key; masks may be missing (``allow_missing_keys``).
+#: the parts of a chain a setting shapes (a builder takes the settings of the parts it builds)
+PREFIX, WINDOW, STEP = "prefix", "window", "step"
 
-    Args:
-        keys, mask_keys: the image keys and the per-image masks (none: an image-only chain).
-        pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic); None: nothing is resampled.
-        input_spacing, spacing_fallback: the spacing of images whose file and datalist item state none, and what
-            to do when nobody states it (see :class:`~scripts.transforms.mammo.spacing.ResampleToSpacing`).
-        window: the model's input ``(rows, cols)``, for the ``fit_breast`` estimate.
-        iterations, buffer: the authors' crop (and the estimate's breast box).
+
+def _setting(default: Any, *parts: str) -> Any:
+    return field(default=default, metadata={"parts": frozenset(parts)})
+
+
+@dataclass(frozen=True)
+class PreprocessingSettings:
+    """Every setting of the preprocessing chains, with its default: the one place a setting is declared. Every
+    builder of this module takes them by name (``**settings``) and refuses those of the parts it does not build
+    (``prefix``: :func:`mammogram_prefix`; ``window``: the window step; ``step``: the per-step half).
+
+    Attributes:
         load: start with ``LoadImaged`` (False when the items already hold ``(1, H, W)`` tensors).
         apply_voi: the default image reader's option (DICOM VOI LUT / window applied).
         reader: the images' reader (inference passes its own, with its refusal options); default
             :class:`~scripts.data.readers.MammogramReader` ``(apply_voi=apply_voi)``. Masks always get
             ``MammogramReader(mask=True)``.
-        horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
-        crop: the authors' crop (skip it for images that are already cropped).
+        pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic; ``pixel_spacing`` of the configs): images
+            of known spacing are resampled to it (:class:`~scripts.transforms.mammo.spacing.ResampleToSpacingd`);
+            None (the default): nothing is resampled.
+        input_spacing, spacing_fallback: the spacing of images whose file (and datalist item, ``pixel_spacing``)
+            states none, and what to do when nobody states it (``"fit_breast"``: estimate it so that the breast fits
+            the window; ``"model"``: assume the model's); see
+            :class:`~scripts.transforms.mammo.spacing.ResampleToSpacing`.
         spacing_range, max_pixels: the plausible pixel sizes of a file (mm; None: 0.02-1 mm) and the most pixels an
             image is resampled to (see :class:`~scripts.transforms.mammo.spacing.ResampleToSpacing`).
+        horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
+        crop, buffer: the authors' crop (skip it for images that are already cropped) and its buffer.
+        window: ``(rows, cols)`` of the model input (also the ``fit_breast`` estimate's).
+        iterations: the crop's iterations (also the window's and the estimate's breast box).
+        view_key, reference_compatible, default_view: see
+            :class:`~scripts.transforms.mammo.dictionary.BestCenterWindowd`.
+        max_shift: the largest window shift (rows, cols) in training (``max_shift`` of ``train.yaml``).
+        standardize: per-image ``(x - mean) / max(std, 1e-5)`` of the images.
     """
-    keys, mask_keys = _check_keys(keys, mask_keys)
-    all_keys = keys + mask_keys
-    source = keys[0]
-    chain: list[Callable] = []
-    if mask_keys:
-        chain.append(DropEmptyKeysd(mask_keys))
-    if load:
-        image_reader = MammogramReader(apply_voi=apply_voi) if reader is None else reader
-        chain.append(LoadImaged(keys=keys, reader=image_reader, image_only=True))
+
+    load: bool = _setting(True, PREFIX)
+    apply_voi: bool = _setting(True, PREFIX)
+    reader: ImageReader | None = _setting(None, PREFIX)
+    pixel_spacing: float | Sequence[float] | None = _setting(None, PREFIX)
+    input_spacing: float | Sequence[float] | None = _setting(None, PREFIX)
+    spacing_fallback: str = _setting("fit_breast", PREFIX)
+    spacing_range: Sequence[float] | None = _setting(None, PREFIX)
+    max_pixels: int | None = _setting(DEFAULT_MAX_PIXELS, PREFIX)
+    horizontal_flip: str = _setting("NO", PREFIX)
+    laterality_key: str | None = _setting("laterality", PREFIX)
+    crop: bool = _setting(True, PREFIX)
+    buffer: int = _setting(50, PREFIX)
+    window: Sequence[int] = _setting((2944, 1920), PREFIX, WINDOW, STEP)
+    iterations: int = _setting(100, PREFIX, WINDOW)
+    view_key: str | None = _setting("view", WINDOW)
+    reference_compatible: bool = _setting(True, WINDOW)
+    default_view: str | None = _setting("CC", WINDOW)
+    max_shift: Sequence[int] | int = _setting((32, 32), WINDOW, STEP)
+    standardize: bool = _setting(True, STEP)
+
+    @classmethod
+    def given(cls, builder: str, parts: Sequence[str], settings: dict[str, Any]) -> PreprocessingSettings:
+        """The settings a builder of ``parts`` was given by name; a name that is no setting, or a setting of a part
+        it does not build, is a ``TypeError`` naming it and the builder."""
+        for name in settings:
+            owners = _SETTING_PARTS.get(name)
+            if owners is None:
+                raise TypeError(
+                    f"{builder}() got an unexpected keyword argument {name!r} (the preprocessing settings: "
+                    f"{', '.join(_SETTING_PARTS)})"
+                )
+            if not owners & set(parts):
+                raise TypeError(
+                    f"{builder}() takes no {name!r}: it is a setting of the {' / '.join(sorted(owners))} part, "
+                    f"which {builder} does not build"
+                )
+        return cls(**settings)
+
+    def prefix(self, keys: Sequence[str], mask_keys: Sequence[str]) -> list[Callable]:
+        """The steps of :func:`mammogram_prefix` for these image and mask keys."""
+        keys, mask_keys = _check_keys(keys, mask_keys)
+        all_keys = keys + mask_keys
+        source = keys[0]
+        chain: list[Callable] = []
         if mask_keys:
-            chain.append(
-                LoadImaged(keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True)
-            )
-    if list(mask_keys) == list(MASK_KEYS):  # boxes painted into the classes without a mask file; then their geometry
-        chain.append(BoxesToMasksd(mask_keys, image_key=source, mask_files="keep"))
-    # the image's spacing decides for its masks too; masks nearest-exact, so they stay 0/1 (0/255) before binarising
-    modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
-    chain.append(
-        ResampleToSpacingd(
-            all_keys,
-            pixel_spacing=pixel_spacing,
-            source_key=source,
-            mode=modes,
-            allow_missing_keys=True,
-            input_spacing=input_spacing,
-            fallback=spacing_fallback,
-            window=tuple(window),
-            iterations=iterations,
-            buffer=buffer,
-            spacing_range=spacing_range,
-            max_pixels=max_pixels,
-        )
-    )
-    if mask_keys:
-        chain.append(AsDiscreted(keys=mask_keys, threshold=0.5, allow_missing_keys=True))
-        # 0/1 masks as bytes: a quarter of the memory (a training cache holds them; the targets are made float later)
-        chain.append(CastToTyped(keys=mask_keys, dtype=torch.uint8, allow_missing_keys=True))
-    chain.append(
-        FlipToRightd(
-            all_keys,
-            laterality_key=laterality_key,
-            horizontal_flip=horizontal_flip,
-            source_key=source,
-            allow_missing_keys=True,
-        )
-    )
-    if crop:
+            chain.append(DropEmptyKeysd(mask_keys))
+        if self.load:
+            image_reader = MammogramReader(apply_voi=self.apply_voi) if self.reader is None else self.reader
+            chain.append(LoadImaged(keys=keys, reader=image_reader, image_only=True))
+            if mask_keys:
+                chain.append(
+                    LoadImaged(
+                        keys=mask_keys, reader=MammogramReader(mask=True), image_only=True, allow_missing_keys=True
+                    )
+                )
+        if list(mask_keys) == list(MASK_KEYS):  # boxes painted into the classes without a mask file; then geometry
+            chain.append(BoxesToMasksd(mask_keys, image_key=source, mask_files="keep"))
+        # the image's spacing decides for its masks too; masks nearest-exact, so they stay 0/1 (0/255) before
+        # binarising
+        modes = ["bilinear"] * len(keys) + ["nearest-exact"] * len(mask_keys)
         chain.append(
-            CropBreastd(all_keys, source_key=source, allow_missing_keys=True, iterations=iterations, buffer=buffer)
+            ResampleToSpacingd(
+                all_keys,
+                pixel_spacing=self.pixel_spacing,
+                source_key=source,
+                mode=modes,
+                allow_missing_keys=True,
+                input_spacing=self.input_spacing,
+                fallback=self.spacing_fallback,
+                window=tuple(self.window),
+                iterations=self.iterations,
+                buffer=self.buffer,
+                spacing_range=self.spacing_range,
+                max_pixels=self.max_pixels,
+            )
         )
-    return chain
+        if mask_keys:
+            chain.append(AsDiscreted(keys=mask_keys, threshold=0.5, allow_missing_keys=True))
+            # 0/1 masks as bytes: a quarter of the memory (a training cache holds them; the targets are made float
+            # later)
+            chain.append(CastToTyped(keys=mask_keys, dtype=torch.uint8, allow_missing_keys=True))
+        chain.append(
+            FlipToRightd(
+                all_keys,
+                laterality_key=self.laterality_key,
+                horizontal_flip=self.horizontal_flip,
+                source_key=source,
+                allow_missing_keys=True,
+            )
+        )
+        if self.crop:
+            chain.append(
+                CropBreastd(
+                    all_keys, source_key=source, allow_missing_keys=True, iterations=self.iterations, buffer=self.buffer
+                )
+            )
+        return chain
+
+    def window_step(self, step: type, keys: Sequence[str]) -> Callable:
+        """``step`` (``BestCenterWindowd``, ``RandBestCenterWindowd`` or ``BestCenterRegiond``) on ``keys``, placed
+        by the first; ``max_shift`` for the two that shift."""
+        window_args = dict(
+            source_key=keys[0],
+            view_key=self.view_key,
+            window=tuple(self.window),
+            reference_compatible=self.reference_compatible,
+            iterations=self.iterations,
+            default_view=self.default_view,
+            allow_missing_keys=True,
+        )
+        if step is not BestCenterWindowd:
+            window_args["max_shift"] = self.max_shift
+        return step(list(keys), **window_args)
+
+    def window_shift(self, keys: Sequence[str]) -> Callable:
+        """The per-step random window shift on ``keys`` (:class:`~.dictionary.RandWindowShiftd`)."""
+        return RandWindowShiftd(
+            list(keys), window=tuple(self.window), max_shift=self.max_shift, allow_missing_keys=True
+        )
 
 
-def _window_step(
-    step: type,
-    keys: list[str],
-    window: Sequence[int],
-    iterations: int,
-    max_shift: Sequence[int] | int = (32, 32),
-    view_key: str | None = "view",
-    reference_compatible: bool = True,
-    default_view: str | None = "CC",
-) -> Callable:
-    """``step`` (``BestCenterWindowd``, ``RandBestCenterWindowd`` or ``BestCenterRegiond``) on ``keys``, placed by
-    the first; ``max_shift`` for the two that shift."""
-    window_args = dict(
-        source_key=keys[0],
-        view_key=view_key,
-        window=tuple(window),
-        reference_compatible=reference_compatible,
-        iterations=iterations,
-        default_view=default_view,
-        allow_missing_keys=True,
-    )
-    if step is not BestCenterWindowd:
-        window_args["max_shift"] = max_shift
-    return step(keys, **window_args)
-
-
-#: the arguments of the Python builders that shape the chain up to the window (passed on by name)
-_PREFIX_SETTINGS = (
-    "load",
-    "apply_voi",
-    "pixel_spacing",
-    "horizontal_flip",
-    "laterality_key",
-    "crop",
-    "iterations",
-    "buffer",
-    "input_spacing",
-    "spacing_fallback",
-)
-_WINDOW_SETTINGS = ("iterations", "view_key", "reference_compatible", "default_view")
-
-
-def _chain_to_window(
-    keys: list[str],
-    mask_keys: list[str],
-    window: Sequence[int],
-    window_step: type,
-    max_shift: Sequence[int] | int,
-    settings: dict,
-) -> list[Callable]:
-    """:func:`mammogram_prefix`, then ``window_step`` on every key."""
-    prefix = mammogram_prefix(keys, mask_keys, window=window, **{k: settings[k] for k in _PREFIX_SETTINGS})
-    step = _window_step(
-        window_step, keys + mask_keys, window, max_shift=max_shift, **{k: settings[k] for k in _WINDOW_SETTINGS}
-    )
-    return prefix + [step]
+#: setting name -> the parts of a chain it shapes
+_SETTING_PARTS = {f.name: f.metadata["parts"] for f in fields(PreprocessingSettings)}
 
 
 def _check_keys(keys: Sequence[str], mask_keys: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -290,28 +304,30 @@ def _check_keys(keys: Sequence[str], mask_keys: Sequence[str]) -> tuple[list[str
     return keys, mask_keys
 
 
+def mammogram_prefix(
+    keys: Sequence[str] = ("image",), mask_keys: Sequence[str] = MASK_KEYS, **settings: Any
+) -> list[Callable]:
+    """The deterministic start of every chain (``mammogram_prefix`` of ``bundle/configs/train.yaml``), for datalist
+    items ``{"image": path, "mask_benign"?: path, "boxes"?: [...], ...}``: drop empty mask fields, load, paint the
+    ``boxes`` into the masks of the classes without a mask file (:class:`~scripts.transforms.boxes.BoxesToMasksd`),
+    resample to the model's pixel spacing, masks to 0/1 bytes, mirror the breast to face right, crop it. Every step
+    but the loading runs on all keys, placed by the first image key; masks may be missing (``allow_missing_keys``).
+
+    Args:
+        keys, mask_keys: the image keys and the per-image masks (none: an image-only chain).
+        settings: the :class:`PreprocessingSettings` of the prefix (``pixel_spacing``, ``window``, ``iterations``,
+            ``buffer``, ``reader`` ...).
+    """
+    return PreprocessingSettings.given("mammogram_prefix", [PREFIX], settings).prefix(keys, mask_keys)
+
+
 def mammogram_transforms(
     keys: Sequence[str] = ("image",),
-    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
-    window: Sequence[int] = (2944, 1920),
-    train: bool = False,
+    mask_keys: Sequence[str] = MASK_KEYS,
     *,
-    load: bool = True,
-    apply_voi: bool = True,
-    pixel_spacing: float | Sequence[float] | None = None,
-    horizontal_flip: str = "NO",
-    laterality_key: str | None = "laterality",
-    view_key: str | None = "view",
-    crop: bool = True,
-    iterations: int = 100,
-    buffer: int = 50,
-    reference_compatible: bool = True,
-    default_view: str | None = "CC",
-    input_spacing: float | Sequence[float] | None = None,
-    spacing_fallback: str = "fit_breast",
-    standardize: bool = True,
-    max_shift: Sequence[int] | int = (32, 32),
+    train: bool = False,
     augmentations: Sequence[Callable] | None = None,
+    **settings: Any,
 ) -> Compose:
     """The authors' preprocessing (docs/preprocessing.md) for datalist items
     ``{"image": path, "mask_benign"?: path, ...}`` as one per-image chain: the chain of ``preprocessing`` in
@@ -321,37 +337,22 @@ def mammogram_transforms(
     Args:
         keys: image keys; the first one places the crop and the window for all keys.
         mask_keys: optional per-image masks (missing, None or "" values are skipped); binarised (> 0.5 -> 1).
-        window: ``(rows, cols)`` of the model input.
         train: add the random window shift (``max_shift`` px) and ``augmentations``.
-        load: start with ``LoadImaged`` + :class:`~scripts.data.readers.MammogramReader` (False when the items
-            already hold ``(1, H, W)`` tensors).
-        apply_voi: apply DICOM VOI LUT / window when present.
-        pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic; ``pixel_spacing`` of the configs): images
-            of known spacing are resampled to it (:class:`~scripts.transforms.mammo.spacing.ResampleToSpacingd`);
-            None (the default): nothing is resampled.
-        input_spacing, spacing_fallback: the spacing of images whose file (and datalist item, ``pixel_spacing``)
-            states none, and what to do when nobody states it (``"fit_breast"``: estimate it so that the breast fits
-            the window; ``"model"``: assume the model's); see
-            :class:`~scripts.transforms.mammo.spacing.ResampleToSpacing`.
-        horizontal_flip, laterality_key: see :class:`~scripts.transforms.mammo.dictionary.FlipToRightd`.
-        view_key, reference_compatible, default_view: see
-            :class:`~scripts.transforms.mammo.dictionary.BestCenterWindowd`.
-        crop, iterations, buffer: the authors' crop (skip it for images that are already cropped).
-        standardize: per-image ``(x - mean) / max(std, 1e-5)`` of the images.
-        max_shift: the largest window shift (rows, cols) in training (``max_shift`` of ``train.yaml``).
         augmentations: transforms run after standardisation in training; default
             :func:`mammogram_augmentations` ``(keys, mask_keys)``.
+        settings: any :class:`PreprocessingSettings` (``window``, ``pixel_spacing``, ``max_shift``, ``standardize``
+            ...).
 
     Returns:
         a ``Compose``; its output images are ``(1, *window)`` float32 MetaTensors that remember every geometric
         step, so ``Invertd`` maps a window-sized map back to the file's geometry.
     """
-    given = locals()
+    given = PreprocessingSettings.given("mammogram_transforms", [PREFIX, WINDOW, STEP], settings)
     keys, mask_keys = _check_keys(keys, mask_keys)
-    settings = {k: v for k, v in given.items() if k in _PREFIX_SETTINGS + _WINDOW_SETTINGS}
-    step = RandBestCenterWindowd if train else BestCenterWindowd
-    chain = _chain_to_window(keys, mask_keys, window, step, max_shift, settings)
-    if standardize:
+    chain = given.prefix(keys, mask_keys) + [
+        given.window_step(RandBestCenterWindowd if train else BestCenterWindowd, keys + mask_keys)
+    ]
+    if given.standardize:
         chain.append(StandardizeImaged(keys))
     if train:
         chain.extend(mammogram_augmentations(keys, mask_keys) if augmentations is None else augmentations)
@@ -359,65 +360,43 @@ def mammogram_transforms(
 
 
 def mammogram_cache_transforms(
-    keys: Sequence[str] = ("image",),
-    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
-    window: Sequence[int] = (2944, 1920),
-    train: bool = False,
-    *,
-    load: bool = True,
-    apply_voi: bool = True,
-    pixel_spacing: float | Sequence[float] | None = None,
-    horizontal_flip: str = "NO",
-    laterality_key: str | None = "laterality",
-    view_key: str | None = "view",
-    crop: bool = True,
-    iterations: int = 100,
-    buffer: int = 50,
-    reference_compatible: bool = True,
-    default_view: str | None = "CC",
-    input_spacing: float | Sequence[float] | None = None,
-    spacing_fallback: str = "fit_breast",
-    max_shift: Sequence[int] | int = (32, 32),
+    keys: Sequence[str] = ("image",), mask_keys: Sequence[str] = MASK_KEYS, *, train: bool = False, **settings: Any
 ) -> Compose:
-    """The deterministic half of :func:`mammogram_transforms` (same arguments), run once per image and cached:
-    the prefix (load, resample, masks as bytes, mirror, crop), then in training the window's region grown by
-    ``max_shift`` (:class:`~scripts.transforms.mammo.dictionary.BestCenterRegiond`, its offset range in
+    """The deterministic half of :func:`mammogram_transforms` (the settings of its prefix and window), run once per
+    image and cached: the prefix (load, resample, masks as bytes, mirror, crop), then in training the window's region
+    grown by ``max_shift`` (:class:`~scripts.transforms.mammo.dictionary.BestCenterRegiond`, its offset range in
     ``d["window_shift_range"]``) or else the window itself, then the images as uint16
     (:class:`~scripts.transforms.mammo.dictionary.QuantizeToUint16d`). :func:`mammogram_step_transforms` finishes.
     """
-    given = locals()
+    given = PreprocessingSettings.given("mammogram_cache_transforms", [PREFIX, WINDOW], settings)
     keys, mask_keys = _check_keys(keys, mask_keys)
-    settings = {k: v for k, v in given.items() if k in _PREFIX_SETTINGS + _WINDOW_SETTINGS}
-    chain = _chain_to_window(
-        keys, mask_keys, window, BestCenterRegiond if train else BestCenterWindowd, max_shift, settings
-    )
-    chain.append(QuantizeToUint16d(keys))
+    chain = given.prefix(keys, mask_keys) + [
+        given.window_step(BestCenterRegiond if train else BestCenterWindowd, keys + mask_keys),
+        QuantizeToUint16d(keys),
+    ]
     return Compose(chain)
 
 
 def mammogram_step_transforms(
     keys: Sequence[str] = ("image",),
-    mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
-    window: Sequence[int] = (2944, 1920),
-    train: bool = False,
+    mask_keys: Sequence[str] = MASK_KEYS,
     *,
-    standardize: bool = True,
-    max_shift: Sequence[int] | int = (32, 32),
+    train: bool = False,
     augmentations: Sequence[Callable] | None = None,
+    **settings: Any,
 ) -> Compose:
-    """The per-step half of :func:`mammogram_transforms` (same arguments) on the output of
-    :func:`mammogram_cache_transforms`, for one image on any device: in training the random window shift
-    (:class:`~scripts.transforms.mammo.dictionary.RandWindowShiftd`), then the standardisation and, in training,
-    the augmentations. Its random transforms come in :func:`mammogram_transforms`'s order, so with the same random
-    state both draw the same numbers.
+    """The per-step half of :func:`mammogram_transforms` (the settings of its step: ``window``, ``max_shift``,
+    ``standardize``) on the output of :func:`mammogram_cache_transforms`, for one image on any device: in training
+    the random window shift (:class:`~scripts.transforms.mammo.dictionary.RandWindowShiftd`), then the
+    standardisation and, in training, the augmentations. Its random transforms come in :func:`mammogram_transforms`'s
+    order, so with the same random state both draw the same numbers.
     """
+    given = PreprocessingSettings.given("mammogram_step_transforms", [STEP], settings)
     keys, mask_keys = _check_keys(keys, mask_keys)
     chain: list[Callable] = []
     if train:
-        chain.append(
-            RandWindowShiftd(keys + mask_keys, window=tuple(window), max_shift=max_shift, allow_missing_keys=True)
-        )
-    if standardize:
+        chain.append(given.window_shift(keys + mask_keys))
+    if given.standardize:
         chain.append(StandardizeImaged(keys))
     if train:
         chain.extend(mammogram_augmentations(keys, mask_keys) if augmentations is None else augmentations)
@@ -447,17 +426,7 @@ def _cached_targets() -> list[Callable]:
     ]
 
 
-def train_preprocessing(
-    prefix: Sequence[Callable],
-    *,
-    window: Sequence[int] = (2944, 1920),
-    max_shift: Sequence[int] | int = (32, 32),
-    iterations: int = 100,
-    with_masks: bool = False,
-    view_key: str | None = "view",
-    reference_compatible: bool = True,
-    default_view: str | None = "CC",
-) -> Compose:
+def train_preprocessing(prefix: Sequence[Callable], *, with_masks: bool = False, **settings: Any) -> Compose:
     """``train#preprocessing``: the training chain's cached half, run once per image in the loader.
 
     The file's path (``image_path``); the masks and boxes dropped before loading unless ``with_masks`` (GLAM's
@@ -465,20 +434,11 @@ def train_preprocessing(
     (:func:`mammogram_prefix`, the config's ``@mammogram_prefix``: the same objects); the authors' best-centre window
     grown by ``max_shift`` px on every side (:class:`~scripts.transforms.mammo.dictionary.BestCenterRegiond`: every
     shifted window lies in it), the image as uint16; the masks stacked in ``mask`` when kept; the stored targets
-    (:data:`CACHED_KEYS`).
-    :func:`train_batch_transforms` finishes the chain.
+    (:data:`CACHED_KEYS`). ``settings``: the window's :class:`PreprocessingSettings` (``window``, ``max_shift``,
+    ``iterations``, ``view_key`` ...). :func:`train_batch_transforms` finishes the chain.
     """
-    all_keys = ["image", *MASK_KEYS]
-    region = _window_step(
-        BestCenterRegiond,
-        all_keys,
-        window,
-        iterations,
-        max_shift,
-        view_key=view_key,
-        reference_compatible=reference_compatible,
-        default_view=default_view,
-    )
+    given = PreprocessingSettings.given("train_preprocessing", [WINDOW], settings)
+    region = given.window_step(BestCenterRegiond, ["image", *MASK_KEYS])
     chain: list[Callable] = [_record_path()]
     if not with_masks:
         chain.append(DeleteItemsd(keys=[*MASK_KEYS, BOXES_KEY]))
@@ -488,42 +448,23 @@ def train_preprocessing(
     return Compose(chain + _cached_targets())
 
 
-def train_batch_transforms(
-    augmentations: Sequence[Callable] = (),
-    *,
-    window: Sequence[int] = (2944, 1920),
-    max_shift: Sequence[int] | int = (32, 32),
-) -> Compose:
+def train_batch_transforms(augmentations: Sequence[Callable] = (), **settings: Any) -> Compose:
     """``train#batch_transforms``: the training chain's per-step half, on the model's device, image by image: the
     window shifted by up to ``max_shift`` px (uniform, per axis) in the cached region, masks with it
     (:class:`~scripts.transforms.mammo.dictionary.RandWindowShiftd`), the image standardised, then
     ``augmentations`` (the config's ``@augmentations``, declared there as data: the same objects, in that order, so
-    they draw their random numbers as they always did)."""
-    shift = RandWindowShiftd(keys=["image", "mask"], window=tuple(window), max_shift=max_shift, allow_missing_keys=True)
-    return Compose([shift, StandardizeImaged(keys="image"), *augmentations])
+    they draw their random numbers as they always did). ``settings``: ``window`` and ``max_shift``."""
+    given = PreprocessingSettings.given("train_batch_transforms", [STEP], settings)
+    return Compose([given.window_shift(["image", "mask"]), StandardizeImaged(keys="image"), *augmentations])
 
 
-def validate_preprocessing(
-    prefix: Sequence[Callable],
-    *,
-    window: Sequence[int] = (2944, 1920),
-    iterations: int = 100,
-    view_key: str | None = "view",
-    reference_compatible: bool = True,
-    default_view: str | None = "CC",
-) -> Compose:
+def validate_preprocessing(prefix: Sequence[Callable], **settings: Any) -> Compose:
     """``validate#preprocessing``: the validation chain's cached half: the file's path, ``prefix``
     (:func:`mammogram_prefix`), the authors' best-centre window (spec 8.3), the image as uint16, the masks stacked in
-    ``mask``, the stored targets. :func:`validate_batch_transforms` finishes it."""
-    best_window = _window_step(
-        BestCenterWindowd,
-        ["image", *MASK_KEYS],
-        window,
-        iterations,
-        view_key=view_key,
-        reference_compatible=reference_compatible,
-        default_view=default_view,
-    )
+    ``mask``, the stored targets. ``settings``: the window's :class:`PreprocessingSettings`.
+    :func:`validate_batch_transforms` finishes it."""
+    given = PreprocessingSettings.given("validate_preprocessing", [WINDOW], settings)
+    best_window = given.window_step(BestCenterWindowd, ["image", *MASK_KEYS])
     chain = [_record_path(), *prefix, best_window, QuantizeToUint16d(keys="image"), _stack_masks()]
     return Compose(chain + _cached_targets())
 
@@ -533,51 +474,15 @@ def validate_batch_transforms() -> Compose:
     return Compose([StandardizeImaged(keys="image")])
 
 
-def inference_preprocessing(
-    reader: ImageReader | None = None,
-    *,
-    pixel_spacing: float | Sequence[float] | None = None,
-    input_spacing: float | Sequence[float] | None = None,
-    spacing_fallback: str = "fit_breast",
-    window: Sequence[int] = (2944, 1920),
-    iterations: int = 100,
-    buffer: int = 50,
-    view_key: str | None = "view",
-    reference_compatible: bool = True,
-    default_view: str | None = "CC",
-    spacing_range: Sequence[float] | None = None,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-) -> Compose:
-    """``preprocessing`` of ``bundle/configs/inference.yaml``: the validation chain for the image alone, in one
-    piece: load with ``reader`` (inference's, which refuses non-mammograms and oversized files; default
+def inference_preprocessing(reader: ImageReader | None = None, **settings: Any) -> Compose:
+    """``preprocessing`` of ``bundle/configs/inference.yaml``: :func:`mammogram_transforms` for the image alone, in
+    one piece: load with ``reader`` (inference's, which refuses non-mammograms and oversized files; default
     :class:`~scripts.data.readers.MammogramReader` with the DICOM VOI LUT applied), resample to the model's pixel
     spacing, mirror, crop, the best-centre window, standardise. Every geometric step records itself, so
-    ``Invertd`` over this ``Compose`` puts a window-sized map back on the file's grid. ``spacing_range`` and
-    ``max_pixels`` (inference.yaml's ``spacing_range`` and ``max_image_pixels``) bound the spacings and the resampled
-    size (:func:`mammogram_prefix`)."""
-    prefix = mammogram_prefix(
-        ["image"],
-        [],
-        pixel_spacing=pixel_spacing,
-        input_spacing=input_spacing,
-        spacing_fallback=spacing_fallback,
-        window=window,
-        iterations=iterations,
-        buffer=buffer,
-        reader=reader,
-        spacing_range=spacing_range,
-        max_pixels=max_pixels,
-    )
-    best_window = _window_step(
-        BestCenterWindowd,
-        ["image"],
-        window,
-        iterations,
-        view_key=view_key,
-        reference_compatible=reference_compatible,
-        default_view=default_view,
-    )
-    return Compose([*prefix, best_window, StandardizeImaged(keys="image")])
+    ``Invertd`` over this ``Compose`` puts a window-sized map back on the file's grid. ``settings``: any
+    :class:`PreprocessingSettings` (inference.yaml's ``spacing_range`` and ``max_image_pixels`` bound the spacings
+    and the resampled size)."""
+    return mammogram_transforms(["image"], [], reader=reader, **settings)
 
 
 def inference_loading(preprocessing: Compose, *, panel_height: int | None = 1024) -> Compose:

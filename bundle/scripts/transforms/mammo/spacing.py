@@ -45,7 +45,7 @@ from monai.data import MetaTensor
 from monai.data.meta_obj import get_track_meta
 from monai.networks.layers import gaussian_1d
 from monai.transforms import InvertibleTransform, MapTransform, Resize
-from monai.utils import TraceKeys, convert_to_numpy, convert_to_tensor, ensure_tuple_rep
+from monai.utils import TraceKeys, convert_to_tensor, ensure_tuple_rep
 
 from scripts.data.errors import DEFAULT_MAX_PIXELS, check_resampled_pixels
 from scripts.data.geometry import (
@@ -54,6 +54,7 @@ from scripts.data.geometry import (
     as_spacing_range,
     format_spacing,
     spacing_in_range,
+    usable_spacing,
 )
 from scripts.transforms.mammo.array import OPENING_SCALE_KEY, first_channel
 from scripts.transforms.mammo.breast import file_breast_mask
@@ -101,11 +102,7 @@ _EDGE_SPREAD = 3
 def spacing_of(img: Any) -> tuple[float, float] | None:
     """The ``(row, col)`` mm that ``img``'s metadata states (``meta["spacing"]``); None when absent, NaN or invalid."""
     meta = img.meta if isinstance(img, MetaTensor) else {}
-    value = meta.get(SPACING_KEY)
-    if value is None:
-        return None
-    flat = np.asarray(convert_to_numpy(value, wrap_sequence=True), dtype=np.float64).reshape(-1)
-    return (float(flat[0]), float(flat[1])) if flat.size == 2 and np.isfinite(flat).all() and (flat > 0).all() else None
+    return usable_spacing(meta.get(SPACING_KEY))
 
 
 def gaussian_smooth(img: torch.Tensor, sigma: Sequence[float]) -> torch.Tensor:

@@ -1,0 +1,293 @@
+"""GLAM's settings as one record, :class:`GLAMSettings`: every argument of the network, once.
+
+Each field of the record is a setting: its default (the paper's value), what it means (the comment above it), and
+in its :func:`setting` metadata everything else the bundle needs to know of it, so that a new setting is one field
+here plus the code that uses it:
+
+- ``record``: the JSON value a checkpoint records (``scripts.networks.settings``: the ``model_settings`` entry of
+  every state dict); ``None``: not recorded (the stage, activation checkpointing: how a network runs, not how it was
+  built);
+- ``check`` / ``expected``: the check of that JSON value when a checkpoint's record is read, and what it must be
+  (:func:`scripts.networks.settings.validate_settings`);
+- ``compared``: whether loading a checkpoint into a network compares it (``False``: an inference choice that
+  changes no weight; see ``scripts.networks.settings`` for why each is or is not);
+- ``inference``: how inference (``scripts.networks.inference``) and evaluation set it: :data:`FROM_CHECKPOINT`
+  (the checkpoint's value unless the configuration overrides it), :data:`CHOSEN` (a choice made there, the
+  record's default unless the configuration says otherwise) or ``None`` (not an inference setting);
+- ``text``: how a value the command line gives as text becomes the setting (``--pool_in_breast false``).
+
+``GLAM(**kwargs)`` is ``GLAM(GLAMSettings(**kwargs))``; the configs build the record with
+:meth:`GLAMSettings.from_config` (train.yaml's ``glam_settings``), inference from a checkpoint's record
+(``scripts.networks.inference.inference_settings``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from monai.utils import str2bool
+
+from ..aggregation import AGGREGATIONS, AggregationSpec
+from ..bundle_info import bundle_version
+from ..data.geometry import as_pixel_spacing
+from ..enums import Stage
+from ..patches import as_pair
+from ..pooling import check_fraction
+
+__all__ = [
+    "GLAMSettings",
+    "GLAM_DEFAULTS",
+    "FROM_CHECKPOINT",
+    "CHOSEN",
+    "MAX_WINDOW_SIDE",
+    "SettingSpec",
+    "as_flag",
+    "setting_specs",
+]
+
+#: inference takes the checkpoint's value (the text ``checkpoint`` in inference.yaml)
+FROM_CHECKPOINT = "checkpoint"
+#: inference chooses the value itself (inference.yaml's, else the record's default)
+CHOSEN = "chosen"
+#: the largest side (pixels) a record's window (``image_size``) or patch (``patch_size``) may have: 8192 px at the
+#: finest detector's 0.05 mm are 41 cm, beyond any mammography detector (24 x 30 cm); a larger window only allocates
+#: (a 40000 x 40000 window is 6.4 GB per float32 image)
+MAX_WINDOW_SIDE = 8192
+# the most patches per image a record may ask for (the paper's K is 6, M 1)
+_MAX_PATCHES = 256
+# the largest width / depth a record's local module or attention may have
+_MAX_UNITS = 65536
+
+
+def as_flag(value: Any, name: str) -> bool:
+    """A yes/no option that may come from the command line as text (fire passes ``--resume false`` as 'false')."""
+    try:
+        return str2bool(str(value).strip())  # str(): also bools and the integers 0/1
+    except ValueError:
+        raise ValueError(f"{name} must be true or false, got {value!r}") from None
+
+
+# -- the checks of a recorded (JSON) value ---------------------------------------------------------------------------
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _sides(value: Any) -> bool:
+    pair = value if isinstance(value, list) else [value, value]
+    return len(pair) == 2 and all(_is_int(v) and 1 <= v <= MAX_WINDOW_SIDE for v in pair)
+
+
+def _count(value: Any) -> bool:
+    return _is_int(value) and 1 <= value <= _MAX_PATCHES
+
+
+def _units(value: Any) -> bool:
+    return _is_int(value) and 1 <= value <= _MAX_UNITS
+
+
+def _fraction(value: Any) -> bool:
+    return _is_number(value) and 0 < value <= 1
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+_SIDES = f"an integer or [rows, cols], integers in 1..{MAX_WINDOW_SIDE}"
+_COUNT, _UNITS = f"an integer in 1..{_MAX_PATCHES}", f"an integer in 1..{_MAX_UNITS}"
+_FRACTION, _BOOL = "a number in (0, 1]", "true or false"
+
+
+# -- a setting's metadata --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SettingSpec:
+    """What the bundle knows of one setting besides its default (see the module docstring)."""
+
+    record: Callable[[Any], Any] | None
+    check: Callable[[Any], bool] | None = None
+    expected: str = ""
+    compared: bool = True
+    inference: str | None = FROM_CHECKPOINT
+    text: Callable[[Any, str], Any] | None = None
+
+
+def _flag_text(value: Any, name: str) -> bool:
+    return as_flag(value, name)
+
+
+def _int_text(value: Any, name: str) -> int:
+    return int(value)
+
+
+def _float_text(value: Any, name: str) -> float:
+    return float(value)
+
+
+def setting(default: Any, record: Callable[[Any], Any] | None, check=None, expected="", **spec: Any) -> Any:
+    """A field of :class:`GLAMSettings`: ``default`` and the :class:`SettingSpec` metadata."""
+    return dataclasses.field(default=default, metadata={"spec": SettingSpec(record, check, expected, **spec)})
+
+
+def _pair_record(name: str) -> Callable[[Any], list[int]]:
+    return lambda value: list(as_pair(value, name))
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _spacing_record(value: Any) -> list[float] | None:
+    spacing = as_pixel_spacing(value)
+    return None if spacing is None else list(spacing)
+
+
+@dataclasses.dataclass(frozen=True)
+class GLAMSettings:
+    """GLAM's settings (the arguments of :class:`~scripts.networks.glam.GLAM`), the paper's values by default.
+
+    A frozen record: ``dataclasses.replace(settings, patch_size=256)`` gives another. The meaning of each field is in
+    the comment above it; their order is the one inference lists them in (the window and spacing first).
+    """
+
+    # "global" (global module only), "local" (global module frozen, local module with concatenation aggregation) or
+    # "joint" (both, attention aggregation and fusion); GLAM.set_stage. Not recorded: one checkpoint serves the next
+    # stage and inference
+    stage: str = setting(Stage.JOINT, None, inference=None)
+    # the preprocessing window (rows, cols) the network is trained on: recorded for inference to use the same window,
+    # not used by the forward pass (which takes any size)
+    image_size: Sequence[int] = setting(
+        (2944, 1920),
+        _pair_record("image_size"),
+        lambda v: isinstance(v, list) and _sides(v),
+        f"[rows, cols], integers in 1..{MAX_WINDOW_SIDE}",
+    )
+    # the (row, col) pixel size in mm of the training images (a number: the same both ways), or None when unknown:
+    # recorded for inference, which resamples inputs of known spacing to it
+    pixel_spacing: float | Sequence[float] | None = setting(
+        None,
+        _spacing_record,
+        lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(_is_number(s) and s > 0 for s in v)),
+        "null or [row, col] mm, positive numbers",
+    )
+    # local patch size in input pixels, int or (rows, cols); a multiple of 4
+    patch_size: int | Sequence[int] = setting(512, _pair_record("patch_size"), _sides, _SIDES)
+    # K, patches per image in training mode
+    num_patches_train: int = setting(6, _as_is, _count, _COUNT, compared=False, inference=None, text=_int_text)
+    # M, patches per image in eval mode
+    num_patches_eval: int = setting(1, _as_is, _count, _COUNT, compared=False, inference=CHOSEN, text=_int_text)
+    # top-t% fraction of the global module's per-scale pooling
+    t_global: float = setting(0.03, float, _fraction, _FRACTION, compared=False, text=_float_text)
+    # top-t% fraction of the patch aggregation
+    t_local: float = setting(0.2, float, _fraction, _FRACTION, compared=False, text=_float_text)
+    # weights of S_0, S_1, S_2 in S_g
+    gammas: Sequence[float] = setting(
+        (0.2, 0.6, 0.2),
+        lambda value: [float(g) for g in value],
+        lambda v: isinstance(v, list) and len(v) == 3 and all(_is_number(g) and g >= 0 for g in v),
+        "three numbers >= 0",
+    )
+    # weight of S_g in S_c = gamma_c S_g + (1 - gamma_c) S_l
+    gamma_c: float = setting(
+        0.5,
+        float,
+        lambda v: _is_number(v) and 0 <= v <= 1,
+        "a number in [0, 1]",
+        compared=False,
+        inference=CHOSEN,
+        text=_float_text,
+    )
+    # the local ResNet-HR's depth and width (34, 64 in the paper; smaller for tests and CPU presets)
+    local_depth: int = setting(34, int, _units, _UNITS, text=_int_text)
+    local_width: int = setting(64, int, _units, _UNITS, text=_int_text)
+    # recompute the local module's activations in backward to fit more patches (not recorded: changes no number)
+    activation_checkpointing: bool = setting(False, None, inference=None, text=_flag_text)
+    # hidden size of the gated attention
+    attention_hidden: int = setting(128, int, _units, _UNITS, text=_int_text)
+    # keyword arguments of the global module's GlobalBackbone (width, strides, blocks_per_layer, stem_stride,
+    # stem_pool, padding_mode); the paper's ResNet-22 when empty
+    global_backbone: Mapping[str, Any] | None = setting(
+        None, lambda value: dict(value or {}), lambda v: isinstance(v, dict), "a mapping of the backbone's options"
+    )
+    # the global module pools only map cells on the breast (GlobalNetwork)
+    pool_in_breast: bool = setting(False, bool, _is_bool, _BOOL, text=_flag_text)
+    # None for the paper's choice per stage (concatenation in local, gated attention in joint), or a name in
+    # scripts.aggregation.AGGREGATIONS ("concat", "attention" or one registered with register_aggregation)
+    aggregation: str | None = setting(None, _as_is, lambda v: v is None or isinstance(v, str), "null or a name")
+    # hold the gated attention and the fusion head (needed by the joint stage and attention aggregation); False gives
+    # the authors' inference layout (global and local modules only)
+    joint_modules: bool = setting(True, bool, _is_bool, _BOOL, text=_flag_text)
+    # pool every global scale after upsampling it to S_0's size (the authors' code)
+    global_pool_after_upsampling: bool = setting(False, bool, _is_bool, _BOOL, compared=False, text=_flag_text)
+
+    @classmethod
+    def of(cls, settings: GLAMSettings | None = None, **overrides: Any) -> GLAMSettings:
+        """``settings`` (default: the paper's) with ``overrides``; an unknown name is a ``TypeError`` naming it."""
+        if settings is not None and not isinstance(settings, GLAMSettings):
+            raise TypeError(f"settings must be a GLAMSettings, got {type(settings).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise TypeError(f"GLAM got unexpected keyword arguments {unknown}; its settings: {names}")
+        return cls(**overrides) if settings is None else dataclasses.replace(settings, **overrides)
+
+    @classmethod
+    def from_config(cls, **values: Any) -> GLAMSettings:
+        """The record from a configuration's values: the text the command line gives (``false``, ``16``) read as each
+        setting's type; a setting not given keeps its default."""
+        return cls.of(**coerce_text(values, cls))
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """``name -> value`` of every field (shallow: the values themselves)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def recorded(self) -> dict[str, Any]:
+        """The record a checkpoint carries: each recorded setting as JSON, and the bundle's version."""
+        specs = setting_specs(self)
+        record = {name: spec.record(getattr(self, name)) for name, spec in specs.items() if spec.record}
+        return {**record, "bundle_version": bundle_version()}
+
+    def check(self) -> None:
+        """``ValueError`` for settings that cannot build a working network, before any weight is drawn (the global
+        module checks its own: ``t_global``, ``gammas``, ``global_backbone``; the local module its depth)."""
+        patch_size = as_pair(self.patch_size, "patch_size")
+        if patch_size[0] % 4 or patch_size[1] % 4:
+            raise ValueError(f"patch_size must be a multiple of 4 (the local module's stride), got {patch_size}")
+        for name, k in (("num_patches_train", self.num_patches_train), ("num_patches_eval", self.num_patches_eval)):
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"{name} must be a positive int, got {k!r}")
+        if not 0.0 <= float(self.gamma_c) <= 1.0:
+            raise ValueError(f"gamma_c must be in [0, 1], got {self.gamma_c}")
+        chosen: AggregationSpec | None = None
+        if self.aggregation is not None:
+            chosen = AGGREGATIONS.look_up(self.aggregation, "aggregation")
+        joint = self.stage == Stage.JOINT or (chosen is not None and chosen.joint_module)
+        if not self.joint_modules and joint:
+            raise ValueError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
+        check_fraction(self.t_local, "t_local")
+        as_pair(self.image_size, "image_size")
+        as_pixel_spacing(self.pixel_spacing)
+
+
+def setting_specs(settings: type[GLAMSettings] | GLAMSettings = GLAMSettings) -> dict[str, SettingSpec]:
+    """``name -> SettingSpec`` of every field of ``settings`` (the record's class, or a subclass of it), in order."""
+    return {f.name: f.metadata["spec"] for f in dataclasses.fields(settings)}
+
+
+def coerce_text(values: Mapping[str, Any], settings: type[GLAMSettings] = GLAMSettings) -> dict[str, Any]:
+    """``values`` with each setting that has a ``text`` reading read through it (the command line's texts)."""
+    specs = setting_specs(settings)
+    return {
+        name: specs[name].text(value, name) if name in specs and specs[name].text else value
+        for name, value in values.items()
+    }
+
+
+#: GLAM's own default of every setting (the paper's values)
+GLAM_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GLAMSettings)}
