@@ -18,6 +18,7 @@ __all__ = [
     "CLASS_COLOURS",
     "MAP_SCALE_FLOOR",
     "PATCH_COLOUR",
+    "PATCH_COLOUR_NAME",
     "WINDOW_COLOUR",
     "to_uint8",
     "overlay",
@@ -28,7 +29,9 @@ __all__ = [
 
 #: overlay colours per class: benign green, malignant red
 CLASS_COLOURS = ((0, 200, 0), (230, 0, 0))
+#: the patches' outline, and its name in the captions that describe it
 PATCH_COLOUR = (40, 140, 255)
+PATCH_COLOUR_NAME = "blue"
 #: the model's window on the reading panel
 WINDOW_COLOUR = (255, 215, 0)
 #: the reading panel's colour scale of a map runs from 0 to max(map's maximum, this): a map of a few hundredths is not

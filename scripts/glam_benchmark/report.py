@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.enums import CLASS_NAMES, MapName
+from scripts.visualize import PATCH_COLOUR_NAME
 
 from .files import write_text
 from .metrics import (
@@ -391,7 +392,7 @@ _FIGURES = (
         "GLAM's maps and patches",
         "The jointly trained GLAM on the same test images: its global map S_g, its local map S_l (the local "
         "module's segmentation of the patches, zero elsewhere) and the combined map S_c, with the patches it "
-        "cropped from S_g outlined in yellow on S_l and S_c.",
+        f"cropped from S_g outlined in {PATCH_COLOUR_NAME} on S_l and S_c.",
     ),
     (
         "scales",
