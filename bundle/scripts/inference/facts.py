@@ -7,8 +7,9 @@ The share of the breast in the window (``breast_in_window``) is measured on the 
 breast mask of the whole file (:func:`~scripts.transforms.mammo.breast.file_breast_mask`: the opened mask of pixels >
 0, ``crop_iterations`` counted in the file's pixels, the mask the spacing estimate fits into the window), found on the
 thumbnail the panel is drawn from: the mask pixels inside the model's window on the file (what it saw: the window
-clipped to the crop, :func:`~.geometry.window_on_original`) over all mask pixels. It is independent of the crop's own
-opening, so a crop that cut part of the breast away shows in it as well as a breast larger than the window.
+clipped to the crop, :func:`~.geometry.window_on_original`) over all mask pixels. The crop opens its mask by the same
+file pixels, so the share falls below 1 where the breast's crop is larger than the window; a ``crop_iterations`` too
+large for the breast cuts the crop and this mask alike, and does not show in it.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def breast_in_window(item: Mapping[str, Any]) -> float | None:
 def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) -> str | None:
     """The note of an image whose window holds less than the whole breast (``breast_in_window`` below 1 at three
     decimals), naming the share and why: the breast's crop larger than the window at the spacing used (a stated
-    spacing can make it so), or the crop's opening at the model's scale cutting part of it away; None otherwise."""
+    spacing can make it so), else the crop's opening (the file's mask is found on a thumbnail, the crop's at the
+    model's scale, so the two can differ by a few pixels); None otherwise."""
     share = breast_in_window(item)
     if share is None or round(share, 3) >= 1.0:
         return None

@@ -43,7 +43,7 @@ __all__ = [
 
 FLIPPED_KEY = "flipped_to_right"  # meta: whether FlipToRight mirrored this image
 #: meta (written by ResampleToSpacing): the crop's and the window's mask openings take ``iterations`` times this
-#: (model pixels per file pixel when the spacing was estimated, so that they count the file's pixels; else 1)
+#: (model pixels per file pixel of a resampled image, so that they count the file's pixels; else 1)
 OPENING_SCALE_KEY = "opening_scale"
 #: meta (written by CropBreast): the crop's ``iterations`` as configured (before the opening scale)
 CROP_ITERATIONS_KEY = "crop_iterations"
@@ -166,14 +166,14 @@ class CropBreast(CropForeground):
     Box of the opened mask of pixels > 0 (erosion ``iterations`` times, largest component, dilation)
     plus up to ``buffer`` px at the top, the bottom and the side away from the chest wall. The box is
     written to ``meta["crop_box"]`` as ``[top, left, bottom, right]`` (end-exclusive, input coordinates), the
-    configured ``iterations`` to ``meta["crop_iterations"]``. An image whose spacing was estimated
+    configured ``iterations`` to ``meta["crop_iterations"]``. A resampled image
     (``meta["opening_scale"]``, :class:`~scripts.transforms.ResampleToSpacing`) is opened by ``iterations`` of its
-    file's pixels (:func:`opening_iterations`), as the estimate was, so that the crop keeps the breast the estimate
-    fitted into the window.
+    file's pixels (:func:`opening_iterations`), as the authors open their full-resolution images and as a spacing
+    estimate does, so that the crop keeps the breast the estimate fitted into the window and an MLO's axilla.
 
     Args:
-        iterations: erosion/dilation iterations (100 for full-resolution mammograms; scale with the
-            image size for downsampled data).
+        iterations: erosion/dilation iterations, counted in the file's pixels for a resampled image (100 for
+            full-resolution mammograms; scale it with the image size for downsampled data that is not resampled).
         buffer: pixels added at the three sides.
         chest_wall: ``"left"`` (after :class:`FlipToRight`), ``"right"`` or ``"auto"``.
         method: ``"fast"`` (distance transforms, identical result) or ``"exact"`` (scipy iterations).
@@ -233,7 +233,7 @@ class BestCenterWindow(CropForeground):
         window: ``(rows, cols)``, the authors' ``(2944, 1920)`` by default.
         reference_compatible: reproduce the released code's 1-2 px conventions (see
             :func:`~scripts.transforms.mammo.breast.best_center_window`).
-        iterations, method: the breast-mask opening (scaled as :class:`CropBreast`'s for an estimated spacing).
+        iterations, method: the breast-mask opening (scaled as :class:`CropBreast`'s for a resampled image).
         default_view: window rule for unknown views (``"CC"``; ``None`` makes unknown views an error).
     """
 

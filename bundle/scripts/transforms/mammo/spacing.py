@@ -157,8 +157,8 @@ def fit_breast_spacing(
 
     The breast's box is the bounding box of the authors' breast mask of the file (:func:`file_breast_mask`: the opened
     mask of pixels > 0, ``iterations`` counted in the file's pixels, found on a copy of every k-th pixel, about 1024
-    px along the longer side). The crop and the window of an image whose spacing is estimated open their masks with
-    the same ``iterations`` file pixels (:class:`ResampleToSpacing` records the scale, ``meta["opening_scale"]``), so
+    px along the longer side). The crop and the window of every resampled image open their masks with the same
+    ``iterations`` file pixels (:class:`ResampleToSpacing` records the scale, ``meta["opening_scale"]``), so
     the crop holds what this box holds, an MLO's pectoral muscle and axilla included. Resampling multiplies the size
     by ``f = input spacing / model spacing``, so the crop is ``box_h * f + 2 buffer`` rows (buffer at the top and the
     bottom) and ``box_w * f + buffer`` columns (buffer on the side away from the chest wall); ``f`` is the largest
@@ -171,7 +171,7 @@ def fit_breast_spacing(
         image: ``(C, H, W)`` or ``(H, W)``, as loaded (the chest wall on either side).
         model_spacing: the model's (row, col) mm.
         window: the model's window (rows, cols).
-        iterations, buffer: the crop's (``crop_iterations``, ``crop_buffer``), in model pixels.
+        iterations, buffer: the crop's (``crop_iterations`` in the file's pixels, ``crop_buffer`` in model pixels).
 
     Returns:
         ``(model_row * f, model_col * f)``, e.g. about 0.08 mm for a 4432 x 2864 mammogram whose breast fills it and a
@@ -227,9 +227,9 @@ class ResampleToSpacing(InvertibleTransform):
 
     The output's metadata records the choice (``spacing_used``, ``spacing_source``, ``model_spacing``,
     ``spacing_assumed``, ``spacing_ignored``, ``spacing_range``) and the scale of the crop's mask opening
-    (``opening_scale``: for an estimated spacing, model pixels per file pixel, so that the crop opens the breast mask
-    by ``iterations`` of the file's pixels, as the estimate does; 1 otherwise); ``meta["spacing"]`` (the file's) is
-    left as it is. The inverse restores the size and the metadata as they were.
+    (``opening_scale``: model pixels per file pixel, so that the crop opens the breast mask by ``iterations`` of the
+    file's pixels, as the authors do and as the estimate does; 1 where nothing is resampled or a spacing is unknown);
+    ``meta["spacing"]`` (the file's) is left as it is. The inverse restores the size and the metadata as they were.
 
     Args:
         pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic); None: unknown, nothing is resampled.
@@ -342,8 +342,12 @@ class ResampleToSpacing(InvertibleTransform):
         target = self.pixel_spacing
         if target is None or source_spacing is None:
             return out
-        if source == "fit_breast":  # the estimate keeps the aspect ratio: one factor for both axes
-            out["opening_scale"] = float(source_spacing[0] / target[0])
+        # the crop's mask opening counts the file's pixels, as the authors crop their full-resolution images, whatever
+        # the spacing's source: a count of model pixels would open a 0.07 mm MLO by 40 mm at 0.4 mm and cut its
+        # axilla away. One factor (the erosion is the same along both axes): the geometric mean where the file's
+        # pixels are not square; an estimate keeps the aspect ratio, so its two factors are one
+        row, col = (float(s / t) for s, t in zip(source_spacing, target))
+        out["opening_scale"] = row if row == col else float(np.sqrt(row * col))
         if all(abs(s / t - 1.0) <= self.rtol for s, t in zip(source_spacing, target)):
             return out
         size = tuple(max(1, int(np.floor(n * s / t + 0.5))) for n, s, t in zip(shape, source_spacing, target))
