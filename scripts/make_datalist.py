@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
+from scripts.atomic import probe_writable  # noqa: E402
 from scripts.data.datalist import (  # noqa: E402
     SPLITS,
     DatalistError,
@@ -174,21 +175,13 @@ def _summary(datalist: dict, n_skipped: int) -> str:
 def _check_out(out: Path) -> None:
     """``--out`` names a file that can be written: not a folder, in a folder (or one to create) that accepts a new
     file; else a ``DatalistError`` naming the flag. Checked before any file is searched or read."""
-    import tempfile
-
     path = Path(os.path.abspath(out))
     if path.is_dir():
         raise DatalistError(
             f"--out {out} is a folder: give the datalist's file name (e.g. --out {out / 'datalist.json'})"
         )
-    existing = path.parent
-    while not existing.exists() and existing.parent != existing:
-        existing = existing.parent
     try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, f"{existing} is a file, not a folder")
-        with tempfile.TemporaryFile(dir=existing):
-            pass
+        probe_writable(path.parent)
     except OSError as err:
         raise DatalistError(
             f"--out {out} cannot be written ({err.strerror or err}): choose a file in a writable folder"

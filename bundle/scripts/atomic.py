@@ -89,6 +89,19 @@ def move_into_place(staged: str | os.PathLike, path: str | os.PathLike, durable:
         _fsync_dir(Path(path).parent)
 
 
+def probe_writable(folder: str | os.PathLike) -> None:
+    """Raise the ``OSError`` a new file in ``folder`` would meet, before any work is spent on it: a folder that does
+    not exist yet is probed at its nearest existing parent (where it would be made), which must be a folder. The
+    probe is an anonymous temporary file: nothing is left behind."""
+    existing = Path(os.path.abspath(folder))
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"{existing} is a file, not a folder")
+    with tempfile.TemporaryFile(dir=existing):
+        pass
+
+
 def disk_full(err: BaseException | None) -> OSError | None:
     """The ``OSError`` in ``err``'s chain (``__cause__`` / ``__context__``) that says the disk or the quota is full
     (``ENOSPC``, ``EDQUOT``), or None. torch.save reports a full disk as a ``RuntimeError`` whose context is it."""

@@ -323,22 +323,15 @@ def _file_config(arguments: Mapping[str, Any]) -> dict[str, Any]:
 def check_writable(**folders: str | os.PathLike) -> None:
     """Each folder accepts a new file (a folder that does not exist yet: its nearest existing parent, which must be
     a folder); else a :class:`UsageError` naming the option and the folder. Nothing is left behind."""
-    import tempfile
+    from scripts.atomic import probe_writable
 
     for name, folder in folders.items():
-        path = Path(os.path.abspath(folder))
-        existing = path
-        while not existing.exists() and existing.parent != existing:
-            existing = existing.parent
         try:
-            if not existing.is_dir():
-                raise NotADirectoryError(20, f"{existing} is not a folder")
-            with tempfile.TemporaryFile(dir=existing):
-                pass
+            probe_writable(folder)
         except OSError as err:
             raise UsageError(
-                f"{name} {os.path.abspath(path)} cannot be written ({err.strerror or err}): choose a writable folder "
-                f"(--{name} DIR)"
+                f"{name} {os.path.abspath(folder)} cannot be written ({err.strerror or err}): choose a writable "
+                f"folder (--{name} DIR)"
             ) from None
 
 
