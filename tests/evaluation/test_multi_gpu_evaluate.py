@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG
+import torchrun_job
+from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
 from monai.bundle import ConfigParser, ConfigWorkflow
 
 CONFIGS = BUNDLE_ROOT / "configs"
@@ -56,12 +53,6 @@ class BlockProbe:
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def raw(path: Path) -> dict:
     return ConfigParser.load_config_file(str(path))
 
@@ -230,7 +221,7 @@ def test_data_check_of_two_ranks_equals_one_process(tmp_path, split_setup):
     for needle in ("test[1] label", "test[2] image", "test[3] mask_benign", "listed 2 times: test[0], test[4]"):
         assert needle in expected["bad"]["error"], needle
 
-    mp.spawn(_check_worker, args=(2, free_port(), datalists, str(tmp_path / "check")), nprocs=2, join=True)
+    mp.spawn(_check_worker, args=(2, torchrun_job.free_port(), datalists, str(tmp_path / "check")), nprocs=2, join=True)
     for rank in (0, 1):
         assert json.loads((tmp_path / f"check.{rank}.json").read_text()) == expected, rank
 
@@ -274,35 +265,13 @@ def test_two_gloo_processes_evaluate_like_one(tmp_path, split_setup):
     )
     configs = [str(TRAIN_CONFIG), str(TINY_CONFIG), str(EVAL_CONFIG), str(MULTI_GPU_EVAL), str(probe_config)]
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(free_port()), "-m", "monai.bundle", "run", "evaluating"]
-    cmd += ["--config_file", repr(configs), "--meta_file", str(META), "--datalist", str(datalist)]
-    cmd += ["--ckpt_root", str(root / "models"), "--output_root", str(out)]
-    cmd += ["--eval_dir", f"$os.path.join({str(out)!r}, 'rank' + os.environ['RANK'])"]
+    args = ["evaluating", "--config_file", repr(configs), "--meta_file", str(META), "--datalist", str(datalist)]
+    args += ["--ckpt_root", str(root / "models"), "--output_root", str(out)]
+    args += ["--eval_dir", f"$os.path.join({str(out)!r}, 'rank' + os.environ['RANK'])"]
     if mlflow is not None:
-        cmd += ["--tracking", "mlflow"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parent), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-        ),
-        "GLOO_SOCKET_IFNAME": "lo",  # loopback only
-        "OMP_NUM_THREADS": "1",
-    }
+        args += ["--tracking", "mlflow"]
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        output, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its two workers: the session this test started
-        output, _ = proc.communicate()
-        pytest.fail(f"torchrun did not finish in 240 s:\n{output.decode(errors='replace')[-4000:]}")
-    log = output.decode(errors="replace")
-    (tmp_path / "torchrun.log").write_text(log)
-    first_error = log.find("Traceback")
-    assert proc.returncode == 0, log[first_error : first_error + 6000] if first_error >= 0 else log[-4000:]
+    log = torchrun_job.run(args, tmp_path, import_dirs=[Path(__file__).parent])
     print(f"torchrun evaluation: {time.monotonic() - start:.1f} s")
 
     # each rank its contiguous block, once (4 and 3 images), in different processes

@@ -14,15 +14,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, REPO_ROOT
+import torchrun_job
+from conftest import BUNDLE_ROOT
 from test_inference_workflow import INFERENCE_CONFIG, META, TINY, TINY_INFERENCE, _run
 
 MULTI_GPU_INFERENCE = BUNDLE_ROOT / "configs" / "multi_gpu_inference.yaml"
@@ -209,65 +208,14 @@ def case(tmp_path_factory) -> dict:
     return {"root": root, "folder": folder, "ckpt": ckpt, "reference": reference, "inputs": inputs}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(case: dict, out: Path, *extra: str | Path) -> subprocess.Popen:
     """The documented command on 2 gloo processes; ``extra``: config files (paths) layered last, and options."""
     configs = [str(INFERENCE_CONFIG), str(TINY_INFERENCE), str(MULTI_GPU_INFERENCE)]
     configs += [str(e) for e in extra if isinstance(e, Path)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(_free_port()), "-m", "monai.bundle", "run", "inference"]
-    cmd += ["--config_file", json.dumps(configs), "--meta_file", str(META), "--input_dir", str(case["folder"])]
-    cmd += ["--output_dir", str(out), "--ckpt_path", str(case["ckpt"]), *(e for e in extra if isinstance(e, str))]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO_ROOT / "tests")]),
-        "GLOO_SOCKET_IFNAME": "lo",  # loopback only
-        "OMP_NUM_THREADS": "1",
-    }
-    return subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_job(proc)
-        output, _ = proc.communicate()
-        pytest.fail(f"torchrun did not finish in {timeout} s:\n{output.decode(errors='replace')[-4000:]}")
-    return output.decode(errors="replace")
-
-
-def _workers(proc: subprocess.Popen) -> dict[int, int]:
-    """rank -> pid of torchrun's workers (children of the torchrun process, RANK in their environment; torchrun starts
-    each in a session of its own, so a signal to torchrun's process group does not reach them)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == proc.pid:
-            ranks = [int(v[5:]) for v in environ if v.startswith(b"RANK=")]
-            if ranks:
-                found[ranks[0]] = int(entry.name)
-    return found
-
-
-def _kill_job(proc: subprocess.Popen) -> None:
-    """SIGKILL every worker, then torchrun: the whole job at once (as a scheduler's cancel does)."""
-    for pid in _workers(proc).values():
-        os.kill(pid, signal.SIGKILL)
-    os.killpg(proc.pid, signal.SIGKILL)
+    args = ["inference", "--config_file", json.dumps(configs), "--meta_file", str(META)]
+    args += ["--input_dir", str(case["folder"]), "--output_dir", str(out), "--ckpt_path", str(case["ckpt"])]
+    args += [e for e in extra if isinstance(e, str)]
+    return torchrun_job.start(args, import_dirs=[Path(__file__).parent])
 
 
 def _table_rows(path: Path) -> list[dict]:
@@ -336,7 +284,7 @@ def test_two_processes_write_what_one_process_writes(case, tmp_path):
 
     out = tmp_path / "out"
     proc = _start(case, out)
-    log = _finish(proc)
+    log = torchrun_job.finish(proc)
     assert proc.returncode == 0, log[-4000:]
     _assert_as_one_process(case, out)
     timing = json.loads((out / "timing.json").read_text())
@@ -354,7 +302,7 @@ def test_two_processes_write_what_one_process_writes(case, tmp_path):
     # another run's settings into this folder: rank 0 refuses, every rank stops with its line, nothing is changed
     before = {**_digests(out), "run.json": (out / "run.json").read_bytes()}
     proc = _start(case, out, "--gamma_c", "0.8")
-    log = _finish(proc)
+    log = torchrun_job.finish(proc)
     assert proc.returncode != 0
     refusal = "holds the outputs of another run (run.json), which this run would mix with its own: model.gamma_c"
     assert log.count(refusal) >= 2, log[-4000:]  # printed by both ranks
@@ -367,9 +315,9 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_or_one_process_fi
     out = tmp_path / "out"
     # 1. rank 1 killed once it has finished an image: torchrun stops rank 0 too
     proc = _start(case, out)
-    assert _wait_for_rows(proc, [out / "predictions.rank1.csv"], 1), _finish(proc)[-4000:]
-    os.kill(_workers(proc)[1], signal.SIGKILL)
-    log = _finish(proc)
+    assert _wait_for_rows(proc, [out / "predictions.rank1.csv"], 1), torchrun_job.finish(proc)[-4000:]
+    os.kill(torchrun_job.workers(proc)[1], signal.SIGKILL)
+    log = torchrun_job.finish(proc)
     assert proc.returncode != 0, log[-3000:]
     kept = _done(out)
     assert kept and len(kept) < 18
@@ -379,8 +327,8 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_or_one_process_fi
     proc = _start(case, out)
     caught = _wait_for_rows(proc, [out / f"predictions.rank{r}.csv" for r in range(2)], 1, besides=kept)
     if proc.poll() is None:
-        _kill_job(proc)
-    log = _finish(proc)
+        torchrun_job.kill_job(proc)
+    log = torchrun_job.finish(proc)
     assert caught, log[-4000:]
     done = _done(out)
     assert kept < done < set(case["inputs"])  # nothing finished was lost, something new was added
@@ -389,7 +337,7 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_or_one_process_fi
 
     # 3. the same command again: resumes, each input once, as one process would have written it
     proc = _start(case, out)
-    log = _finish(proc)
+    log = torchrun_job.finish(proc)
     assert proc.returncode == 0, log[-4000:]
     assert f"18 inputs over 2 processes (9 / 9), {len(done)} done already (skipped), {18 - len(done)} to run" in log
     assert "took up the rows of an interrupted run's processes" in log, log
@@ -411,7 +359,7 @@ def test_a_rank_that_fails_is_named_the_other_finishes_and_the_same_command_comp
     probe.write_text("+handlers:\n  - _target_: test_multi_gpu_inference.FailOnRank\n    rank: 1\n    after: 1\n")
     out = tmp_path / "out"
     proc = _start(case, out, probe)
-    log = _finish(proc)
+    log = torchrun_job.finish(proc)
     assert proc.returncode != 0
     shares = [input_share(case["inputs"], r, 2) for r in range(2)]
     predictions = {r["image"] for r in _table_rows(out / "predictions.csv")}
@@ -428,6 +376,6 @@ def test_a_rank_that_fails_is_named_the_other_finishes_and_the_same_command_comp
     assert not list(out.glob("*.rank*.csv"))
 
     proc = _start(case, out)  # without the probe: the inputs not run are run
-    log = _finish(proc)
+    log = torchrun_job.finish(proc)
     assert proc.returncode == 0, log[-4000:]
     _assert_as_one_process(case, out)

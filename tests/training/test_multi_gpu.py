@@ -12,16 +12,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
+import torchrun_job
+from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 
 MULTI_GPU_CONFIG = TRAIN_CONFIG.parent / "multi_gpu_train.yaml"
 META = TRAIN_CONFIG.parent / "metadata.json"
@@ -80,12 +77,6 @@ class DDPProbe:
 
 
 # -- helpers of the test ------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def odd_validation_datalist(datalist: str, out: Path) -> Path:
     """The tiny datalist with 7 validation images (its validation patient and 3 images of its test patient, no
     test split), paths made absolute: an odd count, so the two ranks validate 4 and 3 images."""
@@ -143,48 +134,11 @@ def test_two_gloo_processes_train_all_stages_like_one(tmp_path, tiny_datalist):
     )
     configs = [str(TRAIN_CONFIG), str(TINY_CONFIG), str(MULTI_GPU_CONFIG), str(probe_config)]
     overrides = tiny_overrides(tmp_path, str(datalist), stage="all")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        "-m",
-        "monai.bundle",
-        "run",
-        "training",
-        "--config_file",
-        repr(configs),
-        "--meta_file",
-        str(META),
-    ]
+    args = ["training", "--config_file", repr(configs), "--meta_file", str(META)]
     for key, value in overrides.items():
-        cmd += [f"--{key}", value]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parent), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-        ),
-        "GLOO_SOCKET_IFNAME": "lo",  # loopback only
-        "OMP_NUM_THREADS": "1",
-    }
+        args += [f"--{key}", value]
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        output, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its two workers: the session this test started
-        output, _ = proc.communicate()
-        pytest.fail(f"torchrun did not finish in 240 s:\n{output.decode(errors='replace')[-4000:]}")
-    log = output.decode(errors="replace")
-    (tmp_path / "torchrun.log").write_text(log)
-    first_error = log.find("Traceback")
-    assert proc.returncode == 0, log[first_error : first_error + 6000] if first_error >= 0 else log[-4000:]
+    torchrun_job.run(args, tmp_path, import_dirs=[Path(__file__).parent])
     print(f"torchrun run: {time.monotonic() - start:.1f} s")
 
     records = read_probe(probe_dir)
@@ -335,7 +289,7 @@ def torchrun_env(monkeypatch):
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
+        "MASTER_PORT": str(torchrun_job.free_port()),
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -428,5 +382,5 @@ def test_rank_zero_first_takes_global_rank_zero_then_each_nodes_first_process_th
     import torch.multiprocessing as mp
 
     log = tmp_path / "turns.txt"
-    mp.spawn(_rank_zero_first_worker, args=(free_port(), [0, 1, 0], str(log)), nprocs=3, join=True)
+    mp.spawn(_rank_zero_first_worker, args=(torchrun_job.free_port(), [0, 1, 0], str(log)), nprocs=3, join=True)
     assert [int(line) for line in log.read_text().split()] == [0, 2, 1]
