@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 import torch
@@ -11,6 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import requires_cuda
 from ignite.engine import Engine
+from torchrun_job import free_port
 
 from scripts.handlers import PxAP, SoftDice
 from scripts.metrics import (
@@ -376,12 +375,6 @@ def test_no_host_synchronisation_per_call_on_cuda():
 
 
 # ---------------------------------------------------------------- DDP
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _metric_results(shards: list) -> dict:
     dice, pxap = SoftDiceMetric(), PxAPMetric(level="dataset")
     for pred, y in shards:
@@ -423,7 +416,7 @@ def test_two_gloo_processes_equal_one_process_on_the_union(tmp_path):
         [(t(pred[4:7]), t(y[4:7]))],
     ]
     result_file = str(tmp_path / "result")
-    mp.spawn(_ddp_worker, args=(2, _free_port(), shards, result_file), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(2, free_port(), shards, result_file), nprocs=2, join=True)
     ranks = [torch.load(f"{result_file}.{r}", weights_only=True) for r in range(2)]
 
     single = _metric_results([(t(pred), t(y))])

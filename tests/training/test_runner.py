@@ -22,7 +22,7 @@ MULTI_GPU_CONFIG = TRAIN_CONFIG.parent / "multi_gpu_train.yaml"
 @pytest.fixture
 def torchrun_env(monkeypatch):
     """The environment torchrun gives a 1-process group on 127.0.0.1."""
-    from test_multi_gpu import free_port
+    from torchrun_job import free_port
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         monkeypatch.setenv(key, value)
