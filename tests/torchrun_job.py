@@ -84,7 +84,9 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
     return output.decode(errors="replace")
 
 
-def run(run_args: Sequence[str], log_dir: Path, import_dirs: Sequence[str | os.PathLike] = (), timeout=240) -> str:
+def run(
+    run_args: Sequence[str], log_dir: Path, import_dirs: Sequence[str | os.PathLike] = (), timeout: float = 240
+) -> str:
     """:func:`start` then :func:`finish`; the output is kept as ``log_dir/torchrun.log`` and returned. A job that
     exits with an error fails the test, showing its first traceback (else the output's end)."""
     proc = start(run_args, import_dirs)

@@ -91,3 +91,21 @@ def test_the_crop_and_the_window_open_by_the_scaled_iterations():
     placement = BestCenterWindow((256, 192), iterations=100).placement(scaled)
     assert placement == best_center_window(picture, "MLO", (256, 192), iterations=10)
     assert placement != best_center_window(picture, "MLO", (256, 192), iterations=100)
+
+
+@pytest.mark.parametrize(
+    "given, scale",
+    [
+        ((0.1, 0.1), 0.25),  # a stated 0.1 mm at the model's 0.4 mm: 100 file pixels are 25 model pixels
+        ((0.07, 0.07), 0.175),
+        ((0.1, 0.4), 0.5),  # pixels that are not square: sqrt(0.25 x 1.0), the erosion's one factor
+        ((0.8, 0.8), 2.0),  # a coarser file: its pixels are two model pixels
+        ((0.4002, 0.4002), 1.0),  # within rtol of the model's: not resampled, the file's pixels are the model's
+    ],
+)
+def test_the_opening_scale_is_model_pixels_per_file_pixel_whatever_the_source(given, scale):
+    from scripts.transforms import ResampleToSpacing
+
+    plan = ResampleToSpacing(pixel_spacing=0.4).plan(torch.zeros(1, 40, 30), spacing=given)
+    assert plan["opening_scale"] == pytest.approx(scale, rel=1e-12)
+    assert plan["resample"] is (scale != 1.0)

@@ -342,14 +342,14 @@ class ResampleToSpacing(InvertibleTransform):
         target = self.pixel_spacing
         if target is None or source_spacing is None:
             return out
+        if all(abs(s / t - 1.0) <= self.rtol for s, t in zip(source_spacing, target)):
+            return out  # not resampled: the file's pixels are the model's
         # the crop's mask opening counts the file's pixels, as the authors crop their full-resolution images, whatever
         # the spacing's source: a count of model pixels would open a 0.07 mm MLO by 40 mm at 0.4 mm and cut its
         # axilla away. One factor (the erosion is the same along both axes): the geometric mean where the file's
         # pixels are not square; an estimate keeps the aspect ratio, so its two factors are one
         row, col = (float(s / t) for s, t in zip(source_spacing, target))
         out["opening_scale"] = row if row == col else float(np.sqrt(row * col))
-        if all(abs(s / t - 1.0) <= self.rtol for s, t in zip(source_spacing, target)):
-            return out
         size = tuple(max(1, int(np.floor(n * s / t + 0.5))) for n, s, t in zip(shape, source_spacing, target))
         meta = img.meta if isinstance(img, MetaTensor) else {}
         why = f"from {format_spacing(source_spacing)} mm ({source}) to the model's {format_spacing(target)} mm"
