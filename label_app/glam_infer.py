@@ -9,7 +9,7 @@ for the same file. Request parameters (MONAI Label's ``params``; the defaults ap
   uint8 (round(255 x S_c)), for a colour overlay.
 - ``heatmap_class``: ``"malignant"`` (default) or ``"benign"``; ``threshold``: in [0, 1] (default 0.5).
 - ``result_extension``: ``.nrrd`` (default), ``.nii.gz``/``.nii`` or ``.png``. NRRD and NIfTI carry the input's
-  pixel spacing, so the map lies on the image in 3D Slicer.
+  geometry (orientation, origin, pixel spacing), so the map lies on the image in 3D Slicer.
 
 The JSON result holds the image-level scores (``prob_benign``, ``prob_malignant``: y_g), the patch boxes on the
 file (``top, left, bottom, right``), the overlay settings and the map's size.
@@ -155,16 +155,17 @@ def load_model(parser: ConfigParser, model_path: Path, device: torch.device) -> 
         raise ValueError(f"model {model_path} does not load into the bundle's network_def: {e}") from None
 
 
-def write_map(path: str, array: np.ndarray, spacing: Sequence[float] | None) -> None:
-    """Write an ``(H, W)`` map in the project's array convention (rows as displayed) with ``(row, col)`` spacing."""
+def write_map(path: str, array: np.ndarray, affine: np.ndarray, spacing: Sequence[float] | None) -> None:
+    """Write an ``(H, W)`` map in the project's array convention (rows as displayed) with the input file's geometry:
+    ``affine`` (``scripts.inference.geometry.file_affine``: RAS, voxel ``(i, j)`` = (column, row)). A NRRD gets no
+    geometry when the file states no pixel ``spacing`` (None), as the viewers' copy of such a DICOM has none."""
     if path.endswith(".nrrd"):
-        write_nrrd_2d(path, array, spacing)
+        write_nrrd_2d(path, array, affine=affine if spacing is not None else None)
     elif path.endswith((".nii", ".nii.gz")):
         import nibabel as nib
 
-        sr, sc = spacing or (1.0, 1.0)
         # x (column) first, as ITK, 3D Slicer and the bundle's reader expect of a 2-D NIfTI
-        nib.save(nib.Nifti1Image(np.ascontiguousarray(array.T), np.diag([sc, sr, 1.0, 1.0])), path)
+        nib.save(nib.Nifti1Image(np.ascontiguousarray(array.T), affine), path)
     else:
         from PIL import Image
 
@@ -298,7 +299,7 @@ class GLAMSaliencyInfer(BasicInferTask):
         JSON result: the scores, the patch boxes and what the bundle's predictions.csv states of the image (its
         laterality, view and pixel spacing used with their sources, the model's window on the file)."""
         from scripts.inference.facts import image_facts, image_notes, spacing_note
-        from scripts.inference.geometry import maps_on_original
+        from scripts.inference.geometry import file_affine, maps_on_original
         from scripts.inference.maps import map_spacing
         from scripts.precision import autocast
 
@@ -309,13 +310,16 @@ class GLAMSaliencyInfer(BasicInferTask):
         back = maps_on_original(item, pred, self.transform, self.gamma_c)
         maps, boxes = back.maps, back.boxes
         result = overlay_map(maps[MapName.COMBINED], settings)
-        # the reader's (row, col) spacing travels with the preprocessed image (NaN when the file has none): the map
-        # carries the file's own spacing, or none, as the bundle's map files do
-        spacing = map_spacing(item["image"].meta)
+        # the reader's metadata travels with the preprocessed image: the map carries the file's own geometry (its
+        # orientation, origin and spacing, or none), as the bundle's map files do
+        meta = item["image"].meta
+        spacing = map_spacing(meta)
+        geometry_notes: list[str] = []
+        affine = file_affine(meta, geometry_notes)
 
         fd, out_file = tempfile.mkstemp(suffix=settings["result_extension"], prefix="glam_")
         os.close(fd)
-        write_map(out_file, result, spacing)
+        write_map(out_file, result, affine, spacing)
         y = pred[OutputKey.Y_GLOBAL].tolist()
         facts = image_facts(item)
         used = [facts["spacing_row_mm"], facts["spacing_col_mm"]]
@@ -334,7 +338,7 @@ class GLAMSaliencyInfer(BasicInferTask):
             "file_spacing_mm": list(spacing) if spacing else None,
             "window": list(back.window) if back.window is not None else None,
             "model_window": list(self.window) if self.window else None,
-            "notes": image_notes(item, self.window),
+            "notes": image_notes(item, self.window) + geometry_notes,
         }
         # a file without a pixel spacing was used at an estimated one: say so, as the bundle's inference does
         note = spacing_note(item["image"], self.window)

@@ -6,9 +6,10 @@ MONAI Label's local datastore lists NIfTI, NRRD, PNG, JPEG and TIFF files, not D
 STUDIES_DIR (``.dcm``/``.dicom``/``.dic`` in any case, or any file with the DICM preamble) gets a copy for the
 viewers named after its whole file name, ``<file name>.nrrd`` (``x.dcm`` -> ``x.dcm.nrrd``, datastore id ``x.dcm``),
 so that no two DICOMs, and no DICOM and a picture beside it (``x.png``, id ``x``), share a name: the pixels as the
-bundle reads them (Modality and VOI LUTs applied, MONOCHROME1 inverted), rows as displayed, with the pixel spacing
-the DICOM states (Imager Pixel Spacing / Pixel Spacing) as the NRRD's space directions, or **no geometry at all**
-when the DICOM states none (nothing invented: viewers show such a file at their default of 1 mm per pixel).
+bundle reads them (Modality and VOI LUTs applied, MONOCHROME1 inverted), rows as displayed, with the DICOM's geometry
+(the pixel spacing it states, Pixel Spacing / Imager Pixel Spacing, along its Image Orientation from its Image
+Position, DICOM's defaults where it states none) as the NRRD's space directions and origin, or **no geometry at all**
+when the DICOM states no pixel spacing (nothing invented: viewers show such a file at their default of 1 mm per pixel).
 
 The label server reads the DICOM itself for inference (the bundle's reader and spacing policy, as
 ``monai.bundle run inference`` reads the same file): ingest records each copy in ``.glam_ingest.json`` in the
@@ -156,6 +157,7 @@ def ingest_dicoms(studies: str | Path) -> IngestReport:
     from nrrd_io import write_nrrd_2d
 
     from scripts.data.readers import read_mammogram
+    from scripts.inference.geometry import file_affine
 
     studies = Path(studies)
     if not studies.is_dir():
@@ -193,7 +195,8 @@ def ingest_dicoms(studies: str | Path) -> IngestReport:
                 )
             array, meta = read_mammogram(path)
             spacing = meta.get("spacing")
-            write_nrrd_2d(target, _pixels(array), spacing, {"glam_source": path.name})
+            affine = file_affine(meta) if spacing else None  # the DICOM's plane, as the served maps state it
+            write_nrrd_2d(target, _pixels(array), spacing, {"glam_source": path.name}, affine)
             copies[name] = {
                 "source": path.name,
                 "source_stat": _stat(path)[:2],

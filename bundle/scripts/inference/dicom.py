@@ -1,6 +1,6 @@
 """DICOM outputs for PACS when the input was DICOM: a Secondary Capture of the overlay panel and a FRACTIONAL
-Segmentation of S_c (segments benign, malignant) on the source image's pixel grid, both in the source study and
-referencing the source image (highdicom).
+Segmentation of S_c (segments benign, malignant) on the source image's pixel grid and plane, both in the source study
+and referencing the source image (highdicom).
 
 Used by :class:`scripts.inference.writer.GLAMInferenceWriter` when ``dicom_outputs`` is ``"sc"``, ``"map"`` or
 ``"both"``.
@@ -49,6 +49,7 @@ _TYPE2_SOURCE = (
     "PatientID",
     "PatientBirthDate",
     "PatientSex",
+    "SliceThickness",  # of the Image Plane module: read when the source has a frame of reference
     "StudyID",
     "StudyDate",
     "StudyTime",
@@ -92,6 +93,13 @@ def _usable_charset(ds: Any) -> str | None:
     return f"DICOM outputs: SpecificCharacterSet {'/'.join(values)!r} {what}; they state {fallback} ({kept})"
 
 
+def _has_plane(ds: Any) -> bool:
+    """Whether the Segmentation of ``ds`` carries its plane: a source in a patient frame of reference
+    (FrameOfReferenceUID and ImagePositionPatient) gives its position, orientation and pixel spacing to the
+    Segmentation's frame; without a frame of reference the Segmentation IOD has no place for them."""
+    return "FrameOfReferenceUID" in ds and "ImagePositionPatient" in ds
+
+
 def _read_source(path: str | os.PathLike, notes: list[str] | None = None) -> Any:
     import pydicom
 
@@ -104,6 +112,8 @@ def _read_source(path: str | os.PathLike, notes: list[str] | None = None) -> Any
     for keyword in _TYPE2_SOURCE:
         if keyword not in ds:
             setattr(ds, keyword, None)
+    if _has_plane(ds) and "PixelSpacing" not in ds and "ImagerPixelSpacing" in ds:
+        ds.PixelSpacing = ds.ImagerPixelSpacing  # the spacing the reader and the map files use
     note = _usable_charset(ds)
     if note is not None and notes is not None:
         notes.append(note)
@@ -157,7 +167,8 @@ def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
     """FRACTIONAL Segmentation of S_c ((2, H, W) float in [0, 1], channels benign/malignant, H x W = the source's
     Rows x Columns): two segments "benign" and "malignant" (Neoplasm, automatic, algorithm GLAM), one frame each,
     stored as round(value x 255) in 8 bits (read back within 0.5/255), referencing ``source`` (ReferencedSeries
-    and the frames' SourceImageSequence).
+    and the frames' SourceImageSequence). A source in a patient frame of reference gives the frames its
+    FrameOfReferenceUID, ImagePositionPatient, ImageOrientationPatient and pixel spacing (:func:`_has_plane`).
 
     A Segmentation rather than a Parametric Map: highdicom 0.28's ParametricMap fails on projection images without
     a frame of reference (mammograms), its Segmentation handles them.

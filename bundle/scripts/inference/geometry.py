@@ -16,10 +16,14 @@ import torch
 from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd
 
+from ..data.geometry import usable_spacing
 from ..enums import MAP_NAMES, OutputKey
 from ..patches import render_saliency
 
 __all__ = [
+    "FALLBACK_SPACING_MM",
+    "LPS_TO_RAS",
+    "file_affine",
     "OnOriginal",
     "window_box_to_original",
     "window_on_original",
@@ -27,6 +31,113 @@ __all__ = [
     "maps_on_original",
     "original_size",
 ]
+
+
+#: pixel size (mm) the map files state when the input's is unknown (PNG inputs; DICOMs without a valid spacing)
+FALLBACK_SPACING_MM = 1.0
+#: NIfTI's RAS patient space from the LPS one of DICOM, ITK and NRRD (and back): x and y change sign
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+#: x, y of a NRRD space (as ITK reads it) -> x, y of RAS; any other space is read as LPS, as ITK does
+_NRRD_SPACES = {"right-anterior-superior": (1, 1), "ras": (1, 1), "left-anterior-superior": (-1, 1), "las": (-1, 1)}
+
+
+def _numbers(value: Any, count: int) -> np.ndarray | None:
+    """``count`` finite numbers from a header value (a DICOM multi-value, a NRRD vector), else None."""
+    try:
+        flat = np.asarray([float(v) for v in (value if value is not None else ())], dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return flat if flat.size == count and np.isfinite(flat).all() else None
+
+
+def _affine_from(columns: Sequence[np.ndarray], origin: np.ndarray | None) -> np.ndarray:
+    """4x4 affine from the directions of the column and the row index (3-vectors, scaled by the pixel size) and the
+    origin; the third column is the plane's unit normal."""
+    affine = np.eye(4)
+    affine[:3, 0], affine[:3, 1] = columns
+    normal = np.cross(*columns)
+    if np.linalg.norm(normal) > 0:
+        affine[:3, 2] = normal / np.linalg.norm(normal)
+    if origin is not None:
+        affine[:3, 3] = origin
+    return affine
+
+
+def _dicom_affine(path: str, spacing: tuple[float, float], notes: list[str] | None) -> np.ndarray:
+    """RAS affine of a DICOM from ImageOrientationPatient / ImagePositionPatient (DICOM's defaults, rows along x and
+    columns along y from position 0, for a tag the file lacks or holds badly; a bad one gets a note)."""
+    import pydicom
+
+    keywords = ("ImageOrientationPatient", "ImagePositionPatient")
+    ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=list(keywords))
+    found = {k: ds.get(k) for k in keywords}
+    iop, ipp = _numbers(found["ImageOrientationPatient"], 6), _numbers(found["ImagePositionPatient"], 3)
+    if iop is not None:
+        row, col = iop[:3], iop[3:]
+        if not (np.allclose([row @ row, col @ col], 1.0, atol=1e-3) and abs(row @ col) < 1e-3):
+            iop = None
+    for keyword, value in zip(found, (iop, ipp)):
+        if value is None and found[keyword] is not None and notes is not None:
+            notes.append(f"{keyword} {found[keyword]} is not usable: the map files take DICOM's default")
+    iop = iop if iop is not None else np.array([1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    # voxel i (the column index) moves along the row direction by the column spacing, j along the column direction
+    return LPS_TO_RAS @ _affine_from((iop[:3] * spacing[1], iop[3:] * spacing[0]), ipp)
+
+
+def _nrrd_affine(path: str, spacing: tuple[float, float]) -> np.ndarray:
+    """RAS affine of a NRRD from its space directions and origin, read as ITK reads them: the picture's two axes
+    (of more than one pixel) x (column) first; an unnamed or LPS space is LPS. Without directions: the spacing along
+    LPS axes."""
+    import nrrd
+
+    header = nrrd.read_header(path)
+    sizes = [int(v) for v in header.get("sizes", ())]
+    vectors = [np.asarray(v, dtype=np.float64).reshape(-1) for v in header.get("space directions", [])]
+    axes = [k for k, v in enumerate(vectors) if np.isfinite(v).all() and v.size in (2, 3)]
+    axes = sorted(axes, key=lambda k: k < len(sizes) and sizes[k] == 1)[:2]  # the picture's axes first
+    sign = np.array([*_NRRD_SPACES.get(str(header.get("space", "")).strip().lower(), (-1, -1)), 1.0])
+    if len(axes) < 2:
+        return LPS_TO_RAS @ np.diag([spacing[1], spacing[0], 1.0, 1.0])
+    columns = [np.pad(vectors[k], (0, 3 - vectors[k].size)) * sign for k in axes]
+    origin = _numbers(header.get("space origin"), len(vectors[axes[0]]))
+    return _affine_from(columns, None if origin is None else np.pad(origin, (0, 3 - origin.size)) * sign)
+
+
+def file_affine(meta: Mapping[str, Any], notes: list[str] | None = None) -> np.ndarray:
+    """The input file's geometry as the map files state it: the 4x4 affine (RAS, mm) of voxel ``(i, j)`` = (column,
+    row) of the file's pixel grid, the layout of a 2-D NIfTI, so that a map written with it lies on its image in
+    ITK-based viewers (3D Slicer, ITK-SNAP), wherever the file places, mirrors or rotates its picture.
+
+    - NIfTI, MHA/MHD: the file's own affine (the reader's ``original_affine``, which is for the (row, column) array:
+      its first two columns swap back);
+    - DICOM: ImageOrientationPatient, ImagePositionPatient and the pixel spacing the reader used, composed as MONAI's
+      ``PydicomReader`` composes them (LPS to RAS; the third column the plane's unit normal); a file without them
+      takes DICOM's defaults (rows along the patient's x, columns along y, from position 0), as ITK reads it;
+    - NRRD: its space directions and origin (:func:`_nrrd_affine`);
+    - PNG, TIFF, JPEG: the pixel spacing along LPS axes from position 0, as ITK reads a picture.
+
+    Args:
+        meta: the image's metadata from :class:`~scripts.data.readers.MammogramReader` or ``read_mammogram``
+            (``format``, ``filename_or_obj`` or ``filename``, ``spacing`` (row, col) mm, ``original_affine``).
+        notes: what the file holds that could not be used (a DICOM orientation that is not two orthogonal unit
+            directions) is appended here.
+
+    Returns:
+        The affine; a file stating no usable pixel spacing gets :data:`FALLBACK_SPACING_MM` pixels.
+    """
+    spacing = usable_spacing(meta.get("spacing")) or (FALLBACK_SPACING_MM,) * 2
+    path = str(meta.get("filename_or_obj") or meta.get("filename") or "")
+    fmt = meta.get("format")
+    own = meta.get("original_affine", meta.get("affine"))
+    if fmt in ("nifti", "itk") and own is not None and usable_spacing(meta.get("spacing")) is not None:
+        affine = np.array(torch.as_tensor(own).cpu().numpy(), dtype=np.float64)
+        affine[:, [0, 1]] = affine[:, [1, 0]]
+        return affine
+    if fmt == "dicom":
+        return _dicom_affine(path, spacing, notes)
+    if fmt == "nrrd":
+        return _nrrd_affine(path, spacing)
+    return LPS_TO_RAS @ np.diag([spacing[1], spacing[0], 1.0, 1.0])
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The map files of one image (the second step of its outputs, after :mod:`.geometry`): each map on the file's grid
-as a gzip NIfTI of 16-bit integers with ``scl_slope`` 1/65535 (readers get floats within 0.5/65535 of the map), and
-with ``png`` also a 16-bit grey PNG per class; the note an image gets when its maps state a pixel size the file does
-not.
+as a gzip NIfTI of 16-bit integers with ``scl_slope`` 1/65535 (readers get floats within 0.5/65535 of the map) and
+the file's own geometry (:func:`~.geometry.file_affine`), and with ``png`` also a 16-bit grey PNG per class; the note
+an image gets when its maps state a pixel size the file does not.
 
 Why not MONAI's ``SaveImage`` / ``NibabelWriter`` / ``PILWriter`` (measured, see :func:`save_nifti` and
 :func:`save_png`): the NIfTI files would lose their ``scl_slope`` and vector intent, and ``PILWriter``'s identical
@@ -10,7 +10,7 @@ PNGs cost a third more time. Either would write to the temporary names of :class
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 from ..data.geometry import usable_spacing
 from ..enums import CLASS_NAMES
 from .files import OutputSelection, StagedFiles
+from .geometry import FALLBACK_SPACING_MM, file_affine
 
 __all__ = [
     "FALLBACK_SPACING_MM",
@@ -33,8 +34,6 @@ __all__ = [
     "map_spacing_note",
 ]
 
-#: pixel size (mm) the NIfTI maps state when the input's is unknown (PNG inputs; DICOMs without a valid spacing)
-FALLBACK_SPACING_MM = 1.0
 #: maps are stored as round(map x MAP_SCALE) in 16 bits (NIfTI with scl_slope 1 / MAP_SCALE, PNG)
 MAP_SCALE = 65535
 # zlib level of the PNGs (maps and panels): measured on 2944x1920 maps and their panels, level 1 took about half the
@@ -63,12 +62,14 @@ def save_png(path: Path, array: np.ndarray) -> None:
     Image.fromarray(array).save(path, format="PNG", compress_level=PNG_LEVEL)
 
 
-def save_nifti(path: Path, quantized: np.ndarray, spacing: Sequence[float] | None) -> None:
+def save_nifti(path: Path, quantized: np.ndarray, affine: np.ndarray) -> None:
     """(C, H, W) uint16 (:func:`quantize`) -> gzip NIfTI (W, H, 1, 1, C), intent 'vector', ``scl_slope`` 1/65535 (a
     reader's floats are the map within 0.5/65535): x = column, y = row as the readers expect.
 
-    ``spacing``: the (row, column) pixel size in mm; None states :data:`FALLBACK_SPACING_MM`. The transposed view is
-    handed to nibabel as it is: NIfTI stores x fastest, which is the (C, H, W) array's own memory order.
+    ``affine``: the input file's (:func:`~.geometry.file_affine`: RAS, voxel ``(i, j)`` = (column, row)), so that
+    voxel ``(i, j)`` of the map is voxel ``(i, j)`` of a NIfTI input and lies where the input's pixel lies. The
+    transposed view is handed to nibabel as it is: NIfTI stores x fastest, which is the (C, H, W) array's own memory
+    order.
 
     Why not MONAI's ``NibabelWriter`` / ``SaveImage``: given the same uint16 array (x first) and affine, they store
     the same integers but as a 4-D (W, H, 1, C) image without an intent and without ``scl_slope``, so a reader gets
@@ -80,8 +81,7 @@ def save_nifti(path: Path, quantized: np.ndarray, spacing: Sequence[float] | Non
 
     if quantized.dtype != np.uint16 or quantized.ndim != 3:
         raise ValueError(f"save_nifti takes (C, H, W) uint16 maps, got {quantized.dtype} {quantized.shape}")
-    row_mm, col_mm = (float(s) for s in spacing) if spacing is not None else (FALLBACK_SPACING_MM,) * 2
-    img = nib.Nifti1Image(np.transpose(quantized, (2, 1, 0))[:, :, None, None, :], np.diag([col_mm, row_mm, 1.0, 1.0]))
+    img = nib.Nifti1Image(np.transpose(quantized, (2, 1, 0))[:, :, None, None, :], np.asarray(affine, np.float64))
     img.header.set_slope_inter(1.0 / MAP_SCALE, 0.0)
     img.header.set_intent("vector", (), name=",".join(CLASS_NAMES))
     img.header.set_xyzt_units("mm")
@@ -90,7 +90,7 @@ def save_nifti(path: Path, quantized: np.ndarray, spacing: Sequence[float] | Non
 
 def map_spacing(meta: Mapping[str, Any]) -> tuple[float, float] | None:
     """The (row, col) mm the map files state: the file's own spacing (``meta["spacing"]``), so that a map lies on its
-    image in any viewer; None when the file states none (the maps then state :data:`FALLBACK_SPACING_MM`, as viewers
+    image in the viewers; None when the file states none (the maps then state :data:`FALLBACK_SPACING_MM`, as viewers
     show such a file). A spacing from the datalist, ``input_spacing`` or the estimate is what the model saw the image
     at, stated in predictions.csv, not the file's geometry."""
     return usable_spacing(meta.get("spacing"))
@@ -114,13 +114,15 @@ def write_map_files(
     maps: Mapping[str, np.ndarray],
     outputs: OutputSelection,
     meta: Mapping[str, Any],
+    notes: list[str] | None = None,
 ) -> None:
-    """Stage the map files ``outputs`` asks for: per map, ``files[name]`` (NIfTI, the file's own spacing,
-    :func:`map_spacing`) and with ``png`` ``files[f"{name}_{class}"]`` (16-bit PNG per class)."""
-    spacing = map_spacing(meta)
+    """Stage the map files ``outputs`` asks for: per map, ``files[name]`` (NIfTI with the input file's geometry,
+    :func:`~.geometry.file_affine`, whose notes go to ``notes``) and with ``png`` ``files[f"{name}_{class}"]``
+    (16-bit PNG per class)."""
+    affine = file_affine(meta, notes) if outputs.maps else None
     for name in outputs.maps:
         quantized = quantize(maps[name])
-        save_nifti(staged.path(files[name]), quantized, spacing)
+        save_nifti(staged.path(files[name]), quantized, affine)
         for c, cls in enumerate(CLASS_NAMES if outputs.png else ()):
             save_png(staged.path(files[f"{name}_{cls}"]), quantized[c])
 

@@ -214,8 +214,8 @@ class GLAMInferenceWriter:
         self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor], notes: list[str] | None = None
     ) -> dict[str, Any]:
         """Write one image's files (under temporary names, then renamed together), each step after the other (see
-        the module's docstring); returns its predictions.csv row. What the DICOM step could not do as asked is
-        appended to ``notes``."""
+        the module's docstring); returns its predictions.csv row. What the map files and the DICOM step could not do
+        as asked is appended to ``notes``."""
         path = _image_path(item)
         meta = item["image"].meta
         stem = str(item["output_stem"])
@@ -233,7 +233,7 @@ class GLAMInferenceWriter:
         try:
             # 3. the map files
             begin = time.perf_counter()
-            write_map_files(staged, files, back.maps, self.outputs, meta)
+            write_map_files(staged, files, back.maps, self.outputs, meta, notes)
             self._add_seconds("map_files", time.perf_counter() - begin)
             # 4. the panel (also the Secondary Capture's picture)
             panel = None
