@@ -185,3 +185,14 @@ def test_a_resampled_input_keeps_its_affine_and_its_map_peaks_on_its_spot(tmp_pa
     np.testing.assert_allclose(written.affine, source.affine, atol=1e-6)
     data = np.asarray(written.get_fdata())[:, :, 0, 0, 1]
     assert data.max() > 0.5 and bright_pixels(data) <= bright_pixels(np.asarray(source.dataobj))
+
+
+def test_a_nifti_affine_without_a_third_axis_gets_the_planes_normal():
+    """A 2-D file stating a zero third column (nibabel cannot write a singular affine): the map keeps the file's
+    plane and origin, with the plane's unit normal as its third axis."""
+    from scripts.inference.geometry import file_affine
+
+    own = np.array([[0, -0.5, 0, 40], [0.4, 0, 0, 120], [0, 0, 0, -7], [0, 0, 0, 1.0]])  # (row, col) order
+    affine = file_affine({"format": "nifti", "original_affine": own, "spacing": (0.4, 0.5)})
+    expected = np.array([[-0.5, 0, 0, 40], [0, 0.4, 0, 120], [0, 0, -1, -7], [0, 0, 0, 1.0]])
+    np.testing.assert_allclose(affine, expected)

@@ -132,7 +132,10 @@ def file_affine(meta: Mapping[str, Any], notes: list[str] | None = None) -> np.n
     if fmt in ("nifti", "itk") and own is not None and usable_spacing(meta.get("spacing")) is not None:
         affine = np.array(torch.as_tensor(own).cpu().numpy(), dtype=np.float64)
         affine[:, [0, 1]] = affine[:, [1, 0]]
-        return affine
+        if abs(np.linalg.det(affine[:3, :3])) > 0:
+            return affine
+        # a 2-D file stating no third axis (a zero column): the plane's normal, which nibabel can write
+        return _affine_from((affine[:3, 0], affine[:3, 1]), affine[:3, 3])
     if fmt == "dicom":
         return _dicom_affine(path, spacing, notes)
     if fmt == "nrrd":
