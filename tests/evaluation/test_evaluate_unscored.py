@@ -101,6 +101,35 @@ def test_the_dataset_names_what_it_cannot_score_and_changes_nothing_else(split):
             assert got[i][key].dtype == expected[key].dtype and torch.equal(got[i][key], expected[key]), (i, key)
 
 
+def test_a_refused_spacing_and_a_lesion_lost_in_the_resampling_are_named(split, tmp_path):
+    """With a model pixel spacing of 0.2 mm: a datalist spacing of 5 mm is refused by the resampling step (named);
+    at 0.05 mm the image shrinks four times (nearest-exact samples rows and columns 2, 6, 10 ...), so a one-pixel
+    lesion at row and column 101 falls between the samples."""
+    _, folder, items, _ = split
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(TINY_CONFIG)])
+    parser["pixel_spacing"] = 0.2
+    preprocessing = parser.get_parsed_content("validate#preprocessing")
+    picture = np.asarray(Image.open(items[0]["image"]))
+    mask = np.zeros(picture.shape, np.uint8)
+    mask[101, 101] = 255
+    Image.fromarray(mask).save(tmp_path / "dot.png")
+    dot = {"image": items[0]["image"], "label": [1, 0], "mask_benign": str(tmp_path / "dot.png"), "pixel_spacing": 0.05}
+    assert n_lesions(preprocessing(dict(dot))["mask"][0]) == 0  # what the plain preprocessing leaves of it
+    kept = {**dot, "mask_benign": str(tmp_path / "kept.png")}
+    mask[101, 101], mask[102, 102] = 0, 255  # on a sampled row and column: kept
+    Image.fromarray(mask).save(tmp_path / "kept.png")
+    assert n_lesions(preprocessing(dict(kept))["mask"][0]) == 1
+    dataset = ScoringDataset([{**items[0], "pixel_spacing": 5.0}, dot, kept], preprocessing)
+    refused = dataset[0][UNSCORED_KEY]
+    assert refused.startswith("preprocessing refused (ResampleToSpacingd): ValueError: ")
+    assert "5 mm is outside the pixel sizes of mammograms" in refused and "\n" not in refused
+    assert dataset[1][UNSCORED_KEY] == (
+        "the benign lesion(s) (mask or box) vanished when resampled to the model's spacing"
+    )
+    assert UNSCORED_KEY not in dataset[2]
+
+
 def test_evaluation_stops_naming_every_unscored_image(split, tmp_path):
     root, folder, items, content = split
     datalist = write_datalist(tmp_path / "datalist.json", items, content)
