@@ -8,7 +8,9 @@ handler a test overlay appends to the evaluation's handlers: each rank records t
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -25,6 +27,9 @@ EVAL_CONFIG = CONFIGS / "evaluate.yaml"
 MULTI_GPU_EVAL = CONFIGS / "multi_gpu_evaluate.yaml"
 META = CONFIGS / "metadata.json"
 CLASSES = ("benign", "malignant")
+#: how far a number of the report of several processes may lie from one process's (docs/evaluation.md): each process
+#: runs the network on its own images, and the same image's forward pass may round differently in another process
+TOLERANCE = 1e-6
 
 
 # -- the probe the torchrun children attach (runs in the children, not in pytest) --------------------------------
@@ -227,6 +232,40 @@ def test_data_check_of_two_ranks_equals_one_process(tmp_path, split_setup):
 
 
 # -- the real command under torchrun -------------------------------------------------------------------------------
+def _numbers(a, b, where: str) -> list[tuple[str, float, float]]:
+    """Every pair of numbers of two JSON values of the same shape (asserted: the same keys, lengths, nulls, strings
+    and integers), as (where, a, b)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), where
+        return [pair for k in a for pair in _numbers(a[k], b[k], f"{where}.{k}")]
+    if isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        return [pair for i, (x, y) in enumerate(zip(a, b)) for pair in _numbers(x, y, f"{where}[{i}]")]
+    if isinstance(a, float) or isinstance(b, float):
+        assert isinstance(a, (int, float)) and isinstance(b, (int, float)), where
+        return [(where, float(a), float(b))]
+    assert type(a) is type(b) and a == b, (where, a, b)
+    return []
+
+
+def report_numbers(one: Path, other: Path) -> list[tuple[str, float, float]]:
+    """The numbers of two evaluation reports (metrics.json; metrics.csv, whose cells must be the same rows, columns,
+    empty cells and integers such as labels and hits), pair by pair."""
+    pairs = _numbers(*(json.loads((d / "metrics.json").read_text()) for d in (one, other)), "metrics.json")
+    tables = []
+    for d in (one, other):
+        with open(d / "metrics.csv", newline="") as f:
+            tables.append(list(csv.reader(f)))
+    assert tables[0][0] == tables[1][0] and len(tables[0]) == len(tables[1])
+    for n, (row, ref) in enumerate(zip(tables[0][1:], tables[1][1:])):
+        for column, x, y in zip(tables[0][0], row, ref):
+            if column != "image" and any(c in x + y for c in ".e"):  # a float (Python's repr) on either side
+                pairs.append((f"metrics.csv[{n}].{column}", float(x), float(y)))
+            else:  # the image, an integer (label, hit), an empty cell: the same text
+                assert x == y, (n, column, x, y)
+    return pairs
+
+
 def single_process_evaluation(root: Path, datalist: Path) -> Path:
     """evaluate.yaml in this process, without the overlay, on the whole split; returns the report's folder."""
     wf = ConfigWorkflow(
@@ -250,8 +289,9 @@ def single_process_evaluation(root: Path, datalist: Path) -> Path:
 @pytest.mark.slow
 def test_two_gloo_processes_evaluate_like_one(tmp_path, split_setup):
     """`torchrun --nproc_per_node 2 -m monai.bundle run evaluating` with the overlay: metrics.json and metrics.csv
-    byte for byte those of one process (every number exactly: the rows are gathered in the split's order, so every
-    sum runs in the same order); each rank evaluated its block once; only rank 0 wrote files (each rank's eval_dir
+    those of one process (the same rows in the split's order, images, labels, counts and undefined cells; every
+    number within TOLERANCE, the rounding of the network's forward pass in another process); each rank evaluated its
+    block once; only rank 0 wrote files (each rank's eval_dir
     is its own folder here), printed the table and, with MLflow installed, made the one MLflow run."""
     root, datalist, items = split_setup
     try:
@@ -284,10 +324,14 @@ def test_two_gloo_processes_evaluate_like_one(tmp_path, split_setup):
     assert not (out / "rank1").exists()
     assert log.count("GLAM evaluation: test split, 7 images") == 1
 
-    # the files of one process, byte for byte
+    # the files of one process: the same rows, images, labels, counts and empty cells; numbers within TOLERANCE
     single = single_process_evaluation(root, datalist)
-    for name in ("metrics.json", "metrics.csv"):
-        assert (out / "rank0" / name).read_text() == (single / name).read_text(), name
+    pairs = report_numbers(out / "rank0", single)
+    differ = [(where, a, b) for where, a, b in pairs if a != b]
+    worst = max((abs(a - b) for _, a, b in differ), default=0.0)
+    print(f"{len(differ)} of {len(pairs)} numbers differ from one process's, by at most {worst:.3g}: {differ[:20]}")
+    assert len(pairs) > 100 and all(math.isfinite(a) for _, a, _ in pairs)
+    assert worst <= TOLERANCE, differ
     summary = json.loads((single / "metrics.json").read_text())
     assert summary["n_images"] == 7 and summary["n_breasts"] == 5 and summary["images_without_breast"] == 1
     for c in CLASSES:  # the compared numbers are defined, and not all trivial

@@ -1,6 +1,6 @@
 """What the evaluation report (:class:`~scripts.evaluation.report.MetricsReport`) writes and prints: the per-image
-CSV and the summary JSON (:func:`write_report_files`), and the summary as a plain-text table in the layout of the
-paper's Table 1 (:func:`format_table`)."""
+CSV and the summary JSON (:func:`write_report_files`), the images it could not score (:func:`write_unscored`), and
+the summary as a plain-text table in the layout of the paper's Table 1 (:func:`format_table`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from ..atomic import atomic_write
 from ..enums import LesionClass
 
-__all__ = ["write_report_files", "format_table"]
+__all__ = ["write_report_files", "write_unscored", "format_table"]
 
 
 def write_report_files(
@@ -30,6 +30,15 @@ def write_report_files(
         writer.writerows(rows)
     with atomic_write(json_path, "w") as f:
         f.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+
+
+def write_unscored(entries: Sequence[Mapping[str, str]], path: str | os.PathLike) -> None:
+    """``path``: one line per image the evaluation could not score (columns ``image``, ``reason``), the header alone
+    when it scored every image (so that no earlier run's list is left beside a new report); written atomically."""
+    with atomic_write(path, "w") as f:
+        writer = csv.DictWriter(f, fieldnames=["image", "reason"], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({"image": e["image"], "reason": e["reason"]} for e in entries)
 
 
 def _fmt(value: float | None, std: float | None = None) -> str:
@@ -85,6 +94,11 @@ def _group_line(widths: Sequence[int], n_classes: int) -> str:
 def _heading(summary: Mapping[str, Any], order: Sequence[str]) -> list[str]:
     """What was evaluated: split, image count, stage, checkpoint, lesion and label counts."""
     title = f"GLAM evaluation: {summary.get('split', 'split')} split, {summary['n_images']} images"
+    if summary.get("n_unscored"):
+        title += (
+            f" scored ({summary['n_unscored']} unscored image(s) skipped, in no number below: "
+            f"{summary.get('unscored_csv', 'unscored.csv')})"
+        )
     if summary.get("stage"):
         title += f", stage {summary['stage']}"
     lesions = ", ".join(f"{c} {summary['n_lesion_images'][c]}" for c in order)

@@ -407,8 +407,10 @@ def report_summary(
     class_names: Sequence[str],
     info: Mapping[str, Any],
     settings: Mapping[str, Any],
+    n_unscored: int = 0,
 ) -> dict[str, Any]:
-    """The summary (``metrics.json``): ``info``, counts, per class the classification AUC and the breast-level AUC
+    """The summary (``metrics.json``): ``info``, counts (``n_images`` the images scored, ``n_unscored`` those left
+    out: every count and number is over the scored ones), per class the classification AUC and the breast-level AUC
     (with the numbers of breasts and of images without a patient or laterality), per map and class the
     :data:`MAP_STATS` and ``"froc"`` (the sensitivity at each false-positive rate, keyed ``"0.25"`` ... ``"4"``),
     then ``settings`` (what the numbers depend on: PxAP step, tolerances, the CSV's name). Undefined values are
@@ -418,6 +420,7 @@ def report_summary(
     return {
         **info,
         "n_images": len(gathered.paths),
+        "n_unscored": int(n_unscored),
         "classes": names,
         "maps": list(gathered.maps),
         "n_lesion_images": {c: int(gathered.n_lesion[i]) for i, c in enumerate(names)},

@@ -4,9 +4,10 @@ rank evaluates, and the split's data check shared by the ranks.
 Each rank takes one contiguous block of the split (:func:`rank_block`: rank 0 the first images, rank 1 the next,
 ..., the first ``n % N`` ranks one image more), not the interleaved share of training's validation. The report's
 metric handlers gather their per-image values rank by rank, so with blocks the gathered rows are in the split's
-order, the order one process evaluates them in: ``metrics.csv`` is the same file, and every mean, standard
-deviation and AUC of ``metrics.json`` adds the same numbers in the same order (the pooled PxAP histograms and the
-FROC's counts are integers, summed exactly in any order).
+order, the order one process evaluates them in: ``metrics.csv`` has the same rows, and every mean, standard
+deviation and AUC of ``metrics.json`` adds the same per-image values in the same order (the pooled PxAP histograms
+and the FROC's counts are integers, summed exactly in any order). The per-image values themselves are each
+process's forward pass of the network, which may round an image differently from another process's.
 
 :func:`check_data_on_ranks` is evaluate.yaml's data check with the work shared: each rank reads the files of its
 block only, the ranks gather their findings, and every rank then raises the same error, naming every problem with

@@ -44,15 +44,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 from ignite.engine import Engine, Events
+from monai.utils import str2bool
 
-from ..distributed import rank
+from ..distributed import rank, world_size
 from ..enums import CLASS_NAMES, MAP_NAMES, STAGES, OutputKey
-from .files import format_table, write_report_files
+from .files import format_table, write_report_files, write_unscored
 from .metrics import MAP_STATS, ReportMetrics, per_image_rows, report_summary
+from .unscored import ScoredLoader
 
 __all__ = [
     "MetricsReport",
+    "UnscoredImagesError",
     "check_checkpoint",
     "eval_split_items",
     "run_evaluation",
@@ -64,6 +68,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 EVAL_SPLITS = ("validation", "test")
+#: the unscored images named in the log (all of them are in unscored.csv)
+_LOGGED_UNSCORED = 20
+
+
+class UnscoredImagesError(ValueError):
+    """Images of the split that the evaluation could not score, without ``skip_unscored``."""
 
 
 def check_checkpoint(path: str | os.PathLike, stage: str) -> str:
@@ -139,6 +149,11 @@ class MetricsReport:
         items: the evaluated datalist items: their ``patient_id``, ``laterality`` (and ``study``) name the breast of
             each image, matched by the image's path (None: every image is a breast of its own, unless the batch
             items carry those keys).
+        unscored: the evaluator's data (:class:`~scripts.evaluation.unscored.ScoredLoader`), whose markers name the
+            images it could not score; None: every image is scored.
+        skip_unscored: with images that could not be scored, report the others (the summary's ``n_unscored`` and the
+            table's heading count them) instead of raising :class:`UnscoredImagesError`. Either way they are written
+            to ``unscored.csv`` beside the report (with the header alone when there are none) and logged, on rank 0.
         check_values: let the metrics check score ranges and mask values (one host synchronisation per call).
         print_table: print the table to stdout at completion (rank 0).
         image_key, mask_key, score_key, label_key: keys of the decollated batch/output items.
@@ -158,6 +173,8 @@ class MetricsReport:
         froc_tolerance: float = 0.0,
         froc_max_candidates: int = 20,
         items: Sequence[Mapping[str, Any]] | None = None,
+        unscored: ScoredLoader | None = None,
+        skip_unscored: bool | str = False,
         check_values: bool = True,
         print_table: bool = True,
         image_key: str = "image",
@@ -178,6 +195,10 @@ class MetricsReport:
         self.froc_radius, self.froc_tolerance = int(froc_radius), float(froc_tolerance)
         self.froc_max_candidates = int(froc_max_candidates)
         self.items = list(items) if items is not None else None
+        self.unscored = unscored
+        self.skip_unscored = str2bool(str(skip_unscored))
+        #: the images not scored, every rank's, in the split's order (``{"image", "reason"}``)
+        self.unscored_images: list[dict[str, str]] = []
         self.check_values = bool(check_values)
         self.print_table = bool(print_table)
         self.image_key, self.mask_key, self.score_key, self.label_key = image_key, mask_key, score_key, label_key
@@ -195,6 +216,10 @@ class MetricsReport:
     @property
     def csv_path(self) -> Path:
         return self.output_dir / f"{self.prefix}.csv"
+
+    @property
+    def unscored_path(self) -> Path:
+        return self.output_dir / "unscored.csv"
 
     def reset(self) -> None:
         """Start a new evaluation: fresh metrics (the previous evaluation's handlers detached), no map chosen yet."""
@@ -222,7 +247,47 @@ class MetricsReport:
         engine.add_event_handler(Events.ITERATION_COMPLETED, self.update)
         # the AUCs into engine.state.metrics before the handlers attached after the report log the epoch (MLflow)
         engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: self.metrics.classify(e))
+        if self.unscored is not None:  # the images not scored, when the data ends
+            self.unscored.on_end = self.check_unscored
         engine.add_event_handler(Events.COMPLETED, self.complete)
+
+    def check_unscored(self, unscored: Sequence[Mapping[str, str]]) -> None:
+        """The images this rank could not score (``unscored``, at the end of its data), gathered from every rank into
+        :attr:`unscored_images`, written to ``unscored.csv`` and logged (rank 0); then, with any and without
+        ``skip_unscored``, :class:`UnscoredImagesError` on every rank. Collective under DDP: every rank calls it.
+
+        Raises:
+            UnscoredImagesError: images not scored, without ``skip_unscored``.
+            ValueError: a rank (or the only process) with no image scored: there is nothing to report.
+        """
+        mine = ([dict(e) for e in unscored], len(self.metrics.paths))
+        ranks = idist.all_gather(mine) if world_size() > 1 else [mine]
+        self.unscored_images = [entry for entries, _ in ranks for entry in entries]
+        n, n_scored = len(self.unscored_images), sum(count for _, count in ranks)
+        if rank() == 0:
+            write_unscored(self.unscored_images, self.unscored_path)
+            for entry in self.unscored_images[:_LOGGED_UNSCORED]:
+                logger.warning("unscored image %s: %s", entry["image"], entry["reason"])
+            if n > _LOGGED_UNSCORED:
+                logger.warning("... and %d more unscored image(s), in %s", n - _LOGGED_UNSCORED, self.unscored_path)
+        split = f"the {self.info['split']} split" if self.info.get("split") else "the split"
+        if n and not self.skip_unscored:
+            raise UnscoredImagesError(
+                f"{n} image(s) of {split} could not be scored, each with its reason in {self.unscored_path}: fix them "
+                "(or take them out of the datalist), or report the other images with --skip_unscored true"
+            )
+        empty = [r for r, (_, count) in enumerate(ranks) if count == 0]
+        if empty:
+            where = f"rank {empty[0]}'s block of {split} (run fewer processes)" if world_size() > 1 else split
+            raise ValueError(f"no image of {where} could be scored ({n} unscored, in {self.unscored_path})")
+        if n:
+            logger.warning(
+                "%d unscored image(s) skipped (skip_unscored), listed in %s: every number of the report is over the "
+                "other %d image(s)",
+                n,
+                self.unscored_path,
+                n_scored,
+            )
 
     def update(self, engine: Engine) -> None:
         """Add the iteration's decollated outputs (one dict is one image), with the batch's image paths."""
@@ -240,9 +305,11 @@ class MetricsReport:
             "froc_tolerance_px": self.froc_tolerance,
             "froc_max_candidates": self.froc_max_candidates,
             "per_image_csv": self.csv_path.name,
+            "unscored_csv": self.unscored_path.name,
+            "skip_unscored": self.skip_unscored,
         }
         return per_image_rows(gathered, self.class_names), report_summary(
-            gathered, self.class_names, self.info, settings
+            gathered, self.class_names, self.info, settings, n_unscored=len(self.unscored_images)
         )
 
     def complete(self, engine: Engine) -> None:

@@ -7,10 +7,11 @@ The per-image values ((N, C), NaN where an image has no lesion of a class) go to
 ``engine.state.metric_details[name]`` when ``save_details`` is on, for ``monai.handlers.MetricsSaver``.
 
 An epoch in which no image has a lesion of the selected class (or, for ``class_index=None``, of any class)
-leaves the metric undefined. The handler then publishes ``empty_value`` (default 0.0, the worst Dice/AP) and
-logs a warning: a NaN key metric would otherwise become MONAI's ``best_metric`` on the first epoch and, since
-every comparison with NaN is False, freeze model selection for the rest of training. With ``class_index=None``
-classes without a lesion image are left out of the mean rather than counted as 0.
+leaves the metric undefined (``n/a`` in the evaluation report). The handler then publishes ``empty_value`` (default
+0.0, the worst Dice/AP) and logs a warning saying both: a NaN key metric would otherwise become MONAI's
+``best_metric`` on the first epoch and, since every comparison with NaN is False, freeze model selection for the
+rest of training. With ``class_index=None`` classes without a lesion image are left out of the mean rather than
+counted as 0.
 """
 
 from __future__ import annotations
@@ -74,17 +75,21 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
                 raise ValueError(f"class_index={self.class_index} but the predictions have {len(per_class)} classes.")
             value = per_class[self.class_index]
             if math.isnan(value):
-                self._warn(
-                    f"{name}: no image of this epoch has a lesion of class {self.class_index}; "
-                    f"reporting empty_value={self.empty_value}."
-                )
-                return self.empty_value
+                return self._undefined(name, f"class {self.class_index}")
             return value
         defined = [v for v in per_class if not math.isnan(v)]
         if not defined:
-            self._warn(f"{name}: no image of this epoch has a lesion of any class; reporting {self.empty_value}.")
-            return self.empty_value
+            return self._undefined(name, "any class")
         return sum(defined) / len(defined)
+
+    def _undefined(self, name: str, what: str) -> float:
+        """Warn that the value is undefined, as the evaluation report shows it (n/a), and say what stands in for it
+        in ``engine.state.metrics``; return that (``empty_value``)."""
+        self._warn(
+            f"{name}: n/a (no image of this epoch has a lesion of {what}); engine.state.metrics holds "
+            f"empty_value={self.empty_value} in its place, which the logs and model selection see"
+        )
+        return self.empty_value
 
 
 class SoftDice(_ClassReducedMetricHandler):
