@@ -29,6 +29,7 @@ code); :func:`install_excepthook` prints them as ``error: <message>`` without th
 from __future__ import annotations
 
 import difflib
+import errno
 import inspect
 import logging
 import os
@@ -39,7 +40,7 @@ from typing import Any
 
 from monai.bundle import ConfigParser
 
-from .atomic import disk_full
+from .atomic import NO_ROOM_ERRNOS, disk_full
 
 __all__ = [
     "RUN_ARGUMENTS",
@@ -134,23 +135,25 @@ def _excepthook(previous):
 
 
 def disk_full_message(err: OSError) -> str:
-    """One line for a full disk (``ENOSPC``; :func:`scripts.atomic.disk_full`): the file being written (every
-    atomic write names it) and what is still there. A checkpoint (``.pt``): the last good checkpoint of its folder
-    (``last.pt``, which ``--resume true`` continues from, else the file itself: an atomic write leaves the previous
-    version whole, else the newest ``.pt``); another file: whether its previous version is unchanged."""
+    """One line for a write that found no room (a full disk, a full quota, the file size limit:
+    :func:`scripts.atomic.disk_full`): the file being written (every atomic write names it) and what is still there.
+    A checkpoint (``.pt``): the last good checkpoint of its folder (``last.pt``, which ``--resume true`` continues
+    from, else the file itself: an atomic write leaves the previous version whole, else the newest ``.pt``); another
+    file: whether its previous version is unchanged."""
+    what, fix = NO_ROOM_ERRNOS.get(err.errno, NO_ROOM_ERRNOS[errno.ENOSPC])  # also a quota, a file size limit
     if not err.filename:
-        return "no space left on device (free space on the output disk, then run again)"
+        return f"{what} ({fix.replace('that disk', 'the output disk')}, then run again)"
     target = Path(os.path.abspath(err.filename))
-    head = f"no space left on device writing {target}"
+    head = f"{what} writing {target}"
     if target.suffix != ".pt":
         kept = "its previous version is unchanged" if target.is_file() else "nothing was written to it"
-        return f"{head}; {kept} (free space on that disk, then run again)"
+        return f"{head}; {kept} ({fix}, then run again)"
     others = sorted(
         (p for p in target.parent.glob("*.pt") if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True
     )
     good = next((p for p in [target.parent / "last.pt", target, *others] if p.is_file()), None)
     kept = f"the last good checkpoint is {good}" if good else f"no checkpoint was written in {target.parent} yet"
-    return f"{head}; {kept} (free space on that disk, then continue with --resume true)"
+    return f"{head}; {kept} ({fix}, then continue with --resume true)"
 
 
 class _UserErrorTraceback(logging.Filter):

@@ -6,12 +6,23 @@ barriers attached to its engines) are in :mod:`scripts.training.distributed`.
 One process per device. The rank logic is PyTorch-Ignite's (``ignite.distributed``, the same view MONAI's metric
 gathering uses): the process group is joined through ``idist.initialize`` once per process and left through
 ``idist.finalize`` once at the end.
+
+A rank ends with its launcher: ``torchrun`` starts each worker in a session of its own, so a signal to the
+launcher's process group never reaches them, and a launcher killed outright (SIGKILL, out of memory, a scheduler's
+cancel) could not stop them itself; :func:`stop_with_launcher` makes the kernel kill a rank whose ``torchrun`` is
+gone (Ctrl-C and SIGTERM on ``torchrun`` already stop every rank: it forwards them).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
+import signal
+import sys
+import threading
+import time
 from datetime import timedelta
 
 import ignite.distributed as idist
@@ -28,6 +39,7 @@ __all__ = [
     "barrier",
     "destroy_distributed",
     "quiet_other_ranks",
+    "stop_with_launcher",
 ]
 
 logger = logging.getLogger(__name__)
@@ -84,6 +96,7 @@ def init_distributed(
     Raises:
         ValueError: the process was not started by ``torchrun`` (its environment variables are missing).
     """
+    stop_with_launcher()
     device = local_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -121,3 +134,37 @@ def quiet_other_ranks(level: int | str = logging.WARNING) -> None:
     """Raise the root logger's level on ranks other than 0 (their INFO lines repeat rank 0's)."""
     if rank() != 0:
         logging.getLogger().setLevel(level)
+
+
+#: prctl's option that sends a signal to this process when its parent ends (linux/prctl.h)
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_launcher(poll_s: float = 1.0) -> bool:
+    """Make this process end when its launcher does, under ``torchrun`` (``TORCHELASTIC_RUN_ID`` set); idempotent.
+
+    On Linux the kernel sends SIGKILL to the process when its parent, ``torchrun``, ends (``prctl`` with
+    ``PR_SET_PDEATHSIG``); elsewhere a daemon thread checks the parent every ``poll_s`` seconds. A parent that is gone
+    already (the process was handed to init) ends the process at once. A rank's DataLoader workers follow it.
+
+    Returns:
+        whether the watch was set (False outside ``torchrun``: a process started otherwise keeps running).
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or os.name != "posix":
+        return False
+    if getattr(stop_with_launcher, "parent", None) is not None:
+        return True
+    parent = os.getppid()
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform.startswith("linux") else None
+    if libc is None or libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(poll_s)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, name="stop-with-launcher", daemon=True).start()
+    if parent == 1:  # handed to init: the launcher ended before the watch was set
+        os.kill(os.getpid(), signal.SIGKILL)
+    stop_with_launcher.parent = parent  # type: ignore[attr-defined]
+    return True

@@ -18,7 +18,8 @@ writing into one output folder on a file system they share.
   process sorts them; an input that a failed rank did not reach is an errors.csv row ``NotRun``), writes
   timing.json with every rank's figures and the total, and the command fails naming the ranks that failed.
 
-A rank killed outright (SIGKILL, out of memory, a node lost) makes torchrun stop the others; the rows every rank
+A rank killed outright (SIGKILL, out of memory, a node lost) makes torchrun stop the others, and torchrun killed
+outright takes every rank with it (:func:`scripts.distributed.stop_with_launcher`); the rows every rank
 appended until then stay in its table, and the same command again takes them up before it plans (so do
 inference.yaml and any number of processes): nothing done is redone, nothing is lost or doubled.
 """

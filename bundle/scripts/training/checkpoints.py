@@ -4,6 +4,7 @@ the hand-over from the previous stage. The files are written by Ignite's ``Check
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ from ignite.handlers import Checkpoint, DiskSaver
 
 from ..atomic import atomic_write
 from ..distributed import rank
+from ..networks.settings import INFERENCE_CHOICES, SETTINGS_KEY, decode_settings
 from ..networks.weights import (
     as_flag,
     load_checkpoint_file,
@@ -116,6 +118,71 @@ def _on_cpu(obj: Any) -> Any:
         moved = [_on_cpu(v) for v in obj]
         return obj if all(m is v for m, v in zip(moved, obj)) else type(obj)(moved)
     return obj
+
+
+#: what a learning-rate scheduler restores from ``last.pt`` besides its settings: its position and bookkeeping
+_SCHEDULER_STATE = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial"})
+
+
+def _hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
+    """An optimizer param group's settings: all but its parameters and its current (scheduled) learning rate."""
+    return {k: v for k, v in group.items() if k not in ("params", "lr")}
+
+
+def _run_settings(save_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """The optimizer's and the scheduler's settings as this run configured them, before ``last.pt`` replaces them."""
+    settings: dict[str, Any] = {}
+    optimizer, scheduler = save_dict.get("optimizer"), save_dict.get("lr_scheduler")
+    if isinstance(optimizer, torch.optim.Optimizer):
+        settings["optimizer"] = [copy.deepcopy(_hyperparameters(g)) for g in optimizer.param_groups]
+    if scheduler is not None and hasattr(scheduler, "state_dict"):
+        state = scheduler.state_dict()
+        settings["lr_scheduler"] = copy.deepcopy({k: v for k, v in state.items() if k not in _SCHEDULER_STATE})
+    return settings
+
+
+def _use_run_settings(save_dict: Mapping[str, Any], configured: Mapping[str, Any]) -> list[str]:
+    """Put back every optimizer and scheduler setting of this run that ``last.pt`` replaced by another value (the
+    learning rate, the schedule's length...), and the learning rate the schedule gives at the restored epoch under
+    them; returns ``"name old -> new"`` for each (the learning rate once)."""
+    changes: list[str] = []
+    optimizer, scheduler = save_dict.get("optimizer"), save_dict.get("lr_scheduler")
+    for group, wanted in zip(getattr(optimizer, "param_groups", []), configured.get("optimizer", [])):
+        for key, value in wanted.items():
+            if group.get(key) != value:
+                name = "learning rate" if key == "initial_lr" else f"optimizer {key}"
+                changes.append(f"{name} {group.get(key)} -> {value}")
+                group[key] = value
+    wanted = configured.get("lr_scheduler", {})
+    for key, value in wanted.items():
+        if getattr(scheduler, key, value) != value:
+            if key != "base_lrs":  # the learning rate, said above
+                changes.append(f"lr_scheduler {key} {getattr(scheduler, key)} -> {value}")
+            setattr(scheduler, key, value)
+    changes = list(dict.fromkeys(changes))
+    if changes and hasattr(scheduler, "_get_closed_form_lr"):
+        lrs = scheduler._get_closed_form_lr()  # the schedule's value at the restored epoch, under the new settings
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["lr"] = lr
+        scheduler._last_lr = list(lrs)
+        changes.append(f"learning rate at epoch {scheduler.last_epoch} now {', '.join(f'{lr:.4g}' for lr in lrs)}")
+    return changes
+
+
+def _inference_choices_changed(network: Any, saved_state: Mapping[str, Any]) -> list[str]:
+    """The model settings that may differ from the checkpoint's (:data:`INFERENCE_CHOICES`: they change no weight)
+    and do, as ``"model <name> old -> new"``: training goes on with the new values. Every other model setting that
+    differs is refused when the network loads."""
+    module = getattr(network, "module", network)
+    record, current = saved_state.get(SETTINGS_KEY), getattr(module, "settings", None)
+    if not isinstance(record, torch.Tensor) or not isinstance(current, Mapping):
+        return []
+    saved = decode_settings(record)
+    return [
+        f"model {name} {saved[name]} -> {current[name]}"
+        for name in INFERENCE_CHOICES
+        if name in saved and name in current and saved[name] != current[name]
+    ]
 
 
 class CheckpointFiles(DiskSaver):
@@ -357,7 +424,11 @@ class StageCheckpointer:
                 raise ValueError(f"{name}: {err}") from err
 
     def _resume(self, engine: Engine) -> None:
-        """Restore every object of ``save_dict`` from ``last.pt``; the run keeps its own ``max_epochs``."""
+        """Restore every object of ``save_dict`` from ``last.pt``. The run keeps its own settings where they may
+        change on resume, with one line naming each that changed: the number of epochs, the optimizer's settings
+        (the learning rate...), the schedule's (its length...: the learning rate is then the schedule's at the
+        restored epoch under the new settings), the model's inference choices (``INFERENCE_CHOICES``); a model
+        setting that shapes the weights, or another number of iterations per epoch, is refused."""
         checkpoint = load_checkpoint_file(self.last_path, "checkpoint")
         if not isinstance(checkpoint, Mapping):
             raise ValueError(
@@ -379,6 +450,7 @@ class StageCheckpointer:
                 f"{epoch_length}: the training data, batch size or number of processes changed, so the run "
                 "cannot be continued exactly (start afresh without --resume)"
             )
+        configured = _run_settings(self.save_dict)
         for name, obj in self.save_dict.items():
             try:
                 Checkpoint.load_objects(to_load={name: obj}, checkpoint={name: checkpoint[name]}, strict=True)
@@ -391,6 +463,14 @@ class StageCheckpointer:
             )
         if max_epochs is not None:
             engine.state.max_epochs = max_epochs
+        saved_epochs = checkpoint["trainer"].get("max_epochs") if "trainer" in self.save_dict else None
+        changes = [f"epochs {saved_epochs} -> {max_epochs}"] if saved_epochs not in (None, max_epochs) else []
+        changes += _inference_choices_changed(self.save_dict["network"], checkpoint["network"])
+        changes += _use_run_settings(self.save_dict, configured)
+        if changes:
+            logger.warning(
+                "%s: settings changed on resume, the new values are used: %s", self.last_path, "; ".join(changes)
+            )
         logger.info("resumed from %s (epoch %d of %s)", self.last_path, engine.state.epoch, engine.state.max_epochs)
 
     def save_last(self, engine: Engine) -> None:

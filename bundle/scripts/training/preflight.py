@@ -2,8 +2,10 @@
 <scripts.training.workflow.GLAMTrainingWorkflow.run>` calls :func:`preflight_training` first): the command line
 (:func:`scripts.commands.check_command_line`); the per-stage options (``epochs``, ``learning_rate``,
 ``batch_size``) a number (every stage) or a dict with every stage to run (:func:`per_stage`); ``ckpt_root`` and
-``output_root`` writable; a stage folder holding the checkpoints of an unfinished run never silently overwritten
-(:func:`check_unfinished_run`: ``--resume true`` continues it, ``--overwrite true`` starts afresh)."""
+``output_root`` writable; ``ckpt_root`` locked for this run and cleared of the temporaries a killed save left
+(:func:`lock_run`: a second training into it, resumed or not, is refused naming the first); a stage folder holding
+the checkpoints of an unfinished run never silently overwritten (:func:`check_unfinished_run`: ``--resume true``
+continues it, ``--overwrite true`` starts afresh)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,15 @@ from typing import Any
 from monai.bundle import ConfigParser
 from monai.utils import str2bool
 
+from ..atomic import FolderLock, remove_temporaries
 from ..commands import UsageError, check_command_line, check_writable
+from ..distributed import rank
 from .checkpoints import read_record
 
-__all__ = ["PER_STAGE_OPTIONS", "per_stage", "check_unfinished_run", "preflight_training"]
+__all__ = ["PER_STAGE_OPTIONS", "RUN_LOCK", "per_stage", "lock_run", "check_unfinished_run", "preflight_training"]
+
+#: the lock file of a training run in its ``ckpt_root``
+RUN_LOCK = ".training.lock"
 
 #: the options that hold one value per stage ({global: ..., local: ..., joint: ...}) or one number for all
 PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size")
@@ -111,9 +118,37 @@ def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], re
         )
 
 
-def preflight_training(parser: ConfigParser) -> None:
+def lock_run(ckpt_root: str | os.PathLike) -> FolderLock | None:
+    """Rank 0 (the only process of a run without a process group) locks ``ckpt_root`` for this training run
+    (:class:`~scripts.atomic.FolderLock`, the file :data:`RUN_LOCK`), then removes the temporary files that a save
+    killed mid-write left in it and in its sub-folders (the stages'): the atomic writer's own names only, logged.
+
+    Returns:
+        the lock, held until its ``release`` (or the process's end); None on the other ranks (their rank 0 holds it).
+
+    Raises:
+        UsageError: another live training holds the folder (resumed or not): the line names its pid, host and start.
+    """
+    if rank() != 0:
+        return None
+    lock = FolderLock(ckpt_root, "training", name=RUN_LOCK)
+    try:
+        lock.acquire()
+    except BlockingIOError as err:
+        raise UsageError(
+            f"--ckpt_root {os.path.abspath(ckpt_root)} is in use by another training "
+            f"({FolderLock.describe(err.holder)}): wait for it to end, stop it, or pass another --ckpt_root"
+        ) from None
+    root = Path(ckpt_root)
+    for folder in [root, *sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())]:
+        remove_temporaries(folder)
+    return lock
+
+
+def preflight_training(parser: ConfigParser) -> FolderLock | None:
     """The checks of this module's docstring on the training workflow's merged configuration ``parser``, before
-    any work (:meth:`scripts.training.workflow.GLAMTrainingWorkflow.run`)."""
+    any work (:func:`scripts.training.workflow.run_training`). Returns the run's lock on ``ckpt_root``
+    (:func:`lock_run`), which the caller releases when the run ends."""
     from .stage import stages_to_run
 
     check_command_line()
@@ -125,9 +160,16 @@ def preflight_training(parser: ConfigParser) -> None:
     check_writable(
         ckpt_root=parser.get_parsed_content("ckpt_root"), output_root=parser.get_parsed_content("output_root")
     )
-    check_unfinished_run(
-        parser.get_parsed_content("ckpt_root"),
-        stages,
-        parser.get_parsed_content("resume"),
-        parser.get_parsed_content("overwrite") if "overwrite" in parser else False,
-    )
+    lock = lock_run(parser.get_parsed_content("ckpt_root"))
+    try:
+        check_unfinished_run(
+            parser.get_parsed_content("ckpt_root"),
+            stages,
+            parser.get_parsed_content("resume"),
+            parser.get_parsed_content("overwrite") if "overwrite" in parser else False,
+        )
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock

@@ -87,28 +87,30 @@ def run_training(parser: ConfigParser | None = None) -> list[Any]:
     built from the command line and the config files).
 
     In order: the process group joined when the configuration asks for one and none is joined yet (a
-    :class:`GLAMTrainingWorkflow` joined it in ``initialize``); the command line and the folders checked
-    (:func:`~scripts.training.preflight.preflight_training`); on a process group the ``rank_zero_first`` items
-    built by rank 0 first; the data checked (``check_datalist``); the stages (:func:`run_stages`); the process group
-    left if this call joined it. Returns one summary dict per stage (``stage``, ``best_metric``, ``best_epoch``,
-    ``model``)."""
+    :class:`GLAMTrainingWorkflow` joined it in ``initialize``); the command line and the folders checked, and
+    ``ckpt_root`` locked by rank 0 until the run ends (:func:`~scripts.training.preflight.preflight_training`); on a
+    process group the ``rank_zero_first`` items built by rank 0 first; the data checked (``check_datalist``); the
+    stages (:func:`run_stages`); the process group left if this call joined it. Returns one summary dict per stage
+    (``stage``, ``best_metric``, ``best_epoch``, ``model``)."""
     from ..commands import running_parser
     from .distributed import rank_zero_first
     from .preflight import preflight_training
 
     parser = running_parser() if parser is None else parser
-    joined = False
+    joined, lock = False, None
     if _distributed(parser) and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         _join_process_group(parser)
         joined = True
     try:
-        preflight_training(parser)
+        lock = preflight_training(parser)
         if _distributed(parser):
             rank_zero_first(parser, parser.get("rank_zero_first", ["datalist"]))
         if "check_datalist" in parser:
             parser.get_parsed_content("check_datalist")
         return run_stages(parser, str(parser.get_parsed_content("stage")))
     finally:
+        if lock is not None:
+            lock.release()
         if joined:
             destroy_distributed()
 
