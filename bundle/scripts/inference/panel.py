@@ -26,10 +26,13 @@ def _thumbnail(item: Mapping[str, Any], key: str) -> np.ndarray | None:
 
 
 def _mask_thumbnails(item: Mapping[str, Any]) -> np.ndarray | None:
-    """(C, h, w) thumbnails of the item's lesion masks (the datalist's ``mask_<class>``); None unless every class has
-    one."""
+    """(C, h, w) thumbnails of the item's ground truth (the datalist's ``mask_<class>`` files and its ``boxes``,
+    painted into the masks at loading), zeros for a class without one; None when no class has one."""
     masks = [_thumbnail(item, f"mask_{cls}") for cls in CLASS_NAMES]
-    return None if any(m is None for m in masks) else np.stack(masks)
+    if all(m is None for m in masks):
+        return None
+    shape = next(m.shape for m in masks if m is not None)
+    return np.stack([np.zeros(shape, np.float32) if m is None else m for m in masks])
 
 
 _SPACING_SOURCE_WORDS = {
@@ -67,7 +70,7 @@ def panel_title_lines(
         view = f"{facts['view']} ({facts.get('view_source', '')})" if facts.get("view") else "unknown"
         side = f"{facts['laterality']} ({facts.get('laterality_source', '')})" if facts.get("laterality") else "unknown"
         lines.append(f"pixel spacing {spacing} · view {view} · laterality {side}")
-    tiles = f"image{' + ground truth' if with_masks else ''} | " + " | ".join(maps)
+    tiles = f"image{' + ground truth (outlined in its class colour)' if with_masks else ''} | " + " | ".join(maps)
     share = str((facts or {}).get("breast_in_window", "") or "")
     holds = ""
     if share:
