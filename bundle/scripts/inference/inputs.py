@@ -98,9 +98,10 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
     """Every entry under ``folder`` whose name looks like an input, sorted by path: ``{"image": path}`` for a file to
     read, ``{"image": path, "error": "MammogramReadError: <path>: <problem>"}`` for any other entry with such a
     name; every other file is read when its first bytes are an image's (a DICOM export without a suffix), else
-    listed as skipped (``"NotAMammogram: <path>: skipped, not a mammogram: no image file ..."``). Hidden entries (a name starting with ".") are skipped; real sub-folders are searched (a folder named like
-    an image is both reported and searched), linked folders are not (a link could lead in a circle). A sub-folder
-    that cannot be listed is itself an error item (what it holds cannot be known). Folders in ``exclude`` (the run's
+    listed as skipped (``"NotAMammogram: <path>: skipped, not a mammogram: no image file ..."``). Hidden entries (a
+    name starting with ".") are skipped; real sub-folders are searched (a folder named like an image is both reported
+    and searched), linked folders are not (a link could lead in a circle). A sub-folder that cannot be listed is
+    itself an error item (what it holds cannot be known). Folders in ``exclude`` (the run's
     output folder, when it lies inside the input folder) are not searched, nor any folder holding a ``run.json`` (an
     inference run's output folder), nor, when ``folder`` itself is excluded (output folder = input folder), its
     ``maps``, ``panels`` and ``dicom`` sub-folders: a run must never take its own outputs for inputs."""

@@ -257,7 +257,8 @@ def _breast_of(row: Mapping[str, str]) -> tuple[tuple | None, str]:
     if row["patient_id"]:
         key = breast_key({"patient_id": row["patient_id"], "laterality": row["laterality"]})
         return key, "patient_id" if key else ""
-    exam = None if row.get("laterality_source", "") in _UNSTATED_LATERALITY else stated_exam(unescape_text(row["image"]))
+    stated = row.get("laterality_source", "") not in _UNSTATED_LATERALITY
+    exam = stated_exam(unescape_text(row["image"])) if stated else None
     if not exam or not row["laterality"]:
         return None, ""
     return breast_key({"patient_id": escape_text(exam[0]), "laterality": row["laterality"], "study": exam[1]}), exam[1]
