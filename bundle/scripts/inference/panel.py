@@ -16,8 +16,9 @@ import torch
 from ..enums import CLASS_NAMES, LesionClass
 from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from ..visualize import reading_panel
+from .files import bare_name
 
-__all__ = ["panel_title_lines", "add_title", "overlay_panel", "item_panel"]
+__all__ = ["shown_name", "panel_title_lines", "add_title", "overlay_panel", "item_panel"]
 
 
 def _thumbnail(item: Mapping[str, Any], key: str) -> np.ndarray | None:
@@ -33,6 +34,17 @@ def _mask_thumbnails(item: Mapping[str, Any]) -> np.ndarray | None:
         return None
     shape = next(m.shape for m in masks if m is not None)
     return np.stack([np.zeros(shape, np.float32) if m is None else m for m in masks])
+
+
+def shown_name(path: str, stem: str | None = None) -> str:
+    """The input as the panel's title names it: its file name, with the folders its output ``stem`` names before it
+    (``<patient>/<study>/<series>/1-1.dcm`` for the stem ``<patient>_<study>_<series>_1-1``,
+    :func:`~.files.input_names`)."""
+    parts = Path(path).parts
+    for k in range(1, len(parts)):
+        if stem == "_".join([*parts[-1 - k : -1], bare_name(path)]):
+            return "/".join(parts[-1 - k :])
+    return parts[-1] if parts else str(path)
 
 
 _SPACING_SOURCE_WORDS = {
@@ -165,6 +177,7 @@ def item_panel(
             "scripts.transforms.Thumbnaild after loading, as configs/inference.yaml has it)"
         )
     masks = _mask_thumbnails(item)
-    title = panel_title_lines(Path(path).name, scores, labels, list(maps), with_masks=masks is not None, facts=facts)
+    name = shown_name(path, item.get("output_stem"))
+    title = panel_title_lines(name, scores, labels, list(maps), with_masks=masks is not None, facts=facts)
     step = int(item.get(THUMBNAIL_STEP_KEY, 1))
     return overlay_panel(thumbnail, maps, boxes, masks, title, step, window=window)
