@@ -82,7 +82,7 @@ def panel_title_lines(
         view = f"{facts['view']} ({facts.get('view_source', '')})" if facts.get("view") else "unknown"
         side = f"{facts['laterality']} ({facts.get('laterality_source', '')})" if facts.get("laterality") else "unknown"
         lines.append(f"pixel spacing {spacing} · view {view} · laterality {side}")
-    tiles = f"image{' + ground truth (outlined in its class colour)' if with_masks else ''} | " + " | ".join(maps)
+    tiles = f"image{' + ground truth outlined' if with_masks else ''} | " + " | ".join(maps)
     share = str((facts or {}).get("breast_in_window", "") or "")
     holds = ""
     if share:
