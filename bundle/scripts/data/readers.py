@@ -61,11 +61,14 @@ __all__ = [
     "MAMMOGRAPHY_SOP_CLASSES",
     "MammogramReadError",
     "MammogramReader",
+    "NotAMammogram",
     "SUPPORTED_SUFFIXES",
     "dicom_laterality",
     "dicom_view",
     "file_format",
     "mammography_problem",
+    "not_a_mammogram",
+    "pixel_kind_problem",
     "orientation_view_laterality",
     "read_dicom_header",
     "read_mammogram",
@@ -80,6 +83,61 @@ NRRD_SUFFIXES = (".nrrd",)
 SUPPORTED_SUFFIXES = DICOM_SUFFIXES + PIL_SUFFIXES + NIFTI_SUFFIXES + ITK_SUFFIXES + NRRD_SUFFIXES
 
 GRAYSCALE_PIL_MODES = frozenset({"1", "L", "I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
+#: the plausible pixel sizes of a mammogram, mm (a stated spacing outside them says nothing of the file's extent)
+_PLAUSIBLE_SPACING_MM = (0.02, 1.0)
+# an image whose long side times this is under the model window's is a thumbnail; likewise in mm, with this
+_THUMBNAIL_FACTOR, _EXTENT_FRACTION = 5, 3
+
+
+class NotAMammogram(MammogramReadError):
+    """An input that is skipped because it is not a mammogram: no image at all, a binary image (a lesion mask), or
+    one too small to hold a breast at the model's scale (a thumbnail). Inference lists it in errors.csv, not scored."""
+
+
+def not_a_mammogram(path: str | os.PathLike, problem: str) -> NotAMammogram:
+    """The :class:`NotAMammogram` of ``path``: ``"<path>: skipped, not a mammogram: <problem>"``."""
+    return NotAMammogram(f"{path}: skipped, not a mammogram: {problem}", path=path, problem=problem)
+
+
+def pixel_kind_problem(
+    arr: np.ndarray,
+    spacing: Sequence[float] | None = None,
+    window: Sequence[int] | None = None,
+    model_spacing: float | None = None,
+) -> str | None:
+    """Why the pixels ``arr`` (H, W) are not a mammogram, or None.
+
+    An X-ray has hundreds to thousands of grey levels (8- to 16-bit): an image of at most two values is a mask or a
+    drawing. A mammogram is 1000 px and more on its long side at 0.05-0.2 mm (18 x 24 cm detectors and larger), and
+    a model's ``window`` (rows, cols) at its ``model_spacing`` (mm) holds a whole breast: an image whose long side is
+    under a fifth of the window's (its breast would be enlarged more than 5 times), or, when the file states a
+    plausible ``spacing`` (row, col mm) and the model has one, covers under a third of the window's long side in mm,
+    is a thumbnail or a detail (None: not checked)."""
+    lo, hi = float(arr.min()), float(arr.max())
+    if not np.any((arr != lo) & (arr != hi)):
+        values = f"{lo:g}" if lo == hi else f"{lo:g} and {hi:g}"
+        return f"its pixels take {1 + (hi != lo)} value(s) only ({values}): a mask or a drawing, not an X-ray"
+    if window is None:
+        return None
+    rows, cols = (int(v) for v in arr.shape[-2:])
+    window_long = max(int(v) for v in window)
+    if max(rows, cols) * _THUMBNAIL_FACTOR < window_long:
+        return (
+            f"{rows} x {cols} px: its long side is under a fifth of the model's {window_long} px window (the breast "
+            f"would be enlarged more than {_THUMBNAIL_FACTOR} times): a thumbnail"
+        )
+    low, high = _PLAUSIBLE_SPACING_MM
+    stated = spacing is not None and len(spacing) == 2 and all(low <= float(s) <= high for s in spacing)
+    if model_spacing is not None and stated:
+        long_mm = max(rows * float(spacing[0]), cols * float(spacing[1]))
+        window_mm = window_long * float(model_spacing)
+        if long_mm * _EXTENT_FRACTION < window_mm:
+            return (
+                f"{rows} x {cols} px at the stated {float(spacing[0]):g} x {float(spacing[1]):g} mm covers "
+                f"{long_mm:.0f} mm on its long side, under a third of the model's {window_mm:.0f} mm window: a "
+                "thumbnail or a detail"
+            )
+    return None
 
 
 def _sniff_format(path: str | os.PathLike) -> str | None:
@@ -428,6 +486,11 @@ class MammogramReader(ImageReader):
         allow_empty: accept all-zero arrays (default: only for masks).
         accept_non_mammography: read DICOMs that are not mammograms (default: refused with the reason).
         max_pixels: decoded-size cap in pixels (default :data:`DEFAULT_MAX_PIXELS`; None: no cap).
+        kind_checks: refuse images whose pixels are not a mammogram's (:func:`pixel_kind_problem`: a binary image;
+            with ``window``, a thumbnail) with :class:`NotAMammogram`; inference's reader does, where a folder may
+            hold masks and previews beside the films.
+        window, model_spacing: the model's window (rows, cols) and pixel spacing (mm; None: unknown) that the
+            thumbnail rule of ``kind_checks`` measures an image against.
     """
 
     def __init__(
@@ -438,6 +501,9 @@ class MammogramReader(ImageReader):
         allow_empty: bool | None = None,
         accept_non_mammography: bool = False,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        kind_checks: bool = False,
+        window: Sequence[int] | None = None,
+        model_spacing: float | Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         self.mask = mask
@@ -446,6 +512,9 @@ class MammogramReader(ImageReader):
         self.allow_empty = mask if allow_empty is None else allow_empty
         self.accept_non_mammography = accept_non_mammography
         self.max_pixels = max_pixels
+        self.kind_checks = kind_checks
+        self.window = None if window is None else tuple(int(v) for v in ensure_tuple(window))
+        self.model_spacing = None if model_spacing is None else float(np.mean(ensure_tuple(model_spacing)))
 
     def verify_suffix(self, filename: Sequence[str | os.PathLike] | str | os.PathLike) -> bool:
         """Known suffixes, and suffix-less files (DICOM folders export those), are accepted."""
@@ -467,6 +536,10 @@ class MammogramReader(ImageReader):
             accept_non_mammography=self.accept_non_mammography,
             max_pixels=self.max_pixels,
         )
+        if self.kind_checks and not self.mask:
+            problem = pixel_kind_problem(arr, meta.get("spacing"), self.window, self.model_spacing)
+            if problem:
+                raise not_a_mammogram(img.path, problem)
         spacing = meta.get("spacing")
         affine = meta.get("affine")
         if affine is None:

@@ -4,7 +4,9 @@
   that must come back onto its file;
 - :class:`StagedFiles`: one image's files, written under temporary names and renamed into place together, then
   recorded in the image's manifest (``manifests/<stem>.json``: each file's size and the SHA-256 of its last bytes);
-- :func:`files_are_complete`: whether an image's files are the ones its manifest records (what a rerun skips).
+- :func:`files_are_complete`: whether an image's files are the ones its manifest records (what a rerun skips);
+- :func:`input_names`: the name each input's stem starts from (its file name, with the folders that tell it apart
+  when the name alone does not).
 
 The files themselves are written by the steps of an image's outputs: :mod:`.maps`, :mod:`.panel`, :mod:`.dicom`.
 """
@@ -14,12 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write, move_into_place
+from ..data.readers import SUPPORTED_SUFFIXES
 from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
 from .dicom import DICOM_OUTPUT_MODES
 
@@ -35,6 +39,8 @@ __all__ = [
     "file_record",
     "files_are_complete",
     "StagedFiles",
+    "bare_name",
+    "input_names",
 ]
 
 #: temporary files of this module start with this; :func:`is_temporary` also knows ``atomic_write``'s
@@ -45,6 +51,8 @@ MAPS_DIR, PANELS_DIR, DICOM_DIR = "maps", "panels", "dicom"
 MANIFESTS_DIR = "manifests"
 #: a manifest hashes this many bytes at the end of each file: a torn or zero-filled end is seen by reading one block
 TAIL_BYTES = 4096
+# a file name that says nothing of its image: digits only (TCIA's "1-1", an instance number, a DICOM UID)
+_GENERIC_NAME = re.compile(r"^[0-9]+([-_.][0-9]+)*$")
 
 
 def is_temporary(name: str) -> bool:
@@ -215,3 +223,42 @@ class StagedFiles:
         for tmp, _, _ in self._staged:
             tmp.unlink(missing_ok=True)
         self._staged = []
+
+
+# -- the names of the inputs -----------------------------------------------------------------------------------------
+def bare_name(path: str) -> str:
+    """A file's name without its supported suffix (``.nii.gz`` as one; another suffix is kept)."""
+    name = os.path.basename(path)
+    for suffix in sorted(SUPPORTED_SUFFIXES, key=len, reverse=True):  # ".nii.gz" before ".gz"
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def input_names(paths: Sequence[str]) -> dict[str, str]:
+    """``path -> name`` an input's output stem starts from: its :func:`bare_name`, led by its folders (joined by
+    ``_``) when the name alone does not tell the input apart: below the folder the inputs of that name (ignoring
+    case) share, when they lie in several folders (TCIA's layout names every film ``1-1.dcm`` in a folder per
+    patient, study and series: ``Mass-Training_P_00001_LEFT_CC_<study>_<series>_1-1``), and its own folder's name
+    for a name of digits only (``<series>_1-1``). Inputs of one name in one folder stay apart by the stem's
+    ``_2``, ``_3``."""
+    bare = {path: bare_name(path) for path in paths}
+    folders: dict[str, set[str]] = {}
+    for path in paths:
+        folders.setdefault(bare[path].casefold(), set()).add(os.path.dirname(path))
+    names = {}
+    for path in paths:
+        shared = folders[bare[path].casefold()]
+        base = None
+        if len(shared) > 1:
+            try:
+                base = os.path.commonpath(sorted(shared))
+            except ValueError:  # absolute and relative paths, or other drives: no common folder
+                base = None
+        elif _GENERIC_NAME.match(bare[path]):
+            base = os.path.dirname(os.path.dirname(path))
+        folder = os.path.dirname(path)
+        relative = os.path.relpath(folder, base or os.curdir) if base is not None and folder else os.curdir
+        lead = [] if relative == os.curdir else relative.split(os.sep)
+        names[path] = "_".join([*lead, bare[path]])
+    return names

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write
-from ..data.readers import SUPPORTED_SUFFIXES
 from ..networks.weights import as_flag
 from .files import (
     DICOM_DIR,
@@ -41,6 +40,7 @@ from .files import (
     TEMPORARY_PREFIX,
     OutputSelection,
     files_are_complete,
+    input_names,
     is_temporary,
     manifest_name,
 )
@@ -95,13 +95,6 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _strip_suffix(name: str) -> str:
-    for suffix in sorted(SUPPORTED_SUFFIXES, key=len, reverse=True):  # ".nii.gz" before ".gz"
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 #: what an output's file name adds to its stem at most: the temporary prefix ``.tmp-<pid>-`` (13 bytes with a 7-digit
 #: pid) and ``_S_c_malignant.png`` (18), or atomic_write's ``.<name>.<8 random>.tmp`` around ``_map.dcm`` (22); and
 #: the ``_<n>`` that keeps stems apart, with room to spare
@@ -136,18 +129,19 @@ def _fitted(name: str, limit: int) -> str:
 
 def assign_stems(paths: Sequence[str], taken: Mapping[str, str], limit: int | None = None) -> dict[str, str]:
     """``path -> stem`` for every input: the stem the folder already has for it (``taken``: path -> stem), else its
-    file name without the suffix, shortened to ``limit`` bytes when longer (:func:`_fitted`; default
+    file name without the suffix, led by the folders that tell it apart when the name alone does not
+    (:func:`~.files.input_names`), shortened to ``limit`` bytes when longer (:func:`_fitted`; default
     :func:`stem_limit`: every output's file name then fits the file system), made unique (ignoring case, for
     case-insensitive file systems) against every stem of the folder and of this run by ``_2``, ``_3``, ... in the
     order of ``paths``."""
     limit = stem_limit() if limit is None else int(limit)
     used = {stem.casefold() for stem in taken.values()}
-    stems = {}
+    stems, names = {}, input_names(paths)
     for path in paths:
         if path in taken:
             stems[path] = taken[path]
             continue
-        name = "".join(_STEM_UNSAFE.get(ch, ch) for ch in _strip_suffix(os.path.basename(path))) or "image"
+        name = "".join(_STEM_UNSAFE.get(ch, ch) for ch in names[path]) or "image"
         name = "".join(ch if ch.isprintable() or 0xDC80 <= ord(ch) <= 0xDCFF else "_" for ch in name)
         name = _fitted(name, limit)
         stem, n = name, 2

@@ -4,7 +4,8 @@ dataset that turns an input that cannot be read into an error record instead of 
 - :func:`inference_items`: every entry of the input folder whose name looks like an image (a supported suffix) is an
   item: regular files (and links to them) to be read, and every other kind of entry with that name (a dangling link,
   a link loop, a folder, a FIFO, a folder that cannot be listed) as an item that carries its error, so that it gets
-  its row in errors.csv like a file that fails to decode;
+  its row in errors.csv like a file that fails to decode; a file of another name is read when its first bytes are an
+  image's, else it is listed as skipped (no image file);
 - :class:`SafeDataset`: loads and preprocesses an item, or returns the error record (timed: ``load_s``);
 - :func:`collate_inference`: a batch of the good images stacked, the error records carried along.
 """
@@ -23,7 +24,14 @@ import torch
 from monai.data import DataLoader, Dataset
 
 from ..data.datalist import load_datalist, resolve_paths
-from ..data.readers import DEFAULT_MAX_PIXELS, SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError
+from ..data.readers import (
+    DEFAULT_MAX_PIXELS,
+    SUPPORTED_SUFFIXES,
+    MammogramReader,
+    MammogramReadError,
+    file_format,
+    not_a_mammogram,
+)
 from ..enums import Stage
 from ..handlers.throughput import LOAD_SECONDS_KEY
 from ..networks.weights import as_flag
@@ -59,6 +67,14 @@ def _entry_error(path: str, problem: str) -> dict[str, str]:
     return error_record(path, MammogramReadError(f"{path}: {problem}", path=path, problem=problem))
 
 
+#: the reason of a file that is no image (errors.csv)
+NO_IMAGE_FILE = "no image file (neither its suffix nor its first bytes are of a supported type)"
+
+
+def _skipped(path: str) -> dict[str, str]:
+    return error_record(path, not_a_mammogram(path, NO_IMAGE_FILE))
+
+
 def _classify(entry: os.DirEntry) -> str | None:
     """None for an entry to read (a regular file, or a link to one); otherwise what is wrong with it."""
     try:
@@ -81,9 +97,11 @@ def _classify(entry: os.DirEntry) -> str | None:
 def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.PathLike] = ()) -> list[dict[str, str]]:
     """Every entry under ``folder`` whose name looks like an input, sorted by path: ``{"image": path}`` for a file to
     read, ``{"image": path, "error": "MammogramReadError: <path>: <problem>"}`` for any other entry with such a
-    name. Hidden entries (a name starting with ".") are skipped; real sub-folders are searched (a folder named like
-    an image is both reported and searched), linked folders are not (a link could lead in a circle). A sub-folder
-    that cannot be listed is itself an error item (what it holds cannot be known). Folders in ``exclude`` (the run's
+    name; every other file is read when its first bytes are an image's (a DICOM export without a suffix), else
+    listed as skipped (``"NotAMammogram: <path>: skipped, not a mammogram: no image file ..."``). Hidden entries (a
+    name starting with ".") are skipped; real sub-folders are searched (a folder named like an image is both reported
+    and searched), linked folders are not (a link could lead in a circle). A sub-folder that cannot be listed is
+    itself an error item (what it holds cannot be known). Folders in ``exclude`` (the run's
     output folder, when it lies inside the input folder) are not searched, nor any folder holding a ``run.json`` (an
     inference run's output folder), nor, when ``folder`` itself is excluded (output folder = input folder), its
     ``maps``, ``panels`` and ``dicom`` sub-folders: a run must never take its own outputs for inputs."""
@@ -95,6 +113,7 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
     pending = [root]
     while pending:
         current = pending.pop()
+        at_output_root = current == root and os.path.realpath(root) in excluded  # its own tables are no inputs
         try:
             with os.scandir(current) as listing:
                 entries = list(listing)
@@ -115,7 +134,11 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
                     items.append(_entry_error(entry.path, "a folder, not an image file (its contents are searched)"))
                 continue
             if not named_like_input:
-                continue
+                if at_output_root or not entry.is_file():
+                    continue
+                if file_format(entry.path) is None:  # a file whose first bytes are an image's is read (DICOM exports)
+                    items.append(_skipped(entry.path))
+                    continue
             problem = _classify(entry)
             items.append({"image": entry.path} if problem is None else _entry_error(entry.path, problem))
     return sorted(items, key=lambda item: item["image"])
@@ -150,22 +173,31 @@ def inference_items(
     if not folder.is_dir():
         raise ValueError(f"input_dir {str(folder)!r} is not a folder")
     items = scan_input_folder(folder, exclude=[output_dir] if output_dir else [])
-    if not items:
+    if all(NO_IMAGE_FILE in item.get(ERROR_KEY, "") for item in items):
         raise ValueError(f"input_dir {str(folder)!r} holds no file of a supported type {SUPPORTED_SUFFIXES}")
     return items
 
 
 def inference_reader(
-    apply_voi: bool = True, accept_non_mammography: bool = False, max_pixels: int | None = DEFAULT_MAX_PIXELS
+    apply_voi: bool = True,
+    accept_non_mammography: bool = False,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    window: Sequence[int] | None = None,
+    pixel_spacing: float | Sequence[float] | None = None,
 ) -> MammogramReader:
     """The reader of inference's images: :class:`~scripts.data.readers.MammogramReader` with ``apply_voi``. A file
-    that is not a mammogram is refused by the reader (an errors.csv row naming the reason) unless
-    ``accept_non_mammography``; a file whose header states more than ``max_pixels`` pixels is refused before it is
-    decoded (None: no cap)."""
+    that is not a mammogram is skipped by the reader (an errors.csv row naming the reason: a DICOM of another
+    modality, a binary image such as a lesion mask, an image too small for the model's ``window`` at its
+    ``pixel_spacing``, :func:`~scripts.data.readers.pixel_kind_problem`) unless ``accept_non_mammography``; a file
+    whose header states more than ``max_pixels`` pixels is refused before it is decoded (None: no cap)."""
+    accept = as_flag(accept_non_mammography, "accept_non_mammography")
     return MammogramReader(
         apply_voi=bool(apply_voi),
-        accept_non_mammography=as_flag(accept_non_mammography, "accept_non_mammography"),
+        accept_non_mammography=accept,
         max_pixels=None if max_pixels is None else int(max_pixels),
+        kind_checks=not accept,
+        window=window,
+        model_spacing=pixel_spacing,
     )
 
 

@@ -16,8 +16,9 @@ import torch
 from ..enums import CLASS_NAMES, LesionClass
 from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from ..visualize import reading_panel
+from .files import bare_name
 
-__all__ = ["panel_title_lines", "add_title", "overlay_panel", "item_panel"]
+__all__ = ["shown_name", "panel_title_lines", "add_title", "overlay_panel", "item_panel"]
 
 
 def _thumbnail(item: Mapping[str, Any], key: str) -> np.ndarray | None:
@@ -26,10 +27,24 @@ def _thumbnail(item: Mapping[str, Any], key: str) -> np.ndarray | None:
 
 
 def _mask_thumbnails(item: Mapping[str, Any]) -> np.ndarray | None:
-    """(C, h, w) thumbnails of the item's lesion masks (the datalist's ``mask_<class>``); None unless every class has
-    one."""
+    """(C, h, w) thumbnails of the item's ground truth (the datalist's ``mask_<class>`` files and its ``boxes``,
+    painted into the masks at loading), zeros for a class without one; None when no class has one."""
     masks = [_thumbnail(item, f"mask_{cls}") for cls in CLASS_NAMES]
-    return None if any(m is None for m in masks) else np.stack(masks)
+    if all(m is None for m in masks):
+        return None
+    shape = next(m.shape for m in masks if m is not None)
+    return np.stack([np.zeros(shape, np.float32) if m is None else m for m in masks])
+
+
+def shown_name(path: str, stem: str | None = None) -> str:
+    """The input as the panel's title names it: its file name, with the folders its output ``stem`` names before it
+    (``<patient>/<study>/<series>/1-1.dcm`` for the stem ``<patient>_<study>_<series>_1-1``,
+    :func:`~.files.input_names`)."""
+    parts = Path(path).parts
+    for k in range(1, len(parts)):
+        if stem == "_".join([*parts[-1 - k : -1], bare_name(path)]):
+            return "/".join(parts[-1 - k :])
+    return parts[-1] if parts else str(path)
 
 
 _SPACING_SOURCE_WORDS = {
@@ -67,7 +82,7 @@ def panel_title_lines(
         view = f"{facts['view']} ({facts.get('view_source', '')})" if facts.get("view") else "unknown"
         side = f"{facts['laterality']} ({facts.get('laterality_source', '')})" if facts.get("laterality") else "unknown"
         lines.append(f"pixel spacing {spacing} · view {view} · laterality {side}")
-    tiles = f"image{' + ground truth' if with_masks else ''} | " + " | ".join(maps)
+    tiles = f"image{' + ground truth outlined' if with_masks else ''} | " + " | ".join(maps)
     share = str((facts or {}).get("breast_in_window", "") or "")
     holds = ""
     if share:
@@ -162,6 +177,7 @@ def item_panel(
             "scripts.transforms.Thumbnaild after loading, as configs/inference.yaml has it)"
         )
     masks = _mask_thumbnails(item)
-    title = panel_title_lines(Path(path).name, scores, labels, list(maps), with_masks=masks is not None, facts=facts)
+    name = shown_name(path, item.get("output_stem"))
+    title = panel_title_lines(name, scores, labels, list(maps), with_masks=masks is not None, facts=facts)
     step = int(item.get(THUMBNAIL_STEP_KEY, 1))
     return overlay_panel(thumbnail, maps, boxes, masks, title, step, window=window)

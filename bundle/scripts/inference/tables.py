@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write
+from ..data.header_facts import file_suffix, text_view_laterality
+from ..data.readers import SUPPORTED_SUFFIXES
 from ..enums import CLASS_NAMES
 from ..metrics.breasts import breast_key, group_breasts
 
@@ -40,6 +42,7 @@ __all__ = [
     "BREAST_COLUMNS",
     "BREAST_TABLE_COLUMNS",
     "breast_rows",
+    "stated_exam",
     "input_fingerprint",
     "escape_text",
     "unescape_text",
@@ -97,7 +100,7 @@ PREDICTION_COLUMNS += [*FACT_COLUMNS, *FINGERPRINT_COLUMNS, *BREAST_COLUMNS]
 # the columns whose cells are free text (escaped and neutralised); the others are numbers this module formats
 _TEXT_COLUMNS = frozenset(
     {"image", "output_stem", ERROR_KEY, NOTE_KEY, FILES_KEY, "laterality", "laterality_source", "view", "view_source"}
-    | {"spacing_source", "patient_id", "views", "inputs"}
+    | {"spacing_source", "patient_id", "views", "inputs", "grouped_by"}
 )
 #: breasts.csv: one row per breast (:func:`breast_rows`)
 BREAST_TABLE_COLUMNS = [
@@ -107,8 +110,11 @@ BREAST_TABLE_COLUMNS = [
     "images",
     *(f"prob_{c}" for c in CLASS_NAMES),
     "inputs",
+    "grouped_by",
     NOTE_KEY,
 ]
+#: the laterality sources that do not state one (predictions.csv's laterality_source): read from the pixels, or none
+_UNSTATED_LATERALITY = ("", "image", "unknown")
 #: the views a screening exam takes of each breast: a breast without one of them is noted
 SCREENING_VIEWS = ("CC", "MLO")
 # first characters that make a spreadsheet evaluate a cell (OWASP "CSV injection"), and the quote that marks them
@@ -221,14 +227,54 @@ def prediction_row(
     }
 
 
+def stated_exam(path: str) -> tuple[str, str] | None:
+    """The exam a file's name states, ``(exam, "file name" | "folder")``, or None: its name without the suffix and
+    without the tokens that name the view or the side (:func:`~scripts.data.header_facts.text_view_laterality`'s
+    tokens: ``0_L-CC`` -> ``0``, ``SYN00012_R_MLO`` -> ``SYN00012``), in its folder; the folder alone when the name
+    holds nothing else (``L_CC.png``: one exam per folder). A name without such tokens states no exam. The other
+    tokens are joined by ``_``."""
+    name = os.path.basename(path)
+    suffix = file_suffix(name)
+    stem = name[: -len(suffix)] if suffix in SUPPORTED_SUFFIXES and name.lower().endswith(suffix) else name
+    tokens = re.split(r"[^A-Za-z0-9]+", stem)
+    naming = [
+        text_view_laterality(token) != (None, None)
+        or (token.upper() in ("L", "R") and any(text_view_laterality(t)[0] for t in tokens[max(i - 1, 0) : i + 2]))
+        for i, token in enumerate(tokens)
+    ]
+    if not any(naming):
+        return None
+    kept = [token for token, names in zip(tokens, naming) if not names and token]
+    folder = os.path.dirname(path)
+    if not kept:
+        return folder, "folder"
+    return os.path.join(folder, "_".join(kept)), "file name"
+
+
+def _breast_of(row: Mapping[str, str]) -> tuple[tuple | None, str]:
+    """A predictions.csv row's breast key and what grouped it: its ``patient_id``; else, with a laterality the file
+    or the datalist states, the exam its file's name states (:func:`stated_exam`); else none (a breast of its own)."""
+    if row["patient_id"]:
+        key = breast_key({"patient_id": row["patient_id"], "laterality": row["laterality"]})
+        return key, "patient_id" if key else ""
+    stated = row.get("laterality_source", "") not in _UNSTATED_LATERALITY
+    exam = stated_exam(unescape_text(row["image"])) if stated else None
+    if not exam or not row["laterality"]:
+        return None, ""
+    return breast_key({"patient_id": escape_text(exam[0]), "laterality": row["laterality"], "study": exam[1]}), exam[1]
+
+
 def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
-    """breasts.csv's rows from predictions.csv's (cells as stored): the images of one (patient_id, laterality) are one
-    breast (:func:`~scripts.metrics.breasts.breast_key`), its scores the mean of its images' (as the breast-level
-    AUC of the evaluation), its ``views`` the distinct views seen (``;``-separated, sorted) and ``inputs`` its
-    images. ``note`` states a breast without a CC or an MLO view, images of unknown view, and an image without a
-    patient ID or a laterality (a breast of its own, its row's key cells empty). Sorted by patient, then
-    laterality, the images of their own last."""
-    keys = [breast_key({"patient_id": r["patient_id"], "laterality": r["laterality"]}) for r in predictions]
+    """breasts.csv's rows from predictions.csv's (cells as stored): the images of one exam and laterality are one
+    breast (:func:`~scripts.metrics.breasts.breast_key`), the exam the row's ``patient_id`` (the datalist's or the
+    file's) or else, for a laterality the file or the datalist states, the one its file name states
+    (:func:`stated_exam`; ``grouped_by`` says which: ``patient_id``, ``file name`` or ``folder``, the exam in the
+    ``patient_id`` cell); its scores the mean of its images' (as the breast-level AUC of the evaluation), its
+    ``views`` the distinct views seen (``;``-separated, sorted) and ``inputs`` its images. ``note`` states a breast
+    without a CC or an MLO view, images of unknown view, and an image without an exam or a laterality (a breast of
+    its own, its row's key cells empty). Sorted by patient, then laterality, the images of their own last."""
+    keyed = [_breast_of(r) for r in predictions]
+    keys = [key for key, _ in keyed]
     groups, _ = group_breasts(keys)
     rows = []
     for group in groups:
@@ -253,6 +299,7 @@ def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]
                 "images": len(images),
                 **{f"prob_{c}": f"{sum(float(r[f'prob_{c}']) for r in images) / len(images):.6f}" for c in CLASS_NAMES},
                 "inputs": ";".join(r["image"] for r in images),
+                "grouped_by": keyed[group[0]][1],
                 NOTE_KEY: "; ".join(notes),
             }
         )
