@@ -90,11 +90,6 @@ def film(
         if view == "MLO":
             tissue = tissue + 600 * (cols < 0.6 * 0.36 * 0.93 * h * (1 - rows / h / 0.45))
         image = np.where(mask, np.where(inner, tissue, 900 + rng.integers(0, 400, size=(h, w))), image)
-    size = int(0.045 * h)
-    if lettering:
-        text = ("L" if laterality == "L" else "R") + ("CC" if view == "CC" else "MLO")
-        _letters(image, int(0.04 * h), int(0.68 * w), size, text, WHITE)  # the corner opposite the breast
-        _letters(image, int(0.945 * h), int(0.03 * w), size, text[:2], WHITE)  # under the breast, chest wall's side
     if ruler:
         strip = (slice(int(0.1 * h), int(0.9 * h)), slice(w - int(0.03 * w), w))
         image[strip] = 3000
@@ -103,7 +98,13 @@ def film(
     if clips and breast:
         _disc(image, (0.45 * h, 0.2 * w), 0.01 * h, WHITE)
         _disc(image, (0.28 * h, 0.5 * w), 0.01 * h, WHITE)
-    image = np.clip(np.rint(image), 1, WHITE).astype(np.uint16)
     if laterality == "R":
-        return np.ascontiguousarray(image[:, ::-1]), np.ascontiguousarray(mask[:, ::-1])
-    return image, mask
+        image, mask = np.ascontiguousarray(image[:, ::-1]), np.ascontiguousarray(mask[:, ::-1])
+    if lettering:  # readable on either side: drawn after the mirroring
+        size = int(0.045 * h)
+        text = ("L" if laterality == "L" else "R") + ("CC" if view == "CC" else "MLO")
+        for top, left, letters in ((0.04, 0.68, text), (0.945, 0.03, text[:2])):  # opposite; under the breast
+            if laterality == "R":
+                left = 1 - left - len(letters) * 0.7 * 1.3 * size / w
+            _letters(image, int(top * h), int(left * w), size, letters, WHITE)
+    return np.clip(np.rint(image), 1, WHITE).astype(np.uint16), mask

@@ -185,7 +185,7 @@ def tissue_note(item: Mapping[str, Any]) -> str | None:
         return None
     return (
         f"the authors' {' and '.join(parts)} (the opened mask of pixels > 0) did not hold the breast: "
-        f"the {' and '.join(parts)} were placed on the largest tissue region instead"
+        f"the {' and '.join(parts)} {'was' if len(parts) == 1 else 'were'} placed on the largest tissue region instead"
     )
 
 
