@@ -55,6 +55,8 @@ BREAST_IN_WINDOW = "breast_in_window"
 MIN_BREAST_IN_WINDOW = 0.5
 # item key: whether a tissue region large enough to be a breast was found (set with BREAST_IN_WINDOW)
 _BREAST_FOUND = "breast_found"
+# item key: the share of the breast a window of the model's size can hold (below 1 for a breast larger than it)
+_BREAST_REACHABLE = "breast_reachable"
 # the crop's iterations when the metadata does not record them (the authors')
 _DEFAULT_ITERATIONS = 100
 
@@ -116,22 +118,38 @@ def breast_in_window(item: Mapping[str, Any]) -> float | None:
         return item[BREAST_IN_WINDOW]
     meta = _meta(item.get("image"))
     thumbnail = item.get(f"image{THUMBNAIL_SUFFIX}")
-    share, found = None, None
+    share, found, reachable = None, None, 1.0
     if thumbnail is not None and "window_start" in meta and "crop_box" in meta and "spatial_shape" in meta:
         picture = np.asarray(torch.as_tensor(thumbnail).detach().cpu().numpy())
         mask, k = tissue_mask(picture, int(item.get(THUMBNAIL_STEP_KEY, 1)))
         found = bool(mask.any())
         share = breast_share(mask, k, window_on_original(meta, original_size(meta)))
+        reachable = _reachable(meta, mask, k) if found else 1.0
     if isinstance(item, dict):
         item[BREAST_IN_WINDOW], item[_BREAST_FOUND] = share, found
+        item[_BREAST_REACHABLE] = reachable if share is not None else 1.0
     return share
+
+
+def _reachable(meta: Mapping[str, Any], mask: np.ndarray, k: int) -> float:
+    """The share of the tissue breast's box (``mask``, ``k`` file pixels per pixel) a window of the model's size can
+    hold at the model's scale: 1 where the box fits the window, less where the breast is larger than the window."""
+    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+    size = np.asarray(original_size(meta), dtype=np.float64)
+    shape = meta.get("resampled_shape")
+    scale = np.asarray(shape, dtype=np.float64).reshape(-1)[:2] / size if shape is not None else np.ones(2)
+    box = np.array([rows[-1] + 1 - rows[0], cols[-1] + 1 - cols[0]], dtype=np.float64) * k * scale
+    window = np.asarray(meta["window_size"], dtype=np.float64).reshape(-1)[:2]
+    return float(np.prod(np.minimum(1.0, window / np.maximum(box, 1.0))))
 
 
 def breast_refusal(item: Mapping[str, Any]) -> str | None:
     """Why an image's window is no prediction, one line, or None when it holds enough of the breast: no tissue region
     large enough to be a breast, or a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it
-    (:func:`breast_in_window`). The bundle's inference writes it as the image's errors.csv row, the label app answers
-    it; None also where the share cannot be measured (no thumbnail)."""
+    (:func:`breast_in_window`); of a breast larger than the window at the model's scale, less than that share of what a
+    window can hold (the window's size over the breast's box, per axis), so that such a breast stays a prediction whose
+    note says it is larger than the window. The bundle's inference writes it as the image's errors.csv row, the label
+    app answers it; None also where the share cannot be measured (no thumbnail)."""
     share = breast_in_window(item)
     if share is None:
         return None
@@ -140,10 +158,11 @@ def breast_refusal(item: Mapping[str, Any]) -> str | None:
             f"BreastNotFound: no tissue region large enough to be a breast (at least {MIN_TISSUE_SHARE:.0%} of the "
             "image) was found: is the input a mammogram?"
         )
-    if share < MIN_BREAST_IN_WINDOW:
+    needed = MIN_BREAST_IN_WINDOW * float(item.get(_BREAST_REACHABLE, 1.0))
+    if share < needed:
         return (
             f"BreastNotInWindow: the model's window holds {share:.3f} of the breast (breast_in_window; at least "
-            f"{MIN_BREAST_IN_WINDOW:g} needed): the crop did not find the breast"
+            f"{needed:.3g} needed): the crop did not find the breast"
         )
     return None
 
