@@ -261,6 +261,8 @@ class GLAMSaliencyInfer(BasicInferTask):
         milliseconds; then the request waits for the model (one image at a time) and runs the bundle's pipeline."""
         from glam_inputs import check_input
 
+        from scripts.inference.facts import breast_refusal
+
         begin = time.time()
         settings = overlay_settings(request)
         path = request.get("image")
@@ -276,6 +278,10 @@ class GLAMSaliencyInfer(BasicInferTask):
                 item = self.loading({"image": path})
             except Exception as e:  # noqa: BLE001 - any reader or transform failure is the input's problem: 400
                 raise _bad_request(f"{shown} cannot be read: {unreadable_image_message(e, path, name)}") from e
+            # a window that misses the breast is refused as the bundle's errors.csv row says it
+            refusal = breast_refusal(item)
+            if refusal:
+                raise _bad_request(f"{shown}: {refusal}")
             try:
                 out_file, result_json = self._run(item, settings)
             except Exception as e:  # noqa: BLE001 - a server-side failure: 500 with one line, the traceback logged

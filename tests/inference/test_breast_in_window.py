@@ -160,10 +160,9 @@ def test_a_stated_spacings_crop_opening_counts_the_files_pixels(tmp_path):
     """The MLO stated at 0.07 mm fits the window (717 model rows). The crop's mask opening counts the file's pixels
     as the authors' does at full resolution: crop_iterations 100 is 7 mm, 100 x 0.07 / 0.4 = 17.5 model pixels
     (meta opening_scale), and the window holds the whole breast (the test's own count), axilla included, with no note.
-    Counted in model pixels, as versions up to 0.11 did, the same setting was 40 mm (571 file pixels) and cut the top
-    away: 600 file pixels here cut it (the test's own count), so the count above is one that can fail. (breast_in_window
-    measures against the authors' mask opened by the same crop_iterations, so it does not see a cut made by the
-    setting itself: docs/inference.md.)"""
+    600 file pixels make the authors' crop cut the top away; the crop checks itself against the tissue breast and is
+    placed on it instead (meta crop_source "tissue", said in the note), so the window still holds the whole breast
+    (the code before held less than 0.99 of it)."""
     from _dicom_factory import make_dicom
 
     from scripts.inference.facts import image_facts, image_notes
@@ -173,17 +172,44 @@ def test_a_stated_spacings_crop_opening_counts_the_files_pixels(tmp_path):
 
     image, mask = mlo_phantom(*SHAPE, seed=0)
     path = make_dicom(tmp_path / "mlo_0.07.dcm", image, spacing=(0.07, 0.07), view_position="MLO", laterality="L")
-    shares = {}
+    shares, items = {}, {}
     for iterations in (100, 600):
         chain = inference_preprocessing(pixel_spacing=MODEL_MM, window=WINDOW, iterations=iterations, buffer=12)
-        item = inference_loading(chain, panel_height=1024)({"image": str(path)})
+        item = items[iterations] = inference_loading(chain, panel_height=1024)({"image": str(path)})
         meta = item["image"].meta
         assert float(meta["opening_scale"]) == pytest.approx(0.07 / MODEL_MM)
         assert opening_iterations(item["image"], iterations) == round(iterations * 0.07 / MODEL_MM)
         y0, x0, y1, x1 = window_on_original(meta, original_size(meta))
         shares[iterations] = float(mask[y0:y1, x0:x1].sum() / mask.sum())
-        if iterations == 100:
-            assert int(meta["crop_box"][0]) == 0 and y0 == 0  # the top edge, where the axilla is
-            assert float(image_facts(item)["breast_in_window"]) == pytest.approx(shares[100], abs=0.01)
-            assert not any("breast_in_window" in n for n in image_notes(item, WINDOW))
-    assert shares[600] < 0.99 and shares[100] >= 0.999
+        assert int(meta["crop_box"][0]) == 0 and y0 == 0  # the top edge, where the axilla is
+        assert float(image_facts(item)["breast_in_window"]) == pytest.approx(shares[iterations], abs=0.01)
+    assert shares[100] >= 0.999 and shares[600] >= 0.999
+    assert items[100]["image"].meta["crop_source"] == "authors"
+    assert not any("breast_in_window" in n or "tissue" in n for n in image_notes(items[100], WINDOW))
+    assert items[600]["image"].meta["crop_source"] == "tissue"
+    assert any("placed on the largest tissue region" in n for n in image_notes(items[600], WINDOW))
+
+
+def test_breast_in_window_sees_a_crop_that_cut_the_breast(tmp_path):
+    """breast_in_window is measured against the tissue breast, which the crop's opening does not shape: a crop whose
+    top lies 150 model rows down (as the authors' crop opened by 600 file pixels was) with crop_iterations 600 on
+    record gives the share the test's own mask gives in that window (the code before measured against the authors'
+    mask opened by the same 600 pixels, cut alike, and said 1.0)."""
+    from _dicom_factory import make_dicom
+
+    from scripts.inference.facts import BREAST_IN_WINDOW, breast_in_window
+    from scripts.inference.geometry import original_size, window_on_original
+    from scripts.transforms.mammo.pipeline import inference_loading, inference_preprocessing
+
+    image, mask = mlo_phantom(*SHAPE, seed=0)
+    path = make_dicom(tmp_path / "mlo_0.07.dcm", image, spacing=(0.07, 0.07), view_position="MLO", laterality="L")
+    chain = inference_preprocessing(pixel_spacing=MODEL_MM, window=WINDOW, iterations=600, buffer=12)
+    item = inference_loading(chain, panel_height=1024)({"image": str(path)})
+    meta = item["image"].meta
+    meta["crop_box"] = np.asarray(meta["crop_box"]) + np.array([150, 0, 0, 0])
+    meta["crop_iterations"] = 600
+    item.pop(BREAST_IN_WINDOW, None)
+    y0, x0, y1, x1 = window_on_original(meta, original_size(meta))
+    share = float(mask[y0:y1, x0:x1].sum() / mask.sum())
+    assert 0.5 < share < 0.95
+    assert breast_in_window(item) == pytest.approx(share, abs=0.01)

@@ -3,13 +3,14 @@ the preprocessing used and where each came from, and how much of the breast the 
 (predictions.csv's columns, the panel's title), and what was assumed or missed (a note per image in errors.csv and the
 log).
 
-The share of the breast in the window (``breast_in_window``) is measured on the file's grid, against the authors'
-breast mask of the whole file (:func:`~scripts.transforms.mammo.breast.file_breast_mask`: the opened mask of pixels >
-0, ``crop_iterations`` counted in the file's pixels, the mask the spacing estimate fits into the window), found on the
-thumbnail the panel is drawn from: the mask pixels inside the model's window on the file (what it saw: the window
-clipped to the crop, :func:`~.geometry.window_on_original`) over all mask pixels. The crop opens its mask by the same
-file pixels, so the share falls below 1 where the breast's crop is larger than the window; a ``crop_iterations`` too
-large for the breast cuts the crop and this mask alike, and does not show in it.
+The share of the breast in the window (``breast_in_window``) is measured on the file's grid, against the tissue
+breast of the whole file (:func:`~scripts.transforms.mammo.breast.tissue_mask`: the largest tissue region, found on the
+thumbnail the panel is drawn from, with an opening that is a share of the picture and owes nothing to
+``crop_iterations``): the mask pixels inside the model's window on the file (what it saw: the window clipped to the
+crop, :func:`~.geometry.window_on_original`) over all mask pixels. The share falls below 1 where the breast's crop is
+larger than the window, or where the crop's opening (``crop_iterations``) cut part of the breast away; it is 0 where
+no tissue region is large enough to be a breast. A window holding less than :data:`MIN_BREAST_IN_WINDOW` of the breast
+is refused (:func:`breast_refusal`): the image is an errors.csv row, not a prediction, and the label app's answer.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch
 from monai.data import MetaTensor
 
 from ..data.cbis_ddsm import cbis_patient_id
-from ..transforms.mammo.array import CROP_ITERATIONS_KEY
-from ..transforms.mammo.breast import breast_share, file_breast_mask, view_kind
+from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY
+from ..transforms.mammo.breast import MIN_TISSUE_SHARE, breast_share, tissue_mask, view_kind
 from ..transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_IGNORED_KEY,
@@ -38,8 +39,10 @@ from .geometry import original_size, window_on_original
 
 __all__ = [
     "BREAST_IN_WINDOW",
+    "MIN_BREAST_IN_WINDOW",
     "breast_in_window",
     "breast_note",
+    "breast_refusal",
     "spacing_note",
     "image_facts",
     "image_notes",
@@ -48,6 +51,12 @@ __all__ = [
 
 #: the predictions.csv column (and item key) of the share of the breast inside the model's window
 BREAST_IN_WINDOW = "breast_in_window"
+#: the least share of the breast a window must hold for its image to be a prediction (:func:`breast_refusal`)
+MIN_BREAST_IN_WINDOW = 0.5
+# item key: whether a tissue region large enough to be a breast was found (set with BREAST_IN_WINDOW)
+_BREAST_FOUND = "breast_found"
+# item key: the share of the breast a window of the model's size can hold (below 1 for a breast larger than it)
+_BREAST_REACHABLE = "breast_reachable"
 # the crop's iterations when the metadata does not record them (the authors')
 _DEFAULT_ITERATIONS = 100
 
@@ -102,31 +111,67 @@ def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
 
 def breast_in_window(item: Mapping[str, Any]) -> float | None:
     """The share of the breast inside the model's window, in [0, 1] (see the module's docstring), for a preprocessed
-    ``item`` whose ``image_thumbnail`` was taken at loading (``inference_loading`` of the pipeline takes it); None
-    without a thumbnail or a window record. Computed once per item (kept under :data:`BREAST_IN_WINDOW`)."""
+    ``item`` whose ``image_thumbnail`` was taken at loading (``inference_loading`` of the pipeline takes it); 0 when
+    no tissue region is large enough to be a breast; None without a thumbnail or a window record. Computed once per
+    item (kept under :data:`BREAST_IN_WINDOW`)."""
     if BREAST_IN_WINDOW in item:
         return item[BREAST_IN_WINDOW]
     meta = _meta(item.get("image"))
     thumbnail = item.get(f"image{THUMBNAIL_SUFFIX}")
-    share = None
+    share, found, reachable = None, None, 1.0
     if thumbnail is not None and "window_start" in meta and "crop_box" in meta and "spatial_shape" in meta:
         picture = np.asarray(torch.as_tensor(thumbnail).detach().cpu().numpy())
-        iterations = int(meta.get(CROP_ITERATIONS_KEY, _DEFAULT_ITERATIONS))
-        try:
-            mask, k = file_breast_mask(picture, iterations, int(item.get(THUMBNAIL_STEP_KEY, 1)))
-            share = breast_share(mask, k, window_on_original(meta, original_size(meta)))
-        except ValueError:  # no pixel > 0 in the thumbnail: nothing to measure
-            share = None
+        mask, k = tissue_mask(picture, int(item.get(THUMBNAIL_STEP_KEY, 1)))
+        found = bool(mask.any())
+        share = breast_share(mask, k, window_on_original(meta, original_size(meta)))
+        reachable = _reachable(meta, mask, k) if found else 1.0
     if isinstance(item, dict):
-        item[BREAST_IN_WINDOW] = share
+        item[BREAST_IN_WINDOW], item[_BREAST_FOUND] = share, found
+        item[_BREAST_REACHABLE] = reachable if share is not None else 1.0
     return share
+
+
+def _reachable(meta: Mapping[str, Any], mask: np.ndarray, k: int) -> float:
+    """The share of the tissue breast's box (``mask``, ``k`` file pixels per pixel) a window of the model's size can
+    hold at the model's scale: 1 where the box fits the window, less where the breast is larger than the window."""
+    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+    size = np.asarray(original_size(meta), dtype=np.float64)
+    shape = meta.get("resampled_shape")
+    scale = np.asarray(shape, dtype=np.float64).reshape(-1)[:2] / size if shape is not None else np.ones(2)
+    box = np.array([rows[-1] + 1 - rows[0], cols[-1] + 1 - cols[0]], dtype=np.float64) * k * scale
+    window = np.asarray(meta["window_size"], dtype=np.float64).reshape(-1)[:2]
+    return float(np.prod(np.minimum(1.0, window / np.maximum(box, 1.0))))
+
+
+def breast_refusal(item: Mapping[str, Any]) -> str | None:
+    """Why an image's window is no prediction, one line, or None when it holds enough of the breast: no tissue region
+    large enough to be a breast, or a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it
+    (:func:`breast_in_window`); of a breast larger than the window at the model's scale, less than that share of what a
+    window can hold (the window's size over the breast's box, per axis), so that such a breast stays a prediction whose
+    note says it is larger than the window. The bundle's inference writes it as the image's errors.csv row, the label
+    app answers it; None also where the share cannot be measured (no thumbnail)."""
+    share = breast_in_window(item)
+    if share is None:
+        return None
+    if item.get(_BREAST_FOUND) is False:
+        return (
+            f"BreastNotFound: no tissue region large enough to be a breast (at least {MIN_TISSUE_SHARE:.0%} of the "
+            "image) was found: is the input a mammogram?"
+        )
+    needed = MIN_BREAST_IN_WINDOW * float(item.get(_BREAST_REACHABLE, 1.0))
+    if share < needed:
+        return (
+            f"BreastNotInWindow: the model's window holds {share:.3f} of the breast (breast_in_window; at least "
+            f"{needed:.3g} needed): the crop did not find the breast"
+        )
+    return None
 
 
 def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) -> str | None:
     """The note of an image whose window holds less than the whole breast (``breast_in_window`` below 1 at three
     decimals), naming the share and why: the breast's crop larger than the window at the spacing used (a stated
-    spacing can make it so), else the crop's opening (the file's mask is found on a thumbnail, the crop's at the
-    model's scale, so the two can differ by a few pixels); None otherwise."""
+    spacing can make it so), else the crop's opening (``crop_iterations``) or the placement cut part of it away;
+    None otherwise."""
     share = breast_in_window(item)
     if share is None or round(share, 3) >= 1.0:
         return None
@@ -144,6 +189,22 @@ def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) ->
     return (
         f"{text}: {at} the crop's mask opening ({iterations} erosions) cut part of it away; a smaller "
         "crop_iterations keeps it"
+    )
+
+
+def tissue_note(item: Mapping[str, Any]) -> str | None:
+    """The note of an image whose crop or window was placed on the largest tissue region because the authors' (the
+    opened mask of pixels > 0) missed the breast, held clearly less of it, or took a film's background for it; None
+    otherwise."""
+    meta = _meta(item["image"])
+    parts = [
+        name for name, key in (("crop", CROP_SOURCE_KEY), ("window", WINDOW_SOURCE_KEY)) if meta.get(key) == "tissue"
+    ]
+    if not parts:
+        return None
+    return (
+        f"the authors' {' and '.join(parts)} (the opened mask of pixels > 0) did not hold the breast: "
+        f"the {' and '.join(parts)} {'was' if len(parts) == 1 else 'were'} placed on the largest tissue region instead"
     )
 
 
@@ -194,11 +255,14 @@ def image_notes(
     item: Mapping[str, Any], window: Sequence[int] | None = None, default_view: str | None = "CC"
 ) -> list[str]:
     """Everything assumed about one image, for its log line and errors.csv note: an estimated or assumed pixel spacing,
-    or one the file states outside the plausible range (:func:`spacing_note`), a window that holds less than the
-    whole breast (:func:`breast_note`), a view that is unknown or not a CC- / MLO-like code (the ``default_view``
-    window rule was used), a laterality inferred from the image (the side of the chest wall decided the mirroring)."""
+    or one the file states outside the plausible range (:func:`spacing_note`), a crop or window placed on the tissue
+    breast (:func:`tissue_note`), a window that holds less than the whole breast (:func:`breast_note`), a view that is
+    unknown or not a CC- / MLO-like code (the ``default_view`` window rule was used), a laterality inferred from the
+    image (the side of the chest wall decided the mirroring)."""
     facts = image_facts(item)
-    notes = [note for note in [spacing_note(item["image"], window), breast_note(item, window)] if note]
+    notes = [
+        note for note in [spacing_note(item["image"], window), tissue_note(item), breast_note(item, window)] if note
+    ]
     view = facts["view"]
     try:
         view_kind(view, None)

@@ -35,6 +35,7 @@ from ..data.readers import (
 from ..enums import Stage
 from ..handlers.throughput import LOAD_SECONDS_KEY
 from ..networks.weights import as_flag
+from .facts import breast_refusal
 from .files import DICOM_DIR, MANIFESTS_DIR, MAPS_DIR, PANELS_DIR
 from .tables import ERROR_KEY, error_record
 
@@ -217,9 +218,10 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 class SafeDataset(Dataset):
-    """A ``Dataset`` whose items never raise: an input that fails to load or preprocess, or that arrives with an
-    error (an odd folder entry), becomes ``{"image": path, "error": "<ExceptionType>: <message>"}``, so one bad file
-    does not stop the run. Every item carries ``load_s``, the seconds it took."""
+    """A ``Dataset`` whose items never raise: an input that fails to load or preprocess, whose model window misses the
+    breast (:func:`~.facts.breast_refusal`), or that arrives with an error (an odd folder entry), becomes ``{"image":
+    path, "error": "<ExceptionType>: <message>"}``, so one bad file does not stop the run. Every item carries
+    ``load_s``, the seconds it took."""
 
     def _transform(self, index: int) -> Any:
         start = time.perf_counter()
@@ -227,11 +229,14 @@ class SafeDataset(Dataset):
         if isinstance(item, Mapping) and item.get(ERROR_KEY):
             out: Any = {"image": str(item["image"]), ERROR_KEY: str(item[ERROR_KEY])}
         else:
+            path = item.get("image") if isinstance(item, Mapping) else item
             try:
                 out = super()._transform(index)
             except Exception as exc:  # noqa: BLE001 - every failure becomes an error record, by design
-                path = item.get("image") if isinstance(item, Mapping) else item
                 out = error_record(path, root_cause(exc))
+            refusal = breast_refusal(out) if isinstance(out, dict) and ERROR_KEY not in out else None
+            if refusal:  # a window that misses the breast is no prediction
+                out = error_record(path, refusal)
         if isinstance(out, dict):
             out[LOAD_SECONDS_KEY] = time.perf_counter() - start
         return out

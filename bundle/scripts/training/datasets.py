@@ -58,8 +58,9 @@ __all__ = [
 #: values of the configs' ``train_cache`` / ``val_cache``
 CACHE_MODES = ("none", "memory", "disk")
 #: part of every disk-cache hash: bump when what a cache entry holds changes meaning (2: entries with a checksum; 3: the
-#: crop of an image resampled from a stated spacing opens its mask by the file's pixels)
-CACHE_FORMAT = 3
+#: crop of an image resampled from a stated spacing opens its mask by the file's pixels; 4: a crop that misses the
+#: tissue breast is placed on it)
+CACHE_FORMAT = 4
 logger = logging.getLogger(__name__)
 
 

@@ -22,7 +22,7 @@ from monai.utils import TraceKeys, TransformBackends, convert_to_numpy, convert_
 from scripts.transforms.mammo.breast import (
     WindowPlacement,
     best_center_window,
-    breast_crop_box,
+    breast_crop,
     chest_wall_side,
     shifted_window_start,
 )
@@ -47,6 +47,9 @@ FLIPPED_KEY = "flipped_to_right"  # meta: whether FlipToRight mirrored this imag
 OPENING_SCALE_KEY = "opening_scale"
 #: meta (written by CropBreast): the crop's ``iterations`` as configured (before the opening scale)
 CROP_ITERATIONS_KEY = "crop_iterations"
+#: meta (written by CropBreast / BestCenterWindow): ``"authors"``, or ``"tissue"`` where the authors' crop / window
+#: missed the tissue breast and the one placed on it was used (:func:`~scripts.transforms.mammo.breast.breast_crop`)
+CROP_SOURCE_KEY, WINDOW_SOURCE_KEY = "crop_source", "window_source"
 HORIZONTAL_FLIP_VALUES = ("NO", "YES")
 
 
@@ -164,7 +167,9 @@ class CropBreast(CropForeground):
     """The authors' breast crop (docs/preprocessing.md) as an invertible MONAI crop.
 
     Box of the opened mask of pixels > 0 (erosion ``iterations`` times, largest component, dilation)
-    plus up to ``buffer`` px at the top, the bottom and the side away from the chest wall. The box is
+    plus up to ``buffer`` px at the top, the bottom and the side away from the chest wall, or the same box around the
+    largest tissue region where that crop misses the breast (:func:`~scripts.transforms.mammo.breast.breast_crop`;
+    ``meta["crop_source"]`` says which). The box is
     written to ``meta["crop_box"]`` as ``[top, left, bottom, right]`` (end-exclusive, input coordinates), the
     configured ``iterations`` to ``meta["crop_iterations"]``. A resampled image
     (``meta["opening_scale"]``, :class:`~scripts.transforms.ResampleToSpacing`) is opened by ``iterations`` of its
@@ -195,8 +200,14 @@ class CropBreast(CropForeground):
 
     def compute_bounding_box(self, img: NdarrayOrTensor) -> tuple[np.ndarray, np.ndarray]:
         """``(start, end)`` of the crop in ``img``'s spatial coordinates, end-exclusive."""
+        start, end, _ = self.breast_box(img)
+        return start, end
+
+    def breast_box(self, img: NdarrayOrTensor) -> tuple[np.ndarray, np.ndarray, str]:
+        """``(start, end, source)``: :meth:`compute_bounding_box` and where the box came from (``"authors"`` or
+        ``"tissue"``)."""
         try:
-            start, end = breast_crop_box(
+            (start, end), source = breast_crop(
                 first_channel(img),
                 opening_iterations(img, self.iterations),
                 self.buffer,
@@ -206,19 +217,21 @@ class CropBreast(CropForeground):
             )
         except ValueError as err:
             raise ValueError(f"CropBreast: {_filename(img)}: {err}") from err
-        return np.asarray(start), np.asarray(end)
+        return np.asarray(start), np.asarray(end), source
 
-    def crop_pad(self, img, box_start, box_end, mode=None, lazy=False, **pad_kwargs):  # noqa: D102
+    def crop_pad(self, img, box_start, box_end, mode=None, lazy=False, source="authors", **pad_kwargs):  # noqa: D102
         out = super().crop_pad(img, box_start, box_end, mode, lazy=lazy, **pad_kwargs)
         if isinstance(out, MetaTensor):
             out.meta["crop_box"] = np.concatenate([box_start, box_end]).astype(np.int64)
             out.meta[CROP_ITERATIONS_KEY] = self.iterations
+            out.meta[CROP_SOURCE_KEY] = source
         return out
 
     def __call__(self, img: torch.Tensor, mode: str | None = None, lazy: bool | None = None, **pad_kwargs):  # type: ignore[override]
         """``img``: ``(C, H, W)``; returns ``(C, bottom - top, right - left)``."""
-        start, end = self.compute_bounding_box(img)
-        return self.crop_pad(img, start, end, mode, lazy=self.lazy if lazy is None else lazy, **pad_kwargs)
+        start, end, source = self.breast_box(img)
+        lazy = self.lazy if lazy is None else lazy
+        return self.crop_pad(img, start, end, mode, lazy=lazy, source=source, **pad_kwargs)
 
 
 class BestCenterWindow(CropForeground):
@@ -296,6 +309,7 @@ class BestCenterWindow(CropForeground):
             out.meta["best_center"] = np.asarray(placement.best_center, dtype=np.int64)
             out.meta["window_start"] = start_
             out.meta["window_size"] = np.asarray(placement.size, dtype=np.int64)
+            out.meta[WINDOW_SOURCE_KEY] = placement.source
         return out
 
     def __call__(  # type: ignore[override]

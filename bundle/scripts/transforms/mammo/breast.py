@@ -19,7 +19,7 @@ The authors' preprocessing (docs/preprocessing.md):
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import ndimage as ndi
@@ -29,14 +29,17 @@ from scripts.data.geometry import as_2d, chest_wall_side
 __all__ = [
     "WindowPlacement",
     "best_center_window",
+    "breast_crop",
     "breast_crop_box",
     "breast_share",
+    "file_breast_box",
     "file_breast_mask",
     "chest_wall_side",
     "largest_component",
     "open_breast_mask",
     "open_breast_mask_exact",
     "shifted_window_start",
+    "tissue_mask",
     "view_kind",
 ]
 
@@ -168,28 +171,136 @@ def _opened_or_fallback(image: np.ndarray, iterations: int, method: str, name: s
     return opened
 
 
-def breast_crop_box(
-    image: np.ndarray,
-    iterations: int = 100,
-    buffer: int = 50,
-    chest_wall: str = "left",
-    method: str = "fast",
-    name: str = "",
-) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The authors' crop of a 2-D mammogram: ``((top, left), (bottom, right))``, end-exclusive.
+#: the tissue mask is found on a copy of block means, about this many pixels along the longer side
+TISSUE_PIXELS = 512
+#: the tissue mask's opening radius as a share of that copy's longer side (10 of its 512 pixels)
+TISSUE_OPENING = 0.02
+#: a tissue region smaller than this share of the picture is not a breast (lettering, a clip, a ruler)
+MIN_TISSUE_SHARE = 0.03
+#: the share of a picture's pixels exactly at its minimum from which that minimum is its background (digital images)
+EXACT_BACKGROUND_SHARE = 0.05
+#: the authors' crop or window stays unless it holds less of the tissue breast than the tissue's own by more than this
+HOLD_MARGIN = 0.02
+#: ... or, for a crop, unless its box is more than this many times the tissue breast's box (a film's background)
+OVERSIZE = 2.0
 
-    Bounding box of the opened mask of pixels > 0, grown by up to ``buffer`` px at the top, the bottom
-    and the side away from the chest wall (``chest_wall`` is ``"left"``, ``"right"`` or ``"auto"`` to
-    decide with :func:`chest_wall_side`), never beyond the image. ``name`` (the file) starts the warning given when
-    the erosions remove the whole foreground.
-    """
-    img = as_2d(image)
-    if chest_wall == "auto":
-        chest_wall = chest_wall_side(img)
-    if chest_wall not in ("left", "right"):
-        raise ValueError(f"chest_wall must be 'left', 'right' or 'auto', got {chest_wall!r}")
-    h, w = img.shape
-    top, bottom, left, right = _bbox(_opened_or_fallback(img, iterations, method, name))
+
+def _block_means(arr: np.ndarray, j: int) -> np.ndarray:
+    """Means of ``j`` x ``j`` blocks (the last ones padded with the edge's values)."""
+    if j == 1:
+        return arr.astype(np.float64)
+    h, w = arr.shape
+    pad = ((0, -(-h // j) * j - h), (0, -(-w // j) * j - w))
+    blocks = np.pad(arr.astype(np.float32), pad, mode="edge")
+    return blocks.reshape(blocks.shape[0] // j, j, blocks.shape[1] // j, j).mean(axis=(1, 3), dtype=np.float64)
+
+
+def _otsu(values: np.ndarray) -> float:
+    """Otsu's threshold of ``values`` (256 bins up to the 99.5th percentile, so that lettering does not stretch
+    them): the largest value of the darker class."""
+    lo, hi = float(values.min()), float(np.percentile(values, 99.5))
+    if hi <= lo:
+        return lo
+    hist, edges = np.histogram(np.clip(values, lo, hi), bins=256, range=(lo, hi))
+    centres = (edges[:-1] + edges[1:]) / 2
+    w0 = np.cumsum(hist, dtype=np.float64)
+    w1 = w0[-1] - w0
+    m0 = np.cumsum(hist * centres)
+    mu0, mu1 = m0 / np.maximum(w0, 1), (m0[-1] - m0) / np.maximum(w1, 1)
+    return float(edges[1 + int(np.argmax(w0 * w1 * (mu0 - mu1) ** 2))])
+
+
+def tissue_threshold(picture: np.ndarray) -> float | None:
+    """The value above which a pixel of ``picture`` is tissue, or None when nothing stands out from the background.
+
+    A picture whose background is exact (at least :data:`EXACT_BACKGROUND_SHARE` of its pixels equal its minimum, as on
+    digital mammograms and the authors' files): that minimum. Else (digitised film: a noisy background above 0) Otsu's
+    threshold splits the darker background from the tissue, and the threshold is 0.4 of the way from the background's
+    median up to it, so that the faint skin line stays tissue; tissue whose median does not lie above the background's
+    99th percentile by at least the background's own spread (its 1st to 99th percentile) is none (a film of noise, or
+    of a slope of the background)."""
+    lo = float(picture.min())
+    if float(np.mean(picture == lo)) >= EXACT_BACKGROUND_SHARE:
+        return lo
+    otsu = _otsu(picture)
+    background, tissue = picture[picture <= otsu], picture[picture > otsu]
+    if tissue.size == 0:
+        return None
+    low, median, high = np.percentile(background, [1, 50, 99])
+    if float(np.median(tissue)) <= high + (high - low):
+        return None
+    return float(median + 0.4 * (otsu - median))
+
+
+def tissue_mask(image: np.ndarray, step: int = 1) -> tuple[np.ndarray, int]:
+    """The breast as the largest tissue region of a picture, whatever its scale, its lettering, rulers, tape or clips:
+    ``(mask, k)``, ``mask`` a boolean picture of ``k`` x ``k`` file pixels per pixel (its pixel ``(i, j)`` covers the
+    file's rows ``i k`` to ``(i + 1) k``), all False when no region is large enough to be a breast.
+
+    The picture is the block means of ``image`` (about :data:`TISSUE_PIXELS` along the longer side), thresholded by
+    :func:`tissue_threshold`, opened by a disc whose radius is :data:`TISSUE_OPENING` of the picture's longer side
+    (beyond the border is background: a ruler or lettering along the edge goes), its largest component kept, its holes
+    filled; a region under :data:`MIN_TISSUE_SHARE` of the picture is no breast. ``image`` ``(H, W)`` may be every
+    ``step``-th pixel of the file (a thumbnail); ``k`` counts the file's pixels."""
+    arr = as_2d(image)
+    j = max(1, int(np.ceil(max(arr.shape) / TISSUE_PIXELS)))
+    picture = _block_means(arr, j)
+    k = j * max(1, int(step))
+    empty = np.zeros(picture.shape, dtype=bool)
+    threshold = tissue_threshold(picture)
+    if threshold is None:
+        return empty, k
+    tissue = picture > threshold
+    radius = max(1, int(round(TISSUE_OPENING * max(picture.shape))))
+    core = largest_component(ndi.distance_transform_edt(np.pad(tissue, 1))[1:-1, 1:-1] > radius)
+    if not core.any():
+        return empty, k
+    region = ndi.binary_fill_holes((ndi.distance_transform_edt(~core) <= radius) & tissue)
+    if region.sum() < MIN_TISSUE_SHARE * region.size:
+        return empty, k
+    return region, k
+
+
+def _box_on_file(mask: np.ndarray, k: int, shape: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``(top, bottom, left, right)`` of ``mask`` (``k`` file pixels per pixel) on a file of ``shape``."""
+    top, bottom, left, right = _bbox(mask)
+    return top * k, min(bottom * k, shape[0]), left * k, min(right * k, shape[1])
+
+
+def _area(box: tuple[int, int, int, int]) -> int:
+    return (box[1] - box[0]) * (box[3] - box[2])
+
+
+def _tissue_holds_more(tissue: np.ndarray, k: int, authors: tuple[int, int, int, int], own: tuple[int, ...]) -> bool:
+    """Whether the box ``own`` (``top, left, bottom, right``) holds more of the tissue breast than ``authors`` by more
+    than :data:`HOLD_MARGIN`."""
+    return breast_share(tissue, k, authors) < breast_share(tissue, k, own) - HOLD_MARGIN
+
+
+def file_breast_box(image: np.ndarray, iterations: int = 100) -> tuple[tuple[int, int, int, int], str]:
+    """The breast's box on a whole file, ``((top, bottom, left, right), source)``, end-exclusive, as the crop finds it
+    (:func:`breast_crop`): the box of the authors' mask (:func:`file_breast_mask`, source ``"authors"``) unless the
+    tissue breast (:func:`tissue_mask`) shows it wrong (it holds clearly less of the tissue breast, or it is more than
+    :data:`OVERSIZE` times the tissue breast's box), then the tissue breast's box (source ``"tissue"``). Raises
+    ``ValueError`` for an image without a pixel > 0."""
+    arr = as_2d(image)
+    opened, k = file_breast_mask(arr, iterations)
+    authors = _box_on_file(opened, k, arr.shape)
+    tissue, kt = tissue_mask(arr)
+    if not tissue.any():
+        return authors, "authors"
+    own = _box_on_file(tissue, kt, arr.shape)
+    as_box = lambda b: (b[0], b[2], b[1], b[3])  # noqa: E731 - (top, left, bottom, right) for breast_share
+    if _tissue_holds_more(tissue, kt, as_box(authors), as_box(own)) or _area(authors) > OVERSIZE * _area(own):
+        return own, "tissue"
+    return authors, "authors"
+
+
+def _buffered(
+    box: tuple[int, int, int, int], shape: tuple[int, int], buffer: int, chest_wall: str
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    top, bottom, left, right = box
+    h, w = shape
     top -= min(top, buffer)
     bottom += min(h - bottom, buffer)
     if chest_wall == "left":
@@ -197,6 +308,65 @@ def breast_crop_box(
     else:
         left -= min(left, buffer)
     return (top, left), (bottom, right)
+
+
+def breast_crop(
+    image: np.ndarray,
+    iterations: int = 100,
+    buffer: int = 50,
+    chest_wall: str = "left",
+    method: str = "fast",
+    name: str = "",
+    tissue: bool = True,
+) -> tuple[tuple[tuple[int, int], tuple[int, int]], str]:
+    """The crop of a 2-D mammogram and where it came from: ``(((top, left), (bottom, right)), source)``.
+
+    Source ``"authors"``: the authors' crop (:func:`breast_crop_box` with ``tissue=False``), kept wherever it holds
+    the breast, so that clean digital images keep it to the pixel. Source ``"tissue"``: the same box and buffer
+    around the tissue breast (:func:`tissue_mask`), used when the authors' crop holds clearly less of the tissue
+    breast than that box (lettering or a ruler taken for the breast) or when the authors' mask's box is more than
+    :data:`OVERSIZE` times the tissue breast's (a film's noisy background above 0 taken for the breast). With
+    ``tissue=False``, or when no tissue region is large enough to be a breast, the authors' crop.
+    """
+    img = as_2d(image)
+    if chest_wall == "auto":
+        chest_wall = chest_wall_side(img)
+    if chest_wall not in ("left", "right"):
+        raise ValueError(f"chest_wall must be 'left', 'right' or 'auto', got {chest_wall!r}")
+    mask = _opened_or_fallback(img, iterations, method, name)
+    authors_box = _bbox(mask)
+    authors = _buffered(authors_box, img.shape, buffer, chest_wall)
+    if not tissue:
+        return authors, "authors"
+    breast, k = tissue_mask(img)
+    if not breast.any():
+        return authors, "authors"
+    own_box = _box_on_file(breast, k, img.shape)
+    own = _buffered(own_box, img.shape, buffer, chest_wall)
+    flat = lambda b: (b[0][0], b[0][1], b[1][0], b[1][1])  # noqa: E731
+    if _tissue_holds_more(breast, k, flat(authors), flat(own)) or _area(authors_box) > OVERSIZE * _area(own_box):
+        return own, "tissue"
+    return authors, "authors"
+
+
+def breast_crop_box(
+    image: np.ndarray,
+    iterations: int = 100,
+    buffer: int = 50,
+    chest_wall: str = "left",
+    method: str = "fast",
+    name: str = "",
+    tissue: bool = True,
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The crop of a 2-D mammogram: ``((top, left), (bottom, right))``, end-exclusive (:func:`breast_crop` without
+    its source).
+
+    The authors' crop (``tissue=False``, or where it holds the breast): the bounding box of the opened mask of pixels
+    > 0, grown by up to ``buffer`` px at the top, the bottom and the side away from the chest wall (``chest_wall`` is
+    ``"left"``, ``"right"`` or ``"auto"`` to decide with :func:`chest_wall_side`), never beyond the image. ``name``
+    (the file) starts the warning given when the erosions remove the whole foreground.
+    """
+    return breast_crop(image, iterations, buffer, chest_wall, method, name, tissue)[0]
 
 
 def view_kind(view: str | None, default: str | None = "CC") -> str:
@@ -229,6 +399,7 @@ class WindowPlacement:
     rightmost: int
     bottommost: int
     view: str
+    source: str = "authors"
 
     @property
     def end(self) -> tuple[int, int]:
@@ -256,6 +427,7 @@ def best_center_window(
     method: str = "fast",
     default_view: str | None = "CC",
     name: str = "",
+    tissue: bool = True,
 ) -> WindowPlacement:
     """The authors' window for a breast facing right (chest wall at column 0), see docs/preprocessing.md.
 
@@ -274,17 +446,46 @@ def best_center_window(
         iterations, method: the mask opening, as in :func:`open_breast_mask`.
         default_view: used when ``view`` is unknown (``None`` raises).
         name: the file, named by the warning given when the erosions remove the whole foreground.
+        tissue: check the authors' window against the tissue breast (:func:`tissue_mask`): where it holds less of it
+            than the same rule placed on the tissue breast (its mask for the opened mask and for the pixels > 0) by
+            more than :data:`HOLD_MARGIN`, that window is the result (``source`` ``"tissue"``).
 
     Returns:
         a :class:`WindowPlacement`.
     """
     img = as_2d(image)
     kind = view_kind(view, default_view)
+    opened = _opened_or_fallback(img, iterations, method, name)
+    placement = _placement(img.shape, opened, img > 0, img != 0, kind, window, mirrored, reference_compatible)
+    if not tissue:
+        return placement
+    breast, k = tissue_mask(img)
+    if not breast.any():
+        return placement
+    rows, cols = np.minimum(np.arange(img.shape[0]) // k, breast.shape[0] - 1), np.arange(img.shape[1]) // k
+    full = breast[rows][:, np.minimum(cols, breast.shape[1] - 1)]
+    own = _placement(img.shape, full, full, full, kind, window, mirrored, reference_compatible)
+    if _tissue_holds_more(breast, k, (*placement.start, *placement.end), (*own.start, *own.end)):
+        return replace(own, source="tissue")
+    return placement
+
+
+def _placement(
+    shape: tuple[int, int],
+    opened: np.ndarray,
+    positive: np.ndarray,
+    nonzero: np.ndarray,
+    kind: str,
+    window: tuple[int, int],
+    mirrored: bool,
+    reference_compatible: bool,
+) -> WindowPlacement:
+    """The best-centre rule on an image of ``shape``: ``opened`` its breast mask, ``positive`` the pixels the CC row
+    search counts (> 0), ``nonzero`` the pixels whose last row caps an MLO's bottom-most point (!= 0)."""
     win_h, win_w = (int(window[0]), int(window[1]))
     half_h, half_w = win_h // 2, win_w // 2
-    h, w = img.shape
-    fg = img > 0
-    rightmost, bottommost = _extreme_points(_opened_or_fallback(img, iterations, method, name))
+    h, w = shape
+    rightmost, bottommost = _extreme_points(opened)
 
     if reference_compatible:
         center_col = rightmost + int(bool(mirrored)) - half_w - 1
@@ -300,14 +501,14 @@ def best_center_window(
             col_lo = center_col - half_w
             col_hi = min(center_col + (win_w - half_w) + max(-col_lo, 0), w)
             col_lo = max(col_lo, 0)
-            counts = np.concatenate([[0], np.cumsum(fg[:, col_lo:col_hi].sum(axis=1, dtype=np.int64))])
+            counts = np.concatenate([[0], np.cumsum(positive[:, col_lo:col_hi].sum(axis=1, dtype=np.int64))])
             rows = np.arange(half_h, h - (win_h - half_h) + 1)
             scores = counts[rows - half_h + win_h] - counts[rows - half_h]
             best = rows[scores == scores.max()]
             center_row = int(best[np.argmin((best - com_row) ** 2)])
     else:
         # empty rows at the bottom of the window's columns cap the bottom-most point
-        nonzero_rows = np.flatnonzero((img[:, -win_w:] != 0).any(axis=1))
+        nonzero_rows = np.flatnonzero(nonzero[:, -win_w:].any(axis=1))
         bottom = min(int(nonzero_rows[-1]), bottommost) if nonzero_rows.size else bottommost
         center_row = bottom - half_h - 1 if reference_compatible else bottom + 1 - win_h + half_h
 

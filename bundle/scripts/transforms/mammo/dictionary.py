@@ -175,9 +175,9 @@ class CropBreastd(Cropd):
         d = dict(data)
         src = _source(self, d, self.source_key)
         _check_shapes(self, d, src)
-        start, end = self.cropper.compute_bounding_box(d[src])
+        start, end, source = self.cropper.breast_box(d[src])
         for key in self.key_iterator(d):
-            d[key] = self.cropper.crop_pad(d[key], start, end, lazy=False)
+            d[key] = self.cropper.crop_pad(d[key], start, end, lazy=False, source=source)
         return d
 
 

@@ -57,7 +57,7 @@ from scripts.data.geometry import (
     usable_spacing,
 )
 from scripts.transforms.mammo.array import OPENING_SCALE_KEY, first_channel
-from scripts.transforms.mammo.breast import file_breast_mask
+from scripts.transforms.mammo.breast import file_breast_box
 from scripts.transforms.mammo.dictionary import _check_shapes, _source
 
 __all__ = [
@@ -156,16 +156,17 @@ def fit_breast_spacing(
     image whose spacing nobody states.
 
     The breast's box is the bounding box of the authors' breast mask of the file (:func:`file_breast_mask`: the opened
-    mask of pixels > 0, ``iterations`` counted in the file's pixels, found on a copy of every k-th pixel, about 1024
-    px along the longer side). The crop and the window of every resampled image open their masks with the same
-    ``iterations`` file pixels (:class:`ResampleToSpacing` records the scale, ``meta["opening_scale"]``), so
-    the crop holds what this box holds, an MLO's pectoral muscle and axilla included. Resampling multiplies the size
-    by ``f = input spacing / model spacing``, so the crop is ``box_h * f + 2 buffer`` rows (buffer at the top and the
-    bottom) and ``box_w * f + buffer`` columns (buffer on the side away from the chest wall); ``f`` is the largest
-    factor, the same on both axes (the aspect ratio is kept), that makes both fit the window with 2 % to spare:
-    ``f = min((0.98 window_h - 2 buffer - 6) / box_h, (0.98 window_w - buffer - 6) / box_w)`` (6 px for the
-    anti-aliasing blur, which carries the breast's edge about 2 px out). The window rule then has
-    nothing to choose: a crop no larger than the window lies wholly inside it.
+    mask of pixels > 0, ``iterations`` counted in the file's pixels, found on a copy of every k-th pixel, about 1024 px
+    along the longer side), or of the largest tissue region where that mask misses the breast or takes a film's
+    background for it, as the crop decides (:func:`file_breast_box`). The crop and the window of every resampled image
+    open their masks with the same ``iterations`` file pixels (:class:`ResampleToSpacing` records the scale,
+    ``meta["opening_scale"]``), so the crop holds what this box holds, an MLO's pectoral muscle and axilla included.
+    Resampling multiplies the size by ``f = input spacing / model spacing``, so the crop is ``box_h * f + 2 buffer``
+    rows (buffer at the top and the bottom) and ``box_w * f + buffer`` columns (buffer on the side away from the chest
+    wall); ``f`` is the largest factor, the same on both axes (the aspect ratio is kept), that makes both fit the window
+    with 2 % to spare: ``f = min((0.98 window_h - 2 buffer - 6) / box_h, (0.98 window_w - buffer - 6) / box_w)`` (6 px
+    for the anti-aliasing blur, which carries the breast's edge about 2 px out). The window rule then has nothing to
+    choose: a crop no larger than the window lies wholly inside it.
 
     Args:
         image: ``(C, H, W)`` or ``(H, W)``, as loaded (the chest wall on either side).
@@ -177,12 +178,8 @@ def fit_breast_spacing(
         ``(model_row * f, model_col * f)``, e.g. about 0.08 mm for a 4432 x 2864 mammogram whose breast fills it and a
         model of 0.4 mm with a 736 x 480 window. Raises ``ValueError`` for an image without a pixel > 0.
     """
-    arr = first_channel(image)
-    h, w = arr.shape
-    opened, k = file_breast_mask(arr, iterations)
-    rows, cols = np.flatnonzero(opened.any(axis=1)), np.flatnonzero(opened.any(axis=0))
-    box_h = min(h, (int(rows[-1]) + 1) * k) - int(rows[0]) * k
-    box_w = min(w, (int(cols[-1]) + 1) * k) - int(cols[0]) * k
+    (top, bottom, left, right), _ = file_breast_box(first_channel(image), iterations)
+    box_h, box_w = bottom - top, right - left
     win_h, win_w = (float(v) * (1.0 - _FIT_MARGIN) for v in window)
     # a buffer that leaves less than a quarter of the window (tiny test windows) counts as a quarter
     # minus 3 px per side: the anti-aliasing Gaussian (truncated at 4 sigma) spreads the breast's edge by about 2 px
