@@ -213,3 +213,22 @@ def test_a_split_with_no_scorable_image_is_refused_in_one_line(split, tmp_path):
         err = err.__cause__ or err.__context__
     assert any(m.startswith("no image of the test split could be scored (2 unscored, in ") for m in chain), chain
     assert len(read_unscored(eval_dir / "unscored.csv")) == 2
+
+
+def test_a_film_without_a_breast_is_named_as_inference_refuses_it(split, tmp_path):
+    """A digitised film of lettering, a ruler and noise (no breast) with a benign label: the preprocessing succeeds,
+    but the window holds no breast, so the image is unscored with the line inference's errors.csv gives it
+    (``breast_refusal``); an ordinary image beside it is scored, its item without the breast's keys."""
+    from _film_factory import film
+
+    _, _, items, _ = split
+    picture, _ = film(512, 320, "CC", "L", breast=False)
+    Image.fromarray(picture).save(tmp_path / "no_breast.png")
+    parser = ConfigParser()
+    parser.read_config([str(TRAIN_CONFIG), str(TINY_CONFIG)])
+    preprocessing = parser.get_parsed_content("validate#preprocessing")
+    empty = {"image": str(tmp_path / "no_breast.png"), "label": [1, 0], "laterality": "L", "view": "CC"}
+    dataset = ScoringDataset([empty, items[0]], preprocessing)
+    assert dataset[0][UNSCORED_KEY].startswith("BreastNotFound: no tissue region large enough to be a breast")
+    scored = dataset[1]
+    assert UNSCORED_KEY not in scored and sorted(scored) == sorted(preprocessing(dict(items[0])))

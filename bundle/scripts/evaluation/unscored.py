@@ -22,9 +22,11 @@ from monai.data import list_data_collate
 from monai.transforms import Compose, LoadImaged
 from scipy import ndimage
 
+from ..inference.facts import BREAST_KEYS, breast_refusal
 from ..transforms.mammo.dictionary import BestCenterWindowd, FlipToRightd
 from ..transforms.mammo.pipeline import MASK_KEYS
 from ..transforms.mammo.spacing import ResampleToSpacingd
+from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX, Thumbnaild
 
 __all__ = ["UNSCORED_KEY", "LESIONS_KEY", "unscored_reason", "ScoringDataset", "scored_collate", "ScoredLoader"]
 
@@ -66,15 +68,18 @@ def _lesions_outside_window(item: Mapping[str, Any]) -> list[str]:
 def unscored_reason(item: Mapping[str, Any]) -> str | None:
     """Why the evaluation cannot score this image, in one line; None when it can.
 
-    Every per-image reason of a preprocessed image is decided here: a lesion (mask or box) wholly outside the model's
-    window, or gone in the resampling to the model's pixel spacing.
+    Every per-image reason of a preprocessed image is decided here: a window that misses the breast (the rule
+    inference refuses by, :func:`~scripts.inference.facts.breast_refusal`), a lesion (mask or box) wholly outside
+    the model's window, or gone in the resampling to the model's pixel spacing.
 
     Args:
         item: the item right after the model's window is cut (:class:`ScoringDataset`): ``image`` a ``MetaTensor``
             with the preprocessing's metadata (``window_start``, ``crop_box`` ...), the masks holding each lesion's
-            number (0 background), :data:`LESIONS_KEY` the lesions per mask before the flip, crop and window.
+            number (0 background), :data:`LESIONS_KEY` the lesions per mask before the flip, crop and window, and
+            the image's thumbnail taken at loading (``image_thumbnail``, for the breast's share in the window).
     """
-    reasons = _lesions_outside_window(item)
+    refusal = breast_refusal(item)
+    reasons = ([refusal] if refusal is not None else []) + _lesions_outside_window(item)
     return "; ".join(reasons) if reasons else None
 
 
@@ -141,6 +146,8 @@ class ScoringDataset(torch.utils.data.Dataset):
         self._resample = _first(steps, ResampleToSpacingd, "the model's pixel spacing")
         self._flip = _first(steps, FlipToRightd, "the breast facing right")
         self._window = _first(steps, BestCenterWindowd, "the model's window")
+        # the image as read, shrunk as inference's panels take it: breast_refusal measures the breast on it
+        self._thumbnail = Thumbnaild(keys="image")
 
     def __len__(self) -> int:
         return len(self.data)
@@ -161,11 +168,15 @@ class ScoringDataset(torch.utils.data.Dataset):
                     "unreadable" if isinstance(step, LoadImaged) else f"preprocessing refused ({type(step).__name__})"
                 )
                 return {UNSCORED_KEY: f"{what}: {_root_message(err)}", "image_path": path}
+            if isinstance(step, LoadImaged) and i < self._resample:
+                d = self._thumbnail(d)
             if i == self._window:
                 reason = unscored_reason(d)
                 if reason is not None:
                     return {UNSCORED_KEY: reason, "image_path": path}
                 d = _binary_masks(dict(d), self.mask_keys)
+                for key in (f"image{THUMBNAIL_SUFFIX}", THUMBNAIL_STEP_KEY, *BREAST_KEYS):
+                    d.pop(key, None)
         return d
 
 

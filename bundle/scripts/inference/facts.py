@@ -39,6 +39,7 @@ from .geometry import original_size, window_on_original
 
 __all__ = [
     "BREAST_IN_WINDOW",
+    "BREAST_KEYS",
     "MIN_BREAST_IN_WINDOW",
     "breast_in_window",
     "breast_note",
@@ -57,6 +58,8 @@ MIN_BREAST_IN_WINDOW = 0.5
 _BREAST_FOUND = "breast_found"
 # item key: the share of the breast a window of the model's size can hold (below 1 for a breast larger than it)
 _BREAST_REACHABLE = "breast_reachable"
+#: the item keys :func:`breast_in_window` sets
+BREAST_KEYS = (BREAST_IN_WINDOW, _BREAST_FOUND, _BREAST_REACHABLE)
 # the crop's iterations when the metadata does not record them (the authors')
 _DEFAULT_ITERATIONS = 100
 
