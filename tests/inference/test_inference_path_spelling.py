@@ -62,11 +62,11 @@ def test_one_file_listed_under_two_spellings_is_run_once(images_and_model, monke
     root, ckpt = images_and_model
     monkeypatch.chdir(root)
     image = sorted((root / "a" / "images").iterdir())[0]
-    datalist = {"test": [{"image": str(image)}, {"image": os.path.relpath(image, root)}]}
+    datalist = {"test": [{"image": os.path.relpath(image, root)}, {"image": str(image)}]}
     out = tmp_path / "out"
     _run(
         [INFERENCE_CONFIG, TINY_INFERENCE],
         {"datalist": datalist, "output_dir": str(out), "ckpt_path": str(ckpt), "input_dir": ""},
     )
     rows = _rows(out / "predictions.csv")
-    assert [r["output_stem"] for r in rows] == [image.stem]
+    assert [(r["image"], r["output_stem"]) for r in rows] == [(os.path.relpath(image, root), image.stem)]

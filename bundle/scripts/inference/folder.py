@@ -453,7 +453,8 @@ class InferenceOutputFolder:
             if _identity(path) in done:
                 plan.skipped += 1
             else:
-                plan.items.append({**unique[path], "output_stem": stems[path], FINGERPRINT_KEY: fingerprints[path]})
+                fingerprint = fingerprints[_identity(path)]
+                plan.items.append({**unique[path], "output_stem": stems[path], FINGERPRINT_KEY: fingerprint})
         if plan.skipped:
             logger.info(
                 "%s: resuming: %d of %d inputs are done already (skipped), %d to run",
