@@ -80,7 +80,7 @@ RUN_ARGUMENTS = frozenset(
 TRACKING_IDS = frozenset(
     {"output_dir", "tracking_uri", "experiment_name", "run_name", "save_execute_config", "is_not_rank0"}
 )
-#: a command-line value that stands for None: Fire's parse of ``None``, and YAML's spellings of null
+#: the strings that stand for None on the command line (YAML's spellings of null; Fire parses ``None`` into None)
 _NONE_SPELLINGS = frozenset({"null", "Null", "NULL"})
 #: the bundle's own source folder: exceptions raised from here carry messages written for users
 _SCRIPTS_DIR = str(Path(__file__).resolve().parents[1])
