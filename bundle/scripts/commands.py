@@ -20,6 +20,11 @@ ConfigExpression". Hence:
   the files from a new id: this check is the one reader of the files besides MONAI (only their ids are used);
 - :func:`check_writable`: a folder option accepts a new file.
 
+``--key None`` (or ``null``, YAML's spelling) sets ``key`` to None, whatever the option: Fire parses ``None`` into
+Python's None and MONAI drops overrides whose value is None before it builds the configuration (its
+``update_kwargs``), so the run would silently keep the file's value. :func:`check_command_line` sets them on the
+running configuration and logs them below MONAI's input summary, which lists only the others (:func:`given_none`).
+
 Errors the user can fix are :class:`UsageError` (or another exception raised with a message by the bundle's own
 code); :func:`install_excepthook` prints them as ``error: <message>`` without the traceback (exit status 1). Set
 ``GLAM_TRACEBACK=1`` for the full traceback. The training's own checks (per-stage values, earlier runs) are in
@@ -56,6 +61,7 @@ __all__ = [
     "check_writable",
     "check_command_line",
     "check_tracking",
+    "given_none",
 ]
 
 #: arguments of ``monai.bundle run`` itself, and the ids MONAI's ``--tracking`` adds: never config ids of ours
@@ -75,6 +81,8 @@ RUN_ARGUMENTS = frozenset(
 TRACKING_IDS = frozenset(
     {"output_dir", "tracking_uri", "experiment_name", "run_name", "save_execute_config", "is_not_rank0"}
 )
+#: the strings that stand for None on the command line (YAML's spellings of null; Fire parses ``None`` into None)
+_NONE_SPELLINGS = frozenset({"null", "Null", "NULL"})
 #: the bundle's own source folder: exceptions raised from here carry messages written for users
 _SCRIPTS_DIR = str(Path(__file__).resolve().parents[1])
 
@@ -225,7 +233,7 @@ def command_line() -> tuple[dict[str, Any], dict[str, Any]] | None:
     finally:
         del frame
     arguments = {k: v for k, v in given.items() if k in RUN_ARGUMENTS and v is not None}  # run's unset defaults
-    overrides = {k: v for k, v in given.items() if k not in RUN_ARGUMENTS}
+    overrides = {k: None if _means_none(v) else v for k, v in given.items() if k not in RUN_ARGUMENTS}
     if arguments.get("args_file"):
         defaults = ConfigParser.load_config_files(arguments.pop("args_file"))
         arguments = {**{k: v for k, v in defaults.items() if k in RUN_ARGUMENTS}, **arguments}
@@ -283,12 +291,12 @@ def _lookup(config: Any, id_: str) -> Any:
     return config
 
 
-def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any]) -> None:
+def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any], page: str = "docs/training.md") -> None:
     """Every override id in ``keys`` must name an id of ``file_config`` (the merged config files, before the
     overrides), a ``monai.bundle run`` argument or an id of MONAI's tracking, or add an argument to a component of
     the files (``--network#find_unused_parameters true``: MONAI passes it to the component, which refuses a name it
     does not take). An unknown id, or a new argument spelled like one the component has, is a :class:`UsageError`
-    naming it and the closest known id."""
+    naming it and the closest known id (else ``--help`` and the workflow's ``page``)."""
     known = set(_ids(file_config))
     for key in keys:
         plain = key.lstrip("+")
@@ -305,7 +313,7 @@ def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any]) -> None
             if not typo:
                 continue
             close = [f"{parent}#{typo[0]}"]
-        hint = f"; did you mean --{close[0]}?" if close else " (docs/training.md lists the options)"
+        hint = f"; did you mean --{close[0]}?" if close else f" (--help lists the options, {page} describes them)"
         raise UsageError(f"unknown option --{key}: the configuration has no {plain!r}{hint}")
 
 
@@ -320,6 +328,57 @@ def _file_config(arguments: Mapping[str, Any]) -> dict[str, Any]:
     if arguments.get("meta_file"):
         parser.read_meta(arguments["meta_file"])
     return parser.get()
+
+
+# -- --help ----------------------------------------------------------------------------------------------------------
+#: each workflow's page, by its run id (``python -m monai.bundle run <id>``)
+WORKFLOW_PAGES = {"training": "docs/training.md", "evaluating": "docs/evaluation.md", "inference": "docs/inference.md"}
+#: what ``--help`` (or ``-h``) arrives as: Fire passes it to ``run`` as an override of value True
+_HELP_KEYS = ("help", "h")
+
+
+def _workflow(arguments: Mapping[str, Any], file_config: Mapping[str, Any]) -> str:
+    """The run id the command runs: the one given, else MONAI's default ``run``, followed when it names another
+    entry (``run: "%training"``)."""
+    run_id = str(arguments.get("run_id") or "run")
+    target = file_config.get(run_id)
+    return target[1:] if isinstance(target, str) and target.startswith("%") else run_id
+
+
+def _is_option(value: Any) -> bool:
+    """Whether a top-level entry is a setting rather than a piece of the workflow: plain data, a path built from
+    another setting (``scripts.runs.path_in``, ``$os.path...``) or another setting's value (``@input_dir``)."""
+    if isinstance(value, str):
+        return not value.startswith(("$", "%")) or value.startswith("$os.path.")
+    if isinstance(value, Mapping):
+        if "_target_" in value:
+            return value["_target_"] == "scripts.runs.path_in"
+        return all(_is_option(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_is_option(v) and not isinstance(v, Mapping) for v in value)
+    return True
+
+
+def workflow_help(arguments: Mapping[str, Any], file_config: Mapping[str, Any]) -> str:
+    """What ``--help`` prints: the workflow's page and its options (the settings among the top-level entries of its
+    config files, :func:`_is_option`, with their defaults as the files write them)."""
+    workflow = _workflow(arguments, file_config)
+    page = WORKFLOW_PAGES.get(workflow, "docs/training.md")
+    lines = [f"python -m monai.bundle run {workflow} --config_file ... [--option value ...]: {page} describes it", ""]
+    lines.append("options (--option value; the defaults of the config files given):")
+    for key, value in file_config.items():
+        if str(key).startswith("_") or not _is_option(value):
+            continue
+        if isinstance(value, Mapping) and value.get("_target_") == "scripts.runs.path_in":
+            value = f"{value.get('folder')}/{value.get('name')}"
+        text = str(value) if isinstance(value, str) and value else repr(value)
+        lines.append(f"  --{key} {text if len(text) <= 80 else text[:77] + '...'}")
+    lines += [
+        "",
+        "Any other id of the config files is set the same way (--id value, --id#key value); a value is read as Python",
+        "(--id \"[1, 2]\", --id \"{'key': 1}\"), None or null sets None, '$expr' evaluates the expression expr.",
+    ]
+    return "\n".join(lines)
 
 
 # -- folders ---------------------------------------------------------------------------------------------------------
@@ -367,15 +426,56 @@ def check_tracking(tracking: Any) -> None:
         )
 
 
+# -- None on the command line ---------------------------------------------------------------------------------------
+def _means_none(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value in _NONE_SPELLINGS)
+
+
+def given_none(overrides: Mapping[str, Any], parser: ConfigParser | None = None) -> list[str]:
+    """The overrides given as None (``--key None`` or ``--key null``), set to None in ``parser`` (the running
+    configuration: MONAI left them out of it) and logged as ``> key: None`` under MONAI's input summary. Returns
+    their ids.
+
+    Raises:
+        UsageError: ``--+key None`` (MONAI's ``+`` merges into a list or dict: there is nothing to merge)."""
+    keys = [key for key, value in overrides.items() if _means_none(value)]
+    if not keys:
+        return []
+    merged = [key for key in keys if key.startswith("+")]
+    if merged:
+        raise UsageError(f"--{merged[0]} None: '+' merges a list or a dict into the option; give --{merged[0][1:]}")
+    for key in keys:
+        if parser is not None:
+            parser[key] = None
+        logging.getLogger(__name__).info("> %s: None (given on the command line)", key)
+    return keys
+
+
 # -- the whole check -----------------------------------------------------------------------------------------------
-def check_command_line(given: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> None:
+def check_command_line(
+    given: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None, parser: ConfigParser | None = None
+) -> None:
     """:func:`install_excepthook`, then every override of the ``monai.bundle run`` command checked against the
-    config files it names (:func:`check_overrides`); nothing to check outside that command. ``given``: ``(run
-    arguments, overrides)``, by default MONAI's (:func:`command_line`). evaluate.yaml's and inference.yaml's first
-    entry, and the start of :func:`~scripts.training.preflight.preflight_training`."""
+    config files it names (:func:`check_overrides`), and the ones given as None set to None (:func:`given_none`);
+    nothing to do outside that command. evaluate.yaml's and inference.yaml's first entry, and the start of
+    :func:`~scripts.training.preflight.preflight_training`.
+
+    Args:
+        given: ``(run arguments, overrides)``, by default MONAI's (:func:`command_line`).
+        parser: the running configuration; by default, for MONAI's command line, the one evaluating this call
+            (:func:`running_parser`)."""
     install_excepthook()
+    from_monai = given is None
     given = command_line() if given is None else given
     if given is not None:
         arguments, overrides = given
+        file_config = _file_config(arguments)
+        if any(overrides.get(key) is True for key in _HELP_KEYS):
+            print(workflow_help(arguments, file_config))
+            raise SystemExit(0)
         check_tracking(arguments.get("tracking"))
-        check_overrides(list(overrides), _file_config(arguments))
+        page = WORKFLOW_PAGES.get(_workflow(arguments, file_config), "docs/training.md")
+        check_overrides(list(overrides), file_config, page)
+        if parser is None and from_monai and any(_means_none(v) for v in overrides.values()):
+            parser = running_parser()
+        given_none(overrides, parser)

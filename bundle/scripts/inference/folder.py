@@ -13,7 +13,8 @@ interruptions, resuming, reusing a folder"):
    :func:`~.files.files_are_complete`); rows whose files are missing, damaged or unrecorded (an earlier version
    kept no manifests) are dropped and their images run again;
 6. every input gets its file stem (kept for an input the folder already has, new and unique otherwise) and the
-   inputs that are not done are what the run reads.
+   inputs that are not done are what the run reads. An input is the file its path resolves to: the same file given
+   by a relative path, an absolute one or through a linked folder is the same input (done once, one stem).
 
 So rerunning the same command resumes, a run of the same model and settings on other inputs adds them to the same
 tables under stems of their own, and nothing a run wrote is replaced by another run's outputs.
@@ -48,7 +49,6 @@ from .tables import (
     FILES_KEY,
     FINGERPRINT_COLUMNS,
     InferenceTables,
-    csv_cell,
     input_fingerprint,
     rank_tables,
     unescape_text,
@@ -125,6 +125,12 @@ def _fitted(name: str, limit: int) -> str:
         head.append(ch)
         size += width
     return f"{''.join(head)}~{digest}"
+
+
+def _identity(path: str) -> str:
+    """What an input path names: the file it resolves to (links followed, made absolute; the rows' relative paths
+    from the current folder, as the run that wrote them read them)."""
+    return os.path.realpath(path)
 
 
 def assign_stems(paths: Sequence[str], taken: Mapping[str, str], limit: int | None = None) -> dict[str, str]:
@@ -365,7 +371,7 @@ class InferenceOutputFolder:
     def _row_is_current(row: Mapping[str, str], fingerprints: Mapping[str, Mapping[str, str]]) -> bool:
         """Whether a row still describes its input: an input of this run whose size or modification time differ
         from the row's is not (nor is a row without them); inputs of other runs into this folder are left alone."""
-        current = fingerprints.get(unescape_text(row["image"]))
+        current = fingerprints.get(_identity(unescape_text(row["image"])))
         if current is None:
             return True
         return all(row.get(k, "") == current[k] != "" for k in FINGERPRINT_COLUMNS)
@@ -388,17 +394,21 @@ class InferenceOutputFolder:
         self.tables.predictions.replace_rows([row for row in predictions if id(row) not in stale_ids])
 
     def _make_plan(self, items: Sequence[Mapping[str, Any]], predictions: list[dict[str, str]]) -> InferencePlan:
+        # an input is the file its path resolves to, however the path is spelled (relative, absolute, through a
+        # linked folder): a rerun spelled otherwise finds its rows, and one file listed twice is run once
         unique: dict[str, Mapping[str, Any]] = {}
+        seen: set[str] = set()
         for item in items:
             path = os.fspath(item["image"])
-            if path in unique:
+            if _identity(path) in seen:
                 logger.warning("%s is listed twice: it is run once", path)
                 continue
+            seen.add(_identity(path))
             unique[path] = item
         paths = list(unique)
         mine = self._my_inputs(paths)
         # what each input is now: a row counts as done only for the content it was computed from
-        fingerprints = {path: input_fingerprint(path) for path in mine}
+        fingerprints = {_identity(path): input_fingerprint(path) for path in mine}
         checked = self._rows_to_check(predictions, paths, mine)
         complete = [row for row in checked if self._row_is_complete(row)]
         unrecorded = sum(self._unrecorded(row) for row in checked)
@@ -427,15 +437,18 @@ class InferenceOutputFolder:
                 changed,
             )
         stale_ids = {id(row) for row in stale}
-        done = {row["image"] for row in predictions if id(row) not in stale_ids}
+        done = {_identity(unescape_text(row["image"])) for row in predictions if id(row) not in stale_ids}
         taken = {unescape_text(row["image"]): unescape_text(row["output_stem"]) for row in predictions}
+        by_identity = {_identity(path): stem for path, stem in taken.items()}
+        taken.update({path: by_identity[_identity(path)] for path in paths if _identity(path) in by_identity})
         stems = assign_stems(paths, taken, stem_limit(self.path))
         plan = InferencePlan(total=len(mine), redone=damaged + unrecorded + changed)
         for path in mine:
-            if csv_cell(path) in done:
+            if _identity(path) in done:
                 plan.skipped += 1
             else:
-                plan.items.append({**unique[path], "output_stem": stems[path], FINGERPRINT_KEY: fingerprints[path]})
+                fingerprint = fingerprints[_identity(path)]
+                plan.items.append({**unique[path], "output_stem": stems[path], FINGERPRINT_KEY: fingerprint})
         if plan.skipped:
             logger.info(
                 "%s: resuming: %d of %d inputs are done already (skipped), %d to run",

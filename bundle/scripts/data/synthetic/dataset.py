@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -27,6 +28,19 @@ from .writers import deterministic_uid, write_mammogram_dicom, write_mask_png, w
 __all__ = ["make_synthetic_dataset", "ensure_synthetic_dataset"]
 
 _EXTENSIONS = {"png": ".png", "dcm": ".dcm", "nii": ".nii.gz"}
+
+logger = logging.getLogger(__name__)
+
+
+def _logged(items: Any, total: int, out: Path) -> list[dict[str, Any]]:
+    """``items`` as a list, with a log line at every tenth of ``total`` (generating the quick start's data takes
+    minutes)."""
+    step, done = max(1, total // 10), []
+    for item in items:
+        done.append(item)
+        if len(done) % step == 0 or len(done) == total:
+            logger.info("synthetic data: %d/%d images written into %s", len(done), total, out)
+    return done
 
 
 def _plan_images(n: int) -> list[tuple[int, str, str]]:
@@ -168,9 +182,11 @@ def make_synthetic_dataset(
     ]
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(max_workers=int(workers)) as pool:
-            items = list(pool.map(_write_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+            # chunks small enough for a progress line about every tenth
+            chunks = max(1, len(jobs) // (20 * workers))
+            items = _logged(pool.map(_write_one, jobs, chunksize=chunks), len(jobs), out)
     else:
-        items = [_write_one(job) for job in jobs]
+        items = _logged(map(_write_one, jobs), len(jobs), out)
     datalist = split_by_patient(items, fractions=fractions, seed=seed)
     description = {
         "generator": "scripts.data.synthetic",
@@ -216,6 +232,7 @@ def ensure_synthetic_dataset(
     if datalist.is_file():
         return str(datalist)
     out.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("generating %d synthetic images for %s (once: later runs with these settings reuse them)", n, out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         make_synthetic_dataset(tmp, n, size=size, seed=seed, fmt=fmt, **kwargs)
