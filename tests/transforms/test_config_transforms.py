@@ -25,6 +25,7 @@ from monai.transforms import (
 )
 from PIL import Image
 
+from scripts.inference.inputs import inference_reader
 from scripts.transforms import (
     BestCenterRegiond,
     BestCenterWindowd,
@@ -98,6 +99,10 @@ def python_chain(parser: ConfigParser, chain: str, **settings) -> Compose:
     if settings.pop("from_parser", True):
         settings.update(_settings(parser, train))
     if chain == "inference":
+        # inference's reader measures a thumbnail against the model's window at its spacing (the builders' defaults
+        # where the settings give none)
+        window, spacing = settings.get("window", (2944, 1920)), settings.get("pixel_spacing")
+        settings.setdefault("reader", inference_reader(window=window, pixel_spacing=spacing))
         return mammogram_transforms(keys=["image"], mask_keys=mask_keys, train=train, **settings)
     settings.pop("augmentations", None)
     with_masks = not train or parser.get_parsed_content("train_with_masks")

@@ -3,10 +3,10 @@ chains the configs used to write out as transform blocks: the same transforms, i
 arguments, and the same outputs (random chains included, with the same seed) on synthetic mammograms.
 
 The written-out blocks are kept below as they stood in bundle/configs/train.yaml and inference.yaml before the
-components replaced them (the inference reader written as the MammogramReader that ``inference_reader`` returns;
-since then with the box annotations painted into the masks after loading, and dropped with the masks when training
-takes none), so the comparison stays independent of what the configs hold now; the last test checks the configs
-themselves."""
+components replaced them (the inference reader as ``inference_reader`` returns it, with its checks against the
+model's window; since then with the box annotations painted into the masks after loading, and dropped with the masks
+when training takes none), so the comparison stays independent of what the configs hold now; the last test checks
+the configs themselves."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from monai.bundle import ConfigParser
 from monai.transforms import Compose, Invertd
 from test_config_transforms import INFERENCE_CONFIG, TINY_INFERENCE_CONFIG, assert_same_chain, run, write_items
 
-from scripts.data.readers import MammogramReader
+from scripts.inference.inputs import inference_reader
 from scripts.transforms.mammo.pipeline import (
     inference_loading,
     inference_preprocessing,
@@ -187,6 +187,9 @@ preprocessing:
         apply_voi: true
         accept_non_mammography: "@accept_non_mammography"
         max_pixels: "@max_image_pixels"
+        kind_checks: "$not @accept_non_mammography"
+        window: "@image_size"
+        model_spacing: "@pixel_spacing"
       image_only: true
     - _target_: scripts.transforms.ResampleToSpacingd
       keys: image
@@ -280,10 +283,12 @@ def components(parser: ConfigParser, chain: str, augmentations: list | None = No
         return cached, train_batch_transforms(augmentations or [], window=size["window"], max_shift=shift)
     if chain == "validate":
         return validate_preprocessing(prefix_of(parser), **size), validate_batch_transforms()
-    reader = MammogramReader(
+    reader = inference_reader(
         apply_voi=True,
         accept_non_mammography=parser.get_parsed_content("accept_non_mammography"),
         max_pixels=parser.get_parsed_content("max_image_pixels"),
+        window=size["window"],
+        pixel_spacing=parser.get_parsed_content("pixel_spacing"),
     )
     preprocessing = inference_preprocessing(
         reader,

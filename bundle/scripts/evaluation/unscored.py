@@ -22,7 +22,7 @@ from monai.data import list_data_collate
 from monai.transforms import Compose, LoadImaged
 from scipy import ndimage
 
-from ..inference.facts import BREAST_KEYS, breast_refusal
+from ..transforms.mammo.coverage import BREAST_KEYS, breast_refusal
 from ..transforms.mammo.dictionary import BestCenterWindowd, FlipToRightd
 from ..transforms.mammo.pipeline import MASK_KEYS
 from ..transforms.mammo.spacing import ResampleToSpacingd
@@ -68,9 +68,9 @@ def _lesions_outside_window(item: Mapping[str, Any]) -> list[str]:
 def unscored_reason(item: Mapping[str, Any]) -> str | None:
     """Why the evaluation cannot score this image, in one line; None when it can.
 
-    Every per-image reason of a preprocessed image is decided here: a window that misses the breast (the rule
-    inference refuses by, :func:`~scripts.inference.facts.breast_refusal`), a lesion (mask or box) wholly outside
-    the model's window, or gone in the resampling to the model's pixel spacing.
+    Every per-image reason of a preprocessed image is decided here: a window that misses the breast (inference's
+    rule, :func:`~scripts.transforms.mammo.coverage.breast_refusal`), a lesion (mask or box) wholly outside the model's
+    window, or gone in the resampling to the model's pixel spacing.
 
     Args:
         item: the item right after the model's window is cut (:class:`ScoringDataset`): ``image`` a ``MetaTensor``

@@ -3,14 +3,8 @@ the preprocessing used and where each came from, and how much of the breast the 
 (predictions.csv's columns, the panel's title), and what was assumed or missed (a note per image in errors.csv and the
 log).
 
-The share of the breast in the window (``breast_in_window``) is measured on the file's grid, against the tissue
-breast of the whole file (:func:`~scripts.transforms.mammo.breast.tissue_mask`: the largest tissue region, found on the
-thumbnail the panel is drawn from, with an opening that is a share of the picture and owes nothing to
-``crop_iterations``): the mask pixels inside the model's window on the file (what it saw: the window clipped to the
-crop, :func:`~.geometry.window_on_original`) over all mask pixels. The share falls below 1 where the breast's crop is
-larger than the window, or where the crop's opening (``crop_iterations``) cut part of the breast away; it is 0 where
-no tissue region is large enough to be a breast. A window holding less than :data:`MIN_BREAST_IN_WINDOW` of the breast
-is refused (:func:`breast_refusal`): the image is an errors.csv row, not a prediction, and the label app's answer.
+The share of the breast in the window (``breast_in_window``) and the refusal of a window that misses the breast
+(``breast_refusal``) are :mod:`scripts.transforms.mammo.coverage`'s, shared with evaluation.
 """
 
 from __future__ import annotations
@@ -19,12 +13,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from monai.data import MetaTensor
 
 from ..data.cbis_ddsm import cbis_patient_id
 from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY
-from ..transforms.mammo.breast import MIN_TISSUE_SHARE, breast_share, tissue_mask, view_kind
+from ..transforms.mammo.breast import view_kind
+from ..transforms.mammo.coverage import (
+    BREAST_IN_WINDOW,
+    BREAST_KEYS,
+    MIN_BREAST_IN_WINDOW,
+    breast_in_window,
+    breast_refusal,
+)
 from ..transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_IGNORED_KEY,
@@ -34,8 +34,6 @@ from ..transforms.mammo.spacing import (
     SPACING_USED_KEY,
     format_spacing,
 )
-from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
-from .geometry import original_size, window_on_original
 
 __all__ = [
     "BREAST_IN_WINDOW",
@@ -50,16 +48,6 @@ __all__ = [
     "patient_id",
 ]
 
-#: the predictions.csv column (and item key) of the share of the breast inside the model's window
-BREAST_IN_WINDOW = "breast_in_window"
-#: the least share of the breast a window must hold for its image to be a prediction (:func:`breast_refusal`)
-MIN_BREAST_IN_WINDOW = 0.5
-# item key: whether a tissue region large enough to be a breast was found (set with BREAST_IN_WINDOW)
-_BREAST_FOUND = "breast_found"
-# item key: the share of the breast a window of the model's size can hold (below 1 for a breast larger than it)
-_BREAST_REACHABLE = "breast_reachable"
-#: the item keys :func:`breast_in_window` sets
-BREAST_KEYS = (BREAST_IN_WINDOW, _BREAST_FOUND, _BREAST_REACHABLE)
 # the crop's iterations when the metadata does not record them (the authors')
 _DEFAULT_ITERATIONS = 100
 
@@ -110,64 +98,6 @@ def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
         return f"{lead}estimated {used} mm, {fitted}"
     stated = {"datalist": "the datalist's", "option": "input_spacing's"}.get(source, source)
     return f"{lead}{stated} {used} mm used"
-
-
-def breast_in_window(item: Mapping[str, Any]) -> float | None:
-    """The share of the breast inside the model's window, in [0, 1] (see the module's docstring), for a preprocessed
-    ``item`` whose ``image_thumbnail`` was taken at loading (``inference_loading`` of the pipeline takes it); 0 when
-    no tissue region is large enough to be a breast; None without a thumbnail or a window record. Computed once per
-    item (kept under :data:`BREAST_IN_WINDOW`)."""
-    if BREAST_IN_WINDOW in item:
-        return item[BREAST_IN_WINDOW]
-    meta = _meta(item.get("image"))
-    thumbnail = item.get(f"image{THUMBNAIL_SUFFIX}")
-    share, found, reachable = None, None, 1.0
-    if thumbnail is not None and "window_start" in meta and "crop_box" in meta and "spatial_shape" in meta:
-        picture = np.asarray(torch.as_tensor(thumbnail).detach().cpu().numpy())
-        mask, k = tissue_mask(picture, int(item.get(THUMBNAIL_STEP_KEY, 1)))
-        found = bool(mask.any())
-        share = breast_share(mask, k, window_on_original(meta, original_size(meta)))
-        reachable = _reachable(meta, mask, k) if found else 1.0
-    if isinstance(item, dict):
-        item[BREAST_IN_WINDOW], item[_BREAST_FOUND] = share, found
-        item[_BREAST_REACHABLE] = reachable if share is not None else 1.0
-    return share
-
-
-def _reachable(meta: Mapping[str, Any], mask: np.ndarray, k: int) -> float:
-    """The share of the tissue breast's box (``mask``, ``k`` file pixels per pixel) a window of the model's size can
-    hold at the model's scale: 1 where the box fits the window, less where the breast is larger than the window."""
-    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
-    size = np.asarray(original_size(meta), dtype=np.float64)
-    shape = meta.get("resampled_shape")
-    scale = np.asarray(shape, dtype=np.float64).reshape(-1)[:2] / size if shape is not None else np.ones(2)
-    box = np.array([rows[-1] + 1 - rows[0], cols[-1] + 1 - cols[0]], dtype=np.float64) * k * scale
-    window = np.asarray(meta["window_size"], dtype=np.float64).reshape(-1)[:2]
-    return float(np.prod(np.minimum(1.0, window / np.maximum(box, 1.0))))
-
-
-def breast_refusal(item: Mapping[str, Any]) -> str | None:
-    """Why an image's window is no prediction, one line, or None when it holds enough of the breast: no tissue region
-    large enough to be a breast, or a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it
-    (:func:`breast_in_window`); of a breast larger than the window at the model's scale, less than that share of what a
-    window can hold (the window's size over the breast's box, per axis), so that such a breast stays a prediction whose
-    note says it is larger than the window. The bundle's inference writes it as the image's errors.csv row, the label
-    app answers it; None also where the share cannot be measured (no thumbnail)."""
-    share = breast_in_window(item)
-    if share is None:
-        return None
-    if item.get(_BREAST_FOUND) is False:
-        return (
-            f"BreastNotFound: no tissue region large enough to be a breast (at least {MIN_TISSUE_SHARE:.0%} of the "
-            "image) was found: is the input a mammogram?"
-        )
-    needed = MIN_BREAST_IN_WINDOW * float(item.get(_BREAST_REACHABLE, 1.0))
-    if share < needed:
-        return (
-            f"BreastNotInWindow: the model's window holds {share:.3f} of the breast (breast_in_window; at least "
-            f"{needed:.3g} needed): the crop did not find the breast"
-        )
-    return None
 
 
 def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) -> str | None:

@@ -19,6 +19,7 @@ from monai.transforms import Compose, Invertd
 from ..data.geometry import usable_spacing
 from ..enums import MAP_NAMES, OutputKey
 from ..patches import render_saliency
+from ..transforms.mammo.coverage import original_size, window_box_to_original, window_on_original
 
 __all__ = [
     "FALLBACK_SPACING_MM",
@@ -152,50 +153,6 @@ class OnOriginal:
     maps: dict[str, np.ndarray]
     boxes: list[tuple[int, int, int, int]]
     window: tuple[int, int, int, int] | None
-
-
-def original_size(meta: Mapping[str, Any]) -> tuple[int, int]:
-    """(H, W) of the input file, from the reader's ``spatial_shape``."""
-    return tuple(int(v) for v in np.asarray(meta["spatial_shape"]).reshape(-1)[:2])
-
-
-def window_box_to_original(
-    box: Sequence[int], meta: Mapping[str, Any], original_size: Sequence[int]
-) -> tuple[int, int, int, int]:
-    """A box ``(row, col, height, width)`` in window coordinates -> ``(top, left, bottom, right)`` (end-exclusive)
-    in the original file, clipped to it, from the preprocessing metadata (``window_start``, ``crop_box``,
-    ``flipped_to_right``). Used to check the ``Invertd`` route independently."""
-    r, c, h, w = (int(v) for v in box)
-    H, W = int(original_size[0]), int(original_size[1])
-    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
-    crop = [int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4]]
-    r0, c0 = r + top + crop[0], c + left + crop[1]
-    r1, c1 = r0 + h, c0 + w
-    if bool(meta["flipped_to_right"]):
-        c0, c1 = W - c1, W - c0
-    return max(0, r0), max(0, c0), min(H, r1), min(W, c1)
-
-
-def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) -> tuple[int, int, int, int] | None:
-    """The model's window on the original file: ``(top, left, bottom, right)`` (end-exclusive), the part of the file
-    it saw (the window clipped to the crop, whose outside the maps leave at 0), from the preprocessing metadata
-    (``window_start``, ``window_size``, ``crop_box``, ``flipped_to_right``, and ``resampled_shape`` when the image was
-    resampled: the box is scaled back outwards to whole pixels). None when the window holds none of the file."""
-    H, W = int(original_size[0]), int(original_size[1])
-    shape = meta.get("resampled_shape")
-    h, w = (int(v) for v in np.asarray(shape).reshape(-1)[:2]) if shape is not None else (H, W)
-    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
-    rows, cols = (int(v) for v in np.asarray(meta["window_size"]).reshape(-1)[:2])
-    c0, c1, c2, c3 = (int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4])
-    y0, y1 = max(c0 + top, c0), min(c0 + top + rows, c2)
-    x0, x1 = max(c1 + left, c1), min(c1 + left + cols, c3)
-    if y1 <= y0 or x1 <= x0:
-        return None
-    if bool(meta.get("flipped_to_right", False)):
-        x0, x1 = w - x1, w - x0
-    sy, sx = H / h, W / w
-    box = (int(np.floor(y0 * sy)), int(np.floor(x0 * sx)), int(np.ceil(y1 * sy)), int(np.ceil(x1 * sx)))
-    return max(0, box[0]), max(0, box[1]), min(H, box[2]), min(W, box[3])
 
 
 def invert_maps(item: Mapping[str, Any], maps: Mapping[str, torch.Tensor], transform: Compose) -> dict[str, np.ndarray]:

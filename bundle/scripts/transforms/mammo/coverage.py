@@ -1,0 +1,150 @@
+"""Where the model's window lies on the input file, and how much of the breast it holds.
+
+The transforms record their geometry in the image's metadata (``crop_box``, ``window_start``, ``window_size``,
+``flipped_to_right``, ``resampled_shape``); the functions here read it back onto the file's pixel grid. The share of the
+breast in the window (``breast_in_window``) is measured against the tissue breast of the whole file
+(:func:`~scripts.transforms.mammo.breast.tissue_mask`, found on the thumbnail taken at loading, with an opening that is
+a share of the picture and owes nothing to ``crop_iterations``). A window holding less than
+:data:`MIN_BREAST_IN_WINDOW` of it is no prediction (:func:`breast_refusal`): inference writes the reason as the image's
+errors.csv row, evaluation as its unscored.csv row, and the MONAI Label app answers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from monai.data import MetaTensor
+
+from ..thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
+from .breast import MIN_TISSUE_SHARE, breast_share, tissue_mask
+
+__all__ = [
+    "BREAST_IN_WINDOW",
+    "BREAST_KEYS",
+    "MIN_BREAST_IN_WINDOW",
+    "breast_in_window",
+    "breast_refusal",
+    "original_size",
+    "window_box_to_original",
+    "window_on_original",
+]
+
+#: the predictions.csv column (and item key) of the share of the breast inside the model's window
+BREAST_IN_WINDOW = "breast_in_window"
+#: the least share of the breast a window must hold for its image to be a prediction (:func:`breast_refusal`)
+MIN_BREAST_IN_WINDOW = 0.5
+# item key: whether a tissue region large enough to be a breast was found (set with BREAST_IN_WINDOW)
+_BREAST_FOUND = "breast_found"
+# item key: the share of the breast a window of the model's size can hold (below 1 for a breast larger than it)
+_BREAST_REACHABLE = "breast_reachable"
+#: the item keys :func:`breast_in_window` sets
+BREAST_KEYS = (BREAST_IN_WINDOW, _BREAST_FOUND, _BREAST_REACHABLE)
+
+
+def _meta(image: Any) -> Mapping[str, Any]:
+    return image.meta if isinstance(image, MetaTensor) else {}
+
+
+def original_size(meta: Mapping[str, Any]) -> tuple[int, int]:
+    """(H, W) of the input file, from the reader's ``spatial_shape``."""
+    return tuple(int(v) for v in np.asarray(meta["spatial_shape"]).reshape(-1)[:2])
+
+
+def window_box_to_original(
+    box: Sequence[int], meta: Mapping[str, Any], original_size: Sequence[int]
+) -> tuple[int, int, int, int]:
+    """A box ``(row, col, height, width)`` in window coordinates -> ``(top, left, bottom, right)`` (end-exclusive)
+    in the original file, clipped to it, from the preprocessing metadata (``window_start``, ``crop_box``,
+    ``flipped_to_right``). Used to check the ``Invertd`` route independently."""
+    r, c, h, w = (int(v) for v in box)
+    H, W = int(original_size[0]), int(original_size[1])
+    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
+    crop = [int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4]]
+    r0, c0 = r + top + crop[0], c + left + crop[1]
+    r1, c1 = r0 + h, c0 + w
+    if bool(meta["flipped_to_right"]):
+        c0, c1 = W - c1, W - c0
+    return max(0, r0), max(0, c0), min(H, r1), min(W, c1)
+
+
+def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """The model's window on the original file: ``(top, left, bottom, right)`` (end-exclusive), the part of the file
+    it saw (the window clipped to the crop, whose outside the maps leave at 0), from the preprocessing metadata
+    (``window_start``, ``window_size``, ``crop_box``, ``flipped_to_right``, and ``resampled_shape`` when the image was
+    resampled: the box is scaled back outwards to whole pixels). None when the window holds none of the file."""
+    H, W = int(original_size[0]), int(original_size[1])
+    shape = meta.get("resampled_shape")
+    h, w = (int(v) for v in np.asarray(shape).reshape(-1)[:2]) if shape is not None else (H, W)
+    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
+    rows, cols = (int(v) for v in np.asarray(meta["window_size"]).reshape(-1)[:2])
+    c0, c1, c2, c3 = (int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4])
+    y0, y1 = max(c0 + top, c0), min(c0 + top + rows, c2)
+    x0, x1 = max(c1 + left, c1), min(c1 + left + cols, c3)
+    if y1 <= y0 or x1 <= x0:
+        return None
+    if bool(meta.get("flipped_to_right", False)):
+        x0, x1 = w - x1, w - x0
+    sy, sx = H / h, W / w
+    box = (int(np.floor(y0 * sy)), int(np.floor(x0 * sx)), int(np.ceil(y1 * sy)), int(np.ceil(x1 * sx)))
+    return max(0, box[0]), max(0, box[1]), min(H, box[2]), min(W, box[3])
+
+
+def breast_in_window(item: Mapping[str, Any]) -> float | None:
+    """The share of the breast inside the model's window, in [0, 1] (see the module's docstring), for a preprocessed
+    ``item`` whose ``image_thumbnail`` was taken at loading (``inference_loading`` of the pipeline takes it); 0 when
+    no tissue region is large enough to be a breast; None without a thumbnail or a window record. Computed once per
+    item (kept under :data:`BREAST_IN_WINDOW`)."""
+    if BREAST_IN_WINDOW in item:
+        return item[BREAST_IN_WINDOW]
+    meta = _meta(item.get("image"))
+    thumbnail = item.get(f"image{THUMBNAIL_SUFFIX}")
+    share, found, reachable = None, None, 1.0
+    if thumbnail is not None and "window_start" in meta and "crop_box" in meta and "spatial_shape" in meta:
+        picture = np.asarray(torch.as_tensor(thumbnail).detach().cpu().numpy())
+        mask, k = tissue_mask(picture, int(item.get(THUMBNAIL_STEP_KEY, 1)))
+        found = bool(mask.any())
+        share = breast_share(mask, k, window_on_original(meta, original_size(meta)))
+        reachable = _reachable(meta, mask, k) if found else 1.0
+    if isinstance(item, dict):
+        item[BREAST_IN_WINDOW], item[_BREAST_FOUND] = share, found
+        item[_BREAST_REACHABLE] = reachable if share is not None else 1.0
+    return share
+
+
+def _reachable(meta: Mapping[str, Any], mask: np.ndarray, k: int) -> float:
+    """The share of the tissue breast's box (``mask``, ``k`` file pixels per pixel) a window of the model's size can
+    hold at the model's scale: 1 where the box fits the window, less where the breast is larger than the window."""
+    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+    size = np.asarray(original_size(meta), dtype=np.float64)
+    shape = meta.get("resampled_shape")
+    scale = np.asarray(shape, dtype=np.float64).reshape(-1)[:2] / size if shape is not None else np.ones(2)
+    box = np.array([rows[-1] + 1 - rows[0], cols[-1] + 1 - cols[0]], dtype=np.float64) * k * scale
+    window = np.asarray(meta["window_size"], dtype=np.float64).reshape(-1)[:2]
+    return float(np.prod(np.minimum(1.0, window / np.maximum(box, 1.0))))
+
+
+def breast_refusal(item: Mapping[str, Any]) -> str | None:
+    """Why an image's window is no prediction, one line, or None when it holds enough of the breast: no tissue region
+    large enough to be a breast, or a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it
+    (:func:`breast_in_window`); of a breast larger than the window at the model's scale, less than that share of what a
+    window can hold (the window's size over the breast's box, per axis), so that such a breast stays a prediction whose
+    note says it is larger than the window. The bundle's inference writes it as the image's errors.csv row, the label
+    app answers it; None also where the share cannot be measured (no thumbnail)."""
+    share = breast_in_window(item)
+    if share is None:
+        return None
+    if item.get(_BREAST_FOUND) is False:
+        return (
+            f"BreastNotFound: no tissue region large enough to be a breast (at least {MIN_TISSUE_SHARE:.0%} of the "
+            "image) was found: is the input a mammogram?"
+        )
+    needed = MIN_BREAST_IN_WINDOW * float(item.get(_BREAST_REACHABLE, 1.0))
+    if share < needed:
+        return (
+            f"BreastNotInWindow: the model's window holds {share:.3f} of the breast (breast_in_window; at least "
+            f"{needed:.3g} needed): the crop did not find the breast"
+        )
+    return None
