@@ -214,6 +214,8 @@ class FolderLock:
         self._fd: int | None = None
         #: the record of a process that ended holding the lock (taken over by :meth:`acquire`), else None
         self.stale: dict[str, Any] | None = None
+        #: whether :meth:`acquire` created the folder
+        self.made_folder = False
 
     @staticmethod
     def describe(record: dict[str, Any] | None) -> str:
@@ -237,6 +239,7 @@ class FolderLock:
         """Take the lock (without waiting), write this process's record; a stale record is logged as taken over."""
         if self._fd is not None or fcntl is None:
             return self
+        self.made_folder = not self.path.parent.is_dir()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

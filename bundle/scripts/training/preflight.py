@@ -24,7 +24,15 @@ from ..commands import UsageError, check_command_line, check_writable
 from ..distributed import rank
 from .checkpoints import read_record
 
-__all__ = ["PER_STAGE_OPTIONS", "RUN_LOCK", "per_stage", "lock_run", "check_unfinished_run", "preflight_training"]
+__all__ = [
+    "PER_STAGE_OPTIONS",
+    "RUN_LOCK",
+    "per_stage",
+    "lock_run",
+    "unlock_run",
+    "check_unfinished_run",
+    "preflight_training",
+]
 
 #: the lock file of a training run in its ``ckpt_root``
 RUN_LOCK = ".training.lock"
@@ -145,6 +153,18 @@ def lock_run(ckpt_root: str | os.PathLike) -> FolderLock | None:
     return lock
 
 
+def unlock_run(lock: FolderLock | None, started: bool) -> None:
+    """Release the run's lock (:func:`lock_run`); a run that stopped before its first stage (a refused datalist, say)
+    in a ``ckpt_root`` it made removes the folder again when only the lock file is in it."""
+    if lock is None:
+        return
+    lock.release()
+    folder = lock.path.parent
+    if not started and lock.made_folder and [p.name for p in folder.iterdir()] == [RUN_LOCK]:
+        lock.path.unlink(missing_ok=True)
+        folder.rmdir()
+
+
 def preflight_training(parser: ConfigParser) -> FolderLock | None:
     """The checks of this module's docstring on the training workflow's merged configuration ``parser``, before
     any work (:func:`scripts.training.workflow.run_training`). Returns the run's lock on ``ckpt_root``
@@ -169,7 +189,6 @@ def preflight_training(parser: ConfigParser) -> FolderLock | None:
             parser.get_parsed_content("overwrite") if "overwrite" in parser else False,
         )
     except BaseException:
-        if lock is not None:
-            lock.release()
+        unlock_run(lock, started=False)
         raise
     return lock

@@ -94,10 +94,10 @@ def run_training(parser: ConfigParser | None = None) -> list[Any]:
     (``stage``, ``best_metric``, ``best_epoch``, ``model``)."""
     from ..commands import running_parser
     from .distributed import rank_zero_first
-    from .preflight import preflight_training
+    from .preflight import preflight_training, unlock_run
 
     parser = running_parser() if parser is None else parser
-    joined, lock = False, None
+    joined, lock, started = False, None, False
     if _distributed(parser) and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         _join_process_group(parser)
         joined = True
@@ -107,10 +107,10 @@ def run_training(parser: ConfigParser | None = None) -> list[Any]:
             rank_zero_first(parser, parser.get("rank_zero_first", ["datalist"]))
         if "check_datalist" in parser:
             parser.get_parsed_content("check_datalist")
+        started = True
         return run_stages(parser, str(parser.get_parsed_content("stage")))
     finally:
-        if lock is not None:
-            lock.release()
+        unlock_run(lock, started)
         if joined:
             destroy_distributed()
 
