@@ -6,8 +6,9 @@ every input once and the run's own model time.
     python scripts/benchmark_inference.py --weights full --n 64 --copies 8 -- --batch_size 16   # GPU, full size
 
 The folder is generated once (``scripts/make_synthetic.py``'s generator, 16-bit PNGs stating 0.1 mm pixels at
-2944x1920) and kept under ``data/``; ``--copies K`` runs on K symbolic links to each image (K x n inputs, each
-decoded and written separately) for a long run without generating K times as many. ``--weights full`` saves a
+2944x1920) and kept under ``data/``; ``--copies K`` runs on K hard links to each image (K x n inputs, each
+decoded and written separately; symbolic links would be one input each, as inference knows a file by the path it
+resolves to) for a long run without generating K times as many. ``--weights full`` saves a
 randomly initialised paper-size GLAMSaliencyNet (2944x1920 window, ResNet-34-HR patches, no pixel spacing: nothing
 is resampled); ``shipped`` is ``bundle/models/model.pt`` (a 736x480 window at 0.4 mm: each input is resampled to it
 and its maps back). Arguments after ``--`` go to the inference command (e.g. ``--outputs``, ``--num_workers``,
@@ -52,7 +53,8 @@ def decode_seconds(files: list[Path]) -> float:
 
 def make_folder(folder: Path, n: int, size: tuple[int, int], seed: int, copies: int = 1) -> tuple[Path, list[Path]]:
     """``n`` synthetic PNG mammograms in ``folder/images`` (generated once); with ``copies`` > 1 a folder
-    ``folder/copies<K>`` of K links to each. Returns the input folder and its files."""
+    ``folder/links_n<n>_x<K>`` of K hard links to each (copies where the file system has none). Returns the input
+    folder and its files."""
     images = folder / "images"
     files = sorted(images.glob("*.png")) if images.is_dir() else []
     if len(files) < n:
@@ -72,7 +74,10 @@ def make_folder(folder: Path, n: int, size: tuple[int, int], seed: int, copies: 
     linked.mkdir()
     for k in range(copies):
         for f in files:
-            (linked / f"c{k}_{f.name}").symlink_to(f.resolve())
+            try:
+                os.link(f, linked / f"c{k}_{f.name}")
+            except OSError:
+                shutil.copyfile(f, linked / f"c{k}_{f.name}")
     return linked, sorted(linked.iterdir())
 
 
