@@ -418,3 +418,56 @@ def test_generic_csv_box_columns_one_row_per_box(tmp_path):
     assert problems[1] == f"{where}:6: label must be one of ['benign', 'malignant'], got 'cyst' " + (
         "(box y0, box x0, box y1, box x1)"
     )
+
+
+class _CountedLabel(str):
+    """A box label that counts how often it is compared: a list search compares every pair of boxes, a hashed
+    de-duplication only the repeats (equal keys)."""
+
+    comparisons = 0
+
+    def __eq__(self, other):
+        type(self).comparisons += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_repeated_boxes_are_kept_once_in_order_by_hashing_not_pairwise(tmp_path, monkeypatch):
+    """Rows of one image (and the same image in two CSVs) list their boxes once each, in the order they first
+    appear; the de-duplication is linear: with n distinct boxes and r repeats it compares labels r times (a list
+    search compared about n * n / 2 times: a million boxes of one image did not finish in ten minutes)."""
+    import scripts.data.datalist_parsers as parsers
+
+    n, repeats = 400, [0, 7, 399, 7]
+    parse = parsers.parse_boxes
+
+    def counted(boxes, where):  # the boxes the generic parser makes, each with its own label object
+        return [(_CountedLabel(label), box) for label, box in parse(boxes, where)]
+
+    monkeypatch.setattr(parsers, "parse_boxes", counted)
+    Image.fromarray(np.full((900, 20), 9, np.uint8)).save(tmp_path / "a.png")
+    header = ["image", "label_benign", "label_malignant", "box_y0", "box_x0", "box_y1", "box_x1", "box_label"]
+    boxes = [[k, 1, k + 2, 5, "benign" if k % 3 else "malignant"] for k in range(n)]
+    rows = [["a.png", 1, 1, *box] for box in [*boxes, *(boxes[k] for k in repeats)]]
+    _CountedLabel.comparisons = 0
+    items, problems = items_from_csv(_write_csv(tmp_path / "boxes.csv", header, rows))
+    compared = _CountedLabel.comparisons
+    assert problems == [] and len(items) == 1
+    expected = [
+        {"label": label, "box": [float(y0), float(x0), float(y1), float(x1)]} for y0, x0, y1, x1, label in boxes
+    ]
+    assert items[0]["boxes"] == expected  # n boxes, first-appearance order, the repeats gone
+    assert compared == len(repeats), compared
+
+    # the same image from two CSVs (make_datalist's merge across CSVs): the second CSV's boxes join, repeats once
+    cli = _cli()
+    first = {"image": "a.png", "label": [1, 0], "boxes": [{"label": _CountedLabel("benign"), "box": [0, 0, 1, 1]}]}
+    again = [*expected, *(expected[k] for k in repeats), first["boxes"][0]]  # each entry with its own label object
+    second = {"image": "a.png", "label": [0, 1], "boxes": [dict(b, label=_CountedLabel(b["label"])) for b in again]}
+    _CountedLabel.comparisons = 0
+    (merged,) = cli._merge_duplicates([first, second], [])
+    compared = _CountedLabel.comparisons
+    assert merged["label"] == [1, 1]
+    assert merged["boxes"] == [{"label": "benign", "box": [0, 0, 1, 1]}, *expected]
+    assert compared == len(repeats) + 1, compared

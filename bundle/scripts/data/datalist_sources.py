@@ -20,7 +20,7 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import LesionClass
-from .boxes import BOXES_KEY
+from .boxes import BOXES_KEY, unique_boxes
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
@@ -206,6 +206,9 @@ def items_from_csv(
         for cls, mask in parsed.masks.items():
             masks[str(parsed.image)][cls].append(mask)
         problems += _merge_row(merged, parsed, where, relative_to)
+    for item in merged.values():
+        if BOXES_KEY in item:
+            item[BOXES_KEY] = unique_boxes(item[BOXES_KEY])
     out_dir = Path(mask_dir) if mask_dir else csv_path.parent / "merged_masks"
     problems += _attach_masks(merged, masks, failed_masks, out_dir, relative_to)
     items = [{k: v for k, v in it.items() if v is not None} for it in merged.values()]
@@ -267,7 +270,7 @@ def _merge_row(
     merged: dict[str, dict[str, Any]], parsed: ParsedRow, where: str, rel: str | os.PathLike | None
 ) -> list[str]:
     """Fold one row into its image's item: labels are OR-ed (an unknown label stays unknown only until a row
-    knows it), fields come from the first row that gives them, boxes are added (once each). Returns a problem per
+    knows it), fields come from the first row that gives them, boxes are added. Returns a problem per
     field that disagrees with an earlier row (the earlier value is kept: rows of one image must describe one
     image)."""
     item = merged.setdefault(str(parsed.image), {"image": path_for_datalist(parsed.image, rel)})
@@ -284,10 +287,8 @@ def _merge_row(
                     f"{where}: {key} {value!r} differs from {item[key]!r} on an earlier row of {parsed.image}"
                 )
             item.setdefault(key, value)
-    for box in parsed.boxes:
-        boxes = item.setdefault(BOXES_KEY, [])
-        if box not in boxes:
-            boxes.append(box)
+    if parsed.boxes:
+        item.setdefault(BOXES_KEY, []).extend(parsed.boxes)  # repeats removed once every row is in (items_from_csv)
     if parsed.pixel_spacing is not None and "pixel_spacing" not in item:
         spacing = parsed.pixel_spacing
         item["pixel_spacing"] = list(spacing) if isinstance(spacing, tuple) else spacing
