@@ -471,3 +471,33 @@ def test_repeated_boxes_are_kept_once_in_order_by_hashing_not_pairwise(tmp_path,
     assert merged["label"] == [1, 1]
     assert merged["boxes"] == [{"label": "benign", "box": [0, 0, 1, 1]}, *expected]
     assert compared == len(repeats) + 1, compared
+
+
+def test_a_box_beside_its_class_mask_file_is_noted_per_row(tmp_path, capsys):
+    """The preprocessing paints boxes only into the classes without a mask file (BoxesToMasksd mask_files="keep"),
+    so make_datalist notes every row whose box it will not use, naming the row, the class and the mask; boxes of a
+    class without a mask file are used, silently. Before, such boxes were ignored without a word."""
+    for name in ("a.png", "b.png", "a_b.png", "b_m.png"):
+        Image.fromarray(np.full((30, 20), 9, np.uint8)).save(tmp_path / name)
+    header = ["image", "label_benign", "label_malignant", "mask_benign", "mask_malignant"]
+    header += ["box_y0", "box_x0", "box_y1", "box_x1", "box_label"]
+    rows = [
+        ["a.png", 1, 1, "a_b.png", "", 1, 2, 10, 12, "benign"],  # the mask and the box on one row
+        ["a.png", 1, 1, "", "", 3, 3, 9, 9, "malignant"],  # no malignant mask: the box is used
+        ["b.png", 0, 1, "", "", 5, 5, 8, 8, "malignant"],  # the mask comes on a later row
+        ["b.png", 0, 1, "", "b_m.png", "", "", "", "", ""],
+    ]
+    csv_path = _write_csv(tmp_path / "both.csv", header, rows)
+    notes: list[str] = []
+    items, problems = items_from_csv(csv_path, relative_to=tmp_path, notes=notes)
+    assert problems == [] and len(items) == 2 and len(items[0]["boxes"]) == 2  # the datalist keeps every box
+    assert notes == [
+        f"{csv_path}:2: this row's benign box is not used: a.png has a benign mask file (a_b.png), which the "
+        "preprocessing keeps over the class's boxes (leave mask_benign empty to use the boxes)",
+        f"{csv_path}:4: this row's malignant box is not used: b.png has a malignant mask file (b_m.png), which the "
+        "preprocessing keeps over the class's boxes (leave mask_malignant empty to use the boxes)",
+    ]
+    out = tmp_path / "list.json"
+    assert _cli().main(["--csv", str(csv_path), "--out", str(out), "--fractions", "0", "0", "1"]) == 0
+    printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert printed == [f"note: {n}" for n in notes]
