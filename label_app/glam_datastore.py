@@ -254,13 +254,6 @@ class GLAMDatastore(LocalDatastore):
             raise ImageNotFoundException(self.unknown_id_message(image_id))
         return obj
 
-    def _existing(self, path: str, missing: Exception) -> str:
-        """``path`` when it is a file (a link to one included), else raise ``missing``: a record whose file was
-        removed since the last listing is answered as no record."""
-        if not os.path.isfile(path):
-            raise missing
-        return path
-
     # -- listings (LocalDatastore's, without names no answer can hold) ------------------------------------------------
     def _list_files(self, path: str, patterns: Sequence[str]) -> dict[str, str]:
         files = super()._list_files(path, patterns)
@@ -299,7 +292,7 @@ class GLAMDatastore(LocalDatastore):
             try:
                 image = self.get_image_uri(image_id)
                 label = self.get_label_uri(image_id, tag)
-            except RequestRefused as e:
+            except (RequestRefused, ImageNotFoundException, LabelNotFoundException) as e:
                 logger.warning("datastore: %s left out of the data list: %s", shown_name(image_id), e)
                 continue
             if full_path:
@@ -310,9 +303,15 @@ class GLAMDatastore(LocalDatastore):
 
     # -- images ------------------------------------------------------------------------------------------------------
     def get_image_uri(self, image_id: str) -> str:
+        """The image file of ``image_id`` as the routes hand it out; a file removed since the listing is no image
+        (404, :meth:`_image_record`), a folder listed under an image's name (a link to one) is refused (400)."""
         obj = self._image_record(image_id)
         path = readable_path(self.root, self._image_file(image_id, obj.image.ext), f"image {image_id!r}")
-        return self._existing(path, ImageNotFoundException(self.unknown_id_message(image_id)))
+        if os.path.isdir(path):
+            raise RequestRefused(f"image id {image_id!r} names a folder, not an image file")
+        if not os.path.isfile(path):
+            raise ImageNotFoundException(self.unknown_id_message(image_id))
+        return path
 
     def get_image_info(self, image_id: str) -> dict[str, Any]:
         path = self.get_image_uri(image_id)
@@ -408,7 +407,9 @@ class GLAMDatastore(LocalDatastore):
     def get_label_uri(self, label_id: str, label_tag: str) -> str:
         label = self._label_record(label_id, label_tag)
         path = readable_path(self.root, self._label_file(label_id, label_tag, label.ext), f"label {label_id!r}")
-        return self._existing(path, self._no_label(label_id, label_tag))
+        if not os.path.isfile(path):
+            raise self._no_label(label_id, label_tag)
+        return path
 
     def get_label_info(self, label_id: str, label_tag: str) -> dict[str, Any]:
         self.get_label_uri(label_id, label_tag)

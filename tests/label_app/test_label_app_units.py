@@ -433,5 +433,12 @@ def test_an_image_the_datastore_has_not_is_one_404_wording_on_every_route(layout
         with pytest.raises(LabelNotFoundException) as err:
             call()
         assert err.value.msg == "image id 'SYN00000_L_CC' has no label tagged 'glam_label'"
+    # a folder listed under an image's name is no image: one 400 wording wherever its file is asked for
+    (studies / "folder.png").mkdir()
+    store.refresh()
+    for call in (lambda: store.get_image_uri("folder"), lambda: store.get_image_info("folder")):
+        with pytest.raises(RequestRefused, match="^image id 'folder' names a folder, not an image file$") as err:
+            call()
+        assert err.value.status_code == 400
     assert store.get_label_uri("SYN00000_L_CC", "final").endswith("SYN00000_L_CC.png")
     assert store.get_image_info("SYN00000_L_CC")["path"] == str(studies / "SYN00000_L_CC.png")
