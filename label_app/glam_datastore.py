@@ -245,6 +245,15 @@ class GLAMDatastore(LocalDatastore):
             return f"image id {image_id!r} is shared by {len(shared)} files; each is served under its own id: {shared}"
         return f"image id {image_id!r} is not in the datastore"
 
+    def _image_record(self, image_id: str) -> ImageLabelModel:
+        """The record of ``image_id`` (checked as a name first: 400); an id the datastore has no image of raises
+        ``ImageNotFoundException`` with :meth:`unknown_id_message`, which every route answers as the same 404
+        (MONAI Label answered "Image NOT Found", "Image x not found" or an empty 200, by route)."""
+        obj = self._datastore.objects.get(check_name(image_id, "image id"))
+        if obj is None:
+            raise ImageNotFoundException(self.unknown_id_message(image_id))
+        return obj
+
     # -- listings (LocalDatastore's, without names no answer can hold) ------------------------------------------------
     def _list_files(self, path: str, patterns: Sequence[str]) -> dict[str, str]:
         files = super()._list_files(path, patterns)
@@ -283,7 +292,7 @@ class GLAMDatastore(LocalDatastore):
             try:
                 image = self.get_image_uri(image_id)
                 label = self.get_label_uri(image_id, tag)
-            except RequestRefused as e:
+            except (RequestRefused, ImageNotFoundException, LabelNotFoundException) as e:
                 logger.warning("datastore: %s left out of the data list: %s", shown_name(image_id), e)
                 continue
             if full_path:
@@ -294,17 +303,19 @@ class GLAMDatastore(LocalDatastore):
 
     # -- images ------------------------------------------------------------------------------------------------------
     def get_image_uri(self, image_id: str) -> str:
-        obj = self._datastore.objects.get(check_name(image_id, "image id"))
-        if obj is None:
-            return ""
-        return readable_path(self.root, self._image_file(image_id, obj.image.ext), f"image {image_id!r}")
+        """The image file of ``image_id`` as the routes hand it out; a file removed since the listing is no image
+        (404, :meth:`_image_record`), a folder listed under an image's name (a link to one) is refused (400)."""
+        obj = self._image_record(image_id)
+        path = readable_path(self.root, self._image_file(image_id, obj.image.ext), f"image {image_id!r}")
+        if os.path.isdir(path):
+            raise RequestRefused(f"image id {image_id!r} names a folder, not an image file")
+        if not os.path.isfile(path):
+            raise ImageNotFoundException(self.unknown_id_message(image_id))
+        return path
 
     def get_image_info(self, image_id: str) -> dict[str, Any]:
         path = self.get_image_uri(image_id)
-        info = super().get_image_info(image_id)
-        if path:
-            info["path"] = path  # MONAI Label gives the resolved path: where a link leads
-        return info
+        return {**super().get_image_info(image_id), "path": path}  # MONAI Label's path is resolved: a link's target
 
     def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
         try:
@@ -348,9 +359,7 @@ class GLAMDatastore(LocalDatastore):
             )
 
     def remove_image(self, image_id: str) -> None:
-        obj = self._datastore.objects.get(check_name(image_id, "image id"))
-        if obj is None:
-            raise ImageNotFoundException(f"Image {image_id} not found")
+        obj = self._image_record(image_id)
         what = f"image {image_id!r}"
         # every file decided first: a refusal deletes nothing
         files = [deletable_path(self.root, self._image_file(image_id, obj.image.ext), what)]
@@ -379,12 +388,28 @@ class GLAMDatastore(LocalDatastore):
         return self._archive
 
     # -- labels ------------------------------------------------------------------------------------------------------
-    def get_label_uri(self, label_id: str, label_tag: str) -> str:
+    def _no_label(self, label_id: str, label_tag: str) -> LabelNotFoundException:
+        """404 on every route: the image's own message when the datastore has no such image, else that the image
+        has no label of that tag."""
+        obj = self._datastore.objects.get(label_id)
+        if obj is None or not os.path.isfile(self._image_file(label_id, obj.image.ext)):
+            return LabelNotFoundException(self.unknown_id_message(label_id))
+        return LabelNotFoundException(f"image id {label_id!r} has no label tagged {label_tag!r}")
+
+    def _label_record(self, label_id: str, label_tag: str) -> DataModel:
+        """The record of image ``label_id``'s label ``label_tag`` (both checked as names first: 400), else
+        :meth:`_no_label`."""
         label = self._datastore.label(check_name(label_id, "label id"), check_name(label_tag, "label tag"))
         if label is None:
-            return ""
-        path = self._label_file(label_id, label_tag, label.ext)
-        return readable_path(self.root, path, f"label {label_id!r}")
+            raise self._no_label(label_id, label_tag)
+        return label
+
+    def get_label_uri(self, label_id: str, label_tag: str) -> str:
+        label = self._label_record(label_id, label_tag)
+        path = readable_path(self.root, self._label_file(label_id, label_tag, label.ext), f"label {label_id!r}")
+        if not os.path.isfile(path):
+            raise self._no_label(label_id, label_tag)
+        return path
 
     def get_label_info(self, label_id: str, label_tag: str) -> dict[str, Any]:
         self.get_label_uri(label_id, label_tag)
@@ -397,9 +422,8 @@ class GLAMDatastore(LocalDatastore):
             check_name(image_id, "image id")
             check_name(label_tag, "label tag")
             ext = self._file_type(label_filename, "a label")
-            obj = self._datastore.objects.get(image_id)
-            if obj is None:
-                raise ImageNotFoundException(f"Image {image_id} not found")
+            self.get_image_uri(image_id)  # an image the datastore has (its file included), else 404
+            obj = self._datastore.objects[image_id]
             name = image_id + ext
             logger.info("Adding Label: %s => %s => %s", image_id, label_tag, label_filename)
             with FileLock(self._lock_file):
@@ -415,9 +439,7 @@ class GLAMDatastore(LocalDatastore):
             self._discard_upload(label_filename)
 
     def remove_label(self, label_id: str, label_tag: str) -> None:
-        label = self._datastore.label(check_name(label_id, "label id"), check_name(label_tag, "label tag"))
-        if label is None:
-            raise LabelNotFoundException(f"Label: {label_id} Tag: {label_tag} not found")
+        label = self._label_record(label_id, label_tag)
         path = deletable_path(self.root, self._label_file(label_id, label_tag, label.ext), f"label {label_id!r}")
         logger.info("Removing label: %s => %s", label_id, label_tag)
         if path:

@@ -28,7 +28,8 @@ the studies folder. Here, on that same app object (its routers, its lifespan tha
   (``MONAI_LABEL_AUTH_REALM_URI``, roles, claims) with the RSA algorithms PyJWT 2 needs to be told (MONAI Label
   0.8.5 names none, so every token was refused).
 - Refusals (:class:`glam_safety.RequestRefused`) and MONAI Label's not-found errors answer 4xx with the message,
-  not 500 with a traceback.
+  not 500 with a traceback; an image the datastore does not have is one 404 with one message on every route
+  (``glam_datastore``).
 """
 
 from __future__ import annotations

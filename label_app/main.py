@@ -275,9 +275,7 @@ class GLAMApp(MONAILabelApp):
         request["description"] = task.description
         if upload is None:
             image_id = check_name(request.get("image"), "image id")
-            path = datastore.get_image_uri(image_id)
-            if not path:
-                raise RequestRefused(datastore.unknown_id_message(image_id), 404)
+            path = datastore.get_image_uri(image_id)  # 404 when the datastore has no such image
             # a DICOM's copy for the viewers is read as the DICOM itself (ingest.py): the bundle's reader and spacing
             # policy on the file as it states it
             path, source = inference_input(datastore.root, path)

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
 from scripts.atomic import probe_writable  # noqa: E402
+from scripts.data.boxes import unique_boxes  # noqa: E402
 from scripts.data.datalist import (  # noqa: E402
     SPLITS,
     DatalistError,
@@ -122,13 +123,15 @@ def _merge_duplicates(items: list[dict], skipped: list[str]) -> list[dict]:
             first["label"] = [max(a, b) for a, b in zip(first["label"], item["label"])]
         else:
             first["label"] = first.get("label") if first.get("label") is not None else item.get("label")
-        for box in item.get("boxes") or ():  # VinDr-Mammo: the finding CSV's boxes join the breast-level CSV's item
-            if box not in first.setdefault("boxes", []):
-                first["boxes"].append(box)
+        if item.get("boxes"):  # VinDr-Mammo: the finding CSV's boxes join the breast-level CSV's item
+            first.setdefault("boxes", []).extend(item["boxes"])
         for key, value in item.items():
             if key.startswith("mask_") and first.get(key) not in (None, value):
                 skipped.append(f"{item['image']}: two CSVs give different {key} ({first[key]}, {value}); first kept")
             first.setdefault(key, value)
+    for item in by_image.values():
+        if item.get("boxes"):
+            item["boxes"] = unique_boxes(item["boxes"])
     return [{k: v for k, v in it.items() if v is not None} for it in by_image.values()]
 
 

@@ -198,3 +198,17 @@ def linear_window(x: np.ndarray, center: float, width: float, bits: int) -> np.n
     y[x <= center - 0.5 - (width - 1) / 2] = 0
     y[x > center - 0.5 + (width - 1) / 2] = ymax
     return y
+
+
+def set_raw_value(path: str | Path, tag: int, raw: bytes) -> Path:
+    """Rewrite the value of the top-level element ``tag`` of an explicit-VR little-endian file written by
+    :func:`save` to the bytes ``raw`` as they are (padded with a space to an even length), whatever its VR allows:
+    the text a scanner wrote that pydicom will not write, e.g. ``b"abc"`` in a DS or one value where two belong."""
+    path = Path(path)
+    data = path.read_bytes()
+    key = struct.pack("<HH", tag >> 16, tag & 0xFFFF)
+    pos = data.index(key, 132)
+    length = struct.unpack_from("<H", data, pos + 6)[0]  # short-VR elements only (DS, IS, CS, US, LO, ...)
+    raw = raw + b" " if len(raw) % 2 else raw
+    path.write_bytes(data[: pos + 6] + struct.pack("<H", len(raw)) + raw + data[pos + 8 + length :])
+    return path

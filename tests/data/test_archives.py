@@ -245,3 +245,55 @@ def test_vindr_finding_boxes_take_their_findings_class_and_the_label_follows(tmp
     assert len(notes) == 1 and ":6: box left out: its finding's BI-RADS (1)" in notes[0]
     assert "boxes" not in by_image["c"] and by_image["c"]["label"] == [0, 0]
     assert len(problems) == 1 and problems[0].startswith(f"{root / 'finding_annotations.csv'}:8: a box needs all of")
+
+
+def test_birads_outside_the_scale_or_unreadable_is_a_problem_per_row(tmp_path):
+    """A BI-RADS cell that is not a category of the data set's scale (VinDr-Mammo 1-5, INbreast 1-6; 4A/4B/4C) nor
+    empty leaves its row out with a problem naming the file, the line, the column and the value; the other rows are
+    built. Before, "BI-RADS 7" and "4D" became malignant boxes and labels (the first digit was taken)."""
+    root = tmp_path / "vindr"
+    for image in ("a", "b", "c", "d", "e", "f", "g"):
+        _dicom(root / "images" / "st" / f"{image}.dicom", np.full((50, 40), 50, np.uint16))
+    header = ["study_id", "series_id", "image_id", "laterality", "view_position", "breast_birads", "finding_birads"]
+    header += ["xmin", "ymin", "xmax", "ymax"]
+    box = ["1", "2", "5", "6"]
+    rows = [
+        ["st", "se", "a", "L", "CC", "BI-RADS 2", "BI-RADS 7", *box],
+        ["st", "se", "b", "L", "CC", "BI-RADS x", "", *box],
+        ["st", "se", "c", "L", "CC", "BI-RADS 2", "4D", *box],
+        ["st", "se", "d", "L", "CC", "BI-RADS 0", "BI-RADS 3", *box],
+        ["st", "se", "e", "L", "CC", "BI-RADS 3", "", *box],  # empty finding: the breast's category (3, benign)
+        ["st", "se", "f", "L", "CC", "bi-rads 4c", "BI-RADS 4A", *box],
+        ["st", "se", "g", "L", "CC", "BI-RADS 1", "nan", "nan", "nan", "nan", "nan"],
+    ]
+    csv_path = _csv(root / "finding_annotations.csv", header, rows)
+    items, problems = items_from_csv(csv_path, root)
+    assert problems == [
+        f"{csv_path}:2: finding_birads must be a BI-RADS category 1-5 (4A/4B/4C too), got 'BI-RADS 7'",
+        f"{csv_path}:3: breast_birads must be a BI-RADS category 1-5 (4A/4B/4C too), got 'BI-RADS x'",
+        f"{csv_path}:4: finding_birads must be a BI-RADS category 1-5 (4A/4B/4C too), got '4D'",
+        f"{csv_path}:5: breast_birads must be a BI-RADS category 1-5 (4A/4B/4C too), got 'BI-RADS 0'",
+    ]
+    by_image = {Path(it["image"]).stem: it for it in items}
+    assert sorted(by_image) == ["e", "f", "g"]
+    assert by_image["e"]["label"] == [1, 0] and by_image["e"]["boxes"] == [{"label": "benign", "box": [2, 1, 6, 5]}]
+    assert by_image["f"]["label"] == [0, 1] and by_image["f"]["boxes"][0]["label"] == "malignant"
+    assert by_image["g"]["label"] == [0, 0] and "boxes" not in by_image["g"]
+
+    inbreast = tmp_path / "INbreast"
+    values = {"1001": "4D", "1002": "7", "1003": "x", "1004": "", "1005": "46", "1006": "4c", "1007": "6"}
+    for name in values:
+        _dicom(inbreast / "AllDICOMs" / f"{name}_ab12_MG_R_CC_ANON.dcm", np.full((8, 6), 300, np.uint16))
+    header = ["Patient ID", "Patient age", "Laterality", "View", "Acquisition date", "File Name", "ACR", "Bi-Rads"]
+    rows = [["removed", "removed", "R", "CC", "201001", name, "2", value] for name, value in values.items()]
+    csv_path = _csv(inbreast / "INbreast.csv", header, rows, delimiter=";")
+    items, problems = items_from_csv(csv_path, inbreast)
+    assert [(p.split(": ")[0], p.split("got ")[-1]) for p in problems if "got" in p] == [
+        (f"{csv_path}:2", "'4D'"),
+        (f"{csv_path}:3", "'7'"),
+        (f"{csv_path}:4", "'x'"),
+        (f"{csv_path}:6", "'46'"),
+    ]
+    assert f"{csv_path}:5: empty Bi-Rads" in problems and len(problems) == 5
+    assert all("bi-rads must be a BI-RADS category 1-6" in p for p in problems if "got" in p)
+    assert sorted((Path(it["image"]).name[:4], it["label"]) for it in items) == [("1006", [0, 1]), ("1007", [0, 1])]

@@ -418,3 +418,86 @@ def test_generic_csv_box_columns_one_row_per_box(tmp_path):
     assert problems[1] == f"{where}:6: label must be one of ['benign', 'malignant'], got 'cyst' " + (
         "(box y0, box x0, box y1, box x1)"
     )
+
+
+class _CountedLabel(str):
+    """A box label that counts how often it is compared: a list search compares every pair of boxes, a hashed
+    de-duplication only the repeats (equal keys)."""
+
+    comparisons = 0
+
+    def __eq__(self, other):
+        type(self).comparisons += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_repeated_boxes_are_kept_once_in_order_by_hashing_not_pairwise(tmp_path, monkeypatch):
+    """Rows of one image (and the same image in two CSVs) list their boxes once each, in the order they first
+    appear; the de-duplication is linear: with n distinct boxes and r repeats it compares labels r times (a list
+    search compared about n * n / 2 times: a million boxes of one image did not finish in ten minutes)."""
+    import scripts.data.datalist_parsers as parsers
+
+    n, repeats = 400, [0, 7, 399, 7]
+    parse = parsers.parse_boxes
+
+    def counted(boxes, where):  # the boxes the generic parser makes, each with its own label object
+        return [(_CountedLabel(label), box) for label, box in parse(boxes, where)]
+
+    monkeypatch.setattr(parsers, "parse_boxes", counted)
+    Image.fromarray(np.full((900, 20), 9, np.uint8)).save(tmp_path / "a.png")
+    header = ["image", "label_benign", "label_malignant", "box_y0", "box_x0", "box_y1", "box_x1", "box_label"]
+    boxes = [[k, 1, k + 2, 5, "benign" if k % 3 else "malignant"] for k in range(n)]
+    rows = [["a.png", 1, 1, *box] for box in [*boxes, *(boxes[k] for k in repeats)]]
+    _CountedLabel.comparisons = 0
+    items, problems = items_from_csv(_write_csv(tmp_path / "boxes.csv", header, rows))
+    compared = _CountedLabel.comparisons
+    assert problems == [] and len(items) == 1
+    expected = [
+        {"label": label, "box": [float(y0), float(x0), float(y1), float(x1)]} for y0, x0, y1, x1, label in boxes
+    ]
+    assert items[0]["boxes"] == expected  # n boxes, first-appearance order, the repeats gone
+    assert compared == len(repeats), compared
+
+    # the same image from two CSVs (make_datalist's merge across CSVs): the second CSV's boxes join, repeats once
+    cli = _cli()
+    first = {"image": "a.png", "label": [1, 0], "boxes": [{"label": _CountedLabel("benign"), "box": [0, 0, 1, 1]}]}
+    again = [*expected, *(expected[k] for k in repeats), first["boxes"][0]]  # each entry with its own label object
+    second = {"image": "a.png", "label": [0, 1], "boxes": [dict(b, label=_CountedLabel(b["label"])) for b in again]}
+    _CountedLabel.comparisons = 0
+    (merged,) = cli._merge_duplicates([first, second], [])
+    compared = _CountedLabel.comparisons
+    assert merged["label"] == [1, 1]
+    assert merged["boxes"] == [{"label": "benign", "box": [0, 0, 1, 1]}, *expected]
+    assert compared == len(repeats) + 1, compared
+
+
+def test_a_box_beside_its_class_mask_file_is_noted_per_row(tmp_path, capsys):
+    """The preprocessing paints boxes only into the classes without a mask file (BoxesToMasksd mask_files="keep"),
+    so make_datalist notes every row whose box it will not use, naming the row, the class and the mask; boxes of a
+    class without a mask file are used, silently. Before, such boxes were ignored without a word."""
+    for name in ("a.png", "b.png", "a_b.png", "b_m.png"):
+        Image.fromarray(np.full((30, 20), 9, np.uint8)).save(tmp_path / name)
+    header = ["image", "label_benign", "label_malignant", "mask_benign", "mask_malignant"]
+    header += ["box_y0", "box_x0", "box_y1", "box_x1", "box_label"]
+    rows = [
+        ["a.png", 1, 1, "a_b.png", "", 1, 2, 10, 12, "benign"],  # the mask and the box on one row
+        ["a.png", 1, 1, "", "", 3, 3, 9, 9, "malignant"],  # no malignant mask: the box is used
+        ["b.png", 0, 1, "", "", 5, 5, 8, 8, "malignant"],  # the mask comes on a later row
+        ["b.png", 0, 1, "", "b_m.png", "", "", "", "", ""],
+    ]
+    csv_path = _write_csv(tmp_path / "both.csv", header, rows)
+    notes: list[str] = []
+    items, problems = items_from_csv(csv_path, relative_to=tmp_path, notes=notes)
+    assert problems == [] and len(items) == 2 and len(items[0]["boxes"]) == 2  # the datalist keeps every box
+    assert notes == [
+        f"{csv_path}:2: this row's benign box is not used: a.png has a benign mask file (a_b.png), which the "
+        "preprocessing keeps over the class's boxes (leave mask_benign empty to use the boxes)",
+        f"{csv_path}:4: this row's malignant box is not used: b.png has a malignant mask file (b_m.png), which the "
+        "preprocessing keeps over the class's boxes (leave mask_malignant empty to use the boxes)",
+    ]
+    out = tmp_path / "list.json"
+    assert _cli().main(["--csv", str(csv_path), "--out", str(out), "--fractions", "0", "0", "1"]) == 0
+    printed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert printed == [f"note: {n}" for n in notes]

@@ -350,3 +350,79 @@ def test_dicom_with_truncated_pixel_data(tmp_path):
     ds = make_dataset(breast_like())
     ds.PixelData = ds.PixelData[: len(ds.PixelData) // 3]
     _raises(save(ds, tmp_path / "short.dcm"), "cannot decode pixel data")
+
+
+# ------------------------------------------------------------------------------------------- odd header values
+ODD_VALUES = [  # (tag, bytes as a scanner wrote them, the one line expected after "<file>: ")
+    (0x00280030, b"0.07", "PixelSpacing (0028,0030) must be two numbers (row\\column spacing in mm), got '0.07'"),
+    (0x00181164, b"0.1", "ImagerPixelSpacing (0018,1164) must be two numbers (row\\column spacing in mm), got '0.1'"),
+    (
+        0x00280030,
+        b"abc\\def",
+        "PixelSpacing (0028,0030) must be two numbers (row\\column spacing in mm), got 'abc\\def'",
+    ),
+    (
+        0x00280030,
+        b"0.1\\0.1\\0.1",
+        "PixelSpacing (0028,0030) must be two numbers (row\\column spacing in mm), got '0.1\\0.1\\0.1'",
+    ),  # fmt: skip
+    (0x00280008, b"x", "NumberOfFrames (0028,0008) must be one whole number, got 'x'"),
+    (0x00280008, b"1\\2", "NumberOfFrames (0028,0008) must be one whole number, got '1\\2'"),
+    (0x00200062, b"L\\R", "ImageLaterality (0020,0062) must be one value, got 'L\\R'"),
+    (0x00185101, b"CC\\MLO", "ViewPosition (0018,5101) must be one value, got 'CC\\MLO'"),
+    (0x00080060, b"MG\\CR", "Modality (0008,0060) must be one value, got 'MG\\CR'"),
+    (0x00281053, b"abc", "RescaleSlope (0028,1053) must be one number, got 'abc'"),
+    (0x00281050, b"high", "WindowCenter (0028,1050) must be numbers, got 'high'"),
+]
+
+
+@pytest.mark.parametrize("tag, raw, line", ODD_VALUES, ids=[f"{t:08X}-{r.decode()}" for t, r, _ in ODD_VALUES])
+def test_an_odd_header_value_is_one_line_naming_the_tag_and_the_file(tmp_path, tag, raw, line):
+    """A value of another multiplicity than the standard's (one PixelSpacing value, two lateralities) or text where
+    a number belongs is refused by both readers with one line naming the file and the tag; before, one spacing value
+    was ``TypeError: 'DSfloat' object is not iterable``, text spacing fell through silently to the next tag, and a
+    two-valued ViewPosition became the view "['CC', 'MLO']". Written as the bytes a scanner writes (pydicom refuses
+    to write most of them)."""
+    from _dicom_factory import set_raw_value
+
+    path = make_dicom(
+        tmp_path / "odd.dcm", breast_like(), pixel_spacing=(0.05, 0.05), rescale=(1, 0), window=(900, 800)
+    )
+    if tag == 0x00280008:  # NumberOfFrames is written only for multi-frame data: add it, then spoil it
+        ds = pydicom.dcmread(path)
+        ds.NumberOfFrames = 1
+        save(ds, path)
+    set_raw_value(path, tag, raw)
+    for read in (read_mammogram, read_dicom_header):
+        with pytest.raises(MammogramReadError) as err:
+            read(path)
+        assert str(err.value) == f"{path}: {line}"
+
+
+def test_one_spacing_value_as_pydicom_writes_it_and_empty_tags(tmp_path):
+    """pydicom writes ``ds.PixelSpacing = "0.07"`` as one value (DSfloat when read, pydicom 2.4 and 3): refused with
+    the tag named; an empty PixelSpacing states nothing, so ImagerPixelSpacing is read; an empty ViewPosition
+    likewise."""
+    ds = make_dataset(breast_like(), spacing=(0.07, 0.08))
+    ds.PixelSpacing = "0.07"
+    path = save(ds, tmp_path / "one.dcm")
+    with pytest.raises(MammogramReadError, match=r"one\.dcm: PixelSpacing \(0028,0030\) must be two numbers"):
+        read_mammogram(path)
+    ds.PixelSpacing = None
+    ds.ViewPosition = ""
+    path = save(ds, tmp_path / "empty.dcm")
+    meta = read_mammogram(path)[1]
+    assert meta["spacing"] == (0.07, 0.08) and meta["spacing_source"] == "ImagerPixelSpacing"
+    assert read_dicom_header(path)["spacing"] == (0.07, 0.08)
+
+
+def test_a_dicom_folder_lists_the_odd_file_in_one_line_and_keeps_the_others(tmp_path):
+    from _dicom_factory import set_raw_value
+
+    from scripts.data.datalist import items_from_dicom_dir
+
+    make_dicom(tmp_path / "good.dcm", breast_like())
+    odd = set_raw_value(make_dicom(tmp_path / "odd.dcm", breast_like(), pixel_spacing=(0.05, 0.05)), 0x00280030, b"1")
+    items, skipped = items_from_dicom_dir(tmp_path, relative_to=tmp_path)
+    assert [it["image"] for it in items] == ["good.dcm"]
+    assert skipped == [f"{odd}: PixelSpacing (0028,0030) must be two numbers (row\\column spacing in mm), got '1'"]

@@ -21,6 +21,7 @@ import torch  # noqa: E402
 from glam_datastore import GLAMDatastore  # noqa: E402
 from glam_infer import outputs_as_float32, unreadable_image_message  # noqa: E402
 from glam_safety import RequestRefused  # noqa: E402
+from monailabel.interfaces.exception import ImageNotFoundException, LabelNotFoundException  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from scripts.data.readers import MammogramReadError, read_mammogram  # noqa: E402
@@ -252,7 +253,7 @@ def test_an_upload_is_removed_whether_it_is_stored_or_refused(layout):
             pass
         assert not path.exists(), image_id
     label = _png(uploads / "tmp5.png", 2)
-    with pytest.raises(Exception, match="not found"):
+    with pytest.raises(ImageNotFoundException, match="image id 'unknown' is not in the datastore"):
         store.save_label("unknown", str(label), "final", {})
     assert not label.exists()
     assert sorted(p.name for p in uploads.iterdir()) == ["tmpabc12345.png", "tmpkeep.png"] and kept.is_file()
@@ -370,7 +371,8 @@ def test_pictures_sharing_a_stem_are_served_under_their_whole_names(layout, capl
     assert sorted(store.list_images()) == ["SYN00000_L_CC", "dup.nrrd", "dup.png"]
     assert store.get_image_uri("dup.png") == str(studies / "dup.png")
     assert read_mammogram(store.get_image_uri("dup.nrrd"))[0].max() == 20
-    assert store.get_image_uri("dup") == "" and "each is served under its own id" in store.unknown_id_message("dup")
+    with pytest.raises(ImageNotFoundException, match=r"'dup' is shared by 2 files; each is served under its own id"):
+        store.get_image_uri("dup")
     assert "'dup.nrrd' and 'dup.png' share the id 'dup'" in caplog.text and "U+202E" in caplog.text
     # an upload may not take an id that names another file; replacing a file under its own name is allowed
     nrrd.write(str(root / "upload" / "tmpx.nrrd"), np.ones((8, 6), np.uint16), index_order="C")
@@ -382,3 +384,61 @@ def test_pictures_sharing_a_stem_are_served_under_their_whole_names(layout, capl
     again = _png(root / "upload" / "tmpagain.png", 60)
     assert store.add_image("SYN00000_L_CC", str(again), {}) == "SYN00000_L_CC"  # the same file, replaced
     assert read_mammogram(studies / "SYN00000_L_CC.png")[0].max() == 60
+
+
+def test_an_image_the_datastore_has_not_is_one_404_wording_on_every_route(layout):
+    """An unknown id, an id two files share and a listed image whose file was removed are each answered by every
+    datastore method with one exception type (404 over HTTP) and one message; before, MONAI Label's methods said
+    "Image x not found" or "Label: x Tag: t not found", and the info getters returned an empty record (200)."""
+    root, studies, _ = layout
+    _png(studies / "dup.png")
+    _png(studies / "dup.nrrd.png")  # not a stem clash; a second file to remove below
+    _png(studies / "gone.png")
+    label = _png(root / "upload" / "tmplabel.png", 1)
+    store = _store(studies)
+    store.save_label("SYN00000_L_CC", str(_png(root / "upload" / "tmpl2.png", 1)), "final", {})
+    (studies / "gone.png").unlink()  # listed, then removed behind the server's back
+    for image_id, message in [
+        ("unknown", "image id 'unknown' is not in the datastore"),
+        ("gone", "image id 'gone' is not in the datastore"),
+    ]:
+        image_calls = {
+            "get_image_uri": lambda i=image_id: store.get_image_uri(i),
+            "get_image_info": lambda i=image_id: store.get_image_info(i),
+            "update_image_info": lambda i=image_id: store.update_image_info(i, {}),
+            "save_label": lambda i=image_id: store.save_label(i, str(_png(label, 1)), "final", {}),
+        }
+        if image_id == "unknown":  # a record whose file is gone is removed like any other
+            image_calls["remove_image"] = lambda i=image_id: store.remove_image(i)
+        for what, call in image_calls.items():
+            with pytest.raises(ImageNotFoundException) as err:
+                call()
+            assert err.value.msg == message, what
+        for what, call in {
+            "get_label_uri": lambda i=image_id: store.get_label_uri(i, "final"),
+            "get_label_info": lambda i=image_id: store.get_label_info(i, "final"),
+            "update_label_info": lambda i=image_id: store.update_label_info(i, "final", {}),
+            "remove_label": lambda i=image_id: store.remove_label(i, "final"),
+        }.items():
+            with pytest.raises(LabelNotFoundException) as err:
+                call()
+            assert err.value.msg == message, what
+    # a known image without a label of that tag: one wording too, naming the image and the tag
+    for call in (
+        lambda: store.get_label_uri("SYN00000_L_CC", "glam_label"),
+        lambda: store.get_label_info("SYN00000_L_CC", "glam_label"),
+        lambda: store.update_label_info("SYN00000_L_CC", "glam_label", {}),
+        lambda: store.remove_label("SYN00000_L_CC", "glam_label"),
+    ):
+        with pytest.raises(LabelNotFoundException) as err:
+            call()
+        assert err.value.msg == "image id 'SYN00000_L_CC' has no label tagged 'glam_label'"
+    # a folder listed under an image's name is no image: one 400 wording wherever its file is asked for
+    (studies / "folder.png").mkdir()
+    store.refresh()
+    for call in (lambda: store.get_image_uri("folder"), lambda: store.get_image_info("folder")):
+        with pytest.raises(RequestRefused, match="^image id 'folder' names a folder, not an image file$") as err:
+            call()
+        assert err.value.status_code == 400
+    assert store.get_label_uri("SYN00000_L_CC", "final").endswith("SYN00000_L_CC.png")
+    assert store.get_image_info("SYN00000_L_CC")["path"] == str(studies / "SYN00000_L_CC.png")

@@ -184,6 +184,41 @@ def _timed(fn):
     return out, time.monotonic() - begin
 
 
+def test_an_image_the_datastore_has_not_is_one_404_with_one_wording_on_every_route(server):
+    """An unknown id and a stem two files share are each answered 404 with one message by inference, batch
+    inference and every datastore route; a label tag an image lacks likewise. Before, the same unknown id read
+    "image id 'x' is not in the datastore", "Image NOT Found" or "Image x not found" by route, and the two info
+    routes answered 200 with an empty record."""
+    label = {"label": ("x.nrrd", b"NRRD0004\n")}
+    for image_id, message in [
+        ("nope", "image id 'nope' is not in the datastore"),
+        ("dup", "image id 'dup' is shared by 2 files; each is served under its own id: ['dup.nrrd', 'dup.png']"),
+    ]:
+        answers = {
+            "infer": server.form("POST", f"/infer/glam?image={image_id}&output=json", {"params": "{}"}),
+            "download": server.request("GET", f"/datastore/image?image={image_id}"),
+            "image info": server.request("GET", f"/datastore/image/info?image={image_id}"),
+            "update info": server.form("PUT", f"/datastore/image/info?image={image_id}", {"info": "{}"}),
+            "save label": server.form("PUT", f"/datastore/label?image={image_id}&tag=final", {"params": "{}"}, label),
+            "label": server.request("GET", f"/datastore/label?label={image_id}&tag=final"),
+            "label info": server.request("GET", f"/datastore/label/info?label={image_id}&tag=final"),
+            "update label": server.form("PUT", f"/datastore/label/info?label={image_id}&tag=final", {"info": "{}"}),
+            "remove label": server.request("DELETE", f"/datastore/label?id={image_id}&tag=final"),
+            "remove": server.request("DELETE", f"/datastore/image?id={image_id}"),
+        }
+        for route, (status, _, body) in answers.items():
+            assert (status, json.loads(body)) == (404, {"detail": message}), route
+        assert server.request("HEAD", f"/datastore/image?image={image_id}")[0] == 404
+        body = json.dumps({"images": [image_id]}).encode()
+        status, _, content = server.request(
+            "POST", "/batch/infer/glam?run_sync=true", body, {"Content-Type": "application/json"}
+        )
+        assert status == 200 and json.loads(content)[image_id] == {"error": message, "status": 404}
+    for route in ("/datastore/label?label=scan&tag=reader_7", "/datastore/label/info?label=scan&tag=reader_7"):
+        status, _, body = server.request("GET", route)
+        assert (status, json.loads(body)) == (404, {"detail": "image id 'scan' has no label tagged 'reader_7'"})
+
+
 def test_bounds_are_decided_before_work_and_in_milliseconds(server, site, tmp_path):
     import nibabel as nib
 

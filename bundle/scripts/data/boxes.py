@@ -9,12 +9,12 @@ in the image file's pixels (rows and columns as displayed; fractions allowed, ``
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..enums import CLASS_NAMES
 
-__all__ = ["BOXES_KEY", "parse_boxes"]
+__all__ = ["BOXES_KEY", "parse_boxes", "unique_boxes"]
 
 #: the datalist field holding box annotations
 BOXES_KEY = "boxes"
@@ -47,3 +47,15 @@ def parse_boxes(boxes: Any, where: str = "boxes") -> list[tuple[str, tuple[float
             raise ValueError(f"{where}[{i}]: box [y0, x0, y1, x1] needs 0 <= y0 < y1 and 0 <= x0 < x1, got {box!r}")
         out.append((label, (y0, x0, y1, x1)))
     return out
+
+
+def unique_boxes(boxes: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``boxes`` entries with each (label, box) once, in the order of their first appearance.
+
+    Entries are keyed by ``(label, tuple(box))`` in a dict, so a million boxes of one image take a million look-ups,
+    not the pairwise comparisons of a list search.
+    """
+    first: dict[tuple[Any, tuple[Any, ...]], Mapping[str, Any]] = {}
+    for entry in boxes:
+        first.setdefault((entry["label"], tuple(entry["box"])), entry)
+    return list(first.values())

@@ -18,6 +18,7 @@ underscores ignored, so ``Image_ID`` arrives as ``image id``) with stripped text
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 CsvRow = Mapping[str, str]  # normalised column name -> stripped cell text
+_MISSING = ("", "nan", "none", "null")  # cell texts that mean "not given"
 
 
 @dataclass(frozen=True)
@@ -138,10 +140,23 @@ def _laterality(value: Any) -> str | None:
     return {"L": "L", "LEFT": "L", "R": "R", "RIGHT": "R"}.get(v)
 
 
-def _birads(value: Any) -> int | None:
-    """The BI-RADS category of "BI-RADS 4A"-like text (its first digit), None when there is none."""
-    digits = "".join(ch for ch in str(value or "") if ch.isdigit())
-    return int(digits[0]) if digits else None
+_BIRADS_TEXT = re.compile(r"^(?:BI[-\s]?RADS)?[\s:_-]*(\d+)\s*([A-Z]?)$", re.IGNORECASE)
+
+
+def _birads(row: CsvRow, column: str, where: str, highest: int) -> int | None:
+    """The BI-RADS category of a ``column`` cell ("BI-RADS 4", "4", "4a"; 4A/4B/4C count as 4), None when the cell
+    is empty or NaN. Anything else (another letter, "4D", a category outside 1 to ``highest``, text) raises
+    CsvRowError naming ``where``, the column and the value: a guess would turn "BI-RADS 7" into a malignant image."""
+    text = str(row.get(column, "") or "").strip()
+    if text.lower() in _MISSING:
+        return None
+    match = _BIRADS_TEXT.match(text)
+    category, letter = (int(match.group(1)), match.group(2).upper()) if match else (0, "")
+    if not 1 <= category <= highest or letter not in (("", "A", "B", "C") if category == 4 else ("",)):
+        raise CsvRowError(
+            f"{where}: {column.replace(' ', '_')} must be a BI-RADS category 1-{highest} (4A/4B/4C too), got {text!r}"
+        )
+    return category
 
 
 def _binary(value: Any, where: str) -> int | None:
@@ -153,9 +168,6 @@ def _binary(value: Any, where: str) -> int | None:
     if v in ("1", "1.0", "true", "yes"):
         return 1
     raise CsvRowError(f"{where}: label must be 0/1 (or empty for unknown), got {value!r}")
-
-
-_MISSING = ("", "nan", "none", "null")
 
 
 def _box(row: CsvRow, columns: tuple[str, str, str, str], label: str | None, where: str) -> dict[str, Any] | None:
@@ -385,7 +397,8 @@ def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     ``view_position``; ``breast_birads`` and/or ``finding_birads`` (at least one); ``split`` (training/test: the
     official split, kept); ``xmin``, ``ymin``, ``xmax``, ``ymax`` (finding_annotations.csv: the finding's box in the
     DICOM's pixels; empty or NaN on rows without a finding). VinDr has no pathology, so the label is a BI-RADS proxy
-    on the higher category: 1 normal, 2-3 benign, 4-5 malignant (suspicious). A box takes the class of its own
+    on the higher category: 1 normal, 2-3 benign, 4-5 malignant (suspicious); a category cell that is not empty and
+    not BI-RADS 1-5 ("BI-RADS 7", "4D", "x") leaves the row out, named. A box takes the class of its own
     finding's BI-RADS by the same rule (the breast's where the finding states none), and the image's label includes
     that class (a BI-RADS 3 finding in a BI-RADS 4 breast is a benign box: label [1, 1]); a box whose category is 1
     or missing is left out (noted).
@@ -393,14 +406,15 @@ def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     study, image_id = row.get("study id", ""), row.get("image id", "")
     if not study or not image_id:
         raise CsvRowError(f"{where}: study_id and image_id are required")
-    scores = [b for b in (_birads(row.get("breast birads")), _birads(row.get("finding birads"))) if b]
+    breast, finding = (_birads(row, column, where, 5) for column in ("breast birads", "finding birads"))
+    scores = [b for b in (breast, finding) if b]
     if not scores:
         raise CsvRowError(f"{where}: no BI-RADS category in breast_birads/finding_birads")
     split = row.get("split", "").lower()
     if split not in ("", "training", "test"):
         raise CsvRowError(f"{where}: split must be training or test, got {row['split']!r}")
     label = _birads_class(max(scores))
-    finding = _birads(row.get("finding birads")) or _birads(row.get("breast birads"))
+    finding = finding or breast
     box_class = _birads_class(finding)
     cls = CLASS_NAMES[box_class.index(1)] if any(box_class) else None
     box = _box(row, VINDR_BOX_COLUMNS, cls or CLASS_NAMES[0], where)
@@ -427,10 +441,11 @@ def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
 def parse_inbreast_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     """INbreast's ``INbreast.csv``; images ``AllDICOMs/<File Name>_*.dcm``, outlines ``AllXML/<File Name>.xml``.
 
-    Columns: ``File Name`` and ``Bi-Rads`` (required: 1 normal, 2-3 benign, 4-6 malignant, see
-    :data:`scripts.data.inbreast.INBREAST_BIRADS`); ``Laterality``; ``View``; ``Patient ID`` (used unless
-    "removed", as published: else the woman's hash in the DICOM file name). Every ROI of an image's XML goes into
-    the mask of the image's class; a BI-RADS 1 image's ROIs are ignored (noted).
+    Columns: ``File Name`` and ``Bi-Rads`` (required: 1 normal, 2-3 benign, 4a/4b/4c, 5 and 6 malignant, see
+    :data:`scripts.data.inbreast.INBREAST_BIRADS`; anything else leaves the row out, named); ``Laterality``;
+    ``View``; ``Patient ID`` (used unless "removed", as published: else the woman's hash in the DICOM file name).
+    Every ROI of an image's XML goes into the mask of the image's class; a BI-RADS 1 image's ROIs are ignored
+    (noted).
     """
     from .inbreast import (
         INBREAST_BIRADS,
@@ -444,9 +459,9 @@ def parse_inbreast_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     name = row.get("file name", "")
     if not name:
         raise CsvRowError(f"{where}: empty File Name")
-    birads = _birads(row.get("bi-rads"))
-    if birads not in INBREAST_BIRADS:
-        raise CsvRowError(f"{where}: Bi-Rads must be 1-6 (4a/4b/4c too), got {row.get('bi-rads')!r}")
+    birads = _birads(row, "bi-rads", where, max(INBREAST_BIRADS))
+    if birads is None:
+        raise CsvRowError(f"{where}: empty Bi-Rads")
     label = INBREAST_BIRADS[birads]
     image = find_inbreast_dicom(base, name)
     if image is None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import LesionClass
-from .boxes import BOXES_KEY
+from .boxes import BOXES_KEY, unique_boxes
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
@@ -183,7 +183,8 @@ def items_from_csv(
     merged: labels are OR-ed; several ROI masks (or outlines) of one class are merged (union) into ``mask_dir`` as
     0/255 PNG; the rows' boxes are listed together in the item's ``boxes`` (a box given twice once). Every image
     and mask file is checked to exist. Returns ``(items, problems)``; a row with a problem is left out and named in
-    ``problems``; what parsers decided without an error is appended to ``notes``.
+    ``problems``; what parsers decided without an error is appended to ``notes``, and so is each row whose box the
+    preprocessing will not use because its image has a mask file of the box's class.
     """
     csv_path = Path(csv_path)
     parser, rows = _read_csv(csv_path)
@@ -192,6 +193,7 @@ def items_from_csv(
     merged: dict[str, dict[str, Any]] = {}  # image path -> its item, in order of first appearance
     masks: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))  # image -> class -> ROIs
     failed_masks: dict[str, set[str]] = defaultdict(set)  # image -> classes whose ROI of some row is missing
+    box_rows: dict[str, list[tuple[str, str]]] = defaultdict(list)  # image -> (row, class) of each box
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         where = f"{csv_path}:{line}"
         try:
@@ -205,11 +207,34 @@ def items_from_csv(
             notes.extend(parsed.notes)
         for cls, mask in parsed.masks.items():
             masks[str(parsed.image)][cls].append(mask)
+        box_rows[str(parsed.image)] += [(where, box["label"]) for box in parsed.boxes]
         problems += _merge_row(merged, parsed, where, relative_to)
+    for item in merged.values():
+        if BOXES_KEY in item:
+            item[BOXES_KEY] = unique_boxes(item[BOXES_KEY])
     out_dir = Path(mask_dir) if mask_dir else csv_path.parent / "merged_masks"
     problems += _attach_masks(merged, masks, failed_masks, out_dir, relative_to)
+    if notes is not None:
+        notes += _boxes_beside_masks(merged, box_rows)
     items = [{k: v for k, v in it.items() if v is not None} for it in merged.values()]
     return items, problems
+
+
+def _boxes_beside_masks(merged: Mapping[str, Mapping[str, Any]], box_rows: Mapping[str, list]) -> list[str]:
+    """A note per row whose box has a class for which its image has a mask file: the preprocessing paints boxes
+    only into the classes without one (the outline is the finer annotation of the same lesions), so that box is not
+    used."""
+    notes = []
+    for key, rows in box_rows.items():
+        item = merged.get(key, {})
+        for where, cls in rows:
+            if item.get(f"mask_{cls}"):
+                notes.append(
+                    f"{where}: this row's {cls} box is not used: {Path(key).name} has a {cls} mask file "
+                    f"({item[f'mask_{cls}']}), which the preprocessing keeps over the class's boxes (leave "
+                    f"mask_{cls} empty to use the boxes)"
+                )
+    return notes
 
 
 def _check_exists(parsed: ParsedRow, where: str) -> None:
@@ -267,7 +292,7 @@ def _merge_row(
     merged: dict[str, dict[str, Any]], parsed: ParsedRow, where: str, rel: str | os.PathLike | None
 ) -> list[str]:
     """Fold one row into its image's item: labels are OR-ed (an unknown label stays unknown only until a row
-    knows it), fields come from the first row that gives them, boxes are added (once each). Returns a problem per
+    knows it), fields come from the first row that gives them, boxes are added. Returns a problem per
     field that disagrees with an earlier row (the earlier value is kept: rows of one image must describe one
     image)."""
     item = merged.setdefault(str(parsed.image), {"image": path_for_datalist(parsed.image, rel)})
@@ -284,10 +309,8 @@ def _merge_row(
                     f"{where}: {key} {value!r} differs from {item[key]!r} on an earlier row of {parsed.image}"
                 )
             item.setdefault(key, value)
-    for box in parsed.boxes:
-        boxes = item.setdefault(BOXES_KEY, [])
-        if box not in boxes:
-            boxes.append(box)
+    if parsed.boxes:
+        item.setdefault(BOXES_KEY, []).extend(parsed.boxes)  # repeats removed once every row is in (items_from_csv)
     if parsed.pixel_spacing is not None and "pixel_spacing" not in item:
         spacing = parsed.pixel_spacing
         item["pixel_spacing"] = list(spacing) if isinstance(spacing, tuple) else spacing

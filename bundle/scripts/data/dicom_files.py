@@ -25,6 +25,7 @@ from pydicom.filewriter import write_file_meta_info
 from .errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
 from .header_facts import (
     dicom_spacing_and_source,
+    header_value_problem,
     laterality_and_source,
     mammography_problem,
     tag_text,
@@ -261,6 +262,14 @@ def dcmread_capped(
     return ds
 
 
+def _check_header_values(ds: pydicom.Dataset, path: str | os.PathLike) -> None:
+    """Refuse, in one line naming the file and the tag, a header value the reader would misread
+    (:func:`~scripts.data.header_facts.header_value_problem`)."""
+    problem = header_value_problem(ds)
+    if problem:
+        raise read_error(path, problem)
+
+
 def _int_tag(ds: pydicom.Dataset, keyword: str, default: int | None = None) -> int | None:
     value = ds.get(keyword)
     try:
@@ -289,6 +298,7 @@ def read_dicom_header(path: str | os.PathLike, max_pixels: int | None = DEFAULT_
         ``spacing_source`` ('PixelSpacing' / 'ImagerPixelSpacing'); missing tags are None.
     """
     ds = dcmread_capped(path, stop_before_pixels=True, max_pixels=max_pixels)
+    _check_header_values(ds, path)
 
     def opt(keyword: str) -> str | None:
         return tag_text(ds.get(keyword)) or None
@@ -340,6 +350,7 @@ def read_dicom(
     path: str | os.PathLike, apply_voi: bool, mask: bool, accept_non_mammography: bool, max_pixels: int | None
 ) -> tuple[np.ndarray, dict[str, Any]]:
     ds = dcmread_capped(path, stop_before_pixels=False, max_pixels=max_pixels)
+    _check_header_values(ds, path)
     if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
         raise read_error(path, "DICOM file has no pixel data")
     frames = _int_tag(ds, "NumberOfFrames", 1) or 1

@@ -8,8 +8,10 @@ archives in SeriesDescription, ProtocolName, PatientID and the file name, matche
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ __all__ = [
     "dicom_spacing_and_source",
     "dicom_view",
     "file_suffix",
+    "header_value_problem",
     "laterality_and_source",
     "mammography_problem",
     "orientation_view_laterality",
@@ -100,13 +103,16 @@ def dicom_view(ds: pydicom.Dataset) -> str | None:
 
 
 def _multi(value: Any) -> list[str]:
-    """A DICOM multi-valued string as a list (pydicom gives a MultiValue, or a plain str for one value)."""
+    """A DICOM value as a list of its values' texts: pydicom gives a MultiValue for several values, a number (DSfloat,
+    IS, int) or a str for one, and bytes or a backslash-separated str for values it could not convert."""
     if value is None:
         return []
     if isinstance(value, (str, bytes)):
         value = value.decode("ascii", "replace") if isinstance(value, bytes) else value
         return [v.strip() for v in value.split("\\")]
-    return [tag_text(v) for v in value]
+    if isinstance(value, Sequence):
+        return [tag_text(v) for v in value]
+    return [tag_text(value)]
 
 
 def orientation_view_laterality(patient_orientation: Any) -> tuple[str | None, str | None]:
@@ -265,6 +271,71 @@ def dicom_spacing_and_source(ds: pydicom.Dataset) -> tuple[tuple[float, float] |
             if spacing is not None:
                 return spacing, keyword
     return None, None
+
+
+def _is_number(text: str, whole: bool = False) -> bool:
+    try:
+        number = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(number) and (number.is_integer() or not whole)
+
+
+# keyword -> (how many values, "number" / "whole" / "text", what the message says the tag must be); the tags the
+# readers take a value of, with the multiplicity the standard gives them (0: one or more)
+_HEADER_VALUES = {
+    "PixelSpacing": (2, "number", "two numbers (row\\column spacing in mm)"),
+    "ImagerPixelSpacing": (2, "number", "two numbers (row\\column spacing in mm)"),
+    "Rows": (1, "whole", "one whole number"),
+    "Columns": (1, "whole", "one whole number"),
+    "NumberOfFrames": (1, "whole", "one whole number"),
+    "SamplesPerPixel": (1, "whole", "one whole number"),
+    "BitsAllocated": (1, "whole", "one whole number"),
+    "BitsStored": (1, "whole", "one whole number"),
+    "HighBit": (1, "whole", "one whole number"),
+    "PixelRepresentation": (1, "whole", "one whole number"),
+    "PixelPaddingValue": (1, "whole", "one whole number"),
+    "PixelPaddingRangeLimit": (1, "whole", "one whole number"),
+    "RescaleSlope": (1, "number", "one number"),
+    "RescaleIntercept": (1, "number", "one number"),
+    "WindowCenter": (0, "number", "numbers"),
+    "WindowWidth": (0, "number", "numbers"),
+    "PhotometricInterpretation": (1, "text", "one value"),
+    "Modality": (1, "text", "one value"),
+    "BodyPartExamined": (1, "text", "one value"),
+    "ViewPosition": (1, "text", "one value"),
+    "ImageLaterality": (1, "text", "one value"),
+    "Laterality": (1, "text", "one value"),
+    "PatientID": (1, "text", "one value"),
+}
+
+
+def header_value_problem(ds: pydicom.Dataset) -> str | None:
+    """Why a header value the readers take cannot be read as the standard states it, or None.
+
+    A tag that is absent or empty is not a problem (it states nothing). One that holds another number of values
+    (one PixelSpacing value, two Rows, two ImageLaterality values) or text where a number belongs is named with its
+    keyword, its tag and the value as written, e.g. ``"PixelSpacing (0028,0030) must be two numbers (row\\column
+    spacing in mm), got '0.07'"``: read otherwise it would be a guess or a Python error without the tag's name.
+    """
+    for keyword, (count, kind, expected) in _HEADER_VALUES.items():
+        if keyword not in ds:
+            continue
+        element = ds.data_element(keyword)
+        tag = f"({element.tag.group:04X},{element.tag.element:04X})"
+        try:
+            values = _multi(element.value)
+        except Exception as err:  # noqa: BLE001 - pydicom could not convert the bytes: the tag is unreadable
+            return f"{keyword} {tag} cannot be read ({type(err).__name__}: {err})"
+        if not any(values):
+            continue
+        fits = (count == 0 or len(values) == count) and (
+            kind == "text" or all(_is_number(v, whole=kind == "whole") for v in values)
+        )
+        if not fits:
+            written = "\\".join(values)
+            return f"{keyword} {tag} must be {expected}, got '{written}'"
+    return None
 
 
 def mammography_problem(modality: Any, body_part: Any, sop_class: Any = None) -> str | None:
