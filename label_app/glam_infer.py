@@ -261,7 +261,7 @@ class GLAMSaliencyInfer(BasicInferTask):
         milliseconds; then the request waits for the model (one image at a time) and runs the bundle's pipeline."""
         from glam_inputs import check_input
 
-        from scripts.inference.facts import breast_refusal
+        from scripts.transforms.mammo.coverage import breast_refusal
 
         begin = time.time()
         settings = overlay_settings(request)

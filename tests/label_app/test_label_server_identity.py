@@ -29,6 +29,7 @@ import nrrd
 import numpy as np
 import pytest
 from _dicom_factory import make_dataset
+from _film_factory import film
 from conftest import BUNDLE_ROOT, REPO_ROOT
 from label_client import free_port, running_server
 
@@ -67,6 +68,10 @@ def site(tmp_path_factory):
     shutil.copy(pngs[1], studies / "dup.png")
     nrrd.write(str(studies / "dup.nrrd"), read_mammogram(pngs[2])[0].astype(np.uint16), index_order="C")
     _dicom(studies / LONG_NAME, big[1], "CC", "P-LONG")
+    # a digitised film of lettering, a ruler and noise, no breast: the bundle's errors.csv row, the app's refusal
+    empty, _ = film(1472, 960, "CC", "L", breast=False)
+    _dicom(studies / "nobreast.dcm", empty, "CC", "P-EMPTY")
+    shutil.copy(studies / "nobreast.dcm", originals / "nobreast.dcm")
     shutil.copy(pngs[2], studies / BIDI_NAME)
 
     out = root / "bundle_out"
@@ -79,7 +84,9 @@ def site(tmp_path_factory):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     with open(out / "predictions.csv", newline="") as f:
         rows = {r["output_stem"]: r for r in csv.DictReader(f)}
-    return {"root": root, "studies": studies, "bundle_out": out, "rows": rows}
+    with open(out / "errors.csv", newline="") as f:
+        errors = {Path(r["image"]).name: r for r in csv.DictReader(f)}
+    return {"root": root, "studies": studies, "bundle_out": out, "rows": rows, "errors": errors}
 
 
 @pytest.fixture(scope="module")
@@ -139,10 +146,20 @@ def test_every_file_is_an_image_of_its_own(server, site, tmp_path):
     from scripts.data.readers import read_mammogram
 
     ids = set(server.get("/datastore/?output=all")["objects"])
-    expected = {"cbis.dcm", "pat.dcm", "pat.dicom", "pat.DCM", "scan", "scan.dcm", "dup.png", "dup.nrrd"}
+    expected = {
+        "cbis.dcm",
+        "pat.dcm",
+        "pat.dicom",
+        "pat.DCM",
+        "scan",
+        "scan.dcm",
+        "dup.png",
+        "dup.nrrd",
+        "nobreast.dcm",
+    }
     assert ids == expected
     log = server.log.read_text(errors="replace")
-    assert "ingest: 5 DICOM converted, 0 up to date, 1 failed" in log
+    assert "ingest: 6 DICOM converted, 0 up to date, 1 failed" in log
     assert "'dup.nrrd' and 'dup.png' share the id 'dup'" in log
     # each id serves its own file's pixels, and the two patients' scores differ
     for image_id, source in [("pat.dcm", "pat.dcm"), ("pat.dicom", "pat.dicom"), ("pat.DCM", "pat.DCM")]:
@@ -316,3 +333,15 @@ def test_a_model_with_a_nan_weight_is_refused_at_start(site, tmp_path):
     lines = [line for line in text.splitlines() if " holds " in line and "NaN" in line]
     assert lines and name in lines[0] and str(bad) in lines[0], text[-3000:]
     assert "Application startup complete" not in text
+
+
+def test_a_film_without_a_breast_is_refused_as_the_bundle_refuses_it(server, site):
+    """The bundle's inference makes the film an errors.csv row (no prediction); the app answers 400 with the same
+    line after the image's name."""
+    row = site["errors"]["nobreast.dcm"]
+    assert "nobreast" not in site["rows"]
+    reason = row["error"]
+    assert "BreastNotFound: no tissue region large enough to be a breast" in reason, row
+    status, result = _json(server, "image=nobreast.dcm")
+    assert status == 400, result
+    assert result["detail"] == "image 'nobreast.dcm': " + reason[reason.index("BreastNotFound") :]
