@@ -31,17 +31,8 @@ from scripts.transforms.mammo.dictionary import (
     StandardizeImaged,
 )
 from scripts.transforms.mammo.pipeline import (
-    inference_loading,
-    inference_preprocessing,
     mammogram_augmentations,
-    mammogram_cache_transforms,
-    mammogram_prefix,
-    mammogram_step_transforms,
     mammogram_transforms,
-    train_batch_transforms,
-    train_preprocessing,
-    validate_batch_transforms,
-    validate_preprocessing,
 )
 from scripts.transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
@@ -89,17 +80,8 @@ __all__ = [
     "fit_breast_spacing",
     "format_spacing",
     "mammogram_augmentations",
-    "mammogram_cache_transforms",
-    "mammogram_step_transforms",
     "mammogram_transforms",
     "open_breast_mask",
     "open_breast_mask_exact",
     "window_shift_range",
-    "inference_loading",
-    "inference_preprocessing",
-    "mammogram_prefix",
-    "train_batch_transforms",
-    "train_preprocessing",
-    "validate_batch_transforms",
-    "validate_preprocessing",
 ]
