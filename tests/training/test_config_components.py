@@ -20,10 +20,9 @@ from scripts.data.checks import check_data
 from scripts.distributed import is_rank_zero
 from scripts.evaluation.report import run_evaluation
 from scripts.handlers.metrics import ClassScores
-from scripts.handlers.training_state import additional_metrics, key_metric
+from scripts.handlers.training_state import key_metric
 from scripts.precision import as_dtype
 from scripts.runs import run_name
-from scripts.training.batch import stage_prepare_batch
 from scripts.training.checkpoints import StageCheckpointer
 from scripts.training.datasets import read_datalist, single_thread_worker, split_items
 from scripts.training.preflight import per_stage
@@ -172,13 +171,14 @@ def test_check_data_is_off_with_check_data_false_and_names_the_split_otherwise(t
     assert "nope.png" in str(err.value)
 
 
-def test_stage_prepare_batch_per_stage():
-    g, lo, jo = (stage_prepare_batch(s, seed=5, patch_shift=16) for s in ("global", "local", "joint"))
-    assert (g.random_negatives, g.patch_shift) == (False, 0)
-    assert (lo.random_negatives, lo.patch_shift) == (True, 16)
-    assert (jo.random_negatives, jo.patch_shift) == (False, 16)
-    assert lo.seed == 5 and not lo.with_masks
-    assert stage_prepare_batch("local", with_masks=True).with_masks
+def test_the_prepare_batch_of_each_stage():
+    """Random patches for the lesion-free images in the local stage only; patch shifts in local and joint."""
+    got = {}
+    for stage in ("global", "local", "joint"):
+        prepare = _parser(stage, seed=5, patch_shift="16").get_parsed_content("train#prepare_batch")
+        got[stage] = (prepare.random_negatives, prepare.patch_shift, prepare.seed, prepare.with_masks)
+    assert got == {"global": (False, 0, 5, False), "local": (True, 16, 5, False), "joint": (False, 16, 5, False)}
+    assert _parser("local", train_masks="true").get_parsed_content("train#prepare_batch").with_masks
 
 
 def test_checkpointer_records_the_size_of_the_validation_split(tmp_path):
@@ -203,9 +203,15 @@ def test_key_and_additional_metrics_split_the_metrics_by_the_selection():
     metrics = {"a": 1, "b": 2, "c": 3}
     assert key_metric(metrics, {"metric": "b", "reason": "x"}) == {"b": 2}
     assert key_metric(metrics, "c") == {"c": 3}
-    assert list(additional_metrics(metrics, {"metric": "b"})) == ["a", "c"]
     with pytest.raises(ValueError, match="selection_metric 'd' is not a validation metric"):
         key_metric(metrics, "d")
+    # train.yaml: the other validation metrics, in their order, the same objects as the evaluator's
+    parser = _parser("global", selection={"metric": "val_pointing_game", "reason": "selection_metric"})
+    every = parser.get_parsed_content("validate#metrics")
+    additional = parser.get_parsed_content("validate#additional_metrics")
+    assert list(additional) == [name for name in every if name != "val_pointing_game"] and len(additional) == 7
+    assert all(additional[name] is every[name] for name in additional)
+    assert list(parser.get_parsed_content("validate#key_metric")) == ["val_pointing_game"]
 
 
 def test_early_stopping_is_off_at_patience_0_and_stops_on_the_key_metric():

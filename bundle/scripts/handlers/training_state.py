@@ -1,5 +1,5 @@
 """Ignite handlers of GLAM's workflows: per-epoch seeding (exact resumption), the best-metric record, and the
-components that split the validation metrics in train.yaml (the key metric and the others)."""
+evaluator's key metric chosen by name in train.yaml."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ __all__ = [
     "EpochSeeder",
     "BestMetricState",
     "key_metric",
-    "additional_metrics",
 ]
 
 
@@ -33,12 +32,6 @@ def key_metric(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dic
     if name not in metrics:
         raise ValueError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
     return {name: metrics[name]}
-
-
-def additional_metrics(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dict[str, Any]:
-    """Every metric of ``metrics`` but the key one (the evaluator's ``additional_metrics``), in their order."""
-    name = _metric_name(name)
-    return {k: v for k, v in metrics.items() if k != name}
 
 
 class EpochSeeder:
