@@ -38,3 +38,16 @@ def training_chain(chain: str = "validate", files: list[Path] | None = None, **o
     parser = parse([TRAIN_CONFIG] if files is None else files, **overrides)
     cached, steps = (parser.get_parsed_content(f"{chain}#{part}") for part in ("preprocessing", "batch_transforms"))
     return Compose(list(cached.transforms) + list(steps.transforms))
+
+
+def mammogram_steps(standardize: bool = False, **overrides) -> Compose:
+    """``validate#preprocessing``'s mammogram steps and best-centre window (its transforms 1-10: drop empty masks,
+    load, boxes into masks, resample, masks to 0/1 bytes, mirror, crop, window) on ``image`` and the
+    ``mask_benign`` / ``mask_malignant`` an item has, as MetaTensors that record every geometric step (``Invertd``
+    undoes them); then, with ``standardize``, ``validate#batch_transforms``' standardisation. ``overrides``: config
+    ids, e.g. ``image_size=[64, 40], crop_iterations=2, crop_buffer=3``."""
+    parser = parse([TRAIN_CONFIG], **overrides)
+    steps = list(parser.get_parsed_content("validate#preprocessing").transforms[1:11])
+    if standardize:
+        steps += list(parser.get_parsed_content("validate#batch_transforms").transforms)
+    return Compose(steps)

@@ -20,8 +20,6 @@ from .mammo import (
     ResampleToSpacingd,
     StandardizeImage,
     StandardizeImaged,
-    mammogram_augmentations,
-    mammogram_transforms,
 )
 from .patches import RandPatchCrop, RandPatchCropd, SaliencyPatchCrop, SaliencyPatchCropd
 from .thumbnail import Thumbnail, Thumbnaild, thumbnail_step
@@ -46,8 +44,6 @@ __all__ = [
     "StandardizeImage",
     "StandardizeImaged",
     "DropEmptyKeysd",
-    "mammogram_transforms",
-    "mammogram_augmentations",
     "SaliencyPatchCrop",
     "SaliencyPatchCropd",
     "RandPatchCrop",

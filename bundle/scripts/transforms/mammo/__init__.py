@@ -30,10 +30,6 @@ from scripts.transforms.mammo.dictionary import (
     RandWindowShiftd,
     StandardizeImaged,
 )
-from scripts.transforms.mammo.pipeline import (
-    mammogram_augmentations,
-    mammogram_transforms,
-)
 from scripts.transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_ASSUMED_KEY,
@@ -79,8 +75,6 @@ __all__ = [
     "chest_wall_side",
     "fit_breast_spacing",
     "format_spacing",
-    "mammogram_augmentations",
-    "mammogram_transforms",
     "open_breast_mask",
     "open_breast_mask_exact",
     "window_shift_range",
