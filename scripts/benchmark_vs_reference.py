@@ -128,12 +128,16 @@ def reference_model(code_dir: Path, size: tuple[int, int], seed: int = 0) -> nn.
 
 
 def full_size_image(path: Path, size: tuple[int, int]) -> torch.Tensor:
-    """(1, 1, H, W): the mammogram at ``path`` through the bundle's inference preprocessing."""
-    from scripts.transforms import mammogram_transforms
+    """(1, 1, H, W): the mammogram at ``path`` through the bundle's inference preprocessing (inference.yaml's
+    ``preprocessing`` at the window ``size``, no resampling: both models see the file's pixels)."""
+    from monai.bundle import ConfigParser
 
     if not path.is_file():
         raise SystemExit(f"error: --image {path}: no such file")
-    item = mammogram_transforms(keys=["image"], mask_keys=[], window=size, train=False)({"image": str(path)})
+    parser = ConfigParser()
+    parser.read_config(str(REPO_ROOT / "bundle" / "configs" / "inference.yaml"))
+    parser.update({"bundle_root": str(REPO_ROOT / "bundle"), "image_size": list(size), "pixel_spacing": None})
+    item = parser.get_parsed_content("preprocessing")({"image": str(path)})
     return torch.from_numpy(np.array(item["image"], dtype=np.float32))[None]  # a plain tensor, not a MetaTensor
 
 

@@ -6,9 +6,8 @@ float32's exponent range and needs no loss scaling, and an autocast fixed to ``"
 CPU run with ``amp: true`` would silently stay in float32 and never exercise the bf16 path a GPU run takes. So the
 workflows run bf16 in :class:`AutocastInferer`, which autocasts on the device of the batch, and leave MONAI's AMP
 (with its scaler) to float16 on CUDA. :func:`amp_plan` makes that choice from the configs' ``amp`` /
-``amp_dtype`` / ``device``; :func:`autocast_dtype` and :func:`engine_amp` are its two halves as config components
-(the inferers' dtype, the engines' ``amp``), and :func:`memory_format` turns ``channels_last`` into the format the
-network and its inputs use.
+``amp_dtype`` / ``device`` (train.yaml's ``autocast_dtype`` and ``engine_amp`` read its two halves: the inferers'
+dtype, the engines' ``amp``).
 
 Why the workflows keep their own inferer rather than MONAI's AMP alone: see above (bf16 on any device, no scaler).
 The inference workflow (``scripts.inference.step``) and the fast inference copy (``scripts.networks.fast_inference``)
@@ -33,10 +32,7 @@ __all__ = [
     "amp_plan",
     "as_dtype",
     "autocast",
-    "autocast_dtype",
-    "engine_amp",
     "full_precision",
-    "memory_format",
 ]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -89,22 +85,6 @@ def amp_plan(amp: bool | str, amp_dtype: torch.dtype | str, device: torch.device
             "use amp_dtype bfloat16 on this device"
         )
     return {"autocast": None, "engine_amp": True}
-
-
-def autocast_dtype(amp: bool | str, amp_dtype: torch.dtype | str, device: torch.device | str) -> torch.dtype | None:
-    """``amp_plan(...)["autocast"]``: the dtype :class:`AutocastInferer` autocasts to (None: no autocast)."""
-    return amp_plan(amp, amp_dtype, device)["autocast"]
-
-
-def engine_amp(amp: bool | str, amp_dtype: torch.dtype | str, device: torch.device | str) -> bool:
-    """``amp_plan(...)["engine_amp"]``: the ``amp`` argument of MONAI's trainer and evaluator (float16 only)."""
-    return amp_plan(amp, amp_dtype, device)["engine_amp"]
-
-
-def memory_format(channels_last: bool | str) -> torch.memory_format:
-    """``torch.channels_last`` when ``channels_last`` is yes (a command-line ``'true'`` too), else
-    ``torch.contiguous_format``: the layout of the network's weights and of the batches the engines move to it."""
-    return torch.channels_last if str2bool(str(channels_last).strip()) else torch.contiguous_format
 
 
 class AutocastInferer(SimpleInferer):

@@ -1,8 +1,6 @@
 """What every workflow's run shares, as config components: training (train.yaml), evaluation (evaluate.yaml) and
 inference read their folders and MLflow's records through these, so neither wing reaches into the other.
 
-- :func:`path_in`: a file or folder inside another (``datalist``, ``ckpt_root``, ``ckpt_dir``, ``ckpt_path``,
-  ``eval_dir`` ...);
 - :func:`run_name`: the MLflow run's default name (``train_global``, ``evaluate_joint``);
 - :func:`save_config`: the merged configuration as ``<folder>/config.json``, the tracked run's artifact (training's
   :func:`scripts.training.tracking.attach_tracked_config` before its handlers are built, the evaluation's
@@ -18,12 +16,7 @@ from typing import Any
 
 from .atomic import atomic_write
 
-__all__ = ["path_in", "run_name", "save_config", "track_config_artifact"]
-
-
-def path_in(folder: str | os.PathLike, name: str | os.PathLike) -> str:
-    """``os.path.join(folder, name)`` as a config component (MONAI passes keyword arguments only)."""
-    return os.path.join(os.fspath(folder), os.fspath(name))
+__all__ = ["run_name", "save_config", "track_config_artifact"]
 
 
 def run_name(prefix: str, stage: str) -> str:

@@ -138,16 +138,17 @@ def test_the_sample_exams_mlo_views_are_whole_in_the_window(sample_exam, view):
     model's scale: the window holds >= 97 % of the breast, the largest connected region of pixels > 0 with its holes
     filled (scipy here, not the bundle's mask; the issue measured 0.82 on the L-MLO before), and breast_in_window
     agrees with that share."""
+    from config_chains import inference_chains
+
     from scripts.data.readers import read_mammogram
     from scripts.inference.facts import image_facts
     from scripts.inference.geometry import original_size, window_on_original
-    from scripts.transforms.mammo.pipeline import inference_loading, inference_preprocessing
 
     path = sample_exam / "images" / f"0_{view}.png"
     pixels = read_mammogram(path)[0]
     labels, n = ndi.label(pixels > 0)
     breast = ndi.binary_fill_holes(labels == 1 + int(np.argmax(np.bincount(labels.ravel())[1:])))
-    loading = inference_loading(inference_preprocessing(pixel_spacing=MODEL_MM, window=WINDOW), panel_height=1024)
+    _, loading = inference_chains(pixel_spacing=MODEL_MM, image_size=list(WINDOW), panel_height=1024)
     item = loading({"image": str(path), "view": "MLO", "laterality": view[0]})
     meta = item["image"].meta
     y0, x0, y1, x1 = window_on_original(meta, original_size(meta))
@@ -164,18 +165,19 @@ def test_a_stated_spacings_crop_opening_counts_the_files_pixels(tmp_path):
     placed on it instead (meta crop_source "tissue", said in the note), so the window still holds the whole breast
     (the code before held less than 0.99 of it)."""
     from _dicom_factory import make_dicom
+    from config_chains import inference_chains
 
     from scripts.inference.facts import image_facts, image_notes
     from scripts.inference.geometry import original_size, window_on_original
     from scripts.transforms.mammo.array import opening_iterations
-    from scripts.transforms.mammo.pipeline import inference_loading, inference_preprocessing
 
     image, mask = mlo_phantom(*SHAPE, seed=0)
     path = make_dicom(tmp_path / "mlo_0.07.dcm", image, spacing=(0.07, 0.07), view_position="MLO", laterality="L")
     shares, items = {}, {}
     for iterations in (100, 600):
-        chain = inference_preprocessing(pixel_spacing=MODEL_MM, window=WINDOW, iterations=iterations, buffer=12)
-        item = items[iterations] = inference_loading(chain, panel_height=1024)({"image": str(path)})
+        sizes = dict(image_size=list(WINDOW), crop_iterations=iterations, crop_buffer=12, panel_height=1024)
+        _, loading = inference_chains(pixel_spacing=MODEL_MM, **sizes)
+        item = items[iterations] = loading({"image": str(path)})
         meta = item["image"].meta
         assert float(meta["opening_scale"]) == pytest.approx(0.07 / MODEL_MM)
         assert opening_iterations(item["image"], iterations) == round(iterations * 0.07 / MODEL_MM)
@@ -196,15 +198,16 @@ def test_breast_in_window_sees_a_crop_that_cut_the_breast(tmp_path):
     record gives the share the test's own mask gives in that window (the code before measured against the authors'
     mask opened by the same 600 pixels, cut alike, and said 1.0)."""
     from _dicom_factory import make_dicom
+    from config_chains import inference_chains
 
     from scripts.inference.facts import BREAST_IN_WINDOW, breast_in_window
     from scripts.inference.geometry import original_size, window_on_original
-    from scripts.transforms.mammo.pipeline import inference_loading, inference_preprocessing
 
     image, mask = mlo_phantom(*SHAPE, seed=0)
     path = make_dicom(tmp_path / "mlo_0.07.dcm", image, spacing=(0.07, 0.07), view_position="MLO", laterality="L")
-    chain = inference_preprocessing(pixel_spacing=MODEL_MM, window=WINDOW, iterations=600, buffer=12)
-    item = inference_loading(chain, panel_height=1024)({"image": str(path)})
+    sizes = dict(image_size=list(WINDOW), crop_iterations=600, crop_buffer=12, panel_height=1024)
+    _, loading = inference_chains(pixel_spacing=MODEL_MM, **sizes)
+    item = loading({"image": str(path)})
     meta = item["image"].meta
     meta["crop_box"] = np.asarray(meta["crop_box"]) + np.array([150, 0, 0, 0])
     meta["crop_iterations"] = 600

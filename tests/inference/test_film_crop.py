@@ -22,10 +22,11 @@ SHAPE = (3000, 2400)  # a 24 x 30 cm film at 0.1 mm
 
 
 def _film_item(path: Path):
-    from scripts.transforms.mammo.pipeline import inference_loading, inference_preprocessing
+    from config_chains import inference_chains
 
-    chain = inference_preprocessing(pixel_spacing=MODEL_MM, window=WINDOW, iterations=100, buffer=BUFFER)
-    return inference_loading(chain, panel_height=1024)({"image": str(path)})
+    sizes = dict(image_size=list(WINDOW), crop_iterations=100, crop_buffer=BUFFER, panel_height=1024)
+    _, loading = inference_chains(pixel_spacing=MODEL_MM, **sizes)
+    return loading({"image": str(path)})
 
 
 def _share(mask: np.ndarray, box) -> float:
@@ -86,11 +87,11 @@ def test_the_tissue_mask_of_a_clean_image_is_its_largest_region_above_zero(sampl
     """On the authors' files (background exactly 0) the tissue breast is the largest connected region of pixels > 0
     with its holes filled (scipy here), to within the picture's 2 x 2 blocks; their crops and windows stay the
     authors' (the golden tests pin their values)."""
+    from config_chains import inference_chains
     from scipy import ndimage as ndi
 
     from scripts.data.readers import read_mammogram
     from scripts.transforms.mammo.breast import tissue_mask
-    from scripts.transforms.mammo.pipeline import inference_loading, inference_preprocessing
 
     for view in ("L-CC", "R-MLO"):
         path = sample_exam / "images" / f"0_{view}.png"
@@ -100,7 +101,8 @@ def test_the_tissue_mask_of_a_clean_image_is_its_largest_region_above_zero(sampl
         mask, k = tissue_mask(pixels)
         found = mask[np.arange(pixels.shape[0]) // k][:, np.arange(pixels.shape[1]) // k]
         assert (found & breast).sum() / (found | breast).sum() > 0.98
-        item = inference_loading(inference_preprocessing(), panel_height=1024)({"image": str(path), "view": view[2:]})
+        _, loading = inference_chains(panel_height=1024)
+        item = loading({"image": str(path), "view": view[2:]})
         assert item["image"].meta["crop_source"] == "authors" and item["image"].meta["window_source"] == "authors"
 
 

@@ -124,12 +124,13 @@ def test_errors_csv_names_the_corrupt_file_and_why(inputs):
 def _independent_window_maps(path: str, ckpt: Path):
     """Preprocess and run the model directly (in float32, on the device the workflow uses), render S_l and S_c at
     full window resolution."""
+    from config_chains import inference_chains
+
     from scripts.inference.step import _exact_float32
     from scripts.networks import GLAMSaliencyNet
-    from scripts.transforms import mammogram_transforms
 
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")  # inference.yaml's device
-    t = mammogram_transforms(keys=["image"], mask_keys=[], window=(256, 160), train=False, iterations=5, buffer=4)
+    t, _ = inference_chains(image_size=[256, 160], crop_iterations=5, crop_buffer=4)  # inference.yaml's own
     d = t({"image": path})
     net = GLAMSaliencyNet(stage="joint", **TINY)
     net.load_state_dict(torch.load(ckpt, weights_only=True), strict=True)

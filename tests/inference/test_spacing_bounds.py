@@ -49,8 +49,9 @@ def _read_csv(path: Path) -> dict[str, dict]:
 _PREPROCESS = """
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-from scripts.transforms.mammo.pipeline import inference_preprocessing
-t = inference_preprocessing(pixel_spacing=0.4, window=(736, 480))
+sys.path.insert(0, sys.argv[1] + "/../tests")
+from config_chains import inference_chains
+t, _ = inference_chains(pixel_spacing=0.4, image_size=[736, 480])
 out = {}
 for path in sys.argv[2:]:
     begin = time.perf_counter()

@@ -20,13 +20,11 @@ from scripts.data.checks import check_data
 from scripts.distributed import is_rank_zero
 from scripts.evaluation.report import run_evaluation
 from scripts.handlers.metrics import ClassScores
-from scripts.handlers.training_state import additional_metrics, early_stopping, key_metric, key_metric_score
-from scripts.precision import as_dtype, autocast_dtype, engine_amp, memory_format
-from scripts.runs import path_in, run_name
-from scripts.training.batch import stage_prepare_batch
+from scripts.handlers.training_state import key_metric
+from scripts.precision import as_dtype
+from scripts.runs import run_name
 from scripts.training.checkpoints import StageCheckpointer
-from scripts.training.datasets import default_cache_dir, read_datalist, single_thread_worker, split_items, uses_workers
-from scripts.training.distributed import device_ids
+from scripts.training.datasets import read_datalist, single_thread_worker, split_items
 from scripts.training.preflight import per_stage
 from scripts.training.selection import choose_selection, configured_selection
 from scripts.training.stage import (
@@ -42,11 +40,6 @@ LR = {"global": 3.0e-5, "local": 2.0e-5, "joint": 1.0e-5}
 
 
 # -- scripts.runs, scripts.training.stage ----------------------------------------------------------------------------
-def test_path_in_joins_like_os_path_join():
-    assert path_in("/a/b", "c.json") == "/a/b/c.json"
-    assert path_in("rel", "models") == os.path.join("rel", "models")
-
-
 def test_previous_stage_and_model_follow_the_training_order():
     assert [previous_stage(s) for s in ("global", "local", "joint")] == [None, "global", "local"]
     assert previous_model("/ck", "global") is None
@@ -103,19 +96,29 @@ def test_per_stage_takes_the_stage_value_or_the_one_number_and_scales_it():
         per_stage({"global": 1.0}, "joint", "learning_rate", scale=0.1)
 
 
-def test_precision_components_split_the_amp_plan():
+def test_train_yaml_splits_the_amp_plan_and_reads_channels_last():
     assert as_dtype("bfloat16") is torch.bfloat16 and as_dtype("torch.float16") is torch.float16
     assert as_dtype(torch.bfloat16) is torch.bfloat16
-    assert autocast_dtype("true", "bfloat16", "cpu") is torch.bfloat16
-    assert autocast_dtype(False, torch.bfloat16, "cpu") is None
-    assert autocast_dtype(True, "float16", "cuda:0") is None
-    assert engine_amp(True, "float16", "cuda:0") is True
-    assert engine_amp(True, "bfloat16", "cuda:0") is False
-    assert engine_amp("false", "float16", "cpu") is False
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        engine_amp(True, "float16", "cpu")
-    assert memory_format("true") == torch.channels_last and memory_format(True) == torch.channels_last
-    assert memory_format("false") == torch.contiguous_format and memory_format(0) == torch.contiguous_format
+
+    def parsed(config_id: str, **overrides):
+        return _parser("global", **overrides).get_parsed_content(config_id)
+
+    assert parsed("autocast_dtype", amp="true", amp_dtype="bfloat16", device="cpu") is torch.bfloat16
+    assert parsed("autocast_dtype", amp=False, amp_dtype=torch.bfloat16, device="cpu") is None
+    assert parsed("autocast_dtype", amp=True, amp_dtype="float16", device="cuda:0") is None
+    assert parsed("engine_amp", amp=True, amp_dtype="float16", device="cuda:0") is True
+    assert parsed("engine_amp", amp=True, amp_dtype="bfloat16", device="cuda:0") is False
+    assert parsed("engine_amp", amp="false", amp_dtype="float16", device="cpu") is False
+    with pytest.raises(Exception) as err:  # the parser's error says which expression; its cause says why
+        parsed("engine_amp", amp=True, amp_dtype="float16", device="cpu")
+    assert "needs a CUDA device" in str(err.value.__cause__)
+    for text, layout in (
+        ("true", torch.channels_last),
+        (True, torch.channels_last),
+        ("false", torch.contiguous_format),
+    ):
+        assert parsed("memory_format", channels_last=text) == layout
+    assert parsed("memory_format", channels_last=0) == torch.contiguous_format
 
 
 def test_datalist_is_read_with_paths_made_absolute_and_split_by_name(tmp_path):
@@ -136,9 +139,12 @@ def test_datalist_is_read_with_paths_made_absolute_and_split_by_name(tmp_path):
 
 
 def test_cache_folder_and_persistent_workers():
-    assert default_cache_dir("/runs/eval") == "/runs/cache"
-    assert default_cache_dir("eval") == os.path.join(os.path.dirname(os.path.abspath("eval")), "cache")
-    assert uses_workers(4) is True and uses_workers(0) is False and uses_workers("2") is True
+    assert _parser("global", output_root="/runs/eval").get_parsed_content("cache_dir") == "/runs/cache"
+    relative = os.path.join(os.path.dirname(os.path.abspath("eval")), "cache")
+    assert _parser("global", output_root="eval").get_parsed_content("cache_dir") == relative
+    for workers, persistent in ((4, True), (0, False), ("2", True)):
+        parser = _parser("global", num_workers=workers)
+        assert parser.get_parsed_content("train#dataloader#persistent_workers") is persistent
 
 
 def test_configured_selection_is_what_choose_selection_keeps():
@@ -149,8 +155,11 @@ def test_configured_selection_is_what_choose_selection_keeps():
 
 def test_run_name_and_distributed_helpers():
     assert run_name("train", "joint") == "train_joint" and run_name("evaluate", "global") == "evaluate_global"
-    assert device_ids("cpu") is None
-    assert device_ids(torch.device("cuda", 1)) == [torch.device("cuda", 1)]
+    for device, ids in (("cpu", None), (torch.device("cuda", 1), [torch.device("cuda", 1)])):
+        parser = ConfigParser()
+        parser.read_config([str(TRAIN_CONFIG), str(TRAIN_CONFIG.parent / "multi_gpu_train.yaml")])
+        parser["device"] = device
+        assert parser.get_parsed_content("network#device_ids") == ids
     assert is_rank_zero() is True  # no process group: the only process
 
 
@@ -162,13 +171,14 @@ def test_check_data_is_off_with_check_data_false_and_names_the_split_otherwise(t
     assert "nope.png" in str(err.value)
 
 
-def test_stage_prepare_batch_per_stage():
-    g, lo, jo = (stage_prepare_batch(s, seed=5, patch_shift=16) for s in ("global", "local", "joint"))
-    assert (g.random_negatives, g.patch_shift) == (False, 0)
-    assert (lo.random_negatives, lo.patch_shift) == (True, 16)
-    assert (jo.random_negatives, jo.patch_shift) == (False, 16)
-    assert lo.seed == 5 and not lo.with_masks
-    assert stage_prepare_batch("local", with_masks=True).with_masks
+def test_the_prepare_batch_of_each_stage():
+    """Random patches for the lesion-free images in the local stage only; patch shifts in local and joint."""
+    got = {}
+    for stage in ("global", "local", "joint"):
+        prepare = _parser(stage, seed=5, patch_shift="16").get_parsed_content("train#prepare_batch")
+        got[stage] = (prepare.random_negatives, prepare.patch_shift, prepare.seed, prepare.with_masks)
+    assert got == {"global": (False, 0, 5, False), "local": (True, 16, 5, False), "joint": (False, 16, 5, False)}
+    assert _parser("local", train_masks="true").get_parsed_content("train#prepare_batch").with_masks
 
 
 def test_checkpointer_records_the_size_of_the_validation_split(tmp_path):
@@ -193,14 +203,21 @@ def test_key_and_additional_metrics_split_the_metrics_by_the_selection():
     metrics = {"a": 1, "b": 2, "c": 3}
     assert key_metric(metrics, {"metric": "b", "reason": "x"}) == {"b": 2}
     assert key_metric(metrics, "c") == {"c": 3}
-    assert list(additional_metrics(metrics, {"metric": "b"})) == ["a", "c"]
     with pytest.raises(ValueError, match="selection_metric 'd' is not a validation metric"):
         key_metric(metrics, "d")
+    # train.yaml: the other validation metrics, in their order, the same objects as the evaluator's
+    parser = _parser("global", selection={"metric": "val_pointing_game", "reason": "selection_metric"})
+    every = parser.get_parsed_content("validate#metrics")
+    additional = parser.get_parsed_content("validate#additional_metrics")
+    assert list(additional) == [name for name in every if name != "val_pointing_game"] and len(additional) == 7
+    assert all(additional[name] is every[name] for name in additional)
+    assert list(parser.get_parsed_content("validate#key_metric")) == ["val_pointing_game"]
 
 
 def test_early_stopping_is_off_at_patience_0_and_stops_on_the_key_metric():
-    assert early_stopping(0) is None and early_stopping("0") is None
-    handler = early_stopping(2)
+    for patience in (0, "0"):
+        assert _parser("global", early_stop_patience=patience).get_parsed_content("validate#early_stop") is None
+    handler = _parser("global", early_stop_patience="2").get_parsed_content("validate#early_stop")
     assert isinstance(handler, EarlyStopHandler) and handler.patience == 2
     # a trainer validated every epoch on a key metric that peaks at epoch 2: stopped 2 epochs later, at epoch 4
     scores = iter([0.5, 0.8, 0.7, 0.6, 0.9, 0.9])
@@ -220,7 +237,7 @@ def test_early_stopping_is_off_at_patience_0_and_stops_on_the_key_metric():
     handler.attach(evaluator)
     train_stage("global", trainer, SimpleNamespace(best_metric=0, best_metric_epoch=0), "/c", early_stop=handler)
     assert trainer.state.epoch == 4
-    assert key_metric_score(evaluator) == 0.6
+    assert handler.score_function(evaluator) == 0.6  # the key metric of the last validation
 
 
 def test_run_evaluation_runs_and_returns_the_reports_summary():

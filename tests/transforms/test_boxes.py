@@ -70,12 +70,13 @@ def test_keep_leaves_a_class_with_a_mask_file_as_the_file_says():
 
 def test_boxes_go_through_the_masks_geometry_in_the_whole_prefix(tmp_path):
     """A left MLO DICOM (0.07 x 0.08 mm, resampled to 0.1 mm, mirrored, cropped): an item with boxes and the same
-    item with mask files painted from those boxes give the same masks after ``mammogram_prefix``; the boxes leave
-    the item, and a class with a mask file keeps that file (the boxes only fill the classes without one)."""
+    item with mask files painted from those boxes give the same masks after the mammogram steps of
+    ``validate#preprocessing``; the boxes leave the item, and a class with a mask file keeps that file (the boxes
+    only fill the classes without one)."""
     from _dicom_factory import make_dicom
+    from config_chains import parse
+    from conftest import TRAIN_CONFIG
     from PIL import Image
-
-    from scripts.transforms.mammo import pipeline
 
     h, w = 180, 120
     rows, cols = np.mgrid[0:h, 0:w]
@@ -96,7 +97,10 @@ def test_boxes_go_through_the_masks_geometry_in_the_whole_prefix(tmp_path):
                 painted[int(np.floor(y0)) : int(np.ceil(y1)), int(np.floor(x0)) : int(np.ceil(x1))] = 255
         files[f"mask_{cls}"] = str(tmp_path / f"{cls}.png")
         Image.fromarray(painted).save(files[f"mask_{cls}"])
-    prefix = Compose(pipeline.mammogram_prefix(pixel_spacing=0.1, window=(128, 96), iterations=10, buffer=5))
+    sizes = {"pixel_spacing": 0.1, "image_size": [128, 96], "crop_iterations": 10, "crop_buffer": 5}
+    validate = parse([TRAIN_CONFIG], **sizes).get_parsed_content("validate#preprocessing")
+    prefix = Compose(validate.transforms[1:10])  # the mammogram steps: drop empty masks ... crop
+    assert type(prefix.transforms[-1]).__name__ == "CropBreastd"
     common = {"image": str(image), "laterality": "L", "view": "MLO"}
     from_boxes = prefix({**common, "boxes": boxes})
     from_files = prefix({**common, **files})

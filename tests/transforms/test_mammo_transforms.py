@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from config_chains import mammogram_steps, parse, training_chain
+from conftest import TRAIN_CONFIG
 from monai.data import MetaTensor
-from monai.transforms import Compose, Invertd, NormalizeIntensity, RandFlipd
+from monai.transforms import Compose, Invertd, NormalizeIntensity, RandAxisFlipd, RandFlipd
 from PIL import Image
 from scipy import ndimage as ndi
 
@@ -25,8 +27,6 @@ from scripts.transforms.mammo import (
     best_center_window,
     breast_crop_box,
     chest_wall_side,
-    mammogram_augmentations,
-    mammogram_transforms,
     open_breast_mask,
     open_breast_mask_exact,
 )
@@ -314,7 +314,7 @@ def exam_files(tmp_path):
 
 def test_pipeline_masks_follow_the_image(exam_files):
     item, img, mask = exam_files
-    t = mammogram_transforms(window=(64, 40), iterations=2, buffer=3, standardize=False)
+    t = mammogram_steps(image_size=[64, 40], crop_iterations=2, crop_buffer=3)
     d = t(dict(item))
     assert "mask_malignant" not in d
     image, m = d["image"][0].numpy(), d["mask_benign"][0].numpy()
@@ -329,7 +329,7 @@ def test_pipeline_masks_follow_the_image(exam_files):
 
 def test_pipeline_inverse_lands_on_the_original_pixel(exam_files):
     item, img, _ = exam_files
-    t = mammogram_transforms(window=(64, 40), iterations=2, buffer=3)
+    t = mammogram_steps(standardize=True, image_size=[64, 40], crop_iterations=2, crop_buffer=3)
     d = t(dict(item))
     h, w = img.shape
     r, c = 30, w - 1 - 4  # a breast pixel of the stored (unflipped) image
@@ -349,27 +349,26 @@ def test_pipeline_training_is_reproducible_and_offers_no_left_right_mirroring(ex
     item, _, _ = exam_files
     outs = []
     for seed in (7, 7, 8):
-        t = mammogram_transforms(window=(64, 40), train=True, iterations=2, buffer=3, max_shift=(4, 4))
+        t = training_chain("train", image_size=[64, 40], crop_iterations=2, crop_buffer=3, max_shift=[4, 4])
         t.set_random_state(seed)
-        outs.append(t(dict(item)))
+        outs.append(t({**item, "label": [1, 0]}))
     np.testing.assert_array_equal(outs[0]["image"].numpy(), outs[1]["image"].numpy())
     assert not np.array_equal(outs[0]["image"].numpy(), outs[2]["image"].numpy())
-    default = mammogram_augmentations()
-    assert not any(isinstance(a, RandFlipd) for a in default)
-    opt_in = [a for a in mammogram_augmentations(vertical_flip_prob=0.5) if isinstance(a, RandFlipd)]
-    assert len(opt_in) == 1 and opt_in[0].flipper.spatial_axis in (0, (0,))
+    # no flip of any kind by default (an up-down flip is an opt-in written into the list; left-right never)
+    assert not any(isinstance(a, (RandFlipd, RandAxisFlipd)) for a in t.transforms)
 
 
-def test_augmentation_settings_are_arguments_with_the_configs_defaults():
-    contrast, scale, shift = mammogram_augmentations()
+def test_augmentations_have_the_papers_settings_and_take_overrides_by_id():
+    ids = "train#batch_transforms"
+    contrast, scale, shift = parse([TRAIN_CONFIG]).get_parsed_content(ids).transforms[2:5]
     assert (contrast.prob, scale.prob, shift.prob) == (0.5, 0.5, 0.5)
     assert contrast.adjuster.gamma == (0.8, 1.25)
     assert scale.scaler.factors == (-0.1, 0.1) and shift.shifter.offsets == (-0.1, 0.1)
-    contrast, scale, shift = mammogram_augmentations(prob=0.2, gamma=(0.9, 1.1), factors=0.3, offsets=0.05)
-    assert (contrast.prob, scale.prob, shift.prob) == (0.2, 0.2, 0.2)
-    assert contrast.adjuster.gamma == (0.9, 1.1)
+    overrides = {f"{ids}#transforms#2#gamma": [0.9, 1.1], f"{ids}#transforms#3#factors": 0.3}
+    overrides.update({f"{ids}#transforms#4#offsets": 0.05, f"{ids}#transforms#4#prob": 0.2})
+    contrast, scale, shift = parse([TRAIN_CONFIG], **overrides).get_parsed_content(ids).transforms[2:5]
+    assert contrast.adjuster.gamma == (0.9, 1.1) and shift.prob == 0.2
     assert scale.scaler.factors == (-0.3, 0.3) and shift.shifter.offsets == (-0.05, 0.05)
-    assert mammogram_augmentations(intensity=False) == []
 
 
 def test_drop_empty_keys_and_flipd_uses_the_data_field():
@@ -413,7 +412,7 @@ def test_pipeline_from_dicom_tags(tmp_path):
         view_position=None,
         view_code=("R-10226", "SRT", "medio-lateral oblique"),
     )
-    t = mammogram_transforms(mask_keys=(), window=(64, 40), iterations=2, buffer=3, standardize=False)
+    t = mammogram_steps(image_size=[64, 40], crop_iterations=2, crop_buffer=3)
     d = t({"image": str(path)})
     image = d["image"]
     assert image.meta["laterality"] == "R" and image.meta["view"] == "MLO"

@@ -8,11 +8,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from config_chains import inference_chains
 from monai.transforms import Invertd
 from PIL import Image
 
 from scripts.data.readers import read_mammogram
-from scripts.transforms.mammo import breast_crop_box, mammogram_transforms, open_breast_mask, open_breast_mask_exact
+from scripts.transforms.mammo import breast_crop_box, open_breast_mask, open_breast_mask_exact
 
 VIEWS = ("L-CC", "R-CC", "L-MLO", "R-MLO")
 # image (H, W), best center (row, col), breast rows / cols in the window
@@ -32,8 +33,10 @@ def exam(sample_exam):
 
 @pytest.fixture(scope="module")
 def windows(sample_exam, exam):
-    """Each view through the inference pipeline (standardisation off, to see the breast pixels > 0)."""
-    t = mammogram_transforms(mask_keys=(), horizontal_flip=exam["horizontal_flip"], standardize=False)
+    """Each view through inference.yaml's preprocessing (its standardisation, transform 5, disabled to see the breast
+    pixels > 0; the exam's horizontal_flip given to the flip, transform 2)."""
+    flip = {"preprocessing#transforms#2#horizontal_flip": exam["horizontal_flip"]}
+    t, _ = inference_chains(**flip, **{"preprocessing#transforms#5#_disabled_": True})
     out = {}
     for view in VIEWS:
         item = {"image": str(sample_exam / exam["views"][view]), "laterality": view[0], "view": view[2:]}
@@ -60,7 +63,7 @@ def test_best_center_and_breast_position_in_window(windows, view):
 
 def test_laterality_inferred_from_pixels_gives_the_same_windows(sample_exam, exam, windows):
     """Without the datalist's laterality the reader's guess and FlipToRight's image rule agree."""
-    t = mammogram_transforms(mask_keys=(), standardize=False)
+    t, _ = inference_chains(**{"preprocessing#transforms#5#_disabled_": True})
     for view in ("R-CC", "L-MLO"):
         d = t({"image": str(sample_exam / exam["views"][view]), "view": view[2:]})
         np.testing.assert_array_equal(d["image"].numpy(), windows[view][1]["image"].numpy())

@@ -1,17 +1,18 @@
 """Resampling to the model's pixel spacing (ResampleToSpacing / ResampleToSpacingd): identity for an unknown model
 spacing, sizes and pixel centres against hand-computed values, masks kept binary, the unknown-spacing record, the
-inverse, and the whole chain of ``mammogram_transforms(pixel_spacing=...)`` on files that state their spacing."""
+inverse, and the configs' mammogram steps with a ``pixel_spacing`` on files that state their spacing."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from config_chains import mammogram_steps
 from monai.data import MetaTensor
 from monai.transforms import Compose, Invertd
 from PIL import Image
 
-from scripts.transforms import ResampleToSpacing, ResampleToSpacingd, mammogram_transforms
+from scripts.transforms import ResampleToSpacing, ResampleToSpacingd
 from scripts.transforms.mammo import (
     MODEL_SPACING_KEY,
     SPACING_ASSUMED_KEY,
@@ -252,20 +253,18 @@ def files(tmp_path_factory):
 
 
 def test_pipeline_resamples_before_the_crop_and_inverts_onto_the_file(files):
-    """mammogram_transforms(pixel_spacing=0.2): the 0.4 mm file is enlarged 2x before the crop and the window (which
-    count model pixels), its window then looks like the 0.2 mm file's, and Invertd puts a window map on the file's
-    (80, 48) grid; the mask went through with the image and stayed 0/1."""
-    kwargs = dict(window=(128, 96), iterations=3, buffer=2, standardize=False, pixel_spacing=0.2)
-    t = mammogram_transforms(mask_keys=("mask_benign",), **kwargs)
-    fine = t({"image": files["fine"], "mask_benign": files["fine_mask"], "laterality": "L", "view": "CC"})
-    coarse = mammogram_transforms(mask_keys=(), **kwargs)({"image": files["coarse"], "laterality": "L", "view": "CC"})
+    """The configs' mammogram steps with pixel_spacing 0.2: the 0.4 mm file is enlarged 2x before the crop and the
+    window (which count model pixels), its window then looks like the 0.2 mm file's, and Invertd puts a window map on
+    the file's (80, 48) grid; the mask went through with the image and stayed 0/1."""
+    chain = mammogram_steps(image_size=[128, 96], crop_iterations=3, crop_buffer=2, pixel_spacing=0.2)
+    fine = chain({"image": files["fine"], "mask_benign": files["fine_mask"], "laterality": "L", "view": "CC"})
+    coarse = chain({"image": files["coarse"], "laterality": "L", "view": "CC"})
     assert tuple(fine["image"].shape) == tuple(coarse["image"].shape) == (1, 128, 96)
     assert set(np.unique(fine["mask_benign"].numpy())) == {0, 1} and int(fine["mask_benign"].sum()) == 400
     assert np.abs(np.asarray(fine["image"].meta["crop_box"]) - np.asarray(coarse["image"].meta["crop_box"])).max() <= 2
     a, b = fine["image"][0].numpy().ravel(), coarse["image"][0].numpy().ravel()
     assert np.corrcoef(a, b)[0, 1] > 0.99
     # Invertd: a window map lands on the file's grid through window, crop and the resampling
-    chain = mammogram_transforms(mask_keys=(), **kwargs)
     d = chain({"image": files["coarse"], "laterality": "L", "view": "CC"})
     d["saliency"] = MetaTensor(torch.ones(1, 128, 96))
     back = Invertd("saliency", transform=chain, orig_keys="image", nearest_interp=False)(d)["saliency"]

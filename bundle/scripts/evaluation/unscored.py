@@ -24,8 +24,8 @@ from scipy import ndimage
 
 from ..transforms.mammo.coverage import BREAST_KEYS, breast_refusal
 from ..transforms.mammo.dictionary import BestCenterWindowd, FlipToRightd
-from ..transforms.mammo.pipeline import MASK_KEYS
 from ..transforms.mammo.spacing import ResampleToSpacingd
+from ..transforms.targets import MASK_KEYS
 from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX, Thumbnaild
 
 __all__ = ["UNSCORED_KEY", "LESIONS_KEY", "unscored_reason", "ScoringDataset", "scored_collate", "ScoredLoader"]

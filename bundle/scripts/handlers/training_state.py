@@ -1,6 +1,5 @@
 """Ignite handlers of GLAM's workflows: per-epoch seeding (exact resumption), the best-metric record, and the
-components that wire the validation metrics and handlers in train.yaml (the key metric and the others, early
-stopping on the key metric)."""
+evaluator's key metric chosen by name in train.yaml."""
 
 from __future__ import annotations
 
@@ -13,15 +12,11 @@ import numpy as np
 import torch
 from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
-from monai.handlers import EarlyStopHandler
 
 __all__ = [
     "EpochSeeder",
     "BestMetricState",
     "key_metric",
-    "additional_metrics",
-    "key_metric_score",
-    "early_stopping",
 ]
 
 
@@ -37,28 +32,6 @@ def key_metric(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dic
     if name not in metrics:
         raise ValueError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
     return {name: metrics[name]}
-
-
-def additional_metrics(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dict[str, Any]:
-    """Every metric of ``metrics`` but the key one (the evaluator's ``additional_metrics``), in their order."""
-    name = _metric_name(name)
-    return {k: v for k, v in metrics.items() if k != name}
-
-
-def key_metric_score(engine: Engine) -> float:
-    """The evaluator's key metric of its last run: the score early stopping watches (higher is better)."""
-    return engine.state.metrics[engine.state.key_metric_name]
-
-
-def early_stopping(patience: int | str) -> EarlyStopHandler | None:
-    """MONAI's ``EarlyStopHandler`` on the evaluator's key metric, checked after every validation, or None when
-    ``patience`` is 0 (off; MONAI leaves a None component out of its handler list). Its trainer is set when the
-    stage runs (:func:`scripts.training.stage.train_stage`): the trainer holds the evaluator, so the configuration
-    cannot name it here."""
-    patience = int(patience)
-    if patience <= 0:
-        return None
-    return EarlyStopHandler(patience=patience, score_function=key_metric_score, trainer=None, epoch_level=True)
 
 
 class EpochSeeder:

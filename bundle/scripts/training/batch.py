@@ -12,31 +12,10 @@ from monai.data.meta_obj import get_track_meta, set_track_meta
 from monai.data.utils import set_rnd
 from monai.engines.utils import PrepareBatch
 
-from ..enums import Stage
-
-__all__ = ["GLAMPrepareBatch", "stage_prepare_batch"]
+__all__ = ["GLAMPrepareBatch"]
 
 #: the batch entries moved to the device before the per-step transforms (the rest stays where the loader put it)
 _DEVICE_KEYS = ("image", "mask")
-
-
-def stage_prepare_batch(
-    stage: str,
-    seed: int = 0,
-    patch_shift: int = 0,
-    with_masks: bool = False,
-    transform: Callable | None = None,
-) -> GLAMPrepareBatch:
-    """The training ``prepare_batch`` of a stage (train.yaml's ``train#prepare_batch``): random patches for the
-    lesion-free images in the ``local`` stage only (the paper's stage 2), Algorithm 1's boxes shifted by up to
-    ``patch_shift`` px in the stages that crop patches (``local``, ``joint``; never in ``global``)."""
-    return GLAMPrepareBatch(
-        with_masks=with_masks,
-        random_negatives=stage == Stage.LOCAL,
-        seed=seed,
-        patch_shift=int(patch_shift) if stage != Stage.GLOBAL else 0,
-        transform=transform,
-    )
 
 
 class GLAMPrepareBatch(PrepareBatch):

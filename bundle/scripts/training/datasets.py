@@ -19,7 +19,7 @@ bytes), and the random per-step half runs batched on the model's device (``train
 - ``"none"``: the deterministic half runs again every epoch.
 
 The datalist reaches the configs through :func:`read_datalist` (paths made absolute) and :func:`split_items` (one
-split, named in errors); the loaders' options through :func:`single_thread_worker` and :func:`uses_workers`.
+split, named in errors); the loaders' workers through :func:`single_thread_worker`.
 """
 
 from __future__ import annotations
@@ -44,8 +44,6 @@ __all__ = [
     "CACHE_MODES",
     "read_datalist",
     "split_items",
-    "default_cache_dir",
-    "uses_workers",
     "cache_mode",
     "cached_item_hash",
     "ChecksummedPersistentDataset",
@@ -83,18 +81,6 @@ def split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: Any =
     if split not in datalist:
         raise KeyError(f"{source} has no {split!r} split (it has {sorted(datalist)})")
     return datalist[split]
-
-
-def default_cache_dir(output_root: str | os.PathLike) -> str:
-    """The disk cache's default folder: ``cache`` beside ``output_root`` (so that the runs of every output folder
-    under one parent share it)."""
-    return os.path.join(os.path.dirname(os.path.abspath(output_root)), "cache")
-
-
-def uses_workers(num_workers: int) -> bool:
-    """Whether a loader with ``num_workers`` has worker processes to keep between epochs (``persistent_workers``;
-    PyTorch refuses it without workers)."""
-    return int(num_workers) > 0
 
 
 def cache_mode(cache: bool | str | None) -> str:

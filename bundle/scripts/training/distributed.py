@@ -21,7 +21,6 @@ from ..distributed import barrier, rank, world_size
 
 __all__ = [
     "RANK_ZERO_ONLY",
-    "device_ids",
     "rank_zero_first",
     "rank_share",
     "disable_on_other_ranks",
@@ -40,13 +39,6 @@ RANK_ZERO_ONLY = (
     "ClearMLStatsHandler",
     "ClearMLImageHandler",
 )
-
-
-def device_ids(device: torch.device | str) -> list[torch.device] | None:
-    """``DistributedDataParallel``'s ``device_ids`` for a module on ``device``: ``[device]`` on CUDA, None on the
-    CPU (gloo), as PyTorch requires."""
-    device = torch.device(device)
-    return [device] if device.type == "cuda" else None
 
 
 def rank_zero_first(parser: Any, ids: Sequence[str]) -> None:

@@ -11,8 +11,8 @@ components rather than computing them in ``$`` expressions:
 - :func:`train_stage`: runs the stage's trainer and returns its summary (``run_stage``'s last item).
 
 The per-stage numbers (epochs, learning rate, batch size, sparsity weight) are read by
-:func:`scripts.training.preflight.per_stage`; the stage's folders (``ckpt_dir``, ``output_dir``) by
-:func:`scripts.runs.path_in`, which every workflow shares.
+:func:`scripts.training.preflight.per_stage`; the stage's folders (``ckpt_dir``, ``output_dir``) are joined in
+train.yaml.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ from monai.config import KeysCollection
 from monai.transforms import MapTransform
 from monai.utils import convert_to_tensor
 
-__all__ = ["StackMasksd"]
+__all__ = ["MASK_KEYS", "StackMasksd"]
+
+#: a datalist item's lesion masks, one per class (docs/data.md); stacked into ``mask`` for training
+MASK_KEYS = ("mask_benign", "mask_malignant")
 
 
 class StackMasksd(MapTransform):

@@ -30,19 +30,6 @@ from scripts.transforms.mammo.dictionary import (
     RandWindowShiftd,
     StandardizeImaged,
 )
-from scripts.transforms.mammo.pipeline import (
-    inference_loading,
-    inference_preprocessing,
-    mammogram_augmentations,
-    mammogram_cache_transforms,
-    mammogram_prefix,
-    mammogram_step_transforms,
-    mammogram_transforms,
-    train_batch_transforms,
-    train_preprocessing,
-    validate_batch_transforms,
-    validate_preprocessing,
-)
 from scripts.transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_ASSUMED_KEY,
@@ -88,18 +75,7 @@ __all__ = [
     "chest_wall_side",
     "fit_breast_spacing",
     "format_spacing",
-    "mammogram_augmentations",
-    "mammogram_cache_transforms",
-    "mammogram_step_transforms",
-    "mammogram_transforms",
     "open_breast_mask",
     "open_breast_mask_exact",
     "window_shift_range",
-    "inference_loading",
-    "inference_preprocessing",
-    "mammogram_prefix",
-    "train_batch_transforms",
-    "train_preprocessing",
-    "validate_batch_transforms",
-    "validate_preprocessing",
 ]

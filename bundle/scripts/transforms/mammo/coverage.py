@@ -94,7 +94,7 @@ def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) ->
 
 def breast_in_window(item: Mapping[str, Any]) -> float | None:
     """The share of the breast inside the model's window, in [0, 1] (see the module's docstring), for a preprocessed
-    ``item`` whose ``image_thumbnail`` was taken at loading (``inference_loading`` of the pipeline takes it); 0 when
+    ``item`` whose ``image_thumbnail`` was taken at loading (inference.yaml's ``loading`` takes it); 0 when
     no tissue region is large enough to be a breast; None without a thumbnail or a window record. Computed once per
     item (kept under :data:`BREAST_IN_WINDOW`)."""
     if BREAST_IN_WINDOW in item:
