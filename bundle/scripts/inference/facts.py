@@ -10,14 +10,16 @@ The share of the breast in the window (``breast_in_window``) and the refusal of 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from monai.data import MetaTensor
 
 from ..data.cbis_ddsm import cbis_patient_id
+from ..data.header_facts import text_view_laterality
 from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY
-from ..transforms.mammo.breast import view_kind
+from ..transforms.mammo.breast import CC_LIKE_VIEWS, MLO_LIKE_VIEWS, view_kind
 from ..transforms.mammo.coverage import (
     BREAST_IN_WINDOW,
     BREAST_KEYS,
@@ -184,14 +186,33 @@ def patient_id(item: Mapping[str, Any]) -> str:
     return (cbis_patient_id(stated) or stated) if stated else ""
 
 
+def _file_name_disagrees(item: Mapping[str, Any], facts: Mapping[str, str]) -> list[str]:
+    """Notes for a laterality or view taken from a tag (or the datalist) while the file's name states another one:
+    the tag is used, as its place in the sources' order says, and a mislabelled file or a swapped name shows."""
+    name = Path(str(_meta(item["image"]).get("filename_or_obj") or "")).name
+    name_view, name_side = text_view_laterality(name)
+    notes = []
+    side, side_source = facts["laterality"], facts["laterality_source"]
+    if name_side and side and side != name_side and side_source not in ("filename", "image"):
+        notes.append(f"laterality {side} from {side_source}, while the file name states {name_side}: {side} was used")
+    view, view_source = facts["view"], facts["view_source"]
+    kinds = [
+        view_kind(v, None) if v and v.upper() in CC_LIKE_VIEWS | MLO_LIKE_VIEWS else None for v in (view, name_view)
+    ]
+    if None not in kinds and kinds[0] != kinds[1] and view_source != "filename":
+        notes.append(f"view {view} from {view_source}, while the file name states {name_view}: {view} was used")
+    return notes
+
+
 def image_notes(
     item: Mapping[str, Any], window: Sequence[int] | None = None, default_view: str | None = "CC"
 ) -> list[str]:
     """Everything assumed about one image, for its log line and errors.csv note: an estimated or assumed pixel spacing,
     or one the file states outside the plausible range (:func:`spacing_note`), a crop or window placed on the tissue
     breast (:func:`tissue_note`), a window that holds less than the whole breast (:func:`breast_note`), a view that is
-    unknown or not a CC- / MLO-like code (the ``default_view`` window rule was used), a laterality inferred from the
-    image (the side of the chest wall decided the mirroring)."""
+    unknown or not a CC- / MLO-like code (the ``default_view`` window rule was used), a laterality or view taken from
+    a tag while the file name states another, a laterality inferred from the image (the side of the chest wall decided
+    the mirroring)."""
     facts = image_facts(item)
     notes = [
         note for note in [spacing_note(item["image"], window), tissue_note(item), breast_note(item, window)] if note
@@ -203,6 +224,7 @@ def image_notes(
         rule = view_kind(default_view, None) if default_view else "CC"
         what = "view unknown" if not view else f"view {view!r} is not a CC- or MLO-like code"
         notes.append(f"{what}: the {rule} window rule was used")
+    notes += _file_name_disagrees(item, facts)
     if facts["laterality_source"] == "image":
         notes.append(f"laterality not stated: {facts['laterality'] or '?'} inferred from the side of the chest wall")
     elif not facts["laterality"] and str(item.get("facing", "")).lower() not in ("left", "right"):
