@@ -73,3 +73,20 @@ def nrrd_affine(header: dict) -> np.ndarray:
     if len(directions) == 3:
         lps[:3, 2] = directions[2]
     return np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps
+
+
+#: ITK's LPS <-> NIfTI's RAS (x and y change sign)
+RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+
+
+def itk_affine(path: str | Path) -> np.ndarray:
+    """The RAS affine (voxel i = column, j = row) ITK, and so 3D Slicer, reads ``path`` with; a 2-D reading lies in
+    z = 0."""
+    import itk
+
+    image = itk.imread(str(path))
+    d = len(image.GetOrigin())
+    lps = np.eye(4)
+    lps[:d, :d] = itk.array_from_matrix(image.GetDirection()) * np.asarray(image.GetSpacing())[None]
+    lps[:d, 3] = np.asarray(image.GetOrigin())
+    return RAS @ lps

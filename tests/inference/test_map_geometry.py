@@ -14,7 +14,7 @@ import numpy as np
 import pydicom
 import pytest
 from _dicom_factory import make_dataset, save
-from _map_geometry import AFFINES, bright_pixels, picture, spot_outputs, write_nifti
+from _map_geometry import AFFINES, bright_pixels, itk_affine, picture, spot_outputs, write_nifti
 from conftest import BUNDLE_ROOT, REPO_ROOT
 from pydicom.uid import generate_uid
 
@@ -22,7 +22,6 @@ CONFIGS = [
     str(BUNDLE_ROOT / "configs" / "inference.yaml"),
     str(REPO_ROOT / "tests" / "configs" / "tiny_inference.yaml"),
 ]
-RAS = np.diag([-1.0, -1.0, 1.0, 1.0])  # ITK's LPS <-> NIfTI's RAS
 
 
 def _transforms(pixel_spacing):
@@ -63,18 +62,6 @@ def _write(transforms, path: Path, out: Path, outputs=("S_g", "S_c")) -> tuple[d
 
 def _map(out: Path, stem: str, name: str) -> nib.Nifti1Image:
     return nib.load(str(out / "maps" / f"{stem}_{name}.nii.gz"))
-
-
-def _itk_affine(path: Path) -> np.ndarray:
-    """The RAS affine (voxel i = column, j = row) ITK reads ``path`` with; a 2-D reading lies in z = 0."""
-    import itk
-
-    image = itk.imread(str(path))
-    d = len(image.GetOrigin())
-    lps = np.eye(4)
-    lps[:d, :d] = itk.array_from_matrix(image.GetDirection()) * np.asarray(image.GetSpacing())[None]
-    lps[:d, 3] = np.asarray(image.GetOrigin())
-    return RAS @ lps
 
 
 @pytest.mark.parametrize(
@@ -120,10 +107,10 @@ def test_a_dicom_in_a_frame_of_reference_gives_its_plane_to_every_map(transforms
     np.testing.assert_allclose(written.affine, monai_affine, atol=1e-6)
     # ITK places it there too (its DICOM reader takes the pixel size of a mammogram from ImagerPixelSpacing only,
     # which this file lacks: it reads 1 mm, so the directions are compared as unit vectors)
-    itk_affine = _itk_affine(path)
-    np.testing.assert_allclose(written.affine[:, 3], itk_affine[:, 3], atol=1e-6)
+    by_itk = itk_affine(path)
+    np.testing.assert_allclose(written.affine[:, 3], by_itk[:, 3], atol=1e-6)
     unit = written.affine[:3, :3] / np.linalg.norm(written.affine[:3, :3], axis=0)
-    np.testing.assert_allclose(unit, itk_affine[:3, :3] / np.linalg.norm(itk_affine[:3, :3], axis=0), atol=1e-6)
+    np.testing.assert_allclose(unit, by_itk[:3, :3] / np.linalg.norm(by_itk[:3, :3], axis=0), atol=1e-6)
     spot = {(r, c) for c, r in bright_pixels(np.asarray(written.get_fdata())[:, :, 0, 0, 1])}
     assert spot == bright_pixels(image)
     # the Segmentation: the source's frame of reference, position, orientation and spacing, on its pixels
@@ -153,7 +140,7 @@ def test_files_without_a_plane_are_placed_as_itk_places_them(transforms, tmp_pat
     for path in (dicom, png):
         _write(transforms, path, tmp_path / "out", ("S_c",))
         written = _map(tmp_path / "out", path.name.split(".")[0], "S_c")
-        np.testing.assert_allclose(written.affine, _itk_affine(path), atol=1e-6, err_msg=path.name)
+        np.testing.assert_allclose(written.affine, itk_affine(path), atol=1e-6, err_msg=path.name)
         spot = {(r, c) for c, r in bright_pixels(np.asarray(written.get_fdata())[:, :, 0, 0, 1])}
         assert spot == bright_pixels(image), path.name
 

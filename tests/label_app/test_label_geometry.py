@@ -9,22 +9,8 @@ import subprocess
 import nrrd
 import numpy as np
 import pytest
-from _map_geometry import AFFINES, picture
+from _map_geometry import AFFINES, RAS, itk_affine, picture
 from conftest import REPO_ROOT
-
-RAS = np.diag([-1.0, -1.0, 1.0, 1.0])  # ITK's LPS <-> NIfTI's RAS
-
-
-def _itk_affine(path) -> np.ndarray:
-    """The RAS affine (voxel i = column, j = row) ITK reads ``path`` with; a 2-D reading lies in z = 0."""
-    import itk
-
-    image = itk.imread(str(path))
-    d = len(image.GetOrigin())
-    lps = np.eye(4)
-    lps[:d, :d] = itk.array_from_matrix(image.GetDirection()) * np.asarray(image.GetSpacing())[None]
-    lps[:d, 3] = np.asarray(image.GetOrigin())
-    return RAS @ lps
 
 
 def _write(path, image, **kwargs):
@@ -45,7 +31,7 @@ def test_a_nrrd_out_of_the_plane_is_a_volume_itk_and_the_reader_place_as_given(t
     image, _ = picture("right")
     path = _write(tmp_path / f"{case}.nrrd", image, affine=AFFINES[case])
     assert nrrd.read_header(str(path))["sizes"].tolist() == [image.shape[1], image.shape[0], 1]
-    np.testing.assert_allclose(_itk_affine(path), AFFINES[case], atol=1e-6)
+    np.testing.assert_allclose(itk_affine(path), AFFINES[case], atol=1e-6)
     array, meta = read_mammogram(path)
     np.testing.assert_array_equal(array, image)
     np.testing.assert_allclose(meta["spacing"], (0.5, 0.5))
@@ -62,14 +48,14 @@ def test_a_nrrd_in_the_plane_stays_2d_with_its_rotation_and_origin(tmp_path):
     path = _write(tmp_path / "inplane.nrrd", image, affine=affine)
     header = nrrd.read_header(str(path))
     assert header["dimension"] == 2 and header["space dimension"] == 2
-    np.testing.assert_allclose(_itk_affine(path), affine, atol=1e-6)
+    np.testing.assert_allclose(itk_affine(path), affine, atol=1e-6)
     array, meta = read_mammogram(path)
     np.testing.assert_array_equal(array, image)
     np.testing.assert_allclose(meta["spacing"], (0.1, 0.2))
     np.testing.assert_allclose(file_affine(meta), affine, atol=1e-6)
     # a spacing alone: ITK's axes for a picture, from 0 (the viewers' copies of DICOMs without a plane)
     plain = _write(tmp_path / "plain.nrrd", image, spacing=(0.1, 0.2))
-    np.testing.assert_allclose(_itk_affine(plain), RAS @ np.diag([0.2, 0.1, 1.0, 1.0]), atol=1e-6)
+    np.testing.assert_allclose(itk_affine(plain), RAS @ np.diag([0.2, 0.1, 1.0, 1.0]), atol=1e-6)
 
 
 @pytest.mark.slow
