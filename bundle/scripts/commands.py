@@ -347,12 +347,12 @@ def _workflow(arguments: Mapping[str, Any], file_config: Mapping[str, Any]) -> s
 
 def _is_option(value: Any) -> bool:
     """Whether a top-level entry is a setting rather than a piece of the workflow: plain data, a path built from
-    another setting (``scripts.runs.path_in``, ``$os.path...``) or another setting's value (``@input_dir``)."""
+    another setting (``$os.path...``) or another setting's value (``@input_dir``)."""
     if isinstance(value, str):
         return not value.startswith(("$", "%")) or value.startswith("$os.path.")
     if isinstance(value, Mapping):
         if "_target_" in value:
-            return value["_target_"] == "scripts.runs.path_in"
+            return False
         return all(_is_option(v) for v in value.values())
     if isinstance(value, list):
         return all(_is_option(v) and not isinstance(v, Mapping) for v in value)
@@ -369,8 +369,6 @@ def workflow_help(arguments: Mapping[str, Any], file_config: Mapping[str, Any]) 
     for key, value in file_config.items():
         if str(key).startswith("_") or not _is_option(value):
             continue
-        if isinstance(value, Mapping) and value.get("_target_") == "scripts.runs.path_in":
-            value = f"{value.get('folder')}/{value.get('name')}"
         text = str(value) if isinstance(value, str) and value else repr(value)
         lines.append(f"  --{key} {text if len(text) <= 80 else text[:77] + '...'}")
     lines += [
