@@ -176,7 +176,7 @@ class GLAMSaliencyInfer(BasicInferTask):
     """The GLAM bundle as a 2-D segmentation model with labels benign = 1, malignant = 2.
 
     Args:
-        bundle_dir: the GLAM bundle folder (``configs/inference.yaml``, ``scripts/``).
+        bundle_dir: the GLAM bundle folder (``configs/inference.yaml``, ``tools/``).
         model_path: a plain state dict for the inference config's ``network_def``; loaded with
             ``weights_only=True`` and strictly (a key or shape mismatch stops the server with the keys named).
         presets: config files layered over ``inference.yaml``; not needed for a checkpoint that records its settings

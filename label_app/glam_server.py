@@ -1,6 +1,6 @@
 """The GLAM label server: MONAI Label's FastAPI app, configured for a safe default before it starts.
 
-Named with MONAI Label's ``--uvicorn_app glam_server:app`` (this folder on ``PYTHONPATH``); ``scripts/
+Named with MONAI Label's ``--uvicorn_app glam_server:app`` (this folder on ``PYTHONPATH``); ``tools/
 start_label_server.sh`` does both. MONAI Label's app (``monailabel.app:app``) answers every web origin with
 credentials, parses the ``params`` form field without checking it and offers routes that read or write files outside
 the studies folder. Here, on that same app object (its routers, its lifespan that creates the GLAM app):

@@ -1,6 +1,6 @@
 """MONAI Label app serving the GLAM bundle's saliency maps (one segmentation model, ``glam``).
 
-Started by ``scripts/start_label_server.sh`` (see docs/monailabel.md), or directly, with this folder on
+Started by ``tools/start_label_server.sh`` (see docs/monailabel.md), or directly, with this folder on
 ``PYTHONPATH`` and MONAI Label's ``--uvicorn_app`` option naming the app's server (``glam_server.py``):
 
     PYTHONPATH=label_app python -m monailabel.main start_server --app label_app --studies DIR \
@@ -64,7 +64,7 @@ def _check_served_safely() -> None:
     if served is not None and not getattr(served.app.state, SERVER_FLAG, False):
         raise RuntimeError(
             "label_app must be served by its own server module: pass --uvicorn_app glam_server:app with label_app/ "
-            "on PYTHONPATH (scripts/start_label_server.sh does both); MONAI Label's default app lets any web page "
+            "on PYTHONPATH (tools/start_label_server.sh does both); MONAI Label's default app lets any web page "
             "drive the server"
         )
 

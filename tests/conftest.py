@@ -1,5 +1,5 @@
 """Test setup: the bundle root goes first on ``sys.path`` exactly as MONAI's bundle workflow puts it,
-so ``import scripts`` resolves to ``bundle/scripts`` (the repository's ``scripts/`` folder has no
+so ``import scripts`` resolves to ``bundle/scripts`` (the repository's ``tools/`` folder has no
 ``__init__.py`` and must not shadow it)."""
 
 from __future__ import annotations

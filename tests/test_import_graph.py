@@ -1,6 +1,6 @@
 """The bundle's code imports in layers: no module imports itself back through others (no import cycle), no two of
 its packages import each other (bundle/scripts' subpackages, the top-level modules as one more package, the
-``scripts/__init__`` facade on its own), and the Ignite handlers stand below the workflow wings (``handlers`` imports
+``tools/__init__`` facade on its own), and the Ignite handlers stand below the workflow wings (``handlers`` imports
 none of ``training``, ``evaluation``, ``inference``, which all build on handlers). Every ``import`` / ``from``
 statement counts, those inside functions too (an import hidden in a function is still a cycle); every package, new
 ones included, is checked as it comes."""
@@ -16,7 +16,7 @@ SCRIPTS = BUNDLE_ROOT / "scripts"
 #: packages being taken apart, not checked
 IGNORED_PACKAGES: tuple[str, ...] = ()
 TOP_LEVEL = "top-level modules"
-FACADE = "scripts/__init__"
+FACADE = "tools/__init__"
 #: package -> the packages it must not import: the handlers are shared by the workflow wings, so they sit below them
 BELOW = {"handlers": ("training", "evaluation", "inference")}
 

@@ -1,4 +1,4 @@
-"""The repository's ``scripts/`` folder (CLI tools) must not shadow the bundle's ``scripts`` package."""
+"""``import scripts`` is the bundle's package, wherever it is imported from."""
 
 import importlib
 import subprocess
@@ -7,9 +7,9 @@ import sys
 from conftest import BUNDLE_ROOT, REPO_ROOT
 
 
-def test_repository_scripts_folder_is_not_a_package():
-    assert (REPO_ROOT / "scripts").is_dir()
-    assert not (REPO_ROOT / "scripts" / "__init__.py").exists()
+def test_repository_tools_folder_does_not_share_the_bundle_package_name():
+    assert (REPO_ROOT / "tools").is_dir()
+    assert not (REPO_ROOT / "scripts").exists()
 
 
 def test_import_scripts_resolves_to_bundle_from_repository_root():

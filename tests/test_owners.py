@@ -1,7 +1,7 @@
-"""One idea, one owner module: the code of the bundle (``bundle/scripts``), the tools (``scripts/``) and the label
-app (``label_app/``) renames files only through ``scripts/atomic.py``, enters ``torch.autocast`` only in
-``scripts/precision.py``, and decides whether a pixel spacing is usable (positive, inside ``spacing_range``) only in
-``scripts/data/geometry.py``. Each check reads the code's syntax tree, and each is shown failing on a bad file."""
+"""One idea, one owner module: the code of the bundle (``bundle/scripts``), the tools (``tools/``) and the label
+app (``label_app/``) renames files only through ``tools/atomic.py``, enters ``torch.autocast`` only in
+``tools/precision.py``, and decides whether a pixel spacing is usable (positive, inside ``spacing_range``) only in
+``tools/data/geometry.py``. Each check reads the code's syntax tree, and each is shown failing on a bad file."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import BUNDLE_ROOT, REPO_ROOT
 
-SCANNED = (BUNDLE_ROOT / "scripts", REPO_ROOT / "scripts", REPO_ROOT / "label_app")
+SCANNED = (BUNDLE_ROOT / "scripts", REPO_ROOT / "tools", REPO_ROOT / "label_app")
 ATOMIC = BUNDLE_ROOT / "scripts" / "atomic.py"
 PRECISION = BUNDLE_ROOT / "scripts" / "precision.py"
 GEOMETRY = BUNDLE_ROOT / "scripts" / "data" / "geometry.py"
@@ -227,7 +227,7 @@ def test_only_atomic_py_renames_files():
     # the checker sees atomic.py's own rename, and the scan reaches the tools and the label app
     assert renames(ast.parse(ATOMIC.read_text(encoding="utf-8")))
     files = {p.relative_to(REPO_ROOT).as_posix() for p in python_files()}
-    assert {"scripts/make_synthetic.py", "label_app/nrrd_io.py", "bundle/scripts/inference/files.py"} <= files
+    assert {"tools/make_synthetic.py", "label_app/nrrd_io.py", "bundle/scripts/inference/files.py"} <= files
 
 
 def test_only_precision_py_enters_autocast():

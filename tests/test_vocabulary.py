@@ -14,7 +14,7 @@ from scripts.enums import CLASS_NAMES, MAP_NAMES, MAP_OUTPUT_KEYS, STAGES, Lesio
 NAMES = {*STAGES, *CLASS_NAMES, *MAP_NAMES, *MAP_OUTPUT_KEYS.values()}
 PYTHON_FILES = sorted(
     p
-    for root in (BUNDLE_ROOT / "scripts", REPO_ROOT / "scripts", REPO_ROOT / "label_app")
+    for root in (BUNDLE_ROOT / "scripts", REPO_ROOT / "tools", REPO_ROOT / "label_app")
     for p in root.rglob("*.py")
     if "__pycache__" not in p.parts
 )
@@ -53,7 +53,7 @@ def test_no_name_is_spelled_outside_the_vocabulary(path):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in NAMES
     ]
-    assert not literals, f"{path.relative_to(REPO_ROOT)} spells names of the vocabulary (scripts/enums.py): {literals}"
+    assert not literals, f"{path.relative_to(REPO_ROOT)} spells names of the vocabulary (tools/enums.py): {literals}"
 
 
 @pytest.mark.parametrize("path", PYTHON_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))

@@ -27,7 +27,7 @@ def _dicom(path: Path, pixels: np.ndarray, **kwargs) -> Path:
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("make_datalist_cli", REPO_ROOT / "scripts" / "make_datalist.py")
+    spec = importlib.util.spec_from_file_location("make_datalist_cli", REPO_ROOT / "tools" / "make_datalist.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

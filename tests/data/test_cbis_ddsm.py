@@ -174,7 +174,7 @@ def cbis(tmp_path):
 def _make_datalist(*args: str) -> subprocess.CompletedProcess:
     """The documented command line, as a process started outside the repository (it works from any folder)."""
     return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "make_datalist.py"), *args],
+        [sys.executable, str(REPO_ROOT / "tools" / "make_datalist.py"), *args],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT.parent,
@@ -183,7 +183,7 @@ def _make_datalist(*args: str) -> subprocess.CompletedProcess:
 
 def _in_process(script: str, *args: str) -> subprocess.CompletedProcess:
     """The same command's ``main`` in this process (no second MONAI start-up), with its exit status and output."""
-    spec = importlib.util.spec_from_file_location(f"cli_{script}", REPO_ROOT / "scripts" / f"{script}.py")
+    spec = importlib.util.spec_from_file_location(f"cli_{script}", REPO_ROOT / "tools" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out, err = io.StringIO(), io.StringIO()
@@ -306,7 +306,7 @@ def test_two_patients_are_refused_by_make_datalist_and_check_data(tmp_path, cbis
     everything = {"training": data["training"] + data["validation"], "validation": [], "test": []}
     bad = tmp_path / "all_training.json"
     bad.write_text(json.dumps(everything))
-    res = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "check_data.py"), str(bad)],
+    res = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "check_data.py"), str(bad)],
                          capture_output=True, text=True)  # fmt: skip
     assert res.returncode == 1 and "validation split is empty" in res.stdout
 

@@ -1,4 +1,4 @@
-"""check_datalist / scripts/check_data.py: one run reports every bad item (naming file and problem), exits
+"""check_datalist / tools/check_data.py: one run reports every bad item (naming file and problem), exits
 non-zero, and reports the valid items as fine without touching them."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def test_every_bad_item_is_reported_in_one_run(tmp_path, good_root):
 def _load_cli():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("check_data_cli", REPO_ROOT / "scripts" / "check_data.py")
+    spec = importlib.util.spec_from_file_location("check_data_cli", REPO_ROOT / "tools" / "check_data.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -182,7 +182,7 @@ def test_check_data_cli_as_a_process(tmp_path, good_root):
     bad_json = tmp_path / "bad.json"
     bad_json.write_text(json.dumps(datalist))
     res = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "check_data.py"), str(bad_json)], capture_output=True, text=True
+        [sys.executable, str(REPO_ROOT / "tools" / "check_data.py"), str(bad_json)], capture_output=True, text=True
     )
     assert res.returncode == 1, res.stderr
     assert "truncated.png" in res.stdout and "does_not_exist.png" in res.stdout
@@ -259,7 +259,7 @@ def test_deeply_nested_json_is_one_line(tmp_path):
     (problem,) = check_datalist(deep)
     assert str(problem).startswith(f"{deep}: JSON nested too deeply to read")
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "check_data.py"), str(deep)],
+        [sys.executable, str(REPO_ROOT / "tools" / "check_data.py"), str(deep)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -287,7 +287,7 @@ def test_unregistered_parser_is_gone(tmp_path):
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("make_datalist_cli", REPO_ROOT / "scripts" / "make_datalist.py")
+    spec = importlib.util.spec_from_file_location("make_datalist_cli", REPO_ROOT / "tools" / "make_datalist.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -347,7 +347,7 @@ def test_make_synthetic_cli(tmp_path, capsys):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "make_synthetic_cli", Path(__file__).resolve().parents[2] / "scripts" / "make_synthetic.py"
+        "make_synthetic_cli", Path(__file__).resolve().parents[2] / "tools" / "make_synthetic.py"
     )
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)

@@ -1,5 +1,5 @@
 """Boxes as ground truth, end to end: a VinDr-Mammo-shaped folder (DICOMs under images/<study>/<image>.dicom, a
-finding_annotations.csv with boxes) through scripts/make_datalist.py, the data check and the evaluation of the tiny
+finding_annotations.csv with boxes) through tools/make_datalist.py, the data check and the evaluation of the tiny
 model; the report from the boxes equals the report from mask files painted from the same boxes (the pointing game
 and the FROC against the boxes, through the masks' geometry)."""
 
@@ -31,7 +31,7 @@ BIRADS = {"benign": "BI-RADS 3", "malignant": "BI-RADS 5"}
 
 
 def make_datalist_cli():
-    spec = importlib.util.spec_from_file_location("make_datalist_cli", REPO_ROOT / "scripts" / "make_datalist.py")
+    spec = importlib.util.spec_from_file_location("make_datalist_cli", REPO_ROOT / "tools" / "make_datalist.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -117,7 +117,7 @@ def test_an_empty_test_split_names_the_flags_that_help(trained, tmp_path):
     assert error_lines(result) == [
         f"error: ValueError: {no_test}: split 'test' is missing or empty; nothing to evaluate: evaluate the "
         "validation split with --eval_split validation, or give the datalist a test split "
-        "(scripts/make_datalist.py --fractions TRAIN VAL TEST with TEST > 0, e.g. --fractions 0.7 0.15 0.15)"
+        "(tools/make_datalist.py --fractions TRAIN VAL TEST with TEST > 0, e.g. --fractions 0.7 0.15 0.15)"
     ]
 
 

@@ -1,4 +1,4 @@
-"""The label server as the tests start and talk to it: scripts/start_label_server.sh on a free 127.0.0.1 port,
+"""The label server as the tests start and talk to it: tools/start_label_server.sh on a free 127.0.0.1 port,
 plain HTTP requests that return the status instead of raising, and a stop that the tests check."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import nrrd
 import numpy as np
 from conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "scripts" / "start_label_server.sh"
+SCRIPT = REPO_ROOT / "tools" / "start_label_server.sh"
 SETUP_TIMEOUT_S = 1500
 START_TIMEOUT_S = 240
 

@@ -168,7 +168,7 @@ def test_loopback_and_hosts():
 
 
 # -- the start script's network default (it stops before building anything: no server is started here) --------------
-SCRIPT = REPO_ROOT / "scripts" / "start_label_server.sh"
+SCRIPT = REPO_ROOT / "tools" / "start_label_server.sh"
 
 
 def _start(*args: str, auth: str | None = None) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""The MONAI Label app for real: scripts/start_label_server.sh starts the server in its own environment on a free
+"""The MONAI Label app for real: tools/start_label_server.sh starts the server in its own environment on a free
 127.0.0.1 port with synthetic PNG and DICOM mammograms, and every check goes over HTTP. The server is started as a
 user starts it from a fresh clone, without --model or --preset: it serves the shipped demonstration model
 (bundle/models/model.pt, whose checkpoint records the settings it was trained with). The served maps are compared

@@ -1,5 +1,5 @@
 """The label server on real-shaped files (issue 45): one loading path with the bundle's inference, one id per file,
-bounds decided before work, and a model with NaN weights refused. One server (scripts/start_label_server.sh on a
+bounds decided before work, and a model with NaN weights refused. One server (tools/start_label_server.sh on a
 free 127.0.0.1 port, stopped by the fixture) serves a studies folder made here:
 
 - ``cbis.dcm``: an MLO DICOM of 1472 x 960 pixels **without** a pixel spacing (as CBIS-DDSM's are), compared with
@@ -309,7 +309,7 @@ def test_a_model_with_a_nan_weight_is_refused_at_start(site, tmp_path):
     studies.mkdir()
     shutil.copy(site["studies"] / "scan.png", studies / "scan.png")
     log = tmp_path / "nan.log"
-    cmd = ["bash", str(REPO_ROOT / "scripts" / "start_label_server.sh"), "--studies", str(studies)]
+    cmd = ["bash", str(REPO_ROOT / "tools" / "start_label_server.sh"), "--studies", str(studies)]
     cmd += ["--port", str(free_port()), "--device", "cpu", "--model", str(bad)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(

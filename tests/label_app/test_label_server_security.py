@@ -1,4 +1,4 @@
-"""The label server's safe defaults (issue 29), against real servers started with scripts/start_label_server.sh on
+"""The label server's safe defaults (issue 29), against real servers started with tools/start_label_server.sh on
 127.0.0.1 and stopped by the tests: nothing a request names is read or written outside the studies folder, no
 foreign web origin is granted access, malformed requests answer 4xx naming the problem, the server keeps answering
 (also a short concurrent load), and MONAI Label's authentication works when turned on.
@@ -559,7 +559,7 @@ def test_a_checkpoint_asking_for_huge_images_is_refused_before_anything_is_built
     studies.mkdir()
     shutil.copy(site["studies"] / site["synthetic"][0], studies / site["synthetic"][0])
     log = tmp_path / "huge.log"
-    cmd = ["bash", str(REPO_ROOT / "scripts" / "start_label_server.sh"), "--studies", str(studies)]
+    cmd = ["bash", str(REPO_ROOT / "tools" / "start_label_server.sh"), "--studies", str(studies)]
     cmd += ["--port", str(free_port()), "--device", "cpu", "--model", str(huge)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLAM_LABEL_MAX_IMAGE_SIDE": "4096"}
     begin = time.monotonic()

@@ -1,4 +1,4 @@
-"""scripts/benchmark.py: the Table-1 benchmark driver (the package scripts/glam_benchmark behind its command line).
+"""tools/benchmark.py: the Table-1 benchmark driver (the package tools/glam_benchmark behind its command line).
 
 Fast tests check the search sampling (reproducible, within the configured ranges, log-uniform), the
 acceptance-condition logic and the selection score on hand-made metrics, the resume rule of a step, the per-image
@@ -25,16 +25,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SEARCH = REPO_ROOT / "configs" / "benchmark_search.yaml"
 TINY_PRESET = REPO_ROOT / "tests" / "configs" / "benchmark_tiny.yaml"
 
-# the driver's package lives in scripts/, which is no package (it must not shadow the bundle's ``scripts``)
-if str(REPO_ROOT / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+# the driver's package lives in tools/, which is no package (it must not shadow the bundle's ``scripts``)
+if str(REPO_ROOT / "tools") not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
 
 from glam_benchmark import figures, metrics, presets, report, search, steps  # noqa: E402
 
 
 def _load_entry_point():
-    """scripts/benchmark.py itself, loaded by path: the command-line tests go through the real entry point."""
-    spec = importlib.util.spec_from_file_location("benchmark_driver", REPO_ROOT / "scripts" / "benchmark.py")
+    """tools/benchmark.py itself, loaded by path: the command-line tests go through the real entry point."""
+    spec = importlib.util.spec_from_file_location("benchmark_driver", REPO_ROOT / "tools" / "benchmark.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["benchmark_driver"] = module
     spec.loader.exec_module(module)
@@ -522,7 +522,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         text.split()
     )
     assert "torch " in text and "OMP_NUM_THREADS=1" in text and "## Wall time per model" in text
-    assert "python scripts/benchmark.py --preset " in text
+    assert "python tools/benchmark.py --preset " in text
     assert "- test: " in text and "differ from the generator's calibrated defaults" in text
     # figures, linked relative to results.md
     for name in ("benchmark_dice_scatter.png", "benchmark_examples.png", "benchmark_glam_maps.png"):

@@ -1,4 +1,4 @@
-"""scripts/glam_benchmark/report.py: ``write_results`` renders results.md from a template, and its text for a fixed
+"""tools/glam_benchmark/report.py: ``write_results`` renders results.md from a template, and its text for a fixed
 synthetic run (every section present: failures, trivial baselines, a variation seed, findings, every figure) is
 compared with a stored rendering (tests/tools/data/benchmark_results.md, made by the function before it was split
 into sections). The run's hardware line and clock are pinned, so the comparison is of every byte."""
@@ -15,8 +15,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "data" / "benchmark_results.md"
-if str(REPO_ROOT / "scripts") not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+if str(REPO_ROOT / "tools") not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
 
 from glam_benchmark import presets, report, search  # noqa: E402
 
@@ -158,7 +158,7 @@ def render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
         out,
         docs,
         _results(tmp_path),
-        command="python scripts/benchmark.py --preset configs/benchmark_cpu.yaml",
+        command="python tools/benchmark.py --preset configs/benchmark_cpu.yaml",
         preset=Path("configs/benchmark_cpu.yaml"),
         search_path=Path("configs/benchmark_search.yaml"),
         space=space,

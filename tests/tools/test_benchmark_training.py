@@ -1,4 +1,4 @@
-"""scripts/benchmark_training.py: the memory fit, the table, and each mode at a tiny size (figures are not
+"""tools/benchmark_training.py: the memory fit, the table, and each mode at a tiny size (figures are not
 asserted: they are machine-dependent and recorded in docs/performance.md)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "scripts" / "benchmark_training.py"
+SCRIPT = REPO_ROOT / "tools" / "benchmark_training.py"
 TINY = ["--height", "256", "--width", "160", "--patch", "64", "--local-depth", "18", "--local-width", "4"]
 
 

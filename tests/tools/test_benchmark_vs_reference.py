@@ -1,4 +1,4 @@
-"""scripts/benchmark_vs_reference.py: the in-memory fix of the authors' window search and the stand-ins for the
+"""tools/benchmark_vs_reference.py: the in-memory fix of the authors' window search and the stand-ins for the
 modules their code imports (the timing itself is a benchmark, recorded in docs/performance.md)."""
 
 import sys
@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from conftest import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
+sys.path.insert(0, str(REPO_ROOT / "tools"))
 import benchmark_vs_reference as vs  # noqa: E402
 
 

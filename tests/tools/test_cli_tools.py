@@ -19,7 +19,7 @@ def test_convert_cli_round_trip(tmp_path):
     sd = authors_state_dict(seed=11, joint=True)
     src, dst = tmp_path / "authors.pth", tmp_path / "out" / "converted.pt"
     torch.save(sd, src)
-    res = run(REPO_ROOT / "scripts" / "convert_nyukat_checkpoint.py", src, dst)
+    res = run(REPO_ROOT / "tools" / "convert_nyukat_checkpoint.py", src, dst)
     assert res.returncode == 0, res.stderr
     assert "dropped 4 unused tensors" in res.stdout and "included: True" in res.stdout
     converted = torch.load(dst, weights_only=True)
@@ -34,7 +34,7 @@ def test_convert_cli_names_the_bad_key(tmp_path):
     del sd["detection_network.gn_conv_last.weight"]
     src = tmp_path / "broken.pth"
     torch.save(sd, src)
-    res = run(REPO_ROOT / "scripts" / "convert_nyukat_checkpoint.py", src, tmp_path / "x.pt")
+    res = run(REPO_ROOT / "tools" / "convert_nyukat_checkpoint.py", src, tmp_path / "x.pt")
     assert res.returncode == 1
     assert "missing key for 'local_network.gn_conv_last.weight'" in res.stderr
     assert not (tmp_path / "x.pt").exists()
@@ -43,13 +43,13 @@ def test_convert_cli_names_the_bad_key(tmp_path):
 def test_convert_cli_rejects_a_file_that_is_not_a_checkpoint(tmp_path):
     src = tmp_path / "notes.pth"
     src.write_text("not a checkpoint")
-    res = run(REPO_ROOT / "scripts" / "convert_nyukat_checkpoint.py", src, tmp_path / "x.pt")
+    res = run(REPO_ROOT / "tools" / "convert_nyukat_checkpoint.py", src, tmp_path / "x.pt")
     assert res.returncode == 2 and "cannot read" in res.stderr and "notes.pth" in res.stderr
 
 
 def test_demo_prints_predictions_and_writes_a_png(tmp_path):
     out = tmp_path / "demo.png"
-    res = run(REPO_ROOT / "scripts" / "demo.py", "--out", out)
+    res = run(REPO_ROOT / "tools" / "demo.py", "--out", out)
     assert res.returncode == 0, res.stderr
     assert "y_global (benign, malignant)" in res.stdout
     from PIL import Image

@@ -1,4 +1,4 @@
-"""scripts/learning_curve.py: a plan of probe runs on tiny synthetic data, resumed, chained and reported."""
+"""tools/learning_curve.py: a plan of probe runs on tiny synthetic data, resumed, chained and reported."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "scripts" / "learning_curve.py"
+SCRIPT = REPO_ROOT / "tools" / "learning_curve.py"
 _spec = importlib.util.spec_from_file_location("learning_curve", SCRIPT)
 lc = importlib.util.module_from_spec(_spec)
 sys.modules["learning_curve"] = lc

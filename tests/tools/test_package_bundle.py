@@ -1,4 +1,4 @@
-"""scripts/package_bundle.py: the zip's file list, the --weights check, configs/inference.json for
+"""tools/package_bundle.py: the zip's file list, the --weights check, configs/inference.json for
 ``monai.bundle.load``, and the verification from a clean folder."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import BUNDLE_ROOT, REPO_ROOT
 
-SCRIPT = REPO_ROOT / "scripts" / "package_bundle.py"
+SCRIPT = REPO_ROOT / "tools" / "package_bundle.py"
 NAME = "glam_mammography"
 VERSION = json.loads((BUNDLE_ROOT / "configs" / "metadata.json").read_text())["version"]
 
@@ -70,7 +70,7 @@ def test_zip_keeps_the_zoo_layout_and_leaves_out_caches_outputs_and_models(tmp_p
     names = _names(zip_path)
     assert names == expected
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
-    for required in ("configs/inference.yaml", "configs/metadata.json", "scripts/__init__.py", "LICENSE"):
+    for required in ("configs/inference.yaml", "configs/metadata.json", "tools/__init__.py", "LICENSE"):
         assert f"{NAME}/{required}" in names
     for required in ("docs/README.md", "docs/data_license.txt"):
         assert f"{NAME}/{required}" in names
@@ -85,7 +85,7 @@ def test_bundle_license_is_apache_and_readme_links_the_data_licence():
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text
     data = (BUNDLE_ROOT / "docs" / "data_license.txt").read_text(encoding="utf-8")
-    assert "no patient data" in data and "scripts/data/synthetic/" in data
+    assert "no patient data" in data and "tools/data/synthetic/" in data
 
 
 def test_weights_with_a_wrong_key_fail_naming_the_key(tmp_path, capsys):

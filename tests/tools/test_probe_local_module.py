@@ -1,4 +1,4 @@
-"""The local module's probes (scripts/probe_local_module.py, scripts/probe_local_stage.py): the per-lesion measures
+"""The local module's probes (tools/probe_local_module.py, tools/probe_local_stage.py): the per-lesion measures
 against numpy loops over the same network outputs, the summary's grouping, and a local stage trained on patches."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 import torch
 from conftest import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
+sys.path.insert(0, str(REPO_ROOT / "tools"))
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,5 +1,5 @@
-"""The localisation probe (scripts/probe_localisation.py) and what needs no learning
-(scripts/glam_benchmark/trivial.py): helpers against hand-made cases and loops, and one learning test."""
+"""The localisation probe (tools/probe_localisation.py) and what needs no learning
+(tools/glam_benchmark/trivial.py): helpers against hand-made cases and loops, and one learning test."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import REPO_ROOT, requires_cuda
 
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
+sys.path.insert(0, str(REPO_ROOT / "tools"))
 from glam_benchmark import trivial  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("probe_localisation", REPO_ROOT / "scripts" / "probe_localisation.py")
+_spec = importlib.util.spec_from_file_location("probe_localisation", REPO_ROOT / "tools" / "probe_localisation.py")
 probe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(probe)
 

@@ -1,4 +1,4 @@
-"""scripts/record_model_settings.py: an older checkpoint (no settings record) gets the record of the configs it was
+"""tools/record_model_settings.py: an older checkpoint (no settings record) gets the record of the configs it was
 trained with; its weights are unchanged; a checkpoint of other settings is refused with them named."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import BUNDLE_ROOT, REPO_ROOT
 from scripts.networks import GLAM
 from scripts.networks.settings import SETTINGS_KEY, decode_settings
 
-TOOL = REPO_ROOT / "scripts" / "record_model_settings.py"
+TOOL = REPO_ROOT / "tools" / "record_model_settings.py"
 CONFIGS = f"['{BUNDLE_ROOT / 'configs' / 'train.yaml'}','{REPO_ROOT / 'tests' / 'configs' / 'tiny.yaml'}']"
 
 

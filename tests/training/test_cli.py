@@ -1,7 +1,7 @@
 """The documented training command line, run as a subprocess: overrides checked before any work (an unknown key
 named with its closest match, one number for every stage), errors as one line, folders checked before the first
 epoch, an unfinished run never silently overwritten, labels-only selection, and ``--tracking mlflow`` from the
-repository root (where the repository's own ``scripts/`` folder used to shadow the bundle's package)."""
+repository root (where the repository's own ``tools/`` folder used to shadow the bundle's package)."""
 
 from __future__ import annotations
 

@@ -315,7 +315,7 @@ def test_the_curves_script_draws_the_logged_scalars(tracked_training, tmp_path):
     from PIL import Image
 
     spec = importlib.util.spec_from_file_location(
-        "plot_training_curves", REPO_ROOT / "scripts" / "plot_training_curves.py"
+        "plot_training_curves", REPO_ROOT / "tools" / "plot_training_curves.py"
     )
     plot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plot)

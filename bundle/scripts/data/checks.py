@@ -55,7 +55,7 @@ __all__ = [
 
 #: what to do about images whose file states no pixel spacing (the check's spacing line and training's warning)
 SPACING_HINT = (
-    "if you know their mm per pixel, state it: scripts/make_datalist.py --pixel_spacing MM (every item of the "
+    "if you know their mm per pixel, state it: tools/make_datalist.py --pixel_spacing MM (every item of the "
     "datalist), a pixel_spacing key per item, or --input_spacing MM on the training / inference command line"
 )
 

@@ -1,6 +1,6 @@
 """Datalist items from what users have on disk: a DICOM folder, a CSV of a known layout, a folder of class folders.
 
-Used by ``scripts/make_datalist.py``; re-exported by :mod:`scripts.data.datalist`. The CSV layouts are the row
+Used by ``tools/make_datalist.py``; re-exported by :mod:`scripts.data.datalist`. The CSV layouts are the row
 parsers of :mod:`scripts.data.datalist_parsers`. Every builder returns ``(items, problems)``: an item per usable
 image, and one line per file or row left out naming it and why. Paths in items are written relative to
 ``relative_to`` (the datalist's folder) or absolute, as the user reaches them: symbolic links are not followed, so a

@@ -108,7 +108,7 @@ def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: 
         share = "VAL" if split == "validation" else "TEST"
         raise ValueError(
             f"{source}: split {split!r} is missing or empty; nothing to evaluate: {hint}give the datalist a {split} "
-            f"split (scripts/make_datalist.py --fractions TRAIN VAL TEST with {share} > 0, e.g. --fractions "
+            f"split (tools/make_datalist.py --fractions TRAIN VAL TEST with {share} > 0, e.g. --fractions "
             "0.7 0.15 0.15)"
         )
     return list(items)

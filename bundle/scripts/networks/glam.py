@@ -209,7 +209,7 @@ class GLAM(RecordsSettings):
         if s.joint_modules:
             self.fusion = FusionHead(self.global_network.representation_size, self.local_network.representation_size)
         self.set_stage(s.stage)
-        # how it was built, in every state dict it saves (scripts/networks/settings.py); the stage is not recorded
+        # how it was built, in every state dict it saves (tools/networks/settings.py); the stage is not recorded
         self.record_settings(s.recorded())
 
     @classmethod

@@ -58,7 +58,7 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
 
 WEIGHTS_HELP = (
     "train GLAM (docs/training.md; the quick start writes runs/quickstart/models/joint/model.pt), convert the "
-    "authors' checkpoint (scripts/convert_nyukat_checkpoint.py), or pass --ckpt_path PATH"
+    "authors' checkpoint (tools/convert_nyukat_checkpoint.py), or pass --ckpt_path PATH"
 )
 
 

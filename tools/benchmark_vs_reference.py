@@ -3,8 +3,8 @@
 process, and check that the outputs agree.
 
     git clone https://github.com/nyukat/GLAM /path/to/nyukat-GLAM      # their code (not a dependency)
-    python scripts/benchmark_vs_reference.py --reference-code /path/to/nyukat-GLAM --repeats 6
-    python scripts/benchmark_vs_reference.py --reference-code ... --precision fp32   # our float32 path
+    python tools/benchmark_vs_reference.py --reference-code /path/to/nyukat-GLAM --repeats 6
+    python tools/benchmark_vs_reference.py --reference-code ... --precision fp32   # our float32 path
 
 The authors' model is built from their code with their released inference settings (184x120 saliency map, one
 512-px patch, top-t 3 % / 30 %) and random weights (seeded); ours is ``scripts.networks.convert.load_nyukat_glam``

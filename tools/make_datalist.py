@@ -3,18 +3,18 @@
 
 Examples (docs/own_data.md walks through each source):
     # CBIS-DDSM as downloaded from TCIA (the CSVs' UID paths are resolved in the tree; official test set kept)
-    python scripts/make_datalist.py --csv mass_case_description_train_set.csv mass_case_description_test_set.csv \
+    python tools/make_datalist.py --csv mass_case_description_train_set.csv mass_case_description_test_set.csv \
         calc_case_description_train_set.csv calc_case_description_test_set.csv \
         --root /data/CBIS-DDSM --out /data/lists/cbis.json
     # VinDr-Mammo (labels from BI-RADS; the CSV's split column is kept; finding_annotations.csv adds the boxes)
-    python scripts/make_datalist.py --csv /data/vindr/breast-level_annotations.csv \
+    python tools/make_datalist.py --csv /data/vindr/breast-level_annotations.csv \
         /data/vindr/finding_annotations.csv --root /data/vindr --out /data/vindr/datalist.json
     # INbreast (';'-separated INbreast.csv, AllDICOMs/, AllXML/)
-    python scripts/make_datalist.py --csv /data/INbreast/INbreast.csv --root /data/INbreast --out /data/lists/inb.json
+    python tools/make_datalist.py --csv /data/INbreast/INbreast.csv --root /data/INbreast --out /data/lists/inb.json
     # a hospital folder sorted by class: <root>/normal/..., <root>/benign/..., <root>/malignant/...
-    python scripts/make_datalist.py --folder /data/hospital --out /data/lists/hospital.json
+    python tools/make_datalist.py --folder /data/hospital --out /data/lists/hospital.json
     # inference-only list from a folder of DICOMs (labels unknown: every item in "test")
-    python scripts/make_datalist.py --dicom-dir /data/exams --out /data/exams/datalist.json --fractions 0 0 1
+    python tools/make_datalist.py --dicom-dir /data/exams --out /data/exams/datalist.json --fractions 0 0 1
 
 Paths in the datalist are relative to its folder (MONAI's base_dir convention) unless --absolute; symbolic links
 are kept as given. Exit status: 0 on success; 1 when a file or CSV row could not be used (every one listed; nothing

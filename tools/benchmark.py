@@ -2,8 +2,8 @@
 """The GLAM paper's Table-1 benchmark on synthetic mammograms: GLAM (three stages), CAM, GMIC and a fully
 supervised U-Net, each tuned by the same random search, selected by validation Dice and evaluated on the test split.
 
-    python scripts/benchmark.py --preset configs/benchmark_cpu.yaml          # about 45 minutes on 2 CPU cores
-    python scripts/benchmark.py --preset configs/benchmark_full.yaml         # the paper's image size, for a GPU
+    python tools/benchmark.py --preset configs/benchmark_cpu.yaml          # about 45 minutes on 2 CPU cores
+    python tools/benchmark.py --preset configs/benchmark_full.yaml         # the paper's image size, for a GPU
 
 What it does, in order (every step is a subprocess of the bundle's own workflows, ``python -m monai.bundle run
 training|evaluating`` with config lists and overrides, so nothing of training or evaluation is re-implemented):
@@ -28,7 +28,7 @@ Resumable: a step whose output exists (a trial's ``validation/metrics.json``, a 
 test ``metrics.json``) is skipped, and an interrupted training continues from its ``last.pt``. A failed step is
 reported and the steps that do not depend on it still run; the exit status is then 1.
 
-The code is the package ``scripts/glam_benchmark/`` (its ``__init__`` lists the modules); this file is its command
+The code is the package ``tools/glam_benchmark/`` (its ``__init__`` lists the modules); this file is its command
 line.
 """
 
@@ -37,8 +37,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# The driver is the package beside this file. ``python scripts/benchmark.py`` puts this folder first on sys.path,
-# loading this file by path (importlib, as tests/tools/test_benchmark.py does) does not. scripts/ is no package on
+# The driver is the package beside this file. ``python tools/benchmark.py`` puts this folder first on sys.path,
+# loading this file by path (importlib, as tests/tools/test_benchmark.py does) does not. tools/ is no package on
 # purpose (it must not shadow the bundle's ``scripts``), so the folder goes on sys.path instead of a relative import.
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:

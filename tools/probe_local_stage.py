@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train GLAM's local module alone, from a frozen global module, in minutes: one change at a time.
 
-    python scripts/probe_local_stage.py --preset configs/benchmark_cpu.yaml --preset configs/calibrated_lesions.yaml \
+    python tools/probe_local_stage.py --preset configs/benchmark_cpu.yaml --preset configs/calibrated_lesions.yaml \
         --set benchmark_images=1200 --set benchmark_data_seed=77 --ckpt bundle/models/model.pt \
         --run control --run t_local=0.05 --run lambda_sparsity=1e-4 --epochs 3 --json runs/probe_local/stage.json
 
@@ -15,7 +15,7 @@ through the aggregation of the local stage (the paper's concatenation unless the
 
 A run is ``name`` or ``KEY=VALUE[,KEY=VALUE]``; KEY is one of ``t_local``, ``lambda_sparsity``, ``learning_rate``,
 ``patch_shift``, ``negatives`` (``random`` | ``algorithm1``); ``control`` changes nothing. After every epoch the run is
-scored on the validation split with ``scripts/probe_local_module.py``'s per-lesion measures (S_l and S_c Dice, the share
+scored on the validation split with ``tools/probe_local_module.py``'s per-lesion measures (S_l and S_c Dice, the share
 of S_l's mass on the lesion, pointing game); the epoch with the best validation S_c Dice (mean of the classes) is
 then scored on the test split. The settings not named come from the presets (``learning_rate`` and ``lambda_sparsity``
 of the local stage, ``patch_shift``) with the checkpoint's ``t_local``.

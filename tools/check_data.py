@@ -5,8 +5,8 @@ Exit status: 0 when the datalist is usable, 1 when any problem was found (all ar
 items but no validation items is one: training would select no model), 2 on bad arguments.
 
 Examples:
-    python scripts/check_data.py data/synthetic/datalist.json
-    python scripts/check_data.py my_list.json --base-dir /data/cbis --list-ok
+    python tools/check_data.py data/synthetic/datalist.json
+    python tools/check_data.py my_list.json --base-dir /data/cbis --list-ok
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Training curves of a GLAM training run from its TensorBoard scalars, as one PNG (bundle/docs/README.md).
 
-    python scripts/plot_training_curves.py runs/curves/eval bundle/docs/training_curves.png
+    python tools/plot_training_curves.py runs/curves/eval bundle/docs/training_curves.png
 
 Reads ``<output_root>/<stage>/events.out.tfevents.*`` of each stage that has them and draws, per stage, the epoch
 means of the loss terms (``train_bce_*``, ``train_l1_*``, ``train_loss_epoch``; log scale: the sparsity terms are

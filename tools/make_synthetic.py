@@ -2,9 +2,9 @@
 """Generate the synthetic mammogram data set (images, per-class masks, patient-split datalist.json).
 
 Examples:
-    python scripts/make_synthetic.py --out data/synthetic --n 200 --size 736 480 --seed 0 --format png
-    python scripts/make_synthetic.py --out data/synthetic_dcm --n 40 --format dcm --photometric mix
-    python scripts/make_synthetic.py --preview docs/images/synthetic_examples.png --seed 0
+    python tools/make_synthetic.py --out data/synthetic --n 200 --size 736 480 --seed 0 --format png
+    python tools/make_synthetic.py --out data/synthetic_dcm --n 40 --format dcm --photometric mix
+    python tools/make_synthetic.py --preview docs/images/synthetic_examples.png --seed 0
 
 See docs/data.md for what the generator models and how its difficulty was calibrated.
 """

@@ -420,7 +420,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             runner.skip("no_learning_baselines", f"{type(err).__name__}: {err}")
             trivial = None
         total = time.monotonic() - start
-        command = "python scripts/benchmark.py " + shlex.join(list(argv))
+        command = "python tools/benchmark.py " + shlex.join(list(argv))
         out = write_results(
             results_path,
             docs_dir,

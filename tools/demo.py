@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Demo forward pass of GLAM on a synthetic mammogram: prints the predictions and writes a saliency PNG.
 
-    python scripts/demo.py --out output/demo_saliency.png
+    python tools/demo.py --out output/demo_saliency.png
 
 The weights are random (the trained bundle comes with the training workflow), so the maps show the pipeline
 (global map, selected patches, S_l and S_c at a quarter of the input resolution), not a diagnosis. By default the

@@ -1,4 +1,4 @@
-"""Step ``synthetic_inputs`` of scripts/package_bundle.py, run with only the unzipped bundle on the path: two
+"""Step ``synthetic_inputs`` of tools/package_bundle.py, run with only the unzipped bundle on the path: two
 synthetic mammograms from the bundle's own generator, and a random tiny checkpoint when no weights are shipped.
 Arguments: work folder, height, width, 1 for the tiny checkpoint."""
 

@@ -1,6 +1,6 @@
 """Build the shareable model-zoo zip of bundle/ and verify it from a clean temporary folder.
 
-    python scripts/package_bundle.py --out dist [--weights model.pt [--preset configs/quickstart.yaml]
+    python tools/package_bundle.py --out dist [--weights model.pt [--preset configs/quickstart.yaml]
         [--description TEXT] [--data_source TEXT] [--model_card FILE] [--metrics metrics.json]
         [--data_license FILE]] [--no-weights] [--name glam_mammography] [--keep]
 
@@ -45,7 +45,7 @@ folder must return the network built by ``configs/inference.json`` (its class fr
 exactly the tensors of models/model.pt, and S_c of the expected shape; and the model zoo's data-shape check,
 ``monai.bundle verify_net_in_out network_def`` on ``configs/inference.json`` with ``--bundle_root`` as the zoo's
 ``ci/verify_bundle.py`` calls it.
-The steps that run inside the unzipped bundle are the scripts in ``scripts/bundle_checks/``.
+The steps that run inside the unzipped bundle are the scripts in ``tools/bundle_checks/``.
 Prints one line per step; the exit code is non-zero when any step fails, and the failing step is named.
 """
 
@@ -392,7 +392,7 @@ def build_zip(
 
 
 def _check_script(name: str) -> str:
-    """The text of ``scripts/bundle_checks/<name>.py``, run with ``python -c`` inside the unzipped bundle (so that the
+    """The text of ``tools/bundle_checks/<name>.py``, run with ``python -c`` inside the unzipped bundle (so that the
     repository's folders are not on the path: a script file would put its own folder there)."""
     return (CHECK_SCRIPTS / f"{name}.py").read_text(encoding="utf-8")
 

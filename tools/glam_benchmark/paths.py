@@ -2,7 +2,7 @@
 
 Importing this module puts the bundle root first on ``sys.path`` (as MONAI's bundle workflow does), so that
 ``import scripts`` is the bundle's own package (``scripts.atomic``, ``scripts.data``, ``scripts.visualize``), never
-the repository's ``scripts/`` folder.
+the repository's ``tools/`` folder.
 """
 
 from __future__ import annotations

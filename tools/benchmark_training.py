@@ -1,10 +1,10 @@
 """Training speed, memory and scaling of GLAM (figures for docs/performance.md).
 
-    python scripts/benchmark_training.py speed   [--device cuda] [--bf16] [--channels-last] [--k 6] [--batch 2]
-    python scripts/benchmark_training.py memory  [--device cuda] [--bf16] --ks 1 2 3 [--budgets-gb 16 40 80]
-    python scripts/benchmark_training.py scaling [--sizes 736x480 1472x960 2944x1920] [--ks 1 2 4]
-    python scripts/benchmark_training.py ddp     [--height 368 --width 240 --patch 128 ...]
-    python scripts/benchmark_training.py pipeline --datalist D/datalist.json [--num-workers 14] [--stage global]
+    python tools/benchmark_training.py speed   [--device cuda] [--bf16] [--channels-last] [--k 6] [--batch 2]
+    python tools/benchmark_training.py memory  [--device cuda] [--bf16] --ks 1 2 3 [--budgets-gb 16 40 80]
+    python tools/benchmark_training.py scaling [--sizes 736x480 1472x960 2944x1920] [--ks 1 2 4]
+    python tools/benchmark_training.py ddp     [--height 368 --width 240 --patch 128 ...]
+    python tools/benchmark_training.py pipeline --datalist D/datalist.json [--num-workers 14] [--stage global]
 
 - ``speed``: one optimiser step per stage (global, local with the global module frozen, joint), random images and
   labels at the model's full size by default; images/s = batch / best step time over ``--repeats`` after

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serve GLAM saliency maps to MONAI Label clients (3D Slicer) — see docs/monailabel.md.
 #
-#   scripts/start_label_server.sh --studies DIR [--port 8000] [--host 127.0.0.1] [--model model.pt]
+#   tools/start_label_server.sh --studies DIR [--port 8000] [--host 127.0.0.1] [--model model.pt]
 #       [--preset configs/quickstart.yaml] [--device cpu|cuda] [--cors-origin URL ...] [--auth-realm URI]
 #       [--insecure-no-auth] [--max-upload-mb 256] [--setup-only]
 #

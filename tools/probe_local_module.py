@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where does the local module lose? Per-image diagnostics of a trained GLAM's three maps (S_g, S_l, S_c).
 
-    python scripts/probe_local_module.py --preset configs/benchmark_cpu.yaml --preset configs/calibrated_lesions.yaml \
+    python tools/probe_local_module.py --preset configs/benchmark_cpu.yaml --preset configs/calibrated_lesions.yaml \
         --ckpt bundle/models/model.pt --set benchmark_data_seed=7 --split test --json runs/probe_local/shipped.json
 
 The paper's Table 2 has the local map S_l beating the global map S_g and their combination S_c beating both; where

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Learning curves of weak supervision: a plan of localisation-probe runs, resumable, with one table of results.
 
-    python scripts/learning_curve.py --plan configs/learning_curve_calibrated.yaml --work_dir runs/learning_curve
-    python scripts/learning_curve.py --plan ... --work_dir ... --report     # the table only, from finished runs
+    python tools/learning_curve.py --plan configs/learning_curve_calibrated.yaml --work_dir runs/learning_curve
+    python tools/learning_curve.py --plan ... --work_dir ... --report     # the table only, from finished runs
 
-The plan (YAML) names a preset, synthetic data sets and the runs. Each run is one ``scripts/probe_localisation.py``
+The plan (YAML) names a preset, synthetic data sets and the runs. Each run is one ``tools/probe_localisation.py``
 (its global module trained on one data set for some epochs, optionally from another run's best module or a
 model.pt, on a subset of the training images), whose per-epoch validation figures, best epoch and test figures go
 to ``<work_dir>/<run>.json`` and its best module to ``<work_dir>/<run>.pt``. A run whose JSON exists is skipped, so

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Convert a checkpoint released by the GLAM authors (github nyukat/GLAM) into this bundle's state dict.
 
-    python scripts/convert_nyukat_checkpoint.py AUTHORS.pth bundle/models/model_reference.pt
+    python tools/convert_nyukat_checkpoint.py AUTHORS.pth bundle/models/model_reference.pt
 
 Every tensor is accounted for: mapped to exactly one parameter or buffer of ``scripts.networks.GLAM``, or
 reported as unused (the global module's ``combine`` conv, GMIC's patch classifier, ``shared_rep_filter``), and a

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Does weak supervision localise on my data? Train one global module for a few epochs and watch where it looks.
 
-    python scripts/probe_localisation.py --preset configs/benchmark_cpu.yaml                  # GLAM's global module
-    python scripts/probe_localisation.py --preset configs/benchmark_cpu.yaml --model cam --set cam_t=1.0
-    python scripts/probe_localisation.py --preset my_preset.yaml --set datalist=/data/datalist.json --epochs 8
+    python tools/probe_localisation.py --preset configs/benchmark_cpu.yaml                  # GLAM's global module
+    python tools/probe_localisation.py --preset configs/benchmark_cpu.yaml --model cam --set cam_t=1.0
+    python tools/probe_localisation.py --preset my_preset.yaml --set datalist=/data/datalist.json --epochs 8
 
 The model, its loss, the data, the preprocessing and the optimiser settings come from the bundle's configs
 (``bundle/configs/train.yaml``, a preset layered on it, the model's baseline overlay, ``--set`` overrides), so the

@@ -1,4 +1,4 @@
-"""Step ``load_configs`` of scripts/package_bundle.py, run inside the unzipped bundle (``python -c`` with this
+"""Step ``load_configs`` of tools/package_bundle.py, run inside the unzipped bundle (``python -c`` with this
 file's text, only the bundle folder on the path): proves ``scripts`` comes from there and nothing from the
 repository is on the path, then reads every config and restricts what it can reach (``_target_`` and ``$import``
 to ``scripts.``, MONAI, torch/ignite, numpy and the standard library). Argument: the repository's root."""

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Write a GLAM checkpoint with the model settings it was trained with recorded in it.
 
-    python scripts/record_model_settings.py OLD.pt NEW.pt --config_file "['bundle/configs/train.yaml','PRESET.yaml']"
-    python scripts/record_model_settings.py OLD.pt NEW.pt --config_file ... --set pixel_spacing=0.4
+    python tools/record_model_settings.py OLD.pt NEW.pt --config_file "['bundle/configs/train.yaml','PRESET.yaml']"
+    python tools/record_model_settings.py OLD.pt NEW.pt --config_file ... --set pixel_spacing=0.4
 
 For checkpoints written before the bundle recorded settings (they load, but inference then needs the preset they
 were trained with): the network is built from ``network_def`` of the given configs (train.yaml and the preset, with

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Time GLAM inference at full resolution and compare its throughput with a same-run convolution benchmark.
 
-    python scripts/benchmark_model.py                      # CPU or the default CUDA device, float32
-    python scripts/benchmark_model.py --device cuda --bf16 --channels-last
+    python tools/benchmark_model.py                      # CPU or the default CUDA device, float32
+    python tools/benchmark_model.py --device cuda --bf16 --channels-last
 
 Prints images/s, latency, peak memory, the model's GFLOP per image (counted from its convolutions and linear
 layers), the achieved GFLOP/s, and the same for a 3x3 convolution (256 -> 256 channels, 128x128, batch 1),

@@ -2,10 +2,10 @@
 """Time ``monai.bundle run inference`` on a folder of synthetic mammograms against the work it cannot avoid: decoding
 every input once and the run's own model time.
 
-    python scripts/benchmark_inference.py                    # the shipped model, 16 PNGs of 2944x1920 (CPU figure)
-    python scripts/benchmark_inference.py --weights full --n 64 --copies 8 -- --batch_size 16   # GPU, full size
+    python tools/benchmark_inference.py                    # the shipped model, 16 PNGs of 2944x1920 (CPU figure)
+    python tools/benchmark_inference.py --weights full --n 64 --copies 8 -- --batch_size 16   # GPU, full size
 
-The folder is generated once (``scripts/make_synthetic.py``'s generator, 16-bit PNGs stating 0.1 mm pixels at
+The folder is generated once (``tools/make_synthetic.py``'s generator, 16-bit PNGs stating 0.1 mm pixels at
 2944x1920) and kept under ``data/``; ``--copies K`` runs on K hard links to each image (K x n inputs, each
 decoded and written separately; symbolic links would be one input each, as inference knows a file by the path it
 resolves to) for a long run without generating K times as many. ``--weights full`` saves a

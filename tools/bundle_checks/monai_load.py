@@ -1,4 +1,4 @@
-"""Step ``monai_load`` of scripts/package_bundle.py, run with only the unzipped bundle on the path and from another
+"""Step ``monai_load`` of tools/package_bundle.py, run with only the unzipped bundle on the path and from another
 folder, as a user of the zoo's API would: ``monai.bundle.load`` must return the network of configs/inference.json
 holding exactly the shipped tensors. Arguments: the folder holding the bundle, its name, height, width."""
 

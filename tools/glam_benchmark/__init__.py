@@ -1,6 +1,6 @@
 """The GLAM paper's Table-1 benchmark on synthetic mammograms, as a package of one idea per module.
 
-``scripts/benchmark.py`` is its command line (``python scripts/benchmark.py --preset configs/benchmark_cpu.yaml``);
+``tools/benchmark.py`` is its command line (``python tools/benchmark.py --preset configs/benchmark_cpu.yaml``);
 its docstring says what a run does. The modules, from the bottom up (each imports only those above it):
 
 - :mod:`.paths`: where the repository, the bundle and its configs are; puts the bundle on ``sys.path``;
@@ -13,8 +13,8 @@ its docstring says what a run does. The modules, from the bottom up (each import
 - :mod:`.figures`: the Dice scatter, the example and per-scale figures;
 - :mod:`.driver`: preparing the data, running every step in order, the argument parser and ``main``.
 
-This folder sits in the repository's ``scripts/``, which has no ``__init__.py`` on purpose (it must not shadow the
-bundle's ``scripts`` package), so the package is imported as ``glam_benchmark`` with ``scripts/`` on ``sys.path``.
+This folder sits in the repository's ``tools/``, which has no ``__init__.py`` on purpose (it must not shadow the
+bundle's ``scripts`` package), so the package is imported as ``glam_benchmark`` with ``tools/`` on ``sys.path``.
 """
 
 # first: puts the bundle on sys.path, so that every module can import the bundle's ``scripts`` package
