@@ -1,9 +1,10 @@
-"""The GLAM paper's Table-1 benchmark on synthetic mammograms, as a package of one idea per module.
+"""The GLAM paper's reproduction beside the bundle: baselines, synthetic data, the Table-1 benchmark, measurements.
 
-``tools/benchmark.py`` is its command line (``python tools/benchmark.py --preset configs/benchmark_cpu.yaml``);
-its docstring says what a run does. The modules, from the bottom up (each imports only those above it):
+It imports the bundle's ``scripts`` package and is never imported by it. ``python -m glam_benchmark --preset
+glam_benchmark/configs/benchmark_cpu.yaml`` runs the benchmark (README.md in this folder). The driver's modules,
+from the bottom up (each imports only those above it):
 
-- :mod:`.paths`: where the repository, the bundle and its configs are; puts the bundle on ``sys.path``;
+- :mod:`.paths`: where the repository, the bundle and the configs are;
 - :mod:`.files`: atomic writes of the driver's outputs (JSON, text, PNG);
 - :mod:`.presets`: the benchmarked models, the preset's budget, the benchmark's error;
 - :mod:`.search`: the random-search space, the trials drawn from it and their bundle overrides;
@@ -13,9 +14,16 @@ its docstring says what a run does. The modules, from the bottom up (each import
 - :mod:`.figures`: the Dice scatter, the example and per-scale figures;
 - :mod:`.driver`: preparing the data, running every step in order, the argument parser and ``main``.
 
-This folder sits in the repository's ``tools/``, which has no ``__init__.py`` on purpose (it must not shadow the
-bundle's ``scripts`` package), so the package is imported as ``glam_benchmark`` with ``tools/`` on ``sys.path``.
+Beside them: :mod:`.baselines` (CAM, GMIC, U-Net and their losses), :mod:`.synthetic` (the mammogram generator),
+and the performance scripts ``benchmark_model``, ``benchmark_training``, ``benchmark_inference``,
+``benchmark_vs_reference`` and ``demo``, each run as ``python -m glam_benchmark.<name>``.
 """
 
-# first: puts the bundle on sys.path, so that every module can import the bundle's ``scripts`` package
-from . import paths  # noqa: F401
+import importlib.util
+import sys
+
+from .paths import BUNDLE_ROOT
+
+# the bundle's code is the package ``scripts`` in bundle/, on sys.path wherever MONAI runs the bundle
+if importlib.util.find_spec("scripts") is None:
+    sys.path.insert(0, str(BUNDLE_ROOT))

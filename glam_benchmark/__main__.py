@@ -1,20 +1,19 @@
-#!/usr/bin/env python
 """The GLAM paper's Table-1 benchmark on synthetic mammograms: GLAM (three stages), CAM, GMIC and a fully
 supervised U-Net, each tuned by the same random search, selected by validation Dice and evaluated on the test split.
 
-    python tools/benchmark.py --preset configs/benchmark_cpu.yaml          # about 45 minutes on 2 CPU cores
-    python tools/benchmark.py --preset configs/benchmark_full.yaml         # the paper's image size, for a GPU
+    python -m glam_benchmark --preset glam_benchmark/configs/benchmark_cpu.yaml   # about 45 minutes on 2 CPU cores
+    python -m glam_benchmark --preset glam_benchmark/configs/benchmark_full.yaml  # the paper's image size, for a GPU
 
 What it does, in order (every step is a subprocess of the bundle's own workflows, ``python -m monai.bundle run
 training|evaluating`` with config lists and overrides, so nothing of training or evaluation is re-implemented):
 
 1. generates the preset's synthetic dataset (fixed seed, training/validation/test split by patient) under
    ``<work_dir>/data`` and checks it once;
-2. per model, ``benchmark#trials`` trials with hyper-parameters drawn from ``configs/benchmark_search.yaml``
-   (the same number of trials and epochs for every model): each trains the model's one stage (GLAM: its global
-   stage) with the workflow's checkpoint selection by validation Dice, then evaluates that checkpoint on the
-   validation split (``metrics.json``); the trial with the best validation Dice (mean over the two classes of the
-   mean soft Dice of the model's map) is kept;
+2. per model, ``benchmark#trials`` trials with hyper-parameters drawn from
+   ``glam_benchmark/configs/benchmark_search.yaml`` (the same number of trials and epochs for every model): each
+   trains the model's one stage (GLAM: its global stage) with the workflow's checkpoint selection by validation
+   Dice, then evaluates that checkpoint on the validation split (``metrics.json``); the trial with the best
+   validation Dice (mean over the two classes of the mean soft Dice of the model's map) is kept;
 3. GLAM: the local and joint stages train from the selected global module; the local-stage model (S_g, S_l and
    their average S_c-sep: the paper's Table 2) and the joint model (S_c) are evaluated on the test split;
    each baseline's selected checkpoint is evaluated on the test split (its map is the report's ``S_g`` row);
@@ -28,25 +27,14 @@ Resumable: a step whose output exists (a trial's ``validation/metrics.json``, a 
 test ``metrics.json``) is skipped, and an interrupted training continues from its ``last.pt``. A failed step is
 reported and the steps that do not depend on it still run; the exit status is then 1.
 
-The code is the package ``tools/glam_benchmark/`` (its ``__init__`` lists the modules); this file is its command
-line.
+This file is the package's command line; its ``__init__`` lists the modules.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-# The driver is the package beside this file. ``python tools/benchmark.py`` puts this folder first on sys.path,
-# loading this file by path (importlib, as tests/tools/test_benchmark.py does) does not. tools/ is no package on
-# purpose (it must not shadow the bundle's ``scripts``), so the folder goes on sys.path instead of a relative import.
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-from glam_benchmark.driver import main  # noqa: E402  (needs the sys.path entry above)
-
-__all__ = ["main"]
+from .driver import main
 
 if __name__ == "__main__":
     sys.exit(main())

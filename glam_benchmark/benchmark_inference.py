@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Time ``monai.bundle run inference`` on a folder of synthetic mammograms against the work it cannot avoid: decoding
 every input once and the run's own model time.
 
-    python tools/benchmark_inference.py                    # the shipped model, 16 PNGs of 2944x1920 (CPU figure)
-    python tools/benchmark_inference.py --weights full --n 64 --copies 8 -- --batch_size 16   # GPU, full size
+    python -m glam_benchmark.benchmark_inference       # the shipped model, 16 PNGs of 2944x1920 (CPU figure)
+    python -m glam_benchmark.benchmark_inference --weights full --n 64 --copies 8 -- --batch_size 16  # GPU, full size
 
-The folder is generated once (``tools/make_synthetic.py``'s generator, 16-bit PNGs stating 0.1 mm pixels at
+The folder is generated once (``glam_benchmark/synthetic/__main__.py``'s generator, 16-bit PNGs stating 0.1 mm pixels at
 2944x1920) and kept under ``data/``; ``--copies K`` runs on K hard links to each image (K x n inputs, each
 decoded and written separately; symbolic links would be one input each, as inference knows a file by the path it
 resolves to) for a long run without generating K times as many. ``--weights full`` saves a
@@ -35,7 +34,6 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "bundle"))
 
 SHIPPED = REPO_ROOT / "bundle" / "models" / "model.pt"
 
@@ -58,7 +56,7 @@ def make_folder(folder: Path, n: int, size: tuple[int, int], seed: int, copies: 
     images = folder / "images"
     files = sorted(images.glob("*.png")) if images.is_dir() else []
     if len(files) < n:
-        from scripts.data.synthetic import make_synthetic_dataset
+        from glam_benchmark.synthetic import make_synthetic_dataset
 
         shutil.rmtree(folder, ignore_errors=True)
         print(f"generating {n} synthetic {size[0]}x{size[1]} PNGs in {folder} ...", flush=True)

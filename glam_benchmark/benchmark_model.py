@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Time GLAM inference at full resolution and compare its throughput with a same-run convolution benchmark.
 
-    python tools/benchmark_model.py                      # CPU or the default CUDA device, float32
-    python tools/benchmark_model.py --device cuda --bf16 --channels-last
+    python -m glam_benchmark.benchmark_model                      # CPU or the default CUDA device, float32
+    python -m glam_benchmark.benchmark_model --device cuda --bf16 --channels-last
 
 Prints images/s, latency, peak memory, the model's GFLOP per image (counted from its convolutions and linear
 layers), the achieved GFLOP/s, and the same for a 3x3 convolution (256 -> 256 channels, 128x128, batch 1),
@@ -13,17 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
+import torch
+from torch import nn
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from scripts import precision  # noqa: E402
-from scripts.networks import GLAM  # noqa: E402
+from scripts import precision
+from scripts.networks import GLAM
 
 
 def count_flops(model: nn.Module, *inputs: torch.Tensor) -> float:

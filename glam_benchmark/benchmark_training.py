@@ -1,10 +1,10 @@
 """Training speed, memory and scaling of GLAM (figures for docs/performance.md).
 
-    python tools/benchmark_training.py speed   [--device cuda] [--bf16] [--channels-last] [--k 6] [--batch 2]
-    python tools/benchmark_training.py memory  [--device cuda] [--bf16] --ks 1 2 3 [--budgets-gb 16 40 80]
-    python tools/benchmark_training.py scaling [--sizes 736x480 1472x960 2944x1920] [--ks 1 2 4]
-    python tools/benchmark_training.py ddp     [--height 368 --width 240 --patch 128 ...]
-    python tools/benchmark_training.py pipeline --datalist D/datalist.json [--num-workers 14] [--stage global]
+    python -m glam_benchmark.benchmark_training speed   [--device cuda] [--bf16] [--channels-last] [--k 6] [--batch 2]
+    python -m glam_benchmark.benchmark_training memory  [--device cuda] [--bf16] --ks 1 2 3 [--budgets-gb 16 40 80]
+    python -m glam_benchmark.benchmark_training scaling [--sizes 736x480 1472x960 2944x1920] [--ks 1 2 4]
+    python -m glam_benchmark.benchmark_training ddp     [--height 368 --width 240 --patch 128 ...]
+    python -m glam_benchmark.benchmark_training pipeline --datalist D/datalist.json [--num-workers 14] [--stage global]
 
 - ``speed``: one optimiser step per stage (global, local with the global module frozen, joint), random images and
   labels at the model's full size by default; images/s = batch / best step time over ``--repeats`` after
@@ -40,13 +40,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
-
-from scripts import precision  # noqa: E402
-from scripts.enums import STAGES, OutputKey, Stage  # noqa: E402
-from scripts.losses import GLAMLoss  # noqa: E402
-from scripts.networks import GLAM  # noqa: E402
-from scripts.patches import map_window_size, max_disjoint_windows  # noqa: E402
+from scripts import precision
+from scripts.enums import STAGES, OutputKey, Stage
+from scripts.losses import GLAMLoss
+from scripts.networks import GLAM
+from scripts.patches import map_window_size, max_disjoint_windows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRAIN_CONFIG = REPO_ROOT / "bundle" / "configs" / "train.yaml"
@@ -134,11 +132,11 @@ def cmd_speed(args, device) -> list[dict]:
 
 def _one_peak(args, k: int, checkpointing: bool) -> dict:
     """One joint step in a fresh interpreter: its peak memory is this configuration's alone."""
-    cmd = [sys.executable, __file__, "_peak", "--k", str(k), "--device", args.device]
+    cmd = [sys.executable, "-m", "glam_benchmark.benchmark_training", "_peak", "--k", str(k), "--device", args.device]
     cmd += ["--height", str(args.height), "--width", str(args.width), "--patch", str(args.patch)]
     cmd += ["--local-depth", str(args.local_depth), "--local-width", str(args.local_width), "--batch", str(args.batch)]
     cmd += ["--bf16"] * args.bf16 + ["--channels-last"] * args.channels_last + ["--checkpointing"] * checkpointing
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=REPO_ROOT)
     if res.returncode != 0:
         raise RuntimeError(f"K={k} checkpointing={checkpointing} failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])

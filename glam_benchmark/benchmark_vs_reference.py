@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Time our GLAM against the authors' code on the same weights and the same full-size image, alternating in one
 process, and check that the outputs agree.
 
     git clone https://github.com/nyukat/GLAM /path/to/nyukat-GLAM      # their code (not a dependency)
-    python tools/benchmark_vs_reference.py --reference-code /path/to/nyukat-GLAM --repeats 6
-    python tools/benchmark_vs_reference.py --reference-code ... --precision fp32   # our float32 path
+    python -m glam_benchmark.benchmark_vs_reference --reference-code /path/to/nyukat-GLAM --repeats 6
+    python -m glam_benchmark.benchmark_vs_reference --reference-code ... --precision fp32   # our float32 path
 
 The authors' model is built from their code with their released inference settings (184x120 saliency map, one
 512-px patch, top-t 3 % / 30 %) and random weights (seeded); ours is ``scripts.networks.convert.load_nyukat_glam``
@@ -32,16 +31,15 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
+import torch
+from torch import nn
+
+from scripts.enums import OutputKey
+from scripts.networks import optimize_for_inference, resolve_precision
+from scripts.networks.convert import load_nyukat_glam
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "bundle"))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from scripts.enums import OutputKey  # noqa: E402
-from scripts.networks import optimize_for_inference, resolve_precision  # noqa: E402
-from scripts.networks.convert import load_nyukat_glam  # noqa: E402
 
 #: the authors' inference settings (their run script's parameters)
 REFERENCE_PARAMETERS = {

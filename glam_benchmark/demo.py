@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Demo forward pass of GLAM on a synthetic mammogram: prints the predictions and writes a saliency PNG.
 
-    python tools/demo.py --out output/demo_saliency.png
+    python -m glam_benchmark.demo --out output/demo_saliency.png
 
 The weights are random (the trained bundle comes with the training workflow), so the maps show the pipeline
 (global map, selected patches, S_l and S_c at a quarter of the input resolution), not a diagnosis. By default the
@@ -12,19 +11,16 @@ model is CPU-sized (736x480 image, 128 px patches, ResNet-18-HR of width 16); ``
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image, ImageDraw  # noqa: E402
-
-from scripts.atomic import atomic_path  # noqa: E402
-from scripts.data.synthetic import SyntheticConfig, SyntheticMammogramGenerator  # noqa: E402
-from scripts.enums import MAP_NAMES  # noqa: E402
-from scripts.networks import GLAM  # noqa: E402
+from glam_benchmark.synthetic import SyntheticConfig, SyntheticMammogramGenerator
+from scripts.atomic import atomic_path
+from scripts.enums import MAP_NAMES
+from scripts.networks import GLAM
 
 
 def _to_uint8(a: np.ndarray) -> np.ndarray:

@@ -420,7 +420,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             runner.skip("no_learning_baselines", f"{type(err).__name__}: {err}")
             trivial = None
         total = time.monotonic() - start
-        command = "python tools/benchmark.py " + shlex.join(list(argv))
+        command = "python -m glam_benchmark " + shlex.join(list(argv))
         out = write_results(
             results_path,
             docs_dir,
@@ -480,9 +480,9 @@ def _default_jobs() -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="GLAM's Table-1 benchmark: random search, training and test evaluation of GLAM, CAM, GMIC and "
-        "a U-Net on a synthetic dataset (and replicates on other data seeds), then docs/results.md and its figures.",
+        "a U-Net on a synthetic dataset (and replicates on other data seeds), then results.md and its figures.",
     )
-    parser.add_argument("--preset", required=True, help="size preset, e.g. configs/benchmark_cpu.yaml")
+    parser.add_argument("--preset", required=True, help="size preset, e.g. glam_benchmark/configs/benchmark_cpu.yaml")
     parser.add_argument("--search", default=str(DEFAULT_SEARCH), help="search space file (default %(default)s)")
     parser.add_argument("--work_dir", default="runs/benchmark", help="data, checkpoints, logs (default %(default)s)")
     parser.add_argument("--docs_dir", default="docs", help="folder of results.md and images/ (default %(default)s)")

@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from . import paths  # noqa: F401  (the bundle on sys.path: ``scripts.atomic`` below is the bundle's)
-
 
 def write_json(path: Path, content: Any) -> None:
     """``content`` as indented JSON; NaN is refused (it is not JSON)."""

@@ -118,7 +118,7 @@ def _hardware(threads: int) -> list[str]:
 def _dataset_lines(datalist: Path) -> list[str]:
     from dataclasses import asdict
 
-    from scripts.data.synthetic import SyntheticConfig
+    from glam_benchmark.synthetic import SyntheticConfig
 
     lines = []
     generator = datalist.parent / "generator.json"
@@ -130,7 +130,7 @@ def _dataset_lines(datalist: Path) -> list[str]:
             k: v for k, v in config.items() if k != "size" and defaults.get(k) != _tuple_like(v, defaults.get(k))
         }
         lines.append(
-            f"- generator `scripts.data.synthetic` (seed {desc.get('seed')}, {desc.get('n')} images, "
+            f"- generator `glam_benchmark.synthetic` (seed {desc.get('seed')}, {desc.get('n')} images, "
             f"{config.get('size', ['?', '?'])[0]}x{config.get('size', ['?', '?'])[1]}, format {desc.get('format')}); "
             f"`{display_path(datalist)}`"
         )

@@ -1,4 +1,4 @@
-"""The random hyper-parameter search: the search space read from ``configs/benchmark_search.yaml``
+"""The random hyper-parameter search: the search space read from ``glam_benchmark/configs/benchmark_search.yaml``
 (:func:`load_search_space`), each model's reproducible trials drawn from it (:func:`sample_trials`) and the bundle
 overrides of one trial (:func:`trial_overrides`)."""
 
@@ -93,7 +93,8 @@ def trial_overrides(
     """Bundle overrides of one trial: a drawn value whose config id the preset sets per stage (``per_stage``, e.g.
     ``learning_rate`` and ``lambda_sparsity``: ``{global: ..., local: ..., joint: ...}``) replaces the ``global``
     stage's only (the stage every model's search trains; GLAM's local and joint stages keep the preset's values:
-    the local map needs its own sparsity, docs/results_findings.md, section 7), the other ids are set as drawn, and
+    the local map needs its own sparsity, glam_benchmark/docs/results_findings.md, section 7), the other ids are
+    set as drawn, and
     the trial trains from its own torch ``seed`` (initialisation, data order, augmentations): whether the weakly
     supervised maps start to localise within a short budget depends on the initialisation (section 4), so trials
     that shared one would all share that luck."""

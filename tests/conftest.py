@@ -61,7 +61,7 @@ VALIDATION_METRICS = (
 @pytest.fixture(scope="session")
 def tiny_datalist(tmp_path_factory) -> str:
     """A small synthetic dataset (24 images of 256x160, 6 patients, most breasts with lesions) for workflow tests."""
-    from scripts.data.synthetic import ensure_synthetic_dataset
+    from glam_benchmark.synthetic import ensure_synthetic_dataset
 
     root = tmp_path_factory.mktemp("tiny_data")
     return ensure_synthetic_dataset(root, n=24, size=(256, 160), seed=3, lesion_prevalence=0.6)

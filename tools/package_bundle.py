@@ -38,7 +38,7 @@ The verification unzips into a temporary folder and runs, in fresh interpreters 
 unzipped bundle folder (never the repository): ``monai.bundle verify_metadata`` against
 ``../shared/schema/meta_schema_20240725.json`` when it exists; ConfigParser on every config, with every
 ``_target_`` and ``$import`` restricted to ``scripts.``, MONAI, torch/ignite and the standard library; and
-``monai.bundle run inference`` on two synthetic images made by the bundle's own generator, with tiny network
+``monai.bundle run inference`` on two mammogram-shaped images drawn with numpy, with tiny network
 sizes and a random checkpoint (or, with shipped weights, models/model.pt in the window it records). With shipped
 weights also: ``monai.bundle.load(name, bundle_dir=<unzipped>, workflow_type="inference")`` from another working
 folder must return the network built by ``configs/inference.json`` (its class from the unzipped bundle) holding

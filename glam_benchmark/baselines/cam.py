@@ -4,7 +4,7 @@ The GLAM paper's CAM baseline (section 4.3, Table 1) uses the same backbone as G
 "ResNet-22", :class:`~scripts.networks.global_network.GlobalBackbone`) with a single 1x1 convolution + sigmoid on
 its last feature map, pooled into the image-level prediction by top-t% pooling; t = 1 is CAM's global average
 pooling, and the paper tunes t in {1, 2, 3, 5, 10, 20, 100} %. The same module is GMIC's single-scale global
-module (:class:`~scripts.networks.gmic.GMIC` holds one).
+module (:class:`~glam_benchmark.baselines.GMIC` holds one).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..enums import OutputKey
-from ..pooling import check_fraction, top_t_pool
-from .glam import check_image
-from .global_network import GlobalBackbone, breast_cells
+from scripts.enums import OutputKey
+from scripts.networks.glam import check_image
+from scripts.networks.global_network import GlobalBackbone, breast_cells
+from scripts.pooling import check_fraction, top_t_pool
 
 __all__ = ["CAM"]
 

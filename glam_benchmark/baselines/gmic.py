@@ -1,6 +1,6 @@
 """GMIC baseline (Shen et al., Medical Image Analysis 2021) from the bundle's parts, trained end to end in one stage.
 
-GMIC as the GLAM paper compares it (Table 1): a single-scale global module (:class:`~scripts.networks.cam.CAM`:
+GMIC as the GLAM paper compares it (Table 1): a single-scale global module (:class:`~glam_benchmark.baselines.CAM`:
 GLAM's global backbone with one saliency head on its last layer, 46 x 30 for a 2944 x 1920 input), K patches
 picked from that map by Algorithm 1 (:func:`scripts.patches.select_patch_boxes`, the greedy proposal GMIC
 introduced), a ResNet-18 local module that gives each patch a 512-d representation h_k (MONAI's ResNet with the
@@ -18,11 +18,12 @@ import torch
 from monai.networks.nets import ResNet
 from torch import nn
 
-from ..aggregation import FusionHead, GatedAttentionAggregation
-from ..enums import OutputKey
-from ..patches import as_pair, crop_patches, select_patch_boxes
+from scripts.aggregation import FusionHead, GatedAttentionAggregation
+from scripts.enums import OutputKey
+from scripts.networks.glam import check_image
+from scripts.patches import as_pair, crop_patches, select_patch_boxes
+
 from .cam import CAM
-from .glam import check_image
 
 __all__ = ["GMIC"]
 
@@ -38,7 +39,7 @@ class GMIC(nn.Module):
         attention_hidden: hidden size of the gated attention (128).
         num_classes: classes (benign, malignant).
         backbone, pool_in_breast: the global module's backbone and pooling options (see
-            :class:`~scripts.networks.cam.CAM`).
+            :class:`~glam_benchmark.baselines.CAM`).
 
     Forward: ``image`` (B, 1, H, W) standardised mammograms -> dict with
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from monai.networks.nets import BasicUNet
 from torch import nn
 
-from ..enums import OutputKey
-from ..pooling import check_fraction, top_t_pool
-from .glam import check_image
+from scripts.enums import OutputKey
+from scripts.networks.glam import check_image
+from scripts.pooling import check_fraction, top_t_pool
 
 __all__ = ["UNetSaliency"]
 

@@ -1,5 +1,5 @@
-"""Synthetic screening mammograms with pixel-exact lesion masks: the bundle's default data set and the
-benchmark's ground truth.
+"""Synthetic screening mammograms with pixel-exact lesion masks: the quick start's data set and the benchmark's
+ground truth.
 
 What is modelled (see ``docs/data.md`` for the calibration and the numbers):
 
@@ -23,13 +23,13 @@ Writing files (PNG / DICOM / NIfTI), the patient split and the datalist are in :
 The package's rooms: ``config`` (constants, :class:`SyntheticConfig`, the plan and case records), ``anatomy``
 (tissue texture fields and the breast outline), ``lesions`` (lesion shapes), ``generator``
 (:class:`SyntheticMammogramGenerator`), ``writers`` (PNG / NIfTI / DICOM files) and ``dataset`` (data sets on disk).
-Every name is re-exported here, so ``scripts.data.synthetic.X`` (configs, tools, tests) keeps working.
+Every name is re-exported here (``glam_benchmark.synthetic.X``); ``python -m glam_benchmark.synthetic`` writes a
+data set or a preview figure.
 """
 
 from __future__ import annotations
 
-# the ``X as X`` imports: public names of the former single module that were outside its __all__, still
-# reachable as ``scripts.data.synthetic.X``
+# the ``X as X`` imports: public names outside __all__
 from .anatomy import power_law_field
 from .config import (
     BENIGN_TYPES,

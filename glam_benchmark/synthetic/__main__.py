@@ -2,9 +2,9 @@
 """Generate the synthetic mammogram data set (images, per-class masks, patient-split datalist.json).
 
 Examples:
-    python tools/make_synthetic.py --out data/synthetic --n 200 --size 736 480 --seed 0 --format png
-    python tools/make_synthetic.py --out data/synthetic_dcm --n 40 --format dcm --photometric mix
-    python tools/make_synthetic.py --preview docs/images/synthetic_examples.png --seed 0
+    python -m glam_benchmark.synthetic --out data/synthetic --n 200 --size 736 480 --seed 0 --format png
+    python -m glam_benchmark.synthetic --out data/synthetic_dcm --n 40 --format dcm --photometric mix
+    python -m glam_benchmark.synthetic --preview docs/images/synthetic_examples.png --seed 0
 
 See docs/data.md for what the generator models and how its difficulty was calibrated.
 """
@@ -18,10 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
-
-from scripts.atomic import atomic_path  # noqa: E402
-from scripts.data.synthetic import (  # noqa: E402
+from glam_benchmark.synthetic import (
     BENIGN_TYPES,
     MALIGNANT_TYPES,
     SyntheticCase,
@@ -29,7 +26,8 @@ from scripts.data.synthetic import (  # noqa: E402
     SyntheticMammogramGenerator,
     make_synthetic_dataset,
 )
-from scripts.enums import LesionClass  # noqa: E402
+from scripts.atomic import atomic_path
+from scripts.enums import LesionClass
 
 BENIGN_RGB = (60, 220, 60)
 MALIGNANT_RGB = (255, 50, 50)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ...enums import CLASS_NAMES
+from scripts.enums import CLASS_NAMES
 
 __all__ = [
     "SyntheticConfig",

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ...atomic import atomic_path, move_into_place
-from ...enums import CLASS_NAMES
-from ..boxes import BOXES_KEY
+from scripts.atomic import atomic_path, move_into_place
+from scripts.data.boxes import BOXES_KEY
+from scripts.enums import CLASS_NAMES
+
 from .config import SIDES, VIEWS, SyntheticConfig
 from .generator import SyntheticMammogramGenerator
 from .writers import deterministic_uid, write_mammogram_dicom, write_mask_png, write_nifti, write_png16
@@ -159,7 +160,7 @@ def make_synthetic_dataset(
     photometric (DICOM only): "MONOCHROME2", "MONOCHROME1" or "mix" (every third image MONOCHROME1).
     The item key ``facing`` records the side the breast faces in the stored pixels.
     """
-    from ..datalist import save_datalist, split_by_patient
+    from scripts.data.datalist import save_datalist, split_by_patient
 
     if int(n) != n or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
@@ -189,7 +190,7 @@ def make_synthetic_dataset(
         items = _logged(map(_write_one, jobs), len(jobs), out)
     datalist = split_by_patient(items, fractions=fractions, seed=seed)
     description = {
-        "generator": "scripts.data.synthetic",
+        "generator": "glam_benchmark.synthetic",
         "seed": int(seed),
         "n": int(n),
         "format": fmt,

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
-from ...enums import CLASS_NAMES, LesionClass
+from scripts.enums import CLASS_NAMES, LesionClass
+
 from .anatomy import _Geometry, _smoothstep, power_law_field
 from .config import (
     BENIGN_TYPES,

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ...atomic import atomic_path
+from scripts.atomic import atomic_path
+
 from .config import MAX_VALUE_12BIT
 
 __all__ = ["write_png16", "write_mask_png", "write_nifti", "write_mammogram_dicom", "deterministic_uid"]

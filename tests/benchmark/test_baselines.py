@@ -1,5 +1,5 @@
 """The Table-1 baselines (CAM, GMIC, fully supervised U-Net): networks, losses, and their training and evaluation
-through train.yaml + a size preset + bundle/configs/baseline_<name>.yaml (+ evaluate.yaml).
+through train.yaml + a size preset + glam_benchmark/configs/baseline_<name>.yaml (+ evaluate.yaml).
 
 Values are checked against independent computations: numpy sorts for top-t% pooling, a per-patch loop over the
 crops with the attention, classifier and fusion written out from their weights, BCE and soft Dice by formula.
@@ -25,9 +25,9 @@ from monai.bundle import ConfigWorkflow
 
 from scripts.training.workflow import GLAMTrainingWorkflow
 
-CONFIGS = BUNDLE_ROOT / "configs"
-EVAL_CONFIG = CONFIGS / "evaluate.yaml"
-META = str(CONFIGS / "metadata.json")
+CONFIGS = REPO_ROOT / "glam_benchmark" / "configs"
+EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
+META = str(BUNDLE_ROOT / "configs" / "metadata.json")
 BASELINES = ("cam", "gmic", "unet")
 TINY_UNET = [4, 4, 8, 8, 16, 4]
 SIZE = (256, 160)  # the tiny preset's image size
@@ -50,14 +50,14 @@ def images(batch: int = 2, seed: int = 0) -> torch.Tensor:
 
 
 def tiny_gmic():
-    from scripts.networks import GMIC
+    from glam_benchmark.baselines import GMIC
 
     return GMIC(patch_size=64, num_patches=2, t_global=0.1, local_width=4, attention_hidden=8)
 
 
 # -- networks ------------------------------------------------------------------------------------------------------
 def test_cam_with_t_one_is_the_spatial_mean_of_its_only_map():
-    from scripts.networks import CAM
+    from glam_benchmark.baselines import CAM
 
     torch.manual_seed(0)
     model = CAM(t=1.0).eval()
@@ -72,7 +72,7 @@ def test_cam_with_t_one_is_the_spatial_mean_of_its_only_map():
 
 
 def test_cam_top_t_pools_the_largest_values():
-    from scripts.networks import CAM
+    from glam_benchmark.baselines import CAM
 
     torch.manual_seed(1)
     model = CAM(t=0.25).eval()
@@ -131,7 +131,7 @@ def test_gmic_outputs_match_a_per_patch_computation_from_the_weights():
 
 
 def test_gmic_loss_gradients_reach_every_part():
-    from scripts.losses import GMICLoss
+    from glam_benchmark.baselines import GMICLoss
 
     torch.manual_seed(3)
     model = tiny_gmic().train()
@@ -147,7 +147,7 @@ def test_gmic_loss_gradients_reach_every_part():
 
 
 def test_gmic_rejects_bad_arguments():
-    from scripts.networks import GMIC
+    from glam_benchmark.baselines import GMIC
 
     with pytest.raises(ValueError, match="num_patches"):
         GMIC(num_patches=0)
@@ -158,7 +158,7 @@ def test_gmic_rejects_bad_arguments():
 
 
 def test_unet_map_is_a_probability_map_of_the_image_size_and_its_score_is_top_t():
-    from scripts.networks import UNetSaliency
+    from glam_benchmark.baselines import UNetSaliency
 
     torch.manual_seed(4)
     model = UNetSaliency(t=0.01, features=TINY_UNET).eval()
@@ -176,7 +176,7 @@ def test_unet_map_is_a_probability_map_of_the_image_size_and_its_score_is_top_t(
 def test_unet_input_stride_runs_on_the_pooled_image_and_upsamples_its_logits():
     import torch.nn.functional as F
 
-    from scripts.networks import UNetSaliency
+    from glam_benchmark.baselines import UNetSaliency
 
     torch.manual_seed(5)
     model = UNetSaliency(t=0.01, features=TINY_UNET, input_stride=2).eval()
@@ -196,7 +196,7 @@ def test_unet_input_stride_runs_on_the_pooled_image_and_upsamples_its_logits():
 
 # -- losses --------------------------------------------------------------------------------------------------------
 def test_cam_and_gmic_losses_by_formula():
-    from scripts.losses import CAMLoss, GMICLoss
+    from glam_benchmark.baselines import CAMLoss, GMICLoss
 
     g = torch.Generator().manual_seed(5)
     out = {k: torch.rand(3, 2, generator=g) * 0.9 + 0.05 for k in ("y_global", "y_local", "y_fusion")}
@@ -219,7 +219,7 @@ def test_cam_and_gmic_losses_by_formula():
 
 
 def test_mask_dice_bce_loss_by_formula_leaves_out_unknown_masks():
-    from scripts.losses import MaskDiceBCELoss
+    from glam_benchmark.baselines import MaskDiceBCELoss
 
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(3, 2, 5, 4, generator=g) * 2

@@ -1,15 +1,15 @@
-"""tools/benchmark.py: the Table-1 benchmark driver (the package tools/glam_benchmark behind its command line).
+"""glam_benchmark/__main__.py: the Table-1 benchmark driver (the package glam_benchmark behind its command line).
 
 Fast tests check the search sampling (reproducible, within the configured ranges, log-uniform), the
 acceptance-condition logic and the selection score on hand-made metrics, the resume rule of a step, the per-image
 Dice reader and the argument errors. One slow test runs the driver end to end at the tiny size of
-tests/configs/benchmark_tiny.yaml into a temporary folder and checks results.md against the workflows' own
+tests/benchmark/benchmark_tiny.yaml into a temporary folder and checks results.md against the workflows' own
 metrics.json files, the two figures, and that a second run skips every finished step.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import re
 import shlex
@@ -21,27 +21,15 @@ import numpy as np
 import pytest
 import torch
 
+from glam_benchmark import figures, metrics, presets, report, search, steps
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SEARCH = REPO_ROOT / "configs" / "benchmark_search.yaml"
-TINY_PRESET = REPO_ROOT / "tests" / "configs" / "benchmark_tiny.yaml"
+CONFIGS = REPO_ROOT / "glam_benchmark" / "configs"
+SEARCH = CONFIGS / "benchmark_search.yaml"
+TINY_PRESET = Path(__file__).parent / "benchmark_tiny.yaml"
 
-# the driver's package lives in tools/, which is no package (it must not shadow the bundle's ``scripts``)
-if str(REPO_ROOT / "tools") not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT / "tools"))
-
-from glam_benchmark import figures, metrics, presets, report, search, steps  # noqa: E402
-
-
-def _load_entry_point():
-    """tools/benchmark.py itself, loaded by path: the command-line tests go through the real entry point."""
-    spec = importlib.util.spec_from_file_location("benchmark_driver", REPO_ROOT / "tools" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_driver"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cli = _load_entry_point()
+# the command-line tests go through the real entry point, ``python -m glam_benchmark``
+cli = importlib.import_module("glam_benchmark.__main__")
 
 
 # -- search ------------------------------------------------------------------------------------------------------
@@ -111,7 +99,7 @@ def test_per_stage_values_are_the_numeric_per_stage_ids_of_a_preset():
         "learning_rate": {"global": 1e-3, "local": 3e-5, "joint": 1e-5},
         "epochs": {"global": 10.0, "local": 1.0, "joint": 2.0},
     }
-    cpu = presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]
+    cpu = presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[0]
     drawn = search.sample_trials(search.load_search_space(SEARCH, "cpu"), "glam", 1)[0]
     out = search.trial_overrides(drawn, search.per_stage_values(cpu), seed=0)
     # GLAM's local and joint stages keep the preset's values; the global stage trains with the drawn ones
@@ -189,16 +177,16 @@ def test_a_preset_on_a_base_is_layered_like_monai_config_files(tmp_path):
 
 
 def test_the_calibrated_preset_fine_tunes_the_cpu_presets_selected_models(tmp_path):
-    merged, chain = presets.flatten_preset(REPO_ROOT / "configs" / "benchmark_calibrated.yaml", tmp_path / "p.json")
+    merged, chain = presets.flatten_preset(CONFIGS / "benchmark_calibrated.yaml", tmp_path / "p.json")
     assert [p.name for p in chain] == ["benchmark_cpu.yaml", "benchmark_calibrated.yaml"]
     config, budget = presets.read_preset(merged)
     assert budget.init_from == "runs/benchmark" and budget.search_space == "transfer" and budget.trials == 1
     # GLAM's trials take the selected model's global module under a fresh local module; the baselines all of theirs
     assert budget.init_modules == {"glam": ("global_network",)}
     # the generator's defaults; the rest is the CPU preset's
-    assert config["benchmark_data"] == {"_target_": "scripts.data.synthetic.SyntheticConfig"}
+    assert config["benchmark_data"] == {"_target_": "glam_benchmark.synthetic.SyntheticConfig"}
     assert config["image_size"] == [736, 480] and budget.patch_shift == 32
-    cpu_budget = presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1]
+    cpu_budget = presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[1]
     assert budget.model_overrides == cpu_budget.model_overrides
     space = search.load_search_space(SEARCH, "transfer")
     for model in ("glam", "cam", "gmic", "unet"):
@@ -239,21 +227,22 @@ def test_fine_tuning_trials_keep_the_selected_hyper_parameters_and_draw_the_lear
 
 def test_presets_declare_a_budget_and_an_existing_search_space():
     for name in ("benchmark_cpu.yaml", "benchmark_full.yaml"):
-        config, budget = presets.read_preset(REPO_ROOT / "configs" / name)
+        config, budget = presets.read_preset(CONFIGS / name)
         search.load_search_space(SEARCH, budget.search_space)
         assert budget.trials >= 1 and budget.epochs >= 1
-    assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_full.yaml")[0]["image_size"] == [2944, 1920]
+    assert presets.read_preset(CONFIGS / "benchmark_full.yaml")[0]["image_size"] == [2944, 1920]
     # the U-Net overlay comes after the preset and sets its widths: the CPU preset's go on the command line
-    cpu_budget = presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[1]
+    cpu_budget = presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[1]
     assert set(cpu_budget.model_overrides) == {"unet"} and len(cpu_budget.model_overrides["unet"]["unet_features"]) == 6
     assert cpu_budget.wall_limit_h == 3
     # GLAM's later stages as the results state them
     assert (cpu_budget.local_learning_rate, cpu_budget.joint_learning_rate, cpu_budget.patch_shift) == (3e-5, 1e-5, 32)
-    # the local stage's own sparsity weight (docs/results_findings.md, section 7); the joint stage keeps the global's
+    # the local stage's own sparsity weight (glam_benchmark/docs/results_findings.md, section 7); the joint stage
+    # keeps the global's
     assert (cpu_budget.local_lambda_sparsity, cpu_budget.joint_lambda_sparsity) == (1e-3, 1e-5)
-    full_budget = presets.read_preset(REPO_ROOT / "configs" / "benchmark_full.yaml")[1]
+    full_budget = presets.read_preset(CONFIGS / "benchmark_full.yaml")[1]
     assert full_budget.patch_shift == 0  # the paper's patches
-    assert presets.read_preset(REPO_ROOT / "configs" / "benchmark_cpu.yaml")[0]["image_size"] == [736, 480]
+    assert presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[0]["image_size"] == [736, 480]
 
 
 # -- metrics and acceptance --------------------------------------------------------------------------------------
@@ -522,7 +511,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         text.split()
     )
     assert "torch " in text and "OMP_NUM_THREADS=1" in text and "## Wall time per model" in text
-    assert "python tools/benchmark.py --preset " in text
+    assert "python -m glam_benchmark --preset " in text
     assert "- test: " in text and "differ from the generator's calibrated defaults" in text
     # figures, linked relative to results.md
     for name in ("benchmark_dice_scatter.png", "benchmark_examples.png", "benchmark_glam_maps.png"):
@@ -599,11 +588,12 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert "_seed4_" in replicate["datalist"]
     assert "### The same models trained on the data of seed 4" in results.read_text()
 
-    # fine-tuning what this run selected (configs/benchmark_calibrated.yaml at tiny size): each model's trial starts
-    # from its selected model (GLAM: the jointly trained one) with that trial's hyper-parameters and a learning rate
-    # from the transfer space; GLAM's later stages start from the stage before, as in any run
+    # fine-tuning what this run selected (glam_benchmark/configs/benchmark_calibrated.yaml at tiny size): each
+    # model's trial starts from its selected model (GLAM: the jointly trained one) with that trial's
+    # hyper-parameters and a learning rate from the transfer space; GLAM's later stages start from the stage
+    # before, as in any run
     transfer = tmp_path / "transfer"
-    transfer_argv = ["--preset", str(REPO_ROOT / "tests/configs/benchmark_tiny_transfer.yaml")]
+    transfer_argv = ["--preset", str(Path(__file__).parent / "benchmark_tiny_transfer.yaml")]
     transfer_argv += ["--init_from", str(work), "--work_dir", str(transfer), "--results", str(tmp_path / "transfer.md")]
     transfer_argv += ["--models", "glam", "cam"]
     assert cli.main([*transfer_argv, "--threads", "1", "--jobs", "2", "--docs_dir", str(tmp_path)]) == 0
@@ -635,7 +625,7 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     assert f"loaded the previous stage's model {transfer / 'glam/trial_00/models/global/model.pt'}" in local_log
     transfer_text = " ".join((tmp_path / "transfer.md").read_text().split())
     assert f"start from the model it selected in the earlier benchmark run in `{work}`" in transfer_text
-    assert "tests/configs/benchmark_tiny.yaml + tests/configs/benchmark_tiny_transfer.yaml" in transfer_text
+    assert "tests/benchmark/benchmark_tiny.yaml + tests/benchmark/benchmark_tiny_transfer.yaml" in transfer_text
     assert "_seed4_" in json.loads(next(transfer.glob("cam/trial_00/test/metrics.json")).read_text())["datalist"]
     # its figures are named after its results file, beside the first run's
     assert "(images/benchmark_transfer_dice_scatter.png)" in transfer_text

@@ -1,24 +1,21 @@
-"""tools/glam_benchmark/report.py: ``write_results`` renders results.md from a template, and its text for a fixed
+"""glam_benchmark/report.py: ``write_results`` renders results.md from a template, and its text for a fixed
 synthetic run (every section present: failures, trivial baselines, a variation seed, findings, every figure) is
-compared with a stored rendering (tests/tools/data/benchmark_results.md, made by the function before it was split
+compared with a stored rendering (tests/benchmark/data/benchmark_results.md, made by the function before it was split
 into sections). The run's hardware line and clock are pinned, so the comparison is of every byte."""
 
 from __future__ import annotations
 
 import csv
 import os
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
+from glam_benchmark import presets, report, search
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "data" / "benchmark_results.md"
-if str(REPO_ROOT / "tools") not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT / "tools"))
-
-from glam_benchmark import presets, report, search  # noqa: E402
 
 CLASSES = ("benign", "malignant")
 MAPS = ("S_g", "S_l", "S_c")
@@ -158,9 +155,9 @@ def render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
         out,
         docs,
         _results(tmp_path),
-        command="python tools/benchmark.py --preset configs/benchmark_cpu.yaml",
-        preset=Path("configs/benchmark_cpu.yaml"),
-        search_path=Path("configs/benchmark_search.yaml"),
+        command="python -m glam_benchmark --preset glam_benchmark/configs/benchmark_cpu.yaml",
+        preset=Path("glam_benchmark/configs/benchmark_cpu.yaml"),
+        search_path=Path("glam_benchmark/configs/benchmark_search.yaml"),
         space=space,
         budget=budget,
         datalist=datalist,

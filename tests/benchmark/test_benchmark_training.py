@@ -1,9 +1,9 @@
-"""tools/benchmark_training.py: the memory fit, the table, and each mode at a tiny size (figures are not
+"""glam_benchmark/benchmark_training.py: the memory fit, the table, and each mode at a tiny size (figures are not
 asserted: they are machine-dependent and recorded in docs/performance.md)."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -13,17 +13,12 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT
 
-SCRIPT = REPO_ROOT / "tools" / "benchmark_training.py"
+MODULE = "glam_benchmark.benchmark_training"
 TINY = ["--height", "256", "--width", "160", "--patch", "64", "--local-depth", "18", "--local-width", "4"]
 
 
 def _tool():
-    if "benchmark_training" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("benchmark_training", SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["benchmark_training"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["benchmark_training"]
+    return importlib.import_module("glam_benchmark.benchmark_training")
 
 
 def test_fit_line_matches_numpy_polyfit():
@@ -45,10 +40,11 @@ def test_markdown_table_has_every_key_once():
 def test_speed_times_every_stage_and_writes_json(tmp_path):
     out = tmp_path / "speed.json"
     res = subprocess.run(
-        [sys.executable, str(SCRIPT), "speed", *TINY, "--k", "2", "--repeats", "1", "--json", str(out)],
+        [sys.executable, "-m", MODULE, "speed", *TINY, "--k", "2", "--repeats", "1", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=REPO_ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert res.returncode == 0, res.stderr[-2000:]
@@ -61,10 +57,11 @@ def test_speed_times_every_stage_and_writes_json(tmp_path):
 
 def test_peak_of_one_configuration_runs_in_its_own_process():
     res = subprocess.run(
-        [sys.executable, str(SCRIPT), "_peak", *TINY, "--k", "2", "--checkpointing"],
+        [sys.executable, "-m", MODULE, "_peak", *TINY, "--k", "2", "--checkpointing"],
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=REPO_ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert res.returncode == 0, res.stderr[-2000:]
@@ -77,7 +74,9 @@ def test_bad_arguments_are_named():
         (["--patch", "512", "--height", "256", "--width", "160"], "--patch 512 is larger"),
         (["--k", "0"], "--k must be >= 1"),
     ):
-        res = subprocess.run([sys.executable, str(SCRIPT), "speed", *args], capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", MODULE, "speed", *args], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+        )
         assert res.returncode == 2 and message in res.stderr
 
 
@@ -112,11 +111,13 @@ def test_pipeline_measures_every_stage_of_the_input_pipeline(tmp_path, tiny_data
     """One run on the tiny data: decode, the cached half and its transforms, the loader, the per-step half and its
     transforms, the model-only and the whole training step, with the whole step's fraction of the model's speed."""
     out = tmp_path / "pipeline.json"
-    cmd = [sys.executable, str(SCRIPT), "pipeline", "--datalist", tiny_datalist, "--config"]
+    cmd = [sys.executable, "-m", MODULE, "pipeline", "--datalist", tiny_datalist, "--config"]
     cmd += [str(REPO_ROOT / "tests" / "configs" / "tiny.yaml"), *TINY, "--k", "2", "--batch", "2", "--num-workers", "1"]
     cmd += ["--steps", "3", "--warmup", "1", "--repeats", "1", "--loader-epochs", "1", "--json", str(out)]
     cmd += ["--cache-dir", str(tmp_path / "cache")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = {r["measure"]: r for r in json.loads(out.read_text())["rows"]}
     for measure in (

@@ -1,14 +1,10 @@
-"""tools/benchmark_vs_reference.py: the in-memory fix of the authors' window search and the stand-ins for the
+"""glam_benchmark/benchmark_vs_reference.py: the in-memory fix of the authors' window search and the stand-ins for the
 modules their code imports (the timing itself is a benchmark, recorded in docs/performance.md)."""
-
-import sys
 
 import numpy as np
 import torch
-from conftest import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-import benchmark_vs_reference as vs  # noqa: E402
+from glam_benchmark import benchmark_vs_reference as vs
 
 
 def test_window_search_with_floor_division_matches_a_loop():

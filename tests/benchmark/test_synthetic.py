@@ -10,8 +10,7 @@ import pytest
 from PIL import Image
 from scipy import ndimage
 
-from scripts.data.datalist import SPLITS, check_patient_splits
-from scripts.data.synthetic import (
+from glam_benchmark.synthetic import (
     BENIGN_TYPES,
     MALIGNANT_TYPES,
     MAX_VALUE_12BIT,
@@ -22,6 +21,7 @@ from scripts.data.synthetic import (
     power_law_field,
     synthetic_spacing_mm,
 )
+from scripts.data.datalist import SPLITS, check_patient_splits
 
 SMALL = (368, 240)
 
@@ -344,13 +344,8 @@ def test_read_mammogram_returns_the_generated_pixels(tmp_path, fmt):
 
 
 def test_make_synthetic_cli(tmp_path, capsys):
-    import importlib.util
+    from glam_benchmark.synthetic import __main__ as cli
 
-    spec = importlib.util.spec_from_file_location(
-        "make_synthetic_cli", Path(__file__).resolve().parents[2] / "tools" / "make_synthetic.py"
-    )
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
     assert cli.main(["--out", str(tmp_path / "d"), "--n", "4", "--size", "256", "160", "--format", "nii"]) == 0
     assert len([it for s in SPLITS for it in _load(tmp_path / "d")[s]]) == 4
     assert cli.main(["--preview", str(tmp_path / "p.png"), "--size", "256", "160"]) == 0

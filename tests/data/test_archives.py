@@ -13,10 +13,10 @@ import pytest
 from _dicom_factory import make_dicom
 from PIL import Image
 
+from glam_benchmark.synthetic import write_png16
 from scripts.data.datalist import SPLITS, items_from_csv, items_from_folder, load_datalist
 from scripts.data.inbreast import INBREAST_BIRADS, PolygonMask, read_inbreast_rois
 from scripts.data.readers import read_mammogram
-from scripts.data.synthetic import write_png16
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from glam_benchmark.synthetic import make_synthetic_dataset, write_mask_png, write_png16
 from scripts.data.checks import (
     SPACING_HINT,
     DataCheckError,
@@ -20,7 +21,6 @@ from scripts.data.checks import (
     check_datalist,
     run_data_checks,
 )
-from scripts.data.synthetic import make_synthetic_dataset, write_mask_png, write_png16
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

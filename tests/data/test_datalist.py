@@ -13,6 +13,7 @@ import pytest
 from _dicom_factory import make_dicom
 from PIL import Image
 
+from glam_benchmark.synthetic import make_synthetic_dataset, write_mask_png
 from scripts.data.datalist import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
@@ -32,7 +33,6 @@ from scripts.data.datalist import (
     unregister_datalist_parser,
 )
 from scripts.data.datalist_parsers import ParsedRow
-from scripts.data.synthetic import make_synthetic_dataset, write_mask_png
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

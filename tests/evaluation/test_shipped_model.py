@@ -1,9 +1,9 @@
 """The shipped demonstration model (``bundle/models/model.pt``) works from a fresh clone without training.
 
-It is GLAM trained by the CPU benchmark's recipe (``configs/benchmark_cpu.yaml``) on synthetic 736x480 images, and
-its checkpoint records those settings, so ``bundle/configs/inference.yaml`` runs it with no preset: the documented
-command line is run here as a user runs it (a subprocess from the repository root), on synthetic PNG and DICOM
-mammograms of its size.
+It is GLAM trained by the CPU benchmark's recipe (``glam_benchmark/configs/benchmark_cpu.yaml``) on synthetic 736x480
+images, and its checkpoint records those settings, so ``bundle/configs/inference.yaml`` runs it with no preset: the
+documented command line is run here as a user runs it (a subprocess from the repository root), on synthetic PNG and
+DICOM mammograms of its size.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def _recorded(network: torch.nn.Module) -> dict:
 
 def test_shipped_model_is_small_loads_strictly_and_records_the_cpu_benchmark_recipe():
     """<= 25 MB; its keys and shapes are exactly inference.yaml's network_def built with the defaults (no preset);
-    its record equals network_def of train.yaml with configs/benchmark_cpu.yaml (stage joint), the bundle version
-    aside."""
+    its record equals network_def of train.yaml with glam_benchmark/configs/benchmark_cpu.yaml (stage joint), the
+    bundle version aside."""
     from scripts.networks import read_checkpoint_settings
     from scripts.networks.settings import INFERENCE_CHOICES, SETTINGS_KEY
     from scripts.networks.weights import load_weights
@@ -92,7 +92,7 @@ def test_shipped_model_is_small_loads_strictly_and_records_the_cpu_benchmark_rec
 def shipped_run(tmp_path_factory) -> dict:
     """``monai.bundle run inference`` as docs/inference.md gives it, default ckpt_path, on 2 PNG and 1 DICOM (a
     right breast stored as the detector sees it, so the flip is undone on the way back)."""
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("shipped")
     make_synthetic_dataset(root / "png", 2, size=SIZE, seed=31, fmt="png", lesion_prevalence=1.0)

@@ -21,7 +21,7 @@ SEG_TOLERANCE = 0.5 / 255 + 1e-6
 
 @pytest.fixture(scope="module")
 def run_both(tmp_path_factory) -> dict:
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     root = tmp_path_factory.mktemp("dicom_outputs")
@@ -131,7 +131,7 @@ def odd_headers(tmp_path_factory) -> dict:
     """Four DICOM inputs with DICOM outputs asked for: one plain, one whose SpecificCharacterSet is no character set
     ('ISO_IR 999', a name in Latin-1 bytes), one pydicom knows but highdicom does not write ('ISO_IR 6'), one whose
     ImageLaterality highdicom refuses ('X')."""
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     root = tmp_path_factory.mktemp("odd_headers")

@@ -26,7 +26,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def odd_folder(tmp_path_factory) -> dict:
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     root = tmp_path_factory.mktemp("odd_inputs")
@@ -215,7 +215,7 @@ def test_a_250_byte_file_name_gets_its_outputs_under_a_shortened_stem(tmp_path):
     """A 250-byte input name (ASCII, and one of two-byte characters) would make its outputs' names pass NAME_MAX
     (255 bytes: OSError 36, "File name too long"): its stem is shortened, with a hash, and every output is written;
     the short name beside it keeps its own stem."""
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.inference.folder import stem_limit
     from scripts.inference.tables import unescape_text
     from scripts.networks import GLAMSaliencyNet

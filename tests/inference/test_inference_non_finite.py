@@ -30,7 +30,7 @@ def _read_csv(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict:
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     root = tmp_path_factory.mktemp("non_finite")

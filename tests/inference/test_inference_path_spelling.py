@@ -16,7 +16,7 @@ N_IMAGES = 4
 
 @pytest.fixture
 def images_and_model(tmp_path):
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     make_synthetic_dataset(tmp_path / "a", N_IMAGES, size=(256, 160), seed=21, fmt="png")

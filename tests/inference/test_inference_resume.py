@@ -69,7 +69,7 @@ def _temporaries(out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory) -> dict:
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     root = tmp_path_factory.mktemp("resume")
@@ -197,7 +197,7 @@ def test_sigkill_at_any_point_then_the_same_command_finishes_every_image_once(ca
 @pytest.fixture
 def tiny_run(case, tmp_path):
     """A run of the tiny model on 3 small images into a fresh folder, and a function that runs again."""
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
 
     make_synthetic_dataset(tmp_path / "a", 3, size=(256, 160), seed=11, fmt="png")
     make_synthetic_dataset(tmp_path / "b", 3, size=(256, 160), seed=12, fmt="png")  # the same file names

@@ -51,7 +51,7 @@ def _run(overrides: dict, files=(INFERENCE_CONFIG,)) -> None:
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory) -> dict:
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     root = tmp_path_factory.mktemp("settings")

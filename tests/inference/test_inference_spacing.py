@@ -91,7 +91,7 @@ def runs(tmp_path_factory) -> dict:
     """One folder (a synthetic left CC view at the model's spacing as a PNG with pHYs; the same picture at twice the
     spacing as a PNG, a NIfTI and a mirrored right-breast DICOM; a PNG without pHYs; a corrupt file) run through
     inference twice with the same weights: by a model that records its spacing and by one that does not."""
-    from scripts.data.synthetic import (
+    from glam_benchmark.synthetic import (
         SyntheticConfig,
         SyntheticMammogramGenerator,
         synthetic_spacing_mm,

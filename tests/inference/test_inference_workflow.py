@@ -56,7 +56,7 @@ def _nifti_maps(path: Path) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict:
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     root = tmp_path_factory.mktemp("inference")

@@ -180,7 +180,7 @@ def case(tmp_path_factory) -> dict:
     """18 inputs: two patients' DICOM exams, PNGs 3x the tiny window each way (slow enough to be killed while
     running), one PNG named as another in a sub-folder (its stem is made unique over both ranks), a corrupt file;
     the tiny model, and one process's run of them (the reference)."""
-    from scripts.data.synthetic import make_synthetic_dataset
+    from glam_benchmark.synthetic import make_synthetic_dataset
     from scripts.networks import GLAMSaliencyNet
 
     root = tmp_path_factory.mktemp("multi_gpu_inference")

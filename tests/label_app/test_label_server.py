@@ -33,7 +33,7 @@ SIZE = (736, 480)  # the shipped model's window (synthetic 0.4 mm images)
 def label_setup(tmp_path_factory):
     """Studies (2 PNG + 2 DICOM with lesions) and the bundle's own inference on the same files with its defaults
     (the shipped model)."""
-    from scripts.data.synthetic import SyntheticConfig, make_synthetic_dataset
+    from glam_benchmark.synthetic import SyntheticConfig, make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("label")
     cfg = SyntheticConfig(lesion_prevalence=1.0, benign_mass_contrast=(2.5, 4.0), malignant_mass_contrast=(2.5, 4.0))

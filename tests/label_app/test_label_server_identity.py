@@ -46,8 +46,8 @@ def _dicom(path: Path, pixels: np.ndarray, view: str, patient: str, spacing=None
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    from glam_benchmark.synthetic import SyntheticConfig, make_synthetic_dataset
     from scripts.data.readers import read_mammogram
-    from scripts.data.synthetic import SyntheticConfig, make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("identity")
     cfg = SyntheticConfig(lesion_prevalence=1.0, benign_mass_contrast=(2.5, 4.0), malignant_mass_contrast=(2.5, 4.0))

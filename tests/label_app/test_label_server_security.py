@@ -47,7 +47,7 @@ def _tree(root: Path, skip: Path) -> dict[str, str]:
 def site(tmp_path_factory):
     """Two synthetic mammograms in ``root/outer/inner/studies``; beside the folders, a mammogram and a secret the
     server must never read (``outer/outside.png``, ``outer/inner/secret.txt``)."""
-    from scripts.data.synthetic import SyntheticConfig, make_synthetic_dataset
+    from glam_benchmark.synthetic import SyntheticConfig, make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("security")
     make_synthetic_dataset(root / "png", 2, size=(736, 480), seed=21, fmt="png", config=SyntheticConfig())

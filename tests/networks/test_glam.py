@@ -234,8 +234,8 @@ def test_probabilities_stay_float32_under_bf16_autocast():
     made to output sigmoid(7.6) keeps that value and its loss."""
     import torch.nn.functional as F
 
+    from glam_benchmark.baselines import CAM, GMIC, UNetSaliency
     from scripts.aggregation import FusionHead
-    from scripts.networks import CAM, GMIC, UNetSaliency
 
     keys = ("y_global", "y_scales", "saliency_global", "saliency_scale0", "saliency_scale2", "patch_maps", "y_local")
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -272,11 +272,11 @@ def test_cuda_matches_cpu_in_float32():
 
 def _trained_glam_and_lesion_images(n: int = 6) -> tuple[GLAM, torch.Tensor]:
     """The shipped model (trained: its S_g peaks on lesions) and ``n`` standardised synthetic 736x480 views with a
-    conspicuous lesion, as it was trained on (configs/benchmark_cpu.yaml's lesions)."""
+    conspicuous lesion, as it was trained on (glam_benchmark/configs/benchmark_cpu.yaml's lesions)."""
     from conftest import BUNDLE_ROOT, REPO_ROOT
     from monai.bundle import ConfigParser
 
-    from scripts.data.synthetic import SyntheticConfig, SyntheticMammogramGenerator
+    from glam_benchmark.synthetic import SyntheticConfig, SyntheticMammogramGenerator
     from scripts.networks.weights import load_weights
     from scripts.transforms import StandardizeImage
 

@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from conftest import BUNDLE_ROOT
 
-from scripts.networks import CAM, GLAM, GMIC, GlobalBackbone, GlobalNetwork
+from glam_benchmark.baselines import CAM, GMIC
+from scripts.networks import GLAM, GlobalBackbone, GlobalNetwork
 from scripts.networks.global_network import PreActBasicBlock, breast_cells, receptive_fields
 
-# the CPU benchmark's backbone: no stem max-pool, one block a layer (docs/results_findings.md)
+# the CPU benchmark's backbone: no stem max-pool, one block a layer (glam_benchmark/docs/results_findings.md)
 SMALL_RF = {"stem_pool": False, "blocks_per_layer": 1}
 
 

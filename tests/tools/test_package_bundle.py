@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,7 +71,10 @@ def test_zip_keeps_the_zoo_layout_and_leaves_out_caches_outputs_and_models(tmp_p
     names = _names(zip_path)
     assert names == expected
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
-    for required in ("configs/inference.yaml", "configs/metadata.json", "tools/__init__.py", "LICENSE"):
+    # the paper's reproduction (glam_benchmark/) stays out: no baseline, probe, benchmark or synthetic-data code
+    lab = re.compile(r"(^|[/_])(cam|gmic|unet|baseline|probe|benchmark|synthetic)([/_.]|$)", re.IGNORECASE)
+    assert not [n for n in names if lab.search(n.split("/", 1)[1])]
+    for required in ("configs/inference.yaml", "configs/metadata.json", "scripts/__init__.py", "LICENSE"):
         assert f"{NAME}/{required}" in names
     for required in ("docs/README.md", "docs/data_license.txt"):
         assert f"{NAME}/{required}" in names
@@ -85,7 +89,7 @@ def test_bundle_license_is_apache_and_readme_links_the_data_licence():
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text
     data = (BUNDLE_ROOT / "docs" / "data_license.txt").read_text(encoding="utf-8")
-    assert "no patient data" in data and "tools/data/synthetic/" in data
+    assert "no patient data" in data and "glam_benchmark/synthetic/" in data
 
 
 def test_weights_with_a_wrong_key_fail_naming_the_key(tmp_path, capsys):

@@ -10,9 +10,9 @@ import pytest
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_synthetic_data_generation_logs_its_progress(tmp_path, caplog, workers):
-    from scripts.data.synthetic import ensure_synthetic_dataset
+    from glam_benchmark.synthetic import ensure_synthetic_dataset
 
-    with caplog.at_level("INFO", logger="scripts.data.synthetic"):
+    with caplog.at_level("INFO", logger="glam_benchmark.synthetic"):
         datalist = ensure_synthetic_dataset(tmp_path, 20, size=(128, 80), seed=3, workers=workers)
     messages = [r.getMessage() for r in caplog.records]
     assert messages[0].startswith("generating 20 synthetic images for ")
@@ -21,6 +21,6 @@ def test_synthetic_data_generation_logs_its_progress(tmp_path, caplog, workers):
     assert written == list(range(2, 21, 2))  # every tenth, in order, up to all of them
 
     caplog.clear()
-    with caplog.at_level("INFO", logger="scripts.data.synthetic"):
+    with caplog.at_level("INFO", logger="glam_benchmark.synthetic"):
         assert ensure_synthetic_dataset(tmp_path, 20, size=(128, 80), seed=3, workers=workers) == datalist
     assert not caplog.records  # reused: nothing generated, nothing said

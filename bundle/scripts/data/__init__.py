@@ -1,4 +1,4 @@
-"""From files on disk to arrays: readers for every supported format, datalists, data checks, synthetic data."""
+"""From files on disk to arrays: readers for every supported format, datalists, data checks."""
 
 from .checks import DataCheckError, DataCheckReport, DataProblem, assert_datalist_ok, check_data, check_datalist
 from .datalist import (
@@ -17,7 +17,6 @@ from .readers import (
     read_dicom_header,
     read_mammogram,
 )
-from .synthetic import SyntheticConfig, SyntheticMammogramGenerator, make_synthetic_dataset
 
 __all__ = [
     "SUPPORTED_SUFFIXES",
@@ -38,7 +37,4 @@ __all__ = [
     "check_datalist",
     "assert_datalist_ok",
     "check_data",
-    "SyntheticConfig",
-    "SyntheticMammogramGenerator",
-    "make_synthetic_dataset",
 ]

@@ -1,14 +1,11 @@
 from ..enums import STAGES
-from .cam import CAM
 from .fast_inference import AutocastInference, cpu_supports_bf16, optimize_for_inference, resolve_precision
 from .glam import GLAM, REFERENCE_PRESET
 from .glam_settings import GLAM_DEFAULTS, GLAMSettings
 from .global_network import GlobalBackbone, GlobalNetwork, PreActBasicBlock
-from .gmic import GMIC
 from .inference import GLAMInferer, GLAMSaliencyNet
 from .local_network import BasicBlock, LocalNetwork, ResNetHR
 from .settings import checkpoint_setting, read_checkpoint_settings
-from .unet import UNetSaliency
 
 __all__ = [
     "GLAM",
@@ -28,9 +25,6 @@ __all__ = [
     "BasicBlock",
     "LocalNetwork",
     "ResNetHR",
-    "CAM",
-    "GMIC",
-    "UNetSaliency",
     "checkpoint_setting",
     "read_checkpoint_settings",
 ]
