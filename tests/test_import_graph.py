@@ -8,9 +8,10 @@ ones included, is checked as it comes."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-from conftest import BUNDLE_ROOT
+from conftest import BUNDLE_ROOT, REPO_ROOT
 
 SCRIPTS = BUNDLE_ROOT / "scripts"
 #: packages being taken apart, not checked
@@ -252,3 +253,47 @@ def test_the_layer_check_finds_a_handler_that_imports_a_wing(tmp_path):
         "pkg.handlers.timing -> pkg.inference.inputs",
     ]
     assert layer_violations(graph, root, {}) == []
+
+
+#: the paper's reproduction (baselines, synthetic data, benchmark) imports the product, never the reverse
+LAB = "glam_benchmark"
+PRODUCT = (BUNDLE_ROOT, REPO_ROOT / "label_app", REPO_ROOT / "tools")
+
+
+def lab_references(roots: tuple[Path, ...], lab: str = LAB) -> list[str]:
+    """``path:line`` of every import of ``lab`` (any statement, in functions too) in the Python files under
+    ``roots``, and of every config line (YAML / JSON) that names it as a ``_target_`` or ``$import``."""
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                if any(name.split(".")[0] == lab for name in names):
+                    found.append(f"{path}:{node.lineno}")
+        for path in sorted(p for suffix in ("*.yaml", "*.json") for p in root.rglob(suffix)):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if re.search(rf"(_target_\W+|\$import |\$from |\$){lab}\b", line):
+                    found.append(f"{path}:{number}")
+    return found
+
+
+def test_the_bundle_label_app_and_tools_never_import_the_paper_reproduction():
+    assert (REPO_ROOT / LAB / "__init__.py").is_file()  # the folder the rule is about exists
+    assert lab_references(PRODUCT) == []
+
+
+def test_the_lab_check_finds_imports_and_config_targets(tmp_path):
+    """Absolute imports in a function and at the top, and a config target, are found; a relative import, a
+    longer name sharing the prefix and a mention in a comment are not."""
+    (tmp_path / "a.py").write_text(
+        "import os\nfrom glam_benchmark.synthetic import x\n\ndef f():\n    import glam_benchmark\n"
+        "from . import glam_benchmark\nimport glam_benchmarks\n# glam_benchmark in a comment\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "c.yaml").write_text(
+        "net:\n  _target_: glam_benchmark.baselines.CAM\n# see glam_benchmark/README.md\n", encoding="utf-8"
+    )
+    a, c = tmp_path / "a.py", tmp_path / "c.yaml"
+    assert lab_references((tmp_path,)) == [f"{a}:2", f"{a}:5", f"{c}:2"]
