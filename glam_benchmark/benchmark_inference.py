@@ -4,7 +4,7 @@ every input once and the run's own model time.
     python -m glam_benchmark.benchmark_inference       # the shipped model, 16 PNGs of 2944x1920 (CPU figure)
     python -m glam_benchmark.benchmark_inference --weights full --n 64 --copies 8 -- --batch_size 16  # GPU, full size
 
-The folder is generated once (``glam_benchmark/synthetic/__main__.py``'s generator, 16-bit PNGs stating 0.1 mm pixels at
+The folder is generated once (``python -m glam_benchmark.synthetic``'s generator, 16-bit PNGs stating 0.1 mm pixels at
 2944x1920) and kept under ``data/``; ``--copies K`` runs on K hard links to each image (K x n inputs, each
 decoded and written separately; symbolic links would be one input each, as inference knows a file by the path it
 resolves to) for a long run without generating K times as many. ``--weights full`` saves a

@@ -485,7 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", required=True, help="size preset, e.g. glam_benchmark/configs/benchmark_cpu.yaml")
     parser.add_argument("--search", default=str(DEFAULT_SEARCH), help="search space file (default %(default)s)")
     parser.add_argument("--work_dir", default="runs/benchmark", help="data, checkpoints, logs (default %(default)s)")
-    parser.add_argument("--docs_dir", default="docs", help="folder of results.md and images/ (default %(default)s)")
+    parser.add_argument(
+        "--docs_dir", default="glam_benchmark/docs", help="folder of results.md and images/ (default %(default)s)"
+    )
     parser.add_argument("--results", default=None, help="results file (default <docs_dir>/results.md)")
     parser.add_argument("--datalist", default=None, help="use this datalist instead of the preset's synthetic data")
     parser.add_argument(

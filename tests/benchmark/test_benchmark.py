@@ -1,4 +1,4 @@
-"""glam_benchmark/__main__.py: the Table-1 benchmark driver (the package glam_benchmark behind its command line).
+"""python -m glam_benchmark: the Table-1 benchmark driver (the package glam_benchmark behind its command line).
 
 Fast tests check the search sampling (reproducible, within the configured ranges, log-uniform), the
 acceptance-condition logic and the selection score on hand-made metrics, the resume rule of a step, the per-image

@@ -1,4 +1,4 @@
-"""Repository command-line tools of the core: checkpoint conversion and the demo."""
+"""Repository command-line tools of the core: checkpoint conversion."""
 
 import subprocess
 import sys
@@ -45,14 +45,3 @@ def test_convert_cli_rejects_a_file_that_is_not_a_checkpoint(tmp_path):
     src.write_text("not a checkpoint")
     res = run(REPO_ROOT / "tools" / "convert_nyukat_checkpoint.py", src, tmp_path / "x.pt")
     assert res.returncode == 2 and "cannot read" in res.stderr and "notes.pth" in res.stderr
-
-
-def test_demo_prints_predictions_and_writes_a_png(tmp_path):
-    out = tmp_path / "demo.png"
-    res = run(REPO_ROOT / "tools" / "demo.py", "--out", out)
-    assert res.returncode == 0, res.stderr
-    assert "y_global (benign, malignant)" in res.stdout
-    from PIL import Image
-
-    with Image.open(out) as im:
-        assert im.size == (4 * 480, 736)
