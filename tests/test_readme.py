@@ -61,6 +61,7 @@ def test_readme_and_docs_links_resolve():
         REPO_ROOT / "README.md",
         REPO_ROOT / "bundle" / "docs" / "README.md",
         *sorted((REPO_ROOT / "docs").glob("*.md")),
+        *sorted((REPO_ROOT / "glam_benchmark").rglob("*.md")),
     ]
     broken = []
     for page in pages:
