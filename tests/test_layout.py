@@ -31,3 +31,16 @@ def test_import_scripts_resolves_to_bundle_from_repository_root():
 def test_bundle_scripts_importable_in_this_process():
     scripts = importlib.import_module("scripts")
     assert scripts.__file__ == str(BUNDLE_ROOT / "scripts" / "__init__.py")
+
+
+def test_glam_benchmark_finds_the_bundle_from_the_repository_root():
+    """``python -m glam_benchmark...`` from the repository root with nothing on PYTHONPATH: the package puts the
+    bundle on sys.path once, so its ``scripts`` imports are the bundle's."""
+    code = (
+        "import sys; import glam_benchmark.synthetic, scripts; "
+        "print(scripts.__file__); import glam_benchmark.paths as g; print(sys.path.count(str(g.BUNDLE_ROOT)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env={"PATH": ""}, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [str(BUNDLE_ROOT / "scripts" / "__init__.py"), "1"]
