@@ -27,7 +27,7 @@ from PIL import Image
 SHIPPED = BUNDLE_ROOT / "models" / "model.pt"
 INFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference.yaml"
 TRAIN_CONFIG = BUNDLE_ROOT / "configs" / "train.yaml"
-RECIPE = REPO_ROOT / "configs" / "benchmark_cpu.yaml"
+RECIPE = REPO_ROOT / "glam_benchmark" / "configs" / "benchmark_cpu.yaml"
 SIZE = (736, 480)
 #: the model zoo's limit on one file in a bundle (its CONTRIBUTING.md, "Model storage")
 ZOO_FILE_LIMIT_BYTES = 25_000_000

@@ -281,7 +281,8 @@ def _trained_glam_and_lesion_images(n: int = 6) -> tuple[GLAM, torch.Tensor]:
     from scripts.transforms import StandardizeImage
 
     parser = ConfigParser()
-    parser.read_config([str(BUNDLE_ROOT / "configs" / "train.yaml"), str(REPO_ROOT / "configs" / "benchmark_cpu.yaml")])
+    recipe = REPO_ROOT / "glam_benchmark" / "configs" / "benchmark_cpu.yaml"
+    parser.read_config([str(BUNDLE_ROOT / "configs" / "train.yaml"), str(recipe)])
     parser["stage"] = "joint"
     model = load_weights(parser.get_parsed_content("network_def"), BUNDLE_ROOT / "models" / "model.pt").eval()
     lesions = parser.get_parsed_content("benchmark_data")

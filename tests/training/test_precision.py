@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG, VALIDATION_METRICS, tiny_overrides
+from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, VALIDATION_METRICS, tiny_overrides
 from ignite.engine import Events
 from monai.bundle import ConfigParser
 
@@ -103,7 +103,7 @@ def test_training_and_evaluation_run_bf16_on_the_cpu_with_amp_true(tmp_path, tin
 def test_baselines_train_in_bf16_on_the_cpu_with_amp_true(tmp_path, tiny_datalist, baseline):
     """The baselines' overlays share the engines: their convolutions run in bf16 too, and validation completes (the
     U-Net's masks travel with its training batches and are cut with the shifted window on the device)."""
-    overlay = BUNDLE_ROOT / "configs" / f"baseline_{baseline}.yaml"
+    overlay = REPO_ROOT / "glam_benchmark" / "configs" / f"baseline_{baseline}.yaml"
     parser = _parser([TRAIN_CONFIG, TINY_CONFIG, overlay], tiny_overrides(tmp_path, tiny_datalist, amp=True))
     seen, handles = _conv_dtypes(parser.get_parsed_content("network"))
     metrics: dict = {}
