@@ -15,8 +15,7 @@ from the bottom up (each imports only those above it):
 - :mod:`.driver`: preparing the data, running every step in order, the argument parser and ``main``.
 
 Beside them: :mod:`.baselines` (CAM, GMIC, U-Net and their losses), :mod:`.synthetic` (the mammogram generator),
-and the performance scripts ``benchmark_model``, ``benchmark_training``, ``benchmark_inference``,
-``benchmark_vs_reference`` and ``demo``, each run as ``python -m glam_benchmark.<name>``.
+:mod:`.performance` (the product's speed and memory measurements) and ``python -m glam_benchmark.demo``.
 """
 
 import importlib.util

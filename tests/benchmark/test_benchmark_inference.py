@@ -1,4 +1,4 @@
-"""glam_benchmark/benchmark_inference.py: one invocation generates the folder, decodes it, runs the documented inference
+"""glam_benchmark.performance.inference: one invocation generates the folder, decodes it, runs the documented inference
 command and reports the run's split against decode + model time (here on two tiny images with a tiny model)."""
 
 import json
@@ -18,7 +18,7 @@ def test_benchmark_reports_the_run_against_decode_plus_model_time(tmp_path):
     net = GLAMSaliencyNet(stage=Stage.JOINT, patch_size=64, local_depth=18, local_width=4, image_size=(256, 160))
     torch.save(net.state_dict(), ckpt)
     report = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "glam_benchmark.benchmark_inference", "--n", "2", "--size", "256", "160"]
+    cmd = [sys.executable, "-m", "glam_benchmark.performance.inference", "--n", "2", "--size", "256", "160"]
     cmd += ["--data", str(tmp_path / "data"), "--weights", str(ckpt), "--json", str(report), "--copies", "2"]
     cmd += ["--", "--crop_iterations", "5", "--crop_buffer", "4", "--num_workers", "0"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)

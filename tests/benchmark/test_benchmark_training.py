@@ -1,4 +1,4 @@
-"""glam_benchmark/benchmark_training.py: the memory fit, the table, and each mode at a tiny size (figures are not
+"""glam_benchmark/performance/training.py: the memory fit, the table, and each mode at a tiny size (figures are not
 asserted: they are machine-dependent and recorded in docs/performance.md)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from conftest import REPO_ROOT
 
-MODULE = "glam_benchmark.benchmark_training"
+MODULE = "glam_benchmark.performance.training"
 TINY = ["--height", "256", "--width", "160", "--patch", "64", "--local-depth", "18", "--local-width", "4"]
 
 
 def _tool():
-    return importlib.import_module("glam_benchmark.benchmark_training")
+    return importlib.import_module("glam_benchmark.performance.training")
 
 
 def test_fit_line_matches_numpy_polyfit():

@@ -1,10 +1,10 @@
-"""glam_benchmark/benchmark_vs_reference.py: the in-memory fix of the authors' window search and the stand-ins for the
+"""glam_benchmark/performance/vs_reference.py: the in-memory fix of the authors' window search and the stand-ins for the
 modules their code imports (the timing itself is a benchmark, recorded in docs/performance.md)."""
 
 import numpy as np
 import torch
 
-from glam_benchmark import benchmark_vs_reference as vs
+from glam_benchmark.performance import vs_reference as vs
 
 
 def test_window_search_with_floor_division_matches_a_loop():

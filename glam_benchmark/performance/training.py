@@ -1,10 +1,11 @@
 """Training speed, memory and scaling of GLAM (figures for docs/performance.md).
 
-    python -m glam_benchmark.benchmark_training speed   [--device cuda] [--bf16] [--channels-last] [--k 6] [--batch 2]
-    python -m glam_benchmark.benchmark_training memory  [--device cuda] [--bf16] --ks 1 2 3 [--budgets-gb 16 40 80]
-    python -m glam_benchmark.benchmark_training scaling [--sizes 736x480 1472x960 2944x1920] [--ks 1 2 4]
-    python -m glam_benchmark.benchmark_training ddp     [--height 368 --width 240 --patch 128 ...]
-    python -m glam_benchmark.benchmark_training pipeline --datalist D/datalist.json [--num-workers 14] [--stage global]
+    python -m glam_benchmark.performance.training speed   [--device cuda] [--bf16] [--channels-last] [--k 6] [--batch 2]
+    python -m glam_benchmark.performance.training memory  [--device cuda] [--bf16] --ks 1 2 3 [--budgets-gb 16 40 80]
+    python -m glam_benchmark.performance.training scaling [--sizes 736x480 1472x960 2944x1920] [--ks 1 2 4]
+    python -m glam_benchmark.performance.training ddp     [--height 368 --width 240 --patch 128 ...]
+    python -m glam_benchmark.performance.training pipeline --datalist D/datalist.json [--num-workers 14]
+        [--stage global]
 
 - ``speed``: one optimiser step per stage (global, local with the global module frozen, joint), random images and
   labels at the model's full size by default; images/s = batch / best step time over ``--repeats`` after
@@ -46,7 +47,7 @@ from scripts.losses import GLAMLoss
 from scripts.networks import GLAM
 from scripts.patches import map_window_size, max_disjoint_windows
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_CONFIG = REPO_ROOT / "bundle" / "configs" / "train.yaml"
 
 
@@ -132,7 +133,7 @@ def cmd_speed(args, device) -> list[dict]:
 
 def _one_peak(args, k: int, checkpointing: bool) -> dict:
     """One joint step in a fresh interpreter: its peak memory is this configuration's alone."""
-    cmd = [sys.executable, "-m", "glam_benchmark.benchmark_training", "_peak", "--k", str(k), "--device", args.device]
+    cmd = [sys.executable, "-m", "glam_benchmark.performance.training", "_peak", "--k", str(k), "--device", args.device]
     cmd += ["--height", str(args.height), "--width", str(args.width), "--patch", str(args.patch)]
     cmd += ["--local-depth", str(args.local_depth), "--local-width", str(args.local_width), "--batch", str(args.batch)]
     cmd += ["--bf16"] * args.bf16 + ["--channels-last"] * args.channels_last + ["--checkpointing"] * checkpointing

@@ -1,8 +1,8 @@
 """Time ``monai.bundle run inference`` on a folder of synthetic mammograms against the work it cannot avoid: decoding
 every input once and the run's own model time.
 
-    python -m glam_benchmark.benchmark_inference       # the shipped model, 16 PNGs of 2944x1920 (CPU figure)
-    python -m glam_benchmark.benchmark_inference --weights full --n 64 --copies 8 -- --batch_size 16  # GPU, full size
+    python -m glam_benchmark.performance.inference       # the shipped model, 16 PNGs of 2944x1920 (CPU figure)
+    python -m glam_benchmark.performance.inference --weights full --n 64 --copies 8 -- --batch_size 16  # GPU, full size
 
 The folder is generated once (``python -m glam_benchmark.synthetic``'s generator, 16-bit PNGs stating 0.1 mm pixels at
 2944x1920) and kept under ``data/``; ``--copies K`` runs on K hard links to each image (K x n inputs, each
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SHIPPED = REPO_ROOT / "bundle" / "models" / "model.pt"
 

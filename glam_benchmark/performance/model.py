@@ -1,7 +1,7 @@
 """Time GLAM inference at full resolution and compare its throughput with a same-run convolution benchmark.
 
-    python -m glam_benchmark.benchmark_model                      # CPU or the default CUDA device, float32
-    python -m glam_benchmark.benchmark_model --device cuda --bf16 --channels-last
+    python -m glam_benchmark.performance.model                      # CPU or the default CUDA device, float32
+    python -m glam_benchmark.performance.model --device cuda --bf16 --channels-last
 
 Prints images/s, latency, peak memory, the model's GFLOP per image (counted from its convolutions and linear
 layers), the achieved GFLOP/s, and the same for a 3x3 convolution (256 -> 256 channels, 128x128, batch 1),

@@ -2,8 +2,8 @@
 process, and check that the outputs agree.
 
     git clone https://github.com/nyukat/GLAM /path/to/nyukat-GLAM      # their code (not a dependency)
-    python -m glam_benchmark.benchmark_vs_reference --reference-code /path/to/nyukat-GLAM --repeats 6
-    python -m glam_benchmark.benchmark_vs_reference --reference-code ... --precision fp32   # our float32 path
+    python -m glam_benchmark.performance.vs_reference --reference-code /path/to/nyukat-GLAM --repeats 6
+    python -m glam_benchmark.performance.vs_reference --reference-code ... --precision fp32   # our float32 path
 
 The authors' model is built from their code with their released inference settings (184x120 saliency map, one
 512-px patch, top-t 3 % / 30 %) and random weights (seeded); ours is ``scripts.networks.convert.load_nyukat_glam``
@@ -39,7 +39,7 @@ from scripts.enums import OutputKey
 from scripts.networks import optimize_for_inference, resolve_precision
 from scripts.networks.convert import load_nyukat_glam
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: the authors' inference settings (their run script's parameters)
 REFERENCE_PARAMETERS = {
