@@ -12,7 +12,7 @@ from typing import Any
 from scripts.enums import STAGES, Stage
 
 from .files import write_json
-from .paths import BUNDLE_ROOT, REPO_ROOT, TRAIN_CONFIG
+from .paths import CONFIGS, REPO_ROOT, TRAIN_CONFIG
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,9 @@ class ModelSpec:
 
 MODELS: dict[str, ModelSpec] = {
     "glam": ModelSpec("glam", "GLAM", None),
-    "cam": ModelSpec("cam", "CAM", BUNDLE_ROOT / "configs" / "baseline_cam.yaml"),
-    "gmic": ModelSpec("gmic", "GMIC", BUNDLE_ROOT / "configs" / "baseline_gmic.yaml"),
-    "unet": ModelSpec("unet", "U-Net", BUNDLE_ROOT / "configs" / "baseline_unet.yaml"),
+    "cam": ModelSpec("cam", "CAM", CONFIGS / "baseline_cam.yaml"),
+    "gmic": ModelSpec("gmic", "GMIC", CONFIGS / "baseline_gmic.yaml"),
+    "unet": ModelSpec("unet", "U-Net", CONFIGS / "baseline_unet.yaml"),
 }
 
 
