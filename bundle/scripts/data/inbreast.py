@@ -1,10 +1,7 @@
-"""INbreast: its published CSV, its DICOM file names and its XML (OsiriX plist) ROI annotations.
+"""INbreast: its ';'-separated CSV, its DICOM file names and its XML (OsiriX plist) ROI outlines.
 
-- ``INbreast.csv`` is ';'-separated: ``Patient ID;Patient age;Laterality;View;Acquisition date;File Name;ACR;Bi-Rads``.
-- Images are ``AllDICOMs/<File Name>_<hash>_MG_<L|R>_<CC|ML|MLO>_ANON.dcm``; the hash is the same for every image of
-  a woman, which makes it the patient id (the CSV's "Patient ID" column reads "removed").
-- Annotations are ``AllXML/<File Name>.xml``: a plist whose ``Images[0].ROIs`` hold each finding's ``Point_px``
-  polygon ("(x, y)" strings, x the column, y the row). Images without findings have no XML.
+Images are ``AllDICOMs/<File Name>_<hash>_MG_<L|R>_<view>_ANON.dcm``, the hash one per woman (the CSV's patient id reads
+"removed"); outlines are ``AllXML/<File Name>.xml``, ``Images[0].ROIs[].Point_px`` as "(x, y)" strings.
 """
 
 from __future__ import annotations
@@ -78,7 +75,11 @@ def find_inbreast_xml(root: Path, file_name: str) -> Path | None:
 
 
 def read_inbreast_rois(xml_path: Path) -> list[tuple[str, tuple[tuple[float, float], ...]]]:
-    """``[(roi name, ((x, y), ...)), ...]`` from an INbreast XML; ValueError naming the file when it is not one."""
+    """``[(roi name, ((x, y), ...)), ...]`` of an INbreast XML.
+
+    Raises:
+        ValueError: naming the file, when it is not one.
+    """
     try:
         with open(xml_path, "rb") as fh:
             plist = plistlib.load(fh)
