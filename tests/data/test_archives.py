@@ -14,7 +14,7 @@ from _dicom_factory import make_dicom
 from PIL import Image
 
 from scripts.data.datalist import SPLITS, items_from_csv, items_from_folder, load_datalist
-from scripts.data.inbreast import INBREAST_BIRADS, PolygonMask, read_inbreast_rois
+from scripts.data.datalist_parsers import INBREAST_BIRADS, PolygonMask, read_inbreast_rois
 from scripts.data.readers import read_mammogram
 from scripts.data.synthetic import write_png16
 

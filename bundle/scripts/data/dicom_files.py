@@ -281,6 +281,28 @@ def _transfer_syntax(ds: pydicom.Dataset) -> str | None:
     return str(syntax) if syntax else None
 
 
+def _header_facts(ds: pydicom.Dataset, path: str | os.PathLike) -> dict[str, Any]:
+    """What the header (and the file name) say of the image, None where they say nothing."""
+    laterality, laterality_source = laterality_and_source(ds, path)
+    view, view_source = view_and_source(ds, path)
+    spacing, spacing_source = dicom_spacing_and_source(ds)
+    return {
+        "laterality": laterality,
+        "laterality_source": laterality_source,
+        "view": view,
+        "view_source": view_source,
+        "patient_id": tag_text(ds.get("PatientID")) or None,
+        "spacing": spacing,
+        "spacing_source": spacing_source,
+        "modality": tag_text(ds.get("Modality")).upper() or None,
+        "body_part": tag_text(ds.get("BodyPartExamined")).upper() or None,
+        "photometric": tag_text(ds.get("PhotometricInterpretation")).upper() or None,
+        "study_uid": tag_text(ds.get("StudyInstanceUID")) or None,
+        "series_uid": tag_text(ds.get("SeriesInstanceUID")) or None,
+        "sop_uid": tag_text(ds.get("SOPInstanceUID")) or None,
+    }
+
+
 def read_dicom_header(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> dict[str, Any]:
     """Header fields for building datalists, without decoding pixels.
 
@@ -292,35 +314,17 @@ def read_dicom_header(path: str | os.PathLike, max_pixels: int | None = DEFAULT_
     """
     ds = dcmread_capped(path, stop_before_pixels=True, max_pixels=max_pixels)
     _check_header_values(ds, path)
-
-    def opt(keyword: str) -> str | None:
-        return tag_text(ds.get(keyword)) or None
-
-    laterality, laterality_source = laterality_and_source(ds, path)
-    view, view_source = view_and_source(ds, path)
-    spacing, spacing_source = dicom_spacing_and_source(ds)
     return {
         "filename": str(path),
-        "patient_id": opt("PatientID"),
-        "laterality": laterality,
-        "laterality_source": laterality_source,
-        "view": view,
-        "view_source": view_source,
-        "study_uid": opt("StudyInstanceUID"),
-        "series_uid": opt("SeriesInstanceUID"),
-        "sop_uid": opt("SOPInstanceUID"),
+        **_header_facts(ds, path),
+        "photometric": tag_text(ds.get("PhotometricInterpretation")) or None,
         "rows": _int_tag(ds, "Rows"),
         "cols": _int_tag(ds, "Columns"),
         "frames": _int_tag(ds, "NumberOfFrames") or 1,
-        "modality": (opt("Modality") or "").upper() or None,
-        "body_part": (opt("BodyPartExamined") or "").upper() or None,
-        "sop_class": opt("SOPClassUID"),
+        "sop_class": tag_text(ds.get("SOPClassUID")) or None,
         "mammography_problem": mammography_problem(
             ds.get("Modality"), ds.get("BodyPartExamined"), ds.get("SOPClassUID")
         ),
-        "photometric": opt("PhotometricInterpretation"),
-        "spacing": spacing,
-        "spacing_source": spacing_source,
     }
 
 
@@ -401,24 +405,4 @@ def read_dicom(
         if padding is not None:
             arr[padding] = 0  # outside the exposed field: background, whatever value the padding had
         arr = arr.astype(np.float32)
-    laterality, laterality_source = laterality_and_source(ds, path)
-    view, view_source = view_and_source(ds, path)
-    spacing, spacing_source = dicom_spacing_and_source(ds)
-    meta = {
-        "format": "dicom",
-        "laterality": laterality,
-        "laterality_source": laterality_source,
-        "view": view,
-        "view_source": view_source,
-        "patient_id": tag_text(ds.get("PatientID")) or None,
-        "spacing": spacing,
-        "spacing_source": spacing_source,
-        "modality": tag_text(ds.get("Modality")).upper() or None,
-        "body_part": tag_text(ds.get("BodyPartExamined")).upper() or None,
-        "photometric": photometric or None,
-        "study_uid": tag_text(ds.get("StudyInstanceUID")) or None,
-        "series_uid": tag_text(ds.get("SeriesInstanceUID")) or None,
-        "sop_uid": tag_text(ds.get("SOPInstanceUID")) or None,
-        "transfer_syntax": _transfer_syntax(ds),
-    }
-    return arr, meta
+    return arr, {"format": "dicom", **_header_facts(ds, path), "transfer_syntax": _transfer_syntax(ds)}

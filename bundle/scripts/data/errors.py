@@ -71,18 +71,8 @@ def check_resampled_pixels(
     why: str,
     max_pixels: int | None,
 ) -> None:
-    """Refuse resampling an image of ``shape`` to ``size`` when that has more than ``max_pixels`` pixels.
-
-    Args:
-        path: the image's file, for the message.
-        shape: the image's size.
-        size: the resampled size.
-        why: the spacings that ask for it, for the message.
-        max_pixels: the decoded-size cap; None: no cap.
-
-    Raises:
-        MammogramReadError: naming the file, both sizes, the cap and the option that raises it.
-    """
+    """Refuse resampling an image of ``shape`` to ``size`` (``why``: the spacings that ask for it) when that has more
+    than ``max_pixels`` pixels; the message names the file, both sizes, the cap and the option that raises it."""
     over = _over_cap(size, max_pixels)
     if over is not None:
         dims, pixels = over
@@ -99,4 +89,5 @@ class DatalistError(ValueError):
 
 
 class CsvRowError(ValueError):
-    """A CSV row that cannot become an item; ``items_from_csv`` leaves it out and lists the message."""
+    """A row that cannot become an item; ``items_from_csv`` leaves it out and lists the message (which names the
+    row) among its problems."""

@@ -191,15 +191,19 @@ def _file_stem(path: str | os.PathLike) -> str:
     return name[: -len(file_suffix(path))] if file_suffix(path) and name.lower().endswith(file_suffix(path)) else name
 
 
-def _text_sources(ds: pydicom.Dataset | None, path: str | os.PathLike) -> list[tuple[str, Any]]:
-    """Free-text places that may name the view or side, in order of trust."""
-    sources = [] if ds is None else [(k, ds.get(k)) for k in ("SeriesDescription", "ProtocolName", "PatientID")]
-    return [*sources, ("filename", _file_stem(path))]
+def _from_text(ds: pydicom.Dataset | None, path: str | os.PathLike, index: int) -> tuple[str | None, str | None]:
+    """Item ``index`` of :func:`text_view_laterality` from SeriesDescription, ProtocolName, PatientID or the file name,
+    the first that states it, with its source."""
+    texts = [] if ds is None else [(k, ds.get(k)) for k in ("SeriesDescription", "ProtocolName", "PatientID")]
+    for source, text in [*texts, ("filename", _file_stem(path))]:
+        value = text_view_laterality(text)[index]
+        if value:
+            return value, source
+    return None, None
 
 
 def view_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tuple[str | None, str | None]:
-    """``(view, view_source)``: ViewPosition, ViewCodeSequence, PatientOrientation, then the text patterns; ``(None,
-    None)``."""
+    """``(view, view_source)``: ViewPosition, ViewCodeSequence, PatientOrientation, then the text patterns."""
     if ds is not None:
         if tag_text(ds.get("ViewPosition")):
             return dicom_view(ds), "ViewPosition"
@@ -209,11 +213,7 @@ def view_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tupl
         view = orientation_view_laterality(ds.get("PatientOrientation"))[0]
         if view:
             return view, "PatientOrientation"
-    for source, text in _text_sources(ds, path):
-        view = text_view_laterality(text)[0]
-        if view:
-            return view, source
-    return None, None
+    return _from_text(ds, path, 0)
 
 
 def laterality_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tuple[str | None, str | None]:
@@ -226,11 +226,7 @@ def laterality_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -
         laterality = orientation_view_laterality(ds.get("PatientOrientation"))[1]
         if laterality:
             return laterality, "PatientOrientation"
-    for source, text in _text_sources(ds, path):
-        laterality = text_view_laterality(text)[1]
-        if laterality:
-            return laterality, source
-    return None, None
+    return _from_text(ds, path, 1)
 
 
 def dicom_spacing_and_source(ds: pydicom.Dataset) -> tuple[tuple[float, float] | None, str | None]:

@@ -171,21 +171,14 @@ def _squeeze_to_2d(path: str | os.PathLike, arr: np.ndarray, channel_axis: int |
     return arr
 
 
-def _swap_xy(affine: np.ndarray | None) -> np.ndarray | None:
-    """4x4 affine of a transposed 2-D array: the first two voxel axes swap."""
-    if affine is None:
-        return None
-    out = np.array(to_affine_nd(3, np.asarray(affine, dtype=np.float64)), dtype=np.float64, copy=True)
-    out[:, [0, 1]] = out[:, [1, 0]]
-    return out
-
-
-def _spacing_from_affine(affine: np.ndarray | None) -> tuple[float, float] | None:
-    if affine is None:
-        return None
-    a = np.asarray(affine, dtype=np.float64)
-    rank = a.shape[0] - 1
-    return usable_spacing((np.linalg.norm(a[:rank, 0]), np.linalg.norm(a[:rank, 1])))
+def _affine_meta(fmt: str, affine: np.ndarray | None) -> dict[str, Any]:
+    """Format, 4x4 affine and (row, col) spacing of an x-first 2-D image whose array was transposed."""
+    spacing = None
+    if affine is not None:
+        affine = np.array(to_affine_nd(3, np.asarray(affine, dtype=np.float64)), dtype=np.float64, copy=True)
+        affine[:, [0, 1]] = affine[:, [1, 0]]  # the first two voxel axes swap
+        spacing = usable_spacing((np.linalg.norm(affine[:3, 0]), np.linalg.norm(affine[:3, 1])))
+    return {"format": fmt, "affine": affine, "spacing": spacing, "spacing_source": "affine" if spacing else None}
 
 
 def _png_spacing(img: Any) -> tuple[float, float] | None:
@@ -241,15 +234,7 @@ def _read_nifti(path: str | os.PathLike, max_pixels: int | None) -> tuple[np.nda
         raise
     except Exception as err:
         raise read_error(path, f"not a readable NIfTI file ({type(err).__name__}: {err})") from err
-    arr = _squeeze_to_2d(path, np.asarray(arr))
-    affine = _swap_xy(header.get("affine"))
-    spacing = _spacing_from_affine(affine)
-    return arr.T, {
-        "format": "nifti",
-        "affine": affine,
-        "spacing": spacing,
-        "spacing_source": "affine" if spacing else None,
-    }
+    return _squeeze_to_2d(path, np.asarray(arr)).T, _affine_meta("nifti", header.get("affine"))
 
 
 def _metaimage_dims(path: str | os.PathLike) -> list[int] | None:
@@ -288,10 +273,7 @@ def _read_itk(path: str | os.PathLike, max_pixels: int | None) -> tuple[np.ndarr
         raise
     except Exception as err:
         raise read_error(path, f"not a readable ITK image ({type(err).__name__}: {err})") from err
-    arr = _squeeze_to_2d(path, np.asarray(arr))
-    affine = _swap_xy(header.get("affine"))
-    spacing = _spacing_from_affine(affine)
-    return arr, {"format": "itk", "affine": affine, "spacing": spacing, "spacing_source": "affine" if spacing else None}
+    return _squeeze_to_2d(path, np.asarray(arr)), _affine_meta("itk", header.get("affine"))
 
 
 def _read_nrrd(path: str | os.PathLike, max_pixels: int | None) -> tuple[np.ndarray, dict[str, Any]]:
@@ -488,22 +470,10 @@ class MammogramReader(ImageReader):
         if affine is None:
             sr, sc = spacing if spacing else (1.0, 1.0)
             affine = np.diag([sr, sc, 1.0, 1.0])
-        out = {
-            "filename": meta["filename"],
-            "format": meta["format"],
-            "laterality": meta["laterality"] or "",
-            "laterality_source": meta["laterality_source"] or "",
-            "view": meta["view"] or "",
-            "view_source": meta["view_source"] or "",
-            "patient_id": meta["patient_id"] or "",
-            "photometric": meta["photometric"] or "",
-            "spacing": np.asarray(spacing if spacing else (np.nan, np.nan), dtype=np.float64),
-            "spacing_source": meta["spacing_source"] or "",
-            "modality": meta["modality"] or "",
-            "body_part": meta["body_part"] or "",
-            "affine": np.asarray(affine, dtype=np.float64),
-            "original_affine": np.asarray(affine, dtype=np.float64),
-            "spatial_shape": np.asarray(arr.shape),
-            "original_channel_dim": 0,
-        }
+        texts = ("filename", "format", "laterality", "laterality_source", "view", "view_source", "patient_id")
+        out = {k: meta[k] or "" for k in (*texts, "photometric")}
+        out["spacing"] = np.asarray(spacing if spacing else (np.nan, np.nan), dtype=np.float64)
+        out.update({k: meta[k] or "" for k in ("spacing_source", "modality", "body_part")})
+        out.update(affine=np.asarray(affine, dtype=np.float64), original_affine=np.asarray(affine, dtype=np.float64))
+        out.update(spatial_shape=np.asarray(arr.shape), original_channel_dim=0)
         return arr[None], out
