@@ -119,8 +119,7 @@ class StopOnNonFinite:
                 raise self._stop(engine, f"the weights are not finite after this step: {describe_non_finite(found)}")
 
     def explain(self, engine: Engine, err: BaseException) -> None:
-        """``EXCEPTION_RAISED``: a failure on non-finite values as one :class:`TrainingDivergedError`, else
-        re-raised."""
+        """Raise a step's failure on non-finite values as one :class:`TrainingDivergedError`; re-raise the rest."""
         if isinstance(err, TrainingDivergedError):
             raise err
         if isinstance(err, RuntimeError) and "without overflow" in str(err):

@@ -34,7 +34,6 @@ from scripts.transforms.mammo.dictionary import (
 from scripts.transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_ASSUMED_KEY,
-    SPACING_FALLBACKS,
     SPACING_SOURCE_KEY,
     SPACING_USED_KEY,
     ResampleToSpacing,

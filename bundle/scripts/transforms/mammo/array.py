@@ -73,9 +73,9 @@ def opening_iterations(img: Any, iterations: int) -> int:
     return int(round(int(iterations) * scale))
 
 
-def _filename(img: Any) -> str:
+def _filename(img: Any, default: str = "<array>") -> str:
     meta = _meta(img)
-    return str(meta.get("filename_or_obj") or meta.get("filename") or "<array>")
+    return str(meta.get("filename_or_obj") or meta.get("filename") or default)
 
 
 def normalize_laterality(value: Any) -> str | None:

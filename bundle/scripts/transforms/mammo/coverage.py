@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.data import MetaTensor
 
 from ..thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
+from .array import _meta
 from .breast import MIN_TISSUE_SHARE, breast_share, tissue_mask
 
 __all__ = [
@@ -33,10 +33,6 @@ MIN_BREAST_IN_WINDOW = 0.5
 _BREAST_FOUND = "breast_found"
 _BREAST_REACHABLE = "breast_reachable"
 BREAST_KEYS = (BREAST_IN_WINDOW, _BREAST_FOUND, _BREAST_REACHABLE)
-
-
-def _meta(image: Any) -> Mapping[str, Any]:
-    return image.meta if isinstance(image, MetaTensor) else {}
 
 
 def original_size(meta: Mapping[str, Any]) -> tuple[int, int]:

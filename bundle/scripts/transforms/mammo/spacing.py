@@ -29,7 +29,7 @@ from scripts.data.geometry import (
     spacing_in_range,
     usable_spacing,
 )
-from scripts.transforms.mammo.array import OPENING_SCALE_KEY, first_channel
+from scripts.transforms.mammo.array import OPENING_SCALE_KEY, _filename, first_channel
 from scripts.transforms.mammo.breast import file_breast_box
 from scripts.transforms.mammo.dictionary import _check_shapes, _source
 
@@ -237,7 +237,7 @@ class ResampleToSpacing(InvertibleTransform):
     def choose(self, img: NdarrayOrTensor, stated: Any = None) -> tuple[tuple[float, float] | None, str]:
         """The input spacing and its source for ``img``; ``stated`` is a datalist's ``pixel_spacing``."""
         meta = img.meta if isinstance(img, MetaTensor) else {}
-        name = str(meta.get("filename_or_obj") or meta.get("filename") or "<image>")
+        name = _filename(img, "<image>")
         from_file, _ = self.file_spacing(img)
         if from_file is not None:
             return from_file, str(meta.get(SPACING_SOURCE_KEY, "") or "file")
@@ -288,11 +288,8 @@ class ResampleToSpacing(InvertibleTransform):
         row, col = (float(s / t) for s, t in zip(source_spacing, target))
         out["opening_scale"] = row if row == col else float(np.sqrt(row * col))
         size = tuple(max(1, int(np.floor(n * s / t + 0.5))) for n, s, t in zip(shape, source_spacing, target))
-        meta = img.meta if isinstance(img, MetaTensor) else {}
         why = f"from {format_spacing(source_spacing)} mm ({source}) to the model's {format_spacing(target)} mm"
-        check_resampled_pixels(
-            str(meta.get("filename_or_obj") or meta.get("filename") or "<image>"), shape, size, why, self.max_pixels
-        )
+        check_resampled_pixels(_filename(img, "<image>"), shape, size, why, self.max_pixels)
         return {**out, "size": size, "resample": size != shape}
 
     def __call__(
