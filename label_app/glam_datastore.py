@@ -1,23 +1,9 @@
 """MONAI Label's local datastore, confined to the studies folder.
 
-``LocalDatastore`` builds every path from a request's image id, label id and label tag with ``os.path.join`` and
-then follows whatever links it finds: an id ``../x`` or a tag ``/abs`` left the studies folder, and so did a
-symbolic link inside it (``PUT /datastore/image?image=link`` overwrote ``link``'s target, ``DELETE`` deleted it).
-:class:`GLAMDatastore` checks every id and tag a route hands it (:func:`glam_safety.check_name`) and decides every
-read, write and delete on the path as it resolves (:func:`glam_safety.readable_path`, ``writable_path``,
-``deletable_path``):
-
-- writes (uploads, labels, the datastore file) are renamed into place inside the resolved studies folder, never
-  through a link, and deletes unlink regular files only (MONAI Label removed a folder's whole tree);
-- reads follow a link only when it is the server user's own (images kept on another disk), and every path it hands
-  out (a download's file name, ``/datastore/image/info``, ``/datastore/?output=train``) is the path inside the
-  studies folder, never the link's target;
-- file names that are not UTF-8 are left out of the listings (no JSON answer can hold them), each named once in
-  the log; records of an older datastore file that point outside the folder are dropped;
-- an upload MONAI Label wrote to the app's temporary folder is removed once the datastore is done with it, also
-  when it is refused (MONAI Label removed it only after a successful answer).
-
-A refusal is a :class:`glam_safety.RequestRefused` (its 4xx over HTTP, ``glam_server``).
+``LocalDatastore`` joins request ids and tags into paths and follows any link; :class:`GLAMDatastore` checks every
+id and tag (:func:`glam_safety.check_name`) and decides reads, writes and deletes on the resolved path: writes are
+renamed into place, never through a link; deletes unlink regular files only; reads follow only the server user's
+own links and hand out paths inside the folder; names no JSON answer can hold are left out of the listings.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """GLAM saliency as a MONAI Label segmentation task: a label map or a heatmap on the original image geometry.
 
-The task runs the bundle's own inference pieces (``configs/inference.yaml``'s ``preprocessing`` and ``network_def``,
-``scripts.inference.geometry.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes
-for the same file. Request parameters (MONAI Label's ``params``; the defaults appear in ``/info/`` and in the clients):
-
-- ``overlay``: ``"label"`` (default) a discrete map for the stock viewers: 0 background, 1 benign, 2 malignant,
-  the class of the larger S_c value where it reaches ``threshold``; ``"heatmap"``: S_c of ``heatmap_class`` as
-  uint8 (round(255 x S_c)), for a colour overlay.
-- ``heatmap_class``: ``"malignant"`` (default) or ``"benign"``; ``threshold``: in [0, 1] (default 0.5).
-- ``result_extension``: ``.nrrd`` (default), ``.nii.gz``/``.nii`` or ``.png``. NRRD and NIfTI carry the input's
-  geometry (orientation, origin, pixel spacing), so the map lies on the image in 3D Slicer.
-
-The JSON result holds the image-level scores (``prob_benign``, ``prob_malignant``: y_g), the patch boxes on the
-file (``top, left, bottom, right``), the overlay settings and the map's size.
+Runs the bundle's own ``preprocessing``, ``network_def`` and ``maps_on_original``, so a served map is the map
+``monai.bundle run inference`` writes. Request parameters: ``overlay`` (``label``: 0 background, 1 benign,
+2 malignant where S_c reaches ``threshold``; ``heatmap``: round(255 x S_c) of ``heatmap_class``), ``threshold``,
+``result_extension`` (``.nrrd``, ``.nii.gz``, ``.nii``, ``.png``).
 """
 
 from __future__ import annotations

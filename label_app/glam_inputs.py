@@ -1,15 +1,4 @@
-"""What an inference input is before it is read: the image size its header states, and the file it is read from.
-
-- :func:`stated_shape` reads only a file's header (PNG/TIFF/JPEG through PIL's lazy open, NIfTI through nibabel's
-  header, NRRD's header, DICOM through the bundle's ``read_dicom_header``, which stops before the pixels and caps a
-  deflated file's inflation), so that the server refuses an image too large for it, or no picture a model can place,
-  in milliseconds and before any pixel buffer exists (:func:`glam_safety.check_image_shape`). A header it cannot
-  parse gives None: the bundle's reader then reads the file and names its problem (it checks its own decoded-size
-  cap, which the app sets to the same limit, before decoding).
-- :func:`inference_input` is the file an image id is read from: the datastore's file, or, for a NRRD that
-  ``ingest.py`` made of a DICOM and that is still what ingest wrote, that DICOM, read by the bundle's reader
-  as ``monai.bundle run inference`` reads it (its pixel spacing or none, its view, laterality and modality).
-"""
+"""An inference input before it is read: the image size its header states, and the file it is read from."""
 
 from __future__ import annotations
 

@@ -1,35 +1,10 @@
-"""The GLAM label server: MONAI Label's FastAPI app, configured for a safe default before it starts.
+"""The GLAM label server: MONAI Label's FastAPI app, made safe before it starts (``--uvicorn_app glam_server:app``).
 
-Named with MONAI Label's ``--uvicorn_app glam_server:app`` (this folder on ``PYTHONPATH``); ``tools/
-start_label_server.sh`` does both. MONAI Label's app (``monailabel.app:app``) answers every web origin with
-credentials, parses the ``params`` form field without checking it and offers routes that read or write files outside
-the studies folder. Here, on that same app object (its routers, its lifespan that creates the GLAM app):
-
-- Cross-origin access: MONAI Label's allow-all ``CORSMiddleware`` is replaced; no origin is granted unless
-  ``GLAM_LABEL_CORS_ORIGINS`` lists it (comma-separated ``scheme://host[:port]``). MONAI Label's own
-  ``MONAI_LABEL_CORS_ORIGINS`` cannot serve: with it set, MONAI Label 0.8.5 fails to start (its settings are not
-  JSON-serializable), and it turns every entry into ``scheme://host/``, which no browser sends. A request whose
-  ``Origin`` is neither the server's own nor listed is refused (403), also the form POSTs a browser sends without
-  asking first; a ``Host`` other than the loopback names and ``GLAM_LABEL_ALLOWED_HOSTS`` is refused (400: DNS
-  rebinding).
-- The ``params`` and ``info`` form fields must be JSON objects (400 naming the field), and no JSON a request
-  carries (a form field, a JSON body) nests deeper than ``glam_safety.MAX_JSON_DEPTH`` (MONAI Label's parser
-  failed with RecursionError: 500); an upload's file name is a file name (no NUL, ``/`` or ``\\``);
-  ``session_id`` is refused (400: sessions are off in the GLAM app); an inference needs an input (a datastore id or
-  an uploaded file), takes no ``label`` upload and cannot ask for ``output=dicom_seg`` (MONAI Label answered 500).
-- Request bodies are bounded (``GLAM_LABEL_MAX_UPLOAD_MB``, default 256 MiB; ``start_label_server.sh
-  --max-upload-mb``): 413 as soon as the ``Content-Length`` or the bytes received pass the limit, before the body
-  is buffered; a body is read into an unnamed temporary file (in memory up to 1 MiB), checked, and replayed to
-  MONAI Label.
-- Not offered (404): ``/model`` (the checkpoint: download, replace, delete), ``/logs``, ``/proxy`` (DICOMweb),
-  ``/ohif``, ``/infer/wsi*``, ``/reload``, and ``/train`` and ``/scoring`` (the app has neither: they started a
-  subprocess that failed) (:data:`REMOVED_ROUTES`).
-- Authentication: with ``MONAI_LABEL_AUTH_ENABLE=true`` MONAI Label's token check runs as configured
-  (``MONAI_LABEL_AUTH_REALM_URI``, roles, claims) with the RSA algorithms PyJWT 2 needs to be told (MONAI Label
-  0.8.5 names none, so every token was refused).
-- Refusals (:class:`glam_safety.RequestRefused`) and MONAI Label's not-found errors answer 4xx with the message,
-  not 500 with a traceback; an image the datastore does not have is one 404 with one message on every route
-  (``glam_datastore``).
+MONAI Label's app answers every web origin with credentials, does not check its form fields and offers routes that
+read or write outside the studies folder. Here: cross-origin access only for ``GLAM_LABEL_CORS_ORIGINS``, hosts only
+loopback and ``GLAM_LABEL_ALLOWED_HOSTS``; JSON form fields, upload names, ``session_id`` and inference inputs
+checked; bodies bounded by ``GLAM_LABEL_MAX_UPLOAD_MB``; :data:`REMOVED_ROUTES` answer 404; the auth token check
+names its RSA algorithms; refusals answer 4xx with one message (docs/monailabel.md).
 """
 
 from __future__ import annotations

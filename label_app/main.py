@@ -1,27 +1,15 @@
 """MONAI Label app serving the GLAM bundle's saliency maps (one segmentation model, ``glam``).
 
-Started by ``tools/start_label_server.sh`` (see docs/monailabel.md), or directly, with this folder on
-``PYTHONPATH`` and MONAI Label's ``--uvicorn_app`` option naming the app's server (``glam_server.py``):
+Started by ``tools/start_label_server.sh`` (docs/monailabel.md), or with this folder on ``PYTHONPATH``:
 
     PYTHONPATH=label_app python -m monailabel.main start_server --app label_app --studies DIR \
         --host 127.0.0.1 --port 8000 --uvicorn_app glam_server:app \
         --conf bundle bundle --conf model runs/quickstart/models/joint/model.pt
 
-``--conf`` keys: ``bundle`` (the bundle folder; default ``../bundle`` beside this app), ``model`` (a state dict for
-the bundle's inference ``network_def``; default ``<bundle>/models/model.pt``), ``preset`` (config files layered
-over ``inference.yaml``, comma-separated; a checkpoint written by the bundle's training carries its settings and
-needs none), ``device``.
-
-A thin app on MONAI Label's ``BasicInferTask`` rather than the stock ``monaibundle`` app: the bundle's own
-preprocessing inverse puts every map on the original image geometry, the weights load strictly, and the app needs
-neither torchvision nor SAM2 (see docs/monailabel.md).
-
-Nothing a request names reaches outside the studies folder: the datastore is :class:`~glam_datastore.GLAMDatastore`
-(ids, tags and paths checked), an inference input is a datastore id or a file uploaded with the request (written to
-the app's own temporary folder, and removed when the request is done, also when it fails), MONAI Label's sessions
-(kept outside the studies folder) are off, whole-slide inference is refused and the checkpoint is not offered for
-download or replacement (``model_file``). A map is never saved under MONAI Label's ``original`` tag, and batch
-inference (:class:`GLAMBatchInfer`) reports each image's error and goes on with the others.
+``--conf`` keys: ``bundle`` (default ``../bundle``), ``model`` (default ``<bundle>/models/model.pt``), ``preset``
+(config files over ``inference.yaml``, comma-separated), ``device``. Nothing a request names reaches outside the
+studies folder: inputs are datastore ids or uploads of the request, sessions and whole-slide inference are off, and
+the checkpoint is not served.
 """
 
 from __future__ import annotations
