@@ -101,7 +101,11 @@ class GLAMDatastore(LocalDatastore):
     def _drop_records_outside(self) -> None:
         """Forget records of an older datastore file whose id, tag or extension leads out of the folder."""
         objects = self._datastore.objects
-        dropped = [i for i, obj in objects.items() if not self._record_is_inside(self._image_dir(), i, obj.image.ext)]
+        dropped = [
+            i
+            for i, obj in objects.items()
+            if not self._record_is_inside(self._datastore.image_path(), i, obj.image.ext)
+        ]
         for image_id in dropped:
             del objects[image_id]
         for image_id, obj in objects.items():
@@ -121,9 +125,6 @@ class GLAMDatastore(LocalDatastore):
             return False
         return self._record_is_inside(self._datastore.label_path(tag), image_id, ext)
 
-    def _image_dir(self) -> str:
-        return self._datastore.image_path()
-
     def _discard_upload(self, filename: str) -> None:
         """Remove ``filename`` if it is an upload MONAI Label wrote to the app's temporary folder."""
         if not self.uploads_dir or not isinstance(filename, str):
@@ -133,7 +134,7 @@ class GLAMDatastore(LocalDatastore):
             path.unlink(missing_ok=True)
 
     def _skip_undecodable(self, names: list[str], where: str) -> list[str]:
-        """``names`` without those no request could name (not UTF-8, invisible characters, too long), each logged once."""
+        """``names`` without those no request could name (not UTF-8, invisible characters, too long), logged."""
         kept = []
         for name in names:
             if not is_utf8(name):
@@ -145,11 +146,13 @@ class GLAMDatastore(LocalDatastore):
             else:
                 kept.append(name)
                 continue
-            if (where, name) not in self._reported:
-                self._reported.add((where, name))
-                logger.warning(
-                    "datastore: skipped %s in %s: %s (rename it to serve it)", shown_name(name), where, problem
-                )
+            self._report_once(
+                (where, name),
+                "datastore: skipped %s in %s: %s (rename it to serve it)",
+                shown_name(name),
+                where,
+                problem,
+            )
         return kept
 
     def _to_id(self, file: str) -> tuple[str, str]:
@@ -316,7 +319,7 @@ class GLAMDatastore(LocalDatastore):
         taken = [f for f in self._ambiguous.get(image_id, [])]
         taken += [
             f
-            for f in self._list_files(self._image_dir(), self._extensions)
+            for f in self._list_files(self._datastore.image_path(), self._extensions)
             if f != name and f not in taken and self._to_id(f)[0] == image_id
         ]
         obj = self._datastore.objects.get(image_id)

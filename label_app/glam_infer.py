@@ -139,7 +139,7 @@ def load_model(parser: ConfigParser, model_path: Path, device: torch.device) -> 
 
 
 def write_map(path: str, array: np.ndarray, affine: np.ndarray, spacing: Sequence[float] | None) -> None:
-    """Write an ``(H, W)`` map with the input's RAS ``affine`` (``file_affine``); a NRRD gets none without ``spacing``."""
+    """Write an ``(H, W)`` map with the input's RAS ``affine``; a NRRD gets no geometry without ``spacing``."""
     if path.endswith(".nrrd"):
         write_nrrd_2d(path, array, affine=affine if spacing is not None else None)
     elif path.endswith((".nii", ".nii.gz")):

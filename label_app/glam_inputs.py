@@ -9,14 +9,15 @@ from glam_safety import Limits, check_image_shape
 
 
 def stated_shape(path: str | os.PathLike, max_pixels: int | None = None) -> tuple[int, ...] | None:
-    """The array shape ``path``'s header states, rows first as the bundle reads a picture (NIfTI and NRRD store
-    columns first: their axes are reversed), or None when the
-    header cannot be read here (the bundle's reader then decides). A DICOM whose header cannot be read within
-    ``max_pixels`` (a deflated file inflating past it) raises the bundle's ``MammogramReadError``."""
+    """The shape ``path``'s header states, rows first, or None when it cannot be read here (the reader decides).
+
+    Raises:
+        MammogramReadError: a DICOM whose header does not inflate within ``max_pixels``.
+    """
     path = str(path)
     from scripts.data.readers import file_format
 
-    kind = file_format(path)  # the bundle reader's own choice: by suffix, else by the first bytes
+    kind = file_format(path)
     if kind == "dicom":
         from scripts.data.dicom_files import read_dicom_header
         from scripts.data.errors import MammogramReadError
@@ -50,8 +51,7 @@ def stated_shape(path: str | os.PathLike, max_pixels: int | None = None) -> tupl
 
 
 def check_input(path: str | os.PathLike, limits: Limits, what: str) -> None:
-    """Refuse (:class:`glam_safety.RequestRefused`) an input whose header states an image beyond ``limits`` or no
-    mammogram-shaped picture, before it is decoded; ``what`` names it as the client knows it."""
+    """Refuse (``RequestRefused``) from its header an input beyond ``limits`` or of no mammogram's shape."""
     from glam_safety import RequestRefused
 
     from scripts.data.errors import MammogramReadError
@@ -65,9 +65,7 @@ def check_input(path: str | os.PathLike, limits: Limits, what: str) -> None:
 
 
 def inference_input(root: str | os.PathLike, image_path: str) -> tuple[str, str | None]:
-    """``(path to read, name of the DICOM it stands for or None)`` for the datastore file ``image_path`` of the
-    studies folder ``root``: the DICOM ``ingest.py`` converted into it while the NRRD is still the one it wrote
-    (:func:`ingest.ingested_source`), else the file itself."""
+    """``(path to read, DICOM name or None)`` for datastore file ``image_path``: ingest's DICOM source, if current."""
     from ingest import ingested_source
 
     source = ingested_source(Path(root), Path(image_path))

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -49,13 +49,9 @@ from monailabel.interfaces.exception import (  # noqa: E402
 )
 from starlette.datastructures import UploadFile  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
+from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 logger = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 #: routes not offered (404, with everything under them): they reach outside the studies folder or the app lacks them
 REMOVED_ROUTES = ("/model", "/logs", "/proxy", "/ohif", "/infer/wsi", "/infer/wsi_v2", "/reload", "/train", "/scoring")
@@ -83,7 +79,7 @@ class RequestGuard:
 
     def __init__(
         self,
-        app: Callable[..., Awaitable[None]],
+        app: ASGIApp,
         origins: Sequence[str],
         hosts: Sequence[str],
         max_body: int = Limits().max_body_bytes,
