@@ -6,6 +6,7 @@ A write that finds no room (``ENOSPC``, ``EDQUOT``, ``EFBIG``) raises one ``OSEr
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -141,9 +142,8 @@ def _fsync_dir(folder: Path) -> None:
     except OSError:  # platforms that cannot open folders
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -240,10 +240,8 @@ class FolderLock:
         """Empty the record and release the lock; the file stays, or two processes could lock two files of one name."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
-        except OSError:
-            pass
         os.close(self._fd)
         self._fd = None
 
