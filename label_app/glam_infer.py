@@ -1,7 +1,7 @@
 """GLAM saliency as a MONAI Label segmentation task: a label map or a heatmap on the original image geometry.
 
 The task runs the bundle's own inference pieces (``configs/inference.yaml``'s ``preprocessing`` and ``network_def``,
-``scripts.inference.geometry.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes
+``scripts.inference.maps.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes
 for the same file. Request parameters (MONAI Label's ``params``; the defaults appear in ``/info/`` and in the clients):
 
 - ``overlay``: ``"label"`` (default) a discrete map for the stock viewers: 0 background, 1 benign, 2 malignant,
@@ -157,7 +157,7 @@ def load_model(parser: ConfigParser, model_path: Path, device: torch.device) -> 
 
 def write_map(path: str, array: np.ndarray, affine: np.ndarray, spacing: Sequence[float] | None) -> None:
     """Write an ``(H, W)`` map in the project's array convention (rows as displayed) with the input file's geometry:
-    ``affine`` (``scripts.inference.geometry.file_affine``: RAS, voxel ``(i, j)`` = (column, row)). A NRRD gets no
+    ``affine`` (``scripts.inference.maps.file_affine``: RAS, voxel ``(i, j)`` = (column, row)). A NRRD gets no
     geometry when the file states no pixel ``spacing`` (None), as the viewers' copy of such a DICOM has none."""
     if path.endswith(".nrrd"):
         write_nrrd_2d(path, array, affine=affine if spacing is not None else None)
@@ -305,8 +305,7 @@ class GLAMSaliencyInfer(BasicInferTask):
         JSON result: the scores, the patch boxes and what the bundle's predictions.csv states of the image (its
         laterality, view and pixel spacing used with their sources, the model's window on the file)."""
         from scripts.inference.facts import image_facts, image_notes, spacing_note
-        from scripts.inference.geometry import file_affine, maps_on_original
-        from scripts.inference.maps import map_spacing
+        from scripts.inference.maps import file_affine, map_spacing, maps_on_original
         from scripts.precision import autocast
 
         amp = self.device.type == "cuda"

@@ -12,7 +12,7 @@ import numpy as np
 # the bundle folder is on sys.path before this module is imported (main.GLAMApp, ingest.main put it there)
 from scripts.atomic import atomic_path
 from scripts.data.geometry import usable_spacing
-from scripts.inference.geometry import LPS_TO_RAS
+from scripts.inference.maps import LPS_TO_RAS
 
 
 def write_nrrd_2d(
@@ -25,7 +25,7 @@ def write_nrrd_2d(
     """Write ``array`` ``(H, W)`` (rows as displayed) with the geometry of ``affine``, else of pixel ``spacing``.
 
     ``affine``: 4x4, RAS mm, of voxel ``(i, j)`` = (column, row), as a 2-D NIfTI states it
-    (``scripts.inference.geometry.file_affine``); ``spacing``: ``(row, col)`` mm along the LPS axes from 0 (what ITK
+    (``scripts.inference.maps.file_affine``); ``spacing``: ``(row, col)`` mm along the LPS axes from 0 (what ITK
     gives a picture). The file states it as ITK reads a NRRD (LPS): ``space directions`` x (column) first and
     ``space origin``, in a 2-D space when the picture lies in the plane z = 0 with its axes in it, else as a
     ``(W, H, 1)`` volume in ``left-posterior-superior`` space (ITK refuses a 2-D NRRD in a 3-D space). Without
