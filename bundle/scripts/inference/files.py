@@ -38,7 +38,6 @@ def is_temporary(name: str) -> bool:
     )
 
 
-# -- what to write ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OutputSelection:
     """What a run writes besides the tables: ``maps`` (NIfTI), ``png`` (the maps also as PNGs per class), ``panel``,
@@ -133,7 +132,6 @@ class OutputSelection:
         return tuple(m for m in MAP_NAMES if m in needed)
 
 
-# -- what was written ------------------------------------------------------------------------------------------------
 def manifest_name(stem: str) -> str:
     """The manifest of the image with output stem ``stem``, relative to the output folder."""
     return f"{MANIFESTS_DIR}/{stem}.json"
@@ -164,7 +162,6 @@ def files_are_complete(root: str | os.PathLike, stem: str, files: Sequence[str])
         return False
 
 
-# -- writing files ---------------------------------------------------------------------------------------------------
 class StagedFiles:
     """One image's files under ``root``, written to temporary names beside their final ones (ending with the final
     name, so that writers still pick the format from it) and put in place together by :meth:`commit`.
@@ -205,7 +202,6 @@ class StagedFiles:
         self._staged = []
 
 
-# -- the names of the inputs -----------------------------------------------------------------------------------------
 def bare_name(path: str) -> str:
     """A file's name without its supported suffix (``.nii.gz`` as one; another suffix is kept)."""
     name = os.path.basename(path)

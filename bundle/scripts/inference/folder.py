@@ -217,7 +217,6 @@ class InferenceOutputFolder:
         self.plan: InferencePlan | None = None
         self._lock_fd: int | None = None
 
-    # -- opening -----------------------------------------------------------------------------------------------------
     def open(self, items: Sequence[Mapping[str, Any]]) -> InferencePlan:
         """Open the folder for a run over ``items`` (once) and return the plan.
 
@@ -353,7 +352,6 @@ class InferenceOutputFolder:
             return True
         return all(row.get(k, "") == current[k] != "" for k in FINGERPRINT_COLUMNS)
 
-    # -- what this process runs (a rank's share: ranks.RankOutputFolder) ----------------------------------------------
     def _my_inputs(self, paths: list[str]) -> list[str]:
         return paths
 
@@ -425,7 +423,6 @@ class InferenceOutputFolder:
             )
         return plan
 
-    # -- closing -----------------------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Compact the tables, then :meth:`close`."""
         if self.plan is not None:

@@ -49,7 +49,6 @@ MAP_SCALE = 65535
 PNG_LEVEL = 1
 
 
-# -- the file's geometry ---------------------------------------------------------------------------------------------
 def _numbers(value: Any, count: int) -> np.ndarray | None:
     """``count`` finite numbers from a header value (a DICOM multi-value, a NRRD vector), else None."""
     try:
@@ -145,7 +144,6 @@ def file_affine(meta: Mapping[str, Any], notes: list[str] | None = None) -> np.n
     return LPS_TO_RAS @ np.diag([spacing[1], spacing[0], 1.0, 1.0])
 
 
-# -- back onto the file ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OnOriginal:
     """One image's outputs on its file's grid: ``maps`` name -> (2, H, W) float32 in [0, 1], the patch ``boxes`` and
@@ -239,7 +237,6 @@ def maps_on_original(
     return OnOriginal(out, patches, window_on_original(meta, size))
 
 
-# -- the files -------------------------------------------------------------------------------------------------------
 def quantize(maps: np.ndarray) -> np.ndarray:
     """Maps in [0, 1] -> ``round(map x 65535)`` as uint16 (values outside [0, 1] are clipped)."""
     scaled = np.multiply(maps, np.float32(MAP_SCALE), dtype=np.float32)

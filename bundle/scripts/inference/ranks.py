@@ -149,7 +149,6 @@ class RankOutputFolder(InferenceOutputFolder):
         self.inputs: list[str] = []
         self._stale: list[str] = []
 
-    # -- opening -----------------------------------------------------------------------------------------------------
     def open(self, items: Sequence[Mapping[str, Any]]) -> InferencePlan:
         """Open the folder for this rank's share of ``items`` and return its plan.
 
@@ -261,7 +260,6 @@ class RankOutputFolder(InferenceOutputFolder):
     def _drop_rows(self, predictions: list[dict[str, str]], stale: list[dict[str, str]]) -> None:
         self._stale = [row["image"] for row in stale]  # rank 0 drops them once every rank has planned
 
-    # -- closing -----------------------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Close this rank's tables; rank 0 merges them (:meth:`merge`)."""
         self.tables.close()

@@ -26,14 +26,8 @@ from ..metrics.breasts import breast_key, group_breasts
 
 __all__ = [
     "ERROR_KEY",
-    "NOTE_KEY",
-    "FILES_KEY",
     "ERROR_COLUMNS",
     "PREDICTION_COLUMNS",
-    "FACT_COLUMNS",
-    "FINGERPRINT_COLUMNS",
-    "BREAST_COLUMNS",
-    "BREAST_TABLE_COLUMNS",
     "breast_rows",
     "stated_exam",
     "input_fingerprint",
@@ -44,9 +38,6 @@ __all__ = [
     "note_record",
     "prediction_row",
     "AppendOnlyCsv",
-    "PREDICTIONS_TABLE",
-    "ERRORS_TABLE",
-    "table_name",
     "rank_tables",
     "InferenceTables",
 ]
@@ -60,34 +51,14 @@ NOTE_KEY = "note"
 #: the predictions.csv column listing an image's files (relative to the output folder, separated by ";")
 FILES_KEY = "files"
 ERROR_COLUMNS = ["image", ERROR_KEY, NOTE_KEY]
-PREDICTION_COLUMNS = [
-    "image",
-    "output_stem",
-    *(f"prob_{c}" for c in CLASS_NAMES),
-    *(f"label_{c}" for c in CLASS_NAMES),
-    "height",
-    "width",
-    "patch_boxes",
-    FILES_KEY,
-]
+PREDICTION_COLUMNS = ["image", "output_stem", *(f"prob_{c}" for c in CLASS_NAMES), *(f"label_{c}" for c in CLASS_NAMES)]
+PREDICTION_COLUMNS += ["height", "width", "patch_boxes", FILES_KEY]
 #: how the image was read and where the model looked (:func:`~.facts.image_facts`, the window on the file)
-FACT_COLUMNS = [
-    "laterality",
-    "laterality_source",
-    "view",
-    "view_source",
-    "spacing_row_mm",
-    "spacing_col_mm",
-    "spacing_source",
-    "window_y0",
-    "window_x0",
-    "window_y1",
-    "window_x1",
-]
+FACT_COLUMNS = ["laterality", "laterality_source", "view", "view_source", "spacing_row_mm", "spacing_col_mm"]
+FACT_COLUMNS += ["spacing_source", "window_y0", "window_x0", "window_y1", "window_x1"]
 #: the input's size and modification time (ns) when it was read: a row counts as done only while they still hold
 FINGERPRINT_COLUMNS = ["input_bytes", "input_mtime_ns"]
-#: the share of the breast inside the model's window (:func:`~.facts.breast_in_window`), last: a table of the
-#: version before it is refused with the column named
+#: the share of the breast inside the model's window and the patient, last
 BREAST_COLUMNS = ["breast_in_window", "patient_id"]
 PREDICTION_COLUMNS += [*FACT_COLUMNS, *FINGERPRINT_COLUMNS, *BREAST_COLUMNS]
 # the columns whose cells are free text (escaped and neutralised); the others are numbers this module formats
@@ -96,16 +67,8 @@ _TEXT_COLUMNS = frozenset(
     | {"spacing_source", "patient_id", "views", "inputs", "grouped_by"}
 )
 #: breasts.csv: one row per breast (:func:`breast_rows`)
-BREAST_TABLE_COLUMNS = [
-    "patient_id",
-    "laterality",
-    "views",
-    "images",
-    *(f"prob_{c}" for c in CLASS_NAMES),
-    "inputs",
-    "grouped_by",
-    NOTE_KEY,
-]
+BREAST_TABLE_COLUMNS = ["patient_id", "laterality", "views", "images", *(f"prob_{c}" for c in CLASS_NAMES)]
+BREAST_TABLE_COLUMNS += ["inputs", "grouped_by", NOTE_KEY]
 #: the laterality sources that do not state one (predictions.csv's laterality_source): read from the pixels, or none
 _UNSTATED_LATERALITY = ("", "image", "unknown")
 #: the views a screening exam takes of each breast: a breast without one of them is noted
@@ -114,7 +77,6 @@ SCREENING_VIEWS = ("CC", "MLO")
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
 
 
-# -- cells -----------------------------------------------------------------------------------------------------------
 def _escape_char(ch: str) -> str:
     code = ord(ch)
     if ch == "\\":
@@ -172,7 +134,6 @@ def csv_cell(value: Any) -> Any:
     return "'" + text if text.startswith(_FORMULA_STARTS) else text
 
 
-# -- rows ------------------------------------------------------------------------------------------------------------
 def error_record(path: str | os.PathLike, exc: BaseException | str) -> dict[str, str]:
     """An errors.csv row: the input and ``"<ExceptionType>: <message>"`` (or the message given)."""
     message = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
@@ -306,7 +267,6 @@ def _line(columns: Sequence[str], row: Mapping[str, Any], escape: bool) -> bytes
     return buffer.getvalue().encode("utf-8", errors="backslashreplace")
 
 
-# -- one table -------------------------------------------------------------------------------------------------------
 class AppendOnlyCsv:
     """A CSV file with a fixed header, appended one row per ``write`` (thread-safe).
 
@@ -403,7 +363,6 @@ class AppendOnlyCsv:
             self._close_fd()
 
 
-# -- the run's tables ------------------------------------------------------------------------------------------------
 PREDICTIONS_TABLE = "predictions"
 ERRORS_TABLE = "errors"
 # a rank's own tables under multi_gpu_inference.yaml: predictions.rank<r>.csv, errors.rank<r>.csv

@@ -89,7 +89,6 @@ class GLAMInferenceWriter:
         self._finished = False
         self.seconds = dict.fromkeys((*WRITING_PARTS, "writing", "waiting_for_writers"), 0.0)
 
-    # -- engine events -----------------------------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
         from ignite.engine import Events
 
@@ -149,7 +148,6 @@ class GLAMInferenceWriter:
         self.finish()  # the images done so far keep their rows and files; the run still fails
         raise exc
 
-    # -- one image ---------------------------------------------------------------------------------------------------
     def _write_safely(self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor]) -> None:
         path = item_path(item)
         begin = time.perf_counter()
