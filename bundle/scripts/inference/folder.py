@@ -227,12 +227,7 @@ class InferenceOutputFolder:
             return self.plan
         self._lock()
         try:
-            write_record = self._check_record()  # refuses before anything in the folder is changed
-            self._check_writable()
-            self._remove_temporaries()
-            if write_record:
-                with atomic_write(self.path / RUN_RECORD, "w") as f:
-                    json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
+            self._take_over()
             try:
                 predictions, _ = self.tables.open()
                 if self.tables.absorb():  # the rows of a killed multi_gpu_inference.yaml job's ranks
@@ -244,6 +239,15 @@ class InferenceOutputFolder:
             self.close()
             raise
         return self.plan
+
+    def _take_over(self) -> None:
+        """Refuse the folder or record this run in it, check it for writing and clear an interrupted run's leftovers."""
+        write_record = self._check_record()  # refuses before anything in the folder is changed
+        self._check_writable()
+        self._remove_temporaries()
+        if write_record:
+            with atomic_write(self.path / RUN_RECORD, "w") as f:
+                json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
 
     def _refused(self, reason: str) -> OutputFolderRefused:
         return OutputFolderRefused(f"error: output_dir {self.path}: {reason}")

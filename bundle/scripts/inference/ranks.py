@@ -16,7 +16,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..atomic import atomic_write
 from ..distributed import TORCHRUN_ENV, init_distributed, rank, world_size
 from .files import OutputSelection
 from .folder import RUN_RECORD, InferenceOutputFolder, InferencePlan, OutputFolderRefused, _differences
@@ -202,12 +201,7 @@ class RankOutputFolder(InferenceOutputFolder):
         """Rank 0: the folder prepared as one process does, the ranks' leftover rows taken up; the refusal or None."""
         try:
             self._lock()
-            write_record = self._check_record()
-            self._check_writable()
-            self._remove_temporaries()
-            if write_record:
-                with atomic_write(self.path / RUN_RECORD, "w") as f:
-                    json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
+            self._take_over()
             self.main.open()
             taken = self.main.absorb()
             self.main.close()
