@@ -25,6 +25,8 @@ TEMPORARY_PREFIX = ".tmp-"
 MAPS_DIR, PANELS_DIR, DICOM_DIR = "maps", "panels", "dicom"
 #: the folder of the per-image manifests (what :class:`StagedFiles` put in place)
 MANIFESTS_DIR = "manifests"
+#: the sub-folders a run writes into
+OUTPUT_FOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR, MANIFESTS_DIR)
 #: a manifest hashes this many bytes at the end of each file, so that a torn end is seen by reading one block
 TAIL_BYTES = 4096
 # a file name that says nothing of its image: digits only (TCIA's "1-1", an instance number, a DICOM UID)

@@ -18,15 +18,7 @@ from typing import Any
 
 from ..atomic import atomic_write
 from ..networks.weights import as_flag
-from .files import (
-    DICOM_DIR,
-    MANIFESTS_DIR,
-    TEMPORARY_PREFIX,
-    OutputSelection,
-    files_are_complete,
-    input_names,
-    is_temporary,
-)
+from .files import OUTPUT_FOLDERS, TEMPORARY_PREFIX, OutputSelection, files_are_complete, input_names, is_temporary
 from .tables import (
     FILES_KEY,
     FINGERPRINT_COLUMNS,
@@ -59,7 +51,7 @@ RUN_RECORD = "run.json"
 #: the item key of an input's size and modification time when the run was planned (its row records them)
 FINGERPRINT_KEY = "input_fingerprint"
 # what a folder holds once a run has written into it
-_RUN_OUTPUTS = ("predictions.csv", "errors.csv", "maps", "panels", DICOM_DIR, MANIFESTS_DIR)
+_RUN_OUTPUTS = ("predictions.csv", "errors.csv", *OUTPUT_FOLDERS)
 _STEM_UNSAFE = {";": "_", "/": "_", "\\": "_"}  # ";" separates the files column's entries
 
 
@@ -286,7 +278,7 @@ class InferenceOutputFolder:
 
     def _remove_temporaries(self) -> None:
         removed = 0
-        for folder in [self.path, *(self.path / name for name in _RUN_OUTPUTS[2:])]:
+        for folder in [self.path, *(self.path / name for name in OUTPUT_FOLDERS)]:
             if not folder.is_dir():
                 continue
             for entry in os.scandir(folder):

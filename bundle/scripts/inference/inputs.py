@@ -27,7 +27,8 @@ from ..enums import Stage
 from ..handlers.throughput import LOAD_SECONDS_KEY
 from ..networks.weights import as_flag
 from ..transforms.mammo.coverage import breast_refusal
-from .files import DICOM_DIR, MANIFESTS_DIR, MAPS_DIR, PANELS_DIR
+from .files import OUTPUT_FOLDERS
+from .folder import RUN_RECORD
 from .tables import ERROR_KEY, error_record
 
 __all__ = [
@@ -45,9 +46,6 @@ __all__ = [
     "inference_loader",
 ]
 
-# an inference output folder holds this record (folder.RUN_RECORD, which imports this module) and these sub-folders
-_RUN_RECORD = "run.json"
-_OUTPUT_SUBFOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR, MANIFESTS_DIR)
 #: the reason of a file that is no image (errors.csv)
 NO_IMAGE_FILE = "no image file (neither its suffix nor its first bytes are of a supported type)"
 
@@ -102,7 +100,7 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
     items: list[dict[str, str]] = []
     root = os.fspath(Path(folder))  # normalised as pathlib writes it: "x/a.png" for "./x/"
     if os.path.realpath(root) in excluded:  # the output folder is the input folder: its own sub-folders are not read
-        excluded |= {os.path.realpath(os.path.join(root, name)) for name in _OUTPUT_SUBFOLDERS}
+        excluded |= {os.path.realpath(os.path.join(root, name)) for name in OUTPUT_FOLDERS}
     pending = [root]
     while pending:
         current = pending.pop()
@@ -120,7 +118,7 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
                 continue
             named_like_input = entry.name.lower().endswith(tuple(SUPPORTED_SUFFIXES))
             if entry.is_dir(follow_symlinks=False):
-                if os.path.realpath(entry.path) in excluded or os.path.isfile(os.path.join(entry.path, _RUN_RECORD)):
+                if os.path.realpath(entry.path) in excluded or os.path.isfile(os.path.join(entry.path, RUN_RECORD)):
                     continue  # this run's output folder, or another inference run's (it holds a run.json)
                 pending.append(entry.path)
                 if named_like_input:
