@@ -52,8 +52,7 @@ def test_the_window_holds_the_films_breast(tmp_path, view, side, spacing):
     from its breast (the spacing the film's own breast box gives, within 2 %), not from the film. The code before
     took the noisy background for the breast: at 0.1 mm its window held about half of a CC's breast (0.51), and
     without a spacing it fitted the whole film into the window (0.069 mm where the breast gives 0.114)."""
-    from scripts.transforms.mammo.coverage import breast_in_window, breast_refusal
-    from scripts.transforms.mammo.coverage import original_size, window_on_original
+    from scripts.transforms.mammo.coverage import breast_in_window, breast_refusal, original_size, window_on_original
 
     image, mask = film(*SHAPE, view=view, laterality=side, seed=3)
     stated = None if spacing is None else (spacing, spacing)

@@ -34,12 +34,11 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "FINGERPRINT_KEY",
     "RUN_RECORD",
     "OutputFolderRefused",
     "InferencePlan",
     "InferenceOutputFolder",
-    "file_sha256",
+    "run_settings",
     "assign_stems",
     "stem_limit",
 ]

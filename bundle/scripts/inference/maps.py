@@ -20,20 +20,14 @@ from ..transforms.mammo.coverage import original_size, window_on_original
 from .files import OutputSelection, StagedFiles
 
 __all__ = [
-    "FALLBACK_SPACING_MM",
     "LPS_TO_RAS",
-    "MAP_SCALE",
     "OnOriginal",
     "file_affine",
-    "invert_maps",
     "maps_on_original",
-    "quantize",
-    "save_png",
-    "save_nifti",
     "map_spacing",
-    "used_spacing",
     "write_map_files",
     "map_spacing_note",
+    "save_png",
 ]
 
 #: pixel size (mm) the map files state when the input's is unknown (PNG inputs; DICOMs without a valid spacing)

@@ -21,14 +21,7 @@ from .files import OutputSelection
 from .folder import RUN_RECORD, InferenceOutputFolder, InferencePlan, OutputFolderRefused, _differences
 from .tables import ERROR_KEY, InferenceTables, csv_cell, error_record
 
-__all__ = [
-    "NOT_RUN",
-    "input_share",
-    "InferenceRanks",
-    "RankOutputFolder",
-    "RanksFailed",
-    "run_shares",
-]
+__all__ = ["input_share", "InferenceRanks", "RankOutputFolder", "RanksFailed", "run_shares"]
 
 logger = logging.getLogger(__name__)
 
