@@ -75,8 +75,6 @@ class GLAMInferenceStep:
     Args:
         amp: autocast to ``amp_dtype``; without it, true float32 on CUDA too (TF32 off).
         amp_dtype: the autocast type.
-
-    Returns (per call): ``{"items", "errors", "pred", "load_s"}``, ``pred`` None when every image failed.
     """
 
     def __init__(self, amp: bool | str = False, amp_dtype: torch.dtype = torch.bfloat16) -> None:
@@ -84,6 +82,7 @@ class GLAMInferenceStep:
         self.amp_dtype = amp_dtype
 
     def __call__(self, engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"items", "errors", "pred", "load_s"}`` of one batch, ``pred`` None when every image failed."""
         pred = None
         items, errors = list(batch["items"]), list(batch["errors"])
         if batch["image"] is not None:
