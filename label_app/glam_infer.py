@@ -275,8 +275,7 @@ class GLAMSaliencyInfer(BasicInferTask):
         """The network on a preprocessed ``item``, the map written as ``settings`` ask, and the JSON result (scores,
         patch boxes and the image's facts as in the bundle's predictions.csv)."""
         from scripts.inference.facts import image_facts, image_notes, spacing_note
-        from scripts.inference.geometry import file_affine, maps_on_original
-        from scripts.inference.maps import map_spacing
+        from scripts.inference.maps import file_affine, map_spacing, maps_on_original
         from scripts.precision import autocast
 
         amp = self.device.type == "cuda"

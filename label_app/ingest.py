@@ -144,7 +144,7 @@ def ingest_dicoms(studies: str | Path) -> IngestReport:
     from nrrd_io import write_nrrd_2d
 
     from scripts.data.readers import read_mammogram
-    from scripts.inference.geometry import file_affine
+    from scripts.inference.maps import file_affine
 
     studies = Path(studies)
     if not studies.is_dir():

@@ -11,7 +11,7 @@ import numpy as np
 
 from scripts.atomic import atomic_path
 from scripts.data.geometry import usable_spacing
-from scripts.inference.geometry import LPS_TO_RAS
+from scripts.inference.maps import LPS_TO_RAS
 
 
 def write_nrrd_2d(
@@ -30,7 +30,7 @@ def write_nrrd_2d(
         array: the ``(H, W)`` picture.
         spacing: ``(row, col)`` mm along the LPS axes; None with no ``affine``: no geometry (none is invented).
         key_values: ``key:=value`` pairs for the header.
-        affine: 4x4 RAS of voxel ``(column, row)``, as ``scripts.inference.geometry.file_affine`` gives it.
+        affine: 4x4 RAS of voxel ``(column, row)``, as ``scripts.inference.maps.file_affine`` gives it.
     """
     array = np.asarray(array)
     if array.ndim != 2:
