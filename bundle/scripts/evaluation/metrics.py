@@ -28,15 +28,7 @@ __all__ = ["MAP_STATS", "map_handlers", "ReportMetrics", "GatheredMetrics", "per
 logger = logging.getLogger(f"{__package__}.report")
 
 #: summary entries per map and class, in the order of the paper's Table 1
-MAP_STATS = (
-    "dice_mean",
-    "dice_std",
-    "pxap_image_mean",
-    "pxap_image_std",
-    "pxap_dataset",
-    "pointing_game",
-    "peak_on_border",
-)
+MAP_STATS = tuple("dice_mean dice_std pxap_image_mean pxap_image_std pxap_dataset pointing_game peak_on_border".split())
 
 #: the metric handlers of one map, by the suffix of their name (``<map>_<suffix>`` in ``engine.state.metrics``)
 HANDLER_SUFFIXES = ("dice", "pxap", "hit", "border", "froc")

@@ -24,15 +24,9 @@ __all__ = [
 ]
 
 #: handler classes that only log or draw: built on rank 0 only (MetricsSaver is not here: it gathers across ranks)
-RANK_ZERO_ONLY = (
-    "StatsHandler",
-    "TensorBoardStatsHandler",
-    "TensorBoardImageHandler",
-    "ProgressBar",
-    "SaliencyPanelWriter",
-    "MLFlowHandler",
-    "ClearMLStatsHandler",
-    "ClearMLImageHandler",
+RANK_ZERO_ONLY = tuple(
+    "StatsHandler TensorBoardStatsHandler TensorBoardImageHandler ProgressBar SaliencyPanelWriter MLFlowHandler "
+    "ClearMLStatsHandler ClearMLImageHandler".split()
 )
 
 
