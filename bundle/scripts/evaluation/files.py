@@ -87,7 +87,6 @@ def _group_line(widths: Sequence[int], n_classes: int) -> str:
 
 
 def _heading(summary: Mapping[str, Any], order: Sequence[str]) -> list[str]:
-    """What was evaluated: split, image count, stage, checkpoint, lesion and label counts."""
     title = f"GLAM evaluation: {summary.get('split', 'split')} split, {summary['n_images']} images"
     if summary.get("n_unscored"):
         title += (

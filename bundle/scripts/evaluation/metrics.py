@@ -35,7 +35,6 @@ HANDLER_SUFFIXES = ("dice", "pxap", "hit", "border", "froc")
 
 
 def _decollated(output: Any) -> list[Mapping[str, Any]]:
-    """The evaluator's output as a list of per-image dicts (one dict is one image)."""
     return [output] if isinstance(output, Mapping) else list(output)
 
 
@@ -123,7 +122,6 @@ def _map_stats(
 
 
 def _path_key(path: Any) -> str:
-    """An image path, absolute and normalised."""
     return os.path.normpath(os.path.abspath(str(path))) if path else ""
 
 
@@ -135,39 +133,27 @@ def _key_text(key: tuple | None) -> str:
 class ReportMetrics:
     """Collects one evaluation's per-image values through the metric handlers, which the first update attaches.
 
-    Args as :class:`~scripts.evaluation.report.MetricsReport`.
+    Args:
+        class_names: one name per channel.
+        maps: the maps to report, where present in the outputs.
+        keys: the image, mask, score and label keys of the decollated items.
+        items: the evaluated datalist items, which name each image's breast.
+        handler_args: the keyword arguments of :func:`map_handlers` after the keys.
     """
 
     def __init__(
         self,
         class_names: Sequence[str],
         maps: Sequence[str],
-        pxap_step: float,
-        pointing_tolerance: float,
-        peak_border: float,
-        check_values: bool,
-        image_key: str,
-        mask_key: str,
-        score_key: str,
-        label_key: str,
-        froc_radius: int = 8,
-        froc_tolerance: float = 0.0,
-        froc_max_candidates: int = 20,
+        keys: Sequence[str],
         items: Sequence[Mapping[str, Any]] | None = None,
+        **handler_args: Any,
     ) -> None:
         self.class_names = list(class_names)
         self.maps = list(maps)
-        self._handler_args = dict(
-            pxap_step=pxap_step,
-            pointing_tolerance=pointing_tolerance,
-            peak_border=peak_border,
-            check_values=check_values,
-            froc_radius=froc_radius,
-            froc_tolerance=froc_tolerance,
-            froc_max_candidates=froc_max_candidates,
-        )
+        self._handler_args = handler_args
         self.breast_of = {_path_key(it.get("image")): breast_key(it) for it in items or () if isinstance(it, Mapping)}
-        self.image_key, self.mask_key, self.score_key, self.label_key = image_key, mask_key, score_key, label_key
+        self.image_key, self.mask_key, self.score_key, self.label_key = keys
         self.present: list[str] | None = None
         self.handlers: dict[str, dict[str, PxAP | SoftDice | PointingGame | FROC]] = {}
         self.auc = ROCAUCMetric(average="none")
@@ -313,7 +299,6 @@ class ReportMetrics:
 
 
 def _number(value: float) -> float | None:
-    """JSON has no NaN: undefined values become null."""
     value = float(value)
     return None if math.isnan(value) else value
 
@@ -324,13 +309,11 @@ def _rate(rate: float) -> str:
 
 
 def _cell(value: float) -> str:
-    """CSV cell: shortest round-trip repr, empty for NaN."""
     value = float(value)
     return "" if math.isnan(value) else repr(value)
 
 
 def _label_cell(value: float) -> str:
-    """CSV cell of a label: an integer when it is one."""
     value = float(value)
     return str(int(value)) if value.is_integer() else _cell(value)
 

@@ -145,57 +145,36 @@ class MetricsReport:
             raise ValueError(f"class_names must be distinct and non-empty, got {list(class_names)}")
         self.info = {str(k): (str(v) if isinstance(v, os.PathLike) else v) for k, v in (info or {}).items()}
         self.maps = list(maps)
-        self.pxap_step = float(pxap_step)
-        self.pointing_tolerance = float(pointing_tolerance)
-        self.peak_border = float(peak_border)
-        self.froc_radius, self.froc_tolerance = int(froc_radius), float(froc_tolerance)
-        self.froc_max_candidates = int(froc_max_candidates)
+        self.handler_args = {
+            "pxap_step": float(pxap_step),
+            "pointing_tolerance": float(pointing_tolerance),
+            "peak_border": float(peak_border),
+            "check_values": bool(check_values),
+            "froc_radius": int(froc_radius),
+            "froc_tolerance": float(froc_tolerance),
+            "froc_max_candidates": int(froc_max_candidates),
+        }
         self.items = list(items) if items is not None else None
         self.unscored = unscored
         self.skip_unscored = str2bool(str(skip_unscored))
         self.unscored_images: list[dict[str, str]] = []
-        self.check_values = bool(check_values)
         self.print_table = bool(print_table)
         self.image_key, self.mask_key, self.score_key, self.label_key = image_key, mask_key, score_key, label_key
-        self.prefix = prefix
+        self.json_path = self.output_dir / f"{prefix}.json"
+        self.csv_path = self.output_dir / f"{prefix}.csv"
+        self.unscored_path = self.output_dir / "unscored.csv"
         self.summary: dict[str, Any] = {}
         self.rows: list[dict[str, str]] = []
         self.table = ""
         self.metrics: ReportMetrics | None = None
         self.reset()
 
-    @property
-    def json_path(self) -> Path:
-        return self.output_dir / f"{self.prefix}.json"
-
-    @property
-    def csv_path(self) -> Path:
-        return self.output_dir / f"{self.prefix}.csv"
-
-    @property
-    def unscored_path(self) -> Path:
-        return self.output_dir / "unscored.csv"
-
     def reset(self) -> None:
         """Start a new evaluation with fresh metrics."""
         if getattr(self, "metrics", None) is not None:
             self.metrics.detach()
-        self.metrics = ReportMetrics(
-            self.class_names,
-            self.maps,
-            pxap_step=self.pxap_step,
-            pointing_tolerance=self.pointing_tolerance,
-            peak_border=self.peak_border,
-            check_values=self.check_values,
-            image_key=self.image_key,
-            mask_key=self.mask_key,
-            score_key=self.score_key,
-            label_key=self.label_key,
-            froc_radius=self.froc_radius,
-            froc_tolerance=self.froc_tolerance,
-            froc_max_candidates=self.froc_max_candidates,
-            items=self.items,
-        )
+        keys = (self.image_key, self.mask_key, self.score_key, self.label_key)
+        self.metrics = ReportMetrics(self.class_names, self.maps, keys, self.items, **self.handler_args)
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.EPOCH_STARTED, lambda _: self.reset())
@@ -249,13 +228,14 @@ class MetricsReport:
     def compute(self, engine: Engine) -> tuple[list[dict[str, str]], dict[str, Any]]:
         """Per-image rows and the summary, once the metric handlers completed; collective."""
         gathered = self.metrics.gather(engine)
+        args = self.handler_args
         settings = {
-            "pxap_step": self.pxap_step,
-            "pointing_tolerance_px": self.pointing_tolerance,
-            "peak_border_px": self.peak_border,
-            "froc_radius_px": self.froc_radius,
-            "froc_tolerance_px": self.froc_tolerance,
-            "froc_max_candidates": self.froc_max_candidates,
+            "pxap_step": args["pxap_step"],
+            "pointing_tolerance_px": args["pointing_tolerance"],
+            "peak_border_px": args["peak_border"],
+            "froc_radius_px": args["froc_radius"],
+            "froc_tolerance_px": args["froc_tolerance"],
+            "froc_max_candidates": args["froc_max_candidates"],
             "per_image_csv": self.csv_path.name,
             "unscored_csv": self.unscored_path.name,
             "skip_unscored": self.skip_unscored,

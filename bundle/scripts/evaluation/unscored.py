@@ -92,7 +92,6 @@ def _label_lesions(d: dict[str, Any], mask_keys: Sequence[str]) -> dict[str, Any
 
 
 def _binary_masks(d: dict[str, Any], mask_keys: Sequence[str]) -> dict[str, Any]:
-    """The numbered masks back to 0/1 bytes."""
     for key in mask_keys:
         if key in d:
             d[key] = (d[key] > 0).to(torch.uint8)

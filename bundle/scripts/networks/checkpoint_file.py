@@ -28,7 +28,6 @@ class NonFiniteError(CheckpointError):
 
 
 def _first_line(text: Any, limit: int = 160) -> str:
-    """The first sentence of the first non-empty line of ``text``."""
     line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
     line = line.split(". ")[0]
     return line if len(line) <= limit else line[: limit - 3] + "..."

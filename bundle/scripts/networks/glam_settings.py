@@ -101,10 +101,6 @@ class SettingSpec:
     text: Callable[[Any, str], Any] | None = None
 
 
-def _flag_text(value: Any, name: str) -> bool:
-    return as_flag(value, name)
-
-
 def _int_text(value: Any, name: str) -> int:
     return int(value)
 
@@ -183,7 +179,7 @@ class GLAMSettings:
     local_depth: int = setting(34, int, _units, _UNITS, text=_int_text)
     local_width: int = setting(64, int, _units, _UNITS, text=_int_text)
     # recompute the local module's activations in backward to fit more patches
-    activation_checkpointing: bool = setting(False, None, inference=None, text=_flag_text)
+    activation_checkpointing: bool = setting(False, None, inference=None, text=as_flag)
     # hidden size of the gated attention
     attention_hidden: int = setting(128, int, _units, _UNITS, text=_int_text)
     # keyword arguments of the global module's GlobalBackbone; the paper's ResNet-22 when empty
@@ -191,13 +187,13 @@ class GLAMSettings:
         None, lambda value: dict(value or {}), lambda v: isinstance(v, dict), "a mapping of the backbone's options"
     )
     # the global module pools only map cells on the breast (GlobalNetwork)
-    pool_in_breast: bool = setting(False, bool, _is_bool, _BOOL, text=_flag_text)
+    pool_in_breast: bool = setting(False, bool, _is_bool, _BOOL, text=as_flag)
     # a name in scripts.aggregation.AGGREGATIONS; None: the paper's (concat in local, attention in joint)
     aggregation: str | None = setting(None, _as_is, lambda v: v is None or isinstance(v, str), "null or a name")
     # hold the gated attention and the fusion head; False: the authors' inference layout
-    joint_modules: bool = setting(True, bool, _is_bool, _BOOL, text=_flag_text)
+    joint_modules: bool = setting(True, bool, _is_bool, _BOOL, text=as_flag)
     # pool every global scale after upsampling it to S_0's size (the authors' code)
-    global_pool_after_upsampling: bool = setting(False, bool, _is_bool, _BOOL, compared=False, text=_flag_text)
+    global_pool_after_upsampling: bool = setting(False, bool, _is_bool, _BOOL, compared=False, text=as_flag)
 
     @classmethod
     def of(cls, settings: GLAMSettings | None = None, **overrides: Any) -> GLAMSettings:

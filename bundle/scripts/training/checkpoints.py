@@ -123,7 +123,6 @@ _SCHEDULER_STATE = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_
 
 
 def _hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
-    """An optimizer param group's settings: all but its parameters and its current learning rate."""
     return {k: v for k, v in group.items() if k not in ("params", "lr")}
 
 
@@ -253,6 +252,8 @@ class StageCheckpointer:
         if "network" not in save_dict:
             raise ValueError("save_dict must hold the 'network'")
         self.ckpt_dir = Path(ckpt_dir)
+        self.best_path, self.last_path = self.ckpt_dir / "model.pt", self.ckpt_dir / "last.pt"
+        self.record_path = self.ckpt_dir / "selection.json"
         self.save_dict = dict(save_dict)
         self.evaluator = evaluator
         self.previous_model = Path(previous_model) if previous_model else None
@@ -263,18 +264,6 @@ class StageCheckpointer:
         self.record: dict[str, Any] = {}
         self.trainer: Engine | None = None
         self._files: dict[str, Checkpoint] = {}
-
-    @property
-    def best_path(self) -> Path:
-        return self.ckpt_dir / "model.pt"
-
-    @property
-    def last_path(self) -> Path:
-        return self.ckpt_dir / "last.pt"
-
-    @property
-    def record_path(self) -> Path:
-        return self.ckpt_dir / "selection.json"
 
     def _checkpoint(self, name: str) -> Checkpoint:
         """The Ignite ``Checkpoint`` writing ``model.pt`` (the network) or ``last.pt`` (all of ``save_dict``)."""
@@ -362,7 +351,6 @@ class StageCheckpointer:
         module.load_state_dict(state, strict=True)
 
     def _load_modules(self, network: Any, state: Mapping[str, Any]) -> None:
-        """Load each of ``previous_modules`` from its part of ``state``, strictly."""
         children = dict(network.named_children())
         for name, source in self.previous_modules.items():
             if name not in children:
