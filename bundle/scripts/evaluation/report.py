@@ -1,6 +1,6 @@
 """The evaluation report of a GLAM model: every number of the paper's Table 1 from one pass over a split.
 
-``MONAI``'s ``MetricsSaver`` writes one file per metric; the report writes one row per image with every map and
+Unlike MONAI's ``MetricsSaver`` (one file per metric), the report writes one row per image with every map and
 class, and a summary with per-class statistics, which the docs and the MONAI Label app read.
 """
 

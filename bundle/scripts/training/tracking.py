@@ -40,6 +40,11 @@ def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
     return params
 
 
+def _mlflow_handlers(parser: ConfigParser, handlers_id: str) -> list[dict]:
+    handlers = parser.get(handlers_id) or []
+    return [h for h in handlers if isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler")]
+
+
 def attach_tracked_config(
     parser: ConfigParser, handlers_id: str, folder: str | os.PathLike, params_id: str | None = None
 ) -> str | None:
@@ -55,8 +60,7 @@ def attach_tracked_config(
     Returns:
         the file's path; None when nothing is tracked.
     """
-    handlers = parser.get(handlers_id) or []
-    tracked = [h for h in handlers if isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler")]
+    tracked = _mlflow_handlers(parser, handlers_id)
     if not tracked:
         return None
     path = save_config(folder, parser.get())
@@ -70,13 +74,11 @@ def attach_tracked_config(
 
 def track_stage(stage_parser: ConfigParser, stage: str) -> None:
     """Make a tracked stage record its parameters and merged configuration; call before the stage is built."""
-    handlers = stage_parser.get("train#handlers") or []
-    if not any(isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler") for h in handlers):
+    if not _mlflow_handlers(stage_parser, "train#handlers"):
         return
     params = tracking_params(stage_parser, stage)
     attach_tracked_config(stage_parser, "train#handlers", str(stage_parser.get_parsed_content("output_dir")))
-    for handler in stage_parser.get("train#handlers"):
-        if isinstance(handler, dict) and str(handler.get("_target_", "")).endswith("MLFlowHandler"):
-            handler.setdefault("experiment_param", "@tracking_params")
+    for handler in _mlflow_handlers(stage_parser, "train#handlers"):
+        handler.setdefault("experiment_param", "@tracking_params")
     # setting an item resets what the parser resolved while reading the parameters: the stage is built afresh
     stage_parser["tracking_params"] = params
