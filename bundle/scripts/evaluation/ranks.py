@@ -1,7 +1,7 @@
 """The evaluation on several processes (``configs/multi_gpu_evaluate.yaml``, under ``torchrun``): which images each
 rank evaluates, and the split's data check shared by the ranks.
 
-Each rank takes one contiguous block of the split (:func:`rank_block`: rank 0 the first images, rank 1 the next,
+Each rank takes one contiguous block of the split (:func:`block_bounds`: rank 0 the first images, rank 1 the next,
 ..., the first ``n % N`` ranks one image more), not the interleaved share of training's validation. The report's
 metric handlers gather their per-image values rank by rank, so with blocks the gathered rows are in the split's
 order, the order one process evaluates them in: ``metrics.csv`` has the same rows, and every mean, standard
@@ -25,7 +25,7 @@ from monai.utils import str2bool
 
 from ..distributed import rank, world_size
 
-__all__ = ["block_bounds", "rank_block", "check_data_on_ranks"]
+__all__ = ["block_bounds", "check_data_on_ranks"]
 
 
 def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | None = None) -> tuple[int, int]:
@@ -49,18 +49,12 @@ def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | Non
     return start, start + size + (r < extra)
 
 
-def rank_block(items: Sequence[Any], num_replicas: int | None = None, rank_: int | None = None) -> list[Any]:
-    """This rank's contiguous block of ``items`` (:func:`block_bounds`); all of them without a process group."""
-    start, stop = block_bounds(len(items), num_replicas, rank_)
-    return list(items[start:stop])
-
-
 def check_data_on_ranks(
     datalist: Sequence[Any], split: str, pixel_spacing: Any = None, enabled: bool | str = True
 ) -> Any:
     """The files, labels, masks and boxes of the split checked as evaluate.yaml's ``check_data`` does
     (:func:`scripts.data.checks.check_data` on ``{split: datalist}``), each rank reading the files of its own
-    block (:func:`rank_block`) only. Collective: every rank calls it, and every rank gets the same outcome.
+    block (:func:`block_bounds`) only. Collective: every rank calls it, and every rank gets the same outcome.
 
     The ranks gather their block's reports; each problem keeps its item's index in the whole split; the whole
     split's items are also checked without reading files for what spans blocks (an image listed twice). Only rank 0

@@ -59,7 +59,6 @@ __all__ = [
     "UnscoredImagesError",
     "check_checkpoint",
     "eval_split_items",
-    "run_evaluation",
     "format_table",
     "EVAL_SPLITS",
     "MAP_STATS",
@@ -112,13 +111,6 @@ def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: 
             "0.7 0.15 0.15)"
         )
     return list(items)
-
-
-def run_evaluation(evaluator: Any, report: MetricsReport) -> dict[str, Any]:
-    """Run ``evaluator`` over the split once and return what ``report`` (one of its handlers) wrote to
-    ``metrics.json``: evaluate.yaml's last ``evaluating`` entry."""
-    evaluator.run()
-    return report.summary
 
 
 class MetricsReport:

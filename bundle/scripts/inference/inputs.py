@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monai.data import DataLoader, Dataset
+from monai.data import Dataset
 
 from ..data.datalist import load_datalist, resolve_paths
 from ..data.readers import (
@@ -50,7 +50,6 @@ __all__ = [
     "batch_size_for",
     "cores_per_process",
     "loader_workers",
-    "inference_loader",
 ]
 
 # an inference output folder holds this record (folder.RUN_RECORD) and writes into these sub-folders
@@ -285,17 +284,3 @@ def loader_workers(num_workers: Any = "auto", cpus: int | None = None) -> int:
     if str(num_workers).strip().lower() == "auto":
         return min(8, cores_per_process(cpus) // 2)
     return int(num_workers)
-
-
-def inference_loader(
-    dataset: Dataset, batch_size: Any = "auto", num_workers: Any = "auto", device: torch.device | str = "cpu"
-) -> DataLoader:
-    """MONAI's ``DataLoader`` over ``dataset`` in order, batched by :func:`collate_inference`, with
-    :func:`batch_size_for` and :func:`loader_workers`."""
-    return DataLoader(
-        dataset,
-        batch_size=batch_size_for(batch_size, device),
-        shuffle=False,
-        num_workers=loader_workers(num_workers),
-        collate_fn=collate_inference,
-    )

@@ -349,10 +349,10 @@ def _failure_line(failed_rank: int, report: Mapping[str, Any], not_run: Sequence
 
 
 def run_shares(ranks: InferenceRanks, evaluator: Any, writer: Any, throughput: Any = None, timing: Any = None) -> None:
-    """The run of a multi-process job, on every rank (the overlay's last step, in place of
-    :func:`~.writer.run_to_end`): this rank's share through ``evaluator`` and ``writer``; an exception is this rank's
-    failure, reported to the others, which finish their shares. Then, once every rank is done, rank 0 merges the
-    tables (:meth:`RankOutputFolder.merge`) and writes timing.json (``timing.write(reports, merge_s)``, with
+    """The run of a multi-process job, on every rank (the overlay's last step, in place of inference.yaml's
+    ``evaluator.run()`` and ``writer.finish()``): this rank's share through ``evaluator`` and ``writer``; an exception
+    is this rank's failure, reported to the others, which finish their shares. Then, once every rank is done, rank 0
+    merges the tables (:meth:`RankOutputFolder.merge`) and writes timing.json (``timing.write(reports, merge_s)``, with
     ``throughput``'s figures of every rank); every rank waits for the merge before it leaves, and the command fails
     (:class:`RanksFailed`) on rank 0, naming each failed rank and the inputs it did not run, and on each failed rank.
     """

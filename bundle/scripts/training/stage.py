@@ -1,18 +1,5 @@
-"""What one training stage reads from ``train.yaml``, as named config components (``scripts.training.stage.…``).
-
-``train.yaml`` describes one stage, chosen by its ``stage`` id. These functions turn the stage's name and the
-configuration's plain values into what the stage's objects need, so that the configuration states values and names
-components rather than computing them in ``$`` expressions:
-
-- :func:`previous_model`: the previous stage's best model, which the stage starts from (for ``global``: none, or
-  the model a preset names), and :func:`previous_modules`, which of its submodules;
-- :func:`key_map`: the saliency map the stage is validated on (``S_g``, ``S_l``, ``S_c``);
-- :func:`trainable_parameters`: what the optimizer updates (GLAM freezes what a stage does not train);
-- :func:`train_stage`: runs the stage's trainer and returns its summary (``run_stage``'s last item).
-
-The per-stage numbers (epochs, learning rate, batch size, sparsity weight) are read by
-:func:`scripts.training.preflight.per_stage`; the stage's folders (``ckpt_dir``, ``output_dir``) are joined in
-train.yaml.
+"""The stages and what one training stage runs: :func:`previous_modules` (which submodules of the model a stage
+starts from it takes) and :func:`train_stage` (the stage's trainer run, and its summary: ``run_stage``'s last item).
 """
 
 from __future__ import annotations
@@ -21,8 +8,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from ..enums import STAGES, MapName, Stage
 
 __all__ = [
@@ -30,10 +15,7 @@ __all__ = [
     "stages_to_run",
     "STAGE_MAPS",
     "previous_stage",
-    "previous_model",
     "previous_modules",
-    "key_map",
-    "trainable_parameters",
     "train_stage",
 ]
 
@@ -54,15 +36,6 @@ def previous_stage(stage: str) -> str | None:
     return STAGES[index - 1] if index > 0 else None
 
 
-def previous_model(ckpt_root: str | os.PathLike, stage: str, init: str | os.PathLike | None = None) -> str | None:
-    """``<ckpt_root>/<previous stage>/model.pt``, the model ``stage`` starts from; for the global stage ``init`` (a
-    model to start from, such as the quick start's shipped model; None: a fresh network)."""
-    previous = previous_stage(stage)
-    if previous is None:
-        return None if init is None else os.fspath(init)
-    return os.path.join(os.fspath(ckpt_root), previous, "model.pt")
-
-
 def previous_modules(stage: str, init: Any = None, modules: Sequence[str] | None = None) -> list[str] | None:
     """The top-level submodules ``stage`` takes from the model it starts from (train.yaml's ``previous_modules``):
     ``modules`` for the global stage when it starts from a model ``init`` (the quick start: the global module only),
@@ -70,17 +43,6 @@ def previous_modules(stage: str, init: Any = None, modules: Sequence[str] | None
     if previous_stage(stage) is None and init and modules is not None:
         return list(modules)
     return None
-
-
-def key_map(stage: str) -> str:
-    """The saliency map that validates ``stage`` (:data:`STAGE_MAPS`)."""
-    return STAGE_MAPS[_stage(stage)]
-
-
-def trainable_parameters(network: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The parameters of ``network`` that require a gradient, in ``parameters()`` order: the optimizer's ``params``
-    (the stage's frozen modules are left out, so Adam keeps no state for them)."""
-    return [p for p in network.parameters() if p.requires_grad]
 
 
 def train_stage(
