@@ -25,16 +25,13 @@ from monai.data import Dataset
 
 from ..data.datalist import load_datalist, resolve_paths
 from ..data.readers import (
-    DEFAULT_MAX_PIXELS,
     SUPPORTED_SUFFIXES,
-    MammogramReader,
     MammogramReadError,
     file_format,
     not_a_mammogram,
 )
 from ..enums import Stage
 from ..handlers.throughput import LOAD_SECONDS_KEY
-from ..networks.weights import as_flag
 from .facts import breast_refusal
 from .files import DICOM_DIR, MANIFESTS_DIR, MAPS_DIR, PANELS_DIR
 from .tables import ERROR_KEY, error_record
@@ -43,7 +40,6 @@ __all__ = [
     "looks_like_an_input",
     "scan_input_folder",
     "inference_items",
-    "inference_reader",
     "SafeDataset",
     "collate_inference",
     "root_cause",
@@ -176,29 +172,6 @@ def inference_items(
     if all(NO_IMAGE_FILE in item.get(ERROR_KEY, "") for item in items):
         raise ValueError(f"input_dir {str(folder)!r} holds no file of a supported type {SUPPORTED_SUFFIXES}")
     return items
-
-
-def inference_reader(
-    apply_voi: bool = True,
-    accept_non_mammography: bool = False,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    window: Sequence[int] | None = None,
-    pixel_spacing: float | Sequence[float] | None = None,
-) -> MammogramReader:
-    """The reader of inference's images: :class:`~scripts.data.readers.MammogramReader` with ``apply_voi``. A file
-    that is not a mammogram is skipped by the reader (an errors.csv row naming the reason: a DICOM of another
-    modality, a binary image such as a lesion mask, an image too small for the model's ``window`` at its
-    ``pixel_spacing``, :func:`~scripts.data.readers.pixel_kind_problem`) unless ``accept_non_mammography``; a file
-    whose header states more than ``max_pixels`` pixels is refused before it is decoded (None: no cap)."""
-    accept = as_flag(accept_non_mammography, "accept_non_mammography")
-    return MammogramReader(
-        apply_voi=bool(apply_voi),
-        accept_non_mammography=accept,
-        max_pixels=None if max_pixels is None else int(max_pixels),
-        kind_checks=not accept,
-        window=window,
-        model_spacing=pixel_spacing,
-    )
 
 
 def root_cause(exc: BaseException) -> BaseException:
