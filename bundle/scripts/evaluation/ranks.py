@@ -16,7 +16,7 @@ from monai.utils import str2bool
 
 from ..distributed import rank, world_size
 
-__all__ = ["block_bounds", "rank_block", "check_data_on_ranks"]
+__all__ = ["block_bounds", "check_data_on_ranks"]
 
 
 def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | None = None) -> tuple[int, int]:
@@ -39,16 +39,12 @@ def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | Non
     return start, start + size + (r < extra)
 
 
-def rank_block(items: Sequence[Any], num_replicas: int | None = None, rank_: int | None = None) -> list[Any]:
-    """This rank's contiguous block of ``items``; all of them without a process group."""
-    start, stop = block_bounds(len(items), num_replicas, rank_)
-    return list(items[start:stop])
-
-
 def check_data_on_ranks(
     datalist: Sequence[Any], split: str, pixel_spacing: Any = None, enabled: bool | str = True
 ) -> Any:
-    """evaluate.yaml's data check of the split, each rank reading its own block's files; collective.
+    """The files, labels, masks and boxes of the split checked as evaluate.yaml's ``check_data`` does
+    (:func:`scripts.data.checks.check_data` on ``{split: datalist}``), each rank reading the files of its own
+    block (:func:`block_bounds`) only. Collective: every rank calls it, and every rank gets the same outcome.
 
     Returns:
         the report of the whole split (indices in the whole split), or None when ``enabled`` is no.

@@ -27,7 +27,6 @@ __all__ = [
     "UnscoredImagesError",
     "check_checkpoint",
     "eval_split_items",
-    "run_evaluation",
     "format_table",
     "EVAL_SPLITS",
     "MAP_STATS",
@@ -80,12 +79,6 @@ def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: 
             "0.7 0.15 0.15)"
         )
     return list(items)
-
-
-def run_evaluation(evaluator: Any, report: MetricsReport) -> dict[str, Any]:
-    """Run ``evaluator`` once and return the summary ``report`` (one of its handlers) wrote."""
-    evaluator.run()
-    return report.summary
 
 
 class MetricsReport:

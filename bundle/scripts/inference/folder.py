@@ -17,8 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write
-from ..networks.weights import as_flag
-from .files import OUTPUT_FOLDERS, TEMPORARY_PREFIX, OutputSelection, files_are_complete, input_names, is_temporary
+from .files import (
+    OUTPUT_FOLDERS,
+    TEMPORARY_PREFIX,
+    OutputSelection,
+    files_are_complete,
+    input_names,
+    is_temporary,
+)
 from .tables import (
     FILES_KEY,
     FINGERPRINT_COLUMNS,
@@ -38,7 +44,6 @@ __all__ = [
     "OutputFolderRefused",
     "InferencePlan",
     "InferenceOutputFolder",
-    "run_settings",
     "assign_stems",
     "stem_limit",
 ]
@@ -160,34 +165,6 @@ class InferencePlan(Sequence):
 
     def __getitem__(self, index: Any) -> Any:
         return self.items[index]
-
-
-def run_settings(
-    ckpt_path: str | os.PathLike,
-    network: Any,
-    precision: str = "auto",
-    crop_iterations: int = 100,
-    crop_buffer: int = 50,
-    input_spacing: Any = None,
-    spacing_fallback: str = "fit_breast",
-    accept_non_mammography: bool = False,
-    panel_height: int | None = 1024,
-    spacing_range: Any = None,
-) -> dict[str, Any]:
-    """What makes two runs into one output folder the same run (``run.json``): the checkpoint's SHA-256, the model
-    settings, the precision, the preprocessing's settings and the panels' height."""
-    return {
-        "checkpoint_sha256": file_sha256(ckpt_path),
-        "model": network.settings,
-        "precision": str(precision),
-        "crop_iterations": int(crop_iterations),
-        "crop_buffer": int(crop_buffer),
-        "input_spacing": input_spacing,
-        "spacing_fallback": str(spacing_fallback),
-        "accept_non_mammography": as_flag(accept_non_mammography, "accept_non_mammography"),
-        "panel_height": panel_height,
-        **({} if spacing_range is None else {"spacing_range": [float(v) for v in spacing_range]}),
-    }
 
 
 class InferenceOutputFolder:

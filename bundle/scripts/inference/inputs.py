@@ -12,20 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monai.data import DataLoader, Dataset, MetaTensor
+from monai.data import Dataset, MetaTensor
 
 from ..data.datalist import load_datalist, resolve_paths
 from ..data.readers import (
-    DEFAULT_MAX_PIXELS,
     SUPPORTED_SUFFIXES,
-    MammogramReader,
     MammogramReadError,
     file_format,
     not_a_mammogram,
 )
 from ..enums import Stage
 from ..handlers.throughput import LOAD_SECONDS_KEY
-from ..networks.weights import as_flag
 from ..transforms.mammo.coverage import breast_refusal
 from .files import OUTPUT_FOLDERS
 from .folder import RUN_RECORD
@@ -36,14 +33,12 @@ __all__ = [
     "item_path",
     "scan_input_folder",
     "inference_items",
-    "inference_reader",
     "SafeDataset",
     "collate_inference",
     "root_cause",
     "batch_size_for",
     "cores_per_process",
     "loader_workers",
-    "inference_loader",
 ]
 
 #: the reason of a file that is no image (errors.csv)
@@ -168,27 +163,6 @@ def inference_items(
     return items
 
 
-def inference_reader(
-    apply_voi: bool = True,
-    accept_non_mammography: bool = False,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    window: Sequence[int] | None = None,
-    pixel_spacing: float | Sequence[float] | None = None,
-) -> MammogramReader:
-    """The reader of inference's images: :class:`~scripts.data.readers.MammogramReader` refusing a file that is not a
-    mammogram (another modality, a binary mask, an image too small for ``window`` at ``pixel_spacing``) unless
-    ``accept_non_mammography``, and one stating more than ``max_pixels`` pixels (None: no cap) before decoding."""
-    accept = as_flag(accept_non_mammography, "accept_non_mammography")
-    return MammogramReader(
-        apply_voi=bool(apply_voi),
-        accept_non_mammography=accept,
-        max_pixels=None if max_pixels is None else int(max_pixels),
-        kind_checks=not accept,
-        window=window,
-        model_spacing=pixel_spacing,
-    )
-
-
 def root_cause(exc: BaseException) -> BaseException:
     """The first error in the chain that is not one of MONAI's "applying transform ..." wrappers."""
     seen = set()
@@ -267,16 +241,3 @@ def loader_workers(num_workers: Any = "auto", cpus: int | None = None) -> int:
     if str(num_workers).strip().lower() == "auto":
         return min(8, cores_per_process(cpus) // 2)
     return int(num_workers)
-
-
-def inference_loader(
-    dataset: Dataset, batch_size: Any = "auto", num_workers: Any = "auto", device: torch.device | str = "cpu"
-) -> DataLoader:
-    """MONAI's ``DataLoader`` over ``dataset`` in order, batched by :func:`collate_inference`."""
-    return DataLoader(
-        dataset,
-        batch_size=batch_size_for(batch_size, device),
-        shuffle=False,
-        num_workers=loader_workers(num_workers),
-        collate_fn=collate_inference,
-    )

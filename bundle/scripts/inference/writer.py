@@ -24,7 +24,7 @@ from .maps import map_spacing_note, maps_on_original, save_png, write_map_files
 from .panel import item_panel
 from .tables import error_record, escape_text, note_record, prediction_row
 
-__all__ = ["GLAMInferenceWriter", "writer_threads", "run_to_end"]
+__all__ = ["GLAMInferenceWriter", "writer_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +38,6 @@ def writer_threads(threads: int | str = "auto", cpus: int | None = None) -> int:
     if str(threads).strip().lower() == "auto":
         return max(2, min(8, cores_per_process(cpus) // 2))
     return int(threads)
-
-
-def run_to_end(evaluator: Any, writer: GLAMInferenceWriter) -> None:
-    """Run ``evaluator``, then ``writer.finish()``: a run with nothing left to do never starts the engine, whose end
-    would release the output folder."""
-    evaluator.run()
-    writer.finish()
 
 
 def _labels(item: Mapping[str, Any]) -> list[int | str]:

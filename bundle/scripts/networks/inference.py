@@ -37,7 +37,7 @@ def checkpoint_settings(ckpt_path: str | os.PathLike) -> dict[str, Any]:
 
 
 def inference_settings(checkpoint: Mapping[str, Any], stage: str = FROM_CHECKPOINT, **settings: Any) -> dict[str, Any]:
-    """The keyword arguments of :class:`GLAMSaliencyNet` for inference; command-line texts read as each type.
+    """The keyword arguments of :class:`GLAMSaliencyNet` for inference.
 
     Args:
         checkpoint: the checkpoint's settings (:func:`checkpoint_settings`).
@@ -75,11 +75,6 @@ class GLAMSaliencyNet(GLAM):
         if GLAMSettings.of(settings, **overrides).stage == Stage.GLOBAL:
             raise ValueError("GLAMSaliencyNet returns S_c, which needs the local module: stage 'local' or 'joint'")
         super().__init__(settings, **overrides)
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> GLAMSaliencyNet:
-        """``GLAMSaliencyNet(**settings)``: a config's ``_target_`` takes no ``**``."""
-        return cls(**settings)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return self.forward_all(image)[OutputKey.SALIENCY.value]

@@ -17,18 +17,15 @@ from typing import Any
 import numpy as np
 import torch
 from monai.data import CacheDataset, Dataset, PersistentDataset
-from monai.data.utils import worker_init_fn
 from monai.utils import convert_to_tensor
 
 __all__ = [
     "CACHE_MODES",
     "read_datalist",
-    "split_items",
     "cache_mode",
     "cached_item_hash",
     "ChecksummedPersistentDataset",
     "content_checksum",
-    "single_thread_worker",
     "training_dataset",
     "transforms_hash",
 ]
@@ -40,23 +37,24 @@ CACHE_FORMAT = 4
 logger = logging.getLogger(__name__)
 
 
-def read_datalist(datalist: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
-    """The datalist file's splits, relative paths joined to the file's folder."""
+def read_datalist(datalist: str | os.PathLike, splits: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
+    """The datalist file's splits with every relative path (image, masks) joined to the file's folder.
+
+    Args:
+        datalist: the datalist file.
+        splits: the splits the workflow reads (train.yaml: ``training`` and ``validation``); an empty one is allowed.
+
+    Raises:
+        KeyError: a split of ``splits`` is missing (naming the splits the file has).
+    """
     from ..data import load_datalist
     from ..data.datalist import resolve_paths
 
-    return resolve_paths(load_datalist(datalist), os.path.dirname(os.path.abspath(datalist)))
-
-
-def split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: Any = "datalist") -> list[Any]:
-    """The items of one split of a read datalist; ``source`` names the datalist in the error.
-
-    Raises:
-        KeyError: the datalist has no such split (naming the splits it has).
-    """
-    if split not in datalist:
-        raise KeyError(f"{source} has no {split!r} split (it has {sorted(datalist)})")
-    return datalist[split]
+    content = resolve_paths(load_datalist(datalist), os.path.dirname(os.path.abspath(datalist)))
+    for split in splits:
+        if split not in content:
+            raise KeyError(f"{datalist} has no {split!r} split (it has {sorted(content)})")
+    return content
 
 
 def cache_mode(cache: str | None) -> str:
@@ -227,9 +225,3 @@ def training_dataset(
             weights_only=True,
         )
     return Dataset(data=data, transform=transform)
-
-
-def single_thread_worker(worker_id: int) -> None:
-    """MONAI's ``worker_init_fn``, then one intra-op thread per worker (more would compete for the same cores)."""
-    worker_init_fn(worker_id)
-    torch.set_num_threads(1)

@@ -1,5 +1,4 @@
-"""Config components of one training stage of ``train.yaml``: its previous model, key map, trainable parameters
-and run."""
+"""The training stages and the run of one stage (``train.yaml``'s ``run_stage``)."""
 
 from __future__ import annotations
 
@@ -7,18 +6,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from ..enums import STAGES, MapName, Stage
 
 __all__ = [
     "stages_to_run",
     "STAGE_MAPS",
     "previous_stage",
-    "previous_model",
     "previous_modules",
-    "key_map",
-    "trainable_parameters",
     "train_stage",
 ]
 
@@ -39,30 +33,12 @@ def previous_stage(stage: str) -> str | None:
     return STAGES[index - 1] if index > 0 else None
 
 
-def previous_model(ckpt_root: str | os.PathLike, stage: str, init: str | os.PathLike | None = None) -> str | None:
-    """``<ckpt_root>/<previous stage>/model.pt``; for the global stage ``init`` (None: a fresh network)."""
-    previous = previous_stage(stage)
-    if previous is None:
-        return None if init is None else os.fspath(init)
-    return os.path.join(os.fspath(ckpt_root), previous, "model.pt")
-
-
 def previous_modules(stage: str, init: Any = None, modules: Sequence[str] | None = None) -> list[str] | None:
     """The submodules ``stage`` takes from its previous model: ``modules`` for a global stage started from ``init``,
     else None (all of it)."""
     if previous_stage(stage) is None and init and modules is not None:
         return list(modules)
     return None
-
-
-def key_map(stage: str) -> str:
-    """The saliency map that validates ``stage`` (:data:`STAGE_MAPS`)."""
-    return STAGE_MAPS[_stage(stage)]
-
-
-def trainable_parameters(network: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The parameters that require a gradient: the optimizer keeps no state for the frozen modules."""
-    return [p for p in network.parameters() if p.requires_grad]
 
 
 def train_stage(
