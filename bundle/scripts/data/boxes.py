@@ -42,4 +42,3 @@ def parse_boxes(boxes: Any, where: str = "boxes") -> list[tuple[str, tuple[float
             raise ValueError(f"{where}[{i}]: box [y0, x0, y1, x1] needs 0 <= y0 < y1 and 0 <= x0 < x1, got {box!r}")
         out.append((label, (y0, x0, y1, x1)))
     return out
-
