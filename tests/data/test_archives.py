@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _dicom_factory import make_dicom
+from datalists.builders import items_from_csv, items_from_folder
+from datalists.parsers import INBREAST_BIRADS, PolygonMask, read_inbreast_rois
 from PIL import Image
 
-from scripts.data.datalist import SPLITS, items_from_csv, items_from_folder, load_datalist
-from scripts.data.datalist_parsers import INBREAST_BIRADS, PolygonMask, read_inbreast_rois
+from scripts.data.datalist import SPLITS, load_datalist
 from scripts.data.readers import read_mammogram
 from scripts.data.synthetic import write_png16
 

@@ -4,12 +4,12 @@ in the image file's pixels (fractions allowed, ``y1`` / ``x1`` the far edges).""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..enums import CLASS_NAMES
 
-__all__ = ["BOXES_KEY", "parse_boxes", "unique_boxes"]
+__all__ = ["BOXES_KEY", "parse_boxes"]
 
 #: the datalist field holding box annotations
 BOXES_KEY = "boxes"
@@ -42,11 +42,3 @@ def parse_boxes(boxes: Any, where: str = "boxes") -> list[tuple[str, tuple[float
             raise ValueError(f"{where}[{i}]: box [y0, x0, y1, x1] needs 0 <= y0 < y1 and 0 <= x0 < x1, got {box!r}")
         out.append((label, (y0, x0, y1, x1)))
     return out
-
-
-def unique_boxes(boxes: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """``boxes`` entries with each (label, box) once, in the order of first appearance."""
-    first: dict[tuple[Any, tuple[Any, ...]], Mapping[str, Any]] = {}
-    for entry in boxes:
-        first.setdefault((entry["label"], tuple(entry["box"])), entry)
-    return list(first.values())

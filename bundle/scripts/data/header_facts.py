@@ -10,6 +10,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from .geometry import usable_spacing
 
 __all__ = [
     "MAMMOGRAPHY_SOP_CLASSES",
+    "CbisCase",
+    "cbis_patient_id",
     "dicom_laterality",
     "dicom_spacing_and_source",
     "dicom_view",
@@ -27,6 +30,7 @@ __all__ = [
     "laterality_and_source",
     "mammography_problem",
     "orientation_view_laterality",
+    "parse_case_folder",
     "tag_text",
     "text_view_laterality",
     "view_and_source",
@@ -178,6 +182,45 @@ def text_view_laterality(text: Any) -> tuple[str | None, str | None]:
         elif token in ("L", "R") and any(t in _TEXT_VIEWS for t in tokens[max(i - 1, 0) : i] + tokens[i + 1 : i + 2]):
             sides.add(token)
     return (views.pop() if len(views) == 1 else None), (sides.pop() if len(sides) == 1 else None)
+
+
+# Mass-Training_P_00001_LEFT_CC, Calc-Test_P_00038_RIGHT_MLO_2 (the _2: abnormality 2's ROI folder)
+_CASE = re.compile(
+    r"^(?P<collection>(?:mass|calc)-(?:training|test))_(?P<patient>p_\d+)_(?P<side>left|right)_(?P<view>cc|mlo)"
+    r"(?:_(?P<abnormality>\d+))?$",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class CbisCase:
+    """What a CBIS-DDSM case folder name says."""
+
+    collection: str  # "Mass-Training", "Calc-Test", ...
+    patient: str  # "P_00173"
+    laterality: str  # "L" / "R"
+    view: str  # "CC" / "MLO"
+    abnormality: int | None  # the ROI folders' suffix
+
+    @property
+    def official_split(self) -> str:
+        return "test" if self.collection.lower().endswith("test") else "training"
+
+
+def parse_case_folder(name: str) -> CbisCase | None:
+    """The fields of a case folder name (``Mass-Test_P_00173_LEFT_CC[_1]``), None for any other name."""
+    m = _CASE.match(str(name).strip())
+    if m is None:
+        return None
+    collection = "-".join(part.capitalize() for part in m["collection"].split("-"))
+    abnormality = int(m["abnormality"]) if m["abnormality"] else None
+    return CbisCase(collection, m["patient"].upper(), m["side"][0].upper(), m["view"].upper(), abnormality)
+
+
+def cbis_patient_id(patient_id: str | None) -> str | None:
+    """``P_00173`` for a CBIS-DDSM per-view PatientID, None for other ids, so that a woman's views share one split."""
+    case = parse_case_folder(patient_id or "")
+    return None if case is None else case.patient
 
 
 def file_suffix(path: str | os.PathLike) -> str:

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 from monai.data import MetaTensor
 
-from ..data.cbis_ddsm import cbis_patient_id
-from ..data.header_facts import text_view_laterality
+from ..data.header_facts import cbis_patient_id, text_view_laterality
 from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY
 from ..transforms.mammo.breast import CC_LIKE_VIEWS, MLO_LIKE_VIEWS, view_kind
 from ..transforms.mammo.coverage import BREAST_IN_WINDOW, breast_in_window

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ..enums import CLASS_NAMES, LesionClass
-from .boxes import parse_boxes
-from .errors import CsvRowError
-from .geometry import stated_spacing_ok
+from scripts.data.boxes import parse_boxes
+from scripts.data.errors import CsvRowError
+from scripts.data.geometry import stated_spacing_ok
+from scripts.enums import CLASS_NAMES, LesionClass
 
 __all__ = [
     "CsvRow",
@@ -229,8 +229,8 @@ def parse_spacing(value: Any, where: str) -> float | tuple[float, float] | None:
 
 def _dicom_fields(path: Path) -> dict[str, Any]:
     """patient_id, laterality and view from a DICOM header; {} for other or unreadable files."""
-    from .cbis_ddsm import cbis_patient_id
-    from .readers import DICOM_SUFFIXES, read_dicom_header
+    from scripts.data.header_facts import cbis_patient_id
+    from scripts.data.readers import DICOM_SUFFIXES, read_dicom_header
 
     if path.suffix.lower() not in DICOM_SUFFIXES:
         return {}
@@ -326,7 +326,7 @@ def _cbis_label(pathology: str, where: str) -> list[int]:
 
 
 def _image_shape(path: Path) -> tuple[int, int]:
-    from .readers import DICOM_SUFFIXES, read_dicom_header, read_mammogram
+    from scripts.data.readers import DICOM_SUFFIXES, read_dicom_header, read_mammogram
 
     if path.suffix.lower() in DICOM_SUFFIXES:
         header = read_dicom_header(path)
@@ -344,12 +344,14 @@ def parse_cbis_ddsm_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     """CBIS-DDSM's case description CSVs, one row per abnormality; the official split is kept, the spacing is the
     preset's.
 
-    Columns: ``image file path`` (required; else resolved in the TCIA download, :mod:`scripts.data.cbis_ddsm`),
+    Columns: ``image file path`` (required; else resolved in the TCIA download, :mod:`datalists.cbis_ddsm`),
     ``pathology`` (MALIGNANT, BENIGN, BENIGN_WITHOUT_CALLBACK), ``patient_id``, ``left or right breast``, ``image
     view``, ``ROI mask file path`` and ``cropped image file path`` (the mask is looked for under both: the CSV swaps
     them).
     """
-    from .cbis_ddsm import CBIS_PIXEL_SPACING_MM, _uid_parts, parse_case_folder, resolve_cbis_image, resolve_cbis_roi
+    from scripts.data.header_facts import parse_case_folder
+
+    from .cbis_ddsm import CBIS_PIXEL_SPACING_MM, _uid_parts, resolve_cbis_image, resolve_cbis_roi
 
     label = _cbis_label(row.get("pathology", ""), where)
     lesion = LesionClass.MALIGNANT if label[1] else LesionClass.BENIGN

@@ -13,14 +13,11 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from .errors import CsvRowError
+from scripts.data.errors import CsvRowError
 
 __all__ = [
     "CBIS_PIXEL_SPACING_MM",
-    "CbisCase",
     "DicomCandidate",
-    "parse_case_folder",
-    "cbis_patient_id",
     "find_case_folder",
     "resolve_cbis_image",
     "resolve_cbis_roi",
@@ -30,45 +27,8 @@ __all__ = [
 # CSVs do not name the scanner, so one value for all: the coarsest, within 16 % of every scanner (docs/own_data.md)
 CBIS_PIXEL_SPACING_MM = 0.05
 
-# Mass-Training_P_00001_LEFT_CC, Calc-Test_P_00038_RIGHT_MLO_2 (the _2: abnormality 2's ROI folder)
-_CASE = re.compile(
-    r"^(?P<collection>(?:mass|calc)-(?:training|test))_(?P<patient>p_\d+)_(?P<side>left|right)_(?P<view>cc|mlo)"
-    r"(?:_(?P<abnormality>\d+))?$",
-    re.IGNORECASE,
-)
 # "1.000000-full mammogram images-24515" -> "full mammogram images"
 _SERIES_FOLDER = re.compile(r"^\d+(?:\.\d+)?-(?P<description>.*?)-\d+$")
-
-
-@dataclass(frozen=True)
-class CbisCase:
-    """What a CBIS-DDSM case folder name says."""
-
-    collection: str  # "Mass-Training", "Calc-Test", ...
-    patient: str  # "P_00173"
-    laterality: str  # "L" / "R"
-    view: str  # "CC" / "MLO"
-    abnormality: int | None  # the ROI folders' suffix
-
-    @property
-    def official_split(self) -> str:
-        return "test" if self.collection.lower().endswith("test") else "training"
-
-
-def parse_case_folder(name: str) -> CbisCase | None:
-    """The fields of a case folder name (``Mass-Test_P_00173_LEFT_CC[_1]``), None for any other name."""
-    m = _CASE.match(str(name).strip())
-    if m is None:
-        return None
-    collection = "-".join(part.capitalize() for part in m["collection"].split("-"))
-    abnormality = int(m["abnormality"]) if m["abnormality"] else None
-    return CbisCase(collection, m["patient"].upper(), m["side"][0].upper(), m["view"].upper(), abnormality)
-
-
-def cbis_patient_id(patient_id: str | None) -> str | None:
-    """``P_00173`` for a CBIS-DDSM per-view PatientID, None for other ids, so that a woman's views share one split."""
-    case = parse_case_folder(patient_id or "")
-    return None if case is None else case.patient
 
 
 @dataclass(frozen=True)
@@ -101,7 +61,7 @@ def _series_description(path: Path) -> str:
 
 def _candidates(folder: Path) -> list[DicomCandidate]:
     """Every readable DICOM file under ``folder`` (recursive), sorted by path."""
-    from .readers import read_dicom_header
+    from scripts.data.readers import read_dicom_header
 
     out = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
@@ -181,7 +141,7 @@ def resolve_cbis_image(root: Path, csv_path: str, where: str) -> DicomCandidate 
 
 
 def _is_binary(path: Path) -> bool:
-    from .readers import read_mammogram
+    from scripts.data.readers import read_mammogram
 
     try:
         arr, _ = read_mammogram(path, mask=True)
@@ -227,7 +187,7 @@ def resolve_cbis_roi(
     def shape_of(path: Path, cand: DicomCandidate | None) -> tuple[int | None, int | None]:
         if cand is not None:
             return cand.rows, cand.cols
-        from .readers import read_mammogram
+        from scripts.data.readers import read_mammogram
 
         try:
             arr, _ = read_mammogram(path, mask=True)
