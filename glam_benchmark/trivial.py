@@ -1,6 +1,6 @@
 """What needs no learning: how well image-wide intensity statistics of the breast classify the images, and how
 often a map that points at the brightest cell of the image hits the lesion. A weakly supervised model that does no
-better has not learnt to look at lesions. Shared by the benchmark's report and ``tools/probe_localisation.py``.
+better has not learnt to look at lesions. Used by the benchmark's report.
 """
 
 from __future__ import annotations

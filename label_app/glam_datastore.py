@@ -1,23 +1,9 @@
 """MONAI Label's local datastore, confined to the studies folder.
 
-``LocalDatastore`` builds every path from a request's image id, label id and label tag with ``os.path.join`` and
-then follows whatever links it finds: an id ``../x`` or a tag ``/abs`` left the studies folder, and so did a
-symbolic link inside it (``PUT /datastore/image?image=link`` overwrote ``link``'s target, ``DELETE`` deleted it).
-:class:`GLAMDatastore` checks every id and tag a route hands it (:func:`glam_safety.check_name`) and decides every
-read, write and delete on the path as it resolves (:func:`glam_safety.readable_path`, ``writable_path``,
-``deletable_path``):
-
-- writes (uploads, labels, the datastore file) are renamed into place inside the resolved studies folder, never
-  through a link, and deletes unlink regular files only (MONAI Label removed a folder's whole tree);
-- reads follow a link only when it is the server user's own (images kept on another disk), and every path it hands
-  out (a download's file name, ``/datastore/image/info``, ``/datastore/?output=train``) is the path inside the
-  studies folder, never the link's target;
-- file names that are not UTF-8 are left out of the listings (no JSON answer can hold them), each named once in
-  the log; records of an older datastore file that point outside the folder are dropped;
-- an upload MONAI Label wrote to the app's temporary folder is removed once the datastore is done with it, also
-  when it is refused (MONAI Label removed it only after a successful answer).
-
-A refusal is a :class:`glam_safety.RequestRefused` (its 4xx over HTTP, ``glam_server``).
+``LocalDatastore`` joins request ids and tags into paths and follows any link; :class:`GLAMDatastore` checks every
+id and tag (:func:`glam_safety.check_name`) and decides reads, writes and deletes on the resolved path: writes are
+renamed into place, never through a link; deletes unlink regular files only; reads follow only the server user's
+own links and hand out paths inside the folder; names no JSON answer can hold are left out of the listings.
 """
 
 from __future__ import annotations
@@ -59,8 +45,8 @@ class GLAMDatastore(LocalDatastore):
 
     Args:
         datastore_path, extensions, kwargs: as ``LocalDatastore``.
-        uploads_dir: the folder MONAI Label writes uploads to (the app's temporary folder): a file of it handed to
-            :meth:`add_image` or :meth:`save_label` is removed afterwards, whatever the outcome.
+        uploads_dir: the app's upload folder: its files handed to :meth:`add_image` or :meth:`save_label` are
+            removed afterwards, whatever the outcome.
     """
 
     def __init__(
@@ -87,7 +73,6 @@ class GLAMDatastore(LocalDatastore):
         super().__init__(self.root, extensions=list(extensions), **kwargs)
         self._drop_records_outside()
 
-    # -- checks ------------------------------------------------------------------------------------------------------
     def _file_type(self, filename: str, what: str) -> str:
         _, ext = self._to_id(os.path.basename(filename))
         if ext not in self.file_types:
@@ -114,9 +99,13 @@ class GLAMDatastore(LocalDatastore):
         )
 
     def _drop_records_outside(self) -> None:
-        """Forget records (a datastore file written before these checks) whose id, tag or extension leads out."""
+        """Forget records of an older datastore file whose id, tag or extension leads out of the folder."""
         objects = self._datastore.objects
-        dropped = [i for i, obj in objects.items() if not self._record_is_inside(self._image_dir(), i, obj.image.ext)]
+        dropped = [
+            i
+            for i, obj in objects.items()
+            if not self._record_is_inside(self._datastore.image_path(), i, obj.image.ext)
+        ]
         for image_id in dropped:
             del objects[image_id]
         for image_id, obj in objects.items():
@@ -136,11 +125,8 @@ class GLAMDatastore(LocalDatastore):
             return False
         return self._record_is_inside(self._datastore.label_path(tag), image_id, ext)
 
-    def _image_dir(self) -> str:
-        return self._datastore.image_path()
-
     def _discard_upload(self, filename: str) -> None:
-        """Remove ``filename`` if it is an upload MONAI Label wrote to the app's temporary folder (``tmp...``)."""
+        """Remove ``filename`` if it is an upload MONAI Label wrote to the app's temporary folder."""
         if not self.uploads_dir or not isinstance(filename, str):
             return
         path = Path(filename)
@@ -148,9 +134,7 @@ class GLAMDatastore(LocalDatastore):
             path.unlink(missing_ok=True)
 
     def _skip_undecodable(self, names: list[str], where: str) -> list[str]:
-        """``names`` without those no request could name (each logged once): not UTF-8 (no JSON answer can hold
-        it), holding control or invisible format characters (U+202E and the like), or an id longer than
-        ``MAX_NAME_LENGTH``."""
+        """``names`` without those no request could name (not UTF-8, invisible characters, too long), logged."""
         kept = []
         for name in names:
             if not is_utf8(name):
@@ -162,17 +146,18 @@ class GLAMDatastore(LocalDatastore):
             else:
                 kept.append(name)
                 continue
-            if (where, name) not in self._reported:
-                self._reported.add((where, name))
-                logger.warning(
-                    "datastore: skipped %s in %s: %s (rename it to serve it)", shown_name(name), where, problem
-                )
+            self._report_once(
+                (where, name),
+                "datastore: skipped %s in %s: %s (rename it to serve it)",
+                shown_name(name),
+                where,
+                problem,
+            )
         return kept
 
-    # -- ids: one file, one id --------------------------------------------------------------------------------------
     def _to_id(self, file: str) -> tuple[str, str]:
-        """``(id, extension)`` of a file name: the name without the longest datastore extension it ends with (one
-        extension removed, once: MONAI Label removed every occurrence, so ``x.nrrd.nrrd`` was ``x``)."""
+        """``(id, extension)`` of a file name, the longest datastore extension removed once (MONAI Label removed every
+        occurrence: ``x.nrrd.nrrd`` was ``x``)."""
         matches = [e for e in self.file_types if file.endswith(e) and len(file) > len(e)]
         if matches:
             ext = max(matches, key=len)
@@ -180,10 +165,8 @@ class GLAMDatastore(LocalDatastore):
         return LocalDatastore._to_id(self, file)
 
     def _assign_ids(self) -> dict[str, tuple[str, str]]:
-        """``id -> (file name, extension)`` of every image of the studies folder. A file's id is its name without
-        its extension, unless other files share that stem (``x.png`` beside ``x.nrrd``): then each of them is served
-        under its whole file name (``x.png``, ``x.nrrd``; extension ``""``), the stem names none of them, and the
-        log names the files once. A file whose id would still be taken is left out and logged."""
+        """``id -> (file name, extension)`` of every image: its name without extension, or its whole name (extension
+        ``""``) when files share the stem; a file whose id is still taken is left out. Each case is logged once."""
         files = self._list_files(self._datastore.image_path(), self._extensions)
         stems: dict[str, list[tuple[str, str]]] = {}
         for name in sorted(files):
@@ -219,8 +202,7 @@ class GLAMDatastore(LocalDatastore):
             logger.warning(message, *args)
 
     def _add_non_existing_images(self) -> int:
-        """LocalDatastore's, with the ids of :meth:`_assign_ids`: a record whose id no longer names its file (the
-        stem two files now share) is dropped, every file gets the record of its own id."""
+        """LocalDatastore's with the ids of :meth:`_assign_ids`; a record whose id names another file is dropped."""
         self._init_from_datastore_file()
         assigned = self._assign_ids()
         objects = self._datastore.objects
@@ -246,15 +228,13 @@ class GLAMDatastore(LocalDatastore):
         return f"image id {image_id!r} is not in the datastore"
 
     def _image_record(self, image_id: str) -> ImageLabelModel:
-        """The record of ``image_id`` (checked as a name first: 400); an id the datastore has no image of raises
-        ``ImageNotFoundException`` with :meth:`unknown_id_message`, which every route answers as the same 404
-        (MONAI Label answered "Image NOT Found", "Image x not found" or an empty 200, by route)."""
+        """The record of ``image_id`` (checked as a name: 400); ``ImageNotFoundException`` (one 404 on every route)
+        when the datastore has none."""
         obj = self._datastore.objects.get(check_name(image_id, "image id"))
         if obj is None:
             raise ImageNotFoundException(self.unknown_id_message(image_id))
         return obj
 
-    # -- listings (LocalDatastore's, without names no answer can hold) ------------------------------------------------
     def _list_files(self, path: str, patterns: Sequence[str]) -> dict[str, str]:
         files = super()._list_files(path, patterns)
         where = os.path.relpath(path, self.root)
@@ -268,10 +248,9 @@ class GLAMDatastore(LocalDatastore):
         return super()._add_non_existing_labels(tag)
 
     def _update_datastore_file(self, lock: bool = True) -> None:
-        """LocalDatastore's, written atomically beside the file (a crash leaves the old file, a link is replaced,
-        not followed)."""
+        """LocalDatastore's, written atomically (a link is replaced, not followed)."""
 
-        def write() -> None:  # a rename raises no modify event: nothing for LocalDatastore's watcher to ignore
+        def write() -> None:
             text = json.dumps(self._datastore.model_dump(exclude={"base_path"}), indent=2, default=str)
             target = writable_path(self.root, self._datastore_config_path, "the datastore's datastore_v2.json")
             with atomic_write(target, "w", encoding="utf-8") as f:
@@ -285,8 +264,7 @@ class GLAMDatastore(LocalDatastore):
             write()
 
     def datalist(self, full_path: bool = True) -> list[dict[str, Any]]:
-        """Images with a ``final`` label, by their paths inside the studies folder (never a link's target); an
-        entry the server may not read is left out and logged."""
+        """Images with a ``final`` label, by their paths inside the studies folder; unreadable entries left out."""
         tag, out = DefaultLabelTag.FINAL, []
         for image_id in self._datastore.filter_by_tag(tag):
             try:
@@ -301,10 +279,8 @@ class GLAMDatastore(LocalDatastore):
                 out.append({"image": os.path.relpath(image, self.root), "label": os.path.relpath(label, self.root)})
         return out
 
-    # -- images ------------------------------------------------------------------------------------------------------
     def get_image_uri(self, image_id: str) -> str:
-        """The image file of ``image_id`` as the routes hand it out; a file removed since the listing is no image
-        (404, :meth:`_image_record`), a folder listed under an image's name (a link to one) is refused (400)."""
+        """The image file of ``image_id`` (404 when gone since the listing, 400 for a folder)."""
         obj = self._image_record(image_id)
         path = readable_path(self.root, self._image_file(image_id, obj.image.ext), f"image {image_id!r}")
         if os.path.isdir(path):
@@ -315,7 +291,7 @@ class GLAMDatastore(LocalDatastore):
 
     def get_image_info(self, image_id: str) -> dict[str, Any]:
         path = self.get_image_uri(image_id)
-        return {**super().get_image_info(image_id), "path": path}  # MONAI Label's path is resolved: a link's target
+        return {**super().get_image_info(image_id), "path": path}  # MONAI Label's shows a link's target
 
     def add_image(self, image_id: str, image_filename: str, image_info: dict[str, Any]) -> str:
         try:
@@ -339,13 +315,11 @@ class GLAMDatastore(LocalDatastore):
             self._discard_upload(image_filename)
 
     def _check_free(self, image_id: str, name: str) -> None:
-        """Refuse (409) an upload whose id names another file (``x`` of ``x.png`` for an upload ``x.nrrd``, a stem
-        files share, the whole name of one of them): two files would share an id. Replacing the file of the same
-        name is allowed."""
+        """Refuse (409) an upload whose id already names another file (replacing the same name is allowed)."""
         taken = [f for f in self._ambiguous.get(image_id, [])]
         taken += [
             f
-            for f in self._list_files(self._image_dir(), self._extensions)
+            for f in self._list_files(self._datastore.image_path(), self._extensions)
             if f != name and f not in taken and self._to_id(f)[0] == image_id
         ]
         obj = self._datastore.objects.get(image_id)
@@ -361,7 +335,7 @@ class GLAMDatastore(LocalDatastore):
     def remove_image(self, image_id: str) -> None:
         obj = self._image_record(image_id)
         what = f"image {image_id!r}"
-        # every file decided first: a refusal deletes nothing
+        # every file decided first, so a refusal deletes nothing
         files = [deletable_path(self.root, self._image_file(image_id, obj.image.ext), what)]
         for tag, label in obj.labels.items():
             files.append(deletable_path(self.root, self._label_file(image_id, tag, label.ext), f"{what}'s {tag} label"))
@@ -381,24 +355,21 @@ class GLAMDatastore(LocalDatastore):
     def get_dataset_archive(self, limit_cases: int | None) -> str:
         if not self.datalist():
             raise RequestRefused("no image has a final label: there is no dataset to archive", 404)
-        # MONAI Label never removes the archive it sends: keep only the latest one in the temporary folder
+        # MONAI Label never removes the archives it sends: keep the latest only
         previous, self._archive = self._archive, super().get_dataset_archive(limit_cases)
         if previous and previous != self._archive:
             Path(previous).unlink(missing_ok=True)
         return self._archive
 
-    # -- labels ------------------------------------------------------------------------------------------------------
     def _no_label(self, label_id: str, label_tag: str) -> LabelNotFoundException:
-        """404 on every route: the image's own message when the datastore has no such image, else that the image
-        has no label of that tag."""
+        """The 404 for a missing label: the image's own message when the image is unknown."""
         obj = self._datastore.objects.get(label_id)
         if obj is None or not os.path.isfile(self._image_file(label_id, obj.image.ext)):
             return LabelNotFoundException(self.unknown_id_message(label_id))
         return LabelNotFoundException(f"image id {label_id!r} has no label tagged {label_tag!r}")
 
     def _label_record(self, label_id: str, label_tag: str) -> DataModel:
-        """The record of image ``label_id``'s label ``label_tag`` (both checked as names first: 400), else
-        :meth:`_no_label`."""
+        """The record of ``label_id``'s label ``label_tag`` (both checked as names: 400), else :meth:`_no_label`."""
         label = self._datastore.label(check_name(label_id, "label id"), check_name(label_tag, "label tag"))
         if label is None:
             raise self._no_label(label_id, label_tag)
@@ -422,13 +393,13 @@ class GLAMDatastore(LocalDatastore):
             check_name(image_id, "image id")
             check_name(label_tag, "label tag")
             ext = self._file_type(label_filename, "a label")
-            self.get_image_uri(image_id)  # an image the datastore has (its file included), else 404
+            self.get_image_uri(image_id)  # else 404
             obj = self._datastore.objects[image_id]
             name = image_id + ext
             logger.info("Adding Label: %s => %s => %s", image_id, label_tag, label_filename)
             with FileLock(self._lock_file):
                 target = writable_path(self.root, self._label_file(image_id, label_tag, ext), f"label of {image_id!r}")
-                os.makedirs(os.path.dirname(target), exist_ok=True)  # resolved, inside the studies folder
+                os.makedirs(os.path.dirname(target), exist_ok=True)
                 with atomic_write(target) as f, open(label_filename, "rb") as src:
                     shutil.copyfileobj(src, f)
                 info = {**label_info, "ts": int(time.time()), "name": name}

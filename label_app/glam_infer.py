@@ -1,18 +1,9 @@
 """GLAM saliency as a MONAI Label segmentation task: a label map or a heatmap on the original image geometry.
 
-The task runs the bundle's own inference pieces (``configs/inference.yaml``'s ``preprocessing`` and ``network_def``,
-``scripts.inference.geometry.maps_on_original``), so a served map is the map ``monai.bundle run inference`` writes
-for the same file. Request parameters (MONAI Label's ``params``; the defaults appear in ``/info/`` and in the clients):
-
-- ``overlay``: ``"label"`` (default) a discrete map for the stock viewers: 0 background, 1 benign, 2 malignant,
-  the class of the larger S_c value where it reaches ``threshold``; ``"heatmap"``: S_c of ``heatmap_class`` as
-  uint8 (round(255 x S_c)), for a colour overlay.
-- ``heatmap_class``: ``"malignant"`` (default) or ``"benign"``; ``threshold``: in [0, 1] (default 0.5).
-- ``result_extension``: ``.nrrd`` (default), ``.nii.gz``/``.nii`` or ``.png``. NRRD and NIfTI carry the input's
-  geometry (orientation, origin, pixel spacing), so the map lies on the image in 3D Slicer.
-
-The JSON result holds the image-level scores (``prob_benign``, ``prob_malignant``: y_g), the patch boxes on the
-file (``top, left, bottom, right``), the overlay settings and the map's size.
+Runs the bundle's own ``preprocessing``, ``network_def`` and ``maps_on_original``, so a served map is the map
+``monai.bundle run inference`` writes. Request parameters: ``overlay`` (``label``: 0 background, 1 benign,
+2 malignant where S_c reaches ``threshold``; ``heatmap``: round(255 x S_c) of ``heatmap_class``), ``threshold``,
+``result_extension`` (``.nrrd``, ``.nii.gz``, ``.nii``, ``.png``).
 """
 
 from __future__ import annotations
@@ -35,26 +26,24 @@ from monailabel.interfaces.tasks.infer_v2 import InferType
 from monailabel.tasks.infer.basic_infer import BasicInferTask
 from nrrd_io import write_nrrd_2d
 
-# the bundle folder is on sys.path before this module is imported (main.GLAMApp puts it there)
 from scripts.enums import CLASS_NAMES, LesionClass, MapName, OutputKey
 
 logger = logging.getLogger(__name__)
 
-#: label value of each class in the served label maps: 0 background, then the classes in channel order
+#: label value of each class (0: background)
 LABELS = {c: i + 1 for i, c in enumerate(CLASS_NAMES)}
 OVERLAYS = ("label", "heatmap")
 EXTENSIONS = (".nrrd", ".nii.gz", ".nii", ".png")
-#: the name of an input uploaded with the request in messages (its file on the server is a temporary one)
+#: how messages name an upload
 UPLOADED = "the uploaded file"
 
 
 def _first(value: Any) -> Any:
-    """A config default that is a list (a drop-down in the clients) means its first entry."""
+    """The first entry of a list default (a drop-down in the clients)."""
     return value[0] if isinstance(value, (list, tuple)) and value else value
 
 
 def _bad_request(message: str) -> HTTPException:
-    # raised through MONAI Label's /infer endpoint as it is: the client gets 400 and the message, not a bare 500
     return HTTPException(status_code=400, detail=message)
 
 
@@ -91,8 +80,7 @@ def overlay_map(saliency: np.ndarray, settings: Mapping[str, Any]) -> np.ndarray
 
 
 def outputs_as_float32(out: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """The first item of a batch of network outputs on the CPU, floating-point outputs as float32: a network under
-    bf16 autocast (CUDA) or run as a bf16 copy (CPU) returns bfloat16, which numpy has no type for."""
+    """The first item of a batch of outputs on the CPU, floats as float32 (numpy has no bfloat16)."""
     return {
         k: (v[0].detach().float() if v.is_floating_point() else v[0].detach()).cpu()
         for k, v in out.items()
@@ -101,9 +89,7 @@ def outputs_as_float32(out: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def unreadable_image_message(exc: BaseException, path: str, name: str) -> str:
-    """Why ``path`` could not be preprocessed, as batch inference reports it: the first error under MONAI's
-    "applying transform ..." wrappers (the reader's own problem for a ``MammogramReadError``), with the server's
-    path of the file replaced by ``name``, the name the client knows it by."""
+    """Why ``path`` could not be preprocessed, as batch inference says it, the server's path replaced by ``name``."""
     from scripts.data.readers import MammogramReadError
     from scripts.inference.inputs import root_cause
 
@@ -114,15 +100,13 @@ def unreadable_image_message(exc: BaseException, path: str, name: str) -> str:
     return text
 
 
-#: the settings that size what every image allocates (the preprocessing window, the patches)
+#: the settings that size what every image allocates
 BOUNDED_SETTINGS = ("image_size", "patch_size", "num_patches_eval")
 
 
 def check_settings_record(parser: ConfigParser, model_path: str | os.PathLike, limits: Limits | None = None) -> None:
-    """Refuse (``ValueError`` naming the setting, its value, where it comes from, the limit and the environment
-    variable that raises it) a model whose ``image_size``, ``patch_size`` or ``num_patches_eval`` lie outside
-    ``limits``, before the network or any image buffer is made. The values are those the network will be built
-    with: the checkpoint's settings record unless a preset overrides them."""
+    """Refuse, before anything is built, a model whose :data:`BOUNDED_SETTINGS` (as the network will be built:
+    the checkpoint's record unless a preset overrides it) lie outside ``limits`` (``ValueError``)."""
     from scripts.networks.settings import read_checkpoint_settings
 
     limits = limits or Limits.from_env()
@@ -130,7 +114,7 @@ def check_settings_record(parser: ConfigParser, model_path: str | os.PathLike, l
     from scripts.networks.inference import FROM_CHECKPOINT
 
     values = {name: parser.get_parsed_content(name) for name in BOUNDED_SETTINGS}
-    # an id left at "checkpoint" takes the checkpoint's record (GLAM's default when it has none)
+    # "checkpoint" takes the checkpoint's record
     checkpoint = parser.get_parsed_content("checkpoint_settings")
     values = {k: checkpoint[k] if v == FROM_CHECKPOINT else v for k, v in values.items()}
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
@@ -140,9 +124,8 @@ def check_settings_record(parser: ConfigParser, model_path: str | os.PathLike, l
 
 
 def load_model(parser: ConfigParser, model_path: Path, device: torch.device) -> torch.nn.Module:
-    """The bundle's ``network_def`` with the weights of ``model_path`` through the bundle's own
-    ``load_for_inference`` (strict, ``weights_only``, the config's precision) on ``device``; ``ValueError`` in one
-    line naming the file for weights that do not load or that hold NaN or infinite values."""
+    """The bundle's ``network_def`` with ``model_path``'s weights through ``load_for_inference``; a one-line
+    ``ValueError`` naming the file for weights that do not load."""
     from scripts.networks.checkpoint_file import CheckpointError
     from scripts.networks.fast_inference import load_for_inference
 
@@ -150,21 +133,19 @@ def load_model(parser: ConfigParser, model_path: Path, device: torch.device) -> 
     try:
         return load_for_inference(network, model_path, device, str(parser.get_parsed_content("precision")))
     except CheckpointError:
-        raise  # the bundle's loader already names the file and what is wrong (NaN / Inf tensors, foreign keys...)
+        raise  # names the file already
     except ValueError as e:
         raise ValueError(f"model {model_path} does not load into the bundle's network_def: {e}") from None
 
 
 def write_map(path: str, array: np.ndarray, affine: np.ndarray, spacing: Sequence[float] | None) -> None:
-    """Write an ``(H, W)`` map in the project's array convention (rows as displayed) with the input file's geometry:
-    ``affine`` (``scripts.inference.geometry.file_affine``: RAS, voxel ``(i, j)`` = (column, row)). A NRRD gets no
-    geometry when the file states no pixel ``spacing`` (None), as the viewers' copy of such a DICOM has none."""
+    """Write an ``(H, W)`` map with the input's RAS ``affine``; a NRRD gets no geometry without ``spacing``."""
     if path.endswith(".nrrd"):
         write_nrrd_2d(path, array, affine=affine if spacing is not None else None)
     elif path.endswith((".nii", ".nii.gz")):
         import nibabel as nib
 
-        # x (column) first, as ITK, 3D Slicer and the bundle's reader expect of a 2-D NIfTI
+        # column first, as ITK expects of a 2-D NIfTI
         nib.save(nib.Nifti1Image(np.ascontiguousarray(array.T), affine), path)
     else:
         from PIL import Image
@@ -176,14 +157,11 @@ class GLAMSaliencyInfer(BasicInferTask):
     """The GLAM bundle as a 2-D segmentation model with labels benign = 1, malignant = 2.
 
     Args:
-        bundle_dir: the GLAM bundle folder (``configs/inference.yaml``, ``tools/``).
-        model_path: a plain state dict for the inference config's ``network_def``; loaded with
-            ``weights_only=True`` and strictly (a key or shape mismatch stops the server with the keys named).
-        presets: config files layered over ``inference.yaml``; not needed for a checkpoint that records its settings
-            (every checkpoint the bundle's training writes), which the network and the window are built from.
+        bundle_dir: the GLAM bundle folder.
+        model_path: a state dict for the inference config's ``network_def``, loaded strictly, weights only.
+        presets: config files layered over ``inference.yaml`` (a checkpoint recording its settings needs none).
         device: ``"cuda"``/``"cpu"``; default CUDA when present.
-        limits: the image size, patch size and patch count the model may ask for (default: from the environment,
-            :meth:`glam_safety.Limits.from_env`); a model outside them is refused before it is built.
+        limits: what the model may ask for (default :meth:`glam_safety.Limits.from_env`).
     """
 
     def __init__(
@@ -207,25 +185,21 @@ class GLAMSaliencyInfer(BasicInferTask):
         parser = ConfigParser()
         parser.read_config([str(config_file), *[str(p) for p in presets]])
         parser["bundle_root"] = str(self.bundle_dir)
-        # the network and the window are built from the checkpoint's settings record (presets still override)
         parser["ckpt_path"] = str(model_path)
         self.limits = limits or Limits.from_env()
         check_settings_record(parser, model_path, self.limits)
-        # the bundle's reader refuses, from the header and before decoding, an image above the server's pixel limit
+        # the reader refuses larger images from the header
         parser["max_image_pixels"] = self.limits.max_image_pixels
         self.gamma_c = float(parser.get_parsed_content("gamma_c"))
         window = parser.get_parsed_content("image_size")
         self.window = tuple(int(v) for v in window) if window is not None else None
-        # inference.yaml's `loading`: its `preprocessing` (the same transform objects, which the maps are inverted
-        # through) with the picture the share of the breast in the window is measured on, as the bundle's inference
+        # `loading` is `preprocessing` (whose objects the maps are inverted through) plus the breast coverage
         self.transform = parser.get_parsed_content("preprocessing")
         self.loading = parser.get_parsed_content("loading")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        # the bundle's own loading (inference.yaml's `network`): strictly, weights only, on the device, at the
-        # config's precision (on CPU a bf16 copy where the CPU supports it, docs/inference.md)
         self.glam = load_model(parser, model_path, self.device)
         logger.info("GLAM weights %s loaded strictly", model_path)
-        # one image on the model at a time; requests wait here, after their checks, never in the event loop
+        # one image on the model at a time; requests wait after their checks
         self.lock = threading.Lock()
         super().__init__(
             path=str(model_path),
@@ -246,8 +220,7 @@ class GLAMSaliencyInfer(BasicInferTask):
     def is_valid(self) -> bool:
         return True
 
-    # __call__ runs the bundle's own pipeline (preprocessing, network, inverse onto the file): no MONAI Label
-    # transform chain around it
+    # __call__ runs the bundle's own pipeline
     def pre_transforms(self, data: Any = None) -> list:
         return []
 
@@ -257,8 +230,8 @@ class GLAMSaliencyInfer(BasicInferTask):
     def __call__(self, request: Mapping[str, Any], callbacks: Any = None) -> tuple[str, dict[str, Any]]:
         """Run GLAM on ``request["image"]`` (a file path) and write the requested map to a temporary file.
 
-        Everything that can refuse the request from its parameters and the file's header is decided first, in
-        milliseconds; then the request waits for the model (one image at a time) and runs the bundle's pipeline."""
+        The request is refused from its parameters and the file's header before it waits for the model.
+        """
         from glam_inputs import check_input
 
         from scripts.transforms.mammo.coverage import breast_refusal
@@ -266,7 +239,6 @@ class GLAMSaliencyInfer(BasicInferTask):
         begin = time.time()
         settings = overlay_settings(request)
         path = request.get("image")
-        # the name the client knows the input by (GLAMApp.infer sets it: the datastore id or UPLOADED)
         name = str(request.get("image_name") or (os.path.basename(path) if isinstance(path, str) else path))
         shown = name if name == UPLOADED else f"image {name!r}"
         if not isinstance(path, str) or not os.path.isfile(path):
@@ -278,7 +250,6 @@ class GLAMSaliencyInfer(BasicInferTask):
                 item = self.loading({"image": path})
             except Exception as e:  # noqa: BLE001 - any reader or transform failure is the input's problem: 400
                 raise _bad_request(f"{shown} cannot be read: {unreadable_image_message(e, path, name)}") from e
-            # a window that misses the breast is refused as the bundle's errors.csv row says it
             refusal = breast_refusal(item)
             if refusal:
                 raise _bad_request(f"{shown}: {refusal}")
@@ -301,12 +272,10 @@ class GLAMSaliencyInfer(BasicInferTask):
         return out_file, result_json
 
     def _run(self, item: dict[str, Any], settings: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        """The network on a preprocessed ``item``, its maps on the file's grid written as ``settings`` ask, and the
-        JSON result: the scores, the patch boxes and what the bundle's predictions.csv states of the image (its
-        laterality, view and pixel spacing used with their sources, the model's window on the file)."""
+        """The network on a preprocessed ``item``, the map written as ``settings`` ask, and the JSON result (scores,
+        patch boxes and the image's facts as in the bundle's predictions.csv)."""
         from scripts.inference.facts import image_facts, image_notes, spacing_note
-        from scripts.inference.geometry import file_affine, maps_on_original
-        from scripts.inference.maps import map_spacing
+        from scripts.inference.maps import file_affine, map_spacing, maps_on_original
         from scripts.precision import autocast
 
         amp = self.device.type == "cuda"
@@ -316,8 +285,6 @@ class GLAMSaliencyInfer(BasicInferTask):
         back = maps_on_original(item, pred, self.transform, self.gamma_c)
         maps, boxes = back.maps, back.boxes
         result = overlay_map(maps[MapName.COMBINED], settings)
-        # the reader's metadata travels with the preprocessed image: the map carries the file's own geometry (its
-        # orientation, origin and spacing, or none), as the bundle's map files do
         meta = item["image"].meta
         spacing = map_spacing(meta)
         geometry_notes: list[str] = []
@@ -337,7 +304,6 @@ class GLAMSaliencyInfer(BasicInferTask):
             "width": int(result.shape[1]),
             "label_names": dict(LABELS),
             **{k: facts[k] for k in ("laterality", "laterality_source", "view", "view_source")},
-            # the share of the breast inside the model's window, as predictions.csv's column (None: not measured)
             "breast_in_window": float(facts["breast_in_window"]) if facts["breast_in_window"] else None,
             "spacing_mm": [float(v) for v in used] if all(used) else None,
             "spacing_source": facts["spacing_source"],
@@ -346,7 +312,6 @@ class GLAMSaliencyInfer(BasicInferTask):
             "model_window": list(self.window) if self.window else None,
             "notes": image_notes(item, self.window) + geometry_notes,
         }
-        # a file without a pixel spacing was used at an estimated one: say so, as the bundle's inference does
         note = spacing_note(item["image"], self.window)
         if note:
             logger.warning("GLAM %s: %s", item["image"].meta.get("filename", "image"), note)

@@ -1,15 +1,4 @@
-"""What an inference input is before it is read: the image size its header states, and the file it is read from.
-
-- :func:`stated_shape` reads only a file's header (PNG/TIFF/JPEG through PIL's lazy open, NIfTI through nibabel's
-  header, NRRD's header, DICOM through the bundle's ``read_dicom_header``, which stops before the pixels and caps a
-  deflated file's inflation), so that the server refuses an image too large for it, or no picture a model can place,
-  in milliseconds and before any pixel buffer exists (:func:`glam_safety.check_image_shape`). A header it cannot
-  parse gives None: the bundle's reader then reads the file and names its problem (it checks its own decoded-size
-  cap, which the app sets to the same limit, before decoding).
-- :func:`inference_input` is the file an image id is read from: the datastore's file, or, for a NRRD that
-  ``ingest.py`` made of a DICOM and that is still what ingest wrote, that DICOM, read by the bundle's reader
-  as ``monai.bundle run inference`` reads it (its pixel spacing or none, its view, laterality and modality).
-"""
+"""An inference input before it is read: the image size its header states, and the file it is read from."""
 
 from __future__ import annotations
 
@@ -20,14 +9,15 @@ from glam_safety import Limits, check_image_shape
 
 
 def stated_shape(path: str | os.PathLike, max_pixels: int | None = None) -> tuple[int, ...] | None:
-    """The array shape ``path``'s header states, rows first as the bundle reads a picture (NIfTI and NRRD store
-    columns first: their axes are reversed), or None when the
-    header cannot be read here (the bundle's reader then decides). A DICOM whose header cannot be read within
-    ``max_pixels`` (a deflated file inflating past it) raises the bundle's ``MammogramReadError``."""
+    """The shape ``path``'s header states, rows first, or None when it cannot be read here (the reader decides).
+
+    Raises:
+        MammogramReadError: a DICOM whose header does not inflate within ``max_pixels``.
+    """
     path = str(path)
     from scripts.data.readers import file_format
 
-    kind = file_format(path)  # the bundle reader's own choice: by suffix, else by the first bytes
+    kind = file_format(path)
     if kind == "dicom":
         from scripts.data.dicom_files import read_dicom_header
         from scripts.data.errors import MammogramReadError
@@ -61,8 +51,7 @@ def stated_shape(path: str | os.PathLike, max_pixels: int | None = None) -> tupl
 
 
 def check_input(path: str | os.PathLike, limits: Limits, what: str) -> None:
-    """Refuse (:class:`glam_safety.RequestRefused`) an input whose header states an image beyond ``limits`` or no
-    mammogram-shaped picture, before it is decoded; ``what`` names it as the client knows it."""
+    """Refuse (``RequestRefused``) from its header an input beyond ``limits`` or of no mammogram's shape."""
     from glam_safety import RequestRefused
 
     from scripts.data.errors import MammogramReadError
@@ -76,9 +65,7 @@ def check_input(path: str | os.PathLike, limits: Limits, what: str) -> None:
 
 
 def inference_input(root: str | os.PathLike, image_path: str) -> tuple[str, str | None]:
-    """``(path to read, name of the DICOM it stands for or None)`` for the datastore file ``image_path`` of the
-    studies folder ``root``: the DICOM ``ingest.py`` converted into it while the NRRD is still the one it wrote
-    (:func:`ingest.ingested_source`), else the file itself."""
+    """``(path to read, DICOM name or None)`` for datastore file ``image_path``: ingest's DICOM source, if current."""
     from ingest import ingested_source
 
     source = ingested_source(Path(root), Path(image_path))

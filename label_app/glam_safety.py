@@ -1,23 +1,8 @@
-"""What the GLAM label server accepts from a request: names in the studies folder, JSON form fields, origins, hosts.
+"""What the GLAM label server accepts from a request: names, paths, JSON form fields, origins, hosts and sizes.
 
-Plain Python (no MONAI Label import), so the rules are unit-tested in any environment. Every check raises
-:class:`RequestRefused` (a 4xx status and a message naming the problem) or returns the accepted value; a refusal
-never depends on whether a file exists, so the answers tell a client nothing about the filesystem.
-
-- Datastore ids and label tags are single file-name components of the studies folder: no ``/`` or ``\\``, not
-  ``.`` or ``..``, no control or invisible format characters (Unicode Cc / Cf, e.g. U+202E), valid UTF-8, at
-  most :data:`MAX_NAME_LENGTH` characters; a new id (an upload) may not start with ``.`` either. Ids and tags
-  are never decoded again, so an encoded ``%2e%2e%2f`` is a plain name. The file name of an upload is one such
-  name too (:func:`check_upload_name`).
-- Paths are decided on where they resolve (:func:`readable_path`, :func:`writable_path`, :func:`deletable_path`):
-  nothing is written or deleted outside the studies folder or through a symbolic link; a link the server's own user
-  put in the folder is followed for reading, and answers name the path inside the folder, never the link's target.
-- The ``params`` and ``info`` form fields of MONAI Label's routes are JSON objects, and no JSON a request carries
-  is nested deeper than :data:`MAX_JSON_DEPTH`.
-- Limits (:class:`Limits`, from the environment): the size of a request body, and the image size, patch size and
-  patch count a checkpoint's settings record may ask for (:func:`check_model_settings`).
-- Cross-origin access is granted to listed origins only (``scheme://host[:port]``); requests are answered for
-  loopback host names and the names the server is told to answer for (DNS rebinding).
+Plain Python (no MONAI Label import). Every check returns the accepted value or raises :class:`RequestRefused` (4xx
+and a message); a refusal never depends on whether a file exists. Ids and tags are single file-name components;
+paths are decided on where they resolve, and nothing is written or deleted through a link.
 """
 
 from __future__ import annotations
@@ -31,25 +16,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-#: longest datastore id or label tag (the stored file name adds the extension; file systems allow 255 bytes)
+#: longest datastore id or label tag (the stored name adds the extension)
 MAX_NAME_LENGTH = 200
-#: deepest nesting of the JSON a request carries (``params``, ``info``, a JSON body); MONAI Label's own parameters
-#: are at most 2 deep, and Python's parser fails (RecursionError) near 1000
+#: deepest JSON nesting a request may carry (Python's parser fails near 1000)
 MAX_JSON_DEPTH = 32
-#: longest file name of an upload, in UTF-8 bytes (file systems allow 255)
 MAX_UPLOAD_NAME_BYTES = 255
-#: the most digits a JSON integer a request carries may have (Python refuses more than 4300 with a ValueError; no
-#: parameter of the server needs more than a few)
+#: most digits of a JSON integer (Python refuses more than 4300)
 MAX_JSON_INT_DIGITS = 64
-#: Unicode categories refused in ids, tags and upload names: controls (Cc, e.g. NUL, ESC) and invisible format
-#: characters (Cf: U+202E right-to-left override, U+200B zero-width space, U+FEFF, ...), which make a name look like
-#: another one
+#: Unicode categories refused in names: controls and invisible format characters (U+202E), which disguise a name
 INVISIBLE_CATEGORIES = ("Cc", "Cf")
-#: host names every server answers for
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-#: form fields of MONAI Label's routes that carry a JSON object
 JSON_FORM_FIELDS = ("params", "info")
-#: ``glam_server`` sets this flag in the ``state`` of MONAI Label's FastAPI app; the app refuses to start without it
+#: set by ``glam_server`` in the FastAPI app's ``state``; the app refuses to start without it
 SERVER_FLAG = "glam_guarded"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -68,8 +46,13 @@ def _shown(value: Any) -> str:
 
 
 def check_name(value: Any, what: str, *, new: bool = False) -> str:
-    """``value`` if it is a valid datastore id or label tag (``what`` names it in the message), else
-    :class:`RequestRefused` (400). ``new``: an id the request creates, which may not start with ``.`` either."""
+    """``value`` if it is a valid datastore id or label tag, else :class:`RequestRefused` (400).
+
+    Args:
+        value: the name.
+        what: names it in the message.
+        new: an id the request creates, which may not start with ``.`` either.
+    """
     if not isinstance(value, str) or not value:
         raise RequestRefused(f"{what} must be a non-empty string, got {_shown(value)}")
     if "/" in value or "\\" in value or value in (".", ".."):
@@ -88,15 +71,13 @@ def check_name(value: Any, what: str, *, new: bool = False) -> str:
 
 
 def invisible_characters(text: str) -> str:
-    """The code points of ``text`` in :data:`INVISIBLE_CATEGORIES` (control and format characters), written as
-    ``U+202E, U+0000``; empty when there are none."""
+    """The code points of ``text`` in :data:`INVISIBLE_CATEGORIES`, as ``U+202E, U+0000`` (empty: none)."""
     found = dict.fromkeys(f"U+{ord(c):04X}" for c in text if unicodedata.category(c) in INVISIBLE_CATEGORIES)
     return ", ".join(found)
 
 
 def is_utf8(text: str) -> bool:
-    """Whether ``text`` encodes as UTF-8: a file name read from a disk that is not UTF-8 carries surrogates (Python's
-    ``surrogateescape``), which no JSON answer can hold."""
+    """Whether ``text`` encodes as UTF-8 (a non-UTF-8 file name carries surrogates no JSON answer can hold)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -105,14 +86,12 @@ def is_utf8(text: str) -> bool:
 
 
 def shown_name(name: str | bytes) -> str:
-    """A file name for a log line, also one that is not UTF-8 (its bytes escaped, e.g. ``'caf\\xe9.png'``)."""
+    """A file name for a log line, non-UTF-8 bytes escaped."""
     return "'" + os.fsencode(name).decode("utf-8", errors="backslashreplace") + "'"
 
 
 def check_upload_name(value: Any, field: str) -> str:
-    """The file name a client gave an upload in form field ``field``: one file name (no ``/`` or ``\\``, no control
-    characters such as NUL, at most :data:`MAX_UPLOAD_NAME_BYTES` bytes), else :class:`RequestRefused` (400). An
-    empty name is allowed (MONAI Label then names the file itself)."""
+    """The file name of an upload in form field ``field`` (empty allowed), else :class:`RequestRefused` (400)."""
     if value is None or value == "":
         return ""
     if not isinstance(value, str):
@@ -135,8 +114,7 @@ def check_upload_name(value: Any, field: str) -> str:
 
 
 def is_inside(folder: str | os.PathLike, path: str | os.PathLike) -> bool:
-    """Whether ``path`` lies strictly inside ``folder`` once both are absolute with ``..`` collapsed (links are not
-    followed: a link the owner put in the studies folder stays usable)."""
+    """Whether ``path`` lies strictly inside ``folder``, lexically (links not followed)."""
     folder, path = os.path.abspath(folder), os.path.abspath(path)
     return path != folder and os.path.commonpath([folder, path]) == folder
 
@@ -153,7 +131,7 @@ def _inside_or_equal(folder: str, path: str) -> bool:
 
 
 def _links_between(folder: str, path: str) -> list[str]:
-    """The symbolic links among ``path`` and its parent folders below ``folder`` (``path`` lexically inside)."""
+    """The symbolic links among ``path`` and its parents below ``folder``."""
     links, current = [], folder
     for part in os.path.relpath(path, folder).split(os.sep):
         current = os.path.join(current, part)
@@ -163,11 +141,14 @@ def _links_between(folder: str, path: str) -> list[str]:
 
 
 def readable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> str:
-    """``path`` (normalized, not resolved) if the server may read it: it lies inside ``folder`` and either resolves
-    inside it too, or every symbolic link on the way belongs to the user the server runs as (a link the owner put
-    in the studies folder, e.g. to images on another disk). Else :class:`RequestRefused`: 400 for a path outside,
-    403 for another user's link. The path returned is the one inside the folder: whoever shows it (a download's
-    file name, an info record) never shows where a link leads."""
+    """``path`` inside ``folder`` (normalized, not resolved) if the server may read it.
+
+    It must resolve inside ``folder`` or pass only through links of the server's own user (images on another disk);
+    the path returned never shows where a link leads.
+
+    Raises:
+        RequestRefused: 400 for a path outside, 403 for another user's link.
+    """
     root = os.path.realpath(folder)
     lexical = check_inside(root, os.path.normpath(os.path.join(root, path)), what)
     if _inside_or_equal(root, os.path.realpath(lexical)):
@@ -184,10 +165,11 @@ def readable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str)
 
 
 def writable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> str:
-    """Where a write to ``path`` (inside ``folder``) lands: the resolved folder of ``path`` (inside the resolved
-    ``folder``) joined with its file name. Refused (403) when that folder leads outside through a link, when the
-    file itself is a symbolic link (wherever it points: the server writes and deletes no link's target) or a
-    folder. Write with a rename onto the returned path (``os.replace`` replaces a name, it follows no link)."""
+    """Where a write to ``path`` inside ``folder`` lands: its resolved folder joined with its name; write by rename.
+
+    Raises:
+        RequestRefused: 403 when the folder leads outside through a link, or the file is a link or a folder.
+    """
     root = os.path.realpath(folder)
     lexical = check_inside(root, os.path.normpath(os.path.join(root, path)), what)
     parent = os.path.realpath(os.path.dirname(lexical))
@@ -210,8 +192,7 @@ def writable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str)
 
 
 def deletable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str) -> str | None:
-    """The file to unlink for ``path`` (as :func:`writable_path`; a regular file, never a folder's tree), or None
-    when nothing is there."""
+    """The regular file to unlink for ``path`` (as :func:`writable_path`), or None when nothing is there."""
     target = writable_path(folder, path, what)
     try:
         mode = os.lstat(target).st_mode
@@ -223,7 +204,7 @@ def deletable_path(folder: str | os.PathLike, path: str | os.PathLike, what: str
 
 
 def json_depth(value: Any) -> int:
-    """How deep lists and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
+    """How deep lists and objects nest in a parsed JSON value (a scalar: 0)."""
     deepest, stack = 0, [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -236,8 +217,7 @@ def json_depth(value: Any) -> int:
 
 
 def json_value(what: str, text: str | bytes) -> Any:
-    """The JSON value of ``text`` (``what`` names it in messages), nested at most :data:`MAX_JSON_DEPTH` deep,
-    else :class:`RequestRefused` (400)."""
+    """The JSON value of ``text`` nested at most :data:`MAX_JSON_DEPTH` deep, else :class:`RequestRefused` (400)."""
     too_deep = f"{what} nests lists or objects deeper than {MAX_JSON_DEPTH} levels"
 
     def bounded_int(digits: str) -> int:
@@ -264,8 +244,7 @@ def json_value(what: str, text: str | bytes) -> Any:
 
 
 def json_object(field: str, text: Any) -> dict[str, Any]:
-    """The JSON object of form field ``field`` (empty: ``{}``, as MONAI Label reads it), else
-    :class:`RequestRefused` (400) naming the field and what is wrong (not JSON, nested too deep, not an object)."""
+    """The JSON object of form field ``field`` (empty: ``{}``), else :class:`RequestRefused` (400)."""
     if text is None or (isinstance(text, str) and not text.strip()):
         return {}
     if not isinstance(text, str):
@@ -292,8 +271,11 @@ def as_bool(value: Any, what: str) -> bool:
 
 
 def normalize_origin(value: str) -> str:
-    """``scheme://host[:port]`` of one allowed origin as browsers send it in ``Origin`` (lower-case host, no default
-    port, no trailing ``/``); ``ValueError`` naming the entry for anything else (a path, a wildcard, ...)."""
+    """An allowed origin as browsers send it: ``scheme://host[:port]``, lower-case, no default port.
+
+    Raises:
+        ValueError: naming the entry for anything else (a path, a wildcard, ...).
+    """
     text = str(value).strip()
     hint = "expected scheme://host[:port], e.g. http://localhost:3000"
     if "*" in text:
@@ -313,7 +295,7 @@ def normalize_origin(value: str) -> str:
 
 
 def parse_origins(values: Iterable[Any]) -> list[str]:
-    """The allowed origins, normalized, in order, without repeats (:func:`normalize_origin`)."""
+    """The allowed origins, normalized, in order, without repeats."""
     origins: list[str] = []
     for value in values:
         origin = normalize_origin(str(value))
@@ -323,7 +305,7 @@ def parse_origins(values: Iterable[Any]) -> list[str]:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or an address, IPv6 with or without brackets) only reaches this machine."""
+    """Whether ``host`` (a name or an address) only reaches this machine."""
     host = host.strip().strip("[]").lower()
     if host == "localhost":
         return True
@@ -334,8 +316,7 @@ def is_loopback(host: str) -> bool:
 
 
 def allowed_hosts(extra: str | None) -> list[str]:
-    """Host names the server answers for: the loopback names and the comma-separated ``extra`` (``*``: any, for a
-    server bound to every interface behind authentication)."""
+    """The loopback names and the comma-separated ``extra`` (``*``: any host)."""
     hosts = list(LOOPBACK_HOSTS)
     for host in (extra or "").split(","):
         host = host.strip().lower()
@@ -346,8 +327,7 @@ def allowed_hosts(extra: str | None) -> list[str]:
     return hosts
 
 
-# -- limits ----------------------------------------------------------------------------------------------------------
-#: environment variable -> (default, what it bounds); ``start_label_server.sh --max-upload-mb`` sets the first
+#: environment variable -> (default, what it bounds)
 LIMIT_VARIABLES = {
     "GLAM_LABEL_MAX_UPLOAD_MB": (256, "the size of a request body (an upload), in MiB"),
     "GLAM_LABEL_MAX_IMAGE_SIDE": (8192, "each side of the model's image_size (the preprocessing window), in pixels"),
@@ -355,19 +335,14 @@ LIMIT_VARIABLES = {
     "GLAM_LABEL_MAX_PATCHES": (32, "the patches per image (num_patches_eval)"),
     "GLAM_LABEL_MAX_IMAGE_PIXELS": (50_000_000, "the pixels of an input image, as its header states them"),
 }
-#: an input image's shorter side, at least (pixels), and its longer side over its shorter side, at most: a
-#: mammogram is about 1.2-1.6 times as long as it is wide; a 65000 x 10 strip is no picture the model can place
+#: the shortest side (pixels) and largest aspect ratio of an input (a mammogram's is about 1.2-1.6)
 MIN_IMAGE_SIDE = 32
 MAX_IMAGE_ASPECT = 10
 
 
 class Limits(NamedTuple):
-    """What one request and one model may ask of the server (defaults in :data:`LIMIT_VARIABLES`).
-
-    The body limit suits mammograms: a 16-bit 4000x5000 DICOM is about 40 MB uncompressed, 256 MiB leaves room for
-    larger detectors and multi-frame files. The model limits keep a checkpoint's settings record from making every
-    image allocate gigabytes (an ``image_size`` of [40000, 40000] is 12.8 GB per image); the bundle's full-size
-    default is 2944x1920 with 512-pixel patches."""
+    """What one request and one model may ask of the server (:data:`LIMIT_VARIABLES`); the model limits keep a
+    checkpoint's settings from making every image allocate gigabytes."""
 
     max_upload_mb: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_UPLOAD_MB"][0]
     max_image_side: int = LIMIT_VARIABLES["GLAM_LABEL_MAX_IMAGE_SIDE"][0]
@@ -381,8 +356,7 @@ class Limits(NamedTuple):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
-        """The limits the environment sets (:data:`LIMIT_VARIABLES`); ``ValueError`` naming a variable that is not
-        a positive whole number."""
+        """The limits the environment sets; ``ValueError`` naming a variable that is not a positive whole number."""
         environ = os.environ if environ is None else environ
         values = {}
         for (name, (default, meaning)), field in zip(LIMIT_VARIABLES.items(), cls._fields):
@@ -397,10 +371,8 @@ class Limits(NamedTuple):
 
 
 def check_image_shape(shape: Iterable[int], limits: Limits, what: str) -> None:
-    """:class:`RequestRefused` for an input image whose header states ``shape`` (rows, cols; or more dimensions)
-    larger than ``limits.max_image_pixels`` (413), or whose picture is no mammogram's: a side below
-    :data:`MIN_IMAGE_SIDE` or sides more than :data:`MAX_IMAGE_ASPECT` times apart (400). Decided from the header,
-    before any pixel is decoded; ``what`` names the image in the message."""
+    """Refuse, from the header's ``shape``, an image above ``limits.max_image_pixels`` (413) or of no mammogram's
+    shape (400: :data:`MIN_IMAGE_SIDE`, :data:`MAX_IMAGE_ASPECT`); ``what`` names it."""
     dims = [int(d) for d in shape]
     pixels = 1
     for d in dims:
@@ -432,10 +404,11 @@ def _pair(value: Any) -> list[int] | None:
 
 
 def check_model_settings(settings: Mapping[str, Any], limits: Limits, source: str) -> None:
-    """``ValueError`` naming each of ``image_size``, ``patch_size`` and ``num_patches_eval`` in ``settings`` (what the
-    network will be built with; ``source`` names where they come from, e.g. the checkpoint) that lies outside
-    ``limits``, with the limit and the environment variable that raises it. Called before the network or any image
-    buffer is made."""
+    """Refuse a model whose ``image_size``, ``patch_size`` or ``num_patches_eval`` lie outside ``limits``.
+
+    Raises:
+        ValueError: naming each setting, ``source``, the limit and the environment variable that raises it.
+    """
     problems = []
     bounds = [
         ("image_size", limits.max_image_side, "GLAM_LABEL_MAX_IMAGE_SIDE", "pixels per side"),

@@ -1,35 +1,10 @@
-"""The GLAM label server: MONAI Label's FastAPI app, configured for a safe default before it starts.
+"""The GLAM label server: MONAI Label's FastAPI app, made safe before it starts (``--uvicorn_app glam_server:app``).
 
-Named with MONAI Label's ``--uvicorn_app glam_server:app`` (this folder on ``PYTHONPATH``); ``tools/
-start_label_server.sh`` does both. MONAI Label's app (``monailabel.app:app``) answers every web origin with
-credentials, parses the ``params`` form field without checking it and offers routes that read or write files outside
-the studies folder. Here, on that same app object (its routers, its lifespan that creates the GLAM app):
-
-- Cross-origin access: MONAI Label's allow-all ``CORSMiddleware`` is replaced; no origin is granted unless
-  ``GLAM_LABEL_CORS_ORIGINS`` lists it (comma-separated ``scheme://host[:port]``). MONAI Label's own
-  ``MONAI_LABEL_CORS_ORIGINS`` cannot serve: with it set, MONAI Label 0.8.5 fails to start (its settings are not
-  JSON-serializable), and it turns every entry into ``scheme://host/``, which no browser sends. A request whose
-  ``Origin`` is neither the server's own nor listed is refused (403), also the form POSTs a browser sends without
-  asking first; a ``Host`` other than the loopback names and ``GLAM_LABEL_ALLOWED_HOSTS`` is refused (400: DNS
-  rebinding).
-- The ``params`` and ``info`` form fields must be JSON objects (400 naming the field), and no JSON a request
-  carries (a form field, a JSON body) nests deeper than ``glam_safety.MAX_JSON_DEPTH`` (MONAI Label's parser
-  failed with RecursionError: 500); an upload's file name is a file name (no NUL, ``/`` or ``\\``);
-  ``session_id`` is refused (400: sessions are off in the GLAM app); an inference needs an input (a datastore id or
-  an uploaded file), takes no ``label`` upload and cannot ask for ``output=dicom_seg`` (MONAI Label answered 500).
-- Request bodies are bounded (``GLAM_LABEL_MAX_UPLOAD_MB``, default 256 MiB; ``start_label_server.sh
-  --max-upload-mb``): 413 as soon as the ``Content-Length`` or the bytes received pass the limit, before the body
-  is buffered; a body is read into an unnamed temporary file (in memory up to 1 MiB), checked, and replayed to
-  MONAI Label.
-- Not offered (404): ``/model`` (the checkpoint: download, replace, delete), ``/logs``, ``/proxy`` (DICOMweb),
-  ``/ohif``, ``/infer/wsi*``, ``/reload``, and ``/train`` and ``/scoring`` (the app has neither: they started a
-  subprocess that failed) (:data:`REMOVED_ROUTES`).
-- Authentication: with ``MONAI_LABEL_AUTH_ENABLE=true`` MONAI Label's token check runs as configured
-  (``MONAI_LABEL_AUTH_REALM_URI``, roles, claims) with the RSA algorithms PyJWT 2 needs to be told (MONAI Label
-  0.8.5 names none, so every token was refused).
-- Refusals (:class:`glam_safety.RequestRefused`) and MONAI Label's not-found errors answer 4xx with the message,
-  not 500 with a traceback; an image the datastore does not have is one 404 with one message on every route
-  (``glam_datastore``).
+MONAI Label's app answers every web origin with credentials, does not check its form fields and offers routes that
+read or write outside the studies folder. Here: cross-origin access only for ``GLAM_LABEL_CORS_ORIGINS``, hosts only
+loopback and ``GLAM_LABEL_ALLOWED_HOSTS``; JSON form fields, upload names, ``session_id`` and inference inputs
+checked; bodies bounded by ``GLAM_LABEL_MAX_UPLOAD_MB``; :data:`REMOVED_ROUTES` answer 404; the auth token check
+names its RSA algorithms; refusals answer 4xx with one message (docs/monailabel.md).
 """
 
 from __future__ import annotations
@@ -39,7 +14,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -74,28 +49,20 @@ from monailabel.interfaces.exception import (  # noqa: E402
 )
 from starlette.datastructures import UploadFile  # noqa: E402
 from starlette.exceptions import HTTPException as StarletteHTTPException  # noqa: E402
+from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-#: routes GLAM does not offer (they read or write outside the studies folder, or serve what the app does not have):
-#: these paths and everything under them answer 404
+#: routes not offered (404, with everything under them): they reach outside the studies folder or the app lacks them
 REMOVED_ROUTES = ("/model", "/logs", "/proxy", "/ohif", "/infer/wsi", "/infer/wsi_v2", "/reload", "/train", "/scoring")
-#: the algorithms a realm's RSA public key verifies (never HMAC: the key is public)
+#: what a realm's RSA public key verifies (never HMAC: the key is public)
 TOKEN_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512")
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 INFER_PATH = re.compile(r"/infer/[^/]+")
-#: methods whose body is read, counted and checked before the app sees it
 BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
-#: a body up to this size stays in memory, a larger one goes to an unnamed temporary file
-SPOOL_IN_MEMORY = 1 << 20
+SPOOL_IN_MEMORY = 1 << 20  # larger bodies go to an unnamed temporary file
 REPLAY_CHUNK = 1 << 20
-#: the largest JSON body (batch inference's parameters are a few hundred bytes)
-MAX_JSON_BODY = 1 << 20
+MAX_JSON_BODY = 1 << 20  # batch inference's parameters are a few hundred bytes
 
 
 def _host_of(netloc: str) -> str:
@@ -103,15 +70,16 @@ def _host_of(netloc: str) -> str:
 
 
 class RequestGuard:
-    """Pure ASGI middleware answering what MONAI Label's routes do not check (module docstring): the ``Host`` and
-    ``Origin`` headers, the routes not offered, ``session_id``, the size of the body, the JSON it carries, the file
-    names of uploads and the input of an inference. The body is read here first, counted against ``max_body`` (413
-    as soon as the ``Content-Length`` or the bytes received pass it), kept in a temporary file that has no name
-    (in memory up to 1 MiB) and replayed to the app. A refusal is JSON ``{"detail": message}`` with its 4xx."""
+    """ASGI middleware checking what MONAI Label's routes do not (module docstring); refusals are
+    ``{"detail": message}`` with their 4xx.
+
+    The body is read first, bounded by ``max_body`` (413 once passed, nothing more read), spooled to an unnamed
+    temporary file and replayed to the app.
+    """
 
     def __init__(
         self,
-        app: Callable[..., Awaitable[None]],
+        app: ASGIApp,
         origins: Sequence[str],
         hosts: Sequence[str],
         max_body: int = Limits().max_body_bytes,
@@ -151,12 +119,12 @@ class RequestGuard:
             )
         origin = request.headers.get("origin")
         if origin is None:
-            return  # not sent by a browser's cross-origin machinery (Slicer, scripts)
+            return  # not a browser (Slicer, scripts)
         try:
             if normalize_origin(origin) in self.origins:
                 return
         except ValueError:
-            pass  # "null" (a sandboxed page or a file) and other non-origins: refused below
+            pass  # "null" and other non-origins: refused below
         if not host or urlsplit(origin).netloc.lower() != host.lower():
             raise RequestRefused(
                 f"cross-origin request from {origin!r} refused: the server grants no origin it was not given "
@@ -182,8 +150,7 @@ class RequestGuard:
 
     @staticmethod
     def _check_infer_input(scope: Scope, query: dict[str, list[str]], fields: set[str]) -> None:
-        """``POST /infer/{model}``: an input (MONAI Label answers 500 without one), an output the app writes, and
-        no ``label`` upload (an interactive model's input, which GLAM does not take)."""
+        """``POST /infer/{model}`` needs an input and an output the app writes, and takes no ``label`` upload."""
         if scope.get("method") != "POST" or not INFER_PATH.fullmatch(scope.get("path", "")):
             return
         if "dicom_seg" in query.get("output", []):
@@ -202,8 +169,7 @@ class RequestGuard:
         )
 
     async def _read_body(self, scope: Scope, receive: Receive) -> Any:
-        """The request's body in an unnamed temporary file (None for a request that carries none), refused (413)
-        once its declared length or the bytes received pass the limit: nothing past it is read."""
+        """The request's body in an unnamed temporary file (None without one), refused (413) past the limit."""
         declared = Request(scope).headers.get("content-length")
         if declared is not None:
             if not declared.strip().isdigit():
@@ -233,8 +199,7 @@ class RequestGuard:
 
     @staticmethod
     def _replay(body: Any, receive: Receive | None = None) -> Receive:
-        """A ``receive`` that hands over ``body`` from its start in 1 MiB messages, then (for the app) the client's
-        own messages (its disconnect)."""
+        """A ``receive`` handing over ``body`` in 1 MiB messages, then the client's own (its disconnect)."""
         size = body.seek(0, os.SEEK_END)
         body.seek(0)
         done = False
@@ -250,8 +215,7 @@ class RequestGuard:
         return replay
 
     async def _check_body(self, scope: Scope, body: Any) -> set[str]:
-        """Check a form's JSON fields and upload file names, or a JSON body's nesting; the names of the form's
-        fields (none for another body)."""
+        """Check a form's JSON fields and upload names, or a JSON body's nesting; returns the form's field names."""
         if body is None:
             return set()
         content_type = Request(scope).headers.get("content-type", "").split(";")[0].strip().lower()
@@ -294,11 +258,11 @@ async def _monailabel_error(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": exc.msg}, status_code=404)
     if exc.error == MONAILabelError.INVALID_INPUT:
         return JSONResponse({"detail": exc.msg}, status_code=400)
-    raise exc  # a server-side failure stays a 500 with its traceback in the log
+    raise exc  # a server-side failure: 500, traceback logged
 
 
 def _install_token_check(api: FastAPI) -> None:
-    """MONAI Label's bearer-token check (``get_current_user``) with the token's algorithm named."""
+    """MONAI Label's bearer-token check with the RSA algorithms named (PyJWT 2 refuses tokens otherwise)."""
     import jwt
     import requests
     from monailabel.endpoints.user import auth
@@ -326,8 +290,8 @@ def _install_token_check(api: FastAPI) -> None:
 
 
 def _close_apps_on_shutdown(api: FastAPI) -> None:
-    """After MONAI Label's shutdown, ``close()`` the apps it created (the GLAM app removes its temporary folder):
-    uvicorn ends on a stop signal by raising it again, so ``atexit`` handlers never run."""
+    """``close()`` the apps MONAI Label created after its shutdown: uvicorn re-raises stop signals, so ``atexit``
+    handlers never run."""
     from monailabel.interfaces.utils.app import apps
 
     original = api.router.lifespan_context
@@ -345,17 +309,13 @@ def _close_apps_on_shutdown(api: FastAPI) -> None:
 
 
 def _in_worker_threads(api: FastAPI) -> None:
-    """MONAI Label's inference routes are ``async`` functions that run the whole inference inline, so one
-    inference held the event loop and every other request (``/info/`` included) waited for it. Each is replaced by
-    a plain function of the same signature (its dependencies, the token check included, are kept), which FastAPI
-    runs in its worker threads: the event loop keeps answering while an image is on the model (the GLAM task lets
-    one image on the model at a time)."""
+    """Run MONAI Label's inference routes in FastAPI's worker threads: as ``async`` functions they held the event
+    loop for a whole inference. Signatures and dependencies (the token check) are kept."""
     from fastapi.routing import APIRoute
     from monailabel.endpoints import batch_infer, infer
 
     blocking = {infer.api_run_inference: infer.run_inference, batch_infer.api_run: batch_infer.run}
-    # the app's own routes (older FastAPI copies included routes there) and the routers MONAI Label included
-    # (newer FastAPI resolves those when the first request comes)
+    # older FastAPI copies included routes into the app, newer ones resolve the routers at the first request
     for router in (api.router, infer.router, batch_infer.router):
         for index, route in enumerate(router.routes):
             impl = blocking.get(route.endpoint) if isinstance(route, APIRoute) else None
@@ -390,14 +350,13 @@ def _threaded_route(route: Any, impl: Callable[..., Any]) -> Any:
 
 
 def configure(api: FastAPI) -> FastAPI:
-    """Make MONAI Label's FastAPI app ``api`` the GLAM server (module docstring); before it starts."""
+    """Make MONAI Label's FastAPI app ``api`` the GLAM server (module docstring), before it starts."""
     origins = parse_origins(o for o in os.environ.get("GLAM_LABEL_CORS_ORIGINS", "").split(",") if o.strip())
     hosts = allowed_hosts(os.environ.get("GLAM_LABEL_ALLOWED_HOSTS"))
     limits = Limits.from_env()
     api.user_middleware[:] = [m for m in api.user_middleware if m.cls is not CORSMiddleware]
     api.add_middleware(RequestGuard, origins=origins, hosts=hosts, max_body=limits.max_body_bytes)
-    if origins:  # outside the guard: it answers the preflights of the listed origins
-        # no credentials (cookies): a bearer token in the Authorization header, MONAI Label's auth, needs none
+    if origins:  # outside the guard, for the listed origins' preflights; no cookies: auth is a bearer token
         methods = ["GET", "HEAD", "POST", "PUT", "DELETE"]
         api.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=methods, allow_headers=["*"])
     api.add_exception_handler(RequestRefused, _refused)

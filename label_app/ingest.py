@@ -2,23 +2,10 @@
 
     python label_app/ingest.py STUDIES_DIR [--bundle bundle]
 
-MONAI Label's local datastore lists NIfTI, NRRD, PNG, JPEG and TIFF files, not DICOM. Every DICOM file in
-STUDIES_DIR (``.dcm``/``.dicom``/``.dic`` in any case, or any file with the DICM preamble) gets a copy for the
-viewers named after its whole file name, ``<file name>.nrrd`` (``x.dcm`` -> ``x.dcm.nrrd``, datastore id ``x.dcm``),
-so that no two DICOMs, and no DICOM and a picture beside it (``x.png``, id ``x``), share a name: the pixels as the
-bundle reads them (Modality and VOI LUTs applied, MONOCHROME1 inverted), rows as displayed, with the DICOM's geometry
-(the pixel spacing it states, Pixel Spacing / Imager Pixel Spacing, along its Image Orientation from its Image
-Position, DICOM's defaults where it states none) as the NRRD's space directions and origin, or **no geometry at all**
-when the DICOM states no pixel spacing (nothing invented: viewers show such a file at their default of 1 mm per pixel).
-
-The label server reads the DICOM itself for inference (the bundle's reader and spacing policy, as
-``monai.bundle run inference`` reads the same file): ingest records each copy in ``.glam_ingest.json`` in the
-studies folder (the DICOM's name, size and modification time, the NRRD's), and the server follows the record only
-while the NRRD is still the file ingest wrote and the DICOM still the one it read (:func:`ingested_source`); a NRRD
-replaced by an upload is read as itself. A copy still current is kept; a DICOM that cannot be read, whose name is
-too long to serve or whose copy's name is taken by a file ingest did not write is reported (file and reason, one
-line each) and the others are still converted. The DICOM files are left untouched. Exit code 0 unless no DICOM
-could be converted while some failed.
+Each DICOM ``x.dcm`` gets ``x.dcm.nrrd`` (datastore id ``x.dcm``): the pixels as the bundle reads them with the
+DICOM's geometry, or no geometry when it states no pixel spacing. ``.glam_ingest.json`` records each copy, so that
+the server reads the DICOM itself while the copy is still ingest's (:func:`ingested_source`). Unreadable files are
+reported one line each and the others converted; exit code 1 only when none could be.
 """
 
 from __future__ import annotations
@@ -157,7 +144,7 @@ def ingest_dicoms(studies: str | Path) -> IngestReport:
     from nrrd_io import write_nrrd_2d
 
     from scripts.data.readers import read_mammogram
-    from scripts.inference.geometry import file_affine
+    from scripts.inference.maps import file_affine
 
     studies = Path(studies)
     if not studies.is_dir():

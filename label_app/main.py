@@ -1,27 +1,15 @@
 """MONAI Label app serving the GLAM bundle's saliency maps (one segmentation model, ``glam``).
 
-Started by ``tools/start_label_server.sh`` (see docs/monailabel.md), or directly, with this folder on
-``PYTHONPATH`` and MONAI Label's ``--uvicorn_app`` option naming the app's server (``glam_server.py``):
+Started by ``tools/start_label_server.sh`` (docs/monailabel.md), or with this folder on ``PYTHONPATH``:
 
     PYTHONPATH=label_app python -m monailabel.main start_server --app label_app --studies DIR \
         --host 127.0.0.1 --port 8000 --uvicorn_app glam_server:app \
         --conf bundle bundle --conf model runs/quickstart/models/joint/model.pt
 
-``--conf`` keys: ``bundle`` (the bundle folder; default ``../bundle`` beside this app), ``model`` (a state dict for
-the bundle's inference ``network_def``; default ``<bundle>/models/model.pt``), ``preset`` (config files layered
-over ``inference.yaml``, comma-separated; a checkpoint written by the bundle's training carries its settings and
-needs none), ``device``.
-
-A thin app on MONAI Label's ``BasicInferTask`` rather than the stock ``monaibundle`` app: the bundle's own
-preprocessing inverse puts every map on the original image geometry, the weights load strictly, and the app needs
-neither torchvision nor SAM2 (see docs/monailabel.md).
-
-Nothing a request names reaches outside the studies folder: the datastore is :class:`~glam_datastore.GLAMDatastore`
-(ids, tags and paths checked), an inference input is a datastore id or a file uploaded with the request (written to
-the app's own temporary folder, and removed when the request is done, also when it fails), MONAI Label's sessions
-(kept outside the studies folder) are off, whole-slide inference is refused and the checkpoint is not offered for
-download or replacement (``model_file``). A map is never saved under MONAI Label's ``original`` tag, and batch
-inference (:class:`GLAMBatchInfer`) reports each image's error and goes on with the others.
+``--conf`` keys: ``bundle`` (default ``../bundle``), ``model`` (default ``<bundle>/models/model.pt``), ``preset``
+(config files over ``inference.yaml``, comma-separated), ``device``. Nothing a request names reaches outside the
+studies folder: inputs are datastore ids or uploads of the request, sessions and whole-slide inference are off, and
+the checkpoint is not served.
 """
 
 from __future__ import annotations
@@ -56,8 +44,7 @@ def _conf_path(conf: dict[str, str], key: str, default: Path) -> Path:
 
 
 def _check_served_safely() -> None:
-    """Refuse to start inside MONAI Label's own FastAPI app unless ``glam_server`` configured it: that app grants
-    every web origin access with credentials (and keeps routes that read or write outside the studies folder)."""
+    """Refuse to start in MONAI Label's FastAPI app unless ``glam_server`` configured it (it grants any origin)."""
     from glam_safety import SERVER_FLAG
 
     served = sys.modules.get("monailabel.app")
@@ -70,7 +57,7 @@ def _check_served_safely() -> None:
 
 
 def _status_and_message(error: Exception) -> tuple[int, str]:
-    """The HTTP status and message a request that failed with ``error`` would answer (``glam_server``'s rules)."""
+    """The HTTP status and message of a request that failed with ``error`` (``glam_server``'s rules)."""
     from fastapi import HTTPException
     from glam_safety import RequestRefused
     from monailabel.interfaces.exception import (
@@ -92,13 +79,11 @@ def _status_and_message(error: Exception) -> tuple[int, str]:
 
 
 class GLAMBatchInfer(BatchInferTask):
-    """``POST /batch/infer/glam``: GLAM on each image of the datastore (or the ids the request lists), one after
-    the other on the server's device, each map saved in the datastore under ``label_tag`` (default: its own tag,
-    ``glam_label`` or ``glam_heatmap_<class>``; ``original`` is refused). An image that fails (unreadable, unknown)
-    is answered as ``{"error": message, "status": code}`` under its id, logged, and the others are done.
+    """``POST /batch/infer/glam``: GLAM on each image listed, its map saved under ``label_tag`` (default its own).
 
-    MONAI Label's task stops at the first failure (400) after saving the maps made so far, spreads images over
-    ``multi_gpu`` devices (a division by zero without CUDA) and defaults to the ``original`` tag."""
+    A failed image is answered as ``{"error": message, "status": code}`` under its id and the others are done
+    (MONAI Label's task stops at the first failure and defaults to the ``original`` tag).
+    """
 
     def __call__(self, request: dict[str, Any], datastore: Datastore, infer: Any) -> dict[str, Any]:
         from glam_safety import RequestRefused, check_name
@@ -155,15 +140,13 @@ class GLAMApp(MONAILabelApp):
         self.model_path = _conf_path(conf, "model", self.bundle_dir / "models" / "model.pt")
         self.presets = [Path(p).expanduser().resolve() for p in conf.get("preset", "").split(",") if p.strip()]
         self.device = conf.get("device") or None
-        # the bundle's components are imported as `scripts.…`, its sibling modules from this folder
         for path in (str(self.bundle_dir), str(APP_DIR)):
             if path not in sys.path:
                 sys.path.insert(0, path)
         _check_served_safely()
         from glam_infer import LABELS
 
-        # MONAI Label writes every upload to a temporary file: the app's own folder, so an inference input given as
-        # a path is accepted only there (an upload of this request), never elsewhere on the machine
+        # uploads land in the app's own folder: the only place a path input is accepted from
         self.scratch = Path(tempfile.mkdtemp(prefix="glam_label_")).resolve()
         tempfile.tempdir = str(self.scratch)
         atexit.register(self.close)
@@ -180,7 +163,7 @@ class GLAMApp(MONAILabelApp):
         )
 
     def close(self) -> None:
-        """Remove the app's temporary folder (``glam_server`` calls this at shutdown, ``atexit`` otherwise)."""
+        """Remove the app's temporary folder."""
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def init_datastore(self) -> Datastore:
@@ -198,7 +181,7 @@ class GLAMApp(MONAILabelApp):
         )
 
     def _load_sessions(self, load: bool = False) -> None:
-        return None  # MONAI Label keeps sessions outside the studies folder; GLAM takes uploads with the request
+        return None  # sessions live outside the studies folder
 
     def init_infers(self) -> dict[str, InferTask]:
         from glam_infer import GLAMSaliencyInfer
@@ -217,10 +200,10 @@ class GLAMApp(MONAILabelApp):
         return GLAMBatchInfer()
 
     def init_trainers(self) -> dict[str, Any]:
-        return {}  # GLAM trains with the bundle's three-stage workflow, not from annotations
+        return {}  # GLAM trains with the bundle's workflow
 
     def model_file(self, model: str, validate: bool = True) -> None:
-        return None  # the checkpoint lies outside the studies folder: not downloaded, replaced or deleted over HTTP
+        return None  # the checkpoint is not served over HTTP
 
     def infer_wsi(self, request: dict[str, Any], datastore: Any = None) -> dict[str, Any]:
         from glam_safety import RequestRefused
@@ -236,7 +219,7 @@ class GLAMApp(MONAILabelApp):
         return super().next_sample(request)
 
     def _upload(self, image: Any) -> str | None:
-        """``image`` if it is a file MONAI Label wrote for this request's upload (in the app's temporary folder)."""
+        """``image`` if it is the file MONAI Label wrote for this request's upload."""
         if not isinstance(image, str) or not os.path.isabs(image):
             return None
         path = Path(image)
@@ -245,14 +228,11 @@ class GLAMApp(MONAILabelApp):
         return image if path.is_file() and not path.is_symlink() else None
 
     def infer(self, request: dict[str, Any], datastore: Any = None) -> dict[str, Any]:
-        """MONAI Label's ``infer`` for GLAM's one model, with the input confined to the datastore.
+        """MONAI Label's ``infer`` with the input a datastore id or this request's upload (else 400).
 
-        ``request["image"]`` is a datastore id (checked: a name, not a path; 404 when the datastore has none) or the
-        file MONAI Label wrote for an upload of this request; anything else is refused (400) whether or not such a
-        file exists. ``save_label`` keeps the map in the datastore (datastore images only, as in MONAI Label) under
-        ``label_tag``, by default its own tag, so a heatmap never lands among a reader's annotations: ``glam_label``
-        or ``glam_heatmap_<class>``; ``original`` is refused. The upload, and the map when the request fails after
-        making it, are removed here: MONAI Label removes them only after a successful answer."""
+        ``save_label`` keeps the map under ``label_tag``, by default ``glam_label`` or ``glam_heatmap_<class>`` (never
+        ``original``). The upload, and a map whose request failed, are removed here, also on failure.
+        """
         upload = self._upload(request.get("image"))
         try:
             return self._infer(request, upload, datastore)
@@ -276,8 +256,7 @@ class GLAMApp(MONAILabelApp):
         if upload is None:
             image_id = check_name(request.get("image"), "image id")
             path = datastore.get_image_uri(image_id)  # 404 when the datastore has no such image
-            # a DICOM's copy for the viewers is read as the DICOM itself (ingest.py): the bundle's reader and spacing
-            # policy on the file as it states it
+            # ingest's copy of a DICOM is read as the DICOM itself
             path, source = inference_input(datastore.root, path)
             request["image"], request["image_name"], request["image_source"] = path, image_id, source
         else:

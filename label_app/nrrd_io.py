@@ -9,10 +9,9 @@ from collections.abc import Mapping, Sequence
 import nrrd
 import numpy as np
 
-# the bundle folder is on sys.path before this module is imported (main.GLAMApp, ingest.main put it there)
 from scripts.atomic import atomic_path
 from scripts.data.geometry import usable_spacing
-from scripts.inference.geometry import LPS_TO_RAS
+from scripts.inference.maps import LPS_TO_RAS
 
 
 def write_nrrd_2d(
@@ -22,17 +21,17 @@ def write_nrrd_2d(
     key_values: Mapping[str, str] | None = None,
     affine: np.ndarray | None = None,
 ) -> None:
-    """Write ``array`` ``(H, W)`` (rows as displayed) with the geometry of ``affine``, else of pixel ``spacing``.
+    """Write ``array`` ``(H, W)`` (rows as displayed) atomically with the geometry of ``affine``, else ``spacing``.
 
-    ``affine``: 4x4, RAS mm, of voxel ``(i, j)`` = (column, row), as a 2-D NIfTI states it
-    (``scripts.inference.geometry.file_affine``); ``spacing``: ``(row, col)`` mm along the LPS axes from 0 (what ITK
-    gives a picture). The file states it as ITK reads a NRRD (LPS): ``space directions`` x (column) first and
-    ``space origin``, in a 2-D space when the picture lies in the plane z = 0 with its axes in it, else as a
-    ``(W, H, 1)`` volume in ``left-posterior-superior`` space (ITK refuses a 2-D NRRD in a 3-D space). Without
-    either (None: the source states none) the file has **no geometry**: no spacing is invented, the bundle's reader
-    finds none (its spacing policy applies) and viewers show it at their default. ``key_values``: NRRD key/value
-    pairs (``key:=value``) recorded in the header. Written to a temporary file of a short name in the same folder and
-    moved into place, so a reader never sees half a file."""
+    A picture off the z = 0 plane is written as a ``(W, H, 1)`` LPS volume (ITK refuses a 2-D NRRD in 3-D space).
+
+    Args:
+        path: the NRRD file.
+        array: the ``(H, W)`` picture.
+        spacing: ``(row, col)`` mm along the LPS axes; None with no ``affine``: no geometry (none is invented).
+        key_values: ``key:=value`` pairs for the header.
+        affine: 4x4 RAS of voxel ``(column, row)``, as ``scripts.inference.maps.file_affine`` gives it.
+    """
     array = np.asarray(array)
     if array.ndim != 2:
         raise ValueError(f"{path}: expected a 2-D array, got shape {array.shape}")
@@ -53,6 +52,6 @@ def write_nrrd_2d(
             header["space origin"] = lps[:3, 3]
             array = array[None]
     header.update({str(k): str(v) for k, v in (key_values or {}).items()})
-    # a short staged name: the final name may be 255 bytes
+    # a short staged name: the final one may be 255 bytes
     with atomic_path(path, staged_name=f".glam-{uuid.uuid4().hex[:12]}.tmp.nrrd") as tmp:
         nrrd.write(str(tmp), np.ascontiguousarray(array), header, index_order="C")

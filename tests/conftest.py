@@ -17,6 +17,9 @@ SAMPLE_EXAM = SHARED_DIR / "sample_data" / "glam_exam0"
 
 if str(BUNDLE_ROOT) not in sys.path:
     sys.path.insert(0, str(BUNDLE_ROOT))
+# the repository's tools import as top-level modules (``import datalists``), as ``python tools/x.py`` finds them
+if str(REPO_ROOT / "tools") not in sys.path:
+    sys.path.append(str(REPO_ROOT / "tools"))
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n N: N workers share the cores, so each (and every process it starts) uses one thread instead of

@@ -255,6 +255,40 @@ def test_the_layer_check_finds_a_handler_that_imports_a_wing(tmp_path):
     assert layer_violations(graph, root, {}) == []
 
 
+def tool_imports(roots: tuple[Path, ...], tool_names: set[str]) -> list[str]:
+    """``"file:line module"`` for every import (in functions too) of a top-level name in ``tool_names``."""
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                found += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] in tool_names]
+    return found
+
+
+def test_the_bundle_and_the_label_app_import_no_repository_tool():
+    """The zipped bundle holds no ``tools/``: the bundle's code and the label app import none of its modules
+    (``datalists``, the datalist makers, among them), and the datalist makers import one another without a cycle."""
+    tools = REPO_ROOT / "tools"
+    names = {p.stem for p in tools.glob("*.py")} | {p.name for p in tools.iterdir() if (p / "__init__.py").is_file()}
+    assert {"datalists", "make_datalist"} <= names
+    assert tool_imports((SCRIPTS, REPO_ROOT / "label_app"), names) == []
+    graph = import_graph(tools / "datalists")
+    assert "datalists.parsers" in graph["datalists.builders"]  # the graph sees the package's own imports
+    assert cycles(graph) == []
+
+
+def test_the_tool_import_check_finds_an_import_inside_a_function(tmp_path):
+    root = write_package(tmp_path, {"__init__.py": "import os\n", "a.py": "def f():\n    from datalists.x import y\n"})
+    assert tool_imports((root,), {"datalists"}) == ["a.py:2 datalists.x"]
+    assert tool_imports((root,), {"other"}) == []
+
+
 #: the paper's reproduction (baselines, synthetic data, benchmark) imports the product, never the reverse
 LAB = "glam_benchmark"
 PRODUCT = (BUNDLE_ROOT, REPO_ROOT / "label_app", REPO_ROOT / "tools")

@@ -29,28 +29,35 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
+_HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE.parent / "bundle"))
+if str(_HERE) not in sys.path:  # loaded by path (importlib), not run: the datalists package beside this file
+    sys.path.insert(0, str(_HERE))
+
+from datalists.builders import (  # noqa: E402
+    items_from_csv,
+    items_from_dicom_dir,
+    items_from_folder,
+    path_for_datalist,
+    split_choices,
+    split_items,
+    unique_boxes,
+)
+from datalists.parsers import parse_spacing  # noqa: E402
 
 from scripts.atomic import probe_writable  # noqa: E402
-from scripts.data.boxes import unique_boxes  # noqa: E402
 from scripts.data.datalist import (  # noqa: E402
     SPLITS,
     DatalistError,
     check_patient_splits,
     check_split_sizes,
-    items_from_csv,
-    items_from_dicom_dir,
-    items_from_folder,
     load_datalist,
     normalise_fractions,
-    path_for_datalist,
     patient_key,
     resolve_paths,
     save_datalist,
-    split_choices,
-    split_items,
 )
-from scripts.data.datalist_parsers import CsvRowError, parse_spacing  # noqa: E402
+from scripts.data.errors import CsvRowError  # noqa: E402
 
 
 def _spacing_option(text: str):

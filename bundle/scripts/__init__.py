@@ -1,8 +1,4 @@
-"""GLAM (Global-Local Activation Maps) components for MONAI.
-
-The bundle's custom code, imported from the configs as ``scripts.…`` (the model-zoo idiom). The names below are
-the public interface that tools outside the bundle rely on.
-"""
+"""GLAM (Global-Local Activation Maps) components for MONAI, imported from the configs as ``scripts.…``."""
 
 from .aggregation import ConcatTopTAggregation, FusionHead, GatedAttentionAggregation
 from .losses import GLAMLoss

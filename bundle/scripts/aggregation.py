@@ -1,7 +1,6 @@
-"""Patch-evidence aggregation (concatenation or gated attention), its registry, and the global-local fusion head.
+"""Patch-evidence aggregations (concatenation, gated attention), their registry, and the fusion head.
 
-GLAM picks its aggregation by name through :data:`AGGREGATIONS` (``aggregation`` in train.yaml): a new aggregation
-is one :func:`register_aggregation` call, and GLAM builds, freezes and calls it without an edit of its own code.
+A new aggregation is one :func:`register_aggregation` call; GLAM builds it by name (``aggregation`` in train.yaml).
 """
 
 from __future__ import annotations
@@ -45,11 +44,10 @@ def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
 
 
 class ConcatTopTAggregation(nn.Module):
-    """Concatenation aggregation: top-t% pooling over all K patch maps of an image jointly.
+    """Top-t% pooling of an image's K patch maps (B, K, C, h, w) as one map; z_local the mean of the (B, K, D) z_k.
 
-    Forward: patch_maps A (B, K, C, h, w), optional patch_features z (B, K, D) ->
-    ``{"y_local": (B, C), "z_local": (B, D)}``, z_local the uniform mean of the z_k (only when they are given).
-    The paper selects t = 0.2; the authors' inference code uses 0.3.
+    Args:
+        t: the pooled fraction (the paper's 0.2; the authors' inference code uses 0.3).
     """
 
     def __init__(self, t: float = 0.2) -> None:
@@ -57,9 +55,8 @@ class ConcatTopTAggregation(nn.Module):
         self.t = check_fraction(t, "t_local")
 
     def forward(self, patch_maps: torch.Tensor, patch_features: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        if not torch.jit.is_scripting():  # shapes in the message: Python only
+        if not torch.jit.is_scripting():
             _check_bag(patch_maps, patch_features)
-        # (B, K, C, h, w) -> (B, C, K, h, w): the K maps of a class are pooled as one spatially concatenated map
         out = {OutputKey.Y_LOCAL.value: top_t_pool(patch_maps.transpose(1, 2), self.t, start_dim=2)}
         if patch_features is not None:
             out[OutputKey.Z_LOCAL.value] = patch_features.mean(dim=1)
@@ -72,17 +69,13 @@ class ConcatTopTAggregation(nn.Module):
 class GatedAttentionAggregation(nn.Module):
     """Gated attention MIL pooling (Ilse et al. 2018) over the K patches of an image.
 
-    a_k = w^T (tanh(V z_k) * sigmoid(U z_k)), alpha = softmax_k(a), y_l = sum_k alpha_k y_k with y_k the top-t%
-    pooled patch map A_k, and z_l = sum_k alpha_k z_k. Sizes as GMIC: V, U: D -> hidden, w: hidden -> 1, no bias.
+    a_k = w^T (tanh(V z_k) * sigmoid(U z_k)), alpha = softmax_k(a), y_l = sum_k alpha_k y_k (y_k the top-t% pooled
+    A_k), z_l = sum_k alpha_k z_k. An optional (B, K) bool ``mask`` of forward marks the patches that exist.
 
     Args:
-        in_features: D, the patch representation size (512 for ResNet-34-HR).
-        hidden_features: the attention's hidden size (128).
+        in_features: D, the patch representation size.
+        hidden_features: the attention's hidden size.
         t: top-t% fraction pooling each patch map into y_k.
-
-    Forward: patch_maps (B, K, C, h, w), patch_features (B, K, D), optional ``mask`` (B, K) bool, True for the
-    patches that exist (variable K per image) -> ``{"y_local": (B, C), "z_local": (B, D), "attention": (B, K)}``;
-    attention weights are 0 on masked-out patches and sum to 1 over each image's patches.
     """
 
     def __init__(self, in_features: int = 512, hidden_features: int = 128, t: float = 0.2) -> None:
@@ -95,7 +88,7 @@ class GatedAttentionAggregation(nn.Module):
     def forward(
         self, patch_maps: torch.Tensor, patch_features: torch.Tensor, mask: torch.Tensor | None = None
     ) -> dict[str, torch.Tensor]:
-        if not torch.jit.is_scripting():  # shapes in the message: Python only
+        if not torch.jit.is_scripting():
             _check_bag(patch_maps, patch_features)
         scores = self.attn_w(torch.tanh(self.attn_v(patch_features)) * torch.sigmoid(self.attn_u(patch_features)))
         scores = scores.squeeze(-1).float()
@@ -116,22 +109,18 @@ class GatedAttentionAggregation(nn.Module):
 
 
 class FusionHead(nn.Module):
-    """Fusion of the global and local representations: y_f = sigmoid(W [z_g, z_l] + b).
-
-    Forward: z_global (B, D_g), z_local (B, D_l) -> y_fusion (B, C).
-    """
+    """Fusion of the global and local representations: y_f = sigmoid(W [z_g, z_l] + b), (B, C)."""
 
     def __init__(self, global_features: int = 256, local_features: int = 512, num_classes: int = 2) -> None:
         super().__init__()
         self.linear = nn.Linear(global_features + local_features, num_classes)
 
     def forward(self, z_global: torch.Tensor, z_local: torch.Tensor) -> torch.Tensor:
-        # a float32 probability under bf16 autocast (see GlobalNetwork.forward)
+        # float32 probabilities under autocast
         return torch.sigmoid(self.linear(torch.cat([z_global, z_local.to(z_global.dtype)], dim=1)).float())
 
 
-#: builds an aggregation module from (in_features D, hidden_features, t): the patch representation size of the
-#: local module, GLAM's ``attention_hidden`` and its ``t_local``
+#: (in_features, hidden_features, t) -> module: GLAM's patch feature size, ``attention_hidden`` and ``t_local``
 AggregationFactory = Callable[[int, int, float], nn.Module]
 
 
@@ -139,17 +128,13 @@ AggregationFactory = Callable[[int, int, float], nn.Module]
 class AggregationSpec:
     """How GLAM builds and holds one aggregation.
 
-    The module built by ``factory`` takes ``patch_maps`` (B, K, C, h, w) and ``patch_features`` (B, K, D) and
-    returns a dict with ``y_local`` (B, C) and ``z_local`` (B, D) (the fusion head's input in the joint stage), and
-    optionally ``attention`` (B, K), which GLAM passes on as an output. It should compile with ``torch.jit.script``
-    for the network to export that way (the model zoo's check); eager use and tracing need no more than the above.
+    The module maps ``patch_maps`` (B, K, C, h, w) and ``patch_features`` (B, K, D) to a dict of ``y_local`` (B, C),
+    ``z_local`` (B, D) and optionally ``attention`` (B, K); it should compile with ``torch.jit.script``.
 
     Attributes:
         factory: ``(in_features, hidden_features, t) -> nn.Module``.
-        attribute: the GLAM attribute holding the module, hence the prefix of its weights in a state dict
-            (``attention.attn_v.weight``): part of the checkpoint format, so a registered name keeps it forever.
-        joint_module: one of the joint modules (the authors' gated attention): held only by networks built with
-            ``joint_modules=True``, whose checkpoints carry its weights whichever aggregation they were trained with.
+        attribute: the GLAM attribute holding it, the prefix of its weights in checkpoints (so fixed for good).
+        joint_module: held only by networks built with ``joint_modules=True`` (the authors' gated attention).
     """
 
     factory: AggregationFactory
@@ -157,11 +142,10 @@ class AggregationSpec:
     joint_module: bool = False
 
 
-#: the aggregations GLAM can be built with, by name (the value of its ``aggregation`` argument)
+#: the aggregations GLAM can be built with, by its ``aggregation`` argument
 AGGREGATIONS = Registry("GLAM aggregations", "patch-evidence aggregation modules, by the name `aggregation` takes")
 
-#: the paper's aggregation per stage, GLAM's ``aggregation=None``: concatenation while the local module trains
-#: alone, gated attention in the joint stage (the global stage runs no local module)
+#: the paper's aggregation per stage (GLAM's ``aggregation=None``)
 PAPER_AGGREGATION: dict[str, str] = {Stage.LOCAL.value: "concat", Stage.JOINT.value: "attention"}
 
 
@@ -172,16 +156,18 @@ def register_aggregation(
     joint_module: bool = False,
     description: str = "",
 ) -> AggregationSpec:
-    """Register an aggregation under ``name`` (a Python identifier, new), held by GLAM at ``attribute``
-    (``"<name>_aggregation"`` by default). Returns its :class:`AggregationSpec`."""
+    """Register an aggregation under a new ``name``, held by GLAM at ``attribute`` (``"<name>_aggregation"``).
+
+    Returns:
+        its :class:`AggregationSpec`.
+    """
     spec = AggregationSpec(factory=factory, attribute=attribute or f"{name}_aggregation", joint_module=joint_module)
     if not spec.attribute.isidentifier():
         raise ValueError(f"the attribute of aggregation {name!r} must be a Python identifier, got {spec.attribute!r}")
     return AGGREGATIONS.register(name, description)(spec)
 
 
-# Registration order is construction order in GLAM, hence the order random initial weights are drawn in: the two
-# paper aggregations come first, as they were built before the registry, so a seed gives the same network.
+# registration order is GLAM's construction order, hence the order initial weights are drawn in for a seed
 register_aggregation(
     "concat",
     lambda in_features, hidden_features, t: ConcatTopTAggregation(t=t),

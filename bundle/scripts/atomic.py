@@ -1,17 +1,12 @@
-"""Atomic file writes: what a user produced is either the old file or the complete new one, never a torn file.
+"""Atomic file writes: a reader sees the old file or the complete new one, never a torn file.
 
-The one owner of the project's temporary-file-and-rename: :func:`atomic_write` (a file object, synced),
-:func:`atomic_path` (a temporary path for writers that take a file name) and :func:`move_into_place` (the rename
-itself, for files staged elsewhere, e.g. an inference run's files committed together). No other module renames a
-file (tests/test_owners.py checks it).
-
-A write that fails for lack of room (a full disk ``ENOSPC``, a full quota ``EDQUOT``, the file size limit ``EFBIG``,
-``ulimit -f``) raises one ``OSError`` with that errno and the final file's name (:func:`disk_full` finds it);
-:func:`remove_temporaries` clears the temporaries a killed writer left, and :class:`FolderLock` keeps a second
-process out of a folder a run writes into."""
+A write that finds no room (``ENOSPC``, ``EDQUOT``, ``EFBIG``) raises one ``OSError`` naming the final file;
+:class:`FolderLock` keeps a second process out of a folder a run writes into.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -25,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-try:  # POSIX; elsewhere a folder is not locked
+try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
@@ -43,26 +38,20 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: the errnos of a write that found no room (the disk, the user's quota, the process's file size limit): what
-#: happened and what to do, in words
+#: errno of a write that found no room -> (what happened, what to do)
 NO_ROOM_ERRNOS = {
     errno.ENOSPC: ("no space left on device", "free space on that disk"),
     getattr(errno, "EDQUOT", errno.ENOSPC): ("disk quota exceeded", "free space in your quota, or raise it"),
     errno.EFBIG: ("file too large for the file size limit (ulimit -f)", "raise the limit: ulimit -f unlimited"),
 }
-#: the temporary names of this module's writers: atomic_write's ``.<name>.<8 of mkstemp's letters>.tmp`` and
-#: atomic_path's default ``.tmp<pid>-<name>``
+#: atomic_write's ``.<name>.<mkstemp letters>.tmp`` and atomic_path's ``.tmp<pid>-<name>``
 _TEMPORARY = re.compile(r"^(\..+\.[a-z0-9_]{8}\.tmp|\.tmp\d+-.+)$")
 
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """Open a temporary file beside ``path`` for writing; on success it is synced and renamed over ``path``
-    (readable by all, like a normally created file), on any error it is removed and ``path`` is left untouched.
-
-        with atomic_write("metrics.json", "w", encoding="utf-8") as f:
-            f.write(text)
-    """
+    """Open a temporary file beside ``path`` (``mode`` ``"w"`` or ``"wb"``); on success sync it and rename it over
+    ``path`` (mode 0644), on error remove it and leave ``path`` untouched."""
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
@@ -85,8 +74,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
 
 
 def _raise_no_room(err: BaseException, path: Path) -> None:
-    """Raise one ``OSError`` naming ``path`` when ``err`` is (or was caused by) a write that found no room; its chain
-    is cut (torch.save wraps the ``OSError`` in a ``RuntimeError`` that names no file: one line says it all)."""
+    """Raise one ``OSError`` naming ``path`` when ``err`` is a write that found no room (torch.save's
+    ``RuntimeError`` names no file, hence the chain is cut)."""
     full = disk_full(err)
     if full is not None:
         raise OSError(full.errno, os.strerror(full.errno), str(path)) from None
@@ -94,21 +83,13 @@ def _raise_no_room(err: BaseException, path: Path) -> None:
 
 @contextmanager
 def atomic_path(path: str | os.PathLike, staged_name: str | None = None, durable: bool = False) -> Iterator[Path]:
-    """A temporary path beside ``path`` for a writer that takes a file name (nibabel, which picks the compression
-    from the extension, pydicom, pynrrd, PIL, ``torch.save``); when the block ends without error the file is moved
-    over ``path`` (:func:`move_into_place`), on any error it is removed and ``path`` is left untouched.
-
-        with atomic_path("maps/x.nii.gz") as tmp:
-            nib.save(image, str(tmp))
+    """A temporary path beside ``path`` for writers that take a file name; moved over ``path`` on success.
 
     Args:
         path: the final file; its folder is created when missing.
-        staged_name: the temporary file's name in ``path``'s folder. Default ``.tmp<pid>-<name>``: hidden, and
-            ending with the final name so that its extension stays. Give one where the name matters: a short one
-            when the final name may be 255 bytes long; the name of a file ``torch.save`` writes, which records it
-            (less its last suffix) in the archive, so that the bytes stay those the file had before.
-        durable: sync the content and the rename to disk (as :func:`atomic_write` always does); off by default for
-            files that can be written again (a synthetic data set, a converted checkpoint, a run that resumes).
+        staged_name: the temporary name (default ``.tmp<pid>-<name>``, which keeps the extension); give a short one
+            for long final names, or a fixed one for ``torch.save``, which records the name in the archive.
+        durable: sync content and rename to disk; off for files that can be written again.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,9 +104,8 @@ def atomic_path(path: str | os.PathLike, staged_name: str | None = None, durable
 
 
 def move_into_place(staged: str | os.PathLike, path: str | os.PathLike, durable: bool = False) -> None:
-    """Rename the complete file (or folder) ``staged`` over ``path`` in one step (``os.replace``: on the same file
-    system, a reader sees the old file or the new one, never a part). ``durable``: the file's content is synced
-    before the rename and its folder after it, so that a crash cannot leave the new name over lost content."""
+    """Rename the complete file or folder ``staged`` over ``path``; ``durable`` syncs the content before and the
+    folder after the rename, so a crash cannot leave the new name over lost content."""
     if durable and os.path.isfile(staged):
         with open(staged, "rb") as f:
             os.fsync(f.fileno())
@@ -135,9 +115,7 @@ def move_into_place(staged: str | os.PathLike, path: str | os.PathLike, durable:
 
 
 def probe_writable(folder: str | os.PathLike) -> None:
-    """Raise the ``OSError`` a new file in ``folder`` would meet, before any work is spent on it: a folder that does
-    not exist yet is probed at its nearest existing parent (where it would be made), which must be a folder. The
-    probe is an anonymous temporary file: nothing is left behind."""
+    """Raise the ``OSError`` a new file in ``folder`` (or its nearest existing parent) would meet, before any work."""
     existing = Path(os.path.abspath(folder))
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
@@ -148,9 +126,7 @@ def probe_writable(folder: str | os.PathLike) -> None:
 
 
 def disk_full(err: BaseException | None) -> OSError | None:
-    """The ``OSError`` in ``err``'s chain (``__cause__`` / ``__context__``) that says a write found no room
-    (:data:`NO_ROOM_ERRNOS`: the disk, the quota or the file size limit), or None. torch.save reports it as a
-    ``RuntimeError`` whose context is it."""
+    """The ``OSError`` of :data:`NO_ROOM_ERRNOS` in ``err``'s cause / context chain, or None."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -161,28 +137,24 @@ def disk_full(err: BaseException | None) -> OSError | None:
 
 
 def _fsync_dir(folder: Path) -> None:
-    """Make the rename durable (a crash right after ``os.replace`` could otherwise lose the new name)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # platforms that cannot open folders: the rename is still atomic
+    except OSError:  # platforms that cannot open folders
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
 
 def is_temporary(name: str) -> bool:
-    """Whether ``name`` is a temporary file name of :func:`atomic_write` or :func:`atomic_path` (its default)."""
+    """Whether ``name`` is a temporary name of :func:`atomic_write` or :func:`atomic_path`."""
     return bool(_TEMPORARY.match(name))
 
 
 def remove_temporaries(folder: str | os.PathLike) -> list[str]:
-    """Remove the temporary files (:func:`is_temporary`) that writers killed mid-write left in ``folder`` (not in
-    its sub-folders), with a log line naming them; returns their names. Call it only while no other process writes
-    there (:class:`FolderLock`): a live writer's temporary has the same name."""
+    """Remove and log the temporaries killed writers left in ``folder`` (hold its :class:`FolderLock`); their names."""
     removed = []
     with os.scandir(folder) as entries:
         for entry in entries:
@@ -195,31 +167,29 @@ def remove_temporaries(folder: str | os.PathLike) -> list[str]:
 
 
 class FolderLock:
-    """An exclusive lock on a folder for one process: ``flock`` on a lock file in it, which records the holder (pid,
-    host, start time, what it runs) so that a refused process can name it. The kernel releases the lock when the
-    holder ends in any way (a kill, a lost node on NFS), so a record whose lock is free is stale and is taken over.
+    """An exclusive ``flock`` on a lock file in ``folder`` that records its holder (pid, host, start, what).
+
+    The kernel releases the lock however the holder ends, so a record under a free lock is stale and taken over.
 
     Args:
         folder: the folder (created when missing).
         what: what the holder runs, recorded (e.g. ``"training"``).
         name: the lock file's name in ``folder``.
 
-    Raises (:meth:`acquire`):
-        BlockingIOError: another live process holds the lock; its ``holder`` attribute is that process's record.
+    Raises:
+        BlockingIOError: from :meth:`acquire`, when a live process holds the lock (its record in ``holder``).
     """
 
     def __init__(self, folder: str | os.PathLike, what: str = "run", name: str = ".lock") -> None:
         self.path = Path(folder) / name
         self.what = what
         self._fd: int | None = None
-        #: the record of a process that ended holding the lock (taken over by :meth:`acquire`), else None
         self.stale: dict[str, Any] | None = None
-        #: whether :meth:`acquire` created the folder
         self.made_folder = False
 
     @staticmethod
     def describe(record: dict[str, Any] | None) -> str:
-        """``"training pid 123 on host h, started 2024-05-01 10:00:00"`` from a holder's record."""
+        """``"training pid 123 on host h, started 2024-05-01 10:00:00"``."""
         record = record or {}
         return (
             f"{record.get('what', 'a run')} pid {record.get('pid', '?')} on host {record.get('host', '?')}, "
@@ -236,7 +206,7 @@ class FolderLock:
         return record if isinstance(record, dict) or record is None else {"what": str(record)[:80]}
 
     def acquire(self) -> FolderLock:
-        """Take the lock (without waiting), write this process's record; a stale record is logged as taken over."""
+        """Take the lock without waiting and write this process's record."""
         if self._fd is not None or fcntl is None:
             return self
         self.made_folder = not self.path.parent.is_dir()
@@ -258,12 +228,8 @@ class FolderLock:
             logger.warning(
                 "%s: took over the lock of %s, which is no longer running", self.path, self.describe(self.stale)
             )
-        record = {
-            "what": self.what,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        }
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        record = {"what": self.what, "pid": os.getpid(), "host": socket.gethostname(), "started": started}
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, json.dumps(record).encode())
@@ -271,14 +237,11 @@ class FolderLock:
         return self
 
     def release(self) -> None:
-        """Empty the record (a free lock), release the lock. The file stays: removing it would let two processes
-        lock two different files under one name."""
+        """Empty the record and release the lock; the file stays, or two processes could lock two files of one name."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
-        except OSError:
-            pass
         os.close(self._fd)
         self._fd = None
 

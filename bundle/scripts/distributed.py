@@ -1,16 +1,6 @@
-"""The process group every workflow joins under ``torchrun``: training (``configs/multi_gpu_train.yaml``), evaluation
-(``multi_gpu_evaluate.yaml``) and inference (``multi_gpu_inference.yaml``) take their rank, world size and device
-here. The training's own DDP pieces (the rank-0-only handlers, each rank's share of the validation list, the
-barriers attached to its engines) are in :mod:`scripts.training.distributed`.
+"""The process group every workflow joins under ``torchrun``, through ``ignite.distributed`` as MONAI does.
 
-One process per device. The rank logic is PyTorch-Ignite's (``ignite.distributed``, the same view MONAI's metric
-gathering uses): the process group is joined through ``idist.initialize`` once per process and left through
-``idist.finalize`` once at the end.
-
-A rank ends with its launcher: ``torchrun`` starts each worker in a session of its own, so a signal to the
-launcher's process group never reaches them, and a launcher killed outright (SIGKILL, out of memory, a scheduler's
-cancel) could not stop them itself; :func:`stop_with_launcher` makes the kernel kill a rank whose ``torchrun`` is
-gone (Ctrl-C and SIGTERM on ``torchrun`` already stop every rank: it forwards them).
+The training's own DDP pieces are in :mod:`scripts.training.distributed`.
 """
 
 from __future__ import annotations
@@ -44,7 +34,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: environment variables that ``torchrun`` sets for every process and ``init_process_group`` reads
+#: set by ``torchrun`` for every process
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -59,12 +49,12 @@ def rank() -> int:
 
 
 def is_rank_zero() -> bool:
-    """Whether this process is rank 0 (or the only process): the one that logs, draws and shows progress."""
+    """Whether this process is rank 0 (or the only one): the one that logs, draws and shows progress."""
     return rank() == 0
 
 
 def local_device() -> torch.device:
-    """This process's device: ``cuda:<LOCAL_RANK>`` when CUDA is available, else the CPU."""
+    """``cuda:<LOCAL_RANK>`` when CUDA is available, else the CPU."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -87,11 +77,10 @@ def init_distributed(
     Args:
         backend: ``None`` picks ``nccl`` on CUDA and ``gloo`` on the CPU.
         timeout_s: how long a collective may wait for the other ranks.
-        overlay, command: the configuration and the ``monai.bundle run`` command the error names when the process
-            was not started by ``torchrun``.
+        overlay, command: the config and ``monai.bundle run`` command the error names outside ``torchrun``.
 
     Returns:
-        this process's device (see :func:`local_device`), made the current CUDA device on GPUs.
+        this process's device (:func:`local_device`), made the current CUDA device.
 
     Raises:
         ValueError: the process was not started by ``torchrun`` (its environment variables are missing).
@@ -101,11 +90,11 @@ def init_distributed(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if dist.is_available() and dist.is_initialized():
-        idist.sync()  # a group made elsewhere: ignite keeps its view of it instead of re-reading it at every call
+        idist.sync()  # a group made elsewhere: ignite caches its view of it
         return device
     if not dist.is_available():
         raise ValueError("torch.distributed is not available in this PyTorch build")
-    # ignite would fill in a 1-process group for a missing environment: a run started without torchrun must fail
+    # ignite would make a 1-process group without torchrun's environment
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
         raise ValueError(
@@ -124,7 +113,7 @@ def barrier() -> None:
 
 
 def destroy_distributed() -> None:
-    """Leave the process group after every rank got here (no-op without one)."""
+    """Leave the process group after a barrier (no-op without one)."""
     if dist.is_available() and dist.is_initialized():
         idist.barrier()
         idist.finalize()
@@ -136,19 +125,17 @@ def quiet_other_ranks(level: int | str = logging.WARNING) -> None:
         logging.getLogger().setLevel(level)
 
 
-#: prctl's option that sends a signal to this process when its parent ends (linux/prctl.h)
-_PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def stop_with_launcher(poll_s: float = 1.0) -> bool:
-    """Make this process end when its launcher does, under ``torchrun`` (``TORCHELASTIC_RUN_ID`` set); idempotent.
+    """Under ``torchrun``, make this rank end when its launcher does (idempotent).
 
-    On Linux the kernel sends SIGKILL to the process when its parent, ``torchrun``, ends (``prctl`` with
-    ``PR_SET_PDEATHSIG``); elsewhere a daemon thread checks the parent every ``poll_s`` seconds. A parent that is gone
-    already (the process was handed to init) ends the process at once. A rank's DataLoader workers follow it.
+    torchrun starts ranks in sessions of their own, so a launcher killed outright would leave them running. On
+    Linux ``PR_SET_PDEATHSIG`` has the kernel kill the rank; elsewhere a thread polls the parent every ``poll_s``.
 
     Returns:
-        whether the watch was set (False outside ``torchrun``: a process started otherwise keeps running).
+        whether the watch was set (False outside ``torchrun``).
     """
     if "TORCHELASTIC_RUN_ID" not in os.environ or os.name != "posix":
         return False

@@ -1,11 +1,7 @@
-"""The project's vocabulary: one name per thing, in the spirit of MONAI's ``monai/utils/enums.py``.
+"""The project's names for stages, classes, maps and outputs, as MONAI's ``monai/utils/enums.py``.
 
-Every stage, lesion class, saliency map and network output is spelled here and only here; code elsewhere uses
-these members (they are ``str`` subclasses, so they compare, hash, format and serialise as their values), configs
-and tests may spell the values. The values are part of the bundle's interface: file names, CSV columns, metric
-names and checkpoint settings are built from them, so renaming a value changes what users see on disk.
-
-Inside TorchScript-compiled code use ``Member.value`` (TorchScript supports enums through their values).
+The values are part of the interface (file names, CSV columns, metric names, checkpoint settings); inside
+TorchScript use ``Member.value``.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ __all__ = [
 
 
 class Stage(StrEnum):
-    """GLAM's three training stages (paper section 2.3): the global module alone, the local module on patches
-    chosen by the frozen global module, then both with the fusion head. Baselines train one ``GLOBAL`` stage."""
+    """GLAM's three training stages: the global module, the local module on its patches, then both jointly."""
 
     GLOBAL = "global"
     LOCAL = "local"
@@ -38,7 +33,7 @@ STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
 
 
 class LesionClass(StrEnum):
-    """The two image-level labels; their order is the channel order of labels, masks, maps and scores."""
+    """The two image-level labels, in channel order."""
 
     BENIGN = "benign"
     MALIGNANT = "malignant"
@@ -48,8 +43,7 @@ CLASS_NAMES: tuple[str, ...] = tuple(c.value for c in LesionClass)
 
 
 class MapName(StrEnum):
-    """The three saliency maps on the image grid, as postprocessing, the writers, the reports and file names call
-    them: S_g from the global module, S_l from the patches of the local module, S_c their combination."""
+    """The saliency maps on the image grid: S_g (global module), S_l (local module's patches), S_c (combined)."""
 
     GLOBAL = "S_g"
     LOCAL = "S_l"
@@ -60,9 +54,7 @@ MAP_NAMES: tuple[str, ...] = tuple(m.value for m in MapName)
 
 
 class OutputKey(StrEnum):
-    """Keys of the networks' output dicts (docs/model.md, "Outputs"). ``SALIENCY_GLOBAL`` is S_g on the global
-    module's coarsest-stride grid (B, C, h, w); ``SALIENCY_LOCAL`` and ``SALIENCY`` are S_l and S_c on the image grid
-    sampled every 4 px."""
+    """Keys of the networks' output dicts (docs/model.md, "Outputs")."""
 
     Y_GLOBAL = "y_global"
     Y_SCALES = "y_scales"
@@ -83,7 +75,7 @@ class OutputKey(StrEnum):
     LOGITS = "logits"
 
 
-# which network output holds each map (S_g's output is on its own grid; the renderer puts it on the image grid)
+#: the network output each map is rendered from
 MAP_OUTPUT_KEYS: dict[str, str] = {
     MapName.GLOBAL: OutputKey.SALIENCY_GLOBAL,
     MapName.LOCAL: OutputKey.SALIENCY_LOCAL,
@@ -92,9 +84,7 @@ MAP_OUTPUT_KEYS: dict[str, str] = {
 
 
 class InferenceOutput(StrEnum):
-    """What an inference run writes besides ``predictions.csv`` and ``errors.csv``, as the ``outputs`` setting names
-    it (docs/inference.md); the maps themselves are named by :class:`MapName` (``S_c`` in ``outputs``: the S_c map
-    as NIfTI). The values are part of the interface: they are what users type."""
+    """The optional files of an inference run, as its ``outputs`` setting names them (maps by :class:`MapName`)."""
 
     PANEL = "panel"  # panels/<stem>_panel.png: the image with an overlay of each written map
     PNG = "png"  # maps/<stem>_<map>_<class>.png: each written map also as 16-bit PNGs, one per class

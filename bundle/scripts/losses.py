@@ -16,19 +16,16 @@ __all__ = ["GLAMLoss"]
 
 
 def _bce(probabilities: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    # Binary cross-entropy on probabilities is not autocast-safe: compute it in float32 outside autocast.
+    """BCE on probabilities in float32 outside autocast (it is not autocast-safe); NaN when ``probabilities`` are."""
     with full_precision(probabilities.device.type):
         p = probabilities.float()
-        # torch's BCE refuses a NaN probability (a RuntimeError on the CPU, a device-side assert that ends the process
-        # on CUDA): diverged weights make the loss NaN instead, for the training's stop handler to report
-        # (scripts.handlers.finite), without a host synchronisation. NaN * 0 and Inf * 0 are NaN, a finite p * 0 is
-        # 0, so for finite probabilities the loss and its gradients are exactly what they were.
+        # torch's BCE asserts on NaN (fatal on CUDA): NaN * 0 poisons the loss instead, without a host sync
         poison = (p * 0).sum()
         return F.binary_cross_entropy(torch.nan_to_num(p, nan=0.5, posinf=1.0, neginf=0.0), target.float()) + poison
 
 
 def _l1(maps: torch.Tensor) -> torch.Tensor:
-    """sum over pixels and classes of |S|, averaged over the batch: (B, ...) -> scalar."""
+    """Sum of |S| over pixels and classes, averaged over the batch."""
     return maps.float().abs().flatten(1).sum(1).mean()
 
 
@@ -47,21 +44,15 @@ def _check_lambda(lambda_sparsity: float) -> float:
 
 
 class GLAMLoss(nn.Module):
-    """Loss of a GLAM training stage, from the model's output dict and the image labels (B, 2).
+    """Loss of a GLAM training stage from the network's output dict and the image labels (B, 2).
 
-    - ``global``: L_g = sum_n [BCE(y, y~_n) + lambda sum_ij |S_n(i, j)|] over the three scales n;
-    - ``local``: L_l = BCE(y, y_l) + lambda sum |S_l|, the sparsity summed over the K patch maps A_k (S_l is
-      those maps written into the image);
-    - ``joint``: L_g + L_l + BCE(y, y_f).
-
-    BCE is averaged over the batch and the two classes; the L1 sums run over pixels and classes, averaged over
-    the batch, as the paper writes them (so lambda is on the paper's scale, 10^[-5.5, -3.5]).
+    ``global``: L_g = sum_n [BCE(y, y_n) + lambda |S_n|_1] over the three scales; ``local``: L_l = BCE(y, y_l) +
+    lambda sum_k |A_k|_1; ``joint``: L_g + L_l + BCE(y, y_f). The L1 sums are over pixels and classes, averaged over
+    the batch, so lambda is on the paper's scale.
 
     Args:
         stage: ``"global"``, ``"local"`` or ``"joint"``.
         lambda_sparsity: lambda.
-
-    Forward: ``(outputs, target)`` -> scalar loss. :meth:`components` gives the named terms for logging.
     """
 
     def __init__(self, stage: str = Stage.GLOBAL, lambda_sparsity: float = 1e-4) -> None:
@@ -72,6 +63,7 @@ class GLAMLoss(nn.Module):
         self.lambda_sparsity = _check_lambda(lambda_sparsity)
 
     def components(self, outputs: dict[str, torch.Tensor], target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The named terms of the loss, for logging."""
         _check_labels(outputs, target)
         terms: dict[str, torch.Tensor] = {}
         if self.stage in (Stage.GLOBAL, Stage.JOINT):

@@ -1,13 +1,8 @@
-"""Saliency-guided patch selection (paper Algorithm 1), random patches, cropping, and map rendering.
+"""Saliency-guided patch selection (paper Algorithm 1), random patches, cropping and map rendering.
 
-Everything here is batched and stays on the tensors' device: no Python loop over the batch and no host
-synchronisation per patch (the only loops are over the K patches, which are few and sequential by nature).
-
-Boxes are integer tensors (B, K, 4) of (row, col, height, width) in input-image pixels.
-
-The functions GLAM's forward reaches compile with ``torch.jit.script`` (the model zoo exports the network that way):
-sizes are annotated ``list[int]`` (TorchScript's type of a shape; tuples work the same from Python) and the checks
-whose messages need Python run only outside TorchScript.
+Batched and on the tensors' device, with no host synchronisation per patch. Boxes are long tensors (B, K, 4) of
+(row, col, height, width) in image pixels. What GLAM's forward reaches compiles with ``torch.jit.script``, hence
+``list[int]`` sizes and the Python-only checks under ``torch.jit.is_scripting()``.
 """
 
 from __future__ import annotations
@@ -45,14 +40,14 @@ def as_pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
 
 def map_window_size(patch_size: list[int], image_size: list[int], map_size: list[int]) -> tuple[int, int]:
     """The patch's size on the saliency map: round(p * h / H) rows, round(p * w / W) cols (at least 1)."""
-    # int(): sizes are tensors while tracing (ONNX export); the window is fixed per input size
+    # int(): sizes are tensors while tracing
     rows = max(1, int(round(int(patch_size[0]) * int(map_size[0]) / int(image_size[0]))))
     cols = max(1, int(round(int(patch_size[1]) * int(map_size[1]) / int(image_size[1]))))
     return rows, cols
 
 
 def max_disjoint_windows(map_size: list[int], window: tuple[int, int]) -> int:
-    """How many disjoint windows of ``window`` tile a map of ``map_size`` (rows x cols of whole windows)."""
+    """How many disjoint windows of ``window`` tile a map of ``map_size``."""
     return (int(map_size[0]) // int(window[0])) * (int(map_size[1]) // int(window[1]))
 
 
@@ -62,12 +57,9 @@ def _check_maps(saliency: torch.Tensor) -> None:
 
 
 def _class_agnostic_map(saliency: torch.Tensor) -> torch.Tensor:
-    """Algorithm 1, lines 2-5: min-max normalise each class map, then sum the classes. (B, C, h, w) -> (B, 1, h, w).
-
-    A constant map (max == min) normalises to zeros instead of dividing by zero.
-    """
+    """Algorithm 1, lines 2-5: min-max normalise each class map (a constant one to 0), then sum the classes."""
     s = saliency.float()
-    # the clamp is float32's smallest normal number, torch.finfo(torch.float32).tiny (TorchScript has no finfo)
+    # torch.finfo(torch.float32).tiny: TorchScript has no finfo
     lo = s.amin(dim=(-2, -1), keepdim=True)
     span = s.amax(dim=(-2, -1), keepdim=True) - lo
     normalised = torch.where(span > 0, (s - lo) / span.clamp_min(1.1754943508222875e-38), torch.zeros_like(s))
@@ -83,9 +75,8 @@ def select_map_windows(saliency: torch.Tensor, window: tuple[int, int], num_patc
         num_patches: K (training) or M (inference).
 
     Returns:
-        (B, K, 2) long tensor of window upper-left corners (row, col) on the map, in selection order. At every
-        step the window with the largest average is taken (first index on ties, row = index // width), then
-        zeroed.
+        (B, K, 2) long upper-left corners (row, col) on the map, in selection order: each step takes the window of
+        largest mean (the first on ties) and zeroes it.
     """
     if not torch.jit.is_scripting():
         _check_maps(saliency)
@@ -112,10 +103,9 @@ def select_map_windows(saliency: torch.Tensor, window: tuple[int, int], num_patc
 def map_to_image_boxes(
     corners: torch.Tensor, map_size: list[int], image_size: list[int], patch_size: list[int]
 ) -> torch.Tensor:
-    """Map window corners on the map to clamped patch boxes in the image (Algorithm 1, line 10).
+    """Window corners on the map -> (B, K, 4) patch boxes inside the image (Algorithm 1, line 10).
 
-    row_px = round(row / h * H) (halves round up; exact integer arithmetic), likewise for columns; the box is then
-    shifted, if needed, to lie inside the image. Returns (B, K, 4) long boxes (row, col, height, width).
+    row = round(row_map * H / h) in integer arithmetic (halves up), likewise for columns, then clamped inside.
     """
     h, w, H, W, ph, pw = map_size[0], map_size[1], image_size[0], image_size[1], patch_size[0], patch_size[1]
     r = (2 * corners[..., 0] * H + h) // (2 * h)
@@ -128,10 +118,7 @@ def map_to_image_boxes(
 def select_patch_boxes(
     saliency: torch.Tensor, image_size: list[int], patch_size: list[int], num_patches: int
 ) -> torch.Tensor:
-    """Algorithm 1 end to end: S_g (B, C, h, w) -> (B, K, 4) patch boxes in an image of ``image_size``.
-
-    ``patch_size``: (rows, cols), or one int for square patches (Python only).
-    """
+    """Algorithm 1: S_g (B, C, h, w) -> (B, K, 4) boxes of ``patch_size`` (rows, cols; an int from Python)."""
     if not torch.jit.is_scripting():
         patch_size = list(as_pair(patch_size, "patch_size"))
         _check_patch_count(num_patches, saliency.shape[-2:], image_size, patch_size)
@@ -166,23 +153,21 @@ def random_patch_boxes(
     generator: torch.Generator | None = None,
     stride: int | None = None,
 ) -> torch.Tensor:
-    """K random patch boxes per image inside the breast, non-overlapping where possible (negatives of stage 2).
+    """K random patch boxes per image inside the breast, disjoint where possible (the local stage's negatives).
 
-    Candidate corners lie on a grid of ``stride`` pixels (default: a quarter patch). A candidate is eligible when
-    the pixel at its centre is foreground (above the image's minimum, i.e. not the zero background or padding)
-    and is drawn with probability proportional to the foreground fraction of its window. After each draw the
-    candidates whose window overlaps a chosen one are excluded; when none is left, overlap is allowed again, and
-    an image with no foreground at all falls back to uniform candidates.
+    Corners on a ``stride`` grid whose centre pixel is above the image minimum are drawn with probability
+    proportional to their window's foreground fraction; overlap is allowed once no disjoint candidate is left, and
+    an image without foreground draws uniformly.
 
     Args:
         image: (B, 1, H, W) images.
         patch_size: patch (rows, cols).
         num_patches: K.
-        generator: a ``torch.Generator`` on the image's device, for reproducible draws.
-        stride: candidate grid step in pixels.
+        generator: a ``torch.Generator`` on the image's device.
+        stride: candidate grid step in pixels (default a quarter patch).
 
     Returns:
-        (B, K, 4) long boxes (row, col, height, width).
+        (B, K, 4) long boxes.
     """
     if image.ndim != 4:
         raise ValueError(f"image must be (B, 1, H, W), got shape {tuple(image.shape)}")
@@ -223,21 +208,18 @@ def shift_patch_boxes(
     max_shift: int,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Move each box by its own random offset, uniform in ``[-max_shift, max_shift]`` pixels per axis, then shift it
-    back inside the image where it left it.
+    """Move each box by a random offset in ``[-max_shift, max_shift]`` pixels per axis, kept inside the image.
 
-    Algorithm 1 centres a lesion's patch on the lesion, so a local module trained only on such patches can score
-    them by where the lesion usually sits in the patch instead of by what it looks like; random offsets during
-    training take that cue away (a training augmentation: inference keeps Algorithm 1's boxes).
+    A training augmentation: Algorithm 1 centres patches on lesions, a cue the local module could learn instead.
 
     Args:
-        boxes: (B, K, 4) long boxes (row, col, height, width) inside the image.
-        image_size: (H, W) of the image the boxes are in.
-        max_shift: the largest offset in pixels (0: the boxes unchanged).
-        generator: a ``torch.Generator`` on the boxes' device, for reproducible draws.
+        boxes: (B, K, 4) long boxes inside the image.
+        image_size: (H, W).
+        max_shift: the largest offset in pixels (0: boxes unchanged).
+        generator: a ``torch.Generator`` on the boxes' device.
 
     Returns:
-        (B, K, 4) long boxes of the same sizes, inside the image.
+        (B, K, 4) long boxes of the same sizes.
     """
     if boxes.ndim != 3 or boxes.shape[-1] != 4:
         raise ValueError(f"boxes must be (B, K, 4), got shape {tuple(boxes.shape)}")
@@ -255,11 +237,9 @@ def shift_patch_boxes(
 
 
 def crop_patches(image: torch.Tensor, boxes: torch.Tensor, patch_size: list[int] | None = None) -> torch.Tensor:
-    """Crop same-size patches: image (B, C, H, W), boxes (B, K, 4) -> patches (B, K, C, ph, pw).
+    """Crop same-size patches: image (B, C, H, W), boxes (B, K, 4) inside it -> (B, K, C, ph, pw).
 
-    The boxes must lie inside the image (as produced by this module). ``patch_size`` avoids reading the size
-    from the boxes (one host read per batch, never per patch); all boxes must have that size. One int means a
-    square patch (Python only).
+    ``patch_size`` (the size of every box; an int from Python) spares a host read of the boxes.
     """
     if not torch.jit.is_scripting():
         if image.ndim != 4 or boxes.ndim != 3 or boxes.shape[-1] != 4 or boxes.shape[0] != image.shape[0]:
@@ -290,21 +270,19 @@ def render_saliency(
 ) -> dict[str, torch.Tensor]:
     """Render S_g, S_l and S_c on the image grid sampled every ``stride`` pixels (docs/model.md, "Outputs").
 
-    Output pixel (i, j) is image pixel (i * stride, j * stride), so ``stride=4`` gives exactly the full-size
-    (``stride=1``) maps subsampled every 4 px. S_l: each patch map is nearest-upsampled to its patch and written at
-    its box in a zero map (later patches overwrite earlier ones); S_c = gamma_c * S_g + (1 - gamma_c) * S_l.
+    Output pixel (i, j) is image pixel (i * stride, j * stride). S_l: each patch map nearest-upsampled into its box
+    of a zero map (later patches overwrite earlier ones); S_c = gamma_c * S_g + (1 - gamma_c) * S_l.
 
     Args:
         saliency_global: S_g (B, C, h, w).
         patch_maps: A (B, K, C, a, b), the local module's maps of the patches in ``boxes``.
-        boxes: (B, K, 4) long (row, col, height, width) in image pixels.
+        boxes: (B, K, 4) long boxes in image pixels.
         image_size: (H, W) of the image.
         stride: sampling step in image pixels.
-        gamma_c: weight of S_g in S_c (0.5: the paper's average).
+        gamma_c: weight of S_g in S_c.
 
     Returns:
-        ``{MapName.GLOBAL: S_g, MapName.LOCAL: S_l, MapName.COMBINED: S_c}`` (keys ``"S_g"``, ``"S_l"``,
-        ``"S_c"``), each (B, C, ceil(H / stride), ceil(W / stride)).
+        ``{"S_g", "S_l", "S_c"}`` maps (:class:`MapName`), each (B, C, ceil(H / stride), ceil(W / stride)).
     """
     H, W = int(image_size[0]), int(image_size[1])
     if not 0.0 <= gamma_c <= 1.0:
@@ -321,15 +299,10 @@ def render_saliency(
     h, w = saliency_global.shape[-2], saliency_global.shape[-1]
     s_g = saliency_global.index_select(-2, img_rows * h // H).index_select(-1, img_cols * w // W)
 
-    patch_maps = patch_maps.float()  # maps are reported in float32 even when the model ran under autocast
+    patch_maps = patch_maps.float()  # float32 maps also under autocast
     s_g = s_g.float()
-    B, K, C, a, b = (
-        patch_maps.shape[0],
-        patch_maps.shape[1],
-        patch_maps.shape[2],
-        patch_maps.shape[3],
-        patch_maps.shape[4],
-    )
+    shape = patch_maps.shape
+    B, K, C, a, b = shape[0], shape[1], shape[2], shape[3], shape[4]
     ho, wo = img_rows.numel(), img_cols.numel()
     rel_r = img_rows[None, None, :] - boxes[..., 0, None]  # (B, K, ho)
     rel_c = img_cols[None, None, :] - boxes[..., 1, None]  # (B, K, wo)
@@ -343,14 +316,14 @@ def render_saliency(
     values = values.gather(4, src_c[:, :, None, None, :].expand(B, K, C, ho, wo))
     inside = (inside_r[..., :, None] & inside_c[..., None, :])[:, :, None]  # (B, K, 1, ho, wo)
     s_l = torch.zeros((B, C, ho, wo), dtype=patch_maps.dtype, device=device)
-    for k in range(K):  # sequential on purpose: later patches overwrite earlier ones
+    for k in range(K):  # later patches overwrite earlier ones
         s_l = torch.where(inside[:, k], values[:, k], s_l)
     s_c = gamma_c * s_g + (1.0 - gamma_c) * s_l
     return {MapName.GLOBAL.value: s_g, MapName.LOCAL.value: s_l, MapName.COMBINED.value: s_c}
 
 
 class PatchSelector(nn.Module):
-    """Algorithm 1 as a module: (S_g (B, C, h, w), image size) -> patch boxes (B, K, 4).
+    """Algorithm 1 as a module: (S_g (B, C, h, w), image size) -> (B, K, 4) patch boxes.
 
     Args:
         patch_size: patch (rows, cols) in image pixels.

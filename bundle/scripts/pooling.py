@@ -9,7 +9,7 @@ __all__ = ["TopTPooling", "top_t_pool", "num_top_values", "check_fraction"]
 
 
 def check_fraction(t: float, name: str = "t") -> float:
-    """Validate a pooling fraction: a number in (0, 1]."""
+    """``t`` as a float in (0, 1]."""
     if isinstance(t, bool) or not isinstance(t, (int, float)):
         raise ValueError(f"{name} must be a number in (0, 1], got {t!r}")
     if not 0.0 < float(t) <= 1.0:
@@ -18,7 +18,7 @@ def check_fraction(t: float, name: str = "t") -> float:
 
 
 def num_top_values(num_values: int, t: float) -> int:
-    """k = max(1, round(n * t)): how many of ``num_values`` values top-t% pooling averages."""
+    """k = max(1, round(n * t)), the number of values top-t% pooling averages."""
     return max(1, int(round(int(num_values) * t)))  # int(): shapes are tensors while tracing
 
 
@@ -26,14 +26,11 @@ def top_t_pool(x: torch.Tensor, t: float, start_dim: int = 2) -> torch.Tensor:
     """Mean of the k = max(1, round(n * t)) largest values over the dimensions from ``start_dim`` on.
 
     Args:
-        x: a tensor such as saliency maps (B, C, H, W); the pooled dimensions can have any size.
-        t: the pooled fraction in (0, 1]; t = 1 is global average pooling.
+        x: e.g. saliency maps (B, C, H, W).
+        t: the pooled fraction in (0, 1]; 1 is global average pooling.
         start_dim: first pooled dimension.
-
-    Returns:
-        ``x`` with the dimensions from ``start_dim`` on reduced, e.g. (B, C).
     """
-    if not torch.jit.is_scripting():  # TorchScript cannot compile the check; the module checked t when built
+    if not torch.jit.is_scripting():  # modules check t when built
         t = check_fraction(t)
     flat = x.flatten(start_dim)
     k = num_top_values(flat.shape[-1], t)
@@ -43,10 +40,10 @@ def top_t_pool(x: torch.Tensor, t: float, start_dim: int = 2) -> torch.Tensor:
 
 
 class TopTPooling(nn.Module):
-    """Top-t% pooling (Shen et al., GMIC; GLAM): (B, C, H, W) -> (B, C).
+    """Top-t% pooling (GMIC, GLAM): (B, C, H, W) -> (B, C).
 
     Args:
-        t: the pooled fraction in (0, 1] (the paper's t%, as a fraction: 0.03 for 3%).
+        t: the pooled fraction in (0, 1] (0.03 for the paper's 3%).
     """
 
     def __init__(self, t: float) -> None:

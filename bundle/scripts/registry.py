@@ -1,17 +1,4 @@
-"""Registries of the variants a network picks by name (MONAI's component-store idiom).
-
-A :class:`Registry` is MONAI's :class:`~monai.utils.ComponentStore` (the store behind
-:class:`~monai.networks.layers.factories.LayerFactory`, through which MONAI's networks pick their ``Norm`` / ``Act``
-layers by name) with one addition: :meth:`Registry.look_up` names the argument being looked up, so that an unknown
-name is reported as ``"aggregation must be one of ('concat', 'attention'), got 'max'"`` with MONAI's
-did-you-mean hint (:func:`~monai.utils.look_up_option`). Names keep their case (``LayerFactory`` upper-cases them,
-which would change the value a checkpoint records).
-
-Adding a variant is one registration, next to the variant, instead of an edit at every place that compares names::
-
-    @AGGREGATIONS.register("max", "the largest patch score")
-    def _max_aggregation(in_features: int, hidden_features: int, t: float) -> nn.Module: ...
-"""
+"""Registries of the variants a network picks by name (MONAI's ``ComponentStore``)."""
 
 from __future__ import annotations
 
@@ -26,7 +13,9 @@ T = TypeVar("T")
 
 
 class Registry(ComponentStore):
-    """Named components (factories, specifications) with lookups that name the argument and the choices.
+    """Named components whose lookups name the argument, the choices and MONAI's did-you-mean hint.
+
+    Names keep their case (``LayerFactory`` upper-cases them, changing the value a checkpoint records).
 
     Args:
         name: what the components are, for ``print(registry)``.
@@ -34,8 +23,7 @@ class Registry(ComponentStore):
     """
 
     def register(self, name: str, description: str = "") -> Callable[[T], T]:
-        """Decorator storing its target under ``name`` (a Python identifier); the name must be new, so that a
-        registration cannot silently replace a variant that checkpoints record by name."""
+        """Decorator storing its target under a new ``name``: checkpoints record variants by name."""
         if name in self:
             raise ValueError(f"{self.name}: {name!r} is already registered")
 
@@ -45,14 +33,16 @@ class Registry(ComponentStore):
         return deco
 
     def unregister(self, name: str) -> None:
-        """Remove ``name`` (tests and plug-ins that register a variant for a while)."""
+        """Remove ``name``."""
         self.look_up(name, "name")
         del self.components[name]
 
     def look_up(self, name: Any, argument: str) -> Any:
-        """The component stored under exactly ``name``; a ``ValueError`` naming ``argument``, the choices and
-        MONAI's closest-name guess otherwise (``look_up_option`` alone would also accept ``" concat "``, a value a
-        checkpoint would then record as is)."""
+        """The component stored under exactly ``name`` (``look_up_option`` would accept ``" concat "``).
+
+        Raises:
+            ValueError: naming ``argument``, the choices and the closest name.
+        """
         if isinstance(name, str) and name in self.components:
             return self.components[name].value
         hint = ""

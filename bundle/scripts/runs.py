@@ -1,7 +1,6 @@
 """What every workflow's run shares, as config components: training (train.yaml), evaluation (evaluate.yaml) and
 inference read their folders and MLflow's records through these, so neither wing reaches into the other.
 
-- :func:`run_name`: the MLflow run's default name (``train_global``, ``evaluate_joint``);
 - :func:`save_config`: the merged configuration as ``<folder>/config.json``, the tracked run's artifact (training's
   :func:`scripts.training.tracking.attach_tracked_config` before its handlers are built, the evaluation's
   :func:`track_config_artifact` after).
@@ -16,12 +15,7 @@ from typing import Any
 
 from .atomic import atomic_write
 
-__all__ = ["run_name", "save_config", "track_config_artifact"]
-
-
-def run_name(prefix: str, stage: str) -> str:
-    """The MLflow run's default name, ``<prefix>_<stage>`` (``train_global``, ``evaluate_joint``)."""
-    return f"{prefix}_{stage}"
+__all__ = ["save_config", "track_config_artifact"]
 
 
 def save_config(folder: str | os.PathLike, config: Any) -> str:

@@ -1,11 +1,6 @@
-"""Pictures of GLAM's outputs: the image with its masks, and saliency maps as coloured overlays with the patches.
-
-:func:`saliency_panel` (TensorBoard, figures) blends each map on an absolute 0..1 scale. :func:`reading_panel` (the
-inference panel, docs/inference.md) is made to be read: each map's colours are scaled to that map's maximum (at least
-``MAP_SCALE_FLOOR``), so that a weak map is still visible, a colour bar per class under it prints the scale's
-numbers, and the model's window (yellow) and the selected patches (blue) are drawn on every tile; the ground truth
-is outlined in its class's colour on the image. Pillow and scipy.
-"""
+"""Pictures of GLAM's outputs: saliency maps as coloured overlays on the image, with the patches, the model's window
+and the ground truth. :func:`saliency_panel` (TensorBoard) blends the maps on their 0..1 scale; :func:`reading_panel`
+(the inference panel) scales each map to its own maximum, so that a weak map is still seen, with colour bars."""
 
 from __future__ import annotations
 
@@ -37,8 +32,7 @@ PATCH_COLOUR = (40, 140, 255)
 PATCH_COLOUR_NAME = "blue"
 #: the model's window on the reading panel
 WINDOW_COLOUR = (255, 215, 0)
-#: the reading panel's colour scale of a map runs from 0 to max(map's maximum, this): a map of a few hundredths is not
-#: blown up into full colour, one of 0.14 is
+#: the reading panel's colour scale of a map runs from 0 to max(map's maximum, this), so that noise is not blown up
 MAP_SCALE_FLOOR = 0.05
 
 
@@ -52,14 +46,8 @@ def to_uint8(image: np.ndarray) -> np.ndarray:
 
 
 def overlay(image: np.ndarray, maps: np.ndarray, strength: float = 0.8, vmax: float = 1.0) -> np.ndarray:
-    """Grey image (H, W) with per-class maps (C, H, W) blended in the class colours -> (H, W, 3) uint8: a pixel's
-    opacity is ``strength * clip(map / vmax, 0, 1)`` (``vmax`` 1: the maps' own 0..1 scale).
-
-    Why not ``monai.visualize.blend_images``: it takes its colours from a matplotlib colour map (matplotlib is not a
-    dependency of the bundle) and one label channel per call; chained once per class with a one-colour map and this
-    opacity as its ``alpha``, its arithmetic (the image rescaled to [0, 1] floats instead of 8-bit grey) moves half
-    the pixels of a reference panel's tile by one grey level (measured on a 2730 x 981 S_c overlay: 50 % of the
-    pixels, at most 1 level), so the panels would no longer be the ones earlier runs wrote."""
+    """Grey image (H, W) with per-class maps (C, H, W) blended in the class colours -> (H, W, 3) uint8, a pixel's
+    opacity ``strength * clip(map / vmax, 0, 1)``; not ``monai.visualize.blend_images``, which needs matplotlib."""
     rgb = np.repeat(to_uint8(image)[..., None], 3, axis=2).astype(np.float32)
     for cls, m in enumerate(np.asarray(maps, dtype=np.float32)):
         alpha = np.clip(m / np.float32(vmax), 0.0, 1.0)[..., None] * strength
@@ -86,10 +74,17 @@ def saliency_panel(
     masks: np.ndarray | None = None,
     separator: int = 4,
 ) -> np.ndarray:
-    """Side by side: the image with its ground-truth masks (when given), then each map as an overlay with the
-    patch boxes. ``image`` (H, W); ``maps`` name -> (C, H, W) in [0, 1] at the image's size; ``masks`` (C, H, W).
+    """Side by side: the image with its ground-truth masks, then each map as an overlay with the patch boxes.
 
-    Returns (H, n * (W + separator) - separator, 3) uint8.
+    Args:
+        image: (H, W).
+        maps: name -> (C, H, W) in [0, 1] at the image's size.
+        boxes: the patches (top, left, height, width).
+        masks: (C, H, W), or None.
+        separator: pixels between the tiles.
+
+    Returns:
+        (H, n * (W + separator) - separator, 3) uint8.
     """
     image = np.asarray(image, dtype=np.float32)
     h, w = image.shape
@@ -111,8 +106,7 @@ def saliency_panel(
 
 
 def draw_rectangle(rgb: np.ndarray, box: Sequence[int], colour: Sequence[int], width: int) -> None:
-    """Outline ``box`` (top, left, bottom, right; end-exclusive, clipped to the image) on an (H, W, 3) image in place,
-    ``width`` px thick, inside the box."""
+    """Outline ``box`` (top, left, bottom, right; end-exclusive) inside it on an (H, W, 3) image, in place."""
     top, left, bottom, right = (int(v) for v in box)
     h, w = rgb.shape[:2]
     top, left, bottom, right = max(0, top), max(0, left), min(h, bottom), min(w, right)
@@ -126,8 +120,8 @@ def draw_rectangle(rgb: np.ndarray, box: Sequence[int], colour: Sequence[int], w
 
 
 def outline(mask: np.ndarray, width: int) -> np.ndarray:
-    """The pixels of a binary (H, W) ``mask`` within ``width`` px of its edge, inside it (the image's border is no
-    edge: a lesion cut by it stays open there) -> (H, W) bool."""
+    """The pixels of a binary (H, W) ``mask`` within ``width`` px of its edge, inside it; the image's border is no
+    edge."""
     mask = np.asarray(mask, dtype=bool)
     return mask & ~binary_erosion(mask, iterations=max(1, int(width)), border_value=1)
 
@@ -142,8 +136,7 @@ def _font(size: int):
 
 
 def _colour_bars(width: int, vmax: float, classes: Sequence[str], strength: float, font_size: int) -> np.ndarray:
-    """Under a map tile: one bar per class, the colour the overlay gives a mid-grey pixel from 0 (left) to ``vmax``
-    (right), with the numbers 0, vmax / 2 and vmax under it and the class's name on it -> (h, width, 3) uint8."""
+    """The colour bars under a map tile: per class, the overlay's colour on mid-grey from 0 to ``vmax``, numbered."""
     from PIL import Image, ImageDraw
 
     font = _font(font_size)
@@ -181,13 +174,22 @@ def reading_panel(
     strength: float = 0.8,
     separator: int = 6,
 ) -> np.ndarray:
-    """Side by side: the image (with its ground-truth ``masks`` (C, H, W) outlined in the class colours when given),
-    then each map as an overlay scaled to
-    ``0..max(map's maximum, floor)`` with a colour bar per class under it; the model's ``window`` (yellow) and the
-    patch ``boxes`` (blue) on every tile. ``image`` (H, W); ``maps`` name -> (C, H, W) at the image's size; boxes and
-    window as (top, left, bottom, right), end-exclusive, in the image's pixels.
+    """Side by side: the image with its ground truth outlined, then each map scaled to ``0..max(its maximum, floor)``
+    with its colour bars; the model's window and the patches on every tile.
 
-    Returns (H + legend, n * (W + separator) - separator, 3) uint8; each map tile's legend says its name and scale.
+    Args:
+        image: (H, W).
+        maps: name -> (C, H, W) at the image's size.
+        boxes: the patches (top, left, bottom, right), end-exclusive.
+        masks: (C, H, W) ground truth, or None.
+        window: the model's window, as the boxes, or None.
+        classes: the class names on the bars.
+        floor: the least top of a map's colour scale.
+        strength: the overlays' opacity at the top of the scale.
+        separator: pixels between the tiles.
+
+    Returns:
+        (H + legend, n * (W + separator) - separator, 3) uint8.
     """
     from PIL import Image, ImageDraw
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _dicom_factory import make_dicom
+from datalists.builders import items_from_csv, items_from_folder
+from datalists.parsers import INBREAST_BIRADS, PolygonMask, read_inbreast_rois
 from PIL import Image
 
 from glam_benchmark.synthetic import write_png16
-from scripts.data.datalist import SPLITS, items_from_csv, items_from_folder, load_datalist
-from scripts.data.inbreast import INBREAST_BIRADS, PolygonMask, read_inbreast_rois
+from scripts.data.datalist import SPLITS, load_datalist
 from scripts.data.readers import read_mammogram
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -22,8 +22,8 @@ import pytest
 from _dicom_factory import make_dataset, save
 from PIL import Image
 
-from scripts.data.cbis_ddsm import cbis_patient_id, parse_case_folder
 from scripts.data.datalist import SPLITS, check_patient_splits, load_datalist, patient_key
+from scripts.data.header_facts import cbis_patient_id, parse_case_folder
 from scripts.data.readers import read_mammogram
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -11,28 +11,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _dicom_factory import make_dicom
+from datalists.builders import detect_csv_flavour, items_from_csv, items_from_dicom_dir
+from datalists.parsers import (
+    CSV_FLAVOURS,
+    DATALIST_PARSERS,
+    ParsedRow,
+    register_datalist_parser,
+    unregister_datalist_parser,
+)
 from PIL import Image
 
 from glam_benchmark.synthetic import make_synthetic_dataset, write_mask_png
 from scripts.data.datalist import (
-    CSV_FLAVOURS,
-    DATALIST_PARSERS,
     SPLITS,
-    CsvRowError,
     DatalistError,
     check_patient_splits,
     check_split_sizes,
-    detect_csv_flavour,
-    items_from_csv,
-    items_from_dicom_dir,
     load_datalist,
-    register_datalist_parser,
     resolve_paths,
     save_datalist,
     split_by_patient,
-    unregister_datalist_parser,
 )
-from scripts.data.datalist_parsers import ParsedRow
+from scripts.data.errors import CsvRowError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -437,7 +437,7 @@ def test_repeated_boxes_are_kept_once_in_order_by_hashing_not_pairwise(tmp_path,
     """Rows of one image (and the same image in two CSVs) list their boxes once each, in the order they first
     appear; the de-duplication is linear: with n distinct boxes and r repeats it compares labels r times (a list
     search compared about n * n / 2 times: a million boxes of one image did not finish in ten minutes)."""
-    import scripts.data.datalist_parsers as parsers
+    import datalists.parsers as parsers
 
     n, repeats = 400, [0, 7, 399, 7]
     parse = parsers.parse_boxes

@@ -418,8 +418,7 @@ def test_one_spacing_value_as_pydicom_writes_it_and_empty_tags(tmp_path):
 
 def test_a_dicom_folder_lists_the_odd_file_in_one_line_and_keeps_the_others(tmp_path):
     from _dicom_factory import set_raw_value
-
-    from scripts.data.datalist import items_from_dicom_dir
+    from datalists.builders import items_from_dicom_dir
 
     make_dicom(tmp_path / "good.dcm", breast_like())
     odd = set_raw_value(make_dicom(tmp_path / "odd.dcm", breast_like(), pixel_spacing=(0.05, 0.05)), 0x00280030, b"1")

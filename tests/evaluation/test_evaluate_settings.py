@@ -16,8 +16,9 @@ import torch
 from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
 from monai.bundle import ConfigParser
 
-from scripts.evaluation.model import checkpoint_record, evaluation_network, evaluation_settings
+from scripts.evaluation.model import checkpoint_record, evaluation_settings
 from scripts.evaluation.report import eval_split_items
+from scripts.networks import GLAM
 from scripts.networks.settings import SETTINGS_KEY
 
 EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
@@ -141,16 +142,16 @@ def test_the_checkpoint_wins_over_the_configuration_and_the_command_line_over_bo
             assert settings[name] == tiny[name]
         assert settings["image_size"] == tiny["image_size"] and settings["patch_size"] == [64, 64]
         assert settings["stage"] == "joint" and settings["joint_modules"] is True
-        network = evaluation_network(settings)
+        network = GLAM(**settings)
         network.load_state_dict(state)  # loads strictly: the same settings record
     # a choice that changes no weight, given explicitly, is used as given and still loads
     settings = evaluation_settings(root / "model.pt", "joint", {**paper, "t_global": 0.1}, explicit={"t_global"})
     assert settings["t_global"] == 0.1
-    evaluation_network(settings).load_state_dict(state)
+    GLAM(**settings).load_state_dict(state)
     # a weight-shaping setting given explicitly is used as given: the load refuses it, naming it
     settings = evaluation_settings(root / "model.pt", "joint", {**paper, "local_width": 8}, explicit={"local_width"})
     with pytest.raises(ValueError, match=r"local_width: checkpoint 4, network 8"):
-        evaluation_network(settings).load_state_dict(state)
+        GLAM(**settings).load_state_dict(state)
 
 
 def test_a_checkpoint_without_a_record_is_built_from_the_configuration(trained, tmp_path):

@@ -102,23 +102,23 @@ def split_setup(tmp_path_factory, tiny_datalist):
 # -- the blocks ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n_ranks", [1, 2, 3, 4])
 def test_blocks_are_contiguous_and_cover_the_split_in_order(n_ranks):
-    from scripts.evaluation.ranks import rank_block
+    from scripts.evaluation.ranks import block_bounds
 
     for n_items in range(n_ranks, 12):
         items = [f"img{i}" for i in range(n_items)]
-        blocks = [rank_block(items, n_ranks, r) for r in range(n_ranks)]
+        blocks = [items[slice(*block_bounds(n_items, n_ranks, r))] for r in range(n_ranks)]
         expected = [list(a) for a in np.array_split(np.array(items), n_ranks)]
         assert blocks == expected, (n_items, n_ranks)
         assert sum(blocks, []) == items  # gathered rank by rank: the split's order
 
 
 def test_a_rank_without_an_image_is_refused():
-    from scripts.evaluation.ranks import rank_block
+    from scripts.evaluation.ranks import block_bounds
 
     with pytest.raises(ValueError, match=r"2 image\(s\) to evaluate cannot be shared by 3 processes") as err:
-        rank_block(["a", "b"], 3, 0)
+        block_bounds(2, 3, 0)
     assert "\n" not in str(err.value) and "--nproc_per_node" in str(err.value)
-    assert rank_block(["a", "b"]) == ["a", "b"]  # no process group: every image
+    assert block_bounds(2) == (0, 2)  # no process group: every image
 
 
 # -- the overlay against evaluate.yaml ----------------------------------------------------------------------------

@@ -142,7 +142,7 @@ def test_the_sample_exams_mlo_views_are_whole_in_the_window(sample_exam, view):
 
     from scripts.data.readers import read_mammogram
     from scripts.inference.facts import image_facts
-    from scripts.inference.geometry import original_size, window_on_original
+    from scripts.transforms.mammo.coverage import original_size, window_on_original
 
     path = sample_exam / "images" / f"0_{view}.png"
     pixels = read_mammogram(path)[0]
@@ -168,8 +168,8 @@ def test_a_stated_spacings_crop_opening_counts_the_files_pixels(tmp_path):
     from config_chains import inference_chains
 
     from scripts.inference.facts import image_facts, image_notes
-    from scripts.inference.geometry import original_size, window_on_original
     from scripts.transforms.mammo.array import opening_iterations
+    from scripts.transforms.mammo.coverage import original_size, window_on_original
 
     image, mask = mlo_phantom(*SHAPE, seed=0)
     path = make_dicom(tmp_path / "mlo_0.07.dcm", image, spacing=(0.07, 0.07), view_position="MLO", laterality="L")
@@ -200,8 +200,7 @@ def test_breast_in_window_sees_a_crop_that_cut_the_breast(tmp_path):
     from _dicom_factory import make_dicom
     from config_chains import inference_chains
 
-    from scripts.inference.facts import BREAST_IN_WINDOW, breast_in_window
-    from scripts.inference.geometry import original_size, window_on_original
+    from scripts.transforms.mammo.coverage import BREAST_IN_WINDOW, breast_in_window, original_size, window_on_original
 
     image, mask = mlo_phantom(*SHAPE, seed=0)
     path = make_dicom(tmp_path / "mlo_0.07.dcm", image, spacing=(0.07, 0.07), view_position="MLO", laterality="L")

@@ -52,8 +52,7 @@ def test_the_window_holds_the_films_breast(tmp_path, view, side, spacing):
     from its breast (the spacing the film's own breast box gives, within 2 %), not from the film. The code before
     took the noisy background for the breast: at 0.1 mm its window held about half of a CC's breast (0.51), and
     without a spacing it fitted the whole film into the window (0.069 mm where the breast gives 0.114)."""
-    from scripts.inference.facts import breast_in_window, breast_refusal
-    from scripts.inference.geometry import original_size, window_on_original
+    from scripts.transforms.mammo.coverage import breast_in_window, breast_refusal, original_size, window_on_original
 
     image, mask = film(*SHAPE, view=view, laterality=side, seed=3)
     stated = None if spacing is None else (spacing, spacing)
@@ -109,7 +108,7 @@ def test_the_tissue_mask_of_a_clean_image_is_its_largest_region_above_zero(sampl
 def test_a_window_that_misses_the_breast_is_refused(tmp_path):
     """breast_refusal: a window holding less than MIN_BREAST_IN_WINDOW of the breast is named with its share; a
     window holding exactly half is not refused."""
-    from scripts.inference.facts import BREAST_IN_WINDOW, MIN_BREAST_IN_WINDOW, breast_refusal
+    from scripts.transforms.mammo.coverage import BREAST_IN_WINDOW, MIN_BREAST_IN_WINDOW, breast_refusal
 
     image, mask = film(*SHAPE, view="CC", laterality="L", seed=6)
     item = _film_item(make_dicom(tmp_path / "cc.dcm", image, spacing=(0.1, 0.1), view_position="CC"))

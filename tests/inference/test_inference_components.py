@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from config_chains import parse
 from conftest import BUNDLE_ROOT
 
 INFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference.yaml"
@@ -87,30 +88,31 @@ def test_the_network_is_built_from_the_settings_and_loaded_strictly(ckpt):
     from scripts.networks.inference import checkpoint_settings, inference_settings
 
     settings = inference_settings(checkpoint_settings(ckpt))
-    net = GLAMSaliencyNet.from_settings(settings)
-    assert net.settings == GLAMSaliencyNet(**settings).settings
+    net = GLAMSaliencyNet(**settings)
     loaded = load_for_inference(net, ckpt, "cpu", "fp32")
     assert loaded is net and not loaded.training
     saved = torch.load(ckpt, weights_only=True)
     assert all(torch.equal(v, saved[k]) for k, v in loaded.state_dict().items())
-    fast = load_for_inference(GLAMSaliencyNet.from_settings(settings), ckpt, "cpu", "bf16")
+    fast = load_for_inference(GLAMSaliencyNet(**settings), ckpt, "cpu", "bf16")
     assert isinstance(fast, AutocastInference) and fast.dtype == torch.bfloat16
     # an override that contradicts the record: refused with the setting and the file named
-    other = GLAMSaliencyNet.from_settings(inference_settings(checkpoint_settings(ckpt), local_width=8))
+    other = GLAMSaliencyNet(**inference_settings(checkpoint_settings(ckpt), local_width=8))
     with pytest.raises(ValueError, match=r"local_width: checkpoint 4, network 8") as raised:
         load_for_inference(other, ckpt, "cpu", "fp32")
     assert str(ckpt) in str(raised.value)
 
 
 def test_run_settings_are_the_record_of_the_run(ckpt):
-    from scripts.inference.folder import run_settings
-    from scripts.networks import GLAMSaliencyNet
-
-    net = GLAMSaliencyNet(stage="joint", **TINY)
-    settings = run_settings(ckpt, net, "fp32", "5", 4.0, [0.1, 0.1], "model", "false", None)
+    """inference.yaml's run_settings, with the command line's texts as they arrive."""
+    parser = parse(ckpt_path=str(ckpt), precision="fp32", crop_iterations="5", crop_buffer=4.0)
+    for key, value in {"input_spacing": [0.1, 0.1], "spacing_fallback": "model", "panel_height": None}.items():
+        parser[key] = value
+    parser["accept_non_mammography"] = "false"
+    parser["spacing_range"] = ["0.05", 0.5]
+    settings = parser.get_parsed_content("run_settings")
     assert settings == {
         "checkpoint_sha256": hashlib.sha256(ckpt.read_bytes()).hexdigest(),
-        "model": net.settings,
+        "model": parser.get_parsed_content("network_def").settings,
         "precision": "fp32",
         "crop_iterations": 5,
         "crop_buffer": 4,
@@ -118,6 +120,7 @@ def test_run_settings_are_the_record_of_the_run(ckpt):
         "spacing_fallback": "model",
         "accept_non_mammography": False,  # the command line's text "false" is no
         "panel_height": None,
+        "spacing_range": [0.05, 0.5],
     }
 
 
@@ -139,11 +142,13 @@ def test_batch_size_workers_and_writer_threads():
 
 
 def test_the_loader_batches_in_order_with_the_errors_carried(tmp_path):
-    from scripts.inference.inputs import SafeDataset, inference_loader
+    from scripts.inference.inputs import SafeDataset
 
     items = [{"image": torch.full((1, 4, 3), float(i))} for i in range(5)]
     items[3] = {"image": str(tmp_path / "bad.png"), "error": "MammogramReadError: unreadable"}
-    batches = list(inference_loader(SafeDataset(items), "auto", 0, "cpu"))
+    parser = parse(batch_size="auto", num_workers=0, device="cpu")
+    parser["dataset"] = SafeDataset(items)
+    batches = list(parser.get_parsed_content("dataloader"))
     assert [len(b["items"]) + len(b["errors"]) for b in batches] == [2, 2, 1]
     assert [float(img[0, 0, 0]) for b in batches if b["image"] is not None for img in b["image"]] == [0, 1, 2, 4]
     assert batches[1]["errors"] == [{"image": str(tmp_path / "bad.png"), "error": "MammogramReadError: unreadable"}]
@@ -201,16 +206,6 @@ def test_a_datalist_is_given_by_its_path_relative_paths_from_its_folder(tmp_path
         inference_items("", "", "test")
 
 
-def test_the_last_step_runs_the_evaluator_then_releases_the_folder():
-    from scripts.inference.writer import run_to_end
-
-    calls = []
-    evaluator = type("Evaluator", (), {"run": lambda self: calls.append("run")})()
-    writer = type("Writer", (), {"finish": lambda self: calls.append("finish")})()
-    run_to_end(evaluator, writer)
-    assert calls == ["run", "finish"]
-
-
 def test_inference_yaml_is_a_monai_inference_workflow_with_few_expressions(ckpt, tmp_path):
     import numpy as np
     from monai.bundle import ConfigWorkflow
@@ -227,7 +222,7 @@ def test_inference_yaml_is_a_monai_inference_workflow_with_few_expressions(ckpt,
     assert wf.check_properties() == ["preprocessing"]
     wf.parser.get_parsed_content("output_folder").close()
     text = INFERENCE_CONFIG.read_text(encoding="utf-8")
-    assert text.count("$") <= 30, "inference.yaml: logic belongs in named components (scripts.inference...)"
+    assert text.count("$") <= 36, "inference.yaml: one-line expressions; logic belongs in named components"
     # the run's steps, in order: the command line, the log, the weights, the network, the folder, the run
     steps = [s.get("_target_", s) if isinstance(s, dict) else s for s in wf.parser["inference"]]
     assert steps == [
@@ -237,5 +232,6 @@ def test_inference_yaml_is_a_monai_inference_workflow_with_few_expressions(ckpt,
         "scripts.networks.weights.require_weights",
         "@network",
         "@plan",
-        "scripts.inference.writer.run_to_end",
+        "$@evaluator.run()",
+        "$@writer.finish()",
     ]

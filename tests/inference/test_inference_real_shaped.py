@@ -326,14 +326,19 @@ def test_reading_panel_scales_each_map_to_its_maximum_with_a_floor():
 def test_inference_reader_takes_the_options_of_inference_yaml():
     """inference.yaml's accept_non_mammography and max_image_pixels reach the reader (the radiograph and bomb test
     shows their effect on a run)."""
-    from scripts.data.readers import DEFAULT_MAX_PIXELS, MammogramReader
-    from scripts.inference.inputs import inference_reader
+    from config_chains import parse
 
-    assert type(inference_reader(apply_voi=False)) is MammogramReader and not inference_reader(False).apply_voi
-    default = inference_reader()
-    assert default.accept_non_mammography is False and default.max_pixels == DEFAULT_MAX_PIXELS
-    opened = inference_reader(accept_non_mammography=True, max_pixels=None)
-    assert opened.accept_non_mammography is True and opened.max_pixels is None
+    from scripts.data.readers import DEFAULT_MAX_PIXELS, MammogramReader
+
+    def reader(**overrides):
+        return parse(**overrides).get_parsed_content("preprocessing#transforms#0#reader")
+
+    default = reader()
+    assert type(default) is MammogramReader and default.apply_voi
+    assert default.accept_non_mammography is False and default.kind_checks is True
+    assert default.max_pixels == DEFAULT_MAX_PIXELS
+    opened = reader(accept_non_mammography="true", max_image_pixels=None)  # the command line's text
+    assert opened.accept_non_mammography is True and opened.kind_checks is False and opened.max_pixels is None
 
 
 def test_a_predictions_table_of_an_earlier_version_is_refused_with_the_missing_columns(tmp_path):

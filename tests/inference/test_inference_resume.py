@@ -378,16 +378,15 @@ def test_a_file_of_the_recorded_size_with_another_end_makes_its_image_run_again(
     assert panel.read_bytes() == data  # the same image again, the same bytes
 
 
-def test_an_earlier_versions_folder_without_manifests_is_run_again_once(tiny_run, caplog):
-    # an earlier version wrote the same files but no manifests: each of its images is run again (one inference
+def test_a_folder_without_manifests_is_run_again_once(tiny_run, caplog):
+    # images without a manifest (a folder of an earlier version) are damaged ones: each is run again (one inference
     # each), its files are replaced by the same bytes, and from then on the folder resumes as any other
     out = tiny_run()
     before = {k: data for k, (data, _) in _snapshot(out).items() if k != "timing.json"}
     shutil.rmtree(out / "manifests")
     with caplog.at_level("INFO", logger="scripts"):
         tiny_run()
-    assert "3 images in predictions.csv were written by an earlier version" in caplog.text
-    assert "missing or damaged" not in caplog.text
+    assert "3 images in predictions.csv have missing or damaged files: they are run again" in caplog.text
     after = {k: data for k, (data, _) in _snapshot(out).items() if k != "timing.json"}
     assert after == before  # every file (tables, maps, panels, manifests) as the first run wrote it
     caplog.clear()

@@ -42,9 +42,12 @@ def _png(path, array: np.ndarray, mode: str, spacing_mm: float | None = None) ->
 
 
 def _read_with(path: str, **kwargs):
-    from scripts.inference.inputs import inference_reader
+    from config_chains import parse
 
-    reader = inference_reader(**kwargs)
+    # inference.yaml's reader, with the model's window and spacing (None: no size check) and the option
+    overrides = {"image_size": kwargs.get("window"), "pixel_spacing": kwargs.get("pixel_spacing")}
+    overrides["accept_non_mammography"] = kwargs.get("accept_non_mammography", False)
+    reader = parse(**overrides).get_parsed_content("preprocessing#transforms#0#reader")
     return reader.get_data(reader.read(path))
 
 

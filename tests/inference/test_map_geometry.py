@@ -146,7 +146,7 @@ def test_files_without_a_plane_are_placed_as_itk_places_them(transforms, tmp_pat
 
 
 def test_a_dicom_orientation_that_is_not_two_unit_directions_is_noted(transforms, tmp_path):
-    from scripts.inference.geometry import file_affine
+    from scripts.inference.maps import file_affine
 
     image, _ = picture("right")
     ds = make_dataset(image, spacing=(0.1, 0.1))
@@ -177,7 +177,7 @@ def test_a_resampled_input_keeps_its_affine_and_its_map_peaks_on_its_spot(tmp_pa
 def test_a_nifti_affine_without_a_third_axis_gets_the_planes_normal():
     """A 2-D file stating a zero third column (nibabel cannot write a singular affine): the map keeps the file's
     plane and origin, with the plane's unit normal as its third axis."""
-    from scripts.inference.geometry import file_affine
+    from scripts.inference.maps import file_affine
 
     own = np.array([[0, -0.5, 0, 40], [0.4, 0, 0, 120], [0, 0, 0, -7], [0, 0, 0, 1.0]])  # (row, col) order
     affine = file_affine({"format": "nifti", "original_affine": own, "spacing": (0.4, 0.5)})

@@ -26,7 +26,7 @@ def _write(path, image, **kwargs):
 @pytest.mark.parametrize("case", sorted(AFFINES))
 def test_a_nrrd_out_of_the_plane_is_a_volume_itk_and_the_reader_place_as_given(tmp_path, case):
     from scripts.data.readers import read_mammogram
-    from scripts.inference.geometry import file_affine
+    from scripts.inference.maps import file_affine
 
     image, _ = picture("right")
     path = _write(tmp_path / f"{case}.nrrd", image, affine=AFFINES[case])
@@ -40,7 +40,7 @@ def test_a_nrrd_out_of_the_plane_is_a_volume_itk_and_the_reader_place_as_given(t
 
 def test_a_nrrd_in_the_plane_stays_2d_with_its_rotation_and_origin(tmp_path):
     from scripts.data.readers import read_mammogram
-    from scripts.inference.geometry import file_affine
+    from scripts.inference.maps import file_affine
 
     image, _ = picture("left")
     # a quarter turn in the plane, 0.1 mm rows and 0.2 mm columns, placed at (5, -3) mm

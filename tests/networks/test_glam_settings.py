@@ -125,7 +125,7 @@ def test_inference_rebuilds_every_recorded_setting_from_a_checkpoint(tmp_path):
     assert read_checkpoint_settings(path) == trained.settings
     recorded = checkpoint_settings(path)
     assert set(recorded) == set(CHECKPOINT_SETTINGS)
-    net = GLAMSaliencyNet.from_settings(inference_settings(recorded))
+    net = GLAMSaliencyNet(**inference_settings(recorded))
     load_weights(net, path)  # strictly: the same weights
     for name in CHECKPOINT_SETTINGS:
         assert net.settings[name] == trained.settings[name], name

@@ -18,23 +18,14 @@ from monai.handlers import EarlyStopHandler
 from scripts.commands import UsageError
 from scripts.data.checks import check_data
 from scripts.distributed import is_rank_zero
-from scripts.evaluation.report import run_evaluation
 from scripts.handlers.metrics import ClassScores
 from scripts.handlers.training_state import key_metric
 from scripts.precision import as_dtype
-from scripts.runs import run_name
 from scripts.training.checkpoints import StageCheckpointer
-from scripts.training.datasets import read_datalist, single_thread_worker, split_items
+from scripts.training.datasets import read_datalist
 from scripts.training.preflight import per_stage
 from scripts.training.selection import choose_selection, configured_selection
-from scripts.training.stage import (
-    key_map,
-    previous_model,
-    previous_modules,
-    previous_stage,
-    train_stage,
-    trainable_parameters,
-)
+from scripts.training.stage import previous_modules, previous_stage, train_stage
 
 LR = {"global": 3.0e-5, "local": 2.0e-5, "joint": 1.0e-5}
 
@@ -42,36 +33,31 @@ LR = {"global": 3.0e-5, "local": 2.0e-5, "joint": 1.0e-5}
 # -- scripts.runs, scripts.training.stage ----------------------------------------------------------------------------
 def test_previous_stage_and_model_follow_the_training_order():
     assert [previous_stage(s) for s in ("global", "local", "joint")] == [None, "global", "local"]
-    assert previous_model("/ck", "global") is None
-    assert previous_model("/ck", "local") == "/ck/global/model.pt"
-    assert previous_model("/ck", "joint") == "/ck/local/model.pt"
-    with pytest.raises(ValueError, match="stage must be one of"):
-        previous_model("/ck", "all")
+    assert [_parser(s).get_parsed_content("previous_model") for s in ("global", "local", "joint")] == [
+        None,
+        "/ck/global/model.pt",
+        "/ck/local/model.pt",
+    ]
 
 
 def test_a_model_to_start_from_reaches_the_global_stage_only_with_its_modules():
-    """previous_model's ``init`` and previous_modules (the quick start's shipped global module; None: from scratch)."""
-    starts = [previous_model("/ck", s, init="m.pt") for s in ("global", "local", "joint")]
+    """train.yaml's ``global_init`` and previous_modules (the quick start's shipped global module; None: from
+    scratch)."""
+    starts = [_parser(s, global_init="m.pt").get_parsed_content("previous_model") for s in ("global", "local", "joint")]
     assert starts == ["m.pt", "/ck/global/model.pt", "/ck/local/model.pt"]
-    assert previous_model("/ck", "global", init=None) is None
     kept = [previous_modules(s, init="m.pt", modules=("global_network",)) for s in ("global", "local", "joint")]
     assert kept == [["global_network"], None, None]
     assert previous_modules("global", init=None, modules=["global_network"]) is None
     assert previous_modules("global", init="m.pt") is None
 
 
-def test_key_map_is_the_map_each_stage_trains():
-    assert [key_map(s) for s in ("global", "local", "joint")] == ["S_g", "S_l", "S_c"]
-    assert type(key_map("global")) is str  # a plain string: the engine's output key
-    with pytest.raises(ValueError, match="stage must be one of"):
-        key_map("cam")
-
-
-def test_trainable_parameters_leave_out_the_frozen_ones_in_order():
-    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1), torch.nn.Linear(1, 1))
-    net[1].requires_grad_(False)
-    got = trainable_parameters(net)
-    assert [id(p) for p in got] == [id(net[0].weight), id(net[0].bias), id(net[2].weight), id(net[2].bias)]
+def test_the_optimizer_gets_the_trainable_parameters_in_order():
+    """train.yaml's optimizer#params: the local stage freezes the global module, so Adam holds none of its tensors."""
+    parser = _parser("local")
+    network, params = parser.get_parsed_content("network"), parser.get_parsed_content("optimizer#params")
+    expected = [p for p in network.parameters() if p.requires_grad]
+    assert 0 < len(expected) < len(list(network.parameters()))
+    assert [id(p) for p in params] == [id(p) for p in expected]
 
 
 def test_train_stage_hands_the_trainer_to_early_stopping_runs_it_and_summarises():
@@ -129,13 +115,19 @@ def test_datalist_is_read_with_paths_made_absolute_and_split_by_name(tmp_path):
         "validation": [{"image": "/abs/b.png", "label": [0, 0]}],
     }
     (folder / "datalist.json").write_text(json.dumps(listing))
-    content = read_datalist(str(folder / "datalist.json"))
+    content = read_datalist(str(folder / "datalist.json"), splits=["training", "validation"])
     assert content["training"][0]["image"] == str(folder / "img" / "a.png")
     assert content["training"][0]["mask_benign"] == str(folder / "m" / "a.png")
     assert content["validation"][0]["image"] == "/abs/b.png"
-    assert split_items(content, "validation") == content["validation"]
-    with pytest.raises(KeyError, match=r"my.json has no 'test' split \(it has \['training', 'validation'\]\)"):
-        split_items(content, "test", source="my.json")
+    with pytest.raises(KeyError, match=r"datalist.json has no 'test' split \(it has \['training', 'validation'\]\)"):
+        read_datalist(str(folder / "datalist.json"), splits=["training", "test"])
+    # train.yaml: both splits needed, each read by name
+    parser = _parser("global", datalist=str(folder / "datalist.json"))
+    assert parser.get_parsed_content("val_datalist") == content["validation"]
+    (folder / "datalist.json").write_text(json.dumps({"training": listing["training"]}))
+    with pytest.raises(Exception) as err:
+        _parser("global", datalist=str(folder / "datalist.json")).get_parsed_content("train_datalist")
+    assert "has no 'validation' split" in str(err.value.__cause__ or err.value)
 
 
 def test_cache_folder_and_persistent_workers():
@@ -154,7 +146,7 @@ def test_configured_selection_is_what_choose_selection_keeps():
 
 
 def test_run_name_and_distributed_helpers():
-    assert run_name("train", "joint") == "train_joint" and run_name("evaluate", "global") == "evaluate_global"
+    assert _parser("joint").get_parsed_content("run_name") == "train_joint"
     for device, ids in (("cpu", None), (torch.device("cuda", 1), [torch.device("cuda", 1)])):
         parser = ConfigParser()
         parser.read_config([str(TRAIN_CONFIG), str(TRAIN_CONFIG.parent / "multi_gpu_train.yaml")])
@@ -240,12 +232,6 @@ def test_early_stopping_is_off_at_patience_0_and_stops_on_the_key_metric():
     assert handler.score_function(evaluator) == 0.6  # the key metric of the last validation
 
 
-def test_run_evaluation_runs_and_returns_the_reports_summary():
-    ran = []
-    report = SimpleNamespace(summary={"n_images": 2})
-    assert run_evaluation(SimpleNamespace(run=lambda: ran.append(1)), report) == {"n_images": 2} and ran == [1]
-
-
 # -- train.yaml's per-stage wiring through MONAI's parser ----------------------------------------------------------
 def _parser(stage: str, **overrides) -> ConfigParser:
     parser = ConfigParser()
@@ -292,7 +278,7 @@ def test_train_yaml_reads_each_stage_s_values(stage):
     prepare = parser.get_parsed_content("train#prepare_batch")
     assert prepare.random_negatives == (stage == "local") and prepare.patch_shift == (0 if stage == "global" else 8)
     assert parser.get_parsed_content("run_name") == f"train_{stage}"
-    assert parser.get_parsed_content("train#dataloader#worker_init_fn") is single_thread_worker  # the function itself
+    assert "worker_init_fn" not in parser["train#dataloader"]  # MONAI's DataLoader seeds its workers itself
     assert parser.get_parsed_content("train#dataloader#persistent_workers") is False  # tiny.yaml: num_workers 0
 
 

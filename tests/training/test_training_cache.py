@@ -66,7 +66,7 @@ def test_memory_and_disk_caches_give_the_uncached_items(tmp_path, tiny_datalist:
     chain, counter = _chain(parser, config_id)
     reference = _items(training_dataset(data, chain, cache="none"))
     assert counter._calls == 6
-    memory = training_dataset(data, chain, cache="true")  # as a command-line override arrives: memory
+    memory = training_dataset(data, chain, cache="memory")
     assert counter._calls == 12  # filled on construction
     _assert_same_items(_items(memory), reference)
     disk = training_dataset(data, chain, cache="disk", cache_dir=tmp_path / "cache")
@@ -117,16 +117,11 @@ def test_train_and_validation_datasets_cache_as_configured(tmp_path, tiny_datali
 
 
 def test_cache_mode_values():
-    assert [cache_mode(v) for v in ("disk", "Memory", "none", True, "false", None)] == [
-        "disk",
-        "memory",
-        "none",
-        "memory",
-        "none",
-        "none",
-    ]
-    with pytest.raises(ValueError, match="cache must be one of"):
-        cache_mode("ssd")
+    assert [cache_mode(v) for v in ("disk", "Memory", "none", None)] == ["disk", "memory", "none", "none"]
+    # the yes/no spellings of presets before 1.0 are refused with the valid modes named
+    for old in ("ssd", True, "false"):
+        with pytest.raises(ValueError, match=r"cache must be one of \('none', 'memory', 'disk'\), got"):
+            cache_mode(old)
     with pytest.raises(ValueError, match="needs a cache_dir"):
         training_dataset([], Compose([]), cache="disk")
 

@@ -4,8 +4,6 @@ from .checks import DataCheckError, DataCheckReport, DataProblem, assert_datalis
 from .datalist import (
     DatalistError,
     check_patient_splits,
-    items_from_csv,
-    items_from_dicom_dir,
     load_datalist,
     save_datalist,
     split_by_patient,
@@ -29,8 +27,6 @@ __all__ = [
     "save_datalist",
     "split_by_patient",
     "check_patient_splits",
-    "items_from_csv",
-    "items_from_dicom_dir",
     "DataProblem",
     "DataCheckReport",
     "DataCheckError",

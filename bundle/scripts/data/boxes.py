@@ -1,27 +1,22 @@
-"""Box annotations in a datalist item: ``"boxes": [{"label": "benign" | "malignant", "box": [y0, x0, y1, x1]}, ...]``
-in the image file's pixels (rows and columns as displayed; fractions allowed, ``y1`` / ``x1`` the far edges).
-
-:func:`parse_boxes` is the one reading of the field: the data check (:mod:`scripts.data.checks`), the CSV parsers
-(:mod:`scripts.data.datalist_parsers`) and the transform that paints boxes into masks
-(:class:`scripts.transforms.boxes.BoxesToMasksd`) all go through it.
-"""
+"""Box annotations of a datalist item: ``"boxes": [{"label": "benign" | "malignant", "box": [y0, x0, y1, x1]}, ...]``
+in the image file's pixels (fractions allowed, ``y1`` / ``x1`` the far edges)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..enums import CLASS_NAMES
 
-__all__ = ["BOXES_KEY", "parse_boxes", "unique_boxes"]
+__all__ = ["BOXES_KEY", "parse_boxes"]
 
 #: the datalist field holding box annotations
 BOXES_KEY = "boxes"
 
 
 def parse_boxes(boxes: Any, where: str = "boxes") -> list[tuple[str, tuple[float, float, float, float]]]:
-    """Validated ``(label, (y0, x0, y1, x1))`` pairs of a datalist's ``boxes`` field (None or [] -> []).
+    """Validated ``(label, (y0, x0, y1, x1))`` pairs of a ``boxes`` field (None or [] gives []).
 
     Raises:
         ValueError: one line naming ``where`` and the first bad entry.
@@ -47,15 +42,3 @@ def parse_boxes(boxes: Any, where: str = "boxes") -> list[tuple[str, tuple[float
             raise ValueError(f"{where}[{i}]: box [y0, x0, y1, x1] needs 0 <= y0 < y1 and 0 <= x0 < x1, got {box!r}")
         out.append((label, (y0, x0, y1, x1)))
     return out
-
-
-def unique_boxes(boxes: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """``boxes`` entries with each (label, box) once, in the order of their first appearance.
-
-    Entries are keyed by ``(label, tuple(box))`` in a dict, so a million boxes of one image take a million look-ups,
-    not the pairwise comparisons of a list search.
-    """
-    first: dict[tuple[Any, tuple[Any, ...]], Mapping[str, Any]] = {}
-    for entry in boxes:
-        first.setdefault((entry["label"], tuple(entry["box"])), entry)
-    return list(first.values())

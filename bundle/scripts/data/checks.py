@@ -1,25 +1,8 @@
-"""Validation of a datalist before training: every file read once, every problem reported in one go.
+"""A datalist checked before any work: every file read once, every problem reported in one go, nothing modified.
 
-``check_datalist`` returns a list of :class:`DataProblem` (empty when the datalist is usable); training calls
-``assert_datalist_ok`` before the first epoch so a bad file fails in seconds rather than hours in. Nothing is
-modified: valid items are only read.
-
-Checked per item: the item is an object with an ``image`` path; every file (image, masks) exists and reads as a
-2-D grayscale picture (through :func:`scripts.data.readers.read_mammogram`: truncated or corrupt files, DICOM
-without pixel data, non-DICOM ``.dcm``, RGB pictures, multi-frame/3-D inputs and all-zero images are errors);
-masks are binary and have the image's size; ``label`` is absent/null (unknown) or two values 0/1; labels agree
-with masks (a lesion pixel under label 0 is an error; with ``strict_masks`` an empty mask under label 1 too);
-``boxes`` (:mod:`scripts.data.boxes`) are well formed, lie inside the image and agree with the label (a box of a
-class under label 0 is an error); ``laterality``/``facing`` take their allowed values. Across items: no patient
-(or image) in two splits and no image listed twice; a datalist with training items has validation items (training
-without validation selects no model and writes no model.pt); a ``pixel_spacing`` key is one or two positive
-numbers (mm).
-
-Not a problem but worth knowing before training: the pixel spacing the images state (DICOM PixelSpacing, NIfTI / ITK
-geometry, PNG pHYs). The report counts the images that state one and those that do not; given the model's
-``pixel_spacing``, ``assert_datalist_ok`` logs a warning naming the images without one and without a ``pixel_spacing``
-in their datalist item: the preprocessing then takes ``input_spacing`` or, by default, estimates their spacing so that
-the breast fits the model's window (``spacing_fallback``; inference states the same per image).
+Files must read as 2-D grayscale pictures, masks be binary, of the image's size and agree with the label, boxes lie
+inside the image; across items no patient or image may be in two splits. Images that state no pixel spacing are counted
+and, given the model's spacing, warned about.
 """
 
 from __future__ import annotations
@@ -86,7 +69,7 @@ class DataProblem:
 
 @dataclass
 class DataCheckReport:
-    """Outcome of a check: all problems plus which items were fine."""
+    """Outcome of a check: every problem, the items that were fine and the spacings the images state."""
 
     source: str
     problems: list[DataProblem] = field(default_factory=list)
@@ -129,7 +112,7 @@ class DataCheckReport:
         return line
 
     def format(self, list_ok: bool = False) -> str:
-        """A human-readable report: a summary line, then one line per problem (and per valid item on request)."""
+        """A summary line, then one line per problem (and per valid item with ``list_ok``)."""
         bad = {(p.split, p.index) for p in self.problems if p.index is not None}
         lines = [
             f"{self.source}: {self.n_items} item(s) checked, {len(self.ok_items)} ok, {len(bad)} with problems, "
@@ -158,7 +141,7 @@ def _resolve(value: str, base_dir: Path | None) -> Path:
 
 
 def _read(path: Path, mask: bool) -> tuple[np.ndarray | None, str | None, Any]:
-    """(array, None, meta) or (None, problem, None) without raising: batch checks report every bad file."""
+    """``(array, None, meta)`` or ``(None, problem, None)``, never raising, so that every bad file is reported."""
     from .readers import MammogramReadError, read_mammogram
 
     try:
@@ -189,10 +172,13 @@ def run_data_checks(
     read_files: bool = True,
     strict_masks: bool = True,
 ) -> DataCheckReport:
-    """Check a datalist (a path to its JSON file or the loaded dict) and return the full report.
+    """Check a datalist and return the full report.
 
-    Relative paths resolve against ``base_dir``, by default the datalist file's folder (MONAI's convention) or
-    the working directory for a dict. ``read_files=False`` checks structure, labels and splits only.
+    Args:
+        datalist: a datalist JSON file or the loaded dict.
+        base_dir: the folder relative paths resolve against (default: the file's folder, or the working directory).
+        read_files: read every image and mask; False checks structure, labels and splits only.
+        strict_masks: an empty mask under label 1 is a problem.
     """
     if isinstance(datalist, (str, os.PathLike)):
         source = str(datalist)
@@ -315,8 +301,7 @@ def _check_item(
 
 
 def _box_problems(boxes: Any, label: Any, image_shape: tuple[int, ...] | None) -> list[str]:
-    """Problems of an item's ``boxes``: malformed (the first bad entry), beyond the image's size (when it was read),
-    a box of a class whose label is 0."""
+    """An item's malformed boxes, boxes beyond the image and boxes of a class whose label is 0."""
     try:
         entries = parse_boxes(boxes, BOXES_KEY)
     except ValueError as err:
@@ -340,7 +325,7 @@ def check_datalist(
     read_files: bool = True,
     strict_masks: bool = True,
 ) -> list[DataProblem]:
-    """Every problem of a datalist (empty list when it is usable); see :func:`run_data_checks`."""
+    """Every problem of a datalist (empty when usable); see :func:`run_data_checks`."""
     return run_data_checks(datalist, base_dir, read_files=read_files, strict_masks=strict_masks).problems
 
 
@@ -351,21 +336,26 @@ def assert_datalist_ok(
     strict_masks: bool = True,
     pixel_spacing: float | Sequence[float] | None = None,
 ) -> DataCheckReport:
-    """Run the checks and raise :class:`DataCheckError` (listing every problem) if there is any.
+    """Check a datalist and return its report.
 
-    ``pixel_spacing``: the model's (a number or (row, col) mm; None: unknown). When it is set, images whose file and
-    datalist item state no spacing are logged as a warning: the preprocessing takes ``input_spacing`` or estimates
-    their spacing from the breast's size (``spacing_fallback``), which is right only roughly. Training goes on.
+    Args:
+        datalist: a datalist JSON file or the loaded dict.
+        base_dir: the folder relative paths resolve against.
+        strict_masks: an empty mask under label 1 is a problem.
+        pixel_spacing: the model's; when set, images that state no spacing are logged as a warning.
+
+    Raises:
+        DataCheckError: listing every problem.
     """
     as_pixel_spacing(pixel_spacing)  # a bad value fails here, before every file is read
     return assert_report_ok(run_data_checks(datalist, base_dir, strict_masks=strict_masks), pixel_spacing)
 
 
 def check_data(datalist: Any, pixel_spacing: Any = None, enabled: bool | str = True, split: str | None = None) -> Any:
-    """:func:`assert_datalist_ok` as the configs' component (train.yaml's ``check_datalist``, evaluate.yaml's
-    ``evaluating``): the datalist's files, labels, masks and splits checked before any work, unless ``enabled`` is no
-    (``--check_data false``). With ``split``, ``datalist`` is that split's items (evaluate.yaml checks the split it
-    evaluates). Returns the check's report, or None when it is off."""
+    """:func:`assert_datalist_ok` as the configs' component, unless ``enabled`` is false.
+
+    With ``split``, ``datalist`` is that split's items. Returns the report, or None when off.
+    """
     if not str2bool(str(enabled)):
         return None
     if split is not None:
@@ -374,9 +364,11 @@ def check_data(datalist: Any, pixel_spacing: Any = None, enabled: bool | str = T
 
 
 def assert_report_ok(report: DataCheckReport, pixel_spacing: float | Sequence[float] | None = None) -> DataCheckReport:
-    """:func:`assert_datalist_ok` for a report already made (such as the one the ranks of a distributed evaluation
-    make together, each reading its share of the files): raise :class:`DataCheckError` if it has a problem, else warn
-    about the images without a pixel spacing when ``pixel_spacing`` is set, and return it."""
+    """:func:`assert_datalist_ok` for a report already made (such as the ranks' of a distributed evaluation).
+
+    Raises:
+        DataCheckError: when the report has a problem.
+    """
     model_spacing = as_pixel_spacing(pixel_spacing)
     if not report.ok:
         raise DataCheckError(report)

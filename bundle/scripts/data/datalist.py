@@ -1,11 +1,9 @@
-"""JSON datalists in MONAI's layout and patient-level splitting.
+"""JSON datalists in MONAI's layout (``{"training": [...], "validation": [...], "test": [...]}``): reading, writing,
+patient splits and their checks.
 
-A datalist is ``{"training": [...], "validation": [...], "test": [...]}``; each item is a dict
-``{"image": path, "label": [benign, malignant], "mask_benign": path?, "mask_malignant": path?,
-"patient_id": str, "laterality": "L"|"R", "view": "CC"|"MLO"|..., "facing": "right"|"left"?}``.
-Paths are relative to the datalist's folder (MONAI's ``load_decathlon_datalist`` resolves them against its
-``base_dir``, by default that folder) or absolute. A missing ``label`` (or ``null``) means unknown (inference
-only); a missing mask key means "not annotated", an all-zero mask means "annotated: no lesion of that class".
+An item is ``{"image", "label": [benign, malignant], "mask_benign"?, "mask_malignant"?, "patient_id", "laterality",
+"view", ...}`` with paths relative to the datalist's folder or absolute. No ``label`` means unknown; no mask key means
+not annotated, an all-zero mask "no lesion of that class". The repository's ``tools/make_datalist.py`` builds them.
 """
 
 from __future__ import annotations
@@ -23,22 +21,6 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import CLASS_NAMES, LesionClass
-from .datalist_parsers import (
-    CSV_FLAVOURS,
-    DATALIST_PARSERS,
-    CsvRowError,
-    register_datalist_parser,
-    unregister_datalist_parser,
-)
-
-# the builders live in datalist_sources.py; re-exported here
-from .datalist_sources import (
-    detect_csv_flavour,
-    items_from_csv,
-    items_from_dicom_dir,
-    items_from_folder,
-    path_for_datalist,
-)
 from .errors import DatalistError
 
 __all__ = [
@@ -53,20 +35,7 @@ __all__ = [
     "normalise_fractions",
     "split_by_patient",
     "check_patient_splits",
-    "CSV_FLAVOURS",
-    "DATALIST_PARSERS",
-    "CsvRowError",
-    "register_datalist_parser",
-    "unregister_datalist_parser",
-    "detect_csv_flavour",
-    "items_from_csv",
-    "items_from_dicom_dir",
-    "items_from_folder",
-    "path_for_datalist",
-    "OFFICIAL_SPLIT_KEY",
-    "split_items",
     "check_split_sizes",
-    "split_choices",
 ]
 
 SPLITS = ("training", "validation", "test")
@@ -74,7 +43,11 @@ PATH_KEYS = ("image", *(f"mask_{cls}" for cls in CLASS_NAMES))
 
 
 def load_datalist(path: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
-    """Read a datalist JSON file: a JSON object whose values are lists of item dicts. Paths stay as written."""
+    """Read a datalist JSON file (an object of lists of items); paths stay as written.
+
+    Raises:
+        DatalistError: naming the file, when it is missing, unreadable, not JSON or not a datalist.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -104,7 +77,7 @@ def _validate_structure(data: Any, where: str) -> None:
 
 
 def save_datalist(datalist: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> Path:
-    """Write ``datalist`` as indented JSON atomically (:func:`~scripts.atomic.atomic_write`); returns the path."""
+    """Write ``datalist`` as indented JSON atomically; returns the path."""
     _validate_structure(datalist, "datalist")
     with atomic_write(path, "w") as f:
         f.write(json.dumps(datalist, indent=2) + "\n")
@@ -182,13 +155,18 @@ def split_by_patient(
 ) -> dict[str, list[dict[str, Any]]]:
     """Split items into training/validation/test so that all items of a patient land in one split.
 
-    ``fractions`` are fractions of patients. With ``stratify`` patients are grouped by their label (any
-    malignant / any benign / normal / unknown) and each group is split in proportion, so positives reach every
-    split when there are enough of them. Allocation is systematic sampling: a group's k patients, in a
-    seeded random order, take the positions (i + u) / k (u one uniform draw per group) on the cumulative
-    fractions, so each split receives its fraction up to one patient per group. With few patients per group that
-    can leave a split with a fraction > 0 empty: it then takes one (seeded) patient from the largest split, as long
-    as that one keeps a patient. Items keep their input order.
+    Each label stratum (any malignant / any benign / normal / unknown, with ``stratify``) is allocated by systematic
+    sampling over the cumulative fractions, so each split gets its fraction up to one patient per stratum; a split asked
+    for that stays empty takes one patient from the largest split. Items keep their input order.
+
+    Args:
+        items: the datalist items.
+        fractions: fractions of patients for (training, validation, test), or a dict by split.
+        seed: seed of the patients' order.
+        stratify: split each label stratum in proportion.
+
+    Returns:
+        ``{split: items}``.
     """
     fr = normalise_fractions(fractions)
     items = [dict(it) for it in items]
@@ -221,7 +199,7 @@ def split_by_patient(
 
 
 def _top_up(assignment: dict[str, str], fr: Mapping[str, float], rng: np.random.Generator) -> None:
-    """Give every split with a fraction > 0 at least one patient, taken from the split with the most (if it has 2+)."""
+    """Give every split with a fraction > 0 one patient from the largest split (if it has 2+), in place."""
     for split in SPLITS:
         members = defaultdict(list)
         for pid in sorted(assignment):
@@ -235,10 +213,10 @@ def _top_up(assignment: dict[str, str], fr: Mapping[str, float], rng: np.random.
 
 
 def check_patient_splits(datalist: Mapping[str, Sequence[Mapping[str, Any]]], raise_error: bool = False) -> list[str]:
-    """Messages naming every patient that appears in more than one split (empty list if none).
+    """Messages naming every patient (an item without ``patient_id`` is its own) in more than one split.
 
-    Items without ``patient_id`` are their own patient (keyed by image path), so an image listed in two splits
-    is reported too. ``raise_error=True`` raises :class:`DatalistError` with all messages instead.
+    Raises:
+        DatalistError: with all messages, when ``raise_error`` and there is any.
     """
     splits_of: dict[str, dict[str, int]] = defaultdict(dict)
     for split, _, item in iter_items(datalist):
@@ -256,49 +234,6 @@ def check_patient_splits(datalist: Mapping[str, Sequence[Mapping[str, Any]]], ra
     return problems
 
 
-OFFICIAL_SPLIT_KEY = "official_split"  # set by archives that publish a test set (CBIS-DDSM, VinDr-Mammo)
-
-
-def split_items(
-    items: Iterable[Mapping[str, Any]],
-    fractions: Sequence[float] | Mapping[str, float] = (0.7, 0.15, 0.15),
-    seed: int = 0,
-    stratify: bool = True,
-    official: bool = True,
-) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
-    """:func:`split_by_patient`, keeping an archive's official test set; returns ``(datalist, notes)``.
-
-    With ``official`` and items carrying ``official_split`` ("training" / "test"), every patient with an item in
-    the official test set goes to ``test`` (all her items: a woman in both sets is moved whole, and the notes say
-    how many), the others are split between training and validation in the ratio of those two fractions; the test
-    fraction is not used. Without official splits (or ``official=False``) this is :func:`split_by_patient`. The
-    ``official_split`` key is removed from the items.
-    """
-    fr = normalise_fractions(fractions)
-    items = [dict(it) for it in items]
-    marks = [it.pop(OFFICIAL_SPLIT_KEY, None) for it in items]
-    if not official or not any(marks):
-        return split_by_patient(items, fr, seed=seed, stratify=stratify), []
-    test_patients = {patient_key(it) for it, mark in zip(items, marks) if mark == "test"}
-    mixed = {patient_key(it) for it, mark in zip(items, marks) if mark != "test"} & test_patients
-    rest = [it for it in items if patient_key(it) not in test_patients]
-    notes = [f"official split kept: {len(test_patients)} patient(s) in the official test set form 'test'"]
-    if mixed:
-        notes.append(
-            f"{len(mixed)} patient(s) have images in both the official training and test sets; all their images "
-            f"are in 'test' so that no woman is in two splits (e.g. {sorted(mixed)[0]})"
-        )
-    train_val = fr["training"] + fr["validation"]
-    if train_val <= 0:
-        raise ValueError(
-            "fractions: training and validation are both 0, but the official split only fixes 'test'; pass "
-            "--no-official-split (official=False) to place every item by --fractions"
-        )
-    out = split_by_patient(rest, (fr["training"] / train_val, fr["validation"] / train_val, 0.0), seed, stratify)
-    out["test"] = [it for it in items if patient_key(it) in test_patients]
-    return out, notes
-
-
 def _patients(items: Sequence[Mapping[str, Any]]) -> int:
     return len({patient_key(it) for it in items if isinstance(it, Mapping)})
 
@@ -306,19 +241,12 @@ def _patients(items: Sequence[Mapping[str, Any]]) -> int:
 def check_split_sizes(
     datalist: Mapping[str, Sequence[Mapping[str, Any]]], fractions: Mapping[str, float] | None = None
 ) -> list[str]:
-    """Splits that would break training, one message each (empty list when none).
-
-    A datalist with training items needs validation items: training without validation selects no model
-    (``model.pt`` is never written and the next stage finds nothing to start from). Given the requested
-    ``fractions``, a split asked for (fraction > 0) that received no patient is reported too.
-    """
+    """Splits that would break training, one message each: training items without validation items (no model would be
+    selected), and, given ``fractions``, a split asked for that received no patient."""
     n = {s: len(datalist.get(s, []) or []) for s in SPLITS}
     patients = {s: _patients(datalist.get(s, []) or []) for s in SPLITS}
     sizes = (
-        " / ".join(f"{s} {patients[s]}" for s in SPLITS)
-        + " patients ("
-        + " / ".join(str(n[s]) for s in SPLITS)
-        + " images)"
+        f"{' / '.join(f'{s} {patients[s]}' for s in SPLITS)} patients ({' / '.join(str(n[s]) for s in SPLITS)} images)"
     )
     problems = []
     if n["training"] and not n["validation"]:
@@ -332,12 +260,3 @@ def check_split_sizes(
         if empty:
             problems.append(f"split(s) {', '.join(empty)} received no patient although their fraction is > 0 ({sizes})")
     return problems
-
-
-def split_choices(n_patients: int) -> str:
-    """The ways out of a refused split, for an error line."""
-    hint = "--fractions 0.5 0.5 0" if n_patients == 2 else "--fractions 0.6 0.2 0.2"
-    return (
-        f"choose other fractions ({hint}; at least one patient per split you ask for), give an external "
-        "validation list (--val-datalist FILE), or add patients"
-    )

@@ -1,11 +1,7 @@
-"""Reading DICOM files with their size traps closed: the header, the image size checked against the cap before any
-pixel is decoded, deflated files inflated in bounded steps, and the pixels through the Modality and VOI LUTs.
+"""DICOM files read with their size traps closed: the image size checked against the cap before any pixel is decoded.
 
-Deflated Explicit VR Little Endian (PS3.5 A.5) compresses the whole dataset after the file meta; pydicom inflates
-it with one zlib.decompress in dcmread, so a few MB can become many GB before any tag is looked at. These files
-are inflated here in chunks instead, reading the image size on the way and stopping at the cap it implies.
-
-Works with pydicom 2.4 and 3.x and numpy 1.26 and 2.x.
+pydicom inflates a Deflated Explicit VR Little Endian file (PS3.5 A.5) in one ``zlib.decompress``, so a few MB can
+become many GB before a tag is read; these files are inflated here in chunks, stopping at the size the header implies.
 """
 
 from __future__ import annotations
@@ -102,10 +98,11 @@ def _skip_value(buf: bytes | bytearray, vr: bytes, start: int, length: int) -> i
 
 
 def _scan_image_header(buf: bytes | bytearray, pos: int, found: dict[str, int]) -> tuple[str, int]:
-    """Walk top-level elements from ``pos`` collecting the image size tags into ``found``.
+    """Walk top-level elements from ``pos``, collecting the image size tags into ``found``.
 
-    Returns ``(status, pos)``: ``"pixels"`` with the offset of the pixel data element, ``"more"`` with the offset of
-    the first element not yet complete in ``buf``, or ``"unparsable"``.
+    Returns:
+        ``("pixels", offset of the pixel data)``, ``("more", offset of the first incomplete element)`` or
+        ``("unparsable", pos)``.
     """
     try:
         while True:
@@ -132,8 +129,7 @@ def _scan_image_header(buf: bytes | bytearray, pos: int, found: dict[str, int]) 
 
 
 def meta_end_and_syntax(path: str | os.PathLike) -> tuple[int, str | None]:
-    """Offset where the dataset starts after the file meta group, and the transfer syntax; (0, None) without a meta
-    group (a bare dataset)."""
+    """Offset where the dataset starts after the file meta group, and the transfer syntax; ``(0, None)`` without one."""
     with open(path, "rb") as f:
         head = f.read(132 + 64 * 1024)  # the file meta group is a few hundred bytes
     pos = 132 if head[128:132] == b"DICM" else 0
@@ -225,8 +221,8 @@ def inflate_dicom(path: str | os.PathLike, header_only: bool, max_pixels: int | 
 def dcmread_capped(
     path: str | os.PathLike, stop_before_pixels: bool, max_pixels: int | None = DEFAULT_MAX_PIXELS
 ) -> pydicom.Dataset:
-    """pydicom's dcmread with its size traps closed: deflated files are inflated with a cap, and the pixel data of
-    other files is read only when accessed (``defer_size``), after the caller has checked Rows x Columns."""
+    """pydicom's ``dcmread`` with its size traps closed: deflated files inflate with a cap, other files' pixel data
+    stays on disk until accessed (``defer_size``), after the caller has checked Rows x Columns."""
     if not Path(path).is_file():
         raise read_error(path, "file not found" if not Path(path).exists() else "not a regular file")
     try:
@@ -263,8 +259,7 @@ def dcmread_capped(
 
 
 def _check_header_values(ds: pydicom.Dataset, path: str | os.PathLike) -> None:
-    """Refuse, in one line naming the file and the tag, a header value the reader would misread
-    (:func:`~scripts.data.header_facts.header_value_problem`)."""
+    """Refuse a header value the reader would misread (:func:`header_value_problem`)."""
     problem = header_value_problem(ds)
     if problem:
         raise read_error(path, problem)
@@ -286,54 +281,58 @@ def _transfer_syntax(ds: pydicom.Dataset) -> str | None:
     return str(syntax) if syntax else None
 
 
-def read_dicom_header(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> dict[str, Any]:
-    """Header fields for building datalists, without decoding pixels.
-
-    Returns:
-        dict with ``filename``, ``patient_id``, ``laterality`` ('L'/'R'/None; tags, PatientOrientation or the text
-        patterns, never the pixels) and ``laterality_source``, ``view`` and ``view_source`` (as
-        :func:`read_mammogram`), ``study_uid``, ``series_uid``, ``sop_uid``, ``rows``, ``cols``, ``frames``,
-        ``modality``, ``body_part`` (BodyPartExamined), ``sop_class``, ``mammography_problem`` (None, or why the
-        reader would refuse it as not a mammogram), ``photometric``, ``spacing`` ((row, col) mm or None) and
-        ``spacing_source`` ('PixelSpacing' / 'ImagerPixelSpacing'); missing tags are None.
-    """
-    ds = dcmread_capped(path, stop_before_pixels=True, max_pixels=max_pixels)
-    _check_header_values(ds, path)
-
-    def opt(keyword: str) -> str | None:
-        return tag_text(ds.get(keyword)) or None
-
+def _header_facts(ds: pydicom.Dataset, path: str | os.PathLike) -> dict[str, Any]:
+    """What the header (and the file name) say of the image, None where they say nothing."""
     laterality, laterality_source = laterality_and_source(ds, path)
     view, view_source = view_and_source(ds, path)
     spacing, spacing_source = dicom_spacing_and_source(ds)
     return {
-        "filename": str(path),
-        "patient_id": opt("PatientID"),
         "laterality": laterality,
         "laterality_source": laterality_source,
         "view": view,
         "view_source": view_source,
-        "study_uid": opt("StudyInstanceUID"),
-        "series_uid": opt("SeriesInstanceUID"),
-        "sop_uid": opt("SOPInstanceUID"),
+        "patient_id": tag_text(ds.get("PatientID")) or None,
+        "spacing": spacing,
+        "spacing_source": spacing_source,
+        "modality": tag_text(ds.get("Modality")).upper() or None,
+        "body_part": tag_text(ds.get("BodyPartExamined")).upper() or None,
+        "photometric": tag_text(ds.get("PhotometricInterpretation")).upper() or None,
+        "study_uid": tag_text(ds.get("StudyInstanceUID")) or None,
+        "series_uid": tag_text(ds.get("SeriesInstanceUID")) or None,
+        "sop_uid": tag_text(ds.get("SOPInstanceUID")) or None,
+    }
+
+
+def read_dicom_header(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> dict[str, Any]:
+    """Header fields for building datalists, without decoding pixels.
+
+    Returns:
+        ``filename``, ``patient_id``, ``laterality`` / ``view`` with their ``*_source`` (never from the pixels),
+        ``study_uid``, ``series_uid``, ``sop_uid``, ``rows``, ``cols``, ``frames``, ``modality``, ``body_part``,
+        ``sop_class``, ``mammography_problem`` (None, or why the reader would refuse it), ``photometric``, ``spacing``
+        and ``spacing_source``; missing tags are None.
+    """
+    ds = dcmread_capped(path, stop_before_pixels=True, max_pixels=max_pixels)
+    _check_header_values(ds, path)
+    return {
+        "filename": str(path),
+        **_header_facts(ds, path),
+        "photometric": tag_text(ds.get("PhotometricInterpretation")) or None,
         "rows": _int_tag(ds, "Rows"),
         "cols": _int_tag(ds, "Columns"),
         "frames": _int_tag(ds, "NumberOfFrames") or 1,
-        "modality": (opt("Modality") or "").upper() or None,
-        "body_part": (opt("BodyPartExamined") or "").upper() or None,
-        "sop_class": opt("SOPClassUID"),
+        "sop_class": tag_text(ds.get("SOPClassUID")) or None,
         "mammography_problem": mammography_problem(
             ds.get("Modality"), ds.get("BodyPartExamined"), ds.get("SOPClassUID")
         ),
-        "photometric": opt("PhotometricInterpretation"),
-        "spacing": spacing,
-        "spacing_source": spacing_source,
     }
 
 
 def _padding_mask(ds: pydicom.Dataset, raw: np.ndarray) -> np.ndarray | None:
-    """Stored pixels that PixelPaddingValue (up to PixelPaddingRangeLimit) marks as outside the image: CR systems
-    pad the unexposed border with it, and a MONOCHROME1 padding of 0 would otherwise invert to a white frame."""
+    """Stored pixels PixelPaddingValue (to PixelPaddingRangeLimit) marks as outside the image, or None.
+
+    A MONOCHROME1 padding of 0 would otherwise invert to a white frame.
+    """
     try:
         value = int(ds.PixelPaddingValue) if "PixelPaddingValue" in ds else None
         limit = int(ds.PixelPaddingRangeLimit) if "PixelPaddingRangeLimit" in ds else None
@@ -406,24 +405,4 @@ def read_dicom(
         if padding is not None:
             arr[padding] = 0  # outside the exposed field: background, whatever value the padding had
         arr = arr.astype(np.float32)
-    laterality, laterality_source = laterality_and_source(ds, path)
-    view, view_source = view_and_source(ds, path)
-    spacing, spacing_source = dicom_spacing_and_source(ds)
-    meta = {
-        "format": "dicom",
-        "laterality": laterality,
-        "laterality_source": laterality_source,
-        "view": view,
-        "view_source": view_source,
-        "patient_id": tag_text(ds.get("PatientID")) or None,
-        "spacing": spacing,
-        "spacing_source": spacing_source,
-        "modality": tag_text(ds.get("Modality")).upper() or None,
-        "body_part": tag_text(ds.get("BodyPartExamined")).upper() or None,
-        "photometric": photometric or None,
-        "study_uid": tag_text(ds.get("StudyInstanceUID")) or None,
-        "series_uid": tag_text(ds.get("SeriesInstanceUID")) or None,
-        "sop_uid": tag_text(ds.get("SOPInstanceUID")) or None,
-        "transfer_syntax": _transfer_syntax(ds),
-    }
-    return arr, meta
+    return arr, {"format": "dicom", **_header_facts(ds, path), "transfer_syntax": _transfer_syntax(ds)}

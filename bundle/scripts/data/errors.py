@@ -1,6 +1,5 @@
-"""What goes wrong with the data, in a module of its own so that every data module raises it without importing the
-others: a file a reader cannot use (and the decoded-size cap every format checks before decoding, the same cap on the
-size an image is resampled to), a datalist or a CSV row that cannot be used."""
+"""The data's errors, in a module every data module imports: unusable files, datalists and CSV rows, and the
+decoded-size cap."""
 
 from __future__ import annotations
 
@@ -22,9 +21,7 @@ __all__ = [
 
 OUT_OF_SCOPE_3D = "tomosynthesis / multi-frame inputs are out of scope (expected one 2-D image)"
 
-# Decoded-size cap: PIL refuses a decompression bomb at 2 x Image.MAX_IMAGE_PIXELS (2 x 89,478,485) pixels; the same
-# figure for every format. The largest full-field mammograms (about 4000 x 5000 / 4096 x 5625 px) are 20-23 million
-# pixels, 8x below it.
+# PIL's decompression-bomb limit (2 x Image.MAX_IMAGE_PIXELS), for every format: 8x the largest full-field mammogram
 DEFAULT_MAX_PIXELS = 178_956_970
 
 
@@ -42,8 +39,7 @@ def read_error(path: str | os.PathLike, problem: str) -> MammogramReadError:
 
 
 def _over_cap(size: Sequence[int], max_pixels: int | None) -> tuple[str, int] | None:
-    """``("H x W", pixels)`` of ``size`` when it holds more than ``max_pixels`` pixels (exact: Python integers), else
-    None."""
+    """``("H x W", pixels)`` of ``size`` when it holds more than ``max_pixels`` pixels, else None."""
     dims = [max(int(s), 0) for s in size]
     pixels = int(np.prod(dims, dtype=object)) if dims else 0
     if max_pixels is None or pixels <= max_pixels:
@@ -52,8 +48,11 @@ def _over_cap(size: Sequence[int], max_pixels: int | None) -> tuple[str, int] | 
 
 
 def check_pixels(path: str | os.PathLike, shape: Sequence[int], max_pixels: int | None) -> None:
-    """Refuse, before any pixel buffer exists, an image whose header states more than ``max_pixels`` pixels; the
-    message names the file, the decoded size, the cap and the option that raises it."""
+    """Refuse, before any pixel buffer exists, an image whose header states more than ``max_pixels`` pixels.
+
+    Raises:
+        MammogramReadError: naming the file, the size, the cap and the option that raises it.
+    """
     over = _over_cap(shape, max_pixels)
     if over is not None:
         dims, pixels = over
@@ -72,9 +71,8 @@ def check_resampled_pixels(
     why: str,
     max_pixels: int | None,
 ) -> None:
-    """Refuse, before the resampled picture exists, resampling an image of ``shape`` to ``size`` when that has more
-    than ``max_pixels`` pixels (the decoded-size cap, applied to what the resampling would allocate): the message names
-    the file, both sizes, ``why`` (the spacings that ask for it), the cap and the option that raises it."""
+    """Refuse resampling an image of ``shape`` to ``size`` (``why``: the spacings that ask for it) when that has more
+    than ``max_pixels`` pixels; the message names the file, both sizes, the cap and the option that raises it."""
     over = _over_cap(size, max_pixels)
     if over is not None:
         dims, pixels = over

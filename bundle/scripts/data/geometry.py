@@ -1,11 +1,5 @@
-"""Facts about a picture's geometry that reading and checking need and the transforms share: its pixel size (the one
-parser of a pixel spacing and its wording, and the range of pixel sizes a mammogram can plausibly have) and the side
-its chest wall is on.
-
-They live here, below the transforms package, because the reader (a laterality no file states is taken from the
-picture) and the data checks (the model's spacing in a warning) need them, while the transforms' pipeline loads
-images with the reader: the transforms import this package, never the other way round.
-"""
+"""A picture's geometry as reading, checking and the transforms need it: the pixel spacing rules and the chest wall's
+side. It sits below the transforms, which load images with the readers, so that both can use it."""
 
 from __future__ import annotations
 
@@ -28,21 +22,19 @@ __all__ = [
     "usable_spacing",
 ]
 
-#: the pixel sizes (mm, both axes) a mammogram can plausibly have, bounds included (docs/preprocessing.md, "Pixel
-#: spacing"): full-field detectors are 0.05-0.1 mm (Fuji 0.05, Hologic 0.07, Siemens 0.085, GE 0.1), digitised films
-#: 0.03-0.2 mm (DDSM 0.042-0.05, MIAS 0.05, mini-MIAS 0.2); 0.02 mm is below the finest digitiser and 1 mm, five
-#: times the coarsest of them, still admits a mammogram downsampled for research. A file stating a size outside it
-#: (20 mm, 1000 mm, 1e-6 mm: the resampling would make a picture of billions of pixels, or of one) is not trusted;
-#: the ``spacing_range`` option widens it.
+#: the pixel sizes (mm, both axes) a mammogram can plausibly have: full-field detectors are 0.05-0.1 mm, digitised
+#: films 0.03-0.2 mm; 1 mm still admits a mammogram downsampled for research (docs/preprocessing.md)
 SPACING_RANGE_MM = (0.02, 1.0)
-#: a pixel size a datalist or a CSV states is below this (mm): a check of what was typed (micrometres, centimetres);
-#: the preprocessing then holds it to ``spacing_range``
+#: a pixel size a datalist or a CSV states is below this (mm): catches micrometres or centimetres typed as mm
 STATED_SPACING_LIMIT_MM = 10.0
 
 
 def as_2d(image: Any, name: str = "image") -> np.ndarray:
-    """``image`` as a 2-D ``(H, W)`` array (a ``(1, H, W)`` channel-first picture loses its channel); ``ValueError``
-    naming ``name`` for any other shape."""
+    """``image`` as an ``(H, W)`` array (a ``(1, H, W)`` picture loses its channel).
+
+    Raises:
+        ValueError: naming ``name``, for any other shape.
+    """
     arr = np.asarray(image)
     if arr.ndim == 3 and arr.shape[0] == 1:
         arr = arr[0]
@@ -52,10 +44,9 @@ def as_2d(image: Any, name: str = "image") -> np.ndarray:
 
 
 def chest_wall_side(image: Any) -> str:
-    """``"left"`` or ``"right"``: the half of the image with more tissue (intensity above the minimum).
+    """``"left"`` or ``"right"``: the half of the image with more tissue (ties go left).
 
-    A breast is widest at the chest wall and tapers to the nipple, so the chest-wall half holds more
-    tissue whatever the view. Ties go to ``"left"``.
+    A breast is widest at the chest wall, so that half holds more tissue whatever the view.
     """
     arr = as_2d(image).astype(np.float64)
     arr = arr - arr.min()
@@ -66,10 +57,11 @@ def chest_wall_side(image: Any) -> str:
 
 
 def as_pixel_spacing(value: Any) -> tuple[float, float] | None:
-    """``(row, col)`` mm from a number (isotropic) or two numbers; None for None / ``"null"`` / ``"none"`` / ``""``
-    (unknown). Raises ``ValueError`` for anything else, e.g. zero, negative, a bool, one or three values. The one
-    parser of a pixel spacing: the model setting (``GLAM(pixel_spacing=...)``), the data checks and the spacing
-    transforms use it."""
+    """``(row, col)`` mm from a number (isotropic) or two numbers; None for None / ``"null"`` / ``"none"`` / ``""``.
+
+    Raises:
+        ValueError: for anything else, e.g. zero, negative, a bool, one or three values.
+    """
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
     scalar = isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
@@ -93,8 +85,11 @@ def format_spacing(spacing: Sequence[float]) -> str:
 
 
 def as_spacing_range(value: Any, name: str = "spacing_range") -> tuple[float, float]:
-    """``(low, high)`` mm from two numbers with ``0 < low <= high``, both finite; None: :data:`SPACING_RANGE_MM`.
-    Raises a ``ValueError`` naming ``name`` for anything else."""
+    """``(low, high)`` mm from two finite numbers with ``0 < low <= high``; None gives :data:`SPACING_RANGE_MM`.
+
+    Raises:
+        ValueError: naming ``name``, for anything else.
+    """
     if value is None:
         return SPACING_RANGE_MM
     try:
@@ -109,13 +104,11 @@ def as_spacing_range(value: Any, name: str = "spacing_range") -> tuple[float, fl
 
 
 def usable_spacing(value: Any, spacing_range: Sequence[float] | None = None) -> tuple[float, float] | None:
-    """``(row, col)`` mm when ``value`` holds two finite positive numbers and, given ``spacing_range``, both lie in it
-    (:func:`spacing_in_range`); None otherwise (None, NaN, zero, negative, one or three numbers).
+    """``(row, col)`` mm when ``value`` holds two finite positive numbers, inside ``spacing_range`` when given; else
+    None.
 
-    The one rule for whether a pixel spacing can be used (tests/test_owners.py keeps it the only one): the readers
-    ask it of a header's spacing, the spacing transforms of the one an image's metadata states, the inference of the
-    one its map files state, the label app of its NRRD files' spacing, and :func:`as_pixel_spacing` refuses what it
-    refuses."""
+    The one rule for whether a pixel spacing can be used (tests/test_owners.py keeps it the only one).
+    """
     if value is None:
         return None
     flat = np.asarray(convert_to_numpy(value, wrap_sequence=True), dtype=np.float64).reshape(-1)
@@ -126,15 +119,14 @@ def usable_spacing(value: Any, spacing_range: Sequence[float] | None = None) -> 
 
 
 def stated_spacing_ok(numbers: Sequence[Any]) -> bool:
-    """Whether ``numbers`` are a pixel spacing a datalist or a CSV may state: one (isotropic) or two (row, col) real
-    numbers (not bools), each 0 < mm < :data:`STATED_SPACING_LIMIT_MM`."""
+    """Whether ``numbers`` are a spacing a datalist or a CSV may state: one or two real numbers, each 0 < mm <
+    :data:`STATED_SPACING_LIMIT_MM`."""
     return len(numbers) in (1, 2) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < STATED_SPACING_LIMIT_MM for v in numbers
     )
 
 
 def spacing_in_range(spacing: Sequence[float], spacing_range: Sequence[float] = SPACING_RANGE_MM) -> bool:
-    """Whether both of ``spacing``'s (row, col) mm lie in ``spacing_range`` (bounds included): the one comparison
-    of a spacing with ``spacing_range`` (:func:`usable_spacing` with a range asks it)."""
+    """Whether both of ``spacing``'s (row, col) mm lie in ``spacing_range``, bounds included."""
     low, high = (float(v) for v in spacing_range)
     return all(low <= float(s) <= high for s in spacing)

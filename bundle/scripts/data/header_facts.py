@@ -1,9 +1,7 @@
-"""What a mammogram's header and name say about it: view, laterality, pixel spacing, and whether it is a mammogram.
+"""What a mammogram's header and name say: view, laterality, pixel spacing, and whether it is a mammogram.
 
-Each value comes with its source, so that a reader can state per image where it came from (docs/preprocessing.md,
-"Readers and formats"): the DICOM tags first (ViewPosition / ViewCodeSequence, ImageLaterality / Laterality /
-FrameLaterality, PixelSpacing / ImagerPixelSpacing), then PatientOrientation, then the naming patterns of known
-archives in SeriesDescription, ProtocolName, PatientID and the file name, matched as whole tokens.
+Each value comes with its source: the DICOM tags first, then PatientOrientation, then known archives' naming patterns in
+SeriesDescription, ProtocolName, PatientID and the file name.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,8 @@ from .geometry import usable_spacing
 
 __all__ = [
     "MAMMOGRAPHY_SOP_CLASSES",
+    "CbisCase",
+    "cbis_patient_id",
     "dicom_laterality",
     "dicom_spacing_and_source",
     "dicom_view",
@@ -29,9 +30,9 @@ __all__ = [
     "laterality_and_source",
     "mammography_problem",
     "orientation_view_laterality",
+    "parse_case_folder",
     "tag_text",
     "text_view_laterality",
-    "valid_spacing",
     "view_and_source",
 ]
 
@@ -82,10 +83,8 @@ def dicom_laterality(ds: pydicom.Dataset) -> str | None:
 
 
 def dicom_view(ds: pydicom.Dataset) -> str | None:
-    """View code (``'CC'``, ``'MLO'``, ``'ML'``, ...) from ViewPosition or ViewCodeSequence, else None.
-
-    An unrecognised ViewCodeSequence meaning is returned as written.
-    """
+    """View code (``'CC'``, ``'MLO'``, ...) from ViewPosition or ViewCodeSequence (an unknown meaning as written),
+    else None."""
     position = tag_text(ds.get("ViewPosition")).upper()
     if position:
         return position
@@ -103,8 +102,8 @@ def dicom_view(ds: pydicom.Dataset) -> str | None:
 
 
 def _multi(value: Any) -> list[str]:
-    """A DICOM value as a list of its values' texts: pydicom gives a MultiValue for several values, a number (DSfloat,
-    IS, int) or a str for one, and bytes or a backslash-separated str for values it could not convert."""
+    """A DICOM value as the list of its values' texts (a MultiValue, a number, a str, or bytes pydicom could not
+    convert)."""
     if value is None:
         return []
     if isinstance(value, (str, bytes)):
@@ -116,22 +115,17 @@ def _multi(value: Any) -> list[str]:
 
 
 def orientation_view_laterality(patient_orientation: Any) -> tuple[str | None, str | None]:
-    """View and laterality implied by PatientOrientation (0020,0020), ``(None, None)`` where it implies nothing.
+    """View and laterality implied by PatientOrientation (0020,0020), None for what it does not imply.
 
-    The two values are the directions of the rows (first pixel to last of a row) and of the columns, in the letters
-    A/P, R/L, H/F (PS3.3 C.7.6.1.1.1). In a mammogram one axis runs along the anterior-posterior line (chest wall to
-    nipple) and the other tells the projection (PS3.3 C.8.11.7, the mammography orientation conventions):
+    One axis of a mammogram runs anterior-posterior; the other is purely R/L for a CC, R/L with F/H for an MLO and
+    purely F/H for a lateral view (``"ML"``; ML and LM are not told apart), PS3.3 C.8.11.7. For an oblique, F+R or H+L
+    is a left breast whatever the mirroring; a CC is left for ``A\\R``, right for ``P\\L``, and ambiguous otherwise.
 
-    - the other axis purely R/L: cranio-caudal (``"CC"``): ``A\\R`` L-CC, ``P\\L`` R-CC;
-    - R/L combined with F/H (the oblique foot component): ``"MLO"``: ``A\\FR`` L-MLO, ``P\\FL`` R-MLO;
-    - purely F/H: a 90-degree lateral view, returned as ``"ML"`` (ML and LM are not told apart; both take the MLO
-      window rule).
+    Args:
+        patient_orientation: the tag's value (two values of the letters A/P, R/L, H/F).
 
-    Laterality: for an oblique the column direction's R/L component is set by the anatomy (down the image is
-    inferior-medial, i.e. towards the patient's right for a left breast), so F+R or H+L is a left breast, F+L or
-    H+R a right one, however the image was mirrored. For CC only the two conventions together decide (lateral side at
-    the top, and a left breast's chest wall on the left as the detector stores it): ``A\\R`` left, ``P\\L`` right;
-    ``A\\L`` and ``P\\R`` (a mirrored or upside-down CC) are ambiguous and give no laterality; nor do lateral views.
+    Returns:
+        ``(view, laterality)``, each None when not implied.
     """
     values = [v.upper() for v in _multi(patient_orientation)]
     if len(values) != 2 or any(not v or set(v) - set("APRLHF") for v in values):
@@ -165,13 +159,13 @@ _TEXT_COMPACT = re.compile(r"^([LR])(CC|MLO|ML|LM|XCCL|XCCM)$")
 
 
 def text_view_laterality(text: Any) -> tuple[str | None, str | None]:
-    """View and laterality stated by a free-text name, ``(None, None)`` when it states none or contradicts itself.
+    """View and laterality a free-text name states, None for what it does not state or contradicts.
 
-    The text is split at every character that is not a letter or digit and only whole tokens count: a view code
-    (``CC``, ``MLO``, ``ML``, ``LM``, ``XCCL``, ``XCCM``), ``LEFT`` / ``RIGHT`` anywhere, ``L`` / ``R`` only next
-    to a view code (``"L CC"``, ``"R_MLO"``, ``"MLO-R"``), or both in one token (``LCC``, ``RMLO``). So CBIS-DDSM's
-    ``Mass-Test_P_00173_LEFT_MLO`` and INbreast's ``..._MG_R_CC_ANON`` are read; ``CCTV`` or ``LEFTOVER`` are not.
-    Case is ignored.
+    Only whole tokens (split at non-alphanumerics, any case) count: a view code, ``LEFT`` / ``RIGHT``, ``L`` / ``R``
+    next to a view code, or both in one token (``RMLO``), so ``Mass-Test_P_00173_LEFT_MLO`` is read and ``CCTV`` is not.
+
+    Returns:
+        ``(view, laterality)``.
     """
     tokens = [t for t in re.split(r"[^A-Z0-9]+", tag_text(text).upper()) if t]
     views: set[str] = set()
@@ -190,6 +184,45 @@ def text_view_laterality(text: Any) -> tuple[str | None, str | None]:
     return (views.pop() if len(views) == 1 else None), (sides.pop() if len(sides) == 1 else None)
 
 
+# Mass-Training_P_00001_LEFT_CC, Calc-Test_P_00038_RIGHT_MLO_2 (the _2: abnormality 2's ROI folder)
+_CASE = re.compile(
+    r"^(?P<collection>(?:mass|calc)-(?:training|test))_(?P<patient>p_\d+)_(?P<side>left|right)_(?P<view>cc|mlo)"
+    r"(?:_(?P<abnormality>\d+))?$",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True)
+class CbisCase:
+    """What a CBIS-DDSM case folder name says."""
+
+    collection: str  # "Mass-Training", "Calc-Test", ...
+    patient: str  # "P_00173"
+    laterality: str  # "L" / "R"
+    view: str  # "CC" / "MLO"
+    abnormality: int | None  # the ROI folders' suffix
+
+    @property
+    def official_split(self) -> str:
+        return "test" if self.collection.lower().endswith("test") else "training"
+
+
+def parse_case_folder(name: str) -> CbisCase | None:
+    """The fields of a case folder name (``Mass-Test_P_00173_LEFT_CC[_1]``), None for any other name."""
+    m = _CASE.match(str(name).strip())
+    if m is None:
+        return None
+    collection = "-".join(part.capitalize() for part in m["collection"].split("-"))
+    abnormality = int(m["abnormality"]) if m["abnormality"] else None
+    return CbisCase(collection, m["patient"].upper(), m["side"][0].upper(), m["view"].upper(), abnormality)
+
+
+def cbis_patient_id(patient_id: str | None) -> str | None:
+    """``P_00173`` for a CBIS-DDSM per-view PatientID, None for other ids, so that a woman's views share one split."""
+    case = parse_case_folder(patient_id or "")
+    return None if case is None else case.patient
+
+
 def file_suffix(path: str | os.PathLike) -> str:
     """The lower-case suffix that decides a file's format, ``.nii.gz`` counted as one."""
     name = str(path).lower()
@@ -201,15 +234,19 @@ def _file_stem(path: str | os.PathLike) -> str:
     return name[: -len(file_suffix(path))] if file_suffix(path) and name.lower().endswith(file_suffix(path)) else name
 
 
-def _text_sources(ds: pydicom.Dataset | None, path: str | os.PathLike) -> list[tuple[str, Any]]:
-    """Free-text places that may name the view / side, in order of trust."""
-    sources = [] if ds is None else [(k, ds.get(k)) for k in ("SeriesDescription", "ProtocolName", "PatientID")]
-    return [*sources, ("filename", _file_stem(path))]
+def _from_text(ds: pydicom.Dataset | None, path: str | os.PathLike, index: int) -> tuple[str | None, str | None]:
+    """Item ``index`` of :func:`text_view_laterality` from SeriesDescription, ProtocolName, PatientID or the file name,
+    the first that states it, with its source."""
+    texts = [] if ds is None else [(k, ds.get(k)) for k in ("SeriesDescription", "ProtocolName", "PatientID")]
+    for source, text in [*texts, ("filename", _file_stem(path))]:
+        value = text_view_laterality(text)[index]
+        if value:
+            return value, source
+    return None, None
 
 
 def view_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tuple[str | None, str | None]:
-    """``(view, view_source)``: ViewPosition, ViewCodeSequence, PatientOrientation, then the SeriesDescription,
-    ProtocolName, PatientID and file name patterns of :func:`text_view_laterality`; ``(None, None)`` if none."""
+    """``(view, view_source)``: ViewPosition, ViewCodeSequence, PatientOrientation, then the text patterns."""
     if ds is not None:
         if tag_text(ds.get("ViewPosition")):
             return dicom_view(ds), "ViewPosition"
@@ -219,17 +256,12 @@ def view_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tupl
         view = orientation_view_laterality(ds.get("PatientOrientation"))[0]
         if view:
             return view, "PatientOrientation"
-    for source, text in _text_sources(ds, path):
-        view = text_view_laterality(text)[0]
-        if view:
-            return view, source
-    return None, None
+    return _from_text(ds, path, 0)
 
 
 def laterality_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tuple[str | None, str | None]:
-    """``(laterality, laterality_source)`` from the file alone: ImageLaterality / Laterality / FrameLaterality
-    (``"dicom"``), PatientOrientation, then the SeriesDescription, ProtocolName, PatientID and file name patterns;
-    ``(None, None)`` if none (the image-based guess is :func:`read_mammogram`'s)."""
+    """``(laterality, laterality_source)`` from the tags (``"dicom"``), PatientOrientation, then the text patterns;
+    ``(None, None)`` if none (the pixel-based guess is the reader's)."""
     if ds is not None:
         laterality = dicom_laterality(ds)
         if laterality:
@@ -237,28 +269,14 @@ def laterality_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -
         laterality = orientation_view_laterality(ds.get("PatientOrientation"))[1]
         if laterality:
             return laterality, "PatientOrientation"
-    for source, text in _text_sources(ds, path):
-        laterality = text_view_laterality(text)[1]
-        if laterality:
-            return laterality, source
-    return None, None
-
-
-def valid_spacing(row: float, col: float) -> tuple[float, float] | None:
-    """(row, col) mm when both are positive finite numbers; None (unknown) otherwise, e.g. the zeros some exporters
-    write."""
-    return usable_spacing((row, col))
+    return _from_text(ds, path, 1)
 
 
 def dicom_spacing_and_source(ds: pydicom.Dataset) -> tuple[tuple[float, float] | None, str | None]:
-    """((row, col) mm, tag) from PixelSpacing, else ImagerPixelSpacing; (None, None) when neither holds two positive
-    numbers.
+    """``((row, col) mm, tag)`` from PixelSpacing, else ImagerPixelSpacing; ``(None, None)`` when neither is usable.
 
-    PS3.3 (10.7.1.3, C.8.11.7): in projection radiography ImagerPixelSpacing is measured at the detector's front
-    plane, and PixelSpacing, when present, is calibrated to the patient (for mammography, ImagerPixelSpacing divided
-    by EstimatedRadiographicMagnificationFactor, or a calibration): the standard's precedence is PixelSpacing. When
-    only ImagerPixelSpacing is present it is used as it is, not divided by the magnification factor (about 1.1 in
-    contact mammography): the archives the models learn from state detector-plane spacing.
+    ImagerPixelSpacing is used as it is, not divided by the magnification factor: the archives the models learn from
+    state detector-plane spacing.
     """
     for keyword in ("PixelSpacing", "ImagerPixelSpacing"):
         value = ds.get(keyword)
@@ -267,7 +285,7 @@ def dicom_spacing_and_source(ds: pydicom.Dataset) -> tuple[tuple[float, float] |
                 row, col = (float(v) for v in _multi(value))
             except (TypeError, ValueError):
                 continue
-            spacing = valid_spacing(row, col)
+            spacing = usable_spacing((row, col))
             if spacing is not None:
                 return spacing, keyword
     return None, None
@@ -283,40 +301,25 @@ def _is_number(text: str, whole: bool = False) -> bool:
 
 # keyword -> (how many values, "number" / "whole" / "text", what the message says the tag must be); the tags the
 # readers take a value of, with the multiplicity the standard gives them (0: one or more)
+_SPACING = (2, "number", "two numbers (row\\column spacing in mm)")
+_WHOLE = (1, "whole", "one whole number")
+_TEXT = (1, "text", "one value")
 _HEADER_VALUES = {
-    "PixelSpacing": (2, "number", "two numbers (row\\column spacing in mm)"),
-    "ImagerPixelSpacing": (2, "number", "two numbers (row\\column spacing in mm)"),
-    "Rows": (1, "whole", "one whole number"),
-    "Columns": (1, "whole", "one whole number"),
-    "NumberOfFrames": (1, "whole", "one whole number"),
-    "SamplesPerPixel": (1, "whole", "one whole number"),
-    "BitsAllocated": (1, "whole", "one whole number"),
-    "BitsStored": (1, "whole", "one whole number"),
-    "HighBit": (1, "whole", "one whole number"),
-    "PixelRepresentation": (1, "whole", "one whole number"),
-    "PixelPaddingValue": (1, "whole", "one whole number"),
-    "PixelPaddingRangeLimit": (1, "whole", "one whole number"),
-    "RescaleSlope": (1, "number", "one number"),
-    "RescaleIntercept": (1, "number", "one number"),
-    "WindowCenter": (0, "number", "numbers"),
-    "WindowWidth": (0, "number", "numbers"),
-    "PhotometricInterpretation": (1, "text", "one value"),
-    "Modality": (1, "text", "one value"),
-    "BodyPartExamined": (1, "text", "one value"),
-    "ViewPosition": (1, "text", "one value"),
-    "ImageLaterality": (1, "text", "one value"),
-    "Laterality": (1, "text", "one value"),
-    "PatientID": (1, "text", "one value"),
+    **dict.fromkeys(("PixelSpacing", "ImagerPixelSpacing"), _SPACING),
+    **dict.fromkeys(("Rows", "Columns", "NumberOfFrames", "SamplesPerPixel", "BitsAllocated", "BitsStored"), _WHOLE),
+    **dict.fromkeys(("HighBit", "PixelRepresentation", "PixelPaddingValue", "PixelPaddingRangeLimit"), _WHOLE),
+    **dict.fromkeys(("RescaleSlope", "RescaleIntercept"), (1, "number", "one number")),
+    **dict.fromkeys(("WindowCenter", "WindowWidth"), (0, "number", "numbers")),
+    **dict.fromkeys(("PhotometricInterpretation", "Modality", "BodyPartExamined", "ViewPosition"), _TEXT),
+    **dict.fromkeys(("ImageLaterality", "Laterality", "PatientID"), _TEXT),
 }
 
 
 def header_value_problem(ds: pydicom.Dataset) -> str | None:
-    """Why a header value the readers take cannot be read as the standard states it, or None.
+    """Why a header value the readers take does not have the form the standard gives it, or None.
 
-    A tag that is absent or empty is not a problem (it states nothing). One that holds another number of values
-    (one PixelSpacing value, two Rows, two ImageLaterality values) or text where a number belongs is named with its
-    keyword, its tag and the value as written, e.g. ``"PixelSpacing (0028,0030) must be two numbers (row\\column
-    spacing in mm), got '0.07'"``: read otherwise it would be a guess or a Python error without the tag's name.
+    Absent or empty tags state nothing; a wrong number of values or text where a number belongs is named with the
+    keyword, tag and value, since reading it otherwise would be a guess.
     """
     for keyword, (count, kind, expected) in _HEADER_VALUES.items():
         if keyword not in ds:
@@ -339,12 +342,10 @@ def header_value_problem(ds: pydicom.Dataset) -> str | None:
 
 
 def mammography_problem(modality: Any, body_part: Any, sop_class: Any = None) -> str | None:
-    """Why a DICOM is not a mammogram, or None when it is one (or cannot be told).
+    """Why a DICOM is not a mammogram, or None when it is one or cannot be told.
 
-    Accepted: Modality MG; any Modality with BodyPartExamined BREAST (CR mammography systems write Modality CR) or a
-    Digital Mammography SOP class; files that state neither a Modality nor a BodyPartExamined (many anonymising
-    exports drop both). Refused: everything else, e.g. a CR chest radiograph, a CT slice, or a file without Modality
-    whose BodyPartExamined is CHEST.
+    Accepted: Modality MG, BodyPartExamined BREAST (CR systems write Modality CR), a Digital Mammography SOP class, or
+    neither Modality nor BodyPartExamined (anonymised exports drop both).
     """
     modality, body_part, sop_class = tag_text(modality).upper(), tag_text(body_part).upper(), tag_text(sop_class)
     if modality == "MG" or sop_class in MAMMOGRAPHY_SOP_CLASSES:

@@ -1,28 +1,9 @@
-"""Loading of 2-D mammograms and lesion masks from DICOM, PNG/TIFF, NIfTI, MHA/MHD and NRRD.
+"""2-D mammograms and lesion masks from DICOM, PNG/TIFF/JPEG, NIfTI, MHA/MHD and NRRD, as ``(H, W)`` arrays as
+displayed.
 
-Array convention of the whole project: an image is ``(H, W)`` as displayed — rows top-to-bottom, columns
-left-to-right — and ``(1, H, W)`` (channel first) once loaded through MONAI. Every format lands there:
-
-- DICOM: ``Rows x Columns`` as stored (pydicom's ``pixel_array``);
-- PNG/TIFF/JPEG: the picture's rows (MONAI's ``PILReader`` with ``reverse_indexing=False``);
-- MHA/MHD (ITK) and NRRD: ITK index ``[x, y]`` is ``[column, row]``, as ITK, 3D Slicer and MONAI's writers store
-  a picture (``ITKReader(reverse_indexing=True)``; NRRD through pynrrd with ``index_order="C"``);
-- NIfTI: voxel axis ``i`` is the column and ``j`` the row, the same x-first layout (what ITK, SimpleITK and
-  MONAI's ``SaveImage`` write from a displayed picture), so the data array is transposed. No reorientation by
-  the affine is done: mammograms carry no patient-space frame that the model relies on.
-
-DICOM pixels go through the Modality LUT (or rescale slope/intercept), then the VOI LUT or window when present
-(``apply_voi``), then MONOCHROME1 is inverted as ``max - x`` so dense tissue is bright and the (saturated)
-background becomes 0, which the authors' crop (pixels > 0) needs; PixelPaddingValue pixels become 0 too. Compressed
-transfer syntaxes decode through pydicom's plugins (pylibjpeg, pylibjpeg-libjpeg, pylibjpeg-openjpeg, pylibjpeg-rle).
-
-Every image states where its view, laterality and spacing came from (``view_source``, ``laterality_source``,
-``spacing_source``: the tags, PatientOrientation, archive naming patterns, the pixels), and its ``modality`` and
-``body_part``. DICOMs that are not mammograms are refused unless ``accept_non_mammography``; every format's header
-size is checked against ``max_pixels`` before pixels are decoded, and deflated DICOMs are inflated with a cap
-(docs/preprocessing.md, "Readers and formats").
-
-Works with pydicom 2.4 and 3.x and numpy 1.26 and 2.x.
+ITK, NRRD and NIfTI store a picture x (column) first, so their arrays are transposed to rows first. DICOM pixels go
+through the Modality LUT, the VOI LUT / window, then MONOCHROME1 inversion (``max - x``) so that the background is 0,
+which the breast crop (pixels > 0) needs.
 """
 
 from __future__ import annotations
@@ -42,7 +23,7 @@ from monai.utils import ensure_tuple
 from .dicom_files import read_dicom as _read_dicom
 from .dicom_files import read_dicom_header
 from .errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
-from .geometry import chest_wall_side
+from .geometry import chest_wall_side, spacing_in_range, usable_spacing
 from .header_facts import (
     MAMMOGRAPHY_SOP_CLASSES,
     dicom_laterality,
@@ -51,7 +32,6 @@ from .header_facts import (
     mammography_problem,
     orientation_view_laterality,
     text_view_laterality,
-    valid_spacing,
     view_and_source,
 )
 from .header_facts import file_suffix as _suffix
@@ -83,19 +63,16 @@ NRRD_SUFFIXES = (".nrrd",)
 SUPPORTED_SUFFIXES = DICOM_SUFFIXES + PIL_SUFFIXES + NIFTI_SUFFIXES + ITK_SUFFIXES + NRRD_SUFFIXES
 
 GRAYSCALE_PIL_MODES = frozenset({"1", "L", "I", "F", "I;16", "I;16L", "I;16B", "I;16N"})
-#: the plausible pixel sizes of a mammogram, mm (a stated spacing outside them says nothing of the file's extent)
-_PLAUSIBLE_SPACING_MM = (0.02, 1.0)
 # an image whose long side times this is under the model window's is a thumbnail; likewise in mm, with this
 _THUMBNAIL_FACTOR, _EXTENT_FRACTION = 5, 3
 
 
 class NotAMammogram(MammogramReadError):
-    """An input that is skipped because it is not a mammogram: no image at all, a binary image (a lesion mask), or
-    one too small to hold a breast at the model's scale (a thumbnail). Inference lists it in errors.csv, not scored."""
+    """A skipped input that is not a mammogram: a binary image (a mask) or a thumbnail; inference lists it, unscored."""
 
 
 def not_a_mammogram(path: str | os.PathLike, problem: str) -> NotAMammogram:
-    """The :class:`NotAMammogram` of ``path``: ``"<path>: skipped, not a mammogram: <problem>"``."""
+    """The :class:`NotAMammogram` of ``path``."""
     return NotAMammogram(f"{path}: skipped, not a mammogram: {problem}", path=path, problem=problem)
 
 
@@ -107,12 +84,16 @@ def pixel_kind_problem(
 ) -> str | None:
     """Why the pixels ``arr`` (H, W) are not a mammogram, or None.
 
-    An X-ray has hundreds to thousands of grey levels (8- to 16-bit): an image of at most two values is a mask or a
-    drawing. A mammogram is 1000 px and more on its long side at 0.05-0.2 mm (18 x 24 cm detectors and larger), and
-    a model's ``window`` (rows, cols) at its ``model_spacing`` (mm) holds a whole breast: an image whose long side is
-    under a fifth of the window's (its breast would be enlarged more than 5 times), or, when the file states a
-    plausible ``spacing`` (row, col mm) and the model has one, covers under a third of the window's long side in mm,
-    is a thumbnail or a detail (None: not checked)."""
+    Args:
+        arr: the image.
+        spacing: the (row, col) mm the file states, or None.
+        window: the model's window (rows, cols); None skips the thumbnail rules.
+        model_spacing: the model's pixel spacing in mm, or None.
+
+    Returns:
+        None, or the reason: at most two grey levels (a mask or a drawing), a long side under a fifth of the window's,
+        or, with a plausible stated spacing, under a third of the window's extent in mm (a thumbnail or a detail).
+    """
     lo, hi = float(arr.min()), float(arr.max())
     if not np.any((arr != lo) & (arr != hi)):
         values = f"{lo:g}" if lo == hi else f"{lo:g} and {hi:g}"
@@ -126,8 +107,7 @@ def pixel_kind_problem(
             f"{rows} x {cols} px: its long side is under a fifth of the model's {window_long} px window (the breast "
             f"would be enlarged more than {_THUMBNAIL_FACTOR} times): a thumbnail"
         )
-    low, high = _PLAUSIBLE_SPACING_MM
-    stated = spacing is not None and len(spacing) == 2 and all(low <= float(s) <= high for s in spacing)
+    stated = spacing is not None and len(spacing) == 2 and spacing_in_range(spacing)
     if model_spacing is not None and stated:
         long_mm = max(rows * float(spacing[0]), cols * float(spacing[1]))
         window_mm = window_long * float(model_spacing)
@@ -158,13 +138,8 @@ def _sniff_format(path: str | os.PathLike) -> str | None:
 
 def _format_of(path: str | os.PathLike) -> str:
     suffix = _suffix(path)
-    for fmt, suffixes in (
-        ("dicom", DICOM_SUFFIXES),
-        ("pil", PIL_SUFFIXES),
-        ("nifti", NIFTI_SUFFIXES),
-        ("itk", ITK_SUFFIXES),
-        ("nrrd", NRRD_SUFFIXES),
-    ):
+    formats = {"dicom": DICOM_SUFFIXES, "pil": PIL_SUFFIXES, "nifti": NIFTI_SUFFIXES, "itk": ITK_SUFFIXES}
+    for fmt, suffixes in {**formats, "nrrd": NRRD_SUFFIXES}.items():
         if suffix in suffixes:
             return fmt
     sniffed = _sniff_format(path)
@@ -176,15 +151,12 @@ def _format_of(path: str | os.PathLike) -> str:
 
 
 def file_format(path: str | os.PathLike) -> str | None:
-    """The reader a file goes to: ``"dicom"``, ``"pil"``, ``"nifti"``, ``"itk"`` or ``"nrrd"``, by its suffix, else by
-    its first bytes; None for a file of neither (what the MONAI Label app checks headers by)."""
+    """The reader a file goes to (``"dicom"``, ``"pil"``, ``"nifti"``, ``"itk"``, ``"nrrd"``) by suffix, else by its
+    first bytes; None for neither."""
     try:
         return _format_of(path)
     except MammogramReadError:
         return None
-
-
-# ------------------------------------------------------------------------------------------ other formats
 
 
 def _squeeze_to_2d(path: str | os.PathLike, arr: np.ndarray, channel_axis: int | None = None) -> np.ndarray:
@@ -199,36 +171,23 @@ def _squeeze_to_2d(path: str | os.PathLike, arr: np.ndarray, channel_axis: int |
     return arr
 
 
-def _affine_4x4(affine: np.ndarray | None) -> np.ndarray | None:
-    """2-D readers give 3x3 (ITK, NRRD) or 4x4 (NIfTI) affines; MONAI's 2-D convention is 4x4."""
-    return None if affine is None else to_affine_nd(3, np.asarray(affine, dtype=np.float64))
-
-
-def _swap_xy(affine: np.ndarray | None) -> np.ndarray | None:
-    """Affine of a transposed 2-D array: the first two voxel axes swap."""
-    if affine is None:
-        return None
-    out = np.array(_affine_4x4(affine), dtype=np.float64, copy=True)
-    out[:, [0, 1]] = out[:, [1, 0]]
-    return out
-
-
-def _spacing_from_affine(affine: np.ndarray | None) -> tuple[float, float] | None:
-    if affine is None:
-        return None
-    a = np.asarray(affine, dtype=np.float64)
-    rank = a.shape[0] - 1
-    return valid_spacing(np.linalg.norm(a[:rank, 0]), np.linalg.norm(a[:rank, 1]))
+def _affine_meta(fmt: str, affine: np.ndarray | None) -> dict[str, Any]:
+    """Format, 4x4 affine and (row, col) spacing of an x-first 2-D image whose array was transposed."""
+    spacing = None
+    if affine is not None:
+        affine = np.array(to_affine_nd(3, np.asarray(affine, dtype=np.float64)), dtype=np.float64, copy=True)
+        affine[:, [0, 1]] = affine[:, [1, 0]]  # the first two voxel axes swap
+        spacing = usable_spacing((np.linalg.norm(affine[:3, 0]), np.linalg.norm(affine[:3, 1])))
+    return {"format": fmt, "affine": affine, "spacing": spacing, "spacing_source": "affine" if spacing else None}
 
 
 def _png_spacing(img: Any) -> tuple[float, float] | None:
-    """(row, col) mm from a PNG's pHYs chunk in pixels per metre (PIL reports it as dpi, ``px * 0.0254``); None when
-    absent, in unknown units, or 72 / 96 dpi: image editors write those by default, they say nothing of a detector."""
+    """(row, col) mm from a PNG's pHYs chunk; None when absent or 72 / 96 dpi, the defaults of image editors."""
     dpi = img.info.get("dpi") if img.format == "PNG" else None
     ppm = [round(float(v) / 0.0254) for v in dpi] if dpi and len(dpi) == 2 else []
     if len(ppm) != 2 or min(ppm) < 1 or set(ppm) <= {2835, 3780}:
         return None
-    return valid_spacing(1000.0 / ppm[1], 1000.0 / ppm[0])  # pHYs is x (columns) first
+    return usable_spacing((1000.0 / ppm[1], 1000.0 / ppm[0]))  # pHYs is x (columns) first
 
 
 def _read_pil(path: str | os.PathLike, max_pixels: int | None) -> tuple[np.ndarray, dict[str, Any]]:
@@ -275,19 +234,11 @@ def _read_nifti(path: str | os.PathLike, max_pixels: int | None) -> tuple[np.nda
         raise
     except Exception as err:
         raise read_error(path, f"not a readable NIfTI file ({type(err).__name__}: {err})") from err
-    arr = _squeeze_to_2d(path, np.asarray(arr))
-    affine = _swap_xy(header.get("affine"))
-    spacing = _spacing_from_affine(affine)
-    return arr.T, {
-        "format": "nifti",
-        "affine": affine,
-        "spacing": spacing,
-        "spacing_source": "affine" if spacing else None,
-    }
+    return _squeeze_to_2d(path, np.asarray(arr)).T, _affine_meta("nifti", header.get("affine"))
 
 
 def _metaimage_dims(path: str | os.PathLike) -> list[int] | None:
-    """DimSize of a MetaImage (.mha/.mhd) from its text header, None when absent or unreadable (ITK then decides)."""
+    """DimSize of a MetaImage text header, None when absent or unreadable (ITK then decides)."""
     try:
         with open(path, "rb") as f:
             head = f.read(64 * 1024)
@@ -322,10 +273,7 @@ def _read_itk(path: str | os.PathLike, max_pixels: int | None) -> tuple[np.ndarr
         raise
     except Exception as err:
         raise read_error(path, f"not a readable ITK image ({type(err).__name__}: {err})") from err
-    arr = _squeeze_to_2d(path, np.asarray(arr))
-    affine = _swap_xy(header.get("affine"))
-    spacing = _spacing_from_affine(affine)
-    return arr, {"format": "itk", "affine": affine, "spacing": spacing, "spacing_source": "affine" if spacing else None}
+    return _squeeze_to_2d(path, np.asarray(arr)), _affine_meta("itk", header.get("affine"))
 
 
 def _read_nrrd(path: str | os.PathLike, max_pixels: int | None) -> tuple[np.ndarray, dict[str, Any]]:
@@ -345,10 +293,10 @@ def _read_nrrd(path: str | os.PathLike, max_pixels: int | None) -> tuple[np.ndar
     if directions is not None:
         vectors = [np.asarray(v, dtype=np.float64) for v in directions if v is not None and np.all(np.isfinite(v))]
         if len(vectors) >= 2:  # header order is x (column) first
-            spacing = valid_spacing(np.linalg.norm(vectors[1]), np.linalg.norm(vectors[0]))
+            spacing = usable_spacing((np.linalg.norm(vectors[1]), np.linalg.norm(vectors[0])))
     elif header.get("spacings") is not None and len(header["spacings"]) >= 2:
         sx, sy = (float(v) for v in header["spacings"][:2])
-        spacing = valid_spacing(sy, sx)
+        spacing = usable_spacing((sy, sx))
     return arr, {"format": "nrrd", "spacing": spacing, "spacing_source": "nrrd" if spacing else None}
 
 
@@ -362,7 +310,7 @@ def _load(
     accept_non_mammography: bool = False,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """The (H, W) float32 array and the public metadata (None for unknown values)."""
+    """The (H, W) float32 array and the metadata of :func:`read_mammogram`."""
     if not Path(path).exists():
         raise read_error(path, "file not found")
     if not Path(path).is_file():
@@ -379,16 +327,8 @@ def _load(
                 raise read_error(path, f"truncated or corrupt file ({type(err).__name__}: {err})") from err
             laterality, laterality_source = laterality_and_source(None, path)
             view, view_source = view_and_source(None, path)
-            meta.update(
-                laterality=laterality,
-                laterality_source=laterality_source,
-                view=view,
-                view_source=view_source,
-                patient_id=None,
-                photometric=None,
-                modality=None,
-                body_part=None,
-            )
+            meta.update(laterality=laterality, laterality_source=laterality_source, view=view, view_source=view_source)
+            meta.update(dict.fromkeys(("patient_id", "photometric", "modality", "body_part")))
     except MemoryError as err:
         raise read_error(
             path, f"out of memory reading the image (its decoded-size cap is max_pixels={max_pixels})"
@@ -422,31 +362,23 @@ def read_mammogram(
     """Read one 2-D mammogram or mask in any supported format.
 
     Args:
-        path: file to read (suffix decides the format; DICOM/PNG/TIFF/NRRD without a suffix are sniffed).
+        path: file to read; the suffix decides the format, DICOM/PNG/TIFF/NRRD without one are sniffed.
         mask: read a mask: raw stored values (no LUTs, no inversion), no laterality inference, all-zero allowed.
         apply_voi: apply a DICOM VOI LUT or window when present.
-        infer_laterality: when neither the tags, PatientOrientation nor the text patterns state the laterality,
-            infer it from the side of the chest wall (``laterality_source`` says ``"image"``).
+        infer_laterality: when the file states no laterality, take it from the chest wall's side (``laterality_source``
+            ``"image"``).
         allow_empty: accept an all-zero array (default: only for masks).
-        accept_non_mammography: read DICOMs that are not mammograms (see :func:`mammography_problem`); masks are
-            never refused for their modality.
-        max_pixels: decoded-size cap, checked from the header before any pixel buffer exists (DICOM Rows x Columns x
-            frames, NIfTI / MetaImage / NRRD dimensions, PIL's size); default :data:`DEFAULT_MAX_PIXELS`, PIL's
-            decompression-bomb limit; None: no cap.
+        accept_non_mammography: read DICOMs that are not mammograms (:func:`mammography_problem`).
+        max_pixels: decoded-size cap, checked from the header before any pixel buffer exists; None: no cap.
 
     Returns:
-        ``(array, meta)``: array ``(H, W)`` float32; meta with ``filename``, ``format``, ``shape``, ``laterality``
-        ('L'/'R'/None) and ``laterality_source`` ('dicom', 'PatientOrientation', 'SeriesDescription',
-        'ProtocolName', 'PatientID', 'filename', 'image' or None), ``view`` ('CC'/'MLO'/other/None) and
-        ``view_source`` ('ViewPosition', 'ViewCodeSequence', 'PatientOrientation', 'SeriesDescription',
-        'ProtocolName', 'PatientID', 'filename' or None), ``patient_id``, ``spacing`` ((row, col) mm or None) and
-        ``spacing_source`` ('PixelSpacing', 'ImagerPixelSpacing', 'affine' (NIfTI / ITK), 'nrrd', 'pHYs' or None),
-        ``modality`` and ``body_part`` (DICOM Modality / BodyPartExamined, upper case; None when absent or not
-        DICOM), ``photometric`` (DICOM only, else None), and for DICOM the study/series/SOP UIDs and transfer syntax.
+        ``(array, meta)``: the ``(H, W)`` float32 array; meta with ``filename``, ``format``, ``shape``, ``laterality``,
+        ``view``, ``spacing`` ((row, col) mm) each with its ``*_source``, ``patient_id``, ``modality``, ``body_part``,
+        ``photometric`` (None when unknown), and for DICOM the study/series/SOP UIDs and transfer syntax.
 
     Raises:
-        MammogramReadError: missing, unreadable, truncated, non-grayscale, multi-frame/3-D, all-zero, not a mammogram
-        or larger than ``max_pixels``.
+        MammogramReadError: missing, unreadable, truncated, not grayscale, multi-frame/3-D, all-zero, not a mammogram or
+            larger than ``max_pixels``.
     """
     return _load(
         path,
@@ -460,37 +392,30 @@ def read_mammogram(
 
 
 class _Pending:
-    """What :meth:`MammogramReader.read` hands to ``get_data``: decoding is deferred so that errors surface
-    from ``get_data``, which MONAI's LoadImage does not swallow (it retries other readers after ``read``)."""
+    """A file for ``get_data`` to decode: MONAI's LoadImage tries other readers when ``read`` fails, not
+    ``get_data``."""
 
     def __init__(self, path: str):
         self.path = path
 
 
 class MammogramReader(ImageReader):
-    """MONAI ``ImageReader`` for 2-D mammograms and masks in every supported format, in the ``(1, H, W)``
-    convention.
+    """MONAI ``ImageReader`` of 2-D mammograms and masks in every supported format, as ``(1, H, W)``.
 
-    Use it with ``LoadImaged(keys, reader=MammogramReader())`` (in a bundle config
-    ``"reader": {"_target_": "scripts.data.readers.MammogramReader"}``). The data comes back channel-first,
-    ``(1, H, W)``, with ``original_channel_dim = 0`` so ``ensure_channel_first`` is a no-op either way.
-    Metadata (``MetaTensor.meta``): ``filename``, ``format``, ``laterality`` ('L'/'R'/''),
-    ``laterality_source``, ``view`` ('' if unknown), ``view_source``, ``patient_id``, ``photometric``,
-    ``spacing`` ((row, col) mm, NaN if unknown), ``spacing_source``, ``modality``, ``body_part``, ``spatial_shape``
-    (H, W), ``affine``; the values are :func:`read_mammogram`'s, with ``''`` instead of None so that batches collate.
+    Metadata are :func:`read_mammogram`'s with ``''`` (NaN for the spacing) for unknown values so that batches collate,
+    plus ``spatial_shape`` and ``affine``.
 
     Args:
         mask: read masks (raw values, all-zero allowed, no laterality inference, no modality check).
         apply_voi: apply a DICOM VOI LUT / window when present.
         infer_laterality: infer laterality from the image when the file states none.
         allow_empty: accept all-zero arrays (default: only for masks).
-        accept_non_mammography: read DICOMs that are not mammograms (default: refused with the reason).
-        max_pixels: decoded-size cap in pixels (default :data:`DEFAULT_MAX_PIXELS`; None: no cap).
-        kind_checks: refuse images whose pixels are not a mammogram's (:func:`pixel_kind_problem`: a binary image;
-            with ``window``, a thumbnail) with :class:`NotAMammogram`; inference's reader does, where a folder may
-            hold masks and previews beside the films.
-        window, model_spacing: the model's window (rows, cols) and pixel spacing (mm; None: unknown) that the
-            thumbnail rule of ``kind_checks`` measures an image against.
+        accept_non_mammography: read DICOMs that are not mammograms.
+        max_pixels: decoded-size cap in pixels; None: no cap.
+        kind_checks: refuse images whose pixels are not a mammogram's (:func:`pixel_kind_problem`) with
+            :class:`NotAMammogram`.
+        window: the model's window (rows, cols) for the thumbnail rule.
+        model_spacing: the model's pixel spacing (mm) for the thumbnail rule; None: unknown.
     """
 
     def __init__(
@@ -517,7 +442,7 @@ class MammogramReader(ImageReader):
         self.model_spacing = None if model_spacing is None else float(np.mean(ensure_tuple(model_spacing)))
 
     def verify_suffix(self, filename: Sequence[str | os.PathLike] | str | os.PathLike) -> bool:
-        """Known suffixes, and suffix-less files (DICOM folders export those), are accepted."""
+        """Known suffixes and suffix-less files (DICOM exports) are accepted."""
         return all(_suffix(f) in SUPPORTED_SUFFIXES or _suffix(f) == "" for f in ensure_tuple(filename))
 
     def read(self, data: Sequence[str | os.PathLike] | str | os.PathLike, **kwargs: Any) -> _Pending:
@@ -545,22 +470,10 @@ class MammogramReader(ImageReader):
         if affine is None:
             sr, sc = spacing if spacing else (1.0, 1.0)
             affine = np.diag([sr, sc, 1.0, 1.0])
-        out = {
-            "filename": meta["filename"],
-            "format": meta["format"],
-            "laterality": meta["laterality"] or "",
-            "laterality_source": meta["laterality_source"] or "",
-            "view": meta["view"] or "",
-            "view_source": meta["view_source"] or "",
-            "patient_id": meta["patient_id"] or "",
-            "photometric": meta["photometric"] or "",
-            "spacing": np.asarray(spacing if spacing else (np.nan, np.nan), dtype=np.float64),
-            "spacing_source": meta["spacing_source"] or "",
-            "modality": meta["modality"] or "",
-            "body_part": meta["body_part"] or "",
-            "affine": np.asarray(affine, dtype=np.float64),
-            "original_affine": np.asarray(affine, dtype=np.float64),
-            "spatial_shape": np.asarray(arr.shape),
-            "original_channel_dim": 0,
-        }
+        texts = ("filename", "format", "laterality", "laterality_source", "view", "view_source", "patient_id")
+        out = {k: meta[k] or "" for k in (*texts, "photometric")}
+        out["spacing"] = np.asarray(spacing if spacing else (np.nan, np.nan), dtype=np.float64)
+        out.update({k: meta[k] or "" for k in ("spacing_source", "modality", "body_part")})
+        out.update(affine=np.asarray(affine, dtype=np.float64), original_affine=np.asarray(affine, dtype=np.float64))
+        out.update(spatial_shape=np.asarray(arr.shape), original_channel_dim=0)
         return arr[None], out

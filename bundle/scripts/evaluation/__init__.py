@@ -1,7 +1,4 @@
-"""Evaluation of a trained GLAM on a labelled split with the paper's metrics: ``configs/evaluate.yaml``.
-
-The submodules are imported here so that a config expression can name them after ``$import scripts.evaluation``.
-"""
+"""Evaluation of a trained GLAM on a labelled split with the paper's metrics (``configs/evaluate.yaml``)."""
 
 from . import files, metrics, report
 

@@ -1,6 +1,4 @@
-"""What the evaluation report (:class:`~scripts.evaluation.report.MetricsReport`) writes and prints: the per-image
-CSV and the summary JSON (:func:`write_report_files`), the images it could not score (:func:`write_unscored`), and
-the summary as a plain-text table in the layout of the paper's Table 1 (:func:`format_table`)."""
+"""The evaluation report's files (per-image CSV, summary JSON, ``unscored.csv``) and its text table."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ def write_report_files(
     csv_path: str | os.PathLike,
     json_path: str | os.PathLike,
 ) -> None:
-    """``csv_path``: one line per row (the columns of the first row); ``json_path``: the summary, indented, with
-    no NaN (undefined values are already None). Both written atomically."""
+    """Write ``rows`` to ``csv_path`` and ``summary`` (no NaN) to ``json_path``, atomically."""
     with atomic_write(csv_path, "w") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
@@ -33,8 +30,8 @@ def write_report_files(
 
 
 def write_unscored(entries: Sequence[Mapping[str, str]], path: str | os.PathLike) -> None:
-    """``path``: one line per image the evaluation could not score (columns ``image``, ``reason``), the header alone
-    when it scored every image (so that no earlier run's list is left beside a new report); written atomically."""
+    """Write the unscored images (``image``, ``reason``) to ``path`` atomically; the header alone when none, so that
+    no earlier run's list is left beside a new report."""
     with atomic_write(path, "w") as f:
         writer = csv.DictWriter(f, fieldnames=["image", "reason"], lineterminator="\n")
         writer.writeheader()
@@ -54,7 +51,6 @@ _GROUPS: tuple[tuple[str, Callable[[Mapping[str, Any], Mapping[str, Any], str], 
     ("dataset-level PxAP", lambda summary, s, c: _fmt(s[c]["pxap_dataset"])),
     ("pointing game", lambda summary, s, c: _fmt(s[c].get("pointing_game"))),
     ("FROC at 1 FP/image", lambda summary, s, c: _fmt(s[c].get("froc", {}).get("1"))),
-    # of y_global, so the same on every row
     ("classification AUC", lambda summary, s, c: _fmt(summary["classification_auc"][c])),
     ("breast AUC", lambda summary, s, c: _fmt(summary.get("breast_auc", {}).get(c))),
 )
@@ -62,7 +58,6 @@ _SEPARATOR = "  "
 
 
 def _paper_order(classes: Sequence[str]) -> list[str]:
-    # the paper lists malignant before benign
     return sorted(classes, key=lambda c: (c != LesionClass.MALIGNANT, c != LesionClass.BENIGN))
 
 
@@ -74,7 +69,7 @@ def _span(widths: Sequence[int], group: int, n_classes: int) -> int:
 
 def _column_widths(lines: Sequence[Sequence[str]], n_classes: int) -> list[int]:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    # a group title spans its class columns: a longer title widens the group's last column
+    # a longer group title widens the group's last column
     for g, (title, _) in enumerate(_GROUPS):
         span = _span(widths, g, n_classes)
         if len(title) > span:
@@ -92,7 +87,6 @@ def _group_line(widths: Sequence[int], n_classes: int) -> str:
 
 
 def _heading(summary: Mapping[str, Any], order: Sequence[str]) -> list[str]:
-    """What was evaluated: split, image count, stage, checkpoint, lesion and label counts."""
     title = f"GLAM evaluation: {summary.get('split', 'split')} split, {summary['n_images']} images"
     if summary.get("n_unscored"):
         title += (
@@ -118,10 +112,7 @@ def _heading(summary: Mapping[str, Any], order: Sequence[str]) -> list[str]:
 
 
 def format_table(summary: Mapping[str, Any]) -> str:
-    """The summary as plain text in the paper's Table 1 layout: one row per map, per class (malignant first, as
-    the paper) Dice mean +/- std, image-level PxAP mean +/- std, dataset-level PxAP, pointing game, the FROC's lesion
-    sensitivity at 1 false positive per image, and the classification AUC per image and per breast (of ``y_global``,
-    so the same on every row)."""
+    """The summary as plain text in the layout of the paper's Table 1: one row per map, malignant first."""
     order = _paper_order(list(summary["classes"]))
     header = ["", *(c for _ in _GROUPS for c in order)]
     body = [

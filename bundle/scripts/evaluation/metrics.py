@@ -1,21 +1,5 @@
-"""The numbers of the evaluation report (:class:`~scripts.evaluation.report.MetricsReport`): collecting them per
-image through the validation's metric handlers, gathering them across ranks, and turning them into the per-image
-rows and the summary.
-
-- :class:`ReportMetrics` attaches, per map, the bundle's Ignite metric handlers (the classes train.yaml's
-  ``validate#metrics`` uses: :class:`~scripts.handlers.SoftDice`, :class:`~scripts.handlers.PxAP`,
-  :class:`~scripts.handlers.PointingGame`, and :class:`~scripts.handlers.FROC`) with ``save_details=True``, so
-  that, as in validation, each publishes its value in ``engine.state.metrics`` and its (N, C) per-image values,
-  gathered across ranks, in ``engine.state.metric_details`` (what ``monai.handlers.MetricsSaver`` reads); plus one
-  ``ROCAUCMetric`` for the image-level scores and, per image, the breast it belongs to. When the epoch completes
-  (:meth:`ReportMetrics.classify`) it computes the image-level and the breast-level AUC
-  (:func:`~scripts.metrics.breasts.breast_auc`) and publishes them in ``engine.state.metrics``
-  (``classification_auc_<class>``, ``breast_auc_<class>``: what MLflow logs); at the end
-  (:meth:`ReportMetrics.gather`, collective under DDP) it reads the handlers' details, adds the dataset-level PxAP of
-  the pooled histograms and the FROC sensitivities, into a :class:`GatheredMetrics` on the CPU;
-- :func:`per_image_rows` and :func:`report_summary` build the CSV rows and the JSON summary from it, without
-  collective calls.
-"""
+"""The numbers of the evaluation report: collected per image through the validation's metric handlers, gathered
+across ranks (:class:`ReportMetrics`), and turned into the per-image rows and the summary."""
 
 from __future__ import annotations
 
@@ -40,26 +24,17 @@ from ..metrics.breasts import breast_auc, breast_key
 
 __all__ = ["MAP_STATS", "map_handlers", "ReportMetrics", "GatheredMetrics", "per_image_rows", "report_summary"]
 
-# the warnings keep the name of the module that computed them before it had its own (log filters use it)
+# log filters match the report's logger name
 logger = logging.getLogger(f"{__package__}.report")
 
 #: summary entries per map and class, in the order of the paper's Table 1
-MAP_STATS = (
-    "dice_mean",
-    "dice_std",
-    "pxap_image_mean",
-    "pxap_image_std",
-    "pxap_dataset",
-    "pointing_game",
-    "peak_on_border",
-)
+MAP_STATS = tuple("dice_mean dice_std pxap_image_mean pxap_image_std pxap_dataset pointing_game peak_on_border".split())
 
 #: the metric handlers of one map, by the suffix of their name (``<map>_<suffix>`` in ``engine.state.metrics``)
 HANDLER_SUFFIXES = ("dice", "pxap", "hit", "border", "froc")
 
 
 def _decollated(output: Any) -> list[Mapping[str, Any]]:
-    """The evaluator's output as a list of per-image dicts (one dict is one image)."""
     return [output] if isinstance(output, Mapping) else list(output)
 
 
@@ -74,13 +49,8 @@ def map_handlers(
     froc_tolerance: float = 0.0,
     froc_max_candidates: int = 20,
 ) -> dict[str, PxAP | SoftDice | PointingGame | FROC]:
-    """The metric handlers of one map, by :data:`HANDLER_SUFFIXES`: soft Dice, PxAP (per-image APs plus the pooled
-    histograms of the dataset level: memory does not grow with the split), pointing-game hits and peaks on the
-    image border, each keeping its (N, C) per-image values (``save_details=True``), and the lesion-level FROC
-    (binned counts: memory does not grow either; its details are the images' lesion counts).
-
-    Built like train.yaml's ``validate#metrics`` (``class_index=None``: the published value is the mean over the
-    classes with a lesion image); the report reads the per-class numbers from the details."""
+    """The metric handlers of one map by :data:`HANDLER_SUFFIXES`, as train.yaml's ``validate#metrics`` builds
+    them: soft Dice, PxAP, pointing-game hits, peaks on the border and the FROC."""
 
     def transform(output: Any) -> tuple[list[Any], list[Any]]:
         return from_engine([map_key, mask_key])(_decollated(output))
@@ -88,7 +58,6 @@ def map_handlers(
     return {
         "dice": SoftDice(output_transform=transform, check_values=check_values),
         "pxap": PxAP(level="dataset", step=pxap_step, output_transform=transform, check_values=check_values),
-        # the range checks of the Dice already ran on these maps
         "hit": PointingGame(tolerance=pointing_tolerance, output_transform=transform, check_values=False),
         "border": PointingGame(border=peak_border, measure="border", output_transform=transform, check_values=False),
         "froc": FROC(
@@ -103,35 +72,28 @@ def map_handlers(
 
 @dataclass
 class GatheredMetrics:
-    """Everything the report is made of, from every rank, on the CPU (rows in rank order)."""
+    """Everything the report is made of, from every rank, on the CPU (rows in rank order; per-image lists (N, C))."""
 
-    #: the maps reported, in row order
     maps: list[str]
     paths: list[str]
-    #: (N, C) image-level scores and labels
     scores: list[list[float]]
     labels: list[list[float]]
-    #: map -> (N, C) soft Dice, image-level PxAP, pointing-game hit
+    #: map -> (soft Dice, image-level PxAP, pointing-game hit)
     per_image: dict[str, tuple[list[list[float]], list[list[float]], list[list[float]]]]
-    #: per class: images with a lesion of the class (a defined Dice)
+    #: per class: images with a lesion of the class
     n_lesion: list[int]
-    #: per class: classification AUC of the scores (NaN where a class has one label value)
     auc: list[float]
-    #: map -> :data:`MAP_STATS` -> per class (and ``"froc"`` -> per class, the sensitivity at each FROC rate)
+    #: map -> :data:`MAP_STATS` and ``"froc"`` -> per class
     map_stats: dict[str, dict[str, list[Any]]]
-    #: :func:`~scripts.metrics.breasts.breast_auc`'s result: per class AUC over breasts, number of breasts, images
-    #: without a patient or a laterality
+    #: :func:`~scripts.metrics.breasts.breast_auc`'s result
     breast: dict[str, Any]
-    #: per class: lesions (connected components of the masks) over the split, what the FROC's sensitivity counts
+    #: per class: lesions over the split
     n_lesions: list[int]
-    #: the false-positive rates of the FROC sensitivities
     froc_rates: tuple[float, ...]
 
 
 def _batch_path(batch_item: Any, output_item: Any, image_key: str) -> str:
-    """The image file of one decollated item: the batch's ``image_path`` (the cached chains record it, since their
-    cached images carry no metadata), else the ``meta["filename_or_obj"]`` of the batch's or the output's
-    ``image_key``; empty when none has one."""
+    """The image file of one decollated item: the batch's ``image_path``, else its ``filename_or_obj``; or ``""``."""
     if isinstance(batch_item, Mapping) and batch_item.get("image_path"):
         return str(batch_item["image_path"])
     for item in (batch_item, output_item):
@@ -145,9 +107,7 @@ def _batch_path(batch_item: Any, output_item: Any, image_key: str) -> str:
 def _map_stats(
     details: Mapping[str, torch.Tensor], dataset_pxap: torch.Tensor, froc: torch.Tensor
 ) -> dict[str, list[Any]]:
-    """:data:`MAP_STATS` -> one value per class (NaN where no image has a lesion of the class), from one map's
-    per-image details (the same reductions as the metrics' ``aggregate``) and its dataset-level PxAP; ``"froc"`` ->
-    per class the sensitivities at the FROC rates (``froc``: (C, rates))."""
+    """:data:`MAP_STATS` and ``"froc"`` -> per-class values of one map, from its per-image details."""
     stats = {
         "dice_mean": nan_reduce(details["dice"], "mean"),
         "dice_std": nan_reduce(details["dice"], "std"),
@@ -162,57 +122,39 @@ def _map_stats(
 
 
 def _path_key(path: Any) -> str:
-    """An image path as the report matches it to a datalist item (absolute, normalised)."""
     return os.path.normpath(os.path.abspath(str(path))) if path else ""
 
 
 def _key_text(key: tuple | None) -> str:
-    """A breast key as text, for the ranks' string gather ("" for none)."""
+    """A breast key as text for the ranks' string gather (``""`` for none)."""
     return "" if key is None else json.dumps(list(key))
 
 
 class ReportMetrics:
-    """Collects the report's per-image values, iteration by iteration, through the bundle's metric handlers.
+    """Collects one evaluation's per-image values through the metric handlers, which the first update attaches.
 
-    One object per evaluation (:meth:`MetricsReport.reset <scripts.evaluation.report.MetricsReport.reset>` makes a
-    fresh one, after :meth:`detach` of the previous one). The set of maps is fixed by the first update (it depends
-    on the model's stage); that update attaches the maps' handlers to the engine under ``<map>_<suffix>`` names.
-    Args as :class:`~scripts.evaluation.report.MetricsReport`.
+    Args:
+        class_names: one name per channel.
+        maps: the maps to report, where present in the outputs.
+        keys: the image, mask, score and label keys of the decollated items.
+        items: the evaluated datalist items, which name each image's breast.
+        handler_args: the keyword arguments of :func:`map_handlers` after the keys.
     """
 
     def __init__(
         self,
         class_names: Sequence[str],
         maps: Sequence[str],
-        pxap_step: float,
-        pointing_tolerance: float,
-        peak_border: float,
-        check_values: bool,
-        image_key: str,
-        mask_key: str,
-        score_key: str,
-        label_key: str,
-        froc_radius: int = 8,
-        froc_tolerance: float = 0.0,
-        froc_max_candidates: int = 20,
+        keys: Sequence[str],
         items: Sequence[Mapping[str, Any]] | None = None,
+        **handler_args: Any,
     ) -> None:
         self.class_names = list(class_names)
         self.maps = list(maps)
-        self._handler_args = dict(
-            pxap_step=pxap_step,
-            pointing_tolerance=pointing_tolerance,
-            peak_border=peak_border,
-            check_values=check_values,
-            froc_radius=froc_radius,
-            froc_tolerance=froc_tolerance,
-            froc_max_candidates=froc_max_candidates,
-        )
-        #: image path -> breast key, from the evaluated datalist items (their patient_id, laterality, study)
+        self._handler_args = handler_args
         self.breast_of = {_path_key(it.get("image")): breast_key(it) for it in items or () if isinstance(it, Mapping)}
-        self.image_key, self.mask_key, self.score_key, self.label_key = image_key, mask_key, score_key, label_key
+        self.image_key, self.mask_key, self.score_key, self.label_key = keys
         self.present: list[str] | None = None
-        #: map -> suffix -> handler, attached to the engine by the first update
         self.handlers: dict[str, dict[str, PxAP | SoftDice | PointingGame | FROC]] = {}
         self.auc = ROCAUCMetric(average="none")
         self.paths: list[str] = []
@@ -221,7 +163,7 @@ class ReportMetrics:
         self._engine: Engine | None = None
 
     def update(self, engine: Engine) -> None:
-        """Add one iteration: the engine's decollated outputs, with the paths of its decollated batch."""
+        """Add one iteration's decollated outputs and their image paths."""
         outputs = _decollated(engine.state.output)
         if not outputs:
             return
@@ -234,8 +176,7 @@ class ReportMetrics:
         self.keys.extend(_key_text(self._breast(b, p)) for b, p in zip(batch, paths))
 
     def _breast(self, batch_item: Any, path: str) -> tuple | None:
-        """The image's breast: from the batch item where it carries patient_id and laterality, else from the datalist
-        item of its file; None (a breast of its own) when neither states both."""
+        """The image's breast key, from the batch item or the datalist item of its file; None: a breast of its own."""
         key = breast_key(batch_item) if isinstance(batch_item, Mapping) else None
         return key if key is not None else self.breast_of.get(_path_key(path))
 
@@ -248,11 +189,10 @@ class ReportMetrics:
                 )
 
     def _fix_maps(self, engine: Engine, output: Mapping[str, Any]) -> None:
-        """The first update picks the maps present and attaches their handlers, later ones must have the same.
+        """The first update picks the maps present and attaches their handlers; later ones must have the same.
 
-        The handlers are attached while the engine fires ITERATION_COMPLETED: Ignite runs the handlers of an event
-        from its live list, so they take this first iteration too (:meth:`gather` checks that every handler saw
-        every image)."""
+        Ignite runs an event's handlers from its live list, so handlers attached here take this iteration too.
+        """
         present = [m for m in self.maps if m in output]
         if self.present is None:
             if not present:
@@ -267,7 +207,7 @@ class ReportMetrics:
             raise ValueError(f"MetricsReport: maps changed within an evaluation ({self.present} -> {present})")
 
     def detach(self) -> None:
-        """Take the handlers off the engine (a new evaluation attaches its own)."""
+        """Take the handlers off the engine."""
         if self._engine is not None:
             for handlers in self.handlers.values():
                 for handler in handlers.values():
@@ -285,15 +225,12 @@ class ReportMetrics:
         return scores, labels
 
     def classify(self, engine: Engine) -> dict[str, Any]:
-        """The image-level and breast-level AUC per class, from every rank, published in ``engine.state.metrics``
-        as ``classification_auc_<class>`` and ``breast_auc_<class>`` (defined values only) when the epoch completes,
-        so that the handlers logging the epoch's metrics after the report (MLflow) log them. Collective under DDP:
-        runs on every rank, once per evaluation (:meth:`gather` reuses it)."""
+        """The image- and breast-level AUC per class, published in ``engine.state.metrics`` for the handlers that log
+        the epoch after the report (MLflow); collective, once per evaluation."""
         if self.classified is not None:
             return self.classified
         if self.present is None:
             raise ValueError("MetricsReport: no image was evaluated (empty split?)")
-        # the same collective calls, in the same order, on every rank
         paths = string_list_all_gather(self.paths)
         keys = [tuple(json.loads(k)) if k else None for k in string_list_all_gather(self.keys)]
         y_score, y_label = self.auc.get_buffer()
@@ -314,15 +251,13 @@ class ReportMetrics:
         return self.classified
 
     def gather(self, engine: Engine) -> GatheredMetrics:
-        """Everything collected, from every rank, after the handlers completed (their ``EPOCH_COMPLETED`` put the
-        gathered per-image values in ``engine.state.metric_details``). Collective under DDP: call it on every rank."""
+        """Everything collected, from every rank, once the handlers completed; collective."""
         if self.present is None:
             raise ValueError("MetricsReport: no image was evaluated (empty split?)")
         details = {
             m: {suffix: engine.state.metric_details[f"{m}_{suffix}"] for suffix in HANDLER_SUFFIXES}
             for m in self.present
         }
-        # the same collective calls, in the same order, on every rank
         classified = self.classify(engine)
         paths, y_score, y_label, auc = (classified[k] for k in ("paths", "y_score", "y_label", "auc"))
         map_stats = {
@@ -355,7 +290,7 @@ class ReportMetrics:
         )
 
     def _aggregate_auc(self) -> list[float]:
-        with warnings.catch_warnings(record=True) as caught:  # a class with one label value: AUC is NaN
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             auc = [float(v) for v in self.auc.aggregate(average="none")]
         for w in caught:
@@ -364,31 +299,27 @@ class ReportMetrics:
 
 
 def _number(value: float) -> float | None:
-    """JSON has no NaN: undefined values become null."""
     value = float(value)
     return None if math.isnan(value) else value
 
 
 def _rate(rate: float) -> str:
-    """A false-positive rate as a metrics.json key: 0.25 -> "0.25", 1.0 -> "1"."""
+    """A false-positive rate as a metrics.json key: 1.0 -> "1"."""
     return f"{float(rate):g}"
 
 
 def _cell(value: float) -> str:
-    """CSV cell: shortest round-trip repr, empty where undefined."""
     value = float(value)
     return "" if math.isnan(value) else repr(value)
 
 
 def _label_cell(value: float) -> str:
-    """CSV cell of a label: an integer when it is one (0/1), else as :func:`_cell`."""
     value = float(value)
     return str(int(value)) if value.is_integer() else _cell(value)
 
 
 def per_image_rows(gathered: GatheredMetrics, class_names: Sequence[str]) -> list[dict[str, str]]:
-    """One CSV row per image: its path, labels, ``y_global``, then per map and class soft Dice, image-level PxAP
-    and the pointing-game hit (1/0); empty where undefined (the image has no lesion of that class)."""
+    """One CSV row per image: path, labels, ``y_global``, then per map and class Dice, PxAP and pointing-game hit."""
     rows = []
     for n, path in enumerate(gathered.paths):
         row = {"image": path}
@@ -409,12 +340,8 @@ def report_summary(
     settings: Mapping[str, Any],
     n_unscored: int = 0,
 ) -> dict[str, Any]:
-    """The summary (``metrics.json``): ``info``, counts (``n_images`` the images scored, ``n_unscored`` those left
-    out: every count and number is over the scored ones), per class the classification AUC and the breast-level AUC
-    (with the numbers of breasts and of images without a patient or laterality), per map and class the
-    :data:`MAP_STATS` and ``"froc"`` (the sensitivity at each false-positive rate, keyed ``"0.25"`` ... ``"4"``),
-    then ``settings`` (what the numbers depend on: PxAP step, tolerances, the CSV's name). Undefined values are
-    None."""
+    """The summary (``metrics.json``): ``info``, counts, per-class AUCs, per map and class :data:`MAP_STATS` and the
+    FROC, then ``settings``; undefined values are None."""
     names = list(class_names)
     n_positive = [int(sum(1 for row in gathered.labels if row[i] >= 0.5)) for i in range(len(names))]
     return {

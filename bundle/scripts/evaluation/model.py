@@ -28,7 +28,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..networks.glam import GLAM, GLAM_DEFAULTS
+from ..networks.glam import GLAM_DEFAULTS
 from ..networks.glam_settings import GLAMSettings
 from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, INFERENCE_CHOSEN, inference_settings
 from ..networks.settings import SETTINGS_KEY, decode_settings, read_checkpoint_settings
@@ -38,8 +38,6 @@ __all__ = [
     "checkpoint_record",
     "command_line_names",
     "evaluation_settings",
-    "evaluation_network",
-    "model_setting",
 ]
 
 logger = logging.getLogger(__name__)
@@ -120,17 +118,3 @@ def evaluation_settings(
         "; ".join(f"the {where}: {', '.join(names)}" for where, names in sources.items() if names),
     )
     return settings
-
-
-def evaluation_network(settings: Mapping[str, Any], **extra: Any) -> GLAM:
-    """``GLAM(**settings, **extra)`` (evaluate.yaml's ``network_def``: a config's ``_target_`` takes no ``**``)."""
-    return GLAM(**{**settings, **extra})
-
-
-def model_setting(settings: Mapping[str, Any], name: str) -> Any:
-    """``settings[name]``: one setting of :func:`evaluation_settings`'s record as a config component, for the
-    configuration's pieces that follow the checkpoint (evaluate.yaml: the preprocessing's window and pixel spacing, the
-    data check's spacing, S_c's gamma_c)."""
-    if name not in settings:
-        raise KeyError(f"the model settings have no {name!r} (they have {sorted(settings)})")
-    return settings[name]

@@ -1,14 +1,7 @@
-"""The images an evaluation cannot score, named one by one (``unscored.csv``), never dropped without a word.
+"""The images an evaluation cannot score, named one by one in ``unscored.csv``.
 
-An image is scored when its preprocessing succeeds and every lesion of its datalist item (a mask's 8-connected
-component or a box: the lesions the FROC counts) keeps at least one pixel in the model's window. Otherwise its
-numbers would be wrong without showing it: an unreadable file or an image the preprocessing refuses has no output at
-all, and a lesion outside the window (beyond the breast's crop or the window placed in it) leaves an empty mask, so the
-image's Dice and PxAP are undefined and the lesion falls out of the FROC's count. :func:`unscored_reason` says, per
-preprocessed image, why it cannot be scored; :class:`ScoringDataset` runs the validation's preprocessing per image and
-returns, in place of an image it cannot score, a marker with the reason; :func:`scored_collate` leaves the markers out
-of the batches and :class:`ScoredLoader` keeps them, for the report (``MetricsReport``: ``unscored.csv``, the log,
-and a refusal unless ``skip_unscored``).
+An image is unscored when its preprocessing fails or a lesion of its datalist item keeps no pixel in the model's
+window: its Dice and PxAP would be undefined and the lesion would fall out of the FROC's count unnoticed.
 """
 
 from __future__ import annotations
@@ -32,8 +25,7 @@ __all__ = ["UNSCORED_KEY", "LESIONS_KEY", "unscored_reason", "ScoringDataset", "
 
 #: a marker item's key: the one-line reason its image cannot be scored
 UNSCORED_KEY = "unscored"
-#: per mask key, the lesions (8-connected components) before the flip, crop and window; the masks then hold each
-#: lesion's number until the window is placed (:class:`ScoringDataset`)
+#: per mask key, the number of lesions (8-connected components) before the flip, crop and window
 LESIONS_KEY = "lesions_before_window"
 #: per mask key, whether the mask held a lesion pixel before it was resampled to the model's pixel spacing
 _BEFORE_RESAMPLING = "lesions_before_resampling"
@@ -66,17 +58,11 @@ def _lesions_outside_window(item: Mapping[str, Any]) -> list[str]:
 
 
 def unscored_reason(item: Mapping[str, Any]) -> str | None:
-    """Why the evaluation cannot score this image, in one line; None when it can.
-
-    Every per-image reason of a preprocessed image is decided here: a window that misses the breast (inference's
-    rule, :func:`~scripts.transforms.mammo.coverage.breast_refusal`), a lesion (mask or box) wholly outside the model's
-    window, or gone in the resampling to the model's pixel spacing.
+    """Why the evaluation cannot score this image (the window misses the breast, a lesion lies outside the window
+    or vanished in the resampling), in one line; None when it can.
 
     Args:
-        item: the item right after the model's window is cut (:class:`ScoringDataset`): ``image`` a ``MetaTensor``
-            with the preprocessing's metadata (``window_start``, ``crop_box`` ...), the masks holding each lesion's
-            number (0 background), :data:`LESIONS_KEY` the lesions per mask before the flip, crop and window, and
-            the image's thumbnail taken at loading (``image_thumbnail``, for the breast's share in the window).
+        item: the item right after the window is cut (:class:`ScoringDataset`), its masks holding lesion numbers.
     """
     refusal = breast_refusal(item)
     reasons = ([refusal] if refusal is not None else []) + _lesions_outside_window(item)
@@ -92,8 +78,7 @@ def _root_message(err: BaseException) -> str:
 
 
 def _label_lesions(d: dict[str, Any], mask_keys: Sequence[str]) -> dict[str, Any]:
-    """Each mask's lesions numbered 1, 2, ... in place of its 0/1 values (int32), their count in :data:`LESIONS_KEY`:
-    the flip, crop and window move the numbers as they move the pixels."""
+    """Each mask's lesions numbered 1, 2, ... (int32), their count in :data:`LESIONS_KEY`."""
     counts = {}
     for key in mask_keys:
         if key in d:
@@ -107,7 +92,6 @@ def _label_lesions(d: dict[str, Any], mask_keys: Sequence[str]) -> dict[str, Any
 
 
 def _binary_masks(d: dict[str, Any], mask_keys: Sequence[str]) -> dict[str, Any]:
-    """The numbered masks back to 0/1 bytes, as the preprocessing made them."""
     for key in mask_keys:
         if key in d:
             d[key] = (d[key] > 0).to(torch.uint8)
@@ -122,20 +106,13 @@ def _first(transforms: Sequence[Any], kind: type, what: str) -> int:
 
 
 class ScoringDataset(torch.utils.data.Dataset):
-    """The evaluated split, each item through the validation's preprocessing, or a marker where it cannot be scored.
-
-    The preprocessing runs step by step, so that a step that fails names the image's fault: the loading
-    (``unreadable: ...``) or another step (``preprocessing refused (<step>): ...``). Its masks hold each lesion's
-    number from the flip (the first step after the resampling) to the window, where :func:`unscored_reason` decides;
-    then they are 0/1 again and the chain finishes: a scored image's item is the preprocessing's own output.
+    """The split through the validation's preprocessing, step by step, with a marker
+    ``{"unscored": reason, "image_path": ...}`` in place of an image that cannot be scored.
 
     Args:
         data: the datalist items of the split (or of this rank's block).
-        transform: the preprocessing (``validate#preprocessing``: a ``Compose`` with a ``ResampleToSpacingd``, a
-            ``FlipToRightd`` and a ``BestCenterWindowd``).
+        transform: ``validate#preprocessing`` (with ``ResampleToSpacingd``, ``FlipToRightd``, ``BestCenterWindowd``).
         mask_keys: the per-class mask keys.
-
-    Returns (per item): the preprocessed item, or ``{"unscored": reason, "image_path": the item's image}``.
     """
 
     def __init__(self, data: Sequence[Any], transform: Compose, mask_keys: Sequence[str] = MASK_KEYS) -> None:
@@ -146,7 +123,7 @@ class ScoringDataset(torch.utils.data.Dataset):
         self._resample = _first(steps, ResampleToSpacingd, "the model's pixel spacing")
         self._flip = _first(steps, FlipToRightd, "the breast facing right")
         self._window = _first(steps, BestCenterWindowd, "the model's window")
-        # the image as read, shrunk as inference's panels take it: breast_refusal measures the breast on it
+        # breast_refusal measures the breast on the image as read
         self._thumbnail = Thumbnaild(keys="image")
 
     def __len__(self) -> int:
@@ -181,20 +158,15 @@ class ScoringDataset(torch.utils.data.Dataset):
 
 
 def scored_collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``{"batch": the scored items collated (MONAI's list_data_collate), or None; "unscored": the markers}``: the
-    evaluation's ``collate_fn``, so that a batch never mixes a marker with images."""
+    """``collate_fn`` giving ``{"batch": the scored items collated or None, "unscored": the markers}``."""
     kept = [item for item in batch if UNSCORED_KEY not in item]
     markers = [{"image": item["image_path"], "reason": item[UNSCORED_KEY]} for item in batch if UNSCORED_KEY in item]
     return {"batch": list_data_collate(kept) if kept else None, "unscored": markers}
 
 
 class ScoredLoader:
-    """The evaluator's data: the batches of ``loader`` (whose ``collate_fn`` is :func:`scored_collate`) without its
-    markers, which :attr:`unscored` keeps (``{"image", "reason"}`` in the split's order, reset by each pass).
-
-    It has no length: the evaluator's epoch ends when the loader does (a batch left empty is not run). At the end of
-    each pass it calls :attr:`on_end` (when set) with :attr:`unscored`: the report's check runs there, before the
-    epoch's metrics, which would fail first on a split with no image scored.
+    """The batches of ``loader`` (collated by :func:`scored_collate`) without the markers, which :attr:`unscored`
+    keeps; :attr:`on_end` gets them at the end of each pass, before the epoch's metrics.
     """
 
     def __init__(self, loader: Any) -> None:

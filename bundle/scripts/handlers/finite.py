@@ -45,28 +45,16 @@ def _values(output: Any) -> list[float]:
 
 
 class StopOnNonFinite:
-    """Stop a training stage, by raising :class:`TrainingDivergedError`, at the first iteration whose loss is NaN or
-    infinite, or at the end of an epoch (before validation and checkpoints) whose weights or buffers hold a NaN or
-    Inf; and say in the same one line why a step that failed on non-finite values failed.
+    """Raise :class:`TrainingDivergedError` at the first non-finite loss, or at an epoch's end on non-finite weights.
 
-    The message names the stage, the epoch, the iteration within it, the learning rate and what the stage's
-    checkpoint folder keeps, e.g. ``stage global, epoch 2, iteration 3/8: the loss is NaN (learning rate 1e+30);
-    training stopped: last.pt, model.pt in runs/models/global keep their last finite weights; lower
-    --learning_rate (...)``.
-
-    Cost: one float per iteration (the loss, which MONAI's trainer has already moved to the host) and one pass over
-    the state dict per epoch. Weights that grow huge but stay finite (a learning rate of 1e6 trained the tiny test
-    network to weights of 8e30 with a finite loss) are not stopped: nothing is non-finite; the loss and the
-    validation metrics show it.
-
-    Attach it first among the trainer's handlers: its ``EXCEPTION_RAISED`` handler then runs before MONAI's
-    ``StatsHandler`` logs a traceback. It explains an exception of the step (the optimizer's ``value cannot be
-    converted to type float without overflow`` for a learning rate float32 cannot apply, or any failure while the
-    weights hold NaN / Inf) in one line; other exceptions go on unchanged.
+    Unlike Ignite's ``TerminateOnNan``, which ends the run as if it had finished, the run fails before the epoch's
+    validation and checkpoints, so ``last.pt`` and ``model.pt`` keep their last finite weights. The one-line message
+    names the stage, epoch, iteration, learning rate and what the checkpoint folder keeps. Attach it first among the
+    trainer's handlers, so that it explains a step's failure on non-finite values before ``StatsHandler`` logs it.
 
     Args:
         stage: the stage's name, for the message.
-        ckpt_dir: the stage's checkpoint folder, for the message (what it keeps); None: not named.
+        ckpt_dir: the stage's checkpoint folder, for the message; None: not named.
         output_transform: the loss from ``engine.state.output`` (None: MONAI's ``loss`` key).
     """
 
@@ -131,8 +119,7 @@ class StopOnNonFinite:
                 raise self._stop(engine, f"the weights are not finite after this step: {describe_non_finite(found)}")
 
     def explain(self, engine: Engine, err: BaseException) -> None:
-        """``EXCEPTION_RAISED``: a failure of the step on non-finite values as one :class:`TrainingDivergedError`;
-        anything else re-raised as it is (Ignite expects a handler of this event to re-raise)."""
+        """Raise a step's failure on non-finite values as one :class:`TrainingDivergedError`; re-raise the rest."""
         if isinstance(err, TrainingDivergedError):
             raise err
         if isinstance(err, RuntimeError) and "without overflow" in str(err):

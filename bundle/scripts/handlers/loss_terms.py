@@ -1,10 +1,4 @@
-"""Per-epoch means of a loss's named terms (and the learning rate), for TensorBoard, MLflow and the console.
-
-GLAM's stage losses are sums of named terms (``GLAMLoss.components``: BCE per scale, sparsity, fusion); a trainer
-only reports their total. :class:`LossTerms` recomputes the terms at every iteration from what the trainer's loss
-was given and publishes their epoch means in ``engine.state.metrics``, where MONAI's ``StatsHandler``,
-``TensorBoardStatsHandler`` and ``MLFlowHandler`` log every trainer metric once per epoch.
-"""
+"""Per-epoch means of a loss's named terms and the learning rate, in ``engine.state.metrics`` for the loggers."""
 
 from __future__ import annotations
 
@@ -22,25 +16,11 @@ LossComponents = Callable[[object, object], Mapping[str, torch.Tensor]]
 
 
 class LossTerms:
-    """Ignite handler for a MONAI ``SupervisedTrainer`` whose loss has ``components(outputs, target)`` (a dict of
-    named scalar terms that sum to the loss, as :class:`scripts.losses.GLAMLoss` and the baselines' losses have).
+    """Publish the epoch means of a trainer's loss terms (``loss_function.components(pred, label)``) and learning rate.
 
-    At every ``IterationEvents.LOSS_COMPLETED`` (after the loss, before the backward pass) the terms are computed
-    again, without gradient, from the trainer's ``pred`` and ``label``: the same inputs and the same arithmetic as
-    the loss, so the values are those the loss summed, and nothing of the training step (graph, gradients, random
-    state) is touched. At ``EPOCH_COMPLETED`` it sets, in ``engine.state.metrics``:
-
-    - ``<prefix><term>``: the mean of each term over the epoch's iterations;
-    - ``<prefix><total_name>``: the mean of the trainer's loss over the epoch's iterations;
-    - ``lr_name``: the learning rate of the optimizer's first parameter group during the epoch.
-
-    Under ``torch.distributed`` the sums are all-reduced, so every rank publishes the means over the whole epoch
-    (the handler must then run on every rank).
-
-    Attach it before the logging handlers: handlers of the same event run in the order they were attached.
-
-    Why not one Ignite ``Average`` metric per term: each would call ``components`` again every iteration (one
-    forward of the loss's arithmetic per term), and the learning rate is no metric of the outputs.
+    The terms are recomputed without gradient at ``IterationEvents.LOSS_COMPLETED`` from the loss's own inputs, so
+    nothing of the step is touched; one call serves every term, where an Ignite ``Average`` per term would repeat it.
+    The sums are all-reduced under DDP (run it on every rank). Attach it before the logging handlers.
 
     Args:
         prefix: prepended to each term's name.
@@ -65,13 +45,13 @@ class LossTerms:
         self._lr: float | None = None
 
     def attach(self, engine: Engine) -> None:
-        """Register on ``engine`` (a MONAI trainer: it fires ``IterationEvents.LOSS_COMPLETED``)."""
+        """Register on a MONAI trainer (it fires ``IterationEvents.LOSS_COMPLETED``)."""
         engine.add_event_handler(Events.EPOCH_STARTED, self.epoch_started)
         engine.add_event_handler(IterationEvents.LOSS_COMPLETED, self.loss_completed)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self.epoch_completed)
 
     def epoch_started(self, engine: Engine) -> None:
-        """Reset the sums; record the learning rate the epoch trains with (a scheduler steps at the epoch's end)."""
+        """Reset the sums; record the learning rate the epoch trains with."""
         # looked up here, not in attach: a MONAI trainer attaches its handlers before it sets its loss_function
         components = self.components or getattr(getattr(engine, "loss_function", None), "components", None)
         if components is None:
@@ -82,7 +62,7 @@ class LossTerms:
         self._lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else None
 
     def loss_completed(self, engine: Engine) -> None:
-        """Add this iteration's terms (and loss) to the epoch's sums, on the loss's device (no host sync here)."""
+        """Add this iteration's terms and loss to the epoch's sums, on the loss's device."""
         output = engine.state.output
         with torch.no_grad():
             terms = dict(self._components(output[CommonKeys.PRED], output[CommonKeys.LABEL]))
@@ -94,7 +74,7 @@ class LossTerms:
         self._count += 1
 
     def epoch_completed(self, engine: Engine) -> None:
-        """Publish the epoch means (all-reduced over the ranks) and the learning rate in ``engine.state.metrics``."""
+        """Publish the epoch means and the learning rate in ``engine.state.metrics``."""
         if self._count:
             names = sorted(self._sums)  # the same order on every rank for the all-reduce
             sums = torch.stack([self._sums[n] for n in names] + [torch.ones_like(self._sums[names[0]]) * self._count])

@@ -1,17 +1,8 @@
-"""Ignite metric handlers for soft Dice, PxAP, the pointing game and the lesion-level FROC, in the style of
-``monai.handlers.MeanDice``.
+"""Ignite metric handlers for soft Dice, PxAP, the pointing game and the lesion FROC, in the style of ``MeanDice``.
 
-They go into a MONAI evaluator's ``key_val_metric`` / ``additional_metrics`` and publish one float per epoch in
-``engine.state.metrics[name]``: one class (``class_index=c``) or the mean over classes (``class_index=None``).
-The per-image values ((N, C), NaN where an image has no lesion of a class) go to
-``engine.state.metric_details[name]`` when ``save_details`` is on, for ``monai.handlers.MetricsSaver``.
-
-An epoch in which no image has a lesion of the selected class (or, for ``class_index=None``, of any class)
-leaves the metric undefined (``n/a`` in the evaluation report). The handler then publishes ``empty_value`` (default
-0.0, the worst Dice/AP) and logs a warning saying both: a NaN key metric would otherwise become MONAI's
-``best_metric`` on the first epoch and, since every comparison with NaN is False, freeze model selection for the
-rest of training. With ``class_index=None`` classes without a lesion image are left out of the mean rather than
-counted as 0.
+Each publishes one float per epoch: one class (``class_index``) or the mean over the classes with lesion images, and
+the (N, C) per-image values in ``engine.state.metric_details`` with ``save_details``. An undefined value (no lesion
+image) is published as ``empty_value`` with a warning: a NaN key metric would freeze MONAI's best-metric selection.
 """
 
 from __future__ import annotations
@@ -83,8 +74,7 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
         return sum(defined) / len(defined)
 
     def _undefined(self, name: str, what: str) -> float:
-        """Warn that the value is undefined, as the evaluation report shows it (n/a), and say what stands in for it
-        in ``engine.state.metrics``; return that (``empty_value``)."""
+        """Warn that the value is undefined (n/a) and return ``empty_value``, which stands in for it."""
         self._warn(
             f"{name}: n/a (no image of this epoch has a lesion of {what}); engine.state.metrics holds "
             f"empty_value={self.empty_value} in its place, which the logs and model selection see"
@@ -93,16 +83,15 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
 
 
 class SoftDice(_ClassReducedMetricHandler):
-    """Soft Dice (paper appendix E) over an epoch, as an Ignite metric.
+    """Soft Dice (paper appendix E) over an epoch.
 
     Args:
         class_index: publish this class's value; None: the mean over the classes that have lesion images.
-        reduction: ``"mean"`` (the metric) or ``"std"`` (its population std over the lesion images).
-        empty_value: published when the selected value is undefined (no lesion image); see the module docstring.
-        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``, each (B, C, H, W) or a list of
-            (C, H, W) tensors, e.g. ``monai.handlers.from_engine(["pred", "label"])`` for a MONAI evaluator.
+        reduction: ``"mean"`` or ``"std"`` (population std over the lesion images).
+        empty_value: published when the value is undefined (no lesion image).
+        output_transform: ``engine.state.output`` to ``(y_pred, y)``, e.g. ``from_engine(["pred", "label"])``.
         save_details: store the (N, C) per-image values in ``engine.state.metric_details[name]``.
-        check_values: validate scores and masks on every iteration (one host synchronisation per iteration).
+        check_values: validate scores and masks on every iteration (one host synchronisation).
     """
 
     def __init__(
@@ -114,29 +103,18 @@ class SoftDice(_ClassReducedMetricHandler):
         save_details: bool = True,
         check_values: bool = True,
     ) -> None:
-        super().__init__(
-            SoftDiceMetric(check_values=check_values),
-            class_index,
-            reduction,
-            empty_value,
-            output_transform,
-            save_details,
-        )
+        metric = SoftDiceMetric(check_values=check_values)
+        super().__init__(metric, class_index, reduction, empty_value, output_transform, save_details)
 
 
 class PxAP(_ClassReducedMetricHandler):
-    """PxAP (image- or dataset-level, paper appendix E) over an epoch, as an Ignite metric.
+    """PxAP (paper appendix E) over an epoch.
 
     Args:
-        level: ``"image"`` (mean of per-image APs) or ``"dataset"`` (AP of the histograms pooled over the epoch,
-            summed across ranks under DDP).
-        class_index: publish this class's value; None: the mean over the classes that have lesion images.
-        reduction: ``"mean"``, or ``"std"`` (population std over the lesion images, image level only).
-        step: threshold spacing of the PxAP histograms (0.001 as in the paper).
-        empty_value: published when the selected value is undefined (no lesion image); see the module docstring.
-        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``; see :class:`SoftDice`.
-        save_details: store the (N, C) per-image APs in ``engine.state.metric_details[name]`` (for either level).
-        check_values: validate scores and masks on every iteration (one host synchronisation per iteration).
+        level: ``"image"`` (mean of per-image APs) or ``"dataset"`` (AP of the pooled histograms).
+        step: threshold spacing of the histograms (0.001 as in the paper).
+        class_index, reduction, empty_value, output_transform, save_details, check_values: as in :class:`SoftDice`
+            (``"std"`` at image level only).
     """
 
     def __init__(
@@ -152,28 +130,16 @@ class PxAP(_ClassReducedMetricHandler):
     ) -> None:
         if level == "dataset" and reduction == "std":
             raise ValueError("reduction='std' is only defined for level='image' (dataset-level PxAP is one AP).")
-        super().__init__(
-            PxAPMetric(level=level, step=step, check_values=check_values),
-            class_index,
-            reduction,
-            empty_value,
-            output_transform,
-            save_details,
-        )
+        metric = PxAPMetric(level=level, step=step, check_values=check_values)
+        super().__init__(metric, class_index, reduction, empty_value, output_transform, save_details)
 
 
 class PointingGame(_ClassReducedMetricHandler):
-    """Pointing-game hit rate (or share of map peaks on the image border) over an epoch, as an Ignite metric.
+    """Pointing-game hit rate (or share of map peaks on the image border) over an epoch.
 
     Args:
-        tolerance: a peak within this many pixels of a lesion pixel of its class is a hit.
-        border: with ``measure="border"``, a peak within this many pixels of the image edge is on the border.
-        measure: ``"hit"`` (hit rate) or ``"border"`` (share of peaks on the border).
-        class_index: publish this class's value; None: the mean over the classes that have lesion images.
-        empty_value: published when the selected value is undefined (no lesion image); see the module docstring.
-        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``; see :class:`SoftDice`.
-        save_details: store the (N, C) per-image 1/0 values in ``engine.state.metric_details[name]``.
-        check_values: validate scores and masks on every iteration (one host synchronisation per iteration).
+        tolerance, border, measure: as in :func:`~scripts.metrics.pointing_game.compute_pointing_game`.
+        class_index, empty_value, output_transform, save_details, check_values: as in :class:`SoftDice`.
     """
 
     def __init__(
@@ -187,36 +153,20 @@ class PointingGame(_ClassReducedMetricHandler):
         save_details: bool = True,
         check_values: bool = True,
     ) -> None:
-        super().__init__(
-            PointingGameMetric(tolerance=tolerance, border=border, measure=measure, check_values=check_values),
-            class_index,
-            "mean",
-            empty_value,
-            output_transform,
-            save_details,
-        )
+        metric = PointingGameMetric(tolerance=tolerance, border=border, measure=measure, check_values=check_values)
+        super().__init__(metric, class_index, "mean", empty_value, output_transform, save_details)
 
 
 class FROC(_ClassReducedMetricHandler):
-    """Lesion-level FROC (:class:`~scripts.metrics.froc.FROCMetric`) over an epoch, as an Ignite metric: the lesion
-    sensitivity at ``rate`` false positives per image, of one class or the mean over the classes with a lesion.
+    """Lesion sensitivity at ``rate`` false positives per image (:class:`~scripts.metrics.froc.FROCMetric`) over an
+    epoch.
 
-    The per-image details (``save_details``) are the (N, C) numbers of lesions (connected components of the masks);
-    the sensitivity at every rate of ``rates`` is ``handler.metric_fn.aggregate()`` ((C, len(rates)), collective
-    under DDP), and the curve ``handler.metric_fn.curve()``.
+    The details are the (N, C) lesion counts; ``handler.metric_fn.aggregate()`` and ``.curve()`` give every rate.
 
     Args:
         rate: the false positives per image whose sensitivity is published; one of ``rates``.
-        rates: the rates the metric reports (0.25, 0.5, 1, 2, 4 per image).
-        radius: a candidate is the maximum of the ``(2 radius + 1)`` px square around it (one per S_g cell when
-            ``radius`` is a cell's side).
-        tolerance: a candidate within this many pixels of a lesion of its class finds it.
-        max_candidates: at most this many candidates per map and class, the highest.
-        class_index: publish this class's value; None: the mean over the classes that have lesions.
-        empty_value: published when the selected value is undefined (no lesion); see the module docstring.
-        output_transform: maps ``engine.state.output`` to ``(y_pred, y)``; see :class:`SoftDice`.
-        save_details: store the (N, C) lesion counts in ``engine.state.metric_details[name]``.
-        check_values: validate scores and masks on every iteration (one host synchronisation per iteration).
+        rates, radius, tolerance, max_candidates: as in :class:`~scripts.metrics.froc.FROCMetric`.
+        class_index, empty_value, output_transform, save_details, check_values: as in :class:`SoftDice`.
     """
 
     def __init__(
@@ -245,9 +195,7 @@ class FROC(_ClassReducedMetricHandler):
 
 
 class ClassScores:
-    """``output_transform`` of a one-class metric (``ROCAUC``) from the evaluator's decollated output: the images'
-    scores of class ``index`` and their labels of that class, ``[[score, ...], [label, ...]]`` (one 0-d tensor per
-    image).
+    """``output_transform`` of a one-class metric (``ROCAUC``): ``[[score, ...], [label, ...]]`` of class ``index``.
 
     Args:
         index: the class (0: benign, 1: malignant).

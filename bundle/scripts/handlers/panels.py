@@ -16,20 +16,14 @@ __all__ = ["SaliencyPanelWriter"]
 class SaliencyPanelWriter:
     """After each validation, write panels of the first ``num_images`` validation images to TensorBoard.
 
-    Reads the evaluator's decollated outputs (after :class:`~scripts.transforms.outputs.GLAMOutputsd`):
-    ``image`` (1, H, W), ``lesion_mask`` (2, H, W), ``S_g``/``S_l``/``S_c`` (2, H, W) and ``patch_boxes``. Panels are
-    downsampled by ``stride`` to keep event files small.
+    A panel puts the image, its lesion outlines, ``S_g`` / ``S_l`` / ``S_c`` and the patch boxes side by side, which
+    MONAI's ``TensorBoardImageHandler`` (one tensor per tag) cannot. The step is the trainer's epoch.
 
     Args:
         log_dir: TensorBoard folder.
         num_images: how many validation images to show.
-        stride: pixel step of the shown panels.
+        stride: pixel step of the panels, to keep event files small.
         tag: image tag prefix.
-
-    The step of each panel is the evaluator's epoch, which MONAI sets to the trainer's epoch.
-
-    Why not MONAI's ``TensorBoardImageHandler``: it draws one tensor per tag (a channel or a volume's slices),
-    while a panel puts the image, its lesion outlines, the three maps and the patch boxes side by side.
     """
 
     def __init__(

@@ -1,6 +1,6 @@
-"""Where an inference run's time went, and how far it is: a progress line with images/s and the time left while it
-runs (:class:`InferenceProgress`), and at the end images/s with the split of the wall time, logged and written to
-``<output_dir>/timing.json`` (:class:`InferenceThroughput`)."""
+"""Where an inference run's time went and how far it is: a progress line while it runs, images/s and the split of
+the wall time at its end (logged and written to ``<output_dir>/timing.json``).
+"""
 
 from __future__ import annotations
 
@@ -31,12 +31,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: the key of the seconds an item took to load and preprocess (in the loader worker), carried with it through the
-#: batch into the step's output, where :class:`InferenceThroughput` adds them up for timing.json. Defined here, below
-#: the inference wing that records it, so that the handlers import no workflow wing
+#: an item's seconds of loading and preprocessing, carried into the step's output for timing.json
 LOAD_SECONDS_KEY = "load_s"
 
-#: the run's timing record in the output folder
 TIMING_FILE = "timing.json"
 
 
@@ -91,24 +88,15 @@ def format_duration(seconds: float) -> str:
 
 
 class InferenceThroughput:
-    """Ignite handler over Ignite's :class:`~ignite.handlers.BasicTimeProfiler` for the inference evaluator.
+    """Time an inference evaluator with Ignite's :class:`~ignite.handlers.BasicTimeProfiler`; log and write the result.
 
-    Reports, for the run (``timing.json`` and one log line): ``images`` (good images through the model),
-    ``failed``, ``written`` and ``skipped`` (done by an earlier run; from the writer), ``wall_s`` from the engine's
-    start to the end of the writing, ``images_per_s`` and ``images_per_min``, and
-
-    - the split of the wall time (seconds and ``_share``, adding up to the wall time): ``model`` (the iteration:
-      the network on the batch, outputs to the CPU), ``waiting_for_data`` (the engine waiting for the data loader:
-      reading and preprocessing that the loader workers did not hide), ``waiting_for_writers`` (the engine waiting for
-      the writer threads: a full queue, and the last images at the end), ``other`` (the rest: handlers, the engine);
-    - the work done beside it (seconds, overlapping the wall time): ``loading_s`` (reading and preprocessing every
-      input, summed over the loader workers), ``writing_s`` (the writer threads, summed) and its parts
-      ``writing_maps_back_s`` (the maps back onto each file), ``writing_map_files_s`` (NIfTI / PNG maps),
-      ``writing_panel_s``, ``writing_dicom_s``.
+    timing.json holds the counts (``images``, ``failed``, ``written``, ``skipped``), ``wall_s``, ``images_per_s``,
+    the wall time's split into ``model``, ``waiting_for_data``, ``waiting_for_writers`` and ``other`` (``<part>_s``
+    and ``<part>_share``), and the work beside it (``loading_s``, ``writing*_s``, summed over threads).
 
     Args:
         output_dir: where ``timing.json`` goes (None: only the log line).
-        writer: the run's :class:`~scripts.inference.writer.GLAMInferenceWriter` (its ``stats()``); None: without them.
+        writer: the run's :class:`~scripts.inference.writer.GLAMInferenceWriter` (its ``stats()``), or None.
     """
 
     def __init__(self, output_dir: str | os.PathLike | None = None, writer: Any = None) -> None:
@@ -137,8 +125,7 @@ class InferenceThroughput:
             self.loading += float(engine.state.output.get(LOAD_SECONDS_KEY, 0.0))
 
     def summarise(self) -> dict[str, Any]:
-        """The figures of the run so far (those of :meth:`_completed` at its end; a run stopped by an exception gets
-        them up to then; a run that never started, with nothing left to do, zero images in zero seconds)."""
+        """The figures of the run so far; zero images in zero seconds for a run that never started."""
         writer = self.writer.stats() if self.writer is not None else {}
         if not self._start:
             return idle_summary(writer)
@@ -150,19 +137,8 @@ class InferenceThroughput:
             "waiting_for_writers": float(writer.get("waiting_for_writers_s", 0.0)),
         }
         parts["other"] = max(0.0, wall - sum(parts.values()))
-        return {
-            "images": self.images,
-            "failed": writer.get("failed", self.errors),
-            "written": writer.get("written", self.images),
-            "skipped": writer.get("skipped", 0),
-            "wall_s": wall,
-            "images_per_s": self.images / wall if wall > 0 else 0.0,
-            "images_per_min": 60.0 * self.images / wall if wall > 0 else 0.0,
-            **{f"{k}_s": v for k, v in parts.items()},
-            **{f"{k}_share": v / wall if wall > 0 else 0.0 for k, v in parts.items()},
-            "loading_s": self.loading,
-            **{k: v for k, v in writer.items() if k.startswith("writing") or k == "writer_threads"},
-        }
+        counts = (self.images, writer.get("failed", self.errors), writer.get("written", self.images))
+        return _summary((*counts, writer.get("skipped", 0)), wall, parts, self.loading, writer)
 
     def _completed(self, engine: Engine) -> None:
         self.summary = self.summarise()
@@ -184,9 +160,7 @@ class InferenceThroughput:
                 json.dump(self.summary, f, indent=2)
 
 
-#: the parts of a run's wall time in timing.json (``<part>_s`` and ``<part>_share``), adding up to ``wall_s``
 WALL_PARTS = ("model", "waiting_for_data", "waiting_for_writers", "other")
-#: the work done beside the wall time, summed over threads and processes
 WORK_KEYS = (
     "loading_s",
     "writing_s",
@@ -198,35 +172,41 @@ WORK_KEYS = (
 
 
 def idle_summary(writer: dict[str, Any] | None = None) -> dict[str, Any]:
-    """timing.json's figures of a run that had nothing to do: no image, no second (the writer's counts kept)."""
+    """timing.json's figures of a run that had nothing to do (the writer's counts kept)."""
     writer = writer or {}
+    counts = (0, writer.get("failed", 0), writer.get("written", 0), writer.get("skipped", 0))
+    return _summary(counts, 0.0, dict.fromkeys(WALL_PARTS, 0.0), 0.0, writer)
+
+
+def _summary(counts: tuple, wall: float, parts: dict, loading: float, writer: dict) -> dict[str, Any]:
+    """timing.json's figures, in its order, from (images, failed, written, skipped), the wall time and its parts."""
+    images, failed, written, skipped = counts
     return {
-        "images": 0,
-        "failed": writer.get("failed", 0),
-        "written": writer.get("written", 0),
-        "skipped": writer.get("skipped", 0),
-        "wall_s": 0.0,
-        "images_per_s": 0.0,
-        "images_per_min": 0.0,
-        **{f"{k}_s": 0.0 for k in WALL_PARTS},
-        **{f"{k}_share": 0.0 for k in WALL_PARTS},
-        "loading_s": 0.0,
+        "images": images,
+        "failed": failed,
+        "written": written,
+        "skipped": skipped,
+        "wall_s": wall,
+        "images_per_s": images / wall if wall > 0 else 0.0,
+        "images_per_min": 60.0 * images / wall if wall > 0 else 0.0,
+        **{f"{k}_s": v for k, v in parts.items()},
+        **{f"{k}_share": v / wall if wall > 0 else 0.0 for k, v in parts.items()},
+        "loading_s": loading,
         **{k: v for k, v in writer.items() if k.startswith("writing") or k == "writer_threads"},
     }
 
 
 def combine_rank_timings(reports: list[dict[str, Any]], merge_s: float = 0.0) -> dict[str, Any]:
-    """timing.json of a run over several processes (multi_gpu_inference.yaml) from each rank's report (``rank``,
-    ``host``, ``device``, ``inputs`` (its share), ``error`` (None, or why it failed), ``timing`` (its
-    :meth:`InferenceThroughput.summarise`)): every rank's figures under ``ranks``, and the run's:
+    """timing.json of a run over several processes from each rank's report.
 
-    - ``images``, ``failed``, ``written``, ``skipped``: summed over the ranks;
-    - ``wall_s``: the slowest rank's (the ranks start together, so the run's images took that long), and
-      ``images_per_s`` / ``images_per_min`` over it: the throughput of all the processes together;
-    - the split of the time, ``<part>_s`` summed over the ranks and ``<part>_share`` of the summed wall times
-      (``rank_seconds``), and the work beside it summed;
-    - ``processes``, ``ranks_failed`` (the ranks that stopped on an error) and ``merge_s`` (rank 0 merging the
-      tables after the last rank)."""
+    Args:
+        reports: per rank ``rank``, ``host``, ``device``, ``inputs``, ``error`` and ``timing`` (its ``summarise()``).
+        merge_s: rank 0's time merging the tables after the last rank.
+
+    Returns:
+        every rank's figures under ``ranks``; counts and the time's parts summed, ``wall_s`` the slowest rank's (the
+        ranks start together), shares of the summed wall times (``rank_seconds``), ``processes`` and ``ranks_failed``.
+    """
     ranks = []
     for report in sorted(reports, key=lambda r: int(r["rank"])):
         timing = report.get("timing") or idle_summary()
@@ -256,8 +236,8 @@ def combine_rank_timings(reports: list[dict[str, Any]], merge_s: float = 0.0) ->
 
 
 class RankTimings:
-    """timing.json of a run over several processes (:func:`combine_rank_timings`), written by rank 0 after the
-    merge, and its summary line: the run's images/s and each rank's.
+    """Write a multi-process run's timing.json (:func:`combine_rank_timings`) and log the run's and each rank's
+    images/s.
 
     Args:
         output_dir: where ``timing.json`` goes.
@@ -292,9 +272,9 @@ class RankTimings:
 
 
 class InferenceProgress:
-    """Ignite handler: how far the run is, in images. A progress bar (images/s and the time left) on a terminal,
-    and on any stream a log line every ``interval_s`` seconds and at the end: ``inference: 120/4000 images, 5.1
-    images/s, about 12:40 left``. The total is the images this run reads (those done before are not counted).
+    """Log how far the run is: ``inference: 120/4000 images, 5.1 images/s, about 12:40 left``.
+
+    The total is the images this run reads; a tqdm bar is drawn on a terminal.
 
     Args:
         interval_s: seconds between log lines.

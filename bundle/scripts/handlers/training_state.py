@@ -1,5 +1,4 @@
-"""Ignite handlers of GLAM's workflows: per-epoch seeding (exact resumption), the best-metric record, and the
-evaluator's key metric chosen by name in train.yaml."""
+"""Ignite handlers of GLAM's workflows: per-epoch seeding, the best-metric record and the key metric by name."""
 
 from __future__ import annotations
 
@@ -13,21 +12,16 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
 
-__all__ = [
-    "EpochSeeder",
-    "BestMetricState",
-    "key_metric",
-]
+__all__ = ["EpochSeeder", "BestMetricState", "key_metric"]
 
 
 def _metric_name(selection: Mapping[str, Any] | str) -> str:
-    """The metric's name from a selection record (``{"metric": ..., "reason": ...}``) or the name itself."""
+    """The metric's name from a selection record (``{"metric": ...}``) or the name itself."""
     return str(selection["metric"] if isinstance(selection, Mapping) else selection)
 
 
 def key_metric(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dict[str, Any]:
-    """``{name: metrics[name]}``: the evaluator's key metric (``key_val_metric``) chosen by name from all of them.
-    ``name`` may be the selection record of :func:`~scripts.training.selection.choose_selection`."""
+    """``{name: metrics[name]}``: the evaluator's ``key_val_metric`` chosen by name (or selection record)."""
     name = _metric_name(name)
     if name not in metrics:
         raise ValueError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
@@ -35,15 +29,10 @@ def key_metric(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dic
 
 
 class EpochSeeder:
-    """At the start of every epoch, reseed every source of randomness from (seed, epoch) alone.
+    """At every epoch's start, reseed every source of randomness from (seed, epoch, rank) alone.
 
-    The epoch's sampler draw (``set_epoch``), the random patches of stage 2 (``set_epoch`` of the prepare-batch
-    object), the transforms of the dataset (MONAI's ``set_rnd``), a DataLoader ``generator`` (worker seeds) and
-    the global RNGs that ``monai.utils.set_determinism`` seeds (torch, numpy, Python's ``random``). A run resumed
-    from an epoch checkpoint therefore replays the following epochs exactly as an uninterrupted run with the same
-    seed would. (Ignite's ``DeterministicEngine`` reseeds the global generators from the engine's seed, but not the
-    random states MONAI's transforms hold or the prepare-batch generators, and MONAI's engines derive from ``Engine``,
-    not from it.)
+    A run resumed from an epoch checkpoint thus replays the following epochs exactly; Ignite's ``DeterministicEngine``
+    misses the random states MONAI's transforms hold, and MONAI's engines do not derive from it.
 
     Args:
         seed: base seed.
@@ -69,9 +58,8 @@ class EpochSeeder:
 
     def __call__(self, engine: Engine) -> None:
         epoch = int(engine.state.epoch)
-        # the rank enters the per-process streams (augmentations, patches, worker seeds) so that data-parallel
-        # processes do not draw identical random numbers; samplers keep (seed, epoch) via set_epoch, which they need
-        # to agree on one permutation across ranks
+        # the rank keeps data-parallel processes from drawing the same numbers; samplers, which must agree on one
+        # permutation across ranks, keep (seed, epoch) via set_epoch
         epoch_seed = (self.seed * 1_000_003 + epoch * 1_009 + idist.get_rank()) % (2**31)
         for target in self.targets:
             target.set_epoch(epoch)
@@ -85,12 +73,10 @@ class EpochSeeder:
 
 
 class BestMetricState:
-    """Checkpointable record of an evaluator's best key metric, so a resumed run keeps selecting against it.
+    """Checkpointable record of an evaluator's best key metric, so that a resumed run selects against it.
 
-    Add it to the checkpoint's ``save_dict`` / ``load_dict``; ``attach`` it to the evaluator so that the restored
-    values are put back on ``evaluator.state`` when the evaluator starts. MONAI's evaluator keeps ``best_metric`` /
-    ``best_metric_epoch`` on its state only, which no checkpoint holds (Ignite's ``Engine.state_dict`` has the
-    epoch and iteration), so without this a resumed run would select against -1.
+    MONAI keeps ``best_metric`` on the evaluator's state only, which no checkpoint holds. Add it to the checkpoint's
+    ``save_dict`` and ``attach`` it to the evaluator.
     """
 
     def __init__(self, evaluator: Engine | None = None) -> None:
@@ -105,8 +91,7 @@ class BestMetricState:
         engine.add_event_handler(Events.COMPLETED, self._record)
 
     def _restore(self, engine: Engine) -> None:
-        # the restored record is newer than whatever the evaluator holds when it is later (whichever direction
-        # the metric is compared in): normally the evaluator has not validated yet (epoch -1)
+        # the later record wins, whichever direction the metric is compared in
         if self._restored and self.best_metric_epoch > getattr(engine.state, "best_metric_epoch", -1):
             engine.state.best_metric = self.best_metric
             engine.state.best_metric_epoch = self.best_metric_epoch
@@ -117,8 +102,7 @@ class BestMetricState:
         self.best_metric_epoch = int(getattr(engine.state, "best_metric_epoch", -1))
 
     def state_dict(self) -> dict[str, Any]:
-        # a restored record not yet handed to the evaluator (no validation since the resume, e.g. with
-        # val_interval > 1) is the current one: reading the evaluator's fresh state would reset it to -1
+        # a restored record not yet handed to the evaluator (no validation since the resume) is the current one
         if self.evaluator is not None and not self._restored:
             self._record(self.evaluator)
         return {"best_metric": self.best_metric, "best_metric_epoch": self.best_metric_epoch}

@@ -1,23 +1,15 @@
-"""DICOM outputs for PACS when the input was DICOM: a Secondary Capture of the overlay panel and a FRACTIONAL
-Segmentation of S_c (segments benign, malignant) on the source image's pixel grid and plane, both in the source study
-and referencing the source image (highdicom).
-
-Used by :class:`scripts.inference.writer.GLAMInferenceWriter` when ``dicom_outputs`` is ``"sc"``, ``"map"`` or
-``"both"``.
-highdicom (>= 0.23 needs pydicom >= 3) is imported only here, only when DICOM outputs are asked for, so the rest
-of the bundle keeps working with pydicom 2.4.
-"""
+"""DICOM outputs of a DICOM input, in its study and referencing it: a Secondary Capture of the overlay panel and a
+FRACTIONAL Segmentation of S_c on its pixel grid. highdicom is imported only here, only when asked for, so the rest of
+the bundle keeps working with pydicom 2."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_write
 from ..enums import CLASS_NAMES
 
 __all__ = [
@@ -27,7 +19,6 @@ __all__ = [
     "saliency_segmentation",
     "dicom_objects",
     "save_dicom",
-    "write_dicom_outputs",
 ]
 
 #: ``dicom_outputs`` value -> the objects written
@@ -40,26 +31,23 @@ SC_SERIES_NUMBER = 9901
 MAP_SERIES_NUMBER = 9902
 #: stored value of a fraction of 1 in the Segmentation (8 bits): read-back error <= 0.5 / FRACTIONAL_MAX
 FRACTIONAL_MAX = 255
-#: what the outputs state for a source SpecificCharacterSet highdicom refuses (see _usable_charset): Latin-1 keeps the
-#: bytes of a value pydicom did not know either (it decoded with its Latin-1 default), UTF-8 the text of one it knew
+#: what the outputs state for a source SpecificCharacterSet highdicom refuses: Latin-1 keeps the bytes of a value
+#: pydicom did not know either, UTF-8 the text of one it knew
 FALLBACK_CHARSET_BYTES = "ISO_IR 100"
 FALLBACK_CHARSET_TEXT = "ISO_IR 192"
+# type 2 attributes (may be empty, must exist) that highdicom reads from the source; many files omit them
 _TYPE2_SOURCE = (
-    "PatientName",
-    "PatientID",
-    "PatientBirthDate",
-    "PatientSex",
-    "SliceThickness",  # of the Image Plane module: read when the source has a frame of reference
-    "StudyID",
-    "StudyDate",
-    "StudyTime",
-    "AccessionNumber",
-    "ReferringPhysicianName",
+    *("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "SliceThickness"),
+    *("StudyID", "StudyDate", "StudyTime", "AccessionNumber", "ReferringPhysicianName"),
 )
 
 
 def dicom_output_kinds(mode: str | None) -> tuple[str, ...]:
-    """``"none" | "sc" | "map" | "both"`` (None = "none") -> the kinds to write; ValueError names a bad value."""
+    """``"none" | "sc" | "map" | "both"`` (None: ``"none"``) -> the kinds to write.
+
+    Raises:
+        ValueError: naming a bad value.
+    """
     key = "none" if mode is None else str(mode).strip().lower()
     if key not in DICOM_OUTPUT_MODES:
         raise ValueError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {mode!r}")
@@ -67,13 +55,8 @@ def dicom_output_kinds(mode: str | None) -> tuple[str, ...]:
 
 
 def _usable_charset(ds: Any) -> str | None:
-    """Make ``ds``'s SpecificCharacterSet one highdicom writes, in place; returns a note when it had to change it.
-
-    highdicom copies the source's SpecificCharacterSet into its objects and refuses a value it does not know
-    (``'ISO_IR 999'``, a typo, an empty first value). Every text value is decoded first with the source's own
-    character set; then the outputs state ``ISO_IR 100`` (Latin-1) when pydicom did not know the value either (it
-    decoded the text with its Latin-1 default, so the bytes are written back as they were), else ``ISO_IR 192``
-    (UTF-8: any text pydicom decoded is written as it reads)."""
+    """Make ``ds``'s SpecificCharacterSet one highdicom writes, in place, decoding every text value first; returns a
+    note when it had to change it."""
     import highdicom as hd
     from pydicom.charset import python_encoding
 
@@ -94,9 +77,7 @@ def _usable_charset(ds: Any) -> str | None:
 
 
 def _has_plane(ds: Any) -> bool:
-    """Whether the Segmentation of ``ds`` carries its plane: a source in a patient frame of reference
-    (FrameOfReferenceUID and ImagePositionPatient) gives its position, orientation and pixel spacing to the
-    Segmentation's frame; without a frame of reference the Segmentation IOD has no place for them."""
+    """Whether ``ds`` lies in a patient frame of reference, whose plane its Segmentation then carries."""
     return "FrameOfReferenceUID" in ds and "ImagePositionPatient" in ds
 
 
@@ -108,7 +89,6 @@ def _read_source(path: str | os.PathLike, notes: list[str] | None = None) -> Any
     missing = [k for k in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "SOPClassUID") if k not in ds]
     if missing:
         raise ValueError(f"{path}: DICOM header lacks {', '.join(missing)}: cannot reference the source image")
-    # type 2 attributes (may be empty, must exist) that highdicom reads from the source; many files omit them
     for keyword in _TYPE2_SOURCE:
         if keyword not in ds:
             setattr(ds, keyword, None)
@@ -121,17 +101,19 @@ def _read_source(path: str | os.PathLike, notes: list[str] | None = None) -> Any
 
 
 def secondary_capture(source: Any, panel: np.ndarray) -> Any:
-    """Multi-frame True Colour Secondary Capture of ``panel`` ((H, W, 3) uint8 RGB) in ``source``'s study
-    (patient and study copied, new series and SOP UIDs) with ``SourceImageSequence`` -> ``source``'s SOP instance."""
+    """True Colour Secondary Capture of ``panel`` ((H, W, 3) uint8 RGB) in ``source``'s study, referencing it.
+
+    Raises:
+        ValueError: when ``panel`` is not (H, W, 3) uint8.
+    """
     import highdicom as hd
     from pydicom.dataset import Dataset
 
     panel = np.asarray(panel)
     if panel.ndim != 3 or panel.shape[2] != 3 or panel.dtype != np.uint8:
         raise ValueError(f"panel must be (H, W, 3) uint8, got shape {panel.shape} dtype {panel.dtype}")
-    # highdicom wants a patient orientation for a PATIENT coordinate system and accepts single letters only; the
-    # panel's tiles keep the source's row/column directions, so the source's value (e.g. "FR" in a mammogram) is
-    # copied over the placeholder afterwards, or left empty (type 2) when the source has none.
+    # highdicom accepts single-letter orientations only: the source's (the panel keeps its directions) replaces a
+    # placeholder afterwards
     orientation = [str(v) for v in (getattr(source, "PatientOrientation", None) or [])]
     sc = hd.sc.SCImage.from_ref_dataset(
         ref_dataset=source,
@@ -164,14 +146,15 @@ def secondary_capture(source: Any, panel: np.ndarray) -> Any:
 
 
 def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
-    """FRACTIONAL Segmentation of S_c ((2, H, W) float in [0, 1], channels benign/malignant, H x W = the source's
-    Rows x Columns): two segments "benign" and "malignant" (Neoplasm, automatic, algorithm GLAM), one frame each,
-    stored as round(value x 255) in 8 bits (read back within 0.5/255), referencing ``source`` (ReferencedSeries
-    and the frames' SourceImageSequence). A source in a patient frame of reference gives the frames its
-    FrameOfReferenceUID, ImagePositionPatient, ImageOrientationPatient and pixel spacing (:func:`_has_plane`).
+    """FRACTIONAL Segmentation of S_c, segments benign and malignant in 8 bits, referencing ``source``; not a
+    Parametric Map, which highdicom cannot make for a projection image without a frame of reference.
 
-    A Segmentation rather than a Parametric Map: highdicom 0.28's ParametricMap fails on projection images without
-    a frame of reference (mammograms), its Segmentation handles them.
+    Args:
+        source: the source's header.
+        s_c: (2, Rows, Columns) float in [0, 1].
+
+    Raises:
+        ValueError: when ``s_c`` is not the source's size.
     """
     import highdicom as hd
     from pydicom.sr.codedict import codes
@@ -216,7 +199,7 @@ def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
 
 
 def save_dicom(ds: Any, path: str | os.PathLike) -> None:
-    """Write a DICOM object as a file at ``path`` (with its file meta information)."""
+    """Write a DICOM object with its file meta information."""
     ds.save_as(str(path), enforce_file_format=True)
 
 
@@ -227,10 +210,13 @@ def dicom_objects(
     s_c: np.ndarray | None = None,
     notes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """``kind -> DICOM object`` for the kinds asked: ``"sc"`` (the Secondary Capture of ``panel``, (H', W', 3)
-    uint8) and / or ``"map"`` (the Segmentation of ``s_c``, (2, H, W) float on the source grid), both referencing
-    the DICOM file ``source_path`` (its header is read). What had to change in the source's header to write them (a
-    character set highdicom refuses) is appended to ``notes``."""
+    """``kind -> DICOM object``: ``"sc"`` (:func:`secondary_capture` of ``panel``) and / or ``"map"``
+    (:func:`saliency_segmentation` of ``s_c``) for the DICOM file ``source_path``; what had to change in its header
+    is appended to ``notes``.
+
+    Raises:
+        ValueError: naming the file when its header cannot be referenced or an input is missing.
+    """
     source = _read_source(source_path, notes)
     objects = {}
     for kind in kinds:
@@ -245,23 +231,3 @@ def dicom_objects(
         else:
             raise ValueError(f"unknown DICOM output kind {kind!r} (sc, map)")
     return objects
-
-
-def write_dicom_outputs(
-    source_path: str | os.PathLike,
-    output_dir: str | os.PathLike,
-    stem: str,
-    kinds: Sequence[str],
-    panel: np.ndarray | None = None,
-    s_c: np.ndarray | None = None,
-    notes: list[str] | None = None,
-) -> list[Path]:
-    """Write ``output_dir/dicom/<stem>_sc.dcm`` and / or ``<stem>_map.dcm`` (:func:`dicom_objects`) atomically.
-    Returns the paths written."""
-    written = []
-    for kind, ds in dicom_objects(source_path, kinds, panel, s_c, notes).items():
-        path = Path(output_dir) / "dicom" / f"{stem}_{kind}.dcm"
-        with atomic_write(path, "wb") as f:
-            ds.save_as(f, enforce_file_format=True)
-        written.append(path)
-    return written

@@ -1,11 +1,5 @@
-"""What an inference run states about how each image was read: the laterality, the view and the pixel spacing
-the preprocessing used and where each came from, and how much of the breast the model's window holds
-(predictions.csv's columns, the panel's title), and what was assumed or missed (a note per image in errors.csv and the
-log).
-
-The share of the breast in the window (``breast_in_window``) and the refusal of a window that misses the breast
-(``breast_refusal``) are :mod:`scripts.transforms.mammo.coverage`'s, shared with evaluation.
-"""
+"""What an inference run states about how each image was read: the laterality, view and pixel spacing used and their
+sources (predictions.csv, the panel's title), and what was assumed (a note per image in errors.csv and the log)."""
 
 from __future__ import annotations
 
@@ -16,17 +10,10 @@ from typing import Any
 import numpy as np
 from monai.data import MetaTensor
 
-from ..data.cbis_ddsm import cbis_patient_id
-from ..data.header_facts import text_view_laterality
+from ..data.header_facts import cbis_patient_id, text_view_laterality
 from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY
 from ..transforms.mammo.breast import CC_LIKE_VIEWS, MLO_LIKE_VIEWS, view_kind
-from ..transforms.mammo.coverage import (
-    BREAST_IN_WINDOW,
-    BREAST_KEYS,
-    MIN_BREAST_IN_WINDOW,
-    breast_in_window,
-    breast_refusal,
-)
+from ..transforms.mammo.coverage import BREAST_IN_WINDOW, breast_in_window
 from ..transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_IGNORED_KEY,
@@ -37,18 +24,7 @@ from ..transforms.mammo.spacing import (
     format_spacing,
 )
 
-__all__ = [
-    "BREAST_IN_WINDOW",
-    "BREAST_KEYS",
-    "MIN_BREAST_IN_WINDOW",
-    "breast_in_window",
-    "breast_note",
-    "breast_refusal",
-    "spacing_note",
-    "image_facts",
-    "image_notes",
-    "patient_id",
-]
+__all__ = ["breast_note", "spacing_note", "tissue_note", "image_facts", "image_notes", "patient_id"]
 
 # the crop's iterations when the metadata does not record them (the authors')
 _DEFAULT_ITERATIONS = 100
@@ -69,16 +45,13 @@ def _range(meta: Mapping[str, Any]) -> str:
 
 
 def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
-    """What was assumed about the pixel spacing of a preprocessed image (``MetaTensor``, after
-    :class:`~scripts.transforms.ResampleToSpacingd`), for a log line and errors.csv; None when the spacing was stated
-    (by the file, the datalist or ``input_spacing``) and used, or when the model has none (nothing resampled):
+    """The note of what was assumed about a preprocessed image's pixel spacing: estimated, the model's, or used in
+    place of a file's spacing outside the plausible range; None when a stated spacing was used or nothing resampled.
 
-    - ``"pixel spacing not stated: estimated 0.31 mm, the breast fitted into the model's 736 x 480 window at 0.4
-      mm"`` (``spacing_source`` ``fit_breast``; ``window`` is the model's, from the image's shape when not given);
-    - ``"pixel spacing not stated: assumed the model's 0.4 mm (spacing_fallback: model)"``;
-    - a file whose spacing lies outside the plausible range (``meta["spacing_ignored"]``) starts with ``"the file's
-      pixel spacing 20 mm is outside the pixel sizes of mammograms (0.02-1 mm; the spacing_range option widens it),
-      not used: "`` followed by what was used instead (the estimate, the model's, the datalist's or the option's)."""
+    Args:
+        image: the preprocessed ``MetaTensor`` (after :class:`~scripts.transforms.ResampleToSpacingd`).
+        window: the model's window (rows, cols); the image's shape when None.
+    """
     meta = _meta(image)
     source = str(meta.get(SPACING_SOURCE_KEY, ""))
     ignored = _spacing_pair(meta.get(SPACING_IGNORED_KEY))
@@ -103,10 +76,8 @@ def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
 
 
 def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) -> str | None:
-    """The note of an image whose window holds less than the whole breast (``breast_in_window`` below 1 at three
-    decimals), naming the share and why: the breast's crop larger than the window at the spacing used (a stated
-    spacing can make it so), else the crop's opening (``crop_iterations``) or the placement cut part of it away;
-    None otherwise."""
+    """The note of an image whose window holds less than the whole breast (at three decimals), naming the share and
+    why: a crop larger than the window at the spacing used, else the crop's opening; None otherwise."""
     share = breast_in_window(item)
     if share is None or round(share, 3) >= 1.0:
         return None
@@ -128,9 +99,8 @@ def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) ->
 
 
 def tissue_note(item: Mapping[str, Any]) -> str | None:
-    """The note of an image whose crop or window was placed on the largest tissue region because the authors' (the
-    opened mask of pixels > 0) missed the breast, held clearly less of it, or took a film's background for it; None
-    otherwise."""
+    """The note of an image whose crop or window was placed on the largest tissue region because the authors' rule
+    did not hold the breast; None otherwise."""
     meta = _meta(item["image"])
     parts = [
         name for name, key in (("crop", CROP_SOURCE_KEY), ("window", WINDOW_SOURCE_KEY)) if meta.get(key) == "tissue"
@@ -148,12 +118,9 @@ def _text(value: Any) -> str:
 
 
 def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
-    """What predictions.csv states about how an image was read (``item``: the preprocessed item, its ``image`` a
-    ``MetaTensor``): ``laterality`` / ``laterality_source`` and ``view`` / ``view_source`` as the preprocessing used
-    them (a datalist item's value, source ``"datalist"``, before the file's; ``""`` and ``"unknown"`` when neither
-    states one), the input's pixel spacing used (``spacing_row_mm``, ``spacing_col_mm``, empty when unknown) with
-    its ``spacing_source``, the share of the breast in the model's window (``breast_in_window``, three decimals,
-    :func:`breast_in_window`; empty when it cannot be measured) and the ``patient_id`` (:func:`patient_id`)."""
+    """What predictions.csv states about how a preprocessed item was read: laterality and view with their sources (the
+    datalist's before the file's), the pixel spacing used and its source, ``breast_in_window`` and ``patient_id``;
+    empty cells for what is unknown."""
     meta = _meta(item["image"])
     facts: dict[str, Any] = {}
     for key in ("laterality", "view"):
@@ -176,9 +143,8 @@ def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def patient_id(item: Mapping[str, Any]) -> str:
-    """The patient an image belongs to, for breasts.csv: a datalist item's ``patient_id``, else the file's PatientID
-    (a CBIS-DDSM per-view id such as ``Mass-Test_P_00173_LEFT_CC`` becomes the woman's ``P_00173``, as the
-    datalists make it), else ``""`` (the image is then a breast of its own)."""
+    """The patient of an image, for breasts.csv: the datalist's ``patient_id``, else the file's PatientID (a CBIS-DDSM
+    per-view id reduced to the woman's), else ``""``."""
     given = _text(item.get("patient_id"))
     if given:
         return given
@@ -187,8 +153,8 @@ def patient_id(item: Mapping[str, Any]) -> str:
 
 
 def _file_name_disagrees(item: Mapping[str, Any], facts: Mapping[str, str]) -> list[str]:
-    """Notes for a laterality or view taken from a tag (or the datalist) while the file's name states another one:
-    the tag is used, as its place in the sources' order says, and a mislabelled file or a swapped name shows."""
+    """Notes for a laterality or view taken from a tag or the datalist while the file's name states another (the tag
+    is used), so that a mislabelled file shows."""
     name = Path(str(_meta(item["image"]).get("filename_or_obj") or "")).name
     name_view, name_side = text_view_laterality(name)
     notes = []
@@ -207,12 +173,9 @@ def _file_name_disagrees(item: Mapping[str, Any], facts: Mapping[str, str]) -> l
 def image_notes(
     item: Mapping[str, Any], window: Sequence[int] | None = None, default_view: str | None = "CC"
 ) -> list[str]:
-    """Everything assumed about one image, for its log line and errors.csv note: an estimated or assumed pixel spacing,
-    or one the file states outside the plausible range (:func:`spacing_note`), a crop or window placed on the tissue
-    breast (:func:`tissue_note`), a window that holds less than the whole breast (:func:`breast_note`), a view that is
-    unknown or not a CC- / MLO-like code (the ``default_view`` window rule was used), a laterality or view taken from
-    a tag while the file name states another, a laterality inferred from the image (the side of the chest wall decided
-    the mirroring)."""
+    """Everything assumed about one image, for its log line and errors.csv note: the spacing (:func:`spacing_note`),
+    the tissue placement (:func:`tissue_note`), the breast in the window (:func:`breast_note`), an unknown view (the
+    ``default_view`` window rule used), a name disagreeing with a tag, a laterality inferred from the image."""
     facts = image_facts(item)
     notes = [
         note for note in [spacing_note(item["image"], window), tissue_note(item), breast_note(item, window)] if note

@@ -1,15 +1,5 @@
-"""What a GLAM inference run writes and where (see docs/inference.md for the layout):
-
-- :class:`OutputSelection`: what a run writes (the ``outputs`` setting), the file names of one image and the maps
-  that must come back onto its file;
-- :class:`StagedFiles`: one image's files, written under temporary names and renamed into place together, then
-  recorded in the image's manifest (``manifests/<stem>.json``: each file's size and the SHA-256 of its last bytes);
-- :func:`files_are_complete`: whether an image's files are the ones its manifest records (what a rerun skips);
-- :func:`input_names`: the name each input's stem starts from (its file name, with the folders that tell it apart
-  when the name alone does not).
-
-The files themselves are written by the steps of an image's outputs: :mod:`.maps`, :mod:`.panel`, :mod:`.dicom`.
-"""
+"""What an inference run writes and where: the selection of outputs and their file names, one image's files staged
+and put in place together with their manifest, and the names the inputs' stems start from."""
 
 from __future__ import annotations
 
@@ -27,47 +17,33 @@ from ..data.readers import SUPPORTED_SUFFIXES
 from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
 from .dicom import DICOM_OUTPUT_MODES
 
-__all__ = [
-    "TEMPORARY_PREFIX",
-    "MAPS_DIR",
-    "PANELS_DIR",
-    "DICOM_DIR",
-    "MANIFESTS_DIR",
-    "is_temporary",
-    "OutputSelection",
-    "manifest_name",
-    "file_record",
-    "files_are_complete",
-    "StagedFiles",
-    "bare_name",
-    "input_names",
-]
+__all__ = ["OutputSelection", "StagedFiles", "is_temporary", "manifest_name", "files_are_complete", "input_names"]
 
-#: temporary files of this module start with this; :func:`is_temporary` also knows ``atomic_write``'s
+#: temporary files of :class:`StagedFiles` start with this
 TEMPORARY_PREFIX = ".tmp-"
 # the folders of each kind of file under the output folder
 MAPS_DIR, PANELS_DIR, DICOM_DIR = "maps", "panels", "dicom"
 #: the folder of the per-image manifests (what :class:`StagedFiles` put in place)
 MANIFESTS_DIR = "manifests"
-#: a manifest hashes this many bytes at the end of each file: a torn or zero-filled end is seen by reading one block
+#: the sub-folders a run writes into
+OUTPUT_FOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR, MANIFESTS_DIR)
+#: a manifest hashes this many bytes at the end of each file, so that a torn end is seen by reading one block
 TAIL_BYTES = 4096
 # a file name that says nothing of its image: digits only (TCIA's "1-1", an instance number, a DICOM UID)
 _GENERIC_NAME = re.compile(r"^[0-9]+([-_.][0-9]+)*$")
 
 
 def is_temporary(name: str) -> bool:
-    """Whether a file name is one of the temporary names this workflow writes (``.tmp-…`` here, ``.<name>.<random>.tmp``
-    by ``scripts.atomic.atomic_write``): what an interrupted run leaves behind."""
+    """Whether a file name is a temporary one of this module or of ``atomic_write``, as an interrupted run leaves."""
     return (
         name.startswith(TEMPORARY_PREFIX) or name.startswith(".tmp") or (name.startswith(".") and name.endswith(".tmp"))
     )
 
 
-# -- what to write ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OutputSelection:
-    """What a run writes besides the tables: ``maps`` (map names, as NIfTI), ``png`` (those maps also as 16-bit PNGs
-    per class), ``panel``, ``dicom`` (``"sc"`` and / or ``"map"``, DICOM inputs only)."""
+    """What a run writes besides the tables: ``maps`` (NIfTI), ``png`` (the maps also as PNGs per class), ``panel``,
+    ``dicom`` (``"sc"`` and / or ``"map"``, DICOM inputs only)."""
 
     maps: tuple[str, ...] = (MapName.COMBINED.value,)
     png: bool = False
@@ -79,8 +55,15 @@ class OutputSelection:
 
     @classmethod
     def parse(cls, outputs: str | Sequence[str] | None, dicom_outputs: str | None = "none") -> OutputSelection:
-        """``outputs``: a list of names (or one comma-separated string) from :attr:`NAMES`; ``dicom_outputs``
-        (``none | sc | map | both``, the older setting) adds the DICOM objects. A ValueError names an unknown name."""
+        """The selection from the ``outputs`` setting.
+
+        Args:
+            outputs: names from :attr:`NAMES`, a list or one comma-separated string.
+            dicom_outputs: ``none | sc | map | both``: DICOM objects added.
+
+        Raises:
+            ValueError: naming an unknown name or value.
+        """
         if outputs is None:
             names: list[str] = []
         elif isinstance(outputs, str):
@@ -108,7 +91,7 @@ class OutputSelection:
         )
 
     def names(self) -> list[str]:
-        """The selection as the ``outputs`` setting writes it (the run record compares it)."""
+        """The selection as the ``outputs`` setting writes it, for the run record."""
         out = [*self.maps]
         out += [InferenceOutput.PNG.value] if self.png else []
         out += [InferenceOutput.PANEL.value] if self.panel else []
@@ -121,8 +104,7 @@ class OutputSelection:
         return folders + [MANIFESTS_DIR] * bool(folders)
 
     def files(self, stem: str, dicom_input: bool) -> dict[str, str]:
-        """``what -> relative path`` of one image's files: ``<map>`` (NIfTI), ``<map>_<class>`` (PNG), ``panel``,
-        ``dicom_sc``, ``dicom_map`` (DICOM inputs only)."""
+        """``what -> relative path`` of one image's files: ``<map>``, ``<map>_<class>``, ``panel``, ``dicom_<kind>``."""
         files = {}
         for name in self.maps:
             files[name] = f"{MAPS_DIR}/{stem}_{name}.nii.gz"
@@ -147,21 +129,19 @@ class OutputSelection:
         return self.maps or (MapName.COMBINED.value,)
 
     def maps_on_file(self) -> tuple[str, ...]:
-        """Every map to bring back onto the file: :meth:`maps_needed` and, with a panel, :meth:`panel_maps`."""
+        """Every map to bring back onto the file: those needed and those the panel shows."""
         needed = set(self.maps_needed()) | (set(self.panel_maps()) if self.needs_panel() else set())
         return tuple(m for m in MAP_NAMES if m in needed)
 
 
-# -- what was written ------------------------------------------------------------------------------------------------
 def manifest_name(stem: str) -> str:
     """The manifest of the image with output stem ``stem``, relative to the output folder."""
     return f"{MANIFESTS_DIR}/{stem}.json"
 
 
 def file_record(path: str | os.PathLike) -> dict[str, Any]:
-    """What a manifest records of a file: its ``size`` in bytes and ``tail_sha256``, the SHA-256 of its last
-    :data:`TAIL_BYTES` bytes (all of a smaller file). Checking it costs a ``stat`` and one block's read, whatever the
-    file's format."""
+    """What a manifest records of a file: its ``size`` and the SHA-256 of its last :data:`TAIL_BYTES` bytes, cheap to
+    check whatever the file's format."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         f.seek(max(0, size - TAIL_BYTES))
@@ -170,9 +150,8 @@ def file_record(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def files_are_complete(root: str | os.PathLike, stem: str, files: Sequence[str]) -> bool:
-    """Whether the image of ``stem`` has its ``files`` (relative to ``root``, as its predictions.csv row lists them)
-    whole: its manifest lists exactly these files and each one on disk has the recorded size and last bytes. No
-    files: True. No manifest (outputs of an earlier version, which kept none): False."""
+    """Whether the image of ``stem`` has its ``files`` (relative to ``root``) whole: its manifest lists exactly these
+    and each has the recorded size and last bytes; True without files, False without a manifest."""
     if not files:
         return True
     root = Path(root)
@@ -185,14 +164,14 @@ def files_are_complete(root: str | os.PathLike, stem: str, files: Sequence[str])
         return False
 
 
-# -- writing files ---------------------------------------------------------------------------------------------------
 class StagedFiles:
-    """One image's files under ``root``: each is written to a temporary name beside its final one
-    (``.tmp-<pid>-<name>``, ending with the final name so that writers that pick the format from the extension still
-    do), and :meth:`commit` renames them all into place once every one is complete, then records them in the image's
-    manifest (``manifest``, relative to ``root``; :func:`manifest_name`), written atomically after the renames: an
-    image counts as complete when its manifest says so and its files match it (:func:`files_are_complete`), so the
-    check knows nothing of the files' formats. :meth:`discard` removes the temporary files."""
+    """One image's files under ``root``, written to temporary names beside their final ones (ending with the final
+    name, so that writers still pick the format from it) and put in place together by :meth:`commit`.
+
+    Args:
+        root: the output folder.
+        manifest: the image's manifest (:func:`manifest_name`), written after the renames.
+    """
 
     def __init__(self, root: str | os.PathLike, manifest: str | None = None) -> None:
         self.root = Path(root)
@@ -208,7 +187,7 @@ class StagedFiles:
         return tmp
 
     def commit(self) -> list[str]:
-        """Rename every staged file into place; returns their relative paths."""
+        """Rename every staged file into place, then write the manifest; returns their relative paths."""
         for tmp, final, _ in self._staged:
             move_into_place(tmp, final)
         done = [relative for _, _, relative in self._staged]
@@ -225,7 +204,6 @@ class StagedFiles:
         self._staged = []
 
 
-# -- the names of the inputs -----------------------------------------------------------------------------------------
 def bare_name(path: str) -> str:
     """A file's name without its supported suffix (``.nii.gz`` as one; another suffix is kept)."""
     name = os.path.basename(path)
@@ -236,12 +214,9 @@ def bare_name(path: str) -> str:
 
 
 def input_names(paths: Sequence[str]) -> dict[str, str]:
-    """``path -> name`` an input's output stem starts from: its :func:`bare_name`, led by its folders (joined by
-    ``_``) when the name alone does not tell the input apart: below the folder the inputs of that name (ignoring
-    case) share, when they lie in several folders (TCIA's layout names every film ``1-1.dcm`` in a folder per
-    patient, study and series: ``Mass-Training_P_00001_LEFT_CC_<study>_<series>_1-1``), and its own folder's name
-    for a name of digits only (``<series>_1-1``). Inputs of one name in one folder stay apart by the stem's
-    ``_2``, ``_3``."""
+    """``path -> name`` an input's output stem starts from: its :func:`bare_name`, led by the folders (joined by ``_``)
+    that tell inputs of one name apart (TCIA names every film ``1-1.dcm``), and by its own folder for a name of
+    digits only."""
     bare = {path: bare_name(path) for path in paths}
     folders: dict[str, set[str]] = {}
     for path in paths:

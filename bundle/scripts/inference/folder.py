@@ -1,24 +1,7 @@
-"""The output folder of an inference run, opened before the first image (docs/inference.md, "Nothing lost:
-interruptions, resuming, reusing a folder"):
-
-1. created if needed and locked (one run at a time writes into a folder; the lock goes with the process);
-2. its record ``run.json`` (the checkpoint's SHA-256, the model settings, the preprocessing and output settings) is
-   compared with this run's: a folder of another run is refused with the settings that differ (unless that run
-   wrote nothing: its record is replaced), a folder that holds outputs but no record (an earlier version, another
-   program) is refused too; a refused folder is left as it was;
-3. checked for writing: a probe file in the folder and in every sub-folder the run writes to;
-4. temporary files that an interrupted run left are removed, and this run's record is written;
-5. the tables are taken up: an image is done when its predictions.csv row exists and every file the row lists is
-   the one its manifest records (``manifests/<stem>.json``, written after the files were put in place:
-   :func:`~.files.files_are_complete`); rows whose files are missing, damaged or unrecorded (an earlier version
-   kept no manifests) are dropped and their images run again;
-6. every input gets its file stem (kept for an input the folder already has, new and unique otherwise) and the
-   inputs that are not done are what the run reads. An input is the file its path resolves to: the same file given
-   by a relative path, an absolute one or through a linked folder is the same input (done once, one stem).
-
-So rerunning the same command resumes, a run of the same model and settings on other inputs adds them to the same
-tables under stems of their own, and nothing a run wrote is replaced by another run's outputs.
-"""
+"""The output folder of an inference run, opened before the first image: locked, compared with its record
+(``run.json``: a folder of another run is refused), checked for writing, cleared of an interrupted run's temporaries,
+and planned: an input whose predictions.csv row and manifest-recorded files are whole is done, the others are run
+under stems of their own. Rerunning a command resumes it; nothing a run wrote is replaced by another run's outputs."""
 
 from __future__ import annotations
 
@@ -34,16 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write
-from ..networks.weights import as_flag
 from .files import (
-    DICOM_DIR,
-    MANIFESTS_DIR,
+    OUTPUT_FOLDERS,
     TEMPORARY_PREFIX,
     OutputSelection,
     files_are_complete,
     input_names,
     is_temporary,
-    manifest_name,
 )
 from .tables import (
     FILES_KEY,
@@ -60,12 +40,10 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
-    "FINGERPRINT_KEY",
     "RUN_RECORD",
     "OutputFolderRefused",
     "InferencePlan",
     "InferenceOutputFolder",
-    "file_sha256",
     "assign_stems",
     "stem_limit",
 ]
@@ -77,13 +55,12 @@ RUN_RECORD = "run.json"
 #: the item key of an input's size and modification time when the run was planned (its row records them)
 FINGERPRINT_KEY = "input_fingerprint"
 # what a folder holds once a run has written into it
-_RUN_OUTPUTS = ("predictions.csv", "errors.csv", "maps", "panels", DICOM_DIR, MANIFESTS_DIR)
+_RUN_OUTPUTS = ("predictions.csv", "errors.csv", *OUTPUT_FOLDERS)
 _STEM_UNSAFE = {";": "_", "/": "_", "\\": "_"}  # ";" separates the files column's entries
 
 
 class OutputFolderRefused(SystemExit):
-    """The run cannot write into its output folder (not writable, another run's outputs, another run writing): the
-    message says why and what to do; like any ``SystemExit`` it ends the command with that line and status 1."""
+    """The run cannot write into its output folder; the message says why and what to do (status 1)."""
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -95,15 +72,13 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-#: what an output's file name adds to its stem at most: the temporary prefix ``.tmp-<pid>-`` (13 bytes with a 7-digit
-#: pid) and ``_S_c_malignant.png`` (18), or atomic_write's ``.<name>.<8 random>.tmp`` around ``_map.dcm`` (22); and
-#: the ``_<n>`` that keeps stems apart, with room to spare
+#: what an output's file name adds to its stem at most: ``.tmp-<pid>-`` and ``_S_c_malignant.png``, or atomic_write's
+#: ``.<name>.<random>.tmp`` around ``_map.dcm``, and the ``_<n>`` that keeps stems apart, with room to spare
 STEM_OVERHEAD_BYTES = 55
 
 
 def stem_limit(folder: str | os.PathLike | None = None) -> int:
-    """The most bytes of a stem whose every output file name fits the file system of ``folder`` (its ``NAME_MAX``,
-    255 on most; 200 bytes of stem there)."""
+    """The most bytes of a stem whose every output file name fits the ``NAME_MAX`` of ``folder``'s file system."""
     name_max = 255
     with contextlib.suppress(OSError, ValueError, AttributeError):
         name_max = int(os.pathconf(folder, "PC_NAME_MAX")) if folder is not None else name_max
@@ -111,8 +86,8 @@ def stem_limit(folder: str | os.PathLike | None = None) -> int:
 
 
 def _fitted(name: str, limit: int) -> str:
-    """``name`` when its bytes fit ``limit``; else its first characters and ``~`` with 8 hex digits of its hash (so
-    that two long names with the same beginning stay apart), ``limit`` bytes at most."""
+    """``name`` cut to ``limit`` bytes, ending with ``~`` and 8 hex digits of its hash when cut, so that two long
+    names with the same beginning stay apart."""
     raw = name.encode("utf-8", "surrogateescape")
     if len(raw) <= limit:
         return name
@@ -128,18 +103,20 @@ def _fitted(name: str, limit: int) -> str:
 
 
 def _identity(path: str) -> str:
-    """What an input path names: the file it resolves to (links followed, made absolute; the rows' relative paths
-    from the current folder, as the run that wrote them read them)."""
+    """What an input path names, however it is spelled: the file it resolves to."""
     return os.path.realpath(path)
 
 
 def assign_stems(paths: Sequence[str], taken: Mapping[str, str], limit: int | None = None) -> dict[str, str]:
-    """``path -> stem`` for every input: the stem the folder already has for it (``taken``: path -> stem), else its
-    file name without the suffix, led by the folders that tell it apart when the name alone does not
-    (:func:`~.files.input_names`), shortened to ``limit`` bytes when longer (:func:`_fitted`; default
-    :func:`stem_limit`: every output's file name then fits the file system), made unique (ignoring case, for
-    case-insensitive file systems) against every stem of the folder and of this run by ``_2``, ``_3``, ... in the
-    order of ``paths``."""
+    """``path -> stem`` for every input: the stem the folder already has for it, else its name
+    (:func:`~.files.input_names`) cut to ``limit`` bytes (default :func:`stem_limit`) and made unique, ignoring case,
+    by ``_2``, ``_3``, ... in the order of ``paths``.
+
+    Args:
+        paths: the inputs.
+        taken: path -> stem of the inputs the folder has.
+        limit: the most bytes of a stem.
+    """
     limit = stem_limit() if limit is None else int(limit)
     used = {stem.casefold() for stem in taken.values()}
     stems, names = {}, input_names(paths)
@@ -175,8 +152,8 @@ def _differences(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix
 
 @dataclass
 class InferencePlan(Sequence):
-    """What a run does: ``items`` to read (each with its ``output_stem``), out of ``total`` inputs, ``skipped``
-    of them done before. The plan is the sequence of its items (the dataset's data)."""
+    """What a run does, the sequence of its ``items`` (each with its ``output_stem``) out of ``total`` inputs,
+    ``skipped`` of them done before."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     total: int = 0
@@ -190,38 +167,8 @@ class InferencePlan(Sequence):
         return self.items[index]
 
 
-def run_settings(
-    ckpt_path: str | os.PathLike,
-    network: Any,
-    precision: str = "auto",
-    crop_iterations: int = 100,
-    crop_buffer: int = 50,
-    input_spacing: Any = None,
-    spacing_fallback: str = "fit_breast",
-    accept_non_mammography: bool = False,
-    panel_height: int | None = 1024,
-    spacing_range: Any = None,
-) -> dict[str, Any]:
-    """What makes two runs into one output folder the same run (``run.json``; the folder adds the outputs): the
-    checkpoint's SHA-256, the ``network``'s model settings, the precision, the preprocessing's sizes and spacing
-    policy, whether non-mammograms are read, the panels' height."""
-    return {
-        "checkpoint_sha256": file_sha256(ckpt_path),
-        "model": network.settings,
-        "precision": str(precision),
-        "crop_iterations": int(crop_iterations),
-        "crop_buffer": int(crop_buffer),
-        "input_spacing": input_spacing,
-        "spacing_fallback": str(spacing_fallback),
-        "accept_non_mammography": as_flag(accept_non_mammography, "accept_non_mammography"),
-        "panel_height": panel_height,
-        # the plausible pixel sizes (inference.yaml always gives them; a caller that does not keeps the old record)
-        **({} if spacing_range is None else {"spacing_range": [float(v) for v in spacing_range]}),
-    }
-
-
 class InferenceOutputFolder:
-    """The output folder of one run: see the module docstring for what :meth:`open` does.
+    """The output folder of one run.
 
     Args:
         output_dir: the folder.
@@ -238,20 +185,17 @@ class InferenceOutputFolder:
         self.plan: InferencePlan | None = None
         self._lock_fd: int | None = None
 
-    # -- opening -----------------------------------------------------------------------------------------------------
     def open(self, items: Sequence[Mapping[str, Any]]) -> InferencePlan:
-        """Open the folder for a run over ``items`` (see the module docstring); returns the plan. Raises
-        :class:`OutputFolderRefused` with the reason when the run cannot write here. Called once per run."""
+        """Open the folder for a run over ``items`` (once) and return the plan.
+
+        Raises:
+            OutputFolderRefused: with the reason when the run cannot write here.
+        """
         if self.plan is not None:
             return self.plan
         self._lock()
         try:
-            write_record = self._check_record()  # refuses before anything in the folder is changed
-            self._check_writable()
-            self._remove_temporaries()
-            if write_record:
-                with atomic_write(self.path / RUN_RECORD, "w") as f:
-                    json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
+            self._take_over()
             try:
                 predictions, _ = self.tables.open()
                 if self.tables.absorb():  # the rows of a killed multi_gpu_inference.yaml job's ranks
@@ -263,6 +207,15 @@ class InferenceOutputFolder:
             self.close()
             raise
         return self.plan
+
+    def _take_over(self) -> None:
+        """Refuse the folder or record this run in it, check it for writing and clear an interrupted run's leftovers."""
+        write_record = self._check_record()  # refuses before anything in the folder is changed
+        self._check_writable()
+        self._remove_temporaries()
+        if write_record:
+            with atomic_write(self.path / RUN_RECORD, "w") as f:
+                json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
 
     def _refused(self, reason: str) -> OutputFolderRefused:
         return OutputFolderRefused(f"error: output_dir {self.path}: {reason}")
@@ -301,7 +254,7 @@ class InferenceOutputFolder:
 
     def _remove_temporaries(self) -> None:
         removed = 0
-        for folder in [self.path, *(self.path / name for name in _RUN_OUTPUTS[2:])]:
+        for folder in [self.path, *(self.path / name for name in OUTPUT_FOLDERS)]:
             if not folder.is_dir():
                 continue
             for entry in os.scandir(folder):
@@ -312,7 +265,7 @@ class InferenceOutputFolder:
             logger.info("%s: removed %d temporary files left by an interrupted run", self.path, removed)
 
     def _check_record(self) -> bool:
-        """Refuse a folder of another run (or of unknown provenance); whether this run's record is to be written."""
+        """Refuse a folder of another run or of unknown provenance; returns whether to write this run's record."""
         record_path = self.path / RUN_RECORD
         if not record_path.exists():
             found = [name for name in _RUN_OUTPUTS if (self.path / name).exists() and self._has_content(name)]
@@ -358,38 +311,29 @@ class InferenceOutputFolder:
         return any(path.iterdir()) if path.is_dir() else path.stat().st_size > 0
 
     def _row_is_complete(self, row: Mapping[str, str]) -> bool:
-        """Whether the files a row lists are those its image's manifest records (:func:`~.files.files_are_complete`)."""
+        """Whether the files a row lists are those its image's manifest records."""
         files = [unescape_text(f) for f in row.get(FILES_KEY, "").split(";") if f]
         return files_are_complete(self.path, unescape_text(row.get("output_stem", "")), files)
 
-    def _unrecorded(self, row: Mapping[str, str]) -> bool:
-        """Whether a row lists files but its image has no manifest: written by an earlier version."""
-        stem = unescape_text(row.get("output_stem", ""))
-        return bool(row.get(FILES_KEY)) and not (self.path / manifest_name(stem)).is_file()
-
     @staticmethod
     def _row_is_current(row: Mapping[str, str], fingerprints: Mapping[str, Mapping[str, str]]) -> bool:
-        """Whether a row still describes its input: an input of this run whose size or modification time differ
-        from the row's is not (nor is a row without them); inputs of other runs into this folder are left alone."""
+        """Whether a row still describes its input (same size and modification time); other runs' inputs are left
+        alone."""
         current = fingerprints.get(_identity(unescape_text(row["image"])))
         if current is None:
             return True
         return all(row.get(k, "") == current[k] != "" for k in FINGERPRINT_COLUMNS)
 
-    # -- what this process runs (a rank of multi_gpu_inference.yaml: its share; ranks.RankOutputFolder) ---------------
     def _my_inputs(self, paths: list[str]) -> list[str]:
-        """The inputs this process runs, of the run's ``paths``: all of them."""
         return paths
 
     def _rows_to_check(
         self, predictions: list[dict[str, str]], paths: list[str], mine: list[str]
     ) -> list[dict[str, str]]:
-        """The predictions.csv rows whose files and input this process checks: all of them."""
         return predictions
 
     def _drop_rows(self, predictions: list[dict[str, str]], stale: list[dict[str, str]]) -> None:
-        """Remove the ``stale`` rows (files missing or damaged, input changed) from predictions.csv: their images
-        run again and get a new row."""
+        """Remove the ``stale`` rows from predictions.csv: their images run again."""
         stale_ids = {id(row) for row in stale}
         self.tables.predictions.replace_rows([row for row in predictions if id(row) not in stale_ids])
 
@@ -411,8 +355,7 @@ class InferenceOutputFolder:
         fingerprints = {_identity(path): input_fingerprint(path) for path in mine}
         checked = self._rows_to_check(predictions, paths, mine)
         complete = [row for row in checked if self._row_is_complete(row)]
-        unrecorded = sum(self._unrecorded(row) for row in checked)
-        damaged = len(checked) - len(complete) - unrecorded
+        damaged = len(checked) - len(complete)
         current = {id(row) for row in complete if self._row_is_current(row, fingerprints)}
         changed = len(complete) - len(current)
         stale = [row for row in checked if id(row) not in current]
@@ -421,13 +364,6 @@ class InferenceOutputFolder:
         if damaged:
             logger.warning(
                 "%s: %d images in predictions.csv have missing or damaged files: they are run again", self.path, damaged
-            )
-        if unrecorded:
-            logger.warning(
-                "%s: %d images in predictions.csv were written by an earlier version, which kept no record of their "
-                "files: they are run again (one inference each) and their files replaced",
-                self.path,
-                unrecorded,
             )
         if changed:
             logger.warning(
@@ -442,7 +378,7 @@ class InferenceOutputFolder:
         by_identity = {_identity(path): stem for path, stem in taken.items()}
         taken.update({path: by_identity[_identity(path)] for path in paths if _identity(path) in by_identity})
         stems = assign_stems(paths, taken, stem_limit(self.path))
-        plan = InferencePlan(total=len(mine), redone=damaged + unrecorded + changed)
+        plan = InferencePlan(total=len(mine), redone=damaged + changed)
         for path in mine:
             if _identity(path) in done:
                 plan.skipped += 1
@@ -459,9 +395,8 @@ class InferenceOutputFolder:
             )
         return plan
 
-    # -- closing -----------------------------------------------------------------------------------------------------
     def finish(self) -> None:
-        """Compact the tables (sorted; errors of inputs that have since succeeded dropped), then :meth:`close`."""
+        """Compact the tables, then :meth:`close`."""
         if self.plan is not None:
             with contextlib.suppress(OSError):  # a folder that became unwritable keeps its appended tables
                 self.tables.compact()

@@ -1,14 +1,5 @@
-"""What an inference run reads: the inputs of a folder or a datalist split, every one of them accounted for, and the
-dataset that turns an input that cannot be read into an error record instead of an exception.
-
-- :func:`inference_items`: every entry of the input folder whose name looks like an image (a supported suffix) is an
-  item: regular files (and links to them) to be read, and every other kind of entry with that name (a dangling link,
-  a link loop, a folder, a FIFO, a folder that cannot be listed) as an item that carries its error, so that it gets
-  its row in errors.csv like a file that fails to decode; a file of another name is read when its first bytes are an
-  image's, else it is listed as skipped (no image file);
-- :class:`SafeDataset`: loads and preprocesses an item, or returns the error record (timed: ``load_s``);
-- :func:`collate_inference`: a batch of the good images stacked, the error records carried along.
-"""
+"""What an inference run reads: every input of a folder or a datalist split accounted for, a dataset that turns an
+input it cannot read into an error record, and the loader."""
 
 from __future__ import annotations
 
@@ -21,55 +12,47 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monai.data import DataLoader, Dataset
+from monai.data import Dataset, MetaTensor
 
 from ..data.datalist import load_datalist, resolve_paths
 from ..data.readers import (
-    DEFAULT_MAX_PIXELS,
     SUPPORTED_SUFFIXES,
-    MammogramReader,
     MammogramReadError,
     file_format,
     not_a_mammogram,
 )
 from ..enums import Stage
 from ..handlers.throughput import LOAD_SECONDS_KEY
-from ..networks.weights import as_flag
-from .facts import breast_refusal
-from .files import DICOM_DIR, MANIFESTS_DIR, MAPS_DIR, PANELS_DIR
+from ..transforms.mammo.coverage import breast_refusal
+from .files import OUTPUT_FOLDERS
+from .folder import RUN_RECORD
 from .tables import ERROR_KEY, error_record
 
 __all__ = [
-    "looks_like_an_input",
+    "NO_IMAGE_FILE",
+    "item_path",
     "scan_input_folder",
     "inference_items",
-    "inference_reader",
     "SafeDataset",
     "collate_inference",
     "root_cause",
     "batch_size_for",
     "cores_per_process",
     "loader_workers",
-    "inference_loader",
 ]
 
-# an inference output folder holds this record (folder.RUN_RECORD) and writes into these sub-folders
-_RUN_RECORD = "run.json"
-_OUTPUT_SUBFOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR, MANIFESTS_DIR)
+#: the reason of a file that is no image (errors.csv)
+NO_IMAGE_FILE = "no image file (neither its suffix nor its first bytes are of a supported type)"
 
 
-def looks_like_an_input(name: str) -> bool:
-    """Whether a directory entry's name has a supported image suffix (``SUPPORTED_SUFFIXES``, any case)."""
-    lower = name.lower()
-    return any(lower.endswith(s) for s in SUPPORTED_SUFFIXES)
+def item_path(item: Mapping[str, Any]) -> str:
+    """The input file of an item, preprocessed (its ``MetaTensor``'s ``filename_or_obj``) or not."""
+    image = item["image"]
+    return str(image.meta.get("filename_or_obj", "")) if isinstance(image, MetaTensor) else str(image)
 
 
 def _entry_error(path: str, problem: str) -> dict[str, str]:
     return error_record(path, MammogramReadError(f"{path}: {problem}", path=path, problem=problem))
-
-
-#: the reason of a file that is no image (errors.csv)
-NO_IMAGE_FILE = "no image file (neither its suffix nor its first bytes are of a supported type)"
 
 
 def _skipped(path: str) -> dict[str, str]:
@@ -96,21 +79,23 @@ def _classify(entry: os.DirEntry) -> str | None:
 
 
 def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.PathLike] = ()) -> list[dict[str, str]]:
-    """Every entry under ``folder`` whose name looks like an input, sorted by path: ``{"image": path}`` for a file to
-    read, ``{"image": path, "error": "MammogramReadError: <path>: <problem>"}`` for any other entry with such a
-    name; every other file is read when its first bytes are an image's (a DICOM export without a suffix), else
-    listed as skipped (``"NotAMammogram: <path>: skipped, not a mammogram: no image file ..."``). Hidden entries (a
-    name starting with ".") are skipped; real sub-folders are searched (a folder named like an image is both reported
-    and searched), linked folders are not (a link could lead in a circle). A sub-folder that cannot be listed is
-    itself an error item (what it holds cannot be known). Folders in ``exclude`` (the run's
-    output folder, when it lies inside the input folder) are not searched, nor any folder holding a ``run.json`` (an
-    inference run's output folder), nor, when ``folder`` itself is excluded (output folder = input folder), its
-    ``maps``, ``panels`` and ``dicom`` sub-folders: a run must never take its own outputs for inputs."""
+    """Every entry under ``folder`` as an item, sorted by path, so that each one gets its row.
+
+    A regular file named with a supported suffix, or whose first bytes are an image's, is ``{"image": path}``; any
+    other entry so named (a broken link, a folder, a FIFO) and a sub-folder that cannot be listed carry their
+    ``error``; another file is listed as skipped. Hidden entries and linked folders (a link could lead in a circle)
+    are not searched, nor inference output folders: those in ``exclude``, those holding a ``run.json`` and, when
+    ``folder`` is itself excluded, its own output sub-folders.
+
+    Args:
+        folder: the input folder.
+        exclude: the run's output folder, when it lies inside ``folder``.
+    """
     excluded = {os.path.realpath(p) for p in exclude if str(p)}
     items: list[dict[str, str]] = []
     root = os.fspath(Path(folder))  # normalised as pathlib writes it: "x/a.png" for "./x/"
     if os.path.realpath(root) in excluded:  # the output folder is the input folder: its own sub-folders are not read
-        excluded |= {os.path.realpath(os.path.join(root, name)) for name in _OUTPUT_SUBFOLDERS}
+        excluded |= {os.path.realpath(os.path.join(root, name)) for name in OUTPUT_FOLDERS}
     pending = [root]
     while pending:
         current = pending.pop()
@@ -126,9 +111,9 @@ def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.Path
         for entry in entries:
             if entry.name.startswith("."):
                 continue
-            named_like_input = looks_like_an_input(entry.name)
+            named_like_input = entry.name.lower().endswith(tuple(SUPPORTED_SUFFIXES))
             if entry.is_dir(follow_symlinks=False):
-                if os.path.realpath(entry.path) in excluded or os.path.isfile(os.path.join(entry.path, _RUN_RECORD)):
+                if os.path.realpath(entry.path) in excluded or os.path.isfile(os.path.join(entry.path, RUN_RECORD)):
                     continue  # this run's output folder, or another inference run's (it holds a run.json)
                 pending.append(entry.path)
                 if named_like_input:
@@ -151,12 +136,11 @@ def inference_items(
     split: str = "test",
     output_dir: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
-    """The inputs to run on: every entry under ``input_dir`` that looks like an input (:func:`scan_input_folder`,
-    the odd ones carrying their error; ``output_dir`` is not searched), or, when ``input_dir`` is empty, the items of
-    ``datalist[split]``: a datalist file (its relative paths taken from its folder; ``""``: none) or its content
-    with the paths already resolved.
+    """The inputs to run on: the entries of ``input_dir`` (:func:`scan_input_folder`), or, when it is empty, the
+    items of ``datalist[split]`` (a datalist file, ``""`` for none, or its content with the paths resolved).
 
-    Raises ``ValueError`` naming the folder or the split when there is nothing to run on.
+    Raises:
+        ValueError: naming the folder or the split when there is nothing to run on.
     """
     if isinstance(datalist, (str, os.PathLike)):
         given = str(datalist)
@@ -179,32 +163,8 @@ def inference_items(
     return items
 
 
-def inference_reader(
-    apply_voi: bool = True,
-    accept_non_mammography: bool = False,
-    max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    window: Sequence[int] | None = None,
-    pixel_spacing: float | Sequence[float] | None = None,
-) -> MammogramReader:
-    """The reader of inference's images: :class:`~scripts.data.readers.MammogramReader` with ``apply_voi``. A file
-    that is not a mammogram is skipped by the reader (an errors.csv row naming the reason: a DICOM of another
-    modality, a binary image such as a lesion mask, an image too small for the model's ``window`` at its
-    ``pixel_spacing``, :func:`~scripts.data.readers.pixel_kind_problem`) unless ``accept_non_mammography``; a file
-    whose header states more than ``max_pixels`` pixels is refused before it is decoded (None: no cap)."""
-    accept = as_flag(accept_non_mammography, "accept_non_mammography")
-    return MammogramReader(
-        apply_voi=bool(apply_voi),
-        accept_non_mammography=accept,
-        max_pixels=None if max_pixels is None else int(max_pixels),
-        kind_checks=not accept,
-        window=window,
-        model_spacing=pixel_spacing,
-    )
-
-
 def root_cause(exc: BaseException) -> BaseException:
-    """The first error in the chain that is not one of MONAI's "applying transform ..." wrappers (the reader's
-    own message, e.g. a ``MammogramReadError`` naming the file and the problem)."""
+    """The first error in the chain that is not one of MONAI's "applying transform ..." wrappers."""
     seen = set()
     while (
         isinstance(exc, RuntimeError)
@@ -218,10 +178,9 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 class SafeDataset(Dataset):
-    """A ``Dataset`` whose items never raise: an input that fails to load or preprocess, whose model window misses the
-    breast (:func:`~.facts.breast_refusal`), or that arrives with an error (an odd folder entry), becomes ``{"image":
-    path, "error": "<ExceptionType>: <message>"}``, so one bad file does not stop the run. Every item carries
-    ``load_s``, the seconds it took."""
+    """A ``Dataset`` whose items never raise, so that one bad file does not stop the run: an input that fails to load,
+    whose window misses the breast (:func:`~scripts.transforms.mammo.coverage.breast_refusal`) or that arrives with
+    an error becomes ``{"image": path, "error": "<ExceptionType>: <message>"}``. Every item carries ``load_s``."""
 
     def _transform(self, index: int) -> Any:
         start = time.perf_counter()
@@ -243,9 +202,8 @@ class SafeDataset(Dataset):
 
 
 def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]:
-    """Batch of :class:`SafeDataset` items -> ``{"image": (B, 1, H, W) tensor or None, "items": [good items],
-    "errors": [error records], "load_s": seconds}``. Good items keep their ``MetaTensor`` (with the applied
-    operations to invert) and whatever the preprocessing added (the thumbnails)."""
+    """Batch of :class:`SafeDataset` items -> ``{"image": (B, 1, H, W) or None, "items": [good items], "errors":
+    [error records], "load_s": seconds}``; good items keep their ``MetaTensor`` for the inversion."""
     good = [d for d in items if ERROR_KEY not in d]
     errors = [{"image": d["image"], ERROR_KEY: d[ERROR_KEY]} for d in items if ERROR_KEY in d]
     image = torch.stack([torch.as_tensor(d["image"]) for d in good]) if good else None
@@ -258,8 +216,8 @@ def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]
 
 
 def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu") -> int:
-    """Images per batch: ``batch_size`` as a number; a training preset's per-stage dict (``{global: 8, ...}``): its
-    ``joint`` value; ``"auto"``: 8 on a GPU, 2 on CPUs (``device``'s type)."""
+    """Images per batch: ``batch_size`` as a number, a per-stage dict's ``joint`` value, or ``"auto"``: 8 on a GPU, 2
+    on CPUs."""
     if isinstance(batch_size, Mapping):
         if Stage.JOINT not in batch_size:
             raise ValueError(
@@ -272,30 +230,14 @@ def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu")
 
 
 def cores_per_process(cpus: int | None = None) -> int:
-    """The CPU cores of this process: the node's (``cpus``, default ``os.cpu_count()``) divided among the processes
-    ``torchrun`` started on it (``LOCAL_WORLD_SIZE``; 1 without torchrun), at least 1."""
+    """This process's CPU cores: the node's (``cpus``, default ``os.cpu_count()``) divided among torchrun's processes
+    on it (``LOCAL_WORLD_SIZE``), at least 1."""
     processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     return max(1, (cpus or os.cpu_count() or 2) // processes)
 
 
 def loader_workers(num_workers: Any = "auto", cpus: int | None = None) -> int:
-    """Processes reading and preprocessing the inputs: ``num_workers`` as a number; ``"auto"``: half the CPU cores
-    (``cpus``, default ``os.cpu_count()``; under torchrun this process's part of them, :func:`cores_per_process`),
-    at most 8."""
+    """Loader processes: ``num_workers`` as a number; ``"auto"``: half of :func:`cores_per_process`, at most 8."""
     if str(num_workers).strip().lower() == "auto":
         return min(8, cores_per_process(cpus) // 2)
     return int(num_workers)
-
-
-def inference_loader(
-    dataset: Dataset, batch_size: Any = "auto", num_workers: Any = "auto", device: torch.device | str = "cpu"
-) -> DataLoader:
-    """MONAI's ``DataLoader`` over ``dataset`` in order, batched by :func:`collate_inference`, with
-    :func:`batch_size_for` and :func:`loader_workers`."""
-    return DataLoader(
-        dataset,
-        batch_size=batch_size_for(batch_size, device),
-        shuffle=False,
-        num_workers=loader_workers(num_workers),
-        collate_fn=collate_inference,
-    )

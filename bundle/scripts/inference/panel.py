@@ -1,8 +1,5 @@
-"""The overlay panel of one image (the third step of its outputs, after :mod:`.geometry` and :mod:`.maps`): the
-thumbnail taken when the image was loaded, its masks when a datalist has them, each map written (S_c when none) as
-an overlay scaled to its maximum with its colour bars, the model's window and the patches, and a title saying what
-the image was read as (:func:`~scripts.visualize.reading_panel` draws the tiles).
-"""
+"""The overlay panel of one image: its thumbnail with the ground truth a datalist gives, each map shown with its
+colour bars, the model's window and the patches, under a title saying how the image was read."""
 
 from __future__ import annotations
 
@@ -27,8 +24,7 @@ def _thumbnail(item: Mapping[str, Any], key: str) -> np.ndarray | None:
 
 
 def _mask_thumbnails(item: Mapping[str, Any]) -> np.ndarray | None:
-    """(C, h, w) thumbnails of the item's ground truth (the datalist's ``mask_<class>`` files and its ``boxes``,
-    painted into the masks at loading), zeros for a class without one; None when no class has one."""
+    """(C, h, w) thumbnails of the item's ground truth masks, zeros for a class without one; None without any."""
     masks = [_thumbnail(item, f"mask_{cls}") for cls in CLASS_NAMES]
     if all(m is None for m in masks):
         return None
@@ -37,9 +33,8 @@ def _mask_thumbnails(item: Mapping[str, Any]) -> np.ndarray | None:
 
 
 def shown_name(path: str, stem: str | None = None) -> str:
-    """The input as the panel's title names it: its file name, with the folders its output ``stem`` names before it
-    (``<patient>/<study>/<series>/1-1.dcm`` for the stem ``<patient>_<study>_<series>_1-1``,
-    :func:`~.files.input_names`)."""
+    """The input as the panel's title names it: its file name led by the folders its output ``stem`` names
+    (:func:`~.files.input_names`)."""
     parts = Path(path).parts
     for k in range(1, len(parts)):
         if stem == "_".join([*parts[-1 - k : -1], bare_name(path)]):
@@ -63,10 +58,8 @@ def panel_title_lines(
     with_masks: bool,
     facts: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """The panel's title, in plain words: the file and its scores (malignant first: ``"malignant 0.16 · benign
-    0.14"``) and labels when known; how it was read (spacing, view, laterality and where each came from, ``facts``
-    of :func:`~.facts.image_facts`); what the tiles and the colours show, with the share of the breast the window
-    holds (``facts["breast_in_window"]``) beside the window's colour."""
+    """The panel's title lines: the file with its scores (malignant first) and labels, how it was read (``facts`` of
+    :func:`~.facts.image_facts`), and what the tiles and colours show."""
     order = sorted(range(len(CLASS_NAMES)), key=lambda i: CLASS_NAMES[i] != LesionClass.MALIGNANT)
     scored = " · ".join(f"{CLASS_NAMES[i]} {scores[i]:.2f}" for i in order)
     truth = "" if labels[0] == "" else "   (labels: " + ", ".join(f"{CLASS_NAMES[i]} {labels[i]}" for i in order) + ")"
@@ -96,7 +89,7 @@ def panel_title_lines(
 
 
 def add_title(panel: np.ndarray, lines: Sequence[str]) -> np.ndarray:
-    """Put text lines above the panel, the font as large as fits the panel's width (at most 1/30 of its height)."""
+    """Put text lines above the panel in the largest font that fits its width (at most 1/30 of its height)."""
     from PIL import Image, ImageDraw, ImageFont
 
     width = panel.shape[1]
@@ -127,14 +120,19 @@ def overlay_panel(
     step: int = 1,
     window: Sequence[int] | None = None,
 ) -> np.ndarray:
-    """The titled panel of one image (:func:`~scripts.visualize.reading_panel`: the image with its masks, then each
-    map scaled to its maximum with its colour bars; the model's ``window`` and the patches on every tile), at the
-    thumbnail's resolution.
+    """The titled :func:`~scripts.visualize.reading_panel` of one image at its thumbnail's resolution.
 
-    ``thumbnail`` (h, w): every ``step``-th pixel of the image (``scripts.transforms.Thumbnail``); ``maps`` name ->
-    (C, H, W) on the image's full grid (every ``step``-th pixel is shown); ``boxes`` (top, left, bottom, right) on
-    the full grid, end-exclusive; ``window`` likewise (None: not drawn); ``masks`` (C, h, w) thumbnails or None.
-    Returns (rows, cols, 3) uint8.
+    Args:
+        thumbnail: (h, w), every ``step``-th pixel of the image.
+        maps: name -> (C, H, W) on the image's full grid.
+        boxes: the patches (top, left, bottom, right) on the full grid, end-exclusive.
+        masks: (C, h, w) thumbnails, or None.
+        title: the title lines.
+        step: the thumbnail's step.
+        window: the model's window, as the boxes (None: not drawn).
+
+    Returns:
+        (rows, cols, 3) uint8.
     """
     sub = (slice(None), slice(None, None, step), slice(None, None, step))
     small_maps = {name: maps[name][sub] for name in maps}
@@ -167,9 +165,12 @@ def item_panel(
     labels: Sequence[int | str],
     facts: Mapping[str, Any],
 ) -> np.ndarray:
-    """The titled panel of the preprocessed ``item`` (its thumbnails) for the file ``path``: ``maps`` name -> (C, H,
-    W) on the file's grid (the maps shown), ``boxes`` and ``window`` on it, the image-level ``scores`` and
-    ``labels`` and how it was read (``facts``, :func:`~.facts.image_facts`) in the title."""
+    """The titled panel of the preprocessed ``item`` (its thumbnails) for the file ``path``, with ``maps``, ``boxes``
+    and ``window`` on the file's grid and the ``scores``, ``labels`` and ``facts`` in the title.
+
+    Raises:
+        ValueError: when the item has no thumbnail.
+    """
     thumbnail = _thumbnail(item, "image")
     if thumbnail is None:
         raise ValueError(

@@ -1,28 +1,6 @@
-"""Inference over many processes under ``torchrun`` (``configs/multi_gpu_inference.yaml``; docs/inference.md, "Many
-GPUs and machines"): one process (rank) per GPU, or several CPU processes with gloo, on one node or several, all
-writing into one output folder on a file system they share.
-
-- :class:`InferenceRanks` joins the process group (NCCL on GPUs, gloo on CPUs: ``scripts.distributed``) and keeps a
-  gloo group for what the ranks tell each other (small Python objects at the start and at the end; no tensor is
-  exchanged: each rank runs its own images);
-- :func:`input_share`: which inputs a rank runs. Every rank lists the same inputs and takes those at positions
-  ``rank, rank + N, rank + 2N, ...`` of the sorted list of them all, done or not, so a rerun gives each rank the same
-  share whatever finished before;
-- :class:`RankOutputFolder`: the output folder as one process opens it (:mod:`.folder`), split into what rank 0 does
-  alone (lock, run.json, temporaries, the rows a killed job's ranks left) and what each rank does for its share
-  (which of its inputs are done; its own tables ``predictions.rank<r>.csv`` / ``errors.rank<r>.csv``, so no two
-  processes append to one file); the maps, panels and DICOM files go where one process would put them, under stems
-  chosen from the whole list, the same on every rank;
-- :func:`run_shares`: each rank runs its share; a rank whose run raises is reported, the others finish theirs; then
-  rank 0 merges the ranks' tables into predictions.csv, errors.csv and breasts.csv (every input once, sorted as one
-  process sorts them; an input that a failed rank did not reach is an errors.csv row ``NotRun``), writes
-  timing.json with every rank's figures and the total, and the command fails naming the ranks that failed.
-
-A rank killed outright (SIGKILL, out of memory, a node lost) makes torchrun stop the others, and torchrun killed
-outright takes every rank with it (:func:`scripts.distributed.stop_with_launcher`); the rows every rank
-appended until then stay in its table, and the same command again takes them up before it plans (so do
-inference.yaml and any number of processes): nothing done is redone, nothing is lost or doubled.
-"""
+"""Inference over many processes under ``torchrun`` (``configs/multi_gpu_inference.yaml``): each rank runs its
+share of the inputs into one shared output folder, appending to tables of its own, and rank 0 merges them at the end.
+A rank that fails is reported and the others finish; the same command again resumes whatever was cut short."""
 
 from __future__ import annotations
 
@@ -38,20 +16,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..atomic import atomic_write
 from ..distributed import TORCHRUN_ENV, init_distributed, rank, world_size
 from .files import OutputSelection
 from .folder import RUN_RECORD, InferenceOutputFolder, InferencePlan, OutputFolderRefused, _differences
 from .tables import ERROR_KEY, InferenceTables, csv_cell, error_record
 
-__all__ = [
-    "NOT_RUN",
-    "input_share",
-    "InferenceRanks",
-    "RankOutputFolder",
-    "RanksFailed",
-    "run_shares",
-]
+__all__ = ["input_share", "InferenceRanks", "RankOutputFolder", "RanksFailed", "run_shares"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,21 +32,19 @@ _NAMED = 10
 
 
 def input_share(paths: Sequence[str], rank_: int, world_size_: int) -> list[str]:
-    """The inputs rank ``rank_`` of ``world_size_`` runs: ``sorted(set(paths))[rank_::world_size_]``.
+    """The inputs rank ``rank_`` of ``world_size_`` runs: ``sorted(set(paths))[rank_::world_size_]``, taken over every
+    input, done or not, so that a rerun gives each rank the same share (``monai.data.partition_dataset``'s split).
 
-    Taken over the sorted list of every input, done or not, so the shares are disjoint, cover the inputs, differ in
-    size by one at most, and are the same on a rerun whatever finished before (an input added to the folder moves
-    the ones after it to other ranks; which inputs are done does not depend on the share, so nothing is redone).
-    Neighbouring files (an exam's views) go to different ranks. The split of
-    ``monai.data.partition_dataset(shuffle=False, even_divisible=False)``, as the training's validation; with fewer
-    inputs than ranks, some ranks have none."""
+    Raises:
+        ValueError: when the rank is not in ``[0, world_size_)``.
+    """
     if not 0 <= int(rank_) < int(world_size_):
         raise ValueError(f"rank must be in [0, {world_size_}), got {rank_}")
     return sorted(set(paths))[int(rank_) :: int(world_size_)]
 
 
 def _label_log_records(label: str) -> None:
-    """Prefix every log message of this process with ``[label]`` (the ranks' lines interleave on one terminal)."""
+    """Prefix every log message of this process with ``[label]``: the ranks' lines interleave on one terminal."""
     previous = logging.getLogRecordFactory()
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
@@ -89,16 +57,16 @@ def _label_log_records(label: str) -> None:
 
 
 class InferenceRanks:
-    """This process's place in a ``torchrun`` job: joins the process group when built (once per process).
+    """This process's place in a ``torchrun`` job: joins the process group when built, and gives it ``device``,
+    ``rank``, ``world_size`` and ``host``.
 
     Args:
         backend: the process group's backend; None: NCCL on CUDA, gloo on the CPU.
-        timeout_s: how long a rank waits for the others: at the start, and at the end for the slowest share (a
-            rerun after a kill may leave one rank most of the work); a wait longer than this stops the run, which
-            the same command resumes.
+        timeout_s: how long a rank waits for the others, the slowest share included.
         label_logs: prefix this process's log lines with ``[rank r/N]``.
 
-    Attributes: ``device`` (``cuda:<LOCAL_RANK>`` or the CPU), ``rank``, ``world_size``, ``host``.
+    Raises:
+        ValueError: when not run under torchrun.
     """
 
     def __init__(self, backend: str | None = None, timeout_s: float = 86400.0, label_logs: bool = True) -> None:
@@ -140,7 +108,7 @@ class InferenceRanks:
         dist.barrier(group=self._group)
 
     def leave(self) -> None:
-        """Leave the process group (once; the ranks have met at a barrier or a gather before)."""
+        """Leave the process group (once)."""
         if dist.is_available() and dist.is_initialized():
             if self._group is not None:
                 dist.destroy_process_group(self._group)
@@ -149,11 +117,13 @@ class InferenceRanks:
 
 
 class RankOutputFolder(InferenceOutputFolder):
-    """The output folder of one rank of a multi-process run (see the module docstring). The writer appends to
-    ``tables``, this rank's; ``main`` is the folder's predictions.csv / errors.csv, which rank 0 alone changes.
+    """The output folder as one rank opens it: rank 0 alone prepares it and changes its tables (``main``), each rank
+    plans its share and appends to its own ``tables``.
 
     Args:
-        output_dir, settings, outputs: as :class:`~.folder.InferenceOutputFolder`'s (the same on every rank).
+        output_dir: the folder, shared by every rank.
+        settings: as :class:`~.folder.InferenceOutputFolder`'s.
+        outputs: as :class:`~.folder.InferenceOutputFolder`'s.
         ranks: the process group (:class:`InferenceRanks`).
     """
 
@@ -171,11 +141,12 @@ class RankOutputFolder(InferenceOutputFolder):
         self.inputs: list[str] = []
         self._stale: list[str] = []
 
-    # -- opening -----------------------------------------------------------------------------------------------------
     def open(self, items: Sequence[Mapping[str, Any]]) -> InferencePlan:
-        """Open the folder for this rank's share of ``items``: rank 0 prepares it as one process would (and takes
-        up the rows of a killed job's ranks), then every rank plans its share from the same predictions.csv, then
-        rank 0 drops the rows the ranks found stale. A refusal on any rank stops every rank with its message."""
+        """Open the folder for this rank's share of ``items`` and return its plan.
+
+        Raises:
+            OutputFolderRefused: on every rank when any rank refuses.
+        """
         if self.plan is not None:
             return self.plan
         problem = self._prepare() if self.ranks.rank == 0 else None
@@ -220,16 +191,10 @@ class RankOutputFolder(InferenceOutputFolder):
         return plan
 
     def _prepare(self) -> str | None:
-        """Rank 0: the folder locked, checked, cleared of temporaries, its record written and the ranks' leftover
-        rows taken up, as one process does; the refusal's message, or None."""
+        """Rank 0: the folder prepared as one process does, the ranks' leftover rows taken up; the refusal or None."""
         try:
             self._lock()
-            write_record = self._check_record()
-            self._check_writable()
-            self._remove_temporaries()
-            if write_record:
-                with atomic_write(self.path / RUN_RECORD, "w") as f:
-                    json.dump({"settings": self.settings}, f, indent=2, sort_keys=True)
+            self._take_over()
             self.main.open()
             taken = self.main.absorb()
             self.main.close()
@@ -251,8 +216,7 @@ class RankOutputFolder(InferenceOutputFolder):
         raise OutputFolderRefused(problem)
 
     def _check_same_folder(self) -> None:
-        """A rank other than 0 sees the run.json rank 0 wrote, with its own settings: the folder is shared and the
-        ranks run the same model the same way."""
+        """Refuse a folder whose run.json (rank 0's) this rank cannot see or whose settings differ from its own."""
         try:
             recorded = json.loads((self.path / RUN_RECORD).read_text(encoding="utf-8"))["settings"]
         except (OSError, ValueError, KeyError, TypeError) as err:
@@ -283,16 +247,17 @@ class RankOutputFolder(InferenceOutputFolder):
     def _drop_rows(self, predictions: list[dict[str, str]], stale: list[dict[str, str]]) -> None:
         self._stale = [row["image"] for row in stale]  # rank 0 drops them once every rank has planned
 
-    # -- closing -----------------------------------------------------------------------------------------------------
     def finish(self) -> None:
-        """This rank's tables closed (synced); the merge is :meth:`merge`, on rank 0 once every rank is done."""
+        """Close this rank's tables; rank 0 merges them (:meth:`merge`)."""
         self.tables.close()
 
     def merge(self, failed: Mapping[int, str]) -> dict[int, list[str]]:
-        """Rank 0, after every rank reported: the ranks' rows into predictions.csv and errors.csv, an errors.csv
-        row ``NotRun`` for each input of a ``failed`` rank's share (rank -> why) that has neither a row in
-        predictions.csv nor an error of this run, then the tables compacted (sorted, each input once, breasts.csv).
-        Returns rank -> the inputs it did not run."""
+        """Rank 0: the ranks' rows into the folder's tables, a ``NotRun`` error for each input a ``failed`` rank
+        (rank -> why) did not reach, then the tables compacted.
+
+        Returns:
+            rank -> the inputs it did not run.
+        """
         self.main.open()
         taken = self.main.absorb()
         done = {row["image"] for row in self.main.predictions.read_rows()}
@@ -319,8 +284,7 @@ class RankOutputFolder(InferenceOutputFolder):
 
 
 class RanksFailed(SystemExit):
-    """A multi-process run in which ranks failed: the message names them and the inputs they did not run; like any
-    ``SystemExit`` it ends the command with that line and status 1 (torchrun reports the job as failed)."""
+    """Ranks failed; the message names them and the inputs they did not run (status 1)."""
 
 
 def _report(ranks: InferenceRanks, writer: Any, throughput: Any, error: str | None) -> dict[str, Any]:
@@ -349,12 +313,17 @@ def _failure_line(failed_rank: int, report: Mapping[str, Any], not_run: Sequence
 
 
 def run_shares(ranks: InferenceRanks, evaluator: Any, writer: Any, throughput: Any = None, timing: Any = None) -> None:
-    """The run of a multi-process job, on every rank (the overlay's last step, in place of
-    :func:`~.writer.run_to_end`): this rank's share through ``evaluator`` and ``writer``; an exception is this rank's
-    failure, reported to the others, which finish their shares. Then, once every rank is done, rank 0 merges the
-    tables (:meth:`RankOutputFolder.merge`) and writes timing.json (``timing.write(reports, merge_s)``, with
-    ``throughput``'s figures of every rank); every rank waits for the merge before it leaves, and the command fails
-    (:class:`RanksFailed`) on rank 0, naming each failed rank and the inputs it did not run, and on each failed rank.
+    """Run this rank's share, then, once every rank is done, merge the tables and write timing.json on rank 0.
+
+    Args:
+        ranks: the process group.
+        evaluator: this rank's evaluator.
+        writer: its :class:`~.writer.GLAMInferenceWriter`, over a :class:`RankOutputFolder`.
+        throughput: the handler whose figures each rank reports.
+        timing: writes timing.json from every rank's report (``timing.write(reports, merge_s)``).
+
+    Raises:
+        RanksFailed: on rank 0 naming the failed ranks and their inputs not run, and on each failed rank.
     """
     folder: RankOutputFolder = writer.folder
     error = None

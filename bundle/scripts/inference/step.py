@@ -1,10 +1,4 @@
-"""The inference evaluator's iteration (used from ``configs/inference.yaml``).
-
-The pieces plug into a MONAI ``SupervisedEvaluator``: :class:`~.inputs.SafeDataset` turns a failing input into an
-error record instead of an exception, :func:`~.inputs.collate_inference` stacks the good images and carries the
-errors along, :class:`GLAMInferenceStep` is the evaluator's iteration (runs the inferer on the good images only), and
-:class:`~.writer.GLAMInferenceWriter` (an Ignite handler) takes each image's outputs from there to its files.
-"""
+"""The inference evaluator's iteration (``configs/inference.yaml``)."""
 
 from __future__ import annotations
 
@@ -13,19 +7,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from monai.data import MetaTensor
 
 from ..handlers.throughput import LOAD_SECONDS_KEY
 from ..networks.weights import as_flag
 from ..precision import autocast
+from .inputs import item_path
 from .tables import error_record
 
 __all__ = ["GLAMInferenceStep", "split_non_finite"]
-
-
-def _item_path(item: Mapping[str, Any]) -> str:
-    image = item["image"]
-    return str(image.meta.get("filename_or_obj", "")) if isinstance(image, MetaTensor) else str(image)
 
 
 def _count(values: torch.Tensor) -> str:
@@ -37,9 +26,12 @@ def _count(values: torch.Tensor) -> str:
 def split_non_finite(
     items: list[Any], pred: dict[str, torch.Tensor]
 ) -> tuple[list[Any], dict[str, torch.Tensor] | None, list[dict[str, str]]]:
-    """``(items, pred, errors)``: the images whose floating-point outputs (first dimension: the batch) are all
-    finite with their outputs, and an errors.csv record for each other image naming the outputs that hold NaN or
-    Inf (no success row, no map of NaN). ``pred`` is None when no image is left."""
+    """Split a batch's images by whether their floating-point outputs are all finite.
+
+    Returns:
+        ``(items, pred, errors)``: the finite images and their outputs (``pred`` None when none is left), and an
+        errors.csv record for each other image naming the outputs that hold NaN or Inf.
+    """
     floats = {k: v for k, v in pred.items() if v.is_floating_point() and v.ndim > 0 and v.shape[0] == len(items)}
     if not floats:
         return items, pred, []
@@ -51,7 +43,7 @@ def split_non_finite(
         bad = [f"{k} holds {_count(v[i])} values" for k, v in floats.items() if not bool(torch.isfinite(v[i]).all())]
         errors.append(
             error_record(
-                _item_path(items[i]),
+                item_path(items[i]),
                 f"NonFiniteOutput: the model's output is not finite ({'; '.join(bad)}): no maps written (are the "
                 "checkpoint's weights finite? is the input an ordinary mammogram?)",
             )
@@ -64,8 +56,7 @@ def split_non_finite(
 
 @contextlib.contextmanager
 def _exact_float32(device: torch.device) -> Iterator[None]:
-    """On CUDA, convolutions and matrix products in true float32 (no TF32, which keeps 10 bits of mantissa and is
-    PyTorch's default for cuDNN convolutions), restored afterwards; nothing to do elsewhere."""
+    """On CUDA, convolutions and matrix products in true float32 (TF32, cuDNN's default, keeps 10 mantissa bits)."""
     if device.type != "cuda":
         yield
         return
@@ -78,17 +69,12 @@ def _exact_float32(device: torch.device) -> Iterator[None]:
 
 
 class GLAMInferenceStep:
-    """The evaluator's iteration: run ``engine.inferer`` (:class:`~scripts.networks.GLAMInferer`, returning the GLAM
-    output dict) on the batch's good images without gradients; floating-point outputs come back as float32 on the
-    CPU whatever the network computed in (bf16 under autocast), so everything after the model is bf16-safe.
+    """The evaluator's iteration: ``engine.inferer`` on the batch's good images without gradients, the outputs back as
+    float32 on the CPU; an image whose outputs hold NaN or Inf becomes an error (:func:`split_non_finite`).
 
-    With ``amp`` the network runs under autocast to ``amp_dtype`` (bf16 by default); without it, on CUDA, in
-    true float32 (TF32 off), so that ``precision: fp32`` gives float32 numbers on a GPU too.
-
-    An image whose outputs hold NaN or Inf is an error (its errors.csv row names the outputs,
-    :func:`split_non_finite`), not a prediction.
-
-    Returns ``{"items", "errors", "pred", "load_s"}``; ``pred`` is ``None`` when every item of the batch failed.
+    Args:
+        amp: autocast to ``amp_dtype``; without it, true float32 on CUDA too (TF32 off).
+        amp_dtype: the autocast type.
     """
 
     def __init__(self, amp: bool | str = False, amp_dtype: torch.dtype = torch.bfloat16) -> None:
@@ -96,6 +82,7 @@ class GLAMInferenceStep:
         self.amp_dtype = amp_dtype
 
     def __call__(self, engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"items", "errors", "pred", "load_s"}`` of one batch, ``pred`` None when every image failed."""
         pred = None
         items, errors = list(batch["items"]), list(batch["errors"])
         if batch["image"] is not None:

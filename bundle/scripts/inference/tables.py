@@ -1,16 +1,9 @@
-"""``predictions.csv`` and ``errors.csv`` of an inference run, appended row by row as each image completes, and
-``breasts.csv``, made from ``predictions.csv`` whenever the run compacts its tables (at its end).
+"""``predictions.csv`` and ``errors.csv`` of an inference run, appended one row per ``write`` as each image completes
+(valid CSV at every moment, so a killed run loses nothing done), and ``breasts.csv``, made from predictions.csv when
+the run compacts its tables.
 
-Each row reaches the file in one ``write`` on a descriptor opened for appending, so the tables are valid CSV at every
-moment: after the process is killed (SIGKILL included) they hold exactly the images that completed. A table that
-a power cut left with a torn last line is repaired when it is opened again (the partial line is dropped: its image
-is then simply not done).
-
-Cells are written so that nothing is lost and nothing is run: in the text columns (paths, stems, messages, file
-lists) a backslash is doubled and a character that is not printable text, e.g. a byte of a file name that is not
-valid UTF-8, is written as ``\\xNN`` (``\\uNNNN`` for other lone surrogates), and a cell that a spreadsheet would
-run as a formula (starting with ``=``, ``+``, ``-``, ``@``, or a quote) gets a leading ``'``. :func:`unescape_text`
-gives the original back.
+Text cells are escaped losslessly (a backslash doubled, a character that is not printable UTF-8 as ``\\xNN`` or
+``\\uNNNN``) and a cell a spreadsheet would run as a formula gets a leading ``'``: :func:`unescape_text` reverses both.
 """
 
 from __future__ import annotations
@@ -33,14 +26,8 @@ from ..metrics.breasts import breast_key, group_breasts
 
 __all__ = [
     "ERROR_KEY",
-    "NOTE_KEY",
-    "FILES_KEY",
     "ERROR_COLUMNS",
     "PREDICTION_COLUMNS",
-    "FACT_COLUMNS",
-    "FINGERPRINT_COLUMNS",
-    "BREAST_COLUMNS",
-    "BREAST_TABLE_COLUMNS",
     "breast_rows",
     "stated_exam",
     "input_fingerprint",
@@ -51,9 +38,6 @@ __all__ = [
     "note_record",
     "prediction_row",
     "AppendOnlyCsv",
-    "PREDICTIONS_TABLE",
-    "ERRORS_TABLE",
-    "table_name",
     "rank_tables",
     "InferenceTables",
 ]
@@ -67,34 +51,14 @@ NOTE_KEY = "note"
 #: the predictions.csv column listing an image's files (relative to the output folder, separated by ";")
 FILES_KEY = "files"
 ERROR_COLUMNS = ["image", ERROR_KEY, NOTE_KEY]
-PREDICTION_COLUMNS = [
-    "image",
-    "output_stem",
-    *(f"prob_{c}" for c in CLASS_NAMES),
-    *(f"label_{c}" for c in CLASS_NAMES),
-    "height",
-    "width",
-    "patch_boxes",
-    FILES_KEY,
-]
+PREDICTION_COLUMNS = ["image", "output_stem", *(f"prob_{c}" for c in CLASS_NAMES), *(f"label_{c}" for c in CLASS_NAMES)]
+PREDICTION_COLUMNS += ["height", "width", "patch_boxes", FILES_KEY]
 #: how the image was read and where the model looked (:func:`~.facts.image_facts`, the window on the file)
-FACT_COLUMNS = [
-    "laterality",
-    "laterality_source",
-    "view",
-    "view_source",
-    "spacing_row_mm",
-    "spacing_col_mm",
-    "spacing_source",
-    "window_y0",
-    "window_x0",
-    "window_y1",
-    "window_x1",
-]
+FACT_COLUMNS = ["laterality", "laterality_source", "view", "view_source", "spacing_row_mm", "spacing_col_mm"]
+FACT_COLUMNS += ["spacing_source", "window_y0", "window_x0", "window_y1", "window_x1"]
 #: the input's size and modification time (ns) when it was read: a row counts as done only while they still hold
 FINGERPRINT_COLUMNS = ["input_bytes", "input_mtime_ns"]
-#: the share of the breast inside the model's window (:func:`~.facts.breast_in_window`), last: a table of the
-#: version before it is refused with the column named
+#: the share of the breast inside the model's window and the patient, last
 BREAST_COLUMNS = ["breast_in_window", "patient_id"]
 PREDICTION_COLUMNS += [*FACT_COLUMNS, *FINGERPRINT_COLUMNS, *BREAST_COLUMNS]
 # the columns whose cells are free text (escaped and neutralised); the others are numbers this module formats
@@ -103,16 +67,8 @@ _TEXT_COLUMNS = frozenset(
     | {"spacing_source", "patient_id", "views", "inputs", "grouped_by"}
 )
 #: breasts.csv: one row per breast (:func:`breast_rows`)
-BREAST_TABLE_COLUMNS = [
-    "patient_id",
-    "laterality",
-    "views",
-    "images",
-    *(f"prob_{c}" for c in CLASS_NAMES),
-    "inputs",
-    "grouped_by",
-    NOTE_KEY,
-]
+BREAST_TABLE_COLUMNS = ["patient_id", "laterality", "views", "images", *(f"prob_{c}" for c in CLASS_NAMES)]
+BREAST_TABLE_COLUMNS += ["inputs", "grouped_by", NOTE_KEY]
 #: the laterality sources that do not state one (predictions.csv's laterality_source): read from the pixels, or none
 _UNSTATED_LATERALITY = ("", "image", "unknown")
 #: the views a screening exam takes of each breast: a breast without one of them is noted
@@ -121,7 +77,6 @@ SCREENING_VIEWS = ("CC", "MLO")
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
 
 
-# -- cells -----------------------------------------------------------------------------------------------------------
 def _escape_char(ch: str) -> str:
     code = ord(ch)
     if ch == "\\":
@@ -136,8 +91,7 @@ def _escape_char(ch: str) -> str:
 
 
 def escape_text(text: str) -> str:
-    """``text`` as valid, printable UTF-8 on one line, losslessly (see the module docstring); plain text is
-    unchanged."""
+    """``text`` as printable UTF-8 on one line, losslessly; plain text is unchanged."""
     if text.isprintable() and "\\" not in text:
         try:
             text.encode("utf-8")
@@ -148,9 +102,8 @@ def escape_text(text: str) -> str:
 
 
 def unescape_text(cell: str) -> str:
-    """The text :func:`csv_cell` wrote ``cell`` for: the leading ``'`` of a neutralised cell dropped, ``\\\\``,
-    ``\\xNN`` and ``\\uNNNN`` decoded (bytes 0x80-0xFF back to surrogateescape characters, so that
-    ``os.fsencode`` gives the file name's bytes)."""
+    """The text :func:`csv_cell` wrote ``cell`` for; bytes 0x80-0xFF come back as surrogateescape characters, so that
+    ``os.fsencode`` gives a file name's bytes."""
     if len(cell) >= 2 and cell[0] == "'" and cell[1] in _FORMULA_STARTS:
         cell = cell[1:]
     out, i = [], 0
@@ -174,15 +127,13 @@ def unescape_text(cell: str) -> str:
 
 
 def csv_cell(value: Any) -> Any:
-    """A text cell as written: escaped (:func:`escape_text`) and, when a spreadsheet would run it as a formula,
-    prefixed with ``'``. Other values are returned as they are."""
+    """A text cell as written: escaped (:func:`escape_text`), with ``'`` before a formula; other values unchanged."""
     if not isinstance(value, str):
         return value
     text = escape_text(value)
     return "'" + text if text.startswith(_FORMULA_STARTS) else text
 
 
-# -- rows ------------------------------------------------------------------------------------------------------------
 def error_record(path: str | os.PathLike, exc: BaseException | str) -> dict[str, str]:
     """An errors.csv row: the input and ``"<ExceptionType>: <message>"`` (or the message given)."""
     message = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
@@ -206,11 +157,9 @@ def prediction_row(
     window: Sequence[int] | None = None,
     fingerprint: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A predictions.csv row: the input, its stem, the scores y_g (6 decimals) and labels per class, the file's
-    size, the patch boxes on the file (``top left bottom right`` per patch, patches separated by ``;``), the
-    image's files (relative to the output folder, separated by ``;``), the ``facts`` (laterality, view, spacing and
-    their sources, and the share of the breast in the window), the model's ``window`` on the file (``top, left,
-    bottom, right``, end-exclusive; empty when None) and the input's ``fingerprint`` (:func:`input_fingerprint`)."""
+    """A predictions.csv row: the input, its stem, the scores y_g (6 decimals) and labels per class, the file's size,
+    the patch boxes and the ``window`` on the file (``top left bottom right``, end-exclusive; boxes ``;``-separated),
+    the image's ``files``, its ``facts`` (:func:`~.facts.image_facts`) and the input's ``fingerprint``."""
     window_cells = dict(zip(FACT_COLUMNS[-4:], window if window is not None else ("",) * 4))
     return {
         **dict(facts or {}),
@@ -228,11 +177,9 @@ def prediction_row(
 
 
 def stated_exam(path: str) -> tuple[str, str] | None:
-    """The exam a file's name states, ``(exam, "file name" | "folder")``, or None: its name without the suffix and
-    without the tokens that name the view or the side (:func:`~scripts.data.header_facts.text_view_laterality`'s
-    tokens: ``0_L-CC`` -> ``0``, ``SYN00012_R_MLO`` -> ``SYN00012``), in its folder; the folder alone when the name
-    holds nothing else (``L_CC.png``: one exam per folder). A name without such tokens states no exam. The other
-    tokens are joined by ``_``."""
+    """The exam a file's name states, ``(exam, "file name" | "folder")``: its name without the view and side tokens
+    (``SYN00012_R_MLO`` -> ``SYN00012``) in its folder, or the folder alone when nothing else is left; None for a
+    name without such tokens."""
     name = os.path.basename(path)
     suffix = file_suffix(name)
     stem = name[: -len(suffix)] if suffix in SUPPORTED_SUFFIXES and name.lower().endswith(suffix) else name
@@ -252,8 +199,8 @@ def stated_exam(path: str) -> tuple[str, str] | None:
 
 
 def _breast_of(row: Mapping[str, str]) -> tuple[tuple | None, str]:
-    """A predictions.csv row's breast key and what grouped it: its ``patient_id``; else, with a laterality the file
-    or the datalist states, the exam its file's name states (:func:`stated_exam`); else none (a breast of its own)."""
+    """A predictions.csv row's breast key and what grouped it: its ``patient_id``, else for a stated laterality the
+    exam its file's name states (:func:`stated_exam`), else none."""
     if row["patient_id"]:
         key = breast_key({"patient_id": row["patient_id"], "laterality": row["laterality"]})
         return key, "patient_id" if key else ""
@@ -265,14 +212,10 @@ def _breast_of(row: Mapping[str, str]) -> tuple[tuple | None, str]:
 
 
 def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
-    """breasts.csv's rows from predictions.csv's (cells as stored): the images of one exam and laterality are one
-    breast (:func:`~scripts.metrics.breasts.breast_key`), the exam the row's ``patient_id`` (the datalist's or the
-    file's) or else, for a laterality the file or the datalist states, the one its file name states
-    (:func:`stated_exam`; ``grouped_by`` says which: ``patient_id``, ``file name`` or ``folder``, the exam in the
-    ``patient_id`` cell); its scores the mean of its images' (as the breast-level AUC of the evaluation), its
-    ``views`` the distinct views seen (``;``-separated, sorted) and ``inputs`` its images. ``note`` states a breast
-    without a CC or an MLO view, images of unknown view, and an image without an exam or a laterality (a breast of
-    its own, its row's key cells empty). Sorted by patient, then laterality, the images of their own last."""
+    """breasts.csv's rows from predictions.csv's (cells as stored): the images of one exam and laterality
+    (:func:`_breast_of`; ``grouped_by`` says how) are one breast, scored by the mean of its images' as the
+    evaluation's breast-level AUC; ``note`` names a missing CC or MLO view, unknown views, or an image that is a
+    breast of its own. Sorted by patient and laterality, the breasts of one image last."""
     keyed = [_breast_of(r) for r in predictions]
     keys = [key for key, _ in keyed]
     groups, _ = group_breasts(keys)
@@ -307,10 +250,8 @@ def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]
 
 
 def input_fingerprint(path: str | os.PathLike) -> dict[str, str]:
-    """``{"input_bytes", "input_mtime_ns"}`` of a file as text (empty cells when it cannot be stat-ed): what ties a
-    predictions.csv row to the content it was computed from. Size and modification time, not a hash: reading every
-    input again to hash it would cost a second decode's worth of disk reads on a rerun, and an edit, a copy or a
-    re-export changes the modification time."""
+    """``{"input_bytes", "input_mtime_ns"}`` of a file as text (empty when it cannot be stat-ed): what ties a row to
+    the content it was computed from; not a hash, which would read every input again on a rerun."""
     try:
         st = os.stat(path)
     except OSError:
@@ -326,13 +267,12 @@ def _line(columns: Sequence[str], row: Mapping[str, Any], escape: bool) -> bytes
     return buffer.getvalue().encode("utf-8", errors="backslashreplace")
 
 
-# -- one table -------------------------------------------------------------------------------------------------------
 class AppendOnlyCsv:
     """A CSV file with a fixed header, appended one row per ``write`` (thread-safe).
 
-    :meth:`open` creates it with its header (atomically) or takes up an existing one: a torn last line is dropped,
-    a header that differs is a ``ValueError`` naming the file, and the rows already there are returned as stored
-    (escaped cells). :meth:`replace_rows` rewrites it atomically (used to compact it at the end of a run).
+    Args:
+        path: the file.
+        columns: its header.
     """
 
     def __init__(self, path: str | os.PathLike, columns: Sequence[str]) -> None:
@@ -342,6 +282,11 @@ class AppendOnlyCsv:
         self._lock = threading.Lock()
 
     def open(self) -> list[dict[str, str]]:
+        """Create the file with its header or take it up (a torn last line dropped); returns its rows as stored.
+
+        Raises:
+            ValueError: naming the file when its header differs.
+        """
         if not self.path.exists():
             self._write_all([])
         data = self.path.read_bytes()
@@ -361,8 +306,7 @@ class AppendOnlyCsv:
         return rows
 
     def read_rows(self) -> list[dict[str, str]]:
-        """The rows as stored (escaped cells), read without changing the file: a torn last line is left out, and a
-        file that is not there has none."""
+        """The rows as stored, read without changing the file (a torn last line left out; no file, no rows)."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -419,8 +363,6 @@ class AppendOnlyCsv:
             self._close_fd()
 
 
-# -- the run's two tables --------------------------------------------------------------------------------------------
-#: the tables of an inference run, by the name of their file without ``.csv``
 PREDICTIONS_TABLE = "predictions"
 ERRORS_TABLE = "errors"
 # a rank's own tables under multi_gpu_inference.yaml: predictions.rank<r>.csv, errors.rank<r>.csv
@@ -447,14 +389,12 @@ def rank_tables(output_dir: str | os.PathLike) -> dict[int, dict[str, Path]]:
 
 
 class InferenceTables:
-    """The run's ``predictions.csv`` (one row per image whose outputs are all written) and ``errors.csv`` (columns
-    ``image``, ``error``, ``note``: a row with an ``error`` for each input that failed, a row with a ``note`` for
-    an image processed under an assumption) under ``output_dir``, appended as images complete.
+    """A run's ``predictions.csv`` (a row per image whose files are all written) and ``errors.csv`` (a row per input
+    that failed, and per image processed under an assumption, with its note), appended as images complete.
 
-    A run that resumes appends to them; :meth:`compact` (at the end of a run) sorts them, leaves in errors.csv
-    only the last error of each input that is still not in predictions.csv, and each note once, and writes
-    ``breasts.csv`` from the whole predictions.csv (so a resumed or repeated run's breasts are those of all its
-    images; a run killed before its end has the breasts.csv of its last finished invocation).
+    Args:
+        output_dir: the output folder.
+        rank: a rank's own tables under multi_gpu_inference.yaml (``predictions.rank<r>.csv``); None: the folder's.
     """
 
     def __init__(self, output_dir: str | os.PathLike, rank: int | None = None) -> None:
@@ -485,12 +425,13 @@ class InferenceTables:
         self.errors.append(record)
 
     def absorb(self) -> dict[int, tuple[list[dict[str, str]], list[dict[str, str]]]]:
-        """Take the rows of the ranks' tables in the folder (:func:`rank_tables`: what the processes of
-        multi_gpu_inference.yaml appended, or a killed job left) into these tables, which must be open, then remove
-        the ranks' tables. predictions.csv keeps one row per input, the last (a rank's row is newer than the folder's);
-        errors.csv gets the ranks' rows after its own (:meth:`compact` keeps each input's last error). The tables are
-        replaced atomically before a rank's table is removed, so a process killed in between absorbs its rows again,
-        without doubling an image. Returns rank -> (prediction rows, error rows) taken, cells as stored."""
+        """Move the rows of the ranks' tables (:func:`rank_tables`) into these open tables, a rank's prediction row
+        replacing the folder's; the tables are replaced before a rank's is removed, so a kill in between doubles
+        nothing.
+
+        Returns:
+            rank -> (prediction rows, error rows) taken, cells as stored.
+        """
         found = rank_tables(self.output_dir)
         if not found:
             return {}
@@ -514,9 +455,8 @@ class InferenceTables:
         return taken
 
     def compact(self) -> None:
-        """Rewrite both tables (atomically) in a stable order: predictions.csv sorted by input; errors.csv with the
-        last error of each input that is not in predictions.csv (the errors of inputs that have since succeeded are
-        dropped), sorted by input, then each note once, sorted by input."""
+        """Rewrite both tables sorted by input (errors.csv: the last error of each input still not predicted, then each
+        note once) and write ``breasts.csv`` from the whole predictions.csv."""
         self.predictions.close()
         rows = self.predictions.open()
         # one row per input, its last (a redone input's row replaces the one it had)

@@ -1,21 +1,5 @@
-"""The inference writer: an Ignite handler that takes each batch's outputs off the engine and writes every image's
-files in background threads while the model runs on the next batch (see docs/inference.md).
-
-Each image goes forward through one step per module, in a writer thread (:meth:`GLAMInferenceWriter.write_item`):
-
-1. :mod:`.geometry`: the maps the run writes and the patch boxes back onto the file's grid through the
-   preprocessing's inverse, and the model's window on it (everything needed travels with the item: the applied
-   operations, the file's size, spacing and format in the metadata, the thumbnails for the panel);
-2. :mod:`.facts`: what the image was read as (laterality, view, spacing and their sources);
-3. :mod:`.maps`: the NIfTI / PNG map files, staged under temporary names (:class:`~.files.StagedFiles`);
-4. :mod:`.panel`: the overlay panel;
-5. :mod:`.dicom`: the DICOM objects of a DICOM input;
-6. the staged files renamed into place together and recorded in the image's manifest (``manifests/<stem>.json``),
-   then :mod:`.tables`: the notes (errors.csv) and the image's row (predictions.csv), appended only once its files
-   are in place and recorded.
-
-A failure of one image is its row in errors.csv; the others go on.
-"""
+"""The inference writer: an Ignite handler writing each image's files in background threads while the model runs on
+the next batch; one image's failure is its errors.csv row, the others go on."""
 
 from __future__ import annotations
 
@@ -27,21 +11,20 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import torch
-from monai.data import MetaTensor
 from monai.transforms import Compose
 
 from ..enums import CLASS_NAMES, InferenceOutput, MapName, OutputKey
+from ..transforms.mammo.coverage import original_size
 from .dicom import dicom_objects, save_dicom
 from .facts import image_facts, image_notes
 from .files import StagedFiles, manifest_name
 from .folder import FINGERPRINT_KEY, InferenceOutputFolder
-from .geometry import maps_on_original, original_size
-from .inputs import cores_per_process
-from .maps import map_spacing_note, save_png, write_map_files
+from .inputs import cores_per_process, item_path
+from .maps import map_spacing_note, maps_on_original, save_png, write_map_files
 from .panel import item_panel
 from .tables import error_record, escape_text, note_record, prediction_row
 
-__all__ = ["GLAMInferenceWriter", "writer_threads", "run_to_end"]
+__all__ = ["GLAMInferenceWriter", "writer_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,30 +33,15 @@ WRITING_PARTS = ("maps_back", "map_files", "panel", "dicom")
 
 
 def writer_threads(threads: int | str = "auto", cpus: int | None = None) -> int:
-    """``threads`` as a number; ``"auto"``: half the CPU cores (``cpus``, default ``os.cpu_count()``; under torchrun
-    this process's part of them, :func:`~.inputs.cores_per_process`), at least 2, at most 8 (on 2 cores the run took
-    8.5 s with 2 writer threads against 11.6-12.6 s with 1; docs/performance.md, "Inference on a folder")."""
+    """Writer threads: ``threads`` as a number; ``"auto"``: half this process's CPU cores
+    (:func:`~.inputs.cores_per_process`), at least 2 (on 2 cores, 2 threads beat 1 by a quarter), at most 8."""
     if str(threads).strip().lower() == "auto":
         return max(2, min(8, cores_per_process(cpus) // 2))
     return int(threads)
 
 
-def run_to_end(evaluator: Any, writer: GLAMInferenceWriter) -> None:
-    """The inference run itself: ``evaluator.run()``, then ``writer.finish()`` (a run with nothing left to do, every
-    input done before, never starts the engine, whose end would release the output folder)."""
-    evaluator.run()
-    writer.finish()
-
-
-def _image_path(item: Mapping[str, Any]) -> str:
-    image = item["image"]
-    if isinstance(image, MetaTensor):
-        return str(image.meta.get("filename_or_obj", ""))
-    return str(image)
-
-
 def _labels(item: Mapping[str, Any]) -> list[int | str]:
-    """The item's image-level labels, one per class; empty cells when it has none (a folder has no labels)."""
+    """The item's image-level labels, one per class; empty cells when it has none."""
     label = item.get("label")
     if isinstance(label, (list, tuple)) and len(label) == len(CLASS_NAMES):
         return [int(v) for v in label]
@@ -81,19 +49,16 @@ def _labels(item: Mapping[str, Any]) -> list[int | str]:
 
 
 class GLAMInferenceWriter:
-    """Ignite handler writing GLAM's inference outputs into an opened :class:`~.folder.InferenceOutputFolder`
-    (see docs/inference.md for the files).
+    """Ignite handler writing GLAM's inference outputs into an opened :class:`~.folder.InferenceOutputFolder`.
 
-    Attach it to the inference evaluator: each iteration's images are queued to ``threads`` writer threads (at most
-    ``max_pending`` images wait, so memory stays bounded and the model never runs far ahead); at the end of the run
-    (also when it stops on an exception) the queue is drained and the folder's tables compacted. :meth:`finish`
-    does the same for a run with nothing left to do.
+    Each iteration's images are queued to writer threads, at most ``max_pending`` waiting so that memory stays
+    bounded; at the end of the run (also on an exception) the queue is drained and the folder's tables compacted.
 
     Args:
-        folder: the output folder, opened (:meth:`~.folder.InferenceOutputFolder.open`) before the run.
+        folder: the output folder, opened before the run.
         transform: the preprocessing ``Compose`` the items went through (its inverse maps the maps back).
-        gamma_c: weight of S_g in S_c (the network's value).
-        threads: writer threads (at least 1), or ``"auto"`` (:func:`writer_threads`).
+        gamma_c: weight of S_g in S_c.
+        threads: writer threads, or ``"auto"`` (:func:`writer_threads`).
         max_pending: images queued at most (default: twice the threads).
     """
 
@@ -117,7 +82,6 @@ class GLAMInferenceWriter:
         self._finished = False
         self.seconds = dict.fromkeys((*WRITING_PARTS, "writing", "waiting_for_writers"), 0.0)
 
-    # -- engine events -----------------------------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
         from ignite.engine import Events
 
@@ -154,8 +118,11 @@ class GLAMInferenceWriter:
         self._pending.add(self._executor.submit(self._write_safely, item, pred))
 
     def finish(self, engine: Any = None) -> None:
-        """Wait for every queued image, then compact the folder's tables and release it (once). Raises what a writer
-        thread could not record (the tables themselves failing, e.g. a full disk) after the folder is released."""
+        """Wait for every queued image, then compact the folder's tables and release it (once).
+
+        Raises:
+            OSError: what a writer thread could not record (the tables failing, e.g. a full disk).
+        """
         if self._finished:
             return
         self._finished = True
@@ -174,9 +141,8 @@ class GLAMInferenceWriter:
         self.finish()  # the images done so far keep their rows and files; the run still fails
         raise exc
 
-    # -- one image ---------------------------------------------------------------------------------------------------
     def _write_safely(self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor]) -> None:
-        path = _image_path(item)
+        path = item_path(item)
         begin = time.perf_counter()
         written_notes: list[str] = []
         try:
@@ -199,7 +165,7 @@ class GLAMInferenceWriter:
         self.folder.tables.add_prediction(row)
 
     def _default_view(self) -> str | None:
-        """The window rule of unknown views: the preprocessing's ``BestCenterWindowd(default_view=...)``."""
+        """The preprocessing's ``BestCenterWindowd(default_view=...)``: the window rule of unknown views."""
         for t in getattr(self.transform, "transforms", ()):
             cropper = getattr(t, "cropper", None)
             if hasattr(cropper, "default_view"):
@@ -213,29 +179,25 @@ class GLAMInferenceWriter:
     def write_item(
         self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor], notes: list[str] | None = None
     ) -> dict[str, Any]:
-        """Write one image's files (under temporary names, then renamed together), each step after the other (see
-        the module's docstring); returns its predictions.csv row. What the map files and the DICOM step could not do
-        as asked is appended to ``notes``."""
-        path = _image_path(item)
+        """Write one image's files (staged, then renamed into place together) and return its predictions.csv row;
+        what the map files and the DICOM objects could not do as asked is appended to ``notes``."""
+        path = item_path(item)
         meta = item["image"].meta
         stem = str(item["output_stem"])
         dicom_input = meta.get("format") == "dicom"
-        # 1. onto the file's grid
         begin = time.perf_counter()
         back = maps_on_original(item, pred, self.transform, self.gamma_c, self.outputs.maps_on_file())
         self._add_seconds("maps_back", time.perf_counter() - begin)
-        # 2. what the image was read as, its scores and labels
         facts = image_facts(item)
         scores = pred[OutputKey.Y_GLOBAL].tolist()
         labels = _labels(item)
         files = self.outputs.files(stem, dicom_input)
         staged = StagedFiles(self.folder.path, manifest_name(stem))
         try:
-            # 3. the map files
             begin = time.perf_counter()
             write_map_files(staged, files, back.maps, self.outputs, meta, notes)
             self._add_seconds("map_files", time.perf_counter() - begin)
-            # 4. the panel (also the Secondary Capture's picture)
+            # the panel is also the Secondary Capture's picture
             panel = None
             if self.outputs.needs_panel():
                 begin = time.perf_counter()
@@ -244,13 +206,11 @@ class GLAMInferenceWriter:
                 if self.outputs.panel:
                     save_png(staged.path(files[InferenceOutput.PANEL.value]), panel)
                 self._add_seconds("panel", time.perf_counter() - begin)
-            # 5. the DICOM objects
             if self.outputs.dicom:
                 begin = time.perf_counter()
                 s_c = back.maps.get(MapName.COMBINED.value)
                 self._write_dicom(path, dicom_input, staged, files, panel, s_c, notes)
                 self._add_seconds("dicom", time.perf_counter() - begin)
-            # 6. into place together, then recorded in the image's manifest (what a rerun checks)
             written = staged.commit()
         finally:
             staged.discard()
@@ -268,8 +228,7 @@ class GLAMInferenceWriter:
         s_c: Any,
         notes: list[str] | None = None,
     ) -> None:
-        """The DICOM objects of a DICOM input. A header they cannot be made from (highdicom refusing a value) fails
-        the DICOM outputs only: a note says why, the maps, the panel and the row are written."""
+        """Stage the DICOM objects of a DICOM input; a header highdicom refuses fails them only, with a note."""
         if not dicom_input:
             logger.info(
                 "%s: not a DICOM input, DICOM outputs %s skipped", escape_text(path), "/".join(self.outputs.dicom)
@@ -287,8 +246,7 @@ class GLAMInferenceWriter:
             notes.extend(found)
 
     def stats(self) -> dict[str, Any]:
-        """For timing.json: images skipped (done before), written and failed by this run, writer threads, and the
-        seconds of the writer threads (``writing`` and its parts) and of the engine waiting for them."""
+        """For timing.json: images skipped, written and failed, the writer threads and their seconds."""
         plan = self.folder.plan
         return {
             "skipped": plan.skipped if plan is not None else 0,

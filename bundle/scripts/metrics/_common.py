@@ -1,10 +1,5 @@
-"""Pieces shared by the per-image localisation metrics: input checks, batching of decollated lists,
-NaN-aware reductions over images and the distributed sum.
-
-Everything here works on the device of its inputs and avoids host synchronisation, except
-:func:`check_inputs` with ``check_values=True``, which needs exactly one (a Python ``bool`` has to come back
-to raise an error).
-"""
+"""Pieces shared by the per-image localisation metrics: input checks, batching, NaN-aware reductions, distributed
+sum."""
 
 from __future__ import annotations
 
@@ -20,13 +15,12 @@ REDUCTIONS = ("mean", "std")
 
 
 def check_inputs(y_pred: Any, y: Any, check_values: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a batch and return it as plain tensors (MetaTensor meta data dropped; no copy unless half precision).
+    """Validate a batch and return it as plain tensors (no copy unless half precision).
 
     Args:
-        y_pred: (B, C, H, W) scores in [0, 1], any real dtype (bf16 / fp16 are converted to float32).
-        y: (B, C, H, W) binary masks (bool, integer or floating 0/1).
-        check_values: also check that the scores lie in [0, 1] (NaN fails) and that the masks are binary.
-            Costs one device-to-host synchronisation per call.
+        y_pred: (B, C, H, W) scores in [0, 1], any real dtype (bf16 / fp16 become float32).
+        y: (B, C, H, W) binary masks.
+        check_values: also check the scores' range (NaN fails) and the masks' values: one host synchronisation.
 
     Raises:
         ValueError: naming ``y_pred`` or ``y`` and the problem.
@@ -68,14 +62,10 @@ def check_inputs(y_pred: Any, y: Any, check_values: bool = True) -> tuple[torch.
 
 
 def nan_reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Reduce (N, C) per-image values over the images, ignoring NaN (= class absent in that image).
-
-    ``torch.nanmean`` of the values, and for ``"std"`` the square root of ``torch.nanmean`` of their squared
-    deviations (bit-identical to the masked sums this replaced: tests/evaluation/test_metric_reductions.py).
+    """Reduce (N, C) per-image values over the images, ignoring NaN (class absent in that image).
 
     Returns:
-        (C,) mean or population standard deviation (``numpy.std``'s default, ddof=0); NaN for a class with
-        no defined value (and for every class of an empty (0, C) buffer).
+        (C,) mean or population std (ddof=0); NaN for a class without a defined value.
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
@@ -85,18 +75,9 @@ def nan_reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
     return torch.sqrt(torch.nanmean((values - mean) ** 2, dim=0))
 
 
-def is_distributed() -> bool:
-    """Whether a process group of more than one rank is running (ignite's view, as MONAI's gather)."""
-    return idist.get_world_size() > 1
-
-
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum ``tensor`` over all ranks (a copy; the input is left alone). Identity without a process group.
-
-    ``ignite.distributed.all_reduce`` moves the tensor to the backend's device (CPU for gloo, the rank's GPU for
-    NCCL) and back.
-    """
-    if not is_distributed():
+    """Sum a copy of ``tensor`` over all ranks; a copy without a process group."""
+    if idist.get_world_size() <= 1:
         return tensor.clone()
     return idist.all_reduce(tensor.clone(), op="SUM")
 
@@ -104,9 +85,11 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 class PerImageMetric(CumulativeIterationMetric):
     """Base of the metrics whose buffer holds one value per image and class, NaN where undefined.
 
-    ``aggregate(reduction="mean" | "std")`` reduces over the images with a defined value. Lists of
-    channel-first tensors (what MONAI's decollated engine outputs give) are stacked into one batch when their
-    shapes agree, so that a batch costs one kernel launch per step rather than one per image.
+    Lists of channel-first tensors of one shape (MONAI's decollated outputs) are stacked into one batch, so that a
+    batch costs one kernel launch per step rather than one per image.
+
+    Args:
+        check_values: check the scores' range and the masks' values on every call (one host synchronisation).
     """
 
     def __init__(self, check_values: bool = True) -> None:
@@ -119,7 +102,7 @@ class PerImageMetric(CumulativeIterationMetric):
         self._num_classes = None
 
     def _check_num_classes(self, y_pred: torch.Tensor) -> None:
-        """The buffer stacks (C,) rows: every call since the last reset must have the same C."""
+        """Raise when C differs from the earlier calls': the buffer stacks (C,) rows."""
         num_classes = int(y_pred.shape[1]) if y_pred.ndim > 1 else None
         if self._num_classes is None:
             self._num_classes = num_classes
@@ -152,6 +135,5 @@ class PerImageMetric(CumulativeIterationMetric):
         return buffer
 
     def aggregate(self, reduction: str = "mean") -> torch.Tensor:  # type: ignore[override]
-        """(C,) mean (``reduction="mean"``) or population std (``"std"``) over the images where the class
-        has a lesion; NaN for a class without any such image."""
+        """(C,) mean or population std over the images with a lesion of the class; NaN for none."""
         return nan_reduce(self._values(), reduction)

@@ -1,9 +1,7 @@
-"""Breast-level classification: the paper's AUC is "for identifying breasts with malignant / benign lesions".
+"""Breast-level classification AUC: the paper's AUC is "for identifying breasts with malignant / benign lesions".
 
-A breast is the images of one (patient, laterality), and of one study where the datalist states one (``study``);
-its score per class is the mean of its images' scores (as the NYU screening models average a breast's views), its
-label per class the maximum of its images' labels. An image without a patient or a laterality is a breast of its
-own. The AUC over breasts is MONAI's ``compute_roc_auc`` per class (ties count one half, as Mann-Whitney's U).
+A breast is the images of one (patient, laterality, study where stated); its score is the mean of its images' scores
+(as the NYU screening models average a breast's views), its label the maximum of theirs.
 """
 
 from __future__ import annotations
@@ -16,13 +14,9 @@ from monai.metrics import compute_roc_auc
 
 __all__ = ["BreastAUC", "breast_auc", "breast_key", "group_breasts"]
 
-#: the items' keys that name a breast (the study only where stated)
-BREAST_FIELDS = ("patient_id", "laterality", "study")
-
 
 def breast_key(item: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """``(patient_id, laterality, study)`` of a datalist item or an inference row; None without a patient or a
-    laterality (the image is then a breast of its own). Laterality is compared in upper case ("l" is "L")."""
+    """``(patient_id, LATERALITY, study)`` of an item; None without a patient or a laterality (a breast of its own)."""
     patient, side = item.get("patient_id"), item.get("laterality")
     if patient in (None, "") or side in (None, ""):
         return None
@@ -30,7 +24,7 @@ def breast_key(item: Mapping[str, Any]) -> tuple[str, str, str] | None:
 
 
 def group_breasts(keys: Sequence[tuple | None]) -> tuple[list[list[int]], int]:
-    """The images' indices per breast, in order of first appearance, and how many images had no key."""
+    """The images' indices per breast in order of first appearance, and how many images had no key."""
     groups: dict[Any, list[int]] = {}
     alone = 0
     for i, key in enumerate(keys):
@@ -42,16 +36,16 @@ def group_breasts(keys: Sequence[tuple | None]) -> tuple[list[list[int]], int]:
 
 
 def breast_auc(scores: torch.Tensor, labels: torch.Tensor, keys: Sequence[tuple | None]) -> dict[str, Any]:
-    """AUC per class over breasts.
+    """AUC per class over breasts (MONAI's ``compute_roc_auc``).
 
     Args:
-        scores: (N, C) image scores (the output the image-level AUC uses).
+        scores: (N, C) image scores.
         labels: (N, C) binary image labels.
         keys: N breast keys (:func:`breast_key`), None for an image of its own.
 
     Returns:
-        ``{"auc": (C,) float64 tensor (NaN for a class whose breasts are all one label), "breasts": number of
-        breasts, "images_without_breast": images without a patient or a laterality}``.
+        ``{"auc": (C,) float64 (NaN where the breasts are all one label), "breasts": int, "images_without_breast":
+        int}``.
     """
     scores, labels = torch.as_tensor(scores, dtype=torch.float64), torch.as_tensor(labels, dtype=torch.float64)
     if scores.ndim != 2 or scores.shape != labels.shape or len(keys) != scores.shape[0]:
@@ -72,8 +66,7 @@ def breast_auc(scores: torch.Tensor, labels: torch.Tensor, keys: Sequence[tuple 
 class BreastAUC:
     """Collects (score, label, breast key) per image over batches and gives :func:`breast_auc` at the end.
 
-    The breast keys come from the items (datalist or inference rows), not from the tensors, so this is a plain
-    accumulator beside the image-level ``ROCAUCMetric`` rather than a ``CumulativeIterationMetric``.
+    A plain accumulator rather than a ``CumulativeIterationMetric``: the breast keys come from the items, not tensors.
     """
 
     def __init__(self) -> None:
@@ -85,7 +78,7 @@ class BreastAUC:
         self._keys: list[tuple | None] = []
 
     def update(self, scores: torch.Tensor, labels: torch.Tensor, items: Sequence[Mapping[str, Any]]) -> None:
-        """One batch: (B, C) scores and labels and the B items (datalist entries) they came from."""
+        """One batch: (B, C) scores and labels and the B items they came from."""
         scores = torch.as_tensor(scores).detach().to("cpu", torch.float64).reshape(len(items), -1)
         self._scores.append(scores)
         self._labels.append(torch.as_tensor(labels).detach().to("cpu", torch.float64).reshape(scores.shape))

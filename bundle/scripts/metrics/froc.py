@@ -1,27 +1,15 @@
 """Lesion-level FROC of a saliency map: sensitivity at a number of false positives per image.
 
-Detection work on mammograms reports FROC (free-response ROC); a weakly supervised map carries the same information
-once its peaks are read as detections. The rule, per map and class:
+The rule (docs/metrics.md), per map and class:
 
-1. **Candidates** are the map's local maxima: a pixel whose score is the maximum of the ``(2 radius + 1)`` square
-   around it and above ``min_score``. Equal maxima within one square (the plateau of a nearest-upsampled cell of
-   S_g) give one candidate, the first in row-major order. The ``max_candidates`` highest per map are kept (a
-   detector's top-k); a candidate's score is the map's value there.
-2. **Lesions** are the connected components (8-connectivity) of the class's mask; a box annotation is a mask
-   rectangle (overlapping boxes of one class therefore count as one lesion).
-3. A candidate **hits** the lesion whose nearest pixel lies within ``tolerance`` pixels of it (Euclidean; 0: on a
-   lesion pixel). A lesion's detection score is the highest score of the candidates that hit it; a lesion without
-   one is never found. A candidate that hits no lesion of the class is a **false positive**; a second candidate on
-   a found lesion is neither.
-4. Sweeping a threshold over the scores (bins of ``step``, as PxAP's): sensitivity = lesions whose detection score
-   is at or above the threshold / all lesions; false positives per image = false positives at or above it / all
-   images (images without a lesion count too).
-5. The sensitivity **at r false positives per image** is that of the lowest threshold whose false-positive rate is
-   at most r (no interpolation between operating points; MONAI's ``compute_froc_score`` interpolates, and
-   :meth:`FROCMetric.curve` gives the points for it).
-
-Candidates are found on the maps' device; lesion labelling and the distance to lesions run on the host with
-SciPy (one transfer of the masks and the candidates per call).
+1. Candidates: local maxima of the ``(2 radius + 1)`` square above ``min_score``, one per plateau (the first in
+   row-major order), the ``max_candidates`` highest kept.
+2. Lesions: 8-connected components of the class's mask (overlapping boxes are one lesion).
+3. A candidate hits a lesion within ``tolerance`` pixels; a lesion's score is its best hit's; a candidate hitting none
+   is a false positive.
+4. Sweeping a threshold over ``step`` bins gives sensitivity and false positives per image (all images count).
+5. The sensitivity at r false positives per image is that of the lowest threshold at most r, not interpolated
+   (MONAI's ``compute_froc_score`` interpolates; :meth:`FROCMetric.curve` gives the points for it).
 """
 
 from __future__ import annotations
@@ -42,10 +30,10 @@ FROC_RATES = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 def _max_1d(x: torch.Tensor, radius: int, dim: int) -> torch.Tensor:
-    """Maximum over ``[i - radius, i + radius]`` along ``dim`` (-1 or -2) of (N, 1, H, W), borders excluded, by
-    doubling: after j steps each element holds the maximum of the next 2^j, and two overlapping spans of that
-    length cover the window. log2(2 radius + 1) element-wise maxima instead of 2 radius + 1 comparisons per pixel
-    (``max_pool2d``'s): 3-4 times faster on CPUs at radius 8-32, and exact (a maximum of the same values)."""
+    """Maximum over ``[i - radius, i + radius]`` along ``dim`` of (N, 1, H, W), borders excluded.
+
+    Computed by doubling spans: log2(2 radius + 1) element-wise maxima, exact and 3-4 times faster than ``max_pool2d``.
+    """
     n, k = x.shape[dim], 2 * radius + 1
     pad = (radius, radius, 0, 0) if dim == -1 else (0, 0, radius, radius)
     m = F.pad(x, pad, value=-float("inf"))
@@ -58,8 +46,7 @@ def _max_1d(x: torch.Tensor, radius: int, dim: int) -> torch.Tensor:
 
 
 def _max_filter(x: torch.Tensor, radius: int) -> torch.Tensor:
-    """Maximum over the ``(2 radius + 1)`` square around each pixel of (N, 1, H, W), borders excluded: two 1-D
-    passes (:func:`_max_1d`)."""
+    """Maximum over the ``(2 radius + 1)`` square around each pixel of (N, 1, H, W), borders excluded."""
     if radius == 0:
         return x
     return _max_1d(_max_1d(x, radius, -1), radius, -2)
@@ -68,7 +55,7 @@ def _max_filter(x: torch.Tensor, radius: int) -> torch.Tensor:
 def froc_candidates(
     y_pred: torch.Tensor, radius: int = 8, max_candidates: int = 20, min_score: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The candidate detections of every map (rule 1 of the module docstring).
+    """The candidate detections of every map (rule 1).
 
     Args:
         y_pred: (B, C, H, W) maps.
@@ -77,8 +64,8 @@ def froc_candidates(
         min_score: a candidate's score is strictly above this.
 
     Returns:
-        scores (B, C, K) float (-inf in unused slots), rows and cols (B, C, K) int64, with K = min(max_candidates,
-        H * W), highest score first.
+        scores (B, C, K) float (-inf in unused slots), rows and cols (B, C, K) int64, K = min(max_candidates, H * W),
+        highest score first.
     """
     if radius < 0:
         raise ValueError(f"radius must be >= 0 pixels, got {radius}.")
@@ -100,12 +87,15 @@ def froc_candidates(
 def match_candidates(
     mask: np.ndarray, rows: np.ndarray, cols: np.ndarray, tolerance: float = 0.0
 ) -> tuple[np.ndarray, int]:
-    """The lesion each candidate hits (rule 3): (K,) labels 1..n (0: none) and n, the number of lesions.
+    """The lesion each candidate hits (rule 3).
 
     Args:
         mask: (H, W) binary mask of one class.
         rows, cols: (K,) candidate positions.
         tolerance: a candidate hits a lesion whose nearest pixel is within this many pixels.
+
+    Returns:
+        (K,) labels 1..n (0: none) and n, the number of lesions.
     """
     labels, n = ndimage.label(mask > 0, structure=np.ones((3, 3), dtype=bool))
     if n == 0 or len(rows) == 0:
@@ -123,14 +113,14 @@ def froc_sensitivity(
     """Sensitivity at each false-positive rate from the binned counts (rules 4 and 5).
 
     Args:
-        fp_hist: (C, n_bins) false-positive candidates per score bin (ascending bins).
+        fp_hist: (C, n_bins) false-positive candidates per ascending score bin.
         tp_hist: (C, n_bins) found lesions per bin of their detection score.
-        num_lesions: (C,) all lesions, found or not.
+        num_lesions: (C,) all lesions.
         num_images: all images.
         rates: false positives per image.
 
     Returns:
-        (C, len(rates)) float64; NaN for a class without lesions (or when no image was seen).
+        (C, len(rates)) float64; NaN for a class without lesions or when no image was seen.
     """
     fp_at = fp_hist.to(torch.float64).flip(-1).cumsum(-1)  # thresholds from the top bin down
     tp_at = tp_hist.to(torch.float64).flip(-1).cumsum(-1)
@@ -148,16 +138,10 @@ def froc_sensitivity(
 
 
 class FROCMetric(CumulativeIterationMetric):
-    """Lesion-level FROC (module docstring) as a MONAI cumulative metric.
+    """Lesion-level FROC as a MONAI cumulative metric, in fixed memory (two (C, n_bins) histograms).
 
-    Call it on batches ``metric(y_pred, y)`` (y_pred, y: (B, C, H, W) or lists of (C, H, W)); then
-
-    - ``aggregate()``: (C, len(rates)) float64 sensitivity at each rate, NaN for a class without lesions (summed
-      over ranks under DDP: the binned counts are what is gathered, not per-rank sensitivities);
-    - ``get_buffer()``: (N, C) number of lesions per image and class;
-    - ``curve()``: the operating points (false positives per image, sensitivity), (C, n_bins + 1) each.
-
-    Memory is fixed (two (C, n_bins) histograms) whatever the number of images.
+    ``aggregate()`` gives (C, len(rates)) sensitivities (the counts are summed over ranks), ``get_buffer()`` (N, C)
+    lesions per image, ``curve()`` the operating points.
 
     Args:
         rates: false positives per image at which ``aggregate`` reports the sensitivity.
@@ -248,8 +232,11 @@ class FROCMetric(CumulativeIterationMetric):
         return froc_sensitivity(counts["fp"], counts["tp"], counts["lesions"], int(counts["images"]), self.rates)
 
     def curve(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Operating points from the highest threshold down: false positives per image and sensitivity, (C,
-        n_bins + 1) float64 each (the first point is the threshold above every score)."""
+        """Operating points from the highest threshold down: false positives per image and sensitivity.
+
+        Returns:
+            two (C, n_bins + 1) float64 tensors; the first point is the threshold above every score.
+        """
         counts = self._gathered()
         images, lesions = max(int(counts["images"]), 1), counts["lesions"].to(torch.float64)[:, None]
         zero = torch.zeros_like(counts["fp"][:, :1], dtype=torch.float64)

@@ -1,15 +1,8 @@
-"""Pointing game (Zhang et al., ECCV 2016): does the peak of a class's saliency map fall on a lesion of that class?
+"""Pointing game (Zhang et al., ECCV 2016): does the peak of a class's map fall on a lesion of that class?
 
-A standard weakly supervised localisation measure that the GLAM paper does not report. Per image and class with a
-lesion, the map's peak is a *hit* when a lesion pixel of that class lies within ``tolerance`` pixels of it
-(Euclidean distance). The hit rate is the mean over those (image, class) pairs.
-
-The peak of a map rendered from a coarser grid (S_g is nearest-upsampled from its cells) is a block of equal
-pixels; the peak is the centre of the block that holds the first maximal pixel in row-major order (its run of
-maximal pixels along that row and along that column), i.e. the centre of the winning cell, not its corner. A map
-without a peak (constant) is a miss. The same peak also answers "does the map peak at the image's border?" (a
-frequent failure of weak supervision: units at the zero-padded border can read out image-wide statistics), which
-:class:`PointingGameMetric` reports with ``measure="border"``.
+The peak of a nearest-upsampled map is a block of equal pixels: its centre counts, not its corner; a constant map has
+no peak (a miss). ``measure="border"`` reports instead whether the peak lies on the image's border, a frequent
+failure of weak supervision.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ POINTING_MEASURES = ("hit", "border")
 
 
 def _run_length(equal: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """Length of the run of True values in each row of ``equal`` (N, L) that begins at ``start`` (N,)."""
+    """Length of the run of True in each row of ``equal`` (N, L) that begins at ``start`` (N,)."""
     positions = torch.arange(equal.shape[-1], device=equal.device)
     # the first False at or after start ends the run; none -> the row's end
     ends = torch.where(~equal & (positions >= start[:, None]), positions, equal.shape[-1]).amin(dim=-1)
@@ -32,8 +25,7 @@ def _run_length(equal: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
 
 
 def map_peaks(y_pred: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Peak of every map: (B, C, H, W) -> rows (B, C), cols (B, C) (float, block centres) and ``valid`` (B, C), False
-    for a constant map (no peak)."""
+    """Peak of every (B, C, H, W) map: rows, cols (B, C) (float, block centres) and ``valid`` (False: constant)."""
     b, c, h, w = y_pred.shape
     flat = y_pred.reshape(b * c, h * w)
     peak_value, index = flat.max(dim=-1)
@@ -63,14 +55,13 @@ def compute_pointing_game(
     Args:
         y_pred: (B, C, H, W) saliency maps in [0, 1].
         y: (B, C, H, W) binary lesion masks.
-        tolerance: a hit when a lesion pixel lies within this many pixels of the peak (0: on a lesion pixel).
-        border: with ``measure="border"``, the peak counts as on the border when it lies within this many pixels
-            of the image's edge (0: on the outermost row or column).
-        measure: ``"hit"`` (1 = hit, 0 = miss) or ``"border"`` (1 = the peak is on the border).
+        tolerance: a hit when a lesion pixel lies within this many pixels of the peak.
+        border: with ``measure="border"``, pixels from the image's edge that count as the border.
+        measure: ``"hit"`` or ``"border"``.
         check_values: validate score range and mask values (one host synchronisation).
 
     Returns:
-        (B, C) float64: 1.0 / 0.0, NaN where the image has no lesion of that class.
+        (B, C) float64 1.0 / 0.0, NaN where the image has no lesion of that class.
     """
     if measure not in POINTING_MEASURES:
         raise ValueError(f"measure must be one of {POINTING_MEASURES}, got {measure!r}.")
@@ -102,17 +93,13 @@ def compute_pointing_game(
 
 
 class PointingGameMetric(PerImageMetric):
-    """Pointing-game hit rate (or share of peaks on the image border) as a MONAI cumulative metric.
+    """Pointing-game hit rate (or share of peaks on the border) as a MONAI cumulative metric.
 
-    Call it on batches ``metric(y_pred, y)`` (y_pred, y: (B, C, H, W), or lists of (C, H, W) tensors); then
-    ``get_buffer()`` gives (N, C) per-image 1/0 values (NaN without a lesion of that class) and ``aggregate()`` the
-    (C,) rate over the images with a lesion of that class (``reduction="std"``: its population standard deviation).
+    ``get_buffer()`` gives (N, C) per-image 1 / 0 (NaN without a lesion of the class), ``aggregate()`` the (C,) rate.
 
     Args:
-        tolerance: pixels between the peak and the nearest lesion pixel that still count as a hit.
-        border: pixels from the image edge within which a peak counts as on the border (``measure="border"``).
-        measure: ``"hit"`` (the pointing game) or ``"border"`` (share of peaks on the border).
-        check_values: check that scores are in [0, 1] and masks binary on every call (one host synchronisation).
+        tolerance, border, measure: as in :func:`compute_pointing_game`.
+        check_values: check the scores' range and the masks' values on every call.
     """
 
     def __init__(

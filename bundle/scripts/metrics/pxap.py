@@ -1,21 +1,10 @@
-"""Pixel average precision (PxAP, Choe et al. 2020, as computed by clovaai/wsolevaluation; paper appendix E).
+"""Pixel average precision (PxAP, Choe et al. 2020, as clovaai/wsolevaluation computes it; paper appendix E).
 
-The procedure, reproduced bin for bin:
-
-1. bin edges ``np.append(np.arange(0, 1, step), [1, 2, 3])`` (float64; ``step`` = 0.001 gives 1003 edges and
-   1002 bins ``[e_i, e_{i+1})``, the last one closed, exactly as ``numpy.histogram``);
-2. histograms of the scores of the positive (mask 1) and negative (mask 0) pixels;
-3. reversed cumulative sums: tp and fp at each threshold, from the top bin down;
-4. precision = tp / (tp + fp), recall = tp / number of positives;
-5. AP = sum over thresholds l >= 1 of precision_l * (recall_l - recall_{l-1}), over the thresholds with
-   tp + fp > 0.
-
-Image-level PxAP applies it to each image and averages over images; dataset-level PxAP applies it once to the
-histograms summed over all images. Both only count images that contain a lesion of the class.
-
-Binning is exact with respect to ``numpy.histogram`` on float64 edges: the scores are compared against edges
-rounded *up* to the scores' precision (float32 for float32/float16/bfloat16 scores, float64 for float64), and
-for a float32 score x and a float64 edge e, ``x >= e`` holds exactly when ``x >= (smallest float32 >= e)``.
+Histograms over the edges ``np.append(np.arange(0, 1, step), [1, 2, 3])`` of the positive and negative pixels'
+scores; tp and fp from the top bin down; AP = sum of precision_l (recall_l - recall_{l-1}) over thresholds with
+predictions. Image-level PxAP averages per-image APs, dataset-level pools the histograms; both count only images
+with a lesion of the class. Scores are compared with edges rounded up to their precision, so the bins match
+``numpy.histogram`` on float64 edges exactly.
 """
 
 from __future__ import annotations
@@ -33,7 +22,7 @@ LEVELS = ("image", "dataset")
 
 
 def pxap_bin_edges(step: float = 0.001) -> np.ndarray:
-    """The wsolevaluation histogram edges: ``np.arange(0, 1, step)`` followed by 1, 2, 3 (float64, (n_bins + 1,))."""
+    """The wsolevaluation histogram edges: ``np.arange(0, 1, step)`` then 1, 2, 3 (float64)."""
     if not 0.0 < step < 1.0:
         raise ValueError(f"step must be in (0, 1), got {step!r}.")
     return np.append(np.arange(0, 1, step, dtype=np.float64), [1.0, 2.0, 3.0])
@@ -69,9 +58,8 @@ def compute_pxap_histograms(
         check_values: validate score range and mask values (one host synchronisation).
 
     Returns:
-        (B, C, 2, n_bins) int64 counts on the inputs' device; ``[..., 0, :]`` negatives, ``[..., 1, :]``
-        positives, bins in ascending score order. Scores outside the edges (only possible with
-        ``check_values=False``) are dropped, as ``numpy.histogram`` drops them.
+        (B, C, 2, n_bins) int64 counts on the inputs' device, negatives then positives, ascending bins; scores outside
+        the edges are dropped, as ``numpy.histogram`` drops them.
     """
     y_pred, y = check_inputs(y_pred, y, check_values)
     b, c = y_pred.shape[:2]
@@ -93,13 +81,10 @@ def compute_pxap_histograms(
 
 
 def average_precision_from_histograms(hist: torch.Tensor) -> torch.Tensor:
-    """wsolevaluation's AP from score histograms.
-
-    Args:
-        hist: (..., 2, n_bins) counts, ``[..., 0, :]`` negatives and ``[..., 1, :]`` positives, ascending bins.
+    """wsolevaluation's AP from (..., 2, n_bins) histograms (negatives, positives; ascending bins).
 
     Returns:
-        (...) float64 AP in [0, 1]; NaN where there is no positive pixel.
+        (...) float64 AP; NaN where there is no positive pixel.
     """
     h = hist.to(torch.float64)
     tp = h[..., 1, :].flip(-1).cumsum(-1)
@@ -116,29 +101,15 @@ def average_precision_from_histograms(hist: torch.Tensor) -> torch.Tensor:
 class PxAPMetric(PerImageMetric):
     """PxAP as a MONAI cumulative metric, image- and dataset-level from one pass.
 
-    Call it on batches ``metric(y_pred, y)`` (y_pred, y: (B, C, H, W), or lists of (C, H, W) tensors) any number
-    of times. Every call bins the scores on the inputs' device, stores the per-image APs and adds the histograms
-    of the images that contain a lesion of each class to a fixed (C, 2, n_bins) int64 buffer (memory does not
-    grow with the dataset). Then
-
-    - ``get_buffer()``: (N, C) per-image AP (float64), NaN where the image has no lesion of that class,
-      gathered from all ranks under DDP (for either ``level``);
-    - ``aggregate()``: (C,) PxAP at ``self.level``: the mean of the per-image APs (``"image"``) or the AP of the
-      pooled histograms (``"dataset"``, summed over ranks under DDP);
-    - ``aggregate(reduction="std")``: (C,) population std (ddof=0) of the per-image APs (image level only);
-    - ``aggregate(level="image" | "dataset")``: the other level from the same metric object;
-    - ``get_histograms()``: the pooled (C, 2, n_bins) histograms, summed over ranks.
-
-    A class without any lesion image aggregates to NaN.
+    Each call stores the per-image APs and adds the lesion images' histograms to a fixed (C, 2, n_bins) buffer.
+    ``get_buffer()`` gives (N, C) per-image APs, ``aggregate(reduction, level)`` the (C,) PxAP (``"std"``: image level
+    only), ``get_histograms()`` the pooled histograms. Under DDP these are collective calls and every rank needs a
+    batch.
 
     Args:
-        level: default level of ``aggregate``.
-        step: threshold spacing; 0.001 is wsolevaluation's and the paper's.
-        check_values: check that scores are in [0, 1] and masks binary on every call (one host synchronisation
-            per call; shapes are always checked).
-
-    Under DDP, ``get_buffer``/``aggregate`` are collective calls: every rank must call them, and every rank must
-    have been called on at least one batch (MONAI's gather skips a rank with an empty buffer).
+        level: default level of ``aggregate``: ``"image"`` or ``"dataset"``.
+        step: threshold spacing; 0.001 is the paper's.
+        check_values: check the scores' range and the masks' values on every call.
     """
 
     def __init__(self, level: str = "image", step: float = 0.001, check_values: bool = True) -> None:
@@ -173,13 +144,13 @@ class PxAPMetric(PerImageMetric):
         return average_precision_from_histograms(hist)
 
     def get_histograms(self) -> torch.Tensor:
-        """(C, 2, n_bins) int64 histograms pooled over the lesion images of every rank (collective under DDP)."""
+        """(C, 2, n_bins) int64 histograms pooled over the lesion images of every rank."""
         if self._hist is None:
             raise ValueError("PxAPMetric has no data: call it on at least one batch before aggregate().")
         return all_reduce_sum(self._hist)
 
     def aggregate(self, reduction: str = "mean", level: str | None = None) -> torch.Tensor:  # type: ignore[override]
-        """(C,) PxAP per class; see the class docstring. NaN for a class without any lesion image."""
+        """(C,) PxAP per class at ``level`` (default ``self.level``); NaN for a class without lesion images."""
         level = self.level if level is None else level
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}.")

@@ -1,7 +1,7 @@
 """Soft Dice of a saliency map against a binary lesion mask (paper appendix E).
 
-This is not MONAI's ``DiceMetric``: that one scores a hard (thresholded) prediction with sum(S) + sum(G) in the
-denominator; here the map stays continuous and the denominator is sum(S^2) + sum(G^2).
+Not MONAI's ``DiceMetric``, which scores a thresholded prediction over sum(S) + sum(G): here S stays continuous and
+the denominator is sum(S^2) + sum(G^2).
 """
 
 from __future__ import annotations
@@ -14,16 +14,15 @@ __all__ = ["SoftDiceMetric", "compute_soft_dice"]
 
 
 def compute_soft_dice(y_pred: torch.Tensor, y: torch.Tensor, check_values: bool = True) -> torch.Tensor:
-    """Soft Dice per image and class: 2 * sum(S * G) / (sum(S^2) + sum(G^2)).
+    """Soft Dice per image and class: 2 sum(S G) / (sum(S^2) + sum(G^2)).
 
     Args:
-        y_pred: (B, C, H, W) saliency maps S in [0, 1].
-        y: (B, C, H, W) binary masks G.
+        y_pred: (B, C, H, W) saliency maps in [0, 1].
+        y: (B, C, H, W) binary masks.
         check_values: validate score range and mask values (one host synchronisation).
 
     Returns:
-        (B, C) float64 tensor on the inputs' device; NaN where the mask of that class is empty (the metric is
-        only defined, and only reported, for images that have that class's lesion).
+        (B, C) float64 on the inputs' device; NaN where the class's mask is empty.
     """
     y_pred, y = check_inputs(y_pred, y, check_values)
     s = y_pred.float() if y_pred.dtype != torch.float64 else y_pred
@@ -37,22 +36,10 @@ def compute_soft_dice(y_pred: torch.Tensor, y: torch.Tensor, check_values: bool 
 
 
 class SoftDiceMetric(PerImageMetric):
-    """Soft Dice as a MONAI cumulative metric.
-
-    Call it on batches ``metric(y_pred, y)`` (y_pred, y: (B, C, H, W), or lists of (C, H, W) tensors) any number
-    of times; then
-
-    - ``get_buffer()``: (N, C) per-image Dice (float64), NaN where the image has no lesion of that class,
-      gathered from all ranks under DDP;
-    - ``aggregate()`` / ``aggregate(reduction="mean")``: (C,) mean over the images with a lesion of that class;
-    - ``aggregate(reduction="std")``: (C,) population standard deviation over the same images (ddof=0);
-    - ``reset()``: start again.
-
-    A class without any lesion image aggregates to NaN.
+    """Soft Dice as a MONAI cumulative metric: ``aggregate(reduction="mean" | "std")`` over the lesion images.
 
     Args:
-        check_values: check that scores are in [0, 1] and masks binary on every call (one host synchronisation
-            per call; shapes are always checked).
+        check_values: check the scores' range and the masks' values on every call.
     """
 
     def _compute_tensor(self, y_pred: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]

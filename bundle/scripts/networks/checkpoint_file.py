@@ -1,11 +1,5 @@
-"""One checkpoint file, read safely: ``torch.load(weights_only=True)`` on the CPU, every way a file can be unusable
-said in one line that names it (missing, empty, truncated, not a PyTorch file, Python objects a weights-only load
-refuses), and tensors that hold NaN or Inf found and named.
-
-Every reader of the bundle's checkpoints goes through :func:`read_checkpoint` (the settings record, the weights, the
-previous stage's model, ``last.pt``); :func:`~scripts.networks.weights.load_checkpoint_file` adds
-:func:`check_finite`, and :func:`~scripts.networks.weights.save_atomic` refuses to write non-finite tensors.
-"""
+"""Reading one checkpoint file with ``weights_only=True``, every way it can be unusable said in one line naming it,
+and finding tensors that hold NaN or Inf."""
 
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ import torch
 
 __all__ = ["CheckpointError", "NonFiniteError", "read_checkpoint", "non_finite_tensors", "describe_non_finite"]
 
-#: how a zip checkpoint (torch.save's format since PyTorch 1.6) and a legacy pickled one begin
+#: how a zip and a legacy pickled checkpoint begin
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_MAGIC = b"\x80"
 
@@ -34,7 +28,6 @@ class NonFiniteError(CheckpointError):
 
 
 def _first_line(text: Any, limit: int = 160) -> str:
-    """The first sentence of the first non-empty line of ``text`` (torch's messages run to paragraphs)."""
     line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
     line = line.split(". ")[0]
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -45,9 +38,7 @@ def read_checkpoint(path: str | os.PathLike, what: str = "checkpoint") -> Any:
 
     Raises:
         FileNotFoundError: ``path`` is not a file (the message names it).
-        CheckpointError: the file cannot be read as a weights-only PyTorch checkpoint; one line naming the file and
-            the reason: empty, truncated or damaged (a PyTorch file that does not load), not a PyTorch file at all,
-            or Python objects (classes, numpy arrays, ``argparse.Namespace``...) that ``weights_only`` refuses.
+        CheckpointError: empty, truncated, not a PyTorch file, or Python objects that ``weights_only`` refuses.
     """
     path = Path(path)
     if not path.is_file():
@@ -101,9 +92,7 @@ def _tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def non_finite_tensors(obj: Any) -> list[tuple[str, int, int]]:
-    """``(name, NaN count, Inf count)`` of every tensor in ``obj`` (a tensor, a state dict, a training checkpoint
-    with nested dicts) that holds a NaN or an infinite value, in order; empty when all are finite. One reduction per
-    tensor; the counting only for the tensors that fail it."""
+    """``(name, NaN count, Inf count)`` of every tensor nested in ``obj`` that holds a NaN or an infinite value."""
     found = []
     for name, tensor in _tensors(obj):
         if bool(torch.isfinite(tensor).all()):
@@ -119,7 +108,7 @@ def _counts(nan: int, inf: int) -> str:
 
 
 def describe_non_finite(found: list[tuple[str, int, int]]) -> str:
-    """``"tensor <name> holds 3 NaN values"`` for the first of :func:`non_finite_tensors`, with how many more."""
+    """``"tensor <name> holds 3 NaN values"`` for the first of ``found``, with how many more."""
     name, nan, inf = found[0]
     more = f" (and {len(found) - 1} more tensor(s) with NaN or Inf)" if len(found) > 1 else ""
     return f"tensor {name} holds {_counts(nan, inf)}{more}"

@@ -1,10 +1,5 @@
-"""Conversion of the GLAM authors' released checkpoints (github nyukat/GLAM) into this model's state dict.
-
-The authors' files are flat state dicts (docs/model.md, the authors' checkpoints) whose loader used ``strict=False``,
-which hides mismatches. Here every tensor is accounted for: it is mapped to exactly one parameter or buffer of
-:class:`GLAM`, or it is one of the known tensors without a counterpart (listed in :data:`NYUKAT_UNUSED_PREFIXES`),
-which are reported. Anything else, and any missing or mis-shaped tensor, raises a ``ValueError`` that names it.
-"""
+"""Conversion of the GLAM authors' released checkpoints (github nyukat/GLAM) into this model's state dict, every
+tensor accounted for (the authors' loader used ``strict=False``, which hides mismatches)."""
 
 from __future__ import annotations
 
@@ -37,9 +32,7 @@ NYUKAT_PREFIX_MAP: dict[str, str] = {
     "fusion_dnn.": "fusion.linear.",
 }
 
-#: tensors of the authors' files that GLAM does not use, reported rather than loaded:
-#: the global module's unused 1x1 "combine" conv (6 -> 2), GMIC's patch classifier (GLAM's y_l is the attention-
-#: weighted mean of the pooled patch maps instead), and the authors' "shared_rep_filter".
+#: tensors of the authors' files that GLAM does not use, reported rather than loaded
 NYUKAT_UNUSED_PREFIXES: tuple[str, ...] = (
     "global_network.postprocess_module.combine.",
     "mil.classifier_linear.",
@@ -51,8 +44,7 @@ _JOINT_PREFIXES = ("attention.", "fusion.")
 
 @dataclasses.dataclass
 class ConversionReport:
-    """What the conversion did: ``mapped`` (source key -> target key), ``dropped`` (known unused source keys),
-    ``unfitted`` (joint-training tensors whose shape does not fit this model: source key -> reason)."""
+    """What the conversion did: ``mapped`` (source -> target key), ``dropped`` keys, ``unfitted`` (key -> reason)."""
 
     mapped: dict[str, str] = dataclasses.field(default_factory=dict)
     dropped: list[str] = dataclasses.field(default_factory=list)
@@ -93,8 +85,7 @@ def convert_nyukat_state_dict(
         ``(converted, report)``: the converted state dict (CPU tensors) and what was mapped, dropped or not fitted.
 
     Raises:
-        ValueError: naming every unexpected source key, every mis-shaped tensor of the global or local module,
-            and every parameter or buffer of the global or local module that the source lacks.
+        ValueError: naming every unexpected key, and every missing or mis-shaped tensor of the global or local module.
     """
     if not isinstance(state_dict, Mapping):
         raise ValueError(f"state_dict must be a mapping of tensor names to tensors, got {type(state_dict).__name__}")
@@ -133,7 +124,7 @@ def convert_nyukat_state_dict(
         converted[target] = value.detach().to("cpu", expected.dtype).clone()
         report.mapped[key] = target
     for target in template:
-        if target == SETTINGS_KEY:  # not a weight: the record is written below
+        if target == SETTINGS_KEY:
             continue
         if not target.startswith(_JOINT_PREFIXES) and target not in converted:
             problems.append(f"missing key for {target!r}")
@@ -150,7 +141,6 @@ def convert_nyukat_state_dict(
                 report.unfitted[src] = "the joint modules are incomplete in the checkpoint; not loaded"
                 del report.mapped[src]
     if SETTINGS_KEY in template:
-        # the reference settings the weights were made for (the template's), with the joint modules they hold
         settings = {**decode_settings(template[SETTINGS_KEY]), "joint_modules": report.has_joint_modules}
         converted[SETTINGS_KEY] = encode_settings(settings)
     return converted, report
@@ -160,12 +150,11 @@ def load_nyukat_glam(state_dict: Mapping[str, Any], **overrides: Any) -> GLAM:
     """The authors' GLAM with their weights: the reference-compatible preset, eval mode, loaded strictly.
 
     Args:
-        state_dict: the authors' flat state dict (load the file with ``torch.load(path, weights_only=True)``).
-        overrides: constructor arguments that differ from :data:`~scripts.networks.glam.REFERENCE_PRESET`
-            (e.g. ``num_patches_eval``); the local module's depth and width must stay those of the weights.
+        state_dict: the authors' flat state dict.
+        overrides: constructor arguments that differ from :data:`~scripts.networks.glam.REFERENCE_PRESET`.
 
     Returns:
-        the model; ``model.conversion_report`` tells what was mapped, dropped or not fitted.
+        the model, with ``conversion_report``.
     """
     template = GLAM.reference(**{**overrides, "joint_modules": True}).state_dict()
     converted, report = convert_nyukat_state_dict(state_dict, template)

@@ -1,11 +1,5 @@
-"""A faster inference copy of a trained network: batch norms folded, channels-last memory, bf16 autocast (CUDA, and
-CPUs with native bf16).
-
-On CPUs with native bfloat16 (AVX512-BF16 or AMX) the full-size GLAM runs about twice as fast this way; without
-it bf16 is emulated and slower, so ``precision="auto"`` keeps float32 there (docs/performance.md). The maps differ
-from float32's by a few thousandths (docs/inference.md). ``precision="fp32"`` returns the network unchanged, so
-float32 inference keeps exactly the reference numbers.
-"""
+"""A faster inference copy of a trained network: batch norms folded, channels-last memory, bf16 autocast;
+``precision="fp32"`` returns the network unchanged."""
 
 from __future__ import annotations
 
@@ -31,9 +25,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 
 def cpu_supports_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX). Without it oneDNN emulates bf16 with
-    AVX-512 conversions: measured on a Xeon without AVX512-BF16, the full-size GLAM took 2.4x *longer* in bf16 than
-    in float32 (docs/performance.md)."""
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX); emulated bf16 is slower than float32."""
     cpu = getattr(torch, "cpu", None)
     try:
         return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
@@ -42,11 +34,7 @@ def cpu_supports_bf16() -> bool:
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """``"bf16"`` or ``"fp32"`` for ``precision`` in :data:`PRECISIONS` on ``device``.
-
-    ``"auto"``: bf16 on CUDA (tensor cores; the fast copy there runs folded, channels-last and under bf16
-    autocast) and on a CPU that supports it natively, fp32 on other CPUs (emulated bf16 is slower than float32).
-    """
+    """``"bf16"`` or ``"fp32"`` for ``precision`` on ``device``; ``"auto"``: bf16 on CUDA and native-bf16 CPUs."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "auto":
@@ -64,12 +52,13 @@ def _as_float32(value: Any) -> Any:
 
 
 class AutocastInference(nn.Module):
-    """Runs ``network`` under autocast (:func:`scripts.precision.autocast`) with ``dtype`` on the input's device,
-    inputs in channels-last memory; floating-point outputs come back as float32.
+    """Runs ``network`` (and its ``forward_all``) without gradients under autocast with ``dtype``, inputs in
+    channels-last memory, floating-point outputs as float32.
 
-    The forward contract is the wrapped network's: ``forward(image)`` returns what ``network(image)`` returns (S_c
-    (B, 2, H/4, W/4) for :class:`~scripts.networks.GLAMSaliencyNet`), ``forward_all(image)`` its whole output dict
-    (when the network has ``forward_all``). Inference only: no gradients.
+    Args:
+        network: the network, e.g. a folded :class:`~scripts.networks.GLAMSaliencyNet`.
+        dtype: the autocast dtype.
+        channels_last: channels-last inputs.
     """
 
     def __init__(self, network: nn.Module, dtype: torch.dtype = torch.bfloat16, channels_last: bool = True) -> None:
@@ -103,15 +92,13 @@ class AutocastInference(nn.Module):
 
 
 def optimize_for_inference(model: nn.Module, precision: str = "auto", channels_last: bool = True) -> nn.Module:
-    """An inference version of a trained ``model`` (load its weights first) with the same forward contract.
+    """An inference version of a trained ``model`` with the same forward contract.
 
     Args:
-        model: e.g. :class:`~scripts.networks.GLAMSaliencyNet` with its weights loaded, on its device.
-        precision: ``"fp32"``: ``model`` itself in eval mode (exactly the reference numbers); ``"bf16"``: an
-            eval-mode copy with the local module's batch norms folded into its convolutions (``fuse_for_inference``
-            where the model has it), in channels-last memory, run under bf16 autocast; ``"auto"``: see
-            :func:`resolve_precision`.
-        channels_last: channels-last memory for the bf16 copy (oneDNN's fast layout on CPUs).
+        model: a network with its weights loaded, on its device.
+        precision: ``"fp32"``: ``model`` in eval mode; ``"bf16"``: a folded, channels-last copy under bf16 autocast;
+            ``"auto"``: :func:`resolve_precision`.
+        channels_last: channels-last memory for the bf16 copy.
     """
     try:
         device = next(model.parameters()).device
@@ -128,9 +115,7 @@ def optimize_for_inference(model: nn.Module, precision: str = "auto", channels_l
 def load_for_inference(
     network: nn.Module, ckpt_path: str | os.PathLike, device: torch.device | str = "cpu", precision: str = "auto"
 ) -> nn.Module:
-    """``network`` with the weights of ``ckpt_path`` (:func:`~scripts.networks.weights.load_weights`: strictly,
-    weights only; a file whose settings record or keys differ is a ``ValueError`` naming it), moved to ``device``,
-    then :func:`optimize_for_inference` with ``precision``."""
+    """``network`` with the weights of ``ckpt_path`` loaded strictly, on ``device``, optimised for ``precision``."""
     from .weights import load_weights
 
     return optimize_for_inference(load_weights(network, ckpt_path).to(device), str(precision))

@@ -1,24 +1,5 @@
-"""GLAM: the global module, saliency-guided patches, the local module, aggregation and fusion, composed.
-
-``GLAM(settings, **overrides)`` takes its settings as one record, :class:`~scripts.networks.glam_settings.GLAMSettings`
-(what each means, its default, how it is recorded and checked); ``GLAM()`` is the paper's full-size model: 2944x1920
-inputs, ResNet-34-HR local module, 512 px patches, K = 6 patches in training and M = 1 in eval mode, top-t 3% (global)
-and 20% (local).
-
-Forward: ``image`` (B, 1, H, W) standardised mammograms; optional ``patch_boxes`` (B, K, 4) to use instead of
-Algorithm 1; optional ``random_patch_mask`` (B,) bool: those images get K random patches inside the breast (the
-negatives of stage 2), drawn with ``generator``; optional ``patch_shift`` (pixels, training mode only): Algorithm 1's
-boxes each move by a random offset of up to that many pixels per axis (also drawn with ``generator``), so that a
-lesion does not always sit at the same place in its patch. Returns a dict of tensors:
-
-- ``y_global`` (B, 2): y_g, probabilities (benign, malignant): GLAM's classification output;
-- ``y_scales`` (B, 3, 2): per-scale pooled predictions; ``z_global`` (B, 256);
-- ``saliency_global`` (B, 2, H/16, W/16): S_g; ``saliency_scale0|1|2``: S_0 (H/16), S_1 (H/32), S_2 (H/64);
-- stages ``local``/``joint`` also: ``patch_boxes`` (B, K, 4) long (row, col, height, width);
-  ``patch_maps`` (B, K, 2, p/4, p/4); ``y_local`` (B, 2); ``saliency_local`` S_l and ``saliency`` S_c,
-  (B, 2, H/4, W/4), exactly the full-size maps sampled every 4 px (:meth:`GLAM.full_resolution` renders full size);
-- stage ``joint``: ``attention`` (B, K) (with attention aggregation) and ``y_fusion`` (B, 2).
-"""
+"""GLAM (Liu et al., MIDL 2021): the global module, saliency-guided patches, the local module, aggregation and
+fusion."""
 
 from __future__ import annotations
 
@@ -47,10 +28,7 @@ from .settings import RecordsSettings, checkpoint_setting
 
 __all__ = ["GLAM", "GLAMSettings", "GLAM_DEFAULTS", "REFERENCE_PRESET", "checkpoint_setting"]
 
-#: The authors' released inference behaviour (docs/model.md, the reference-compatible preset): pooling after
-#: upsampling with t = 3%, concatenation aggregation with t = 30%, one patch of 512 px, gamma 0.2/0.6/0.2,
-#: gamma_c = 0.5, 2944x1920 windows; the pixel spacing of the authors' data is not published (docs/model.md), so it
-#: is unknown and inputs are not resampled.
+#: the authors' released inference behaviour; their data's pixel spacing is not published, so inputs are not resampled
 REFERENCE_PRESET: dict[str, Any] = {
     "stage": Stage.LOCAL.value,
     "patch_size": 512,
@@ -85,7 +63,7 @@ GLOBAL_OUTPUTS = tuple(
 
 
 def check_image(image: torch.Tensor, patch_size: Sequence[int] | None = None, name: str = "image") -> None:
-    """Validate a batch of mammograms (B, 1, H, W): rank, channels, size, finite values (one host sync)."""
+    """Validate a batch of mammograms (B, 1, H, W): rank, channels, size, finite values."""
     if not isinstance(image, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor (B, 1, H, W), got {type(image).__name__}")
     if image.ndim != 4:
@@ -101,11 +79,8 @@ def check_image(image: torch.Tensor, patch_size: Sequence[int] | None = None, na
 
 
 def add_aggregations(network: GLAM, settings: GLAMSettings) -> None:
-    """The aggregation modules, in :data:`~scripts.aggregation.AGGREGATIONS`' registration order (the order their
-    initial weights are drawn in), and ``network.stage_aggregation``, the one each stage runs (the global stage runs
-    none). Held: the paper's two (concatenation, without weights, always: ``concat_aggregation`` has always been
-    there; gated attention with the joint modules, since their checkpoints carry its weights whatever aggregation
-    they trained with) and the chosen one."""
+    """Add the paper's two aggregation modules (attention with the joint modules only) and the chosen one, in
+    registration order (their weights' draw order), and ``network.stage_aggregation``."""
     network.stage_aggregation = {name: settings.aggregation or default for name, default in PAPER_AGGREGATION.items()}
     held = {*PAPER_AGGREGATION.values(), *network.stage_aggregation.values()}
     network.held_aggregations = []
@@ -114,7 +89,7 @@ def add_aggregations(network: GLAM, settings: GLAMSettings) -> None:
         if name not in held:
             continue
         if spec.joint_module and not settings.joint_modules:
-            setattr(network, spec.attribute, None)  # e.g. ``attention`` is None in the authors' inference layout
+            setattr(network, spec.attribute, None)
             continue
         if spec.attribute in network.__dict__ or spec.attribute in network._modules:
             raise ValueError(f"aggregation {name!r}: GLAM already has an attribute {spec.attribute!r}")
@@ -131,9 +106,8 @@ def training_patch_boxes(
     generator: torch.Generator | None,
     patch_shift: int = 0,
 ) -> torch.Tensor:
-    """The patch boxes (B, K, 4) of ``network``'s eager forward: the given ones (checked), else Algorithm 1's on
-    ``saliency_global`` (shifted by up to ``patch_shift`` px in training), with random in-breast boxes for the images
-    of ``random_patch_mask``."""
+    """The patch boxes (B, K, 4): the given ones, else Algorithm 1's (shifted by up to ``patch_shift`` px), with
+    random in-breast boxes for the images of ``random_patch_mask``."""
     image_size = tuple(image.shape[-2:])
     if patch_boxes is not None:
         if patch_boxes.ndim != 3 or patch_boxes.shape[0] != image.shape[0] or patch_boxes.shape[-1] != 4:
@@ -160,15 +134,12 @@ def training_patch_boxes(
 
 
 def train_stage_parameters(network: GLAM) -> None:
-    """Which of ``network``'s parameters train in its stage. ``global``: only the global module; ``local``: the global
-    module is frozen (no gradients, BN in eval mode) and only the local module trains; ``joint``: everything. Parts a
-    stage does not use (the local module in ``global``; attention and fusion in ``local``) are frozen too, so that
-    every trainable parameter receives a gradient."""
+    """Freeze what ``network``'s stage does not train (the global module in ``local``), and what it does not use, so
+    that every trainable parameter receives a gradient."""
     stage = network.stage
     network.freeze_global(stage == Stage.LOCAL)
     for p in network.local_network.parameters():
         p.requires_grad_(stage != Stage.GLOBAL)
-    # only the stage's own aggregation trains (none in the global stage)
     active = network.stage_aggregation.get(stage)
     for name in network.held_aggregations:
         for p in getattr(network, AGGREGATIONS.look_up(name, "aggregation").attribute).parameters():
@@ -179,8 +150,17 @@ def train_stage_parameters(network: GLAM) -> None:
 
 
 class GLAM(RecordsSettings):
-    """GLAM (Liu et al., MIDL 2021), forward as the module's docstring says: ``settings`` a :class:`GLAMSettings`
-    (default: the paper's), ``overrides`` its fields to change (``GLAM(patch_size=256, stage="local")``)."""
+    """GLAM: (B, 1, H, W) standardised mammograms -> a dict of tensors.
+
+    Outputs: ``y_global`` (B, 2), ``y_scales`` (B, 3, 2), ``z_global``, S_g ``saliency_global`` (B, 2, H/16, W/16) and
+    ``saliency_scale0|1|2``; stages ``local``/``joint`` add ``patch_boxes`` (B, K, 4), ``patch_maps``
+    (B, K, 2, p/4, p/4), ``y_local`` (B, 2), S_l ``saliency_local`` and S_c ``saliency`` (B, 2, H/4, W/4); ``joint``
+    adds ``attention`` (B, K) and ``y_fusion`` (B, 2).
+
+    Args:
+        settings: a :class:`GLAMSettings` (default: the paper's full-size model).
+        overrides: fields of ``settings`` to change, e.g. ``GLAM(patch_size=256, stage="local")``.
+    """
 
     __constants__ = ["global_outputs"]  # TorchScript reads a tuple of names from the module, not from a global
     global_outputs = GLOBAL_OUTPUTS
@@ -193,7 +173,7 @@ class GLAM(RecordsSettings):
         self.num_patches_train, self.num_patches_eval = s.num_patches_train, s.num_patches_eval
         self.gamma_c, self.aggregation = float(s.gamma_c), s.aggregation
         self.stage, self.global_frozen = Stage.JOINT.value, False
-        # the submodules in the order their weights are drawn (a seed gives the same network as every earlier version)
+        # the order the weights are drawn in: a seed gives the same network
         self.global_network = GlobalNetwork(
             t=s.t_global,
             gammas=s.gammas,
@@ -209,7 +189,6 @@ class GLAM(RecordsSettings):
         if s.joint_modules:
             self.fusion = FusionHead(self.global_network.representation_size, self.local_network.representation_size)
         self.set_stage(s.stage)
-        # how it was built, in every state dict it saves (tools/networks/settings.py); the stage is not recorded
         self.record_settings(s.recorded())
 
     @classmethod
@@ -218,7 +197,7 @@ class GLAM(RecordsSettings):
         return cls(**{**REFERENCE_PRESET, **overrides}).eval()
 
     def set_stage(self, stage: str) -> GLAM:
-        """Select the training stage and which parameters train in it (:func:`train_stage_parameters`)."""
+        """Select the training stage and which parameters train in it."""
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         if stage == Stage.JOINT and self.fusion is None:
@@ -267,7 +246,15 @@ class GLAM(RecordsSettings):
         generator: torch.Generator | None = None,
         patch_shift: int = 0,
     ) -> dict[str, torch.Tensor]:
-        """The output dict of the class docstring (``forward`` of GLAM; subclasses may return less from ``forward``)."""
+        """The output dict of the class docstring.
+
+        Args:
+            image: (B, 1, H, W) standardised mammograms.
+            patch_boxes: (B, K, 4) boxes to use instead of Algorithm 1's.
+            random_patch_mask: (B,) bool: those images get K random in-breast patches.
+            generator: the random patches' and shifts' generator.
+            patch_shift: training only: Algorithm 1's boxes move by up to this many pixels per axis.
+        """
         if not torch.jit.is_scripting():
             check_image(image, self.patch_size if self.stage != Stage.GLOBAL.value else None)
         if self.global_frozen:
@@ -284,7 +271,6 @@ class GLAM(RecordsSettings):
         patch_size = [self.patch_size[0], self.patch_size[1]]
         s_g = g[OutputKey.SALIENCY_GLOBAL.value]
         if torch.jit.is_scripting():
-            # the exported network runs Algorithm 1 (inference); given and random boxes are for training in Python
             if patch_boxes is not None or random_patch_mask is not None:
                 raise RuntimeError("the TorchScript GLAM selects its patches itself: patch_boxes/random_patch_mask")
             boxes = select_patch_boxes(s_g.detach(), image_size, patch_size, self.num_patches_eval)
@@ -299,7 +285,7 @@ class GLAM(RecordsSettings):
             agg = self.scripted_aggregation(patch_maps, patch_features)  # see __prepare_scriptable__
         else:
             agg = self.aggregation_module()(patch_maps, patch_features)
-        if OutputKey.ATTENTION.value in agg:  # attention weights (B, K), from aggregations that have them
+        if OutputKey.ATTENTION.value in agg:
             out[OutputKey.ATTENTION.value] = agg[OutputKey.ATTENTION.value]
         out[OutputKey.Y_LOCAL.value] = agg[OutputKey.Y_LOCAL.value]
         out[OutputKey.PATCH_BOXES.value] = boxes
@@ -312,7 +298,6 @@ class GLAM(RecordsSettings):
         out[OutputKey.SALIENCY.value] = maps[MapName.COMBINED.value]
         return out
 
-    # GLAM's forward is the whole output dict; GLAMSaliencyNet overrides forward and keeps forward_all
     forward = forward_all
 
     def fuse_for_inference(self) -> GLAM:

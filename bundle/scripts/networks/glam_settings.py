@@ -1,25 +1,6 @@
-"""GLAM's settings as one record, :class:`GLAMSettings`: every argument of the network, once.
-
-Each field of the record is a setting: its default (the paper's value), what it means (the comment above it), and
-in its :func:`setting` metadata everything else the bundle needs to know of it, so that a new setting is one field
-here plus the code that uses it:
-
-- ``record``: the JSON value a checkpoint records (``scripts.networks.settings``: the ``model_settings`` entry of
-  every state dict); ``None``: not recorded (the stage, activation checkpointing: how a network runs, not how it was
-  built);
-- ``check`` / ``expected``: the check of that JSON value when a checkpoint's record is read, and what it must be
-  (:func:`scripts.networks.settings.validate_settings`);
-- ``compared``: whether loading a checkpoint into a network compares it (``False``: an inference choice that
-  changes no weight; see ``scripts.networks.settings`` for why each is or is not);
-- ``inference``: how inference (``scripts.networks.inference``) and evaluation set it: :data:`FROM_CHECKPOINT`
-  (the checkpoint's value unless the configuration overrides it), :data:`CHOSEN` (a choice made there, the
-  record's default unless the configuration says otherwise) or ``None`` (not an inference setting);
-- ``text``: how a value the command line gives as text becomes the setting (``--pool_in_breast false``).
-
-``GLAM(**kwargs)`` is ``GLAM(GLAMSettings(**kwargs))``; the configs build the record with
-:meth:`GLAMSettings.from_config` (train.yaml's ``glam_settings``), inference from a checkpoint's record
-(``scripts.networks.inference.inference_settings``).
-"""
+"""GLAM's settings as one record, :class:`GLAMSettings`: each field's default (the paper's value) and, in its
+:class:`SettingSpec`, how a checkpoint records and checks it, whether loading compares it, how inference sets it
+and how command-line text is read."""
 
 from __future__ import annotations
 
@@ -52,25 +33,20 @@ __all__ = [
 FROM_CHECKPOINT = "checkpoint"
 #: inference chooses the value itself (inference.yaml's, else the record's default)
 CHOSEN = "chosen"
-#: the largest side (pixels) a record's window (``image_size``) or patch (``patch_size``) may have: 8192 px at the
-#: finest detector's 0.05 mm are 41 cm, beyond any mammography detector (24 x 30 cm); a larger window only allocates
-#: (a 40000 x 40000 window is 6.4 GB per float32 image)
+#: the largest window or patch side (pixels) a record may have: 41 cm at 0.05 mm, beyond any mammography detector
 MAX_WINDOW_SIDE = 8192
-# the most patches per image a record may ask for (the paper's K is 6, M 1)
 _MAX_PATCHES = 256
-# the largest width / depth a record's local module or attention may have
 _MAX_UNITS = 65536
 
 
 def as_flag(value: Any, name: str) -> bool:
-    """A yes/no option that may come from the command line as text (fire passes ``--resume false`` as 'false')."""
+    """A yes/no option that may come from the command line as text."""
     try:
         return str2bool(str(value).strip())  # str(): also bools and the integers 0/1
     except ValueError:
         raise ValueError(f"{name} must be true or false, got {value!r}") from None
 
 
-# -- the checks of a recorded (JSON) value ---------------------------------------------------------------------------
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -105,10 +81,17 @@ _COUNT, _UNITS = f"an integer in 1..{_MAX_PATCHES}", f"an integer in 1..{_MAX_UN
 _FRACTION, _BOOL = "a number in (0, 1]", "true or false"
 
 
-# -- a setting's metadata --------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class SettingSpec:
-    """What the bundle knows of one setting besides its default (see the module docstring)."""
+    """What the bundle knows of one setting besides its default.
+
+    Args:
+        record: its JSON value in a checkpoint's record; None: not recorded.
+        check: the check of a recorded value, and ``expected``, what it must be.
+        compared: whether loading a checkpoint compares it (False: an inference choice that changes no weight).
+        inference: :data:`FROM_CHECKPOINT`, :data:`CHOSEN` or None (not an inference setting).
+        text: how command-line text becomes the setting.
+    """
 
     record: Callable[[Any], Any] | None
     check: Callable[[Any], bool] | None = None
@@ -116,10 +99,6 @@ class SettingSpec:
     compared: bool = True
     inference: str | None = FROM_CHECKPOINT
     text: Callable[[Any, str], Any] | None = None
-
-
-def _flag_text(value: Any, name: str) -> bool:
-    return as_flag(value, name)
 
 
 def _int_text(value: Any, name: str) -> int:
@@ -150,26 +129,19 @@ def _spacing_record(value: Any) -> list[float] | None:
 
 @dataclasses.dataclass(frozen=True)
 class GLAMSettings:
-    """GLAM's settings (the arguments of :class:`~scripts.networks.glam.GLAM`), the paper's values by default.
+    """GLAM's settings (the arguments of :class:`~scripts.networks.glam.GLAM`), the paper's values by default; each
+    field's meaning is in the comment above it."""
 
-    A frozen record: ``dataclasses.replace(settings, patch_size=256)`` gives another. The meaning of each field is in
-    the comment above it; their order is the one inference lists them in (the window and spacing first).
-    """
-
-    # "global" (global module only), "local" (global module frozen, local module with concatenation aggregation) or
-    # "joint" (both, attention aggregation and fusion); GLAM.set_stage. Not recorded: one checkpoint serves the next
-    # stage and inference
+    # "global", "local" or "joint"; not recorded: one checkpoint serves the next stage and inference
     stage: str = setting(Stage.JOINT, None, inference=None)
-    # the preprocessing window (rows, cols) the network is trained on: recorded for inference to use the same window,
-    # not used by the forward pass (which takes any size)
+    # the preprocessing window (rows, cols) the network is trained on, recorded for inference
     image_size: Sequence[int] = setting(
         (2944, 1920),
         _pair_record("image_size"),
         lambda v: isinstance(v, list) and _sides(v),
         f"[rows, cols], integers in 1..{MAX_WINDOW_SIDE}",
     )
-    # the (row, col) pixel size in mm of the training images (a number: the same both ways), or None when unknown:
-    # recorded for inference, which resamples inputs of known spacing to it
+    # the (row, col) pixel size in mm of the training images, or None when unknown; inference resamples to it
     pixel_spacing: float | Sequence[float] | None = setting(
         None,
         _spacing_record,
@@ -203,32 +175,33 @@ class GLAMSettings:
         inference=CHOSEN,
         text=_float_text,
     )
-    # the local ResNet-HR's depth and width (34, 64 in the paper; smaller for tests and CPU presets)
+    # the local ResNet-HR's depth and width
     local_depth: int = setting(34, int, _units, _UNITS, text=_int_text)
     local_width: int = setting(64, int, _units, _UNITS, text=_int_text)
-    # recompute the local module's activations in backward to fit more patches (not recorded: changes no number)
-    activation_checkpointing: bool = setting(False, None, inference=None, text=_flag_text)
+    # recompute the local module's activations in backward to fit more patches
+    activation_checkpointing: bool = setting(False, None, inference=None, text=as_flag)
     # hidden size of the gated attention
     attention_hidden: int = setting(128, int, _units, _UNITS, text=_int_text)
-    # keyword arguments of the global module's GlobalBackbone (width, strides, blocks_per_layer, stem_stride,
-    # stem_pool, padding_mode); the paper's ResNet-22 when empty
+    # keyword arguments of the global module's GlobalBackbone; the paper's ResNet-22 when empty
     global_backbone: Mapping[str, Any] | None = setting(
         None, lambda value: dict(value or {}), lambda v: isinstance(v, dict), "a mapping of the backbone's options"
     )
     # the global module pools only map cells on the breast (GlobalNetwork)
-    pool_in_breast: bool = setting(False, bool, _is_bool, _BOOL, text=_flag_text)
-    # None for the paper's choice per stage (concatenation in local, gated attention in joint), or a name in
-    # scripts.aggregation.AGGREGATIONS ("concat", "attention" or one registered with register_aggregation)
+    pool_in_breast: bool = setting(False, bool, _is_bool, _BOOL, text=as_flag)
+    # a name in scripts.aggregation.AGGREGATIONS; None: the paper's (concat in local, attention in joint)
     aggregation: str | None = setting(None, _as_is, lambda v: v is None or isinstance(v, str), "null or a name")
-    # hold the gated attention and the fusion head (needed by the joint stage and attention aggregation); False gives
-    # the authors' inference layout (global and local modules only)
-    joint_modules: bool = setting(True, bool, _is_bool, _BOOL, text=_flag_text)
+    # hold the gated attention and the fusion head; False: the authors' inference layout
+    joint_modules: bool = setting(True, bool, _is_bool, _BOOL, text=as_flag)
     # pool every global scale after upsampling it to S_0's size (the authors' code)
-    global_pool_after_upsampling: bool = setting(False, bool, _is_bool, _BOOL, compared=False, text=_flag_text)
+    global_pool_after_upsampling: bool = setting(False, bool, _is_bool, _BOOL, compared=False, text=as_flag)
 
     @classmethod
     def of(cls, settings: GLAMSettings | None = None, **overrides: Any) -> GLAMSettings:
-        """``settings`` (default: the paper's) with ``overrides``; an unknown name is a ``TypeError`` naming it."""
+        """``settings`` (default: the paper's) with ``overrides``.
+
+        Raises:
+            TypeError: an unknown name.
+        """
         if settings is not None and not isinstance(settings, GLAMSettings):
             raise TypeError(f"settings must be a GLAMSettings, got {type(settings).__name__}")
         names = [f.name for f in dataclasses.fields(cls)]
@@ -239,12 +212,11 @@ class GLAMSettings:
 
     @classmethod
     def from_config(cls, **values: Any) -> GLAMSettings:
-        """The record from a configuration's values: the text the command line gives (``false``, ``16``) read as each
-        setting's type; a setting not given keeps its default."""
+        """The record from a configuration's values, command-line text read as each setting's type."""
         return cls.of(**coerce_text(values, cls))
 
     def as_kwargs(self) -> dict[str, Any]:
-        """``name -> value`` of every field (shallow: the values themselves)."""
+        """``name -> value`` of every field (shallow)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def recorded(self) -> dict[str, Any]:
@@ -254,8 +226,11 @@ class GLAMSettings:
         return {**record, "bundle_version": bundle_version()}
 
     def check(self) -> None:
-        """``ValueError`` for settings that cannot build a working network, before any weight is drawn (the global
-        module checks its own: ``t_global``, ``gammas``, ``global_backbone``; the local module its depth)."""
+        """Refuse settings that cannot build a working network, before any weight is drawn.
+
+        Raises:
+            ValueError: naming the setting (the modules check their own).
+        """
         patch_size = as_pair(self.patch_size, "patch_size")
         if patch_size[0] % 4 or patch_size[1] % 4:
             raise ValueError(f"patch_size must be a multiple of 4 (the local module's stride), got {patch_size}")
@@ -276,12 +251,12 @@ class GLAMSettings:
 
 
 def setting_specs(settings: type[GLAMSettings] | GLAMSettings = GLAMSettings) -> dict[str, SettingSpec]:
-    """``name -> SettingSpec`` of every field of ``settings`` (the record's class, or a subclass of it), in order."""
+    """``name -> SettingSpec`` of every field of ``settings``."""
     return {f.name: f.metadata["spec"] for f in dataclasses.fields(settings)}
 
 
 def coerce_text(values: Mapping[str, Any], settings: type[GLAMSettings] = GLAMSettings) -> dict[str, Any]:
-    """``values`` with each setting that has a ``text`` reading read through it (the command line's texts)."""
+    """``values`` with command-line texts read as each setting's type."""
     specs = setting_specs(settings)
     return {
         name: specs[name].text(value, name) if name in specs and specs[name].text else value

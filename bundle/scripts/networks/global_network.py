@@ -1,16 +1,5 @@
-"""The global module f_g of GLAM: GMIC's pre-activation "ResNet-22" with three saliency heads.
-
-Layout (docs/model.md), for a (B, 1, 2944, 1920) input::
-
-    stem    conv 7x7/2 (1->16) + maxpool 3/2 (no padding)        16 x 735 x 479
-    layer1  2 pre-activation blocks, 16 planes, stride 1         16 x 735 x 479
-    layer2  32 planes, stride 2                                  32 x 368 x 240
-    layer3  64 planes, stride 2  -> head S_0 (raw output)        64 x 184 x 120
-    layer4  128 planes, stride 2 -> head S_1 (raw output)       128 x  92 x  60
-    layer5  256 planes, stride 2 -> final BN + ReLU -> head S_2 256 x  46 x  30
-
-Module names follow the authors' checkpoint layout so that a converted state dict maps one to one.
-"""
+"""The global module f_g of GLAM: GMIC's pre-activation "ResNet-22" with three saliency heads; module names follow
+the authors' checkpoint layout."""
 
 from __future__ import annotations
 
@@ -38,11 +27,9 @@ PADDING_MODES = ("zeros", "replicate")
 
 
 def nearest_resize(x: torch.Tensor, size: list[int]) -> torch.Tensor:
-    """Nearest-neighbour resize of (B, C, h, w) maps to ``size`` with exact integer index arithmetic.
+    """Nearest-neighbour resize of (B, C, h, w) maps to ``size``: pixel (i, j) takes (i * h // H, j * w // W).
 
-    Output pixel (i, j) takes input pixel (i * h // H, j * w // W). Unlike ``F.interpolate``, whose source
-    index comes from a floating-point scale, this is exact for any size pair, so maps rendered at a stride
-    are exactly the full-size maps subsampled (docs/model.md, "Outputs").
+    Exact integer indices, unlike ``F.interpolate``, so maps rendered at a stride are the full-size maps subsampled.
     """
     out_h, out_w = int(size[0]), int(size[1])
     in_h, in_w = x.shape[-2:]
@@ -54,21 +41,18 @@ def nearest_resize(x: torch.Tensor, size: list[int]) -> torch.Tensor:
 
 
 def breast_cells(image: torch.Tensor, size: list[int]) -> torch.Tensor:
-    """(B, 1, h, w) float mask of the map cells that lie mostly (> 50 %) on the breast, for (B, 1, H, W) images.
+    """(B, 1, h, w) float mask of the map cells mostly (> 50 %) on the breast of (B, 1, H, W) images.
 
-    The breast is every pixel above the image's minimum: after the preprocessing the background and the window's
-    padding are exactly the minimum (0 in the file, standardised). A map cell covers the input block
-    ``[i * H // h, (i + 1) * H // h)`` (adaptive average pooling), as its nearest upsampling does.
+    The breast is every pixel above the image's minimum, which the preprocessing gives background and padding.
     """
     foreground = (image > image.amin(dim=(-2, -1), keepdim=True)).to(image.dtype)
     return (F.adaptive_avg_pool2d(foreground, (int(size[0]), int(size[1]))) > 0.5).to(image.dtype)
 
 
 class PreActBasicBlock(nn.Module):
-    """Pre-activation basic block (He et al. 2016) as in GMIC: (B, C_in, H, W) -> (B, planes, H/s, W/s).
+    """Pre-activation basic block as in GMIC: (B, in_planes, H, W) -> (B, planes, H/stride, W/stride).
 
-    bn1 -> relu -> conv1 (stride) -> bn2 -> relu -> conv2, plus a residual; the shortcut of a block with a
-    ``downsample`` is a 1x1 convolution (no bias, no BN) applied to the *activated* input. No ReLU after the sum.
+    The ``downsample`` shortcut is a 1x1 convolution of the activated input; no ReLU after the sum.
     """
 
     def __init__(
@@ -79,9 +63,8 @@ class PreActBasicBlock(nn.Module):
         self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False, padding_mode=padding_mode)
         self.bn2 = nn.BatchNorm2d(planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False, padding_mode=padding_mode)
-        # The 1x1 shortcut of stride s is applied as x[::s, ::s] followed by a stride-1 1x1 convolution (the same
-        # numbers): torch 2.13's CPU backward of a strided 1x1 convolution in channels-last corrupts the heap for
-        # inputs of 8 or fewer channels (narrow CPU presets train in channels-last).
+        # x[::s, ::s] then a stride-1 1x1 conv (the same numbers): torch's CPU backward of a strided 1x1 conv in
+        # channels-last corrupts the heap for inputs of 8 or fewer channels
         self.stride = int(stride)
         self.downsample = nn.Sequential(nn.Conv2d(in_planes, planes, 1, bias=False)) if downsample else None
 
@@ -98,11 +81,8 @@ class PreActBasicBlock(nn.Module):
 
 
 class GlobalBackbone(nn.Module):
-    """GMIC's ResNet-22 (B, 1, H, W) -> dict of the three tapped feature maps.
-
-    Returns ``{"layer3": (B, 4w, H/s0, W/s0) raw, "layer4": (B, 8w, H/2s0, W/2s0) raw, "final": (B, 16w, H/4s0,
-    W/4s0) after final BN + ReLU}``. With the defaults (the paper's global module) w = 16 and the stride of
-    ``layer3`` is s0 = 16: 184x120, 92x60 and 46x30 maps for a 2944x1920 input.
+    """GMIC's ResNet-22: (B, 1, H, W) -> ``{"layer3": (B, 4w, H/s, W/s), "layer4": (B, 8w, H/2s, W/2s), "final":
+    (B, 16w, H/4s, W/4s)}``, the last after BN + ReLU (s = 16 by default).
 
     Args:
         in_channels: image channels.
@@ -111,15 +91,9 @@ class GlobalBackbone(nn.Module):
         blocks_per_layer: pre-activation blocks per layer (2 in GMIC's ResNet-22).
         stem_stride: stride of the 7x7 stem convolution (2).
         stem_pool: the stem's 3x3 max-pool of stride 2 (no padding).
-        padding_mode: ``"zeros"`` (the paper) or ``"replicate"``, for every 3x3 and 7x7 convolution. After
-            per-image standardisation the zero padding is brighter than the background, a frame that units next to
-            the border can read image-wide statistics from; replication removes that frame.
-        planes: explicit planes of the five layers (overrides ``width``); ``first_planes``: the stem's (default:
-            the first layer's).
-
-    The receptive field and the stride of each tap follow from ``stem_stride``, ``stem_pool``, ``strides`` and
-    ``blocks_per_layer`` (see :func:`receptive_fields`): 211 / 435 / 883 px at strides 16 / 32 / 64 for the paper's
-    setting.
+        padding_mode: ``"zeros"`` (the paper) or ``"replicate"`` (no bright frame after standardisation).
+        planes: explicit planes of the five layers (overrides ``width``).
+        first_planes: the stem's planes (default: the first layer's).
     """
 
     def __init__(
@@ -151,7 +125,7 @@ class GlobalBackbone(nn.Module):
         layers = []
         in_planes = first_planes
         for p, s in zip(planes, strides):
-            # GMIC gives the first block of every layer a 1x1 shortcut conv, even at stride 1 with equal width.
+            # GMIC gives the first block of every layer a 1x1 shortcut, even at stride 1 with equal width
             blocks = [PreActBasicBlock(in_planes, p, stride=s, downsample=True, padding_mode=padding_mode)]
             blocks += [PreActBasicBlock(p, p, padding_mode=padding_mode) for _ in range(blocks_per_layer - 1)]
             layers.append(nn.Sequential(*blocks))
@@ -180,11 +154,8 @@ def receptive_fields(
     strides: Sequence[int] = (1, 2, 2, 2, 2),
     blocks_per_layer: int = 2,
 ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Strides and receptive fields (input pixels, per side) of the backbone's three taps (layers 3, 4, 5).
-
-    The receptive field grows by (k - 1) x (the input stride) with every k x k convolution or pooling; 1x1
-    shortcuts add nothing. The paper's global module: strides (16, 32, 64), receptive fields (211, 435, 883).
-    """
+    """Strides and receptive fields (input pixels) of the backbone's three taps: (16, 32, 64), (211, 435, 883) for
+    the paper's."""
     field, jump = 7, int(stem_stride)
     if stem_pool:
         field, jump = field + 2 * jump, jump * 2
@@ -200,27 +171,18 @@ def receptive_fields(
 
 
 class GlobalNetwork(nn.Module):
-    """GLAM's global module: multi-scale saliency S_0, S_1, S_2, their combination S_g, y_g and z_g.
+    """GLAM's global module: (B, 1, H, W) -> S_0, S_1, S_2 (B, 2) at strides 16, 32, 64, S_g (B, 2, H/16, W/16),
+    ``y_scales`` (B, 3, 2), y_g (B, 2) and z_g (B, 16 w).
 
     Args:
         num_classes: saliency channels (benign, malignant).
-        gammas: weights (gamma_0, gamma_1, gamma_2) of S_0 (finest, H/16), S_1 (H/32), S_2 (H/64) in
-            S_g = sum gamma_n * upsample(S_n); the paper's 0.2 / 0.6 / 0.2 by default.
-        t: top-t% pooling fraction for the per-scale predictions (0.03 in the authors' code).
-        pool_after_upsampling: pool every scale after nearest-upsampling it to S_0's size, as the authors'
-            code does; otherwise each scale is pooled at its native resolution.
-        in_channels: image channels (1 for mammograms).
-        backbone: keyword arguments of :class:`GlobalBackbone` (width, strides, blocks_per_layer, stem_stride,
-            stem_pool, padding_mode); the paper's ResNet-22 when empty.
-        pool_in_breast: set every scale's map to 0 on cells that lie mostly outside the breast
-            (:func:`breast_cells`) before pooling: lesions are in the breast, and the background and the window's
-            padding then cannot carry the image's prediction. Off in the paper.
-
-    Forward: image (B, 1, H, W) -> dict with (s0 = the backbone's ``layer3`` stride, 16 by default)
-        ``saliency_scale0|1|2``: S_0 (B, 2, H/s0, W/s0), S_1 (B, 2, H/2s0, W/2s0), S_2 (B, 2, H/4s0, W/4s0);
-        ``saliency_global``: S_g (B, 2, H/s0, W/s0);
-        ``y_scales``: (B, 3, 2) per-scale top-t% pooled predictions; ``y_global``: y_g (B, 2), their mean;
-        ``z_global``: z_g (B, 16 w), the spatial max of the last feature map (used by the fusion head).
+        gammas: weights of S_0, S_1, S_2 in S_g.
+        t: top-t% pooling fraction of the per-scale predictions.
+        pool_after_upsampling: pool every scale after upsampling it to S_0's size (the authors' code).
+        in_channels: image channels.
+        backbone: keyword arguments of :class:`GlobalBackbone`.
+        pool_in_breast: zero the map cells mostly outside the breast before pooling, so that the background cannot
+            carry the prediction.
     """
 
     def __init__(
@@ -252,9 +214,7 @@ class GlobalNetwork(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         taps = self.downsampling_branch(x)
         pm = self.postprocess_module
-        # probabilities in float32 (under bf16 autocast the logits are bf16): bf16 has no value between 0.996 and
-        # 1, so a confident map would round to exactly 1.0, its top-t score too, and the BCE of a negative label
-        # would hit its clamp (100) with a gradient of 1e12
+        # float32 probabilities: under bf16 autocast a confident map would round to 1.0 and the BCE would explode
         s0 = torch.sigmoid(pm.gn_conv_1(taps["layer3"]).float())
         s1 = torch.sigmoid(pm.gn_conv_2(taps["layer4"]).float())
         s2 = torch.sigmoid(pm.gn_conv_last(taps["final"]).float())

@@ -1,5 +1,4 @@
-"""GLAM for inference and the model-zoo tools: one tensor out, the full output dict on request; and the settings an
-inference network is built with (the checkpoint's record, overridden where the config says so)."""
+"""GLAM for inference and the model-zoo tools, and the settings an inference network is built with."""
 
 from __future__ import annotations
 
@@ -25,36 +24,29 @@ __all__ = [
     "inference_settings",
 ]
 
-#: the model settings a checkpoint's record gives the inference network (inference.yaml's ids of the same names,
-#: ``checkpoint`` there): the record's settings with ``inference=FROM_CHECKPOINT``
+#: the settings inference takes from the checkpoint's record unless the config overrides them
 CHECKPOINT_SETTINGS = tuple(name for name, spec in setting_specs().items() if spec.inference == FROM_CHECKPOINT)
-#: the settings inference chooses itself (M patches, gamma_c): inference.yaml's value, else the record's default
+#: the settings inference chooses itself (M patches, gamma_c)
 INFERENCE_CHOSEN = tuple(name for name, spec in setting_specs().items() if spec.inference == CHOSEN)
 
 
 def checkpoint_settings(ckpt_path: str | os.PathLike) -> dict[str, Any]:
-    """``name -> value`` for each of :data:`CHECKPOINT_SETTINGS`: the value the checkpoint at ``ckpt_path`` records,
-    GLAM's default (the paper's) for one it does not record or when the file does not exist. The file is read once
-    (a ``ValueError`` names one that cannot be read)."""
+    """``name -> value`` of :data:`CHECKPOINT_SETTINGS` recorded in ``ckpt_path``, GLAM's default where unrecorded."""
     record = read_checkpoint_settings(ckpt_path) or {}
     return {name: record[name] if name in record else GLAM_DEFAULTS[name] for name in CHECKPOINT_SETTINGS}
 
 
 def inference_settings(checkpoint: Mapping[str, Any], stage: str = FROM_CHECKPOINT, **settings: Any) -> dict[str, Any]:
-    """The keyword arguments of :class:`GLAMSaliencyNet` (:meth:`GLAMSaliencyNet.from_settings`) for inference.
+    """The keyword arguments of :class:`GLAMSaliencyNet` for inference.
 
     Args:
         checkpoint: the checkpoint's settings (:func:`checkpoint_settings`).
-        stage: ``"local"`` or ``"joint"``; :data:`FROM_CHECKPOINT`: joint when the settings have the joint modules
-            (gated attention, fusion), local for the authors' released layout.
-        settings: each of :data:`CHECKPOINT_SETTINGS`, :data:`FROM_CHECKPOINT` (the default) for the checkpoint's
-            value; another value overrides it (the weights then load only when the record agrees, or for the
-            settings that change no weight: ``t_global``, ``t_local``, ``global_pool_after_upsampling``; see
-            ``scripts.networks.settings``); and each of :data:`INFERENCE_CHOSEN` (``num_patches_eval``, M patches
-            per image, and ``gamma_c``, the weight of S_g in S_c: choices made here, the paper's values by default).
+        stage: ``"local"`` or ``"joint"``; :data:`FROM_CHECKPOINT`: joint when the settings hold the joint modules.
+        settings: values of :data:`CHECKPOINT_SETTINGS` (:data:`FROM_CHECKPOINT`: the checkpoint's) and of
+            :data:`INFERENCE_CHOSEN` (default: the paper's).
 
-    Texts as the command line gives them (``false``, ``3``) are read as each setting's type
-    (:class:`~scripts.networks.glam_settings.GLAMSettings`). A name outside those two lists is a ``ValueError``.
+    Raises:
+        ValueError: a name outside those two lists.
     """
     unknown = sorted(set(settings) - set(CHECKPOINT_SETTINGS) - set(INFERENCE_CHOSEN))
     if unknown:
@@ -75,13 +67,8 @@ def _from_checkpoint(value: Any) -> bool:
 
 
 class GLAMSaliencyNet(GLAM):
-    """GLAM whose ``forward`` returns a single tensor, S_c (B, 2, H/4, W/4) in [0, 1] (channels benign, malignant),
-    as MONAI's bundle tools expect of an inference ``network_def`` (``verify_net_in_out``, ``ckpt_export``,
-    ``onnx_export``). :meth:`forward_all` returns the full GLAM output dict (``y_global``, ``patch_boxes``, S_g, S_l…),
-    which the bundle's own inference uses through :class:`GLAMInferer`.
-
-    Same parameters and state dict as :class:`~scripts.networks.glam.GLAM` (a training checkpoint loads strictly);
-    the stage must run the local module (``local`` or ``joint``, default ``joint``) since S_c needs it.
+    """GLAM whose ``forward`` returns one tensor, S_c (B, 2, H/4, W/4) in [0, 1], as MONAI's bundle tools expect of
+    a ``network_def``; :meth:`forward_all` returns the whole output dict. Stage ``local`` or ``joint``.
     """
 
     def __init__(self, settings: GLAMSettings | None = None, **overrides: Any) -> None:
@@ -89,22 +76,15 @@ class GLAMSaliencyNet(GLAM):
             raise ValueError("GLAMSaliencyNet returns S_c, which needs the local module: stage 'local' or 'joint'")
         super().__init__(settings, **overrides)
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> GLAMSaliencyNet:
-        """``GLAMSaliencyNet(**settings)`` (e.g. :func:`inference_settings`): a config's ``_target_`` takes no
-        ``**``."""
-        return cls(**settings)
-
     def forward(self, image: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return self.forward_all(image)[OutputKey.SALIENCY.value]
 
 
 class GLAMInferer(Inferer):
-    """Runs a GLAM network and returns its whole output dict (``forward_all``: :class:`GLAMSaliencyNet`'s
-    ``forward`` returns S_c only; other networks, such as the baselines, are called as they are)."""
+    """Runs a network's ``forward_all`` where it has one (the whole GLAM output dict), else the network itself."""
 
     def __call__(self, inputs: torch.Tensor, network: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        module = getattr(network, "module", network)  # DistributedDataParallel
+        module = getattr(network, "module", network)
         if hasattr(module, "forward_all"):
             return module.forward_all(inputs, *args, **kwargs)
         return network(inputs, *args, **kwargs)

@@ -1,10 +1,5 @@
-"""The local module f_l of GLAM: ResNet with reduced stride ("ResNet-34-HR").
-
-A torchvision-style ResNet (post-activation basic blocks) whose four layers all have stride 1, so the only
-downsampling is the stem's (stride 4 in total): a 512x512 patch gives 128x128 saliency maps. The names of the
-submodules follow torchvision's (``conv1``, ``bn1``, ``layer1.0.downsample.0``…) so that the authors' weights,
-which were stored with those names, load one to one. torchvision itself is not a dependency.
-"""
+"""The local module f_l of GLAM: a ResNet with stride 1 in every layer ("ResNet-34-HR"), torchvision's module
+names so that the authors' weights load one to one."""
 
 from __future__ import annotations
 
@@ -24,10 +19,8 @@ LOCAL_DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
 
 class BasicBlock(nn.Module):
-    """Post-activation basic block: conv-BN-ReLU-conv-BN, plus the shortcut, then ReLU.
-
-    (B, C_in, H, W) -> (B, planes, H, W); the shortcut is a 1x1 conv + BN where the width changes.
-    """
+    """Post-activation basic block (B, in_planes, H, W) -> (B, planes, H, W); a 1x1 conv + BN shortcut where the
+    width changes."""
 
     def __init__(self, in_planes: int, planes: int) -> None:
         super().__init__()
@@ -53,9 +46,8 @@ class ResNetHR(nn.Module):
 
     Args:
         depth: 18 or 34.
-        width: channels of the first layer (64 for the paper's model; smaller for tests and CPU presets);
-            the layers have width, 2 width, 4 width, 8 width channels.
-        in_channels: 3, as torchvision's stem (the authors repeat the 1-channel patch three times).
+        width: channels of the first layer (64 in the paper).
+        in_channels: 3, as torchvision's stem.
     """
 
     def __init__(self, depth: int = 34, width: int = 64, in_channels: int = 3) -> None:
@@ -83,9 +75,8 @@ class ResNetHR(nn.Module):
 
 
 def _recompute_keeps_bn_statistics(modules: tuple[nn.Module, ...]):
-    """``context_fn`` for ``torch.utils.checkpoint``: the recomputation in the backward pass runs the segment in
-    training mode again, which would update its batch-norm running statistics a second time; during it every batch
-    norm gets momentum 0 (the running statistics stay) and its batch counter is restored."""
+    """``context_fn`` for ``torch.utils.checkpoint`` that keeps the batch norms' statistics during the recomputation,
+    which would otherwise update them twice."""
 
     @contextlib.contextmanager
     def recompute():
@@ -113,12 +104,10 @@ class LocalNetwork(nn.Module):
         num_classes: saliency channels (benign, malignant).
         depth: 18 or 34 (ResNet-34-HR in the paper).
         width: first-layer width (64 in the paper).
-        activation_checkpointing: recompute the stem's and each residual block's activations in the backward pass
-            instead of storing them (about one extra forward of the local module for half its memory per patch, so
-            about twice the patches fit in training; docs/performance.md).
+        activation_checkpointing: recompute the activations in the backward pass (half the memory per patch).
 
-    Forward: patches (N, 1, p, p) -> dict with ``patch_maps`` A (N, 2, p/4, p/4) in [0, 1] and
-    ``patch_features`` z (N, 8 * width), the global average of the last feature map (as GMIC).
+    Forward: patches (N, 1, p, p) -> ``patch_maps`` (N, 2, p/4, p/4) in [0, 1] and ``patch_features``
+    (N, 8 * width).
     """
 
     def __init__(
@@ -131,7 +120,7 @@ class LocalNetwork(nn.Module):
         self.activation_checkpointing = bool(activation_checkpointing)
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_scripting():  # checkpointing is for training; TorchScript compiles the inference path
+        if not torch.jit.is_scripting():
             if self.activation_checkpointing and self.training and torch.is_grad_enabled():
                 return self._checkpointed_features(x)
         return self.dn_resnet(x)
@@ -140,8 +129,7 @@ class LocalNetwork(nn.Module):
         from torch.utils.checkpoint import checkpoint
 
         net = self.dn_resnet
-        # segments: the stem (its full-resolution maps are the largest of all) and every residual block, so that the
-        # backward pass holds the segment inputs plus one block's activations at a time
+        # the stem (the largest maps) and every residual block
         segments = [(self._stem, (net.conv1, net.bn1))]
         segments += [(block, (block,)) for layer in (net.layer1, net.layer2, net.layer3, net.layer4) for block in layer]
         for fn, modules in segments:
@@ -153,11 +141,7 @@ class LocalNetwork(nn.Module):
         return net.maxpool(net.relu(net.bn1(net.conv1(x))))
 
     def fuse_batchnorm(self) -> LocalNetwork:
-        """Fold every batch norm into the convolution before it, in place (eval-mode inference only).
-
-        Post-activation blocks have conv -> BN pairs that fold exactly into one biased conv, removing a memory-bound
-        pass over every feature map. The state dict changes (no BN entries): fuse after loading weights.
-        """
+        """Fold every batch norm into the convolution before it, in place (eval mode, after loading weights)."""
         if self.training:
             raise ValueError("fuse_batchnorm is for inference: call .eval() first")
         net = self.dn_resnet
@@ -170,10 +154,8 @@ class LocalNetwork(nn.Module):
         return self
 
     def forward(self, patches: torch.Tensor) -> dict[str, torch.Tensor]:
-        # The stem takes 3 channels for compatibility with ImageNet-style weights: repeat the grey patch.
         features = self._features(patches.expand(-1, 3, -1, -1))
         return {
-            # float32 probabilities under bf16 autocast (see GlobalNetwork.forward)
             OutputKey.PATCH_MAPS.value: torch.sigmoid(self.gn_conv_last(features).float()),
             OutputKey.PATCH_FEATURES.value: features.mean(dim=(-2, -1)),
         }

@@ -1,33 +1,8 @@
-"""Model settings that travel inside a network's state dict, so that a checkpoint says how it was built.
+"""Model settings recorded as JSON in a network's state dict (a ``model_settings`` buffer), so that a checkpoint says
+how it was built and stays a plain state dict.
 
-A network records its settings as JSON in a persistent ``uint8`` buffer (``model_settings``): every state dict and
-so every checkpoint the workflows write carries them, while the file stays a plain state dict that MONAI's
-``CheckpointLoader`` and the model zoo's tools load as before. Loading a state dict whose recorded settings differ
-from the network's raises a ``ValueError`` that names each setting that differs; a state dict without the record
-(an older checkpoint, the authors' converted weights) loads as before.
-
-Some settings are choices made at inference (``INFERENCE_CHOICES``): they change no weight, so a network may be
-built with other values than its checkpoint's; they are recorded but may differ. They are M patches, K in
-training, gamma_c (S_c's mix of S_g and S_l) and how the maps are pooled into the image-level scores (``t_global``,
-``t_local``, ``global_pool_after_upsampling``: they change y_global, y_scales and y_local, no map). Every other
-setting is compared: it shapes the weights (sizes, depths, backbone, the joint modules), decides which weights run
-(``aggregation``: the gated attention and the fusion head learn on the aggregation a checkpoint trained with, and a
-network built with concatenation holds attention weights that never trained), changes the maps the local module
-learned from and the patches Algorithm 1 picks in them (``gammas``, ``pool_in_breast``, ``patch_size``), or the
-input scale the convolutions learned (``image_size``, ``pixel_spacing``). The bundle version that wrote a
-checkpoint is recorded for information and never compared (``INFORMATIONAL``). A setting the checkpoint does not
-record (it predates the setting) is not compared either.
-
-A record is checked when it is read (:func:`validate_settings`, through :func:`decode_settings`), before anything is
-built from it: a mapping (not a list), every number finite, each known setting of its type and within its range, the
-window's and the patches' sides at most :data:`MAX_WINDOW_SIDE` pixels; a record that fails is one ``ValueError``
-line naming the checkpoint file and the setting.
-
-The inference config and the MONAI Label app read a checkpoint's record back (:func:`checkpoint_setting`, which
-falls back on GLAM's defaults), so a network trained with a preset is rebuilt with that preset's settings without the
-preset. Which settings are recorded, their checks and which are compared are read from GLAM's settings record
-(:class:`~scripts.networks.glam_settings.GLAMSettings`); this module holds the record's format, a network that
-carries one (:class:`RecordsSettings`) and its reading.
+Loading a state dict whose record differs from the network's is refused, naming each setting, except for the
+inference choices that change no weight (:data:`INFERENCE_CHOICES`) and settings the record lacks.
 """
 
 from __future__ import annotations
@@ -64,8 +39,7 @@ __all__ = [
 
 #: the buffer's name in a module's state dict
 SETTINGS_KEY = "model_settings"
-#: recorded, but a network may be built with other values than its checkpoint's (they change no weight; see the
-#: module's docstring for why the others are compared): the record's settings with ``compared=False``
+#: recorded, but a network may be built with other values than its checkpoint's: they change no weight
 INFERENCE_CHOICES = tuple(name for name, spec in setting_specs().items() if spec.record and not spec.compared)
 #: recorded for information, never compared
 INFORMATIONAL = ("bundle_version",)
@@ -99,7 +73,7 @@ def _non_finite(value: Any, path: str) -> str | None:
     return None
 
 
-# each recorded setting: (the check of its JSON value, what it must be), from the record (GLAMSettings)
+# each recorded setting: (the check of its JSON value, what it must be)
 _CHECKS: dict[str, tuple[Any, str]] = {
     **{name: (spec.check, spec.expected) for name, spec in setting_specs().items() if spec.record},
     "bundle_version": (lambda v: isinstance(v, str), "a version string"),
@@ -107,10 +81,11 @@ _CHECKS: dict[str, tuple[Any, str]] = {
 
 
 def validate_settings(record: Any) -> dict[str, Any]:
-    """``record`` (a decoded settings record) when it can be built from, else a one-line ``ValueError`` saying what
-    is wrong: not a mapping (a list, a number), a NaN or infinite number anywhere, a known setting of the wrong type
-    or outside its range (the window's and patches' sides at most :data:`MAX_WINDOW_SIDE` px, at most 256 patches,
-    the pooling fractions in (0, 1]). Settings this version does not know are kept (a later version's record)."""
+    """``record`` (a decoded settings record) when a network can be built from it; unknown settings are kept.
+
+    Raises:
+        ValueError: not a mapping, a non-finite number, or a known setting of the wrong type or range.
+    """
     if not isinstance(record, dict):
         raise ValueError(f"the settings record is a {type(record).__name__}, not a mapping of settings")
     found = _non_finite(record, "")
@@ -134,9 +109,8 @@ def decode_settings(tensor: torch.Tensor) -> dict[str, Any]:
 
 
 def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"name: checkpoint X, network Y"`` for every setting outside :data:`INFERENCE_CHOICES` and
-    :data:`INFORMATIONAL` that differs. A setting only the checkpoint records counts as differing (the network
-    cannot honour it); one only the network has is skipped (the checkpoint predates it, its value is unknown)."""
+    """``"name: checkpoint X, network Y"`` for every compared setting that differs; one the checkpoint lacks is
+    skipped."""
     saved, current = _plain(saved), _plain(current)
     names = sorted(set(saved) - set(INFERENCE_CHOICES) - set(INFORMATIONAL))
     missing = "(not recorded)"
@@ -148,9 +122,11 @@ def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -
 
 
 def check_settings(saved: torch.Tensor, current: Mapping[str, Any], source: str = "the checkpoint") -> None:
-    """``ValueError`` naming every setting that differs (see :func:`settings_differences`) between the record
-    ``saved`` (a :data:`SETTINGS_KEY` entry) and a network's ``current`` settings; a record that is not valid
-    (:func:`validate_settings`) is a ``ValueError`` naming ``source``."""
+    """Check the record ``saved`` against a network's ``current`` settings.
+
+    Raises:
+        ValueError: an invalid record (naming ``source``), or every setting that differs.
+    """
     try:
         record = decode_settings(saved)
     except ValueError as err:
@@ -173,9 +149,12 @@ def _cached_record(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None
 
 
 def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The settings record of the checkpoint at ``path``, validated (:func:`validate_settings`); None when the file does
-    not exist or has no record (an older checkpoint). A file that cannot be read, or whose record is not valid, is a
-    one-line ``ValueError`` naming it. Read once per file version."""
+    """The validated settings record of the checkpoint at ``path`` (read once per file version); None when the file
+    does not exist or has no record.
+
+    Raises:
+        ValueError: an unreadable file or an invalid record, naming the file.
+    """
     path = Path(path)
     if not path.is_file():
         return None
@@ -183,19 +162,17 @@ def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
     try:
         record = _cached_record(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
     except CheckpointError:
-        raise  # names the file already, in one line
+        raise
     except ValueError as err:
         raise ValueError(f"the checkpoint {path}: {err}") from err
     except Exception as err:  # noqa: BLE001 - torch.load raises many types; the message names the file
         raise ValueError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
-    # a copy: the cached record is shared by every caller, and config values get mutated downstream
+    # the cached record is shared by every caller
     return copy.deepcopy(record)
 
 
 def checkpoint_setting(path: str | os.PathLike, name: str, default: Any = inspect.Parameter.empty) -> Any:
-    """The value of setting ``name`` recorded in the checkpoint at ``path``; when the file is missing or does not
-    record it, ``default``, or else GLAM's own default for it (:data:`~scripts.networks.glam_settings.GLAM_DEFAULTS`,
-    the paper's value)."""
+    """Setting ``name`` recorded in the checkpoint at ``path``; else ``default``, or else GLAM's default."""
     record = read_checkpoint_settings(path)
     if record is not None and name in record:
         return record[name]
@@ -207,12 +184,10 @@ def checkpoint_setting(path: str | os.PathLike, name: str, default: Any = inspec
 
 
 class RecordsSettings(nn.Module):
-    """A module that carries its settings record in its state dict (:meth:`record_settings`) and checks a loaded
-    state dict's record against it: one that differs is a ``ValueError`` naming the settings (:func:`check_settings`);
-    after the check the module keeps its own record (inference choices may differ, older checkpoints have none)."""
+    """A module carrying its settings record in its state dict, checked against a loaded state dict's record."""
 
     def record_settings(self, record: Mapping[str, Any]) -> None:
-        """Record ``record`` (JSON values) as :attr:`settings` and as the persistent :data:`SETTINGS_KEY` buffer."""
+        """Record ``record`` (JSON values) as :attr:`settings` and as the :data:`SETTINGS_KEY` buffer."""
         self.settings: dict[str, Any] = dict(record)
         self.register_buffer(SETTINGS_KEY, encode_settings(self.settings), persistent=True)
 

@@ -1,10 +1,5 @@
 """Checkpoint files of the bundle's networks: written atomically and never with NaN or Inf weights, loaded strictly
-with weights only and refused when a tensor is not finite, and the one-line help when the weights are missing.
-
-Every load of weights goes through :func:`load_checkpoint_file` (inference, the MONAI Label app through
-:func:`~scripts.networks.fast_inference.load_for_inference` / :func:`load_weights`, evaluation, a stage's previous
-model, a resumed ``last.pt``), so every path refuses a file that cannot be read or holds non-finite values, with one
-line naming the file and the reason (:mod:`.checkpoint_file`)."""
+with weights only, each problem said in one line naming the file."""
 
 from __future__ import annotations
 
@@ -71,9 +66,11 @@ def require_weights(path: str | os.PathLike) -> str:
 
 
 def check_finite(obj: Any, source: str | os.PathLike) -> Any:
-    """``obj`` (a state dict, or a training checkpoint with nested ones) when every floating-point tensor in it is
-    finite; otherwise a :class:`NonFiniteError`: ``"<source>: tensor <name> holds 3 NaN values; the checkpoint is not
-    usable"``."""
+    """``obj`` (a state dict or a training checkpoint) when every floating-point tensor in it is finite.
+
+    Raises:
+        NonFiniteError: naming ``source`` and the first tensor.
+    """
     found = non_finite_tensors(obj)
     if found:
         raise NonFiniteError(
@@ -84,21 +81,22 @@ def check_finite(obj: Any, source: str | os.PathLike) -> Any:
 
 
 def load_checkpoint_file(path: str | os.PathLike, what: str = "checkpoint") -> Any:
-    """``torch.load(path, weights_only=True)`` on the CPU, its tensors checked finite: the one loader of the bundle's
-    checkpoints.
+    """``torch.load(path, weights_only=True)`` on the CPU, its tensors checked finite.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        CheckpointError: unreadable (empty, truncated, not a PyTorch file, Python objects besides tensors), one line
-            naming the file (:func:`~scripts.networks.checkpoint_file.read_checkpoint`).
-        NonFiniteError: a tensor holds NaN or Inf (:func:`check_finite`).
+        CheckpointError: unreadable, naming the file.
+        NonFiniteError: a tensor holds NaN or Inf.
     """
     return check_finite(read_checkpoint(path, what), path)
 
 
 def weights_of(state: Any, path: str | os.PathLike) -> Mapping[str, Any]:
-    """The network's state dict in a loaded checkpoint: the file itself (a ``model.pt``), or the ``network`` entry
-    of a training stage's ``last.pt``. A file that is neither is a :class:`CheckpointError` naming it."""
+    """The network's state dict in a loaded ``model.pt`` or a stage's ``last.pt``.
+
+    Raises:
+        CheckpointError: neither, naming ``path``.
+    """
     if isinstance(state, Mapping) and isinstance(state.get("network"), Mapping) and "trainer" in state:
         state = state["network"]
     if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
@@ -115,14 +113,15 @@ def _listed(items: list[str], separator: str = ", ") -> str:
 def state_dict_problems(
     network: torch.nn.Module, state: Mapping[str, Any], source: str = "the checkpoint"
 ) -> list[str]:
-    """What keeps ``state`` from loading strictly into ``network``: missing and unexpected keys, values that are not
-    tensors, shape mismatches (at most three of each named); empty when it loads. One line each, unlike
-    ``load_state_dict``'s multi-line message. The settings record is compared first and not as a tensor: one that
-    differs from the network's is a ``ValueError`` naming each setting (``source`` names the file there)."""
+    """One line per kind of problem that keeps ``state`` from loading strictly into ``network`` (missing, unexpected,
+    non-tensor keys, shapes); empty when it loads.
+
+    Raises:
+        ValueError: the settings record differs from the network's (naming ``source``).
+    """
     saved_settings = state.get(SETTINGS_KEY)
     if isinstance(saved_settings, torch.Tensor) and isinstance(getattr(network, "settings", None), Mapping):
         check_settings(saved_settings, network.settings, source)  # before shapes: names the cause
-    # the weights alone: the settings record is checked above, and older checkpoints have none
     expected = {k: v for k, v in network.state_dict().items() if k != SETTINGS_KEY}
     weights = {k: v for k, v in state.items() if k != SETTINGS_KEY}
     problems = []
@@ -144,17 +143,17 @@ def state_dict_problems(
 
 
 def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.Module:
-    """Load a plain state dict (``weights_only``) into ``network`` (the module of a (Distributed)DataParallel one),
-    strictly; returns ``network``.
+    """Load a ``model.pt`` or a stage's ``last.pt`` into ``network`` (unwrapped from data parallelism), strictly.
 
-    The file is a ``model.pt`` (a plain state dict) or a stage's ``last.pt`` (its ``network`` entry). A file that
-    cannot be read, is not a state dict, holds a NaN or Inf (:func:`load_checkpoint_file`), or whose settings
-    record, keys or shapes differ from the network's is refused with one line naming the file (a ``ValueError``:
-    :class:`CheckpointError`, or the settings' / keys' message).
+    Returns:
+        ``network``.
+
+    Raises:
+        ValueError: an unreadable file, non-finite tensors, or settings, keys or shapes that differ; naming the file.
     """
     state = weights_of(load_checkpoint_file(Path(path), "checkpoint"), path)
     wrapped = isinstance(network, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel))
-    module = network.module if wrapped else network  # the weights of a data-parallel network's module
+    module = network.module if wrapped else network
     problems = state_dict_problems(module, state, f"the checkpoint {path}")
     if problems:
         raise ValueError(
@@ -167,6 +166,6 @@ def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.
 
 
 def plain_state_dict(network: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The network's state dict on the CPU, unwrapped from (Distributed)DataParallel: the model-zoo format."""
+    """The network's state dict on the CPU, unwrapped from data parallelism: the model zoo's format."""
     module = getattr(network, "module", network)
     return {k: v.detach().cpu() for k, v in module.state_dict().items()}

@@ -1,7 +1,4 @@
-"""GLAM's three-stage training (global, local, joint) on MONAI / PyTorch-Ignite engines: ``configs/train.yaml``.
-
-The submodules are imported here so that a config expression can name them after ``$import scripts.training``.
-"""
+"""GLAM's three-stage training (global, local, joint) on MONAI / Ignite engines (``configs/train.yaml``)."""
 
 from . import batch, checkpoints, datasets, distributed, preflight, sampler, selection, stage, tracking, workflow
 

@@ -14,35 +14,23 @@ from monai.engines.utils import PrepareBatch
 
 __all__ = ["GLAMPrepareBatch"]
 
-#: the batch entries moved to the device before the per-step transforms (the rest stays where the loader put it)
 _DEVICE_KEYS = ("image", "mask")
 
 
 class GLAMPrepareBatch(PrepareBatch):
-    """``prepare_batch`` for GLAM trainers and evaluators.
+    """``prepare_batch`` for GLAM trainers and evaluators: ``(image, targets, (), kwargs)``.
 
-    The batch is a dict with ``image`` (B, 1, H, W), ``label`` (B, 2) image-level labels and, for evaluation,
-    ``mask`` (B, 2, H, W) lesion masks (zeros where unknown). Returns ``(image, targets, (), kwargs)``:
-
-    - training: ``targets`` = labels (B, 2) for :class:`~scripts.losses.GLAMLoss`; with ``random_negatives``
-      (stage 2 of the paper), ``kwargs`` asks the model to give the lesion-free images K random in-breast patches
-      instead of Algorithm 1's, drawn from this object's generator (reseed it per epoch with :meth:`set_epoch`);
-      with ``patch_shift`` > 0 (stages ``local`` and ``joint``), Algorithm 1's boxes move by random offsets of up to
-      that many pixels, from the same generator;
-    - evaluation: ``targets`` = ``{"label": (B, 2), "mask": (B, 2, H, W)}`` for the localisation metrics.
-
-    With ``transform``, the batch is first moved to the device and each of its images goes through ``transform``
-    there (the per-step preprocessing: window shift, standardisation, augmentations; ``train#batch_transforms``),
-    then the batch is collated again: the loader delivers the cached uint16 regions and the device does the
-    per-step work. Its random transforms draw, image after image, from one stream per (seed, epoch, rank) restarted
-    by :meth:`set_epoch`, so a run's augmentations do not depend on the number of loader workers.
+    The batch holds ``image`` (B, 1, H, W), ``label`` (B, 2) and, for evaluation, ``mask`` (B, 2, H, W). Targets are
+    the labels in training and ``{"label", "mask"}`` with ``with_masks``. ``transform`` runs per image on the device
+    (the per-step preprocessing) so that the loader only delivers cached regions; its random state, and the patch
+    generator, restart per (seed, epoch, rank) in :meth:`set_epoch`, independent of the number of loader workers.
 
     Args:
         with_masks: return the dict targets (evaluators) instead of the labels.
-        random_negatives: random patches for images whose label is all zeros (stage ``local`` training).
-        seed: base seed of the patch generator.
+        random_negatives: random in-breast patches for lesion-free images (stage ``local`` training).
+        seed: base seed of the patch generator and the transform.
         patch_shift: the largest random offset (pixels) of Algorithm 1's patches in training; 0: none.
-        transform: per-image dictionary transform run on the device (keys of the batch: ``image``, ``mask``, ...).
+        transform: per-image dictionary transform run on the device.
     """
 
     def __init__(
@@ -65,8 +53,7 @@ class GLAMPrepareBatch(PrepareBatch):
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Restart the patch generator and the transform's random state from seeds that depend only on (seed,
-        epoch, rank), for exact resumption."""
+        """Restart the patch generator and the transform's random state from (seed, epoch, rank)."""
         self.epoch = int(epoch)
         self._generators.clear()
         if self.transform is not None:
@@ -82,13 +69,12 @@ class GLAMPrepareBatch(PrepareBatch):
     def _transform_on_device(
         self, batchdata: Mapping[str, Any], device: str | torch.device | None, non_blocking: bool
     ) -> dict[str, Any]:
-        # the pixels travel; small bookkeeping (the window's offset range) stays on the host, where the transforms
-        # read it, so that no value comes back from the device image by image
+        # only the pixels travel: the transforms read the small bookkeeping on the host, with no device sync
         moved = dict(batchdata)
-        for key in _DEVICE_KEYS:
+        for key in ("image", "mask"):
             if isinstance(moved.get(key), torch.Tensor):
                 moved[key] = moved[key].to(device=device, non_blocking=non_blocking)
-        # plain tensors on the device: MONAI's transforms would otherwise wrap every intermediate in a MetaTensor
+        # plain tensors: MONAI's transforms would otherwise wrap every intermediate in a MetaTensor
         track_meta = get_track_meta()
         set_track_meta(False)
         try:
@@ -118,7 +104,7 @@ class GLAMPrepareBatch(PrepareBatch):
             model_kwargs["random_patch_mask"] = label.sum(dim=1) == 0
         if self.patch_shift:
             model_kwargs["patch_shift"] = self.patch_shift
-        if model_kwargs:  # both draw from the per-epoch patch generator
+        if model_kwargs:
             model_kwargs["generator"] = self._generator(image.device)
         if label.shape[0] != image.shape[0]:
             raise ValueError(f"'label' has {label.shape[0]} rows for a batch of {image.shape[0]} images")

@@ -1,6 +1,4 @@
-"""Checkpoints of a GLAM stage: the best model (by the key metric), the last epoch's full state, resumption and
-the hand-over from the previous stage. The files are written by Ignite's ``Checkpoint`` through an atomic
-``DiskSaver`` (temporary file + rename), by rank 0 only, and read back with ``torch.load(..., weights_only=True)``."""
+"""Checkpoints of a GLAM stage: the best model, the last epoch's state, resumption and the previous stage's model."""
 
 from __future__ import annotations
 
@@ -44,7 +42,7 @@ def _number(value: Any) -> float | None:
 
 
 def read_record(ckpt_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """A stage folder's ``selection.json`` (see :class:`StageCheckpointer`); None if absent or unreadable."""
+    """A stage folder's ``selection.json``; None if absent or unreadable."""
     try:
         return json.loads((Path(ckpt_dir) / "selection.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -52,8 +50,7 @@ def read_record(ckpt_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def why_no_model(model: str | os.PathLike) -> str:
-    """Why a stage's ``model.pt`` does not exist, from its folder's selection record: the stage was not run, its
-    validation split was empty, or validation never produced a value of the key metric."""
+    """Why a stage's ``model.pt`` does not exist, in one line, from its folder's selection record."""
     folder = Path(model).parent
     stage = folder.name
     record = read_record(folder)
@@ -84,10 +81,12 @@ def why_no_model(model: str | os.PathLike) -> str:
 
 
 def module_sources(previous_modules: Sequence[str] | Mapping[str, str] | None) -> dict[str, str] | None:
-    """``previous_modules`` as {submodule of this network: the prefix of its weights in the previous model's file}:
-    a list names submodules found under their own names (``["global_network"]``); a mapping gives the prefix
-    (``{"global_network": ""}``: the whole file is this submodule's, e.g. a CAM under GMIC's global module, which is
-    one). None or empty: the whole network from the whole file."""
+    """``previous_modules`` as ``{submodule: prefix of its weights in the file}``; None for the whole network.
+
+    Args:
+        previous_modules: submodule names (each under its own prefix), or a mapping to prefixes (``""``: the whole
+            file is that submodule's).
+    """
     if not previous_modules:
         return None
     if isinstance(previous_modules, Mapping):
@@ -105,8 +104,7 @@ def module_sources(previous_modules: Sequence[str] | Mapping[str, str] | None) -
 
 
 def _on_cpu(obj: Any) -> Any:
-    """``obj`` (nested mappings, lists and tuples of state) with every tensor on the CPU; ``obj`` itself, untouched,
-    when all its tensors are there already (the file is then the one a plain ``torch.save`` of it writes)."""
+    """``obj`` with every nested tensor on the CPU; ``obj`` itself when they all are (a plain ``torch.save``)."""
     if isinstance(obj, torch.Tensor):
         return obj if obj.device.type == "cpu" else obj.detach().cpu()
     if isinstance(obj, Mapping):
@@ -120,17 +118,16 @@ def _on_cpu(obj: Any) -> Any:
     return obj
 
 
-#: what a learning-rate scheduler restores from ``last.pt`` besides its settings: its position and bookkeeping
+#: a scheduler's position, restored from ``last.pt``; the rest of its state is the run's settings
 _SCHEDULER_STATE = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step", "_is_initial"})
 
 
 def _hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
-    """An optimizer param group's settings: all but its parameters and its current (scheduled) learning rate."""
     return {k: v for k, v in group.items() if k not in ("params", "lr")}
 
 
 def _run_settings(save_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """The optimizer's and the scheduler's settings as this run configured them, before ``last.pt`` replaces them."""
+    """The optimizer's and scheduler's settings as this run configured them, before ``last.pt`` replaces them."""
     settings: dict[str, Any] = {}
     optimizer, scheduler = save_dict.get("optimizer"), save_dict.get("lr_scheduler")
     if isinstance(optimizer, torch.optim.Optimizer):
@@ -142,9 +139,12 @@ def _run_settings(save_dict: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _use_run_settings(save_dict: Mapping[str, Any], configured: Mapping[str, Any]) -> list[str]:
-    """Put back every optimizer and scheduler setting of this run that ``last.pt`` replaced by another value (the
-    learning rate, the schedule's length...), and the learning rate the schedule gives at the restored epoch under
-    them; returns ``"name old -> new"`` for each (the learning rate once)."""
+    """Put back the run's optimizer and scheduler settings that ``last.pt`` replaced, and the schedule's learning
+    rate at the restored epoch under them.
+
+    Returns:
+        ``"name old -> new"`` for each setting changed.
+    """
     changes: list[str] = []
     optimizer, scheduler = save_dict.get("optimizer"), save_dict.get("lr_scheduler")
     for group, wanted in zip(getattr(optimizer, "param_groups", []), configured.get("optimizer", [])):
@@ -170,9 +170,7 @@ def _use_run_settings(save_dict: Mapping[str, Any], configured: Mapping[str, Any
 
 
 def _inference_choices_changed(network: Any, saved_state: Mapping[str, Any]) -> list[str]:
-    """The model settings that may differ from the checkpoint's (:data:`INFERENCE_CHOICES`: they change no weight)
-    and do, as ``"model <name> old -> new"``: training goes on with the new values. Every other model setting that
-    differs is refused when the network loads."""
+    """``"model <name> old -> new"`` for each of :data:`INFERENCE_CHOICES` that differs from the checkpoint's."""
     module = getattr(network, "module", network)
     record, current = saved_state.get(SETTINGS_KEY), getattr(module, "settings", None)
     if not isinstance(record, torch.Tensor) or not isinstance(current, Mapping):
@@ -186,18 +184,13 @@ def _inference_choices_changed(network: Any, saved_state: Mapping[str, Any]) -> 
 
 
 class CheckpointFiles(DiskSaver):
-    """Ignite's ``DiskSaver`` with ``atomic=True`` for a stage's checkpoint files, which have fixed names
-    (``model.pt``, ``last.pt``), written by rank 0:
+    """Ignite's ``DiskSaver`` writing CPU tensors through :func:`~scripts.networks.weights.save_atomic` on rank 0.
 
-    - the write goes through :func:`~scripts.networks.weights.save_atomic`, the bundle's atomic write
-      (:mod:`scripts.atomic`: a temporary ``.<name>.<random>.tmp`` beside the file, synced, renamed over it, the
-      folder synced; a full disk raises an ``OSError`` naming the file), which also refuses a NaN / Inf tensor
-      (:mod:`scripts.networks.checkpoint_file`) and leaves the file as it was. ``DiskSaver``'s own atomic branch
-      renames an unsynced anonymous ``tmpXXXX`` and lets a full disk surface as torch's ``RuntimeError``, which
-      names no file;
-    - every tensor is written on the CPU (:func:`_on_cpu`), so a CUDA run's files load anywhere;
-    - ``remove`` does nothing: ``Checkpoint`` removes the file it is about to replace under the same name, which
-      would leave a moment with no ``model.pt`` at all, whereas the atomic rename replaces it whole.
+    The bundle's atomic write syncs the file and names it on a full disk, and refuses NaN / Inf tensors; ``remove``
+    does nothing because the atomic rename replaces a file whole.
+
+    Args:
+        dirname: the stage's checkpoint folder.
     """
 
     def __init__(self, dirname: str | os.PathLike) -> None:
@@ -212,8 +205,7 @@ class CheckpointFiles(DiskSaver):
 
 
 class _PlainWeights:
-    """The network as ``Checkpoint`` saves it: :func:`~scripts.networks.weights.plain_state_dict` (unwrapped from
-    (Distributed)DataParallel, on the CPU, a plain ``dict``: the model zoo's ``model.pt``)."""
+    """The network as ``Checkpoint`` saves it: its plain CPU state dict (the model zoo's ``model.pt``)."""
 
     def __init__(self, network: Any) -> None:
         self.network = network
@@ -225,59 +217,25 @@ class _PlainWeights:
 class StageCheckpointer:
     """Best-model and last-epoch checkpoints of one training stage, resumption, and loading the previous stage.
 
-    - on the evaluator's completion, when its key metric reached a new best: ``<ckpt_dir>/model.pt``, the
-      network's plain CPU state dict;
-    - after every training epoch (after validation): ``<ckpt_dir>/last.pt`` with every object in ``save_dict``
-      (network, optimizer, scheduler, trainer state, best-metric record…);
-    - when the trainer starts: with ``resume`` and an existing ``last.pt``, everything is restored from it and
-      training continues after its epoch up to the run's own ``max_epochs`` (so a finished stage can be
-      extended; the data and batch size must be unchanged); otherwise, with ``previous_model`` (the previous
-      stage's ``model.pt``), the network is loaded from it, strictly, or only the submodules named in
-      ``previous_modules`` (every weight of each, strictly; the others keep their fresh initialisation). An
-      unreadable or mismatched file raises a ``ValueError`` naming it.
+    Writes ``model.pt`` (the network's plain state dict) on each new best of the evaluator's key metric,
+    ``last.pt`` (all of ``save_dict``) after every epoch and ``selection.json`` (the selection metric, every
+    validation's metrics, the best epoch, whether the run finished) after every validation. When the trainer starts
+    it resumes from ``last.pt`` (with ``resume``) or loads ``previous_model``. Unlike MONAI's ``CheckpointSaver`` the
+    writes are atomic, on the CPU, and the best value is the evaluator's own, restored on resume by
+    :class:`~scripts.handlers.training_state.BestMetricState`.
 
     Args:
         ckpt_dir: this stage's checkpoint folder.
-        save_dict: name -> object with ``state_dict``/``load_state_dict``; must include ``network``; the trainer it
-            is attached to is added as ``trainer`` (its epoch and iteration).
+        save_dict: name -> object with ``state_dict``/``load_state_dict``; must include ``network``.
         evaluator: the validation evaluator whose best key metric selects ``model.pt``.
-        previous_model: path of the previous stage's best model, required when given.
-        previous_modules: names of the network's top-level submodules to take from ``previous_model`` (e.g.
-            ``["global_network"]``: another model's global module under a freshly initialised local module, whose
-            sparse map has to be learnt from the start, docs/results_findings.md, section 7), or a mapping
-            {submodule: prefix of its weights in the file} (:func:`module_sources`); None: all of it.
-        resume: continue from ``last.pt`` when it exists.
-        selection: ``{"metric": ..., "reason": ...}`` of :func:`~scripts.training.selection.choose_selection`:
-            recorded in ``<ckpt_dir>/selection.json``.
-        validation_items: the validation split (its items, or their number): its size is recorded there too.
+        previous_model: the previous stage's ``model.pt``; required when given.
+        previous_modules: the submodules to take from ``previous_model`` (:func:`module_sources`); None: all.
+        resume: continue from ``last.pt`` when it exists (up to this run's ``max_epochs``).
+        selection: ``{"metric", "reason"}`` of :func:`~scripts.training.selection.choose_selection`.
+        validation_items: the validation split, or its size.
 
-    ``<ckpt_dir>/selection.json`` (written atomically after every validation and when the run ends) records the
-    selection metric and why it was chosen, every validation's metrics by epoch, the best epoch and value, the
-    epochs run and whether the run finished: the next stage names the reason when no model was selected, and a
-    rerun into the folder refuses to overwrite an unfinished run (:mod:`scripts.training.preflight`).
-
-    The files are Ignite's: two ``ignite.handlers.Checkpoint`` objects on one :class:`CheckpointFiles` (a
-    ``DiskSaver``, atomic) write them, and ``Checkpoint.load_objects`` restores ``last.pt``. MONAI's
-    ``CheckpointSaver`` is the same Ignite machinery with four gaps, each closed here:
-
-    - it passes ``atomic=False`` to ``DiskSaver`` (a run killed while saving leaves a torn file): the save handler
-      here is atomic, through :mod:`scripts.atomic`;
-    - it saves the tensors on the device they live on (a CUDA run's ``model.pt`` would not load on a CPU without
-      ``map_location``): the handler writes CPU tensors, and ``model.pt`` is the network's plain state dict;
-    - one saver saves one ``save_dict``: here one ``Checkpoint`` saves ``{"network"}`` (a single object, which
-      Ignite writes as its state dict itself: ``model.pt``) and another the whole ``save_dict`` (``last.pt``);
-    - its key-metric saver keeps the best value in its own state, lost on resume unless that is saved too
-      (``key_metric_save_state``), so the first validation after a resume would overwrite a better ``model.pt``:
-      here the evaluator's own comparison decides (``state.best_metric_epoch``, the evaluator's key metric and
-      comparison), its best value travels in ``last.pt`` through
-      :class:`~scripts.handlers.training_state.BestMetricState`, and the best-model ``Checkpoint`` is called only on
-      a new best, so its own list of saved files (empty after a restart) never decides.
-
-    On top stay GLAM's parts: the previous stage's hand-over (``previous_model`` / ``previous_modules``, with the
-    reason from its ``selection.json`` when the model is missing), the ``epoch_length`` check that refuses an inexact
-    resume, one-line errors naming the file, the selection record, and (scripts.training.preflight) the refusal to
-    overwrite an unfinished run. ``last.pt`` keeps the layout it always had (``{name: state dict}`` over
-    ``save_dict`` and ``trainer``, the network as a plain CPU state dict), so files from earlier versions resume.
+    Raises:
+        ValueError: ``save_dict`` lacks the network; on start, an unreadable or mismatched file (naming it).
     """
 
     def __init__(
@@ -294,6 +252,8 @@ class StageCheckpointer:
         if "network" not in save_dict:
             raise ValueError("save_dict must hold the 'network'")
         self.ckpt_dir = Path(ckpt_dir)
+        self.best_path, self.last_path = self.ckpt_dir / "model.pt", self.ckpt_dir / "last.pt"
+        self.record_path = self.ckpt_dir / "selection.json"
         self.save_dict = dict(save_dict)
         self.evaluator = evaluator
         self.previous_model = Path(previous_model) if previous_model else None
@@ -305,22 +265,8 @@ class StageCheckpointer:
         self.trainer: Engine | None = None
         self._files: dict[str, Checkpoint] = {}
 
-    @property
-    def best_path(self) -> Path:
-        return self.ckpt_dir / "model.pt"
-
-    @property
-    def last_path(self) -> Path:
-        return self.ckpt_dir / "last.pt"
-
-    @property
-    def record_path(self) -> Path:
-        return self.ckpt_dir / "selection.json"
-
     def _checkpoint(self, name: str) -> Checkpoint:
-        """The Ignite ``Checkpoint`` that writes ``model.pt`` (the network) or ``last.pt`` (all of ``save_dict``),
-        made on first use (its ``DiskSaver`` creates the folder). ``n_saved=None``: every call writes, and the file
-        name is fixed, so each write replaces the last (the best model's calls are decided by :meth:`save_best`)."""
+        """The Ignite ``Checkpoint`` writing ``model.pt`` (the network) or ``last.pt`` (all of ``save_dict``)."""
         if name not in self._files:
             weights = _PlainWeights(self.save_dict["network"])
             to_save = {"network": weights} if name == self.best_path.name else {**self.save_dict, "network": weights}
@@ -339,7 +285,6 @@ class StageCheckpointer:
         if self.evaluator is not None:
             self.evaluator.add_event_handler(Events.COMPLETED, self.save_best)
 
-    # -- the selection record ----------------------------------------------------------------------------------
     def _write_record(self) -> None:
         if rank() != 0:
             return
@@ -380,7 +325,6 @@ class StageCheckpointer:
         if self.previous_model is not None:
             if not self.previous_model.is_file():
                 raise FileNotFoundError(why_no_model(self.previous_model))
-            # refused in one line naming the file: unreadable, not a state dict, a NaN or Inf tensor
             state = weights_of(
                 load_checkpoint_file(self.previous_model, "the previous stage's model"), self.previous_model
             )
@@ -400,16 +344,13 @@ class StageCheckpointer:
 
     @staticmethod
     def _load_strictly(module: Any, state: Mapping[str, Any]) -> None:
-        """``module.load_state_dict(state, strict=True)``, its problems (settings, keys, shapes) said in one line
-        first."""
+        """``module.load_state_dict(state, strict=True)``, its problems said in one line first."""
         problems = state_dict_problems(module, state)
         if problems:
             raise ValueError(", ".join(problems))
         module.load_state_dict(state, strict=True)
 
     def _load_modules(self, network: Any, state: Mapping[str, Any]) -> None:
-        """Load each of ``previous_modules`` from its part of ``state``, strictly; the rest of ``network`` is left
-        as it is."""
         children = dict(network.named_children())
         for name, source in self.previous_modules.items():
             if name not in children:
@@ -424,11 +365,8 @@ class StageCheckpointer:
                 raise ValueError(f"{name}: {err}") from err
 
     def _resume(self, engine: Engine) -> None:
-        """Restore every object of ``save_dict`` from ``last.pt``. The run keeps its own settings where they may
-        change on resume, with one line naming each that changed: the number of epochs, the optimizer's settings
-        (the learning rate...), the schedule's (its length...: the learning rate is then the schedule's at the
-        restored epoch under the new settings), the model's inference choices (``INFERENCE_CHOICES``); a model
-        setting that shapes the weights, or another number of iterations per epoch, is refused."""
+        """Restore ``save_dict`` from ``last.pt``, keeping (and logging) the run's epochs, optimizer, schedule and
+        inference choices; another epoch length is refused."""
         checkpoint = load_checkpoint_file(self.last_path, "checkpoint")
         if not isinstance(checkpoint, Mapping):
             raise ValueError(
@@ -441,7 +379,7 @@ class StageCheckpointer:
                 f"{self.last_path} lacks {missing}: it was not written by this workflow with these settings (start "
                 "this stage afresh without --resume, or pass the --ckpt_root of the run to continue)"
             )
-        # the configured number of epochs wins over the checkpoint's, so that a finished stage can be extended
+        # the configured number of epochs wins, so that a finished stage can be extended
         max_epochs, epoch_length = engine.state.max_epochs, engine.state.epoch_length
         saved_length = checkpoint["trainer"].get("epoch_length") if "trainer" in self.save_dict else None
         if epoch_length is not None and saved_length is not None and saved_length != epoch_length:
@@ -474,13 +412,12 @@ class StageCheckpointer:
         logger.info("resumed from %s (epoch %d of %s)", self.last_path, engine.state.epoch, engine.state.max_epochs)
 
     def save_last(self, engine: Engine) -> None:
-        """``last.pt``: every object of ``save_dict`` (rank 0; the others would only gather state dicts)."""
+        """Write ``last.pt`` (rank 0)."""
         if rank() == 0:
             self._checkpoint(self.last_path.name)(engine)
 
     def save_best(self, evaluator: Engine) -> None:
-        """``model.pt`` when the evaluator's key metric reached a new best at this validation (MONAI's comparison,
-        its best value restored on resume by ``BestMetricState``), then the selection record."""
+        """Write ``model.pt`` on a new best of the evaluator's key metric, then the selection record."""
         state = evaluator.state
         if rank() == 0 and getattr(state, "best_metric_epoch", -1) == state.epoch:
             self._checkpoint(self.best_path.name)(evaluator)
@@ -492,7 +429,6 @@ class StageCheckpointer:
                 self.best_path,
             )
         if self.record:
-            # the evaluator's epoch is the trainer's (ValidationHandler runs it with the trainer's epoch)
             epoch = int(self.trainer.state.epoch) if self.trainer is not None else int(state.epoch)
             self.record["history"][str(epoch)] = {k: _number(v) for k, v in state.metrics.items()}
             self.record["epochs_run"] = epoch

@@ -1,26 +1,6 @@
-"""The training and validation datasets: the deterministic preprocessing of each image computed once and cached.
-
-Loading a mammogram, resampling, mirroring it, cropping the breast and placing the best-centre window cost
-hundreds of milliseconds per full-size image on a CPU core, many times a GPU's training step, and they give the
-same result every epoch. The workflows therefore split the preprocessing (docs/performance.md): this dataset runs
-the deterministic half (``train#preprocessing``: up to the window's region, the image as uint16, the masks as
-bytes), and the random per-step half runs batched on the model's device (``train#batch_transforms``, applied by
-:class:`~scripts.training.batch.GLAMPrepareBatch`). The cache holds the deterministic half:
-
-- ``"memory"``: MONAI's ``CacheDataset`` (about 12 MB per full-size training image, 0.7 MB at 736x480);
-- ``"disk"``: MONAI's ``PersistentDataset`` in ``cache_dir``, one ``.pt`` file per image, written on first use
-  (atomically: a temporary file renamed into place) and read back with ``torch.load(weights_only=True)``: for
-  datasets larger than memory (the operating system's page cache keeps what fits), shared by every process and
-  every later run. Its file names hash the datalist item, the size and modification time of the files it names,
-  and the settings of every cached transform, so a changed file or setting is never served stale. Each file also
-  holds a SHA-256 of its content (:class:`ChecksummedPersistentDataset`): an entry that cannot be read (a
-  truncated file) or whose content does not match its checksum (bytes changed on disk) is recomputed and
-  rewritten, with a warning naming the file;
-- ``"none"``: the deterministic half runs again every epoch.
-
-The datalist reaches the configs through :func:`read_datalist` (paths made absolute) and :func:`split_items` (one
-split, named in errors); the loaders' workers through :func:`single_thread_worker`.
-"""
+"""The datasets of the deterministic preprocessing, cached in memory (``CacheDataset``), on disk
+(:class:`ChecksummedPersistentDataset`) or not at all; the random per-step half runs on the device
+(:class:`~scripts.training.batch.GLAMPrepareBatch`)."""
 
 from __future__ import annotations
 
@@ -37,69 +17,60 @@ from typing import Any
 import numpy as np
 import torch
 from monai.data import CacheDataset, Dataset, PersistentDataset
-from monai.data.utils import worker_init_fn
-from monai.utils import convert_to_tensor, str2bool
+from monai.utils import convert_to_tensor
 
 __all__ = [
     "CACHE_MODES",
     "read_datalist",
-    "split_items",
     "cache_mode",
     "cached_item_hash",
     "ChecksummedPersistentDataset",
     "content_checksum",
-    "single_thread_worker",
     "training_dataset",
     "transforms_hash",
 ]
 
 #: values of the configs' ``train_cache`` / ``val_cache``
 CACHE_MODES = ("none", "memory", "disk")
-#: part of every disk-cache hash: bump when what a cache entry holds changes meaning (2: entries with a checksum; 3: the
-#: crop of an image resampled from a stated spacing opens its mask by the file's pixels; 4: a crop that misses the
-#: tissue breast is placed on it)
+#: part of every disk-cache hash: bump it when what a cache entry holds changes meaning
 CACHE_FORMAT = 4
 logger = logging.getLogger(__name__)
 
 
-def read_datalist(datalist: str | os.PathLike) -> dict[str, list[dict[str, Any]]]:
-    """The datalist file's splits with every relative path (image, masks) joined to the file's folder
-    (train.yaml's ``datalist_content``)."""
+def read_datalist(datalist: str | os.PathLike, splits: Sequence[str] = ()) -> dict[str, list[dict[str, Any]]]:
+    """The datalist file's splits with every relative path (image, masks) joined to the file's folder.
+
+    Args:
+        datalist: the datalist file.
+        splits: the splits the workflow reads (train.yaml: ``training`` and ``validation``); an empty one is allowed.
+
+    Raises:
+        KeyError: a split of ``splits`` is missing (naming the splits the file has).
+    """
     from ..data import load_datalist
     from ..data.datalist import resolve_paths
 
-    return resolve_paths(load_datalist(datalist), os.path.dirname(os.path.abspath(datalist)))
+    content = resolve_paths(load_datalist(datalist), os.path.dirname(os.path.abspath(datalist)))
+    for split in splits:
+        if split not in content:
+            raise KeyError(f"{datalist} has no {split!r} split (it has {sorted(content)})")
+    return content
 
 
-def split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: Any = "datalist") -> list[Any]:
-    """The items of one split of a read datalist (train.yaml's ``train_datalist``, ``val_datalist``); an empty split
-    gives an empty list. ``source`` names the datalist in the error.
+def cache_mode(cache: str | None) -> str:
+    """One of :data:`CACHE_MODES` (None: ``"none"``), case-insensitive.
 
     Raises:
-        KeyError: the datalist has no such split (naming the splits it has).
+        ValueError: any other value, naming the valid ones.
     """
-    if split not in datalist:
-        raise KeyError(f"{source} has no {split!r} split (it has {sorted(datalist)})")
-    return datalist[split]
-
-
-def cache_mode(cache: bool | str | None) -> str:
-    """One of :data:`CACHE_MODES` from a config value: ``"none"`` / ``"memory"`` / ``"disk"``, or a yes/no (the
-    ``train_cache: true`` of earlier presets, a command-line ``'false'``): yes is ``"memory"``, no ``"none"``."""
-    if cache is None:
-        return "none"
-    text = str(cache).strip().lower()
-    if text in CACHE_MODES:
-        return text
-    try:
-        return "memory" if str2bool(text) else "none"
-    except ValueError:
-        raise ValueError(f"cache must be one of {CACHE_MODES} (or true / false), got {cache!r}") from None
+    text = "none" if cache is None else str(cache).strip().lower()
+    if text not in CACHE_MODES:
+        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    return text
 
 
 def _describe(obj: Any, depth: int = 0) -> Any:
-    """A JSON-able picture of a transform's settings: its class and public attributes, recursively (random states
-    and private run-time state left out, arrays as lists, functions and classes by name)."""
+    """A JSON-able picture of a transform's settings: its class and public attributes, recursively."""
     if depth > 8:
         return "..."
     if obj is None or isinstance(obj, (str, int, float, bool)):
@@ -122,15 +93,13 @@ def _describe(obj: Any, depth: int = 0) -> Any:
 
 
 def transforms_hash(transforms: Sequence[Any]) -> bytes:
-    """MD5 (hex, bytes) of the settings of ``transforms`` (``PersistentDataset``'s ``hash_transform``): any changed
-    argument of a cached transform gives other cache files."""
+    """MD5 (hex, bytes) of the settings of ``transforms``: ``PersistentDataset``'s ``hash_transform``."""
     text = json.dumps([CACHE_FORMAT, [_describe(t) for t in transforms]], sort_keys=True, default=repr)
     return hashlib.md5(text.encode("utf-8")).hexdigest().encode("utf-8")
 
 
 def cached_item_hash(item: Any) -> bytes:
-    """MD5 (hex, bytes) of a datalist item together with the size and modification time of every file it names
-    (``PersistentDataset``'s ``hash_func``): a file replaced in place gives another cache file."""
+    """MD5 (hex, bytes) of a datalist item and the size and mtime of the files it names: ``hash_func``."""
     values = item.values() if isinstance(item, Mapping) else [item]
     stats = []
     for value in values:
@@ -166,7 +135,7 @@ def _feed(digest: Any, value: Any) -> None:
 
 
 def content_checksum(data: Any) -> str:
-    """SHA-256 (hex) of a cached item: every tensor's dtype, shape and bytes, every other value's repr, recursively."""
+    """SHA-256 (hex) of a cached item: each tensor's dtype, shape and bytes, each other value's repr."""
     digest = hashlib.sha256()
     _feed(digest, data)
     return digest.hexdigest()
@@ -175,14 +144,16 @@ def content_checksum(data: Any) -> str:
 class ChecksummedPersistentDataset(PersistentDataset):
     """MONAI's ``PersistentDataset`` whose cache files hold ``{"checksum": sha256, "data": item}``.
 
-    A cache file that cannot be read (truncated, not a torch file, unreadable) or whose data does not match its
-    checksum (:func:`content_checksum`: bytes changed on disk) is recomputed and rewritten atomically, with a warning
-    naming the file; an entry that is fine is returned as it was cached. (MONAI's own check only recomputes a few
-    kinds of unpickling error, and cannot see changed pixels.)
+    An unreadable entry, or one that fails its checksum, is recomputed and rewritten atomically with a warning:
+    MONAI's own check misses truncated files and changed pixels.
     """
 
     def _read_entry(self, hashfile: Path) -> Any:
-        """The data of a sound cache file; raises ``ValueError`` saying what is wrong with it."""
+        """The data of a sound cache file.
+
+        Raises:
+            ValueError: what is wrong with the file.
+        """
         try:
             entry = torch.load(hashfile, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - torch.load raises many types on a damaged file
@@ -204,7 +175,7 @@ class ChecksummedPersistentDataset(PersistentDataset):
                 image = item_transformed.get("image") if isinstance(item_transformed, Mapping) else None
                 logger.warning("disk cache entry %s (of %s) %s: recomputing it", hashfile, image, problem)
         data = self._pre_transform(deepcopy(item_transformed))
-        # stored as MONAI stores it (numpy arrays as tensors, so that weights_only loading reads them back)
+        # numpy arrays as tensors, so that a weights_only load reads them back
         stored = convert_to_tensor(data, convert_numeric=False, track_meta=self.track_meta)
         entry = {"checksum": content_checksum(stored), "data": stored}
         try:
@@ -212,7 +183,7 @@ class ChecksummedPersistentDataset(PersistentDataset):
 
             with atomic_write(hashfile, "wb") as f:
                 torch.save(entry, f)
-        except OSError as err:  # a read-only cache still trains (each image is recomputed): say so once per file
+        except OSError as err:  # a read-only cache still trains
             logger.warning("cannot write the disk cache entry %s (%s): it is recomputed every time", hashfile, err)
         return data
 
@@ -220,17 +191,17 @@ class ChecksummedPersistentDataset(PersistentDataset):
 def training_dataset(
     data: Sequence[Any],
     transform: Callable,
-    cache: bool | str = "none",
+    cache: str = "none",
     cache_dir: str | os.PathLike | None = None,
     num_workers: int = 0,
     progress: bool = True,
 ) -> Dataset:
-    """The dataset of the deterministic preprocessing, cached as ``cache`` says (see the module docstring).
+    """The dataset of the deterministic preprocessing, cached as ``cache`` says.
 
     Args:
         data: datalist items.
         transform: the deterministic preprocessing (``train#preprocessing`` / ``validate#preprocessing``).
-        cache: ``"none"``, ``"memory"`` or ``"disk"`` (a yes/no is accepted: yes = memory).
+        cache: ``"none"``, ``"memory"`` or ``"disk"``.
         cache_dir: the folder of the disk cache (made if missing); needed for ``"disk"``.
         num_workers: threads that fill a memory cache.
         progress: show the memory cache's progress bar.
@@ -254,10 +225,3 @@ def training_dataset(
             weights_only=True,
         )
     return Dataset(data=data, transform=transform)
-
-
-def single_thread_worker(worker_id: int) -> None:
-    """``worker_init_fn`` of the loaders: MONAI's (seeds the worker's transforms), then one intra-op thread per worker
-    (each worker handles one image at a time; several threads each would only compete for the same cores)."""
-    worker_init_fn(worker_id)
-    torch.set_num_threads(1)

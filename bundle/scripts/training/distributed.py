@@ -1,10 +1,5 @@
-"""The training's pieces of the DistributedDataParallel overlay (``configs/multi_gpu_train.yaml``) for runs under
-``torchrun``; the process group itself (rank, world size, device, joining and leaving) is :mod:`scripts.distributed`,
-shared with the evaluation and the inference.
-
-Logging and TensorBoard handlers are disabled on ranks other than 0 *before* they are built (in each stage's copy),
-so that only rank 0 opens event files; metrics, checkpoint loading and everything else run on every rank.
-"""
+"""DistributedDataParallel pieces of the training (``configs/multi_gpu_train.yaml``); the process group itself is
+:mod:`scripts.distributed`."""
 
 from __future__ import annotations
 
@@ -29,40 +24,28 @@ __all__ = [
 ]
 
 #: handler classes that only log or draw: built on rank 0 only (MetricsSaver is not here: it gathers across ranks)
-RANK_ZERO_ONLY = (
-    "StatsHandler",
-    "TensorBoardStatsHandler",
-    "TensorBoardImageHandler",
-    "ProgressBar",
-    "SaliencyPanelWriter",
-    "MLFlowHandler",
-    "ClearMLStatsHandler",
-    "ClearMLImageHandler",
+RANK_ZERO_ONLY = tuple(
+    "StatsHandler TensorBoardStatsHandler TensorBoardImageHandler ProgressBar SaliencyPanelWriter MLFlowHandler "
+    "ClearMLStatsHandler ClearMLImageHandler".split()
 )
 
 
 def rank_zero_first(parser: Any, ids: Sequence[str]) -> None:
-    """Evaluate the config items ``ids`` of ``parser`` on rank 0 first, then on each node's first process, then on
-    the other ranks (``ignite.distributed.one_rank_first``, global then local): for items that create files on first
-    use (the quick start's synthetic dataset), which concurrent processes would otherwise race to create, on a
-    shared filesystem (rank 0's turn) as well as on each node's own disk (the node's first process). Later
-    references to the items reuse the parser's evaluated values."""
+    """Evaluate the config items ``ids`` on rank 0, then on each node's first process, then on the others.
+
+    For items that create files on first use (the quick start's synthetic dataset), on a shared filesystem as well as
+    on each node's own disk.
+    """
     with idist.one_rank_first(rank=0, local=False), idist.one_rank_first(rank=0, local=True):
         for id_ in ids:
             parser.get_parsed_content(id_)
 
 
 def rank_share(items: Sequence[Any], num_replicas: int | None = None, rank_: int | None = None) -> list[Any]:
-    """This rank's share of ``items``: ``items[rank::num_replicas]``, without padding or shuffling.
-
-    ``monai.data.partition_dataset(even_divisible=False, shuffle=False)`` (the split of
-    ``monai.data.DistributedSampler(even_divisible=False, shuffle=False)``), applied to a datalist before a
-    ``CacheDataset`` is built, so that each rank caches only its own images and every image is evaluated exactly
-    once (metrics gathered over the ranks are those of one process on the whole list).
+    """This rank's share ``items[rank::num_replicas]``, unpadded, so that each rank caches only its own images.
 
     Raises:
-        ValueError: fewer items than ranks (a rank would have nothing to evaluate, and the metric gathering would
-            wait for it forever).
+        ValueError: fewer items than ranks (the metric gathering would wait forever).
     """
     n = world_size() if num_replicas is None else int(num_replicas)
     r = rank() if rank_ is None else int(rank_)
@@ -81,12 +64,7 @@ def _target_name(component: Any) -> str | None:
 
 
 def disable_on_other_ranks(config: Any, targets: Iterable[str] = RANK_ZERO_ONLY, rank_: int | None = None) -> list[str]:
-    """On ranks other than 0, mark every list entry of ``config`` whose ``_target_`` class is in ``targets`` as
-    ``_disabled_`` (MONAI then leaves it out of its list without building it). No-op on rank 0.
-
-    Called in ``training`` on the running bundle's raw configuration, before the stages copy it; matching by class
-    name (``"StatsHandler"`` matches ``_target_: monai.handlers.StatsHandler``) rather than by list index keeps
-    working when ``train.yaml``'s handler lists change.
+    """On ranks other than 0, mark every list entry whose ``_target_`` class is in ``targets`` as ``_disabled_``.
 
     Args:
         config: a raw bundle configuration (nested dicts and lists), modified in place.
@@ -118,11 +96,7 @@ def _disable(config: Any, names: frozenset[str], id_: str) -> list[str]:
 
 
 class RankBarrier:
-    """Make every rank wait for the others when the engine completes (or is terminated).
-
-    Attached to each stage's trainer: rank 0 writes the stage's checkpoints during its last epoch, and the next
-    stage loads ``<previous stage>/model.pt`` on every rank, so no rank may start it before rank 0 is done.
-    """
+    """Make every rank wait for the others when the engine completes: the next stage loads rank 0's ``model.pt``."""
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.COMPLETED, self)
@@ -132,11 +106,9 @@ class RankBarrier:
 
 
 class SyncBuffers:
-    """Copy rank 0's buffers (batch-norm running statistics) to every rank when the engine starts.
+    """Copy rank 0's buffers (batch-norm statistics) to every rank when the engine starts.
 
-    DDP broadcasts rank 0's buffers at the start of every *training* forward, but each rank's last forward then
-    updates its own running statistics from its own images, so after an epoch the ranks' batch norms differ.
-    Attached to the evaluator, this makes every rank validate the model that rank 0 checkpoints.
+    After an epoch each rank's running statistics differ; this makes every rank validate the model rank 0 saves.
 
     Args:
         network: the (DDP-wrapped or plain) network whose buffers to synchronise.

@@ -34,13 +34,11 @@ def positive_flags(items: Sequence[dict], label_key: str = "label") -> list[bool
 
 
 class BalancedEpochSampler(Sampler[int]):
-    """Indices of one epoch: all positives plus an equal number of negatives drawn without replacement, shuffled.
+    """Indices of one epoch: all positives plus as many negatives drawn without replacement, shuffled.
 
-    Reproducible: the draw of epoch ``e`` depends only on ``seed`` and ``e`` (call :meth:`set_epoch` at the start of
-    every epoch, as with ``DistributedSampler``), so a resumed run sees the same epochs as an uninterrupted one.
-    With ``num_replicas`` > 1 every rank takes a disjoint, equally long share of the epoch (the epoch is padded by
-    repeating its first indices, like ``DistributedSampler``). PyTorch's ``WeightedRandomSampler`` balances only in
-    expectation (it draws with replacement, so an epoch may miss positives) and MONAI has no such sampler.
+    The draw depends only on ``seed`` and the epoch (:meth:`set_epoch`), so a resumed run sees the same epochs; ranks
+    take disjoint, padded shares as with ``DistributedSampler``. ``WeightedRandomSampler`` balances only in
+    expectation.
 
     Args:
         positives: one flag per dataset item, True for images with a lesion (see :func:`positive_flags`).
@@ -72,7 +70,6 @@ class BalancedEpochSampler(Sampler[int]):
         self.num_replicas = int(num_replicas)
         self.rank = int(rank)
         n_pos = len(self.pos)
-        # without any positive there is nothing to balance: every image is used
         self.num_negatives = (
             len(self.neg) if n_pos == 0 else min(len(self.neg), int(round(n_pos * negatives_per_positive)))
         )

@@ -1,19 +1,5 @@
-"""Which validation metric selects each stage's best model, when the validation split has no lesion masks.
-
-The configured ``selection_metric`` (train.yaml: ``val_soft_dice``; the quick start: ``val_pointing_game``) reads
-the lesion masks. A validation split with labels only (no ``mask_benign`` / ``mask_malignant`` in any item, or only
-empty ones) gives 0.0 every epoch for those metrics, so the first epoch's model would stay selected. Then
-:func:`choose_selection` selects by a metric that exists:
-
-- ``val_auc_mean``: the mean of the two classes' ROC AUC of the stage's image-level prediction, when every class
-  has validation images with and without it: the mean of ``val_auc_benign`` and ``val_auc_malignant``, which
-  train.yaml computes from the same prediction and logs beside it;
-- ``val_neg_loss``: otherwise (an AUC is undefined when a class is all 0 or all 1 in validation): minus the mean
-  binary cross-entropy of the stage's image-level prediction (negated because MONAI keeps the largest key metric).
-
-The stage's image-level prediction is the one the stage trains: ``y_global`` (global stage), ``y_local`` (local:
-the global module is frozen, so its score cannot change) and ``y_fusion`` (joint).
-"""
+"""The validation metric that selects each stage's best model: the configured one, or, on a split without lesion
+masks (where mask metrics are 0 every epoch), ``val_auc_mean`` or, where an AUC is undefined, ``val_neg_loss``."""
 
 from __future__ import annotations
 
@@ -44,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 def stage_score_key(stage: str) -> str:
-    """The image-level prediction a stage trains (see the module docstring)."""
+    """The image-level prediction a stage trains: ``y_global``, ``y_local`` or ``y_fusion``."""
     scores = {Stage.GLOBAL: OutputKey.Y_GLOBAL, Stage.LOCAL: OutputKey.Y_LOCAL, Stage.JOINT: OutputKey.Y_FUSION}
     return str(scores.get(str(stage), OutputKey.Y_GLOBAL))
 
@@ -70,15 +56,13 @@ def _auc_defined(items: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def configured_selection(metric: str) -> dict[str, str]:
-    """``{"metric": metric, "reason": "selection_metric"}``: the configured metric, whatever the data holds
-    (evaluate.yaml states the same record as plain values: its key metric is the one asked for)."""
+    """``{"metric": metric, "reason": "selection_metric"}``: the configured metric, whatever the data holds."""
     return {"metric": str(metric), "reason": "selection_metric"}
 
 
 def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str = "") -> dict[str, str]:
-    """``{"metric": name, "reason": why}``: the configured ``metric``, unless it reads masks and the validation
-    ``items`` have none (then ``val_auc_mean``, or ``val_neg_loss`` when an AUC is undefined). Logs one line when it
-    selects by another metric than the configured one."""
+    """``{"metric": name, "reason": why}``: ``metric``, unless it reads masks and the validation ``items`` have none;
+    logs the replacement."""
     metric = str(metric)
     if metric not in MASK_METRICS or validation_has_masks(items):
         return configured_selection(metric)
@@ -101,12 +85,10 @@ def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str
 
 
 class NegativeBCE(Metric):
-    """Minus the mean binary cross-entropy between image-level probabilities and 0/1 labels (higher is better).
+    """Minus the mean binary cross-entropy of image-level probabilities (clamped to [1e-7, 1 - 1e-7]) and labels.
 
-    ``output_transform`` gives ``(predictions, labels)``: sequences of per-image tensors of shape (C,), or (B, C)
-    tensors; the predictions are probabilities (GLAM's scores), clamped to [1e-7, 1 - 1e-7]. The mean is over
-    images and classes. (Ignite's ``Loss(BCELoss())`` gives the same mean up to its clamp of the log at -100, but
-    the key metric must grow as the model improves, and ``_target_`` cannot negate it.)
+    Negated because a key metric must grow as the model improves. ``output_transform`` gives ``(predictions,
+    labels)``: per-image (C,) tensors or (B, C) tensors.
     """
 
     @reinit__is_reduced

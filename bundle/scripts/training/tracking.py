@@ -1,6 +1,4 @@
-"""What MLflow records of a training stage (``--tracking mlflow``): parameters and the merged configuration. The
-pieces the evaluation shares (the run's name, the configuration saved as the run's artifact) are in
-:mod:`scripts.runs`."""
+"""What MLflow records of a training stage (``--tracking mlflow``): parameters and the merged configuration."""
 
 from __future__ import annotations
 
@@ -14,38 +12,16 @@ from ..runs import save_config
 __all__ = ["TRACKED", "tracking_params", "attach_tracked_config", "track_stage"]
 
 #: the hyper-parameters a tracked stage records (top-level config ids; per-stage ones as the stage's value)
-TRACKED = (
-    "seed",
-    "image_size",
-    "pixel_spacing",
-    "patch_size",
-    "num_patches",
-    "num_patches_eval",
-    "t_global",
-    "t_local",
-    "gamma_c",
-    "aggregation",
-    "patch_shift",
-    "local_depth",
-    "local_width",
-    "global_backbone",
-    "pool_in_breast",
-    "lambda_sparsity",
-    "learning_rate",
-    "epochs",
-    "batch_size",
-    "val_interval",
-    "early_stop_patience",
-    "selection_metric",
-    "amp",
-    "train_cache",
+TRACKED = tuple(
+    "seed image_size pixel_spacing patch_size num_patches num_patches_eval t_global t_local gamma_c aggregation "
+    "patch_shift local_depth local_width global_backbone pool_in_breast lambda_sparsity learning_rate epochs "
+    "batch_size val_interval early_stop_patience selection_metric amp train_cache".split()
 )
 
 
 def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
-    """The parameters MLflow records for a stage (train.yaml's ``tracking_params``): the hyper-parameters in
-    :data:`TRACKED` (a per-stage dict both as this stage's value and, as ``<name>_per_stage``, whole), the datalist's
-    path and the sizes of its training and validation splits, and the metric that selects the best model."""
+    """The parameters MLflow records for a stage: :data:`TRACKED` (a per-stage dict as this stage's value and, whole,
+    as ``<name>_per_stage``), the datalist, its split sizes and the selection metric."""
     from .preflight import per_stage
 
     params: dict[str, str] = {"stage": str(stage)}
@@ -64,39 +40,45 @@ def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
     return params
 
 
+def _mlflow_handlers(parser: ConfigParser, handlers_id: str) -> list[dict]:
+    handlers = parser.get(handlers_id) or []
+    return [h for h in handlers if isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler")]
+
+
 def attach_tracked_config(
     parser: ConfigParser, handlers_id: str, folder: str | os.PathLike, params_id: str | None = None
 ) -> str | None:
-    """When MONAI's ``--tracking mlflow`` patched an ``MLFlowHandler`` into ``parser[handlers_id]``: save the merged
-    configuration as ``<folder>/config.json`` and make it the handler's artifact (MONAI's own copy is off:
-    train.yaml's ``save_execute_config: false``); with ``params_id``, the handler also records that config id's
-    dict as the run's parameters. Returns the file's path, None when nothing is tracked. Call before the handlers
-    are built: it edits their raw configuration in place, which MONAI reads when it builds a component."""
-    handlers = parser.get(handlers_id) or []
-    tracked = [h for h in handlers if isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler")]
+    """Save the merged configuration as ``<folder>/config.json`` and make it the artifact of the ``MLFlowHandler``
+    that ``--tracking`` patched into ``parser[handlers_id]``; call before the handlers are built.
+
+    Args:
+        parser: the running configuration, edited in place.
+        handlers_id: the config id of the handler list.
+        folder: where ``config.json`` goes.
+        params_id: a config id whose dict the handler records as the run's parameters.
+
+    Returns:
+        the file's path; None when nothing is tracked.
+    """
+    tracked = _mlflow_handlers(parser, handlers_id)
     if not tracked:
         return None
     path = save_config(folder, parser.get())
     for handler in tracked:
         if params_id is not None and params_id in parser:
             handler.setdefault("experiment_param", f"@{params_id}")
-        # MONAI's own copy (`--save_execute_config true`) when asked for, else this one
         if handler.get("artifacts") in (None, "@save_execute_config") and not parser.get("save_execute_config"):
             handler["artifacts"] = path
     return path
 
 
 def track_stage(stage_parser: ConfigParser, stage: str) -> None:
-    """A tracked stage (MONAI's ``--tracking`` patched an ``MLFlowHandler`` into ``train#handlers``) records its
-    parameters (:func:`tracking_params`, set as the config's ``tracking_params``) and its merged configuration
-    (``<output_dir>/config.json``). Call before anything of the stage is built."""
-    handlers = stage_parser.get("train#handlers") or []
-    if not any(isinstance(h, dict) and str(h.get("_target_", "")).endswith("MLFlowHandler") for h in handlers):
+    """Make a tracked stage record its parameters and merged configuration; call before the stage is built."""
+    if not _mlflow_handlers(stage_parser, "train#handlers"):
         return
     params = tracking_params(stage_parser, stage)
     attach_tracked_config(stage_parser, "train#handlers", str(stage_parser.get_parsed_content("output_dir")))
-    for handler in stage_parser.get("train#handlers"):
-        if isinstance(handler, dict) and str(handler.get("_target_", "")).endswith("MLFlowHandler"):
-            handler.setdefault("experiment_param", "@tracking_params")
+    for handler in _mlflow_handlers(stage_parser, "train#handlers"):
+        handler.setdefault("experiment_param", "@tracking_params")
     # setting an item resets what the parser resolved while reading the parameters: the stage is built afresh
     stage_parser["tracking_params"] = params

@@ -1,4 +1,5 @@
 """The bundle's MONAI transforms: mammogram preprocessing and GLAM's patch cropping (array / dictionary pairs)."""
+# ruff: noqa: F401
 
 from .mammo import (
     BestCenterRegion,
@@ -23,32 +24,3 @@ from .mammo import (
 )
 from .patches import RandPatchCrop, RandPatchCropd, SaliencyPatchCrop, SaliencyPatchCropd
 from .thumbnail import Thumbnail, Thumbnaild, thumbnail_step
-
-__all__ = [
-    "FlipToRight",
-    "FlipToRightd",
-    "CropBreast",
-    "CropBreastd",
-    "BestCenterWindow",
-    "BestCenterWindowd",
-    "RandBestCenterWindow",
-    "RandBestCenterWindowd",
-    "BestCenterRegion",
-    "BestCenterRegiond",
-    "RandWindowShift",
-    "RandWindowShiftd",
-    "QuantizeToUint16",
-    "QuantizeToUint16d",
-    "ResampleToSpacing",
-    "ResampleToSpacingd",
-    "StandardizeImage",
-    "StandardizeImaged",
-    "DropEmptyKeysd",
-    "SaliencyPatchCrop",
-    "SaliencyPatchCropd",
-    "RandPatchCrop",
-    "RandPatchCropd",
-    "Thumbnail",
-    "Thumbnaild",
-    "thumbnail_step",
-]

@@ -1,14 +1,7 @@
 """Box annotations as lesion masks, so that boxes go through exactly the geometry masks go through.
 
-VinDr-Mammo and many hospital sets mark findings with boxes, not outlines. A datalist item may carry
-``"boxes": [{"label": "benign" | "malignant", "box": [y0, x0, y1, x1]}, ...]`` in the image file's pixels (rows
-and columns as displayed, the project's array convention; fractions allowed). Right after loading,
-:class:`BoxesToMasksd` paints each class's boxes into that class's mask (every pixel a box touches: rows
-``floor(y0)`` to ``ceil(y1)`` exclusive, clipped to the image), on top of the class's mask file when the item has
-one (or, with ``mask_files="keep"``, only for the classes without a mask file), with the image's metadata (spacing,
-affine) so that resampling, flipping and cropping treat it as the image.
-Evaluation then reads the boxes as masks: the pointing game hits a box, and for the FROC a box is a lesion
-(overlapping boxes of one class merge into one).
+A datalist item may carry ``"boxes": [{"label": "benign" | "malignant", "box": [y0, x0, y1, x1]}, ...]`` in the
+file's pixels (docs/data.md); evaluation then reads a box as a lesion.
 """
 
 from __future__ import annotations
@@ -29,10 +22,7 @@ __all__ = ["BoxesToMask", "BoxesToMasksd"]
 
 
 class BoxesToMask(Transform):
-    """One class's boxes painted into an (H, W) mask: ``BoxesToMask()(boxes, (H, W))`` -> (1, H, W) uint8.
-
-    ``boxes``: ``(y0, x0, y1, x1)`` tuples in pixels; every pixel a box touches is 1.
-    """
+    """Paint ``(y0, x0, y1, x1)`` boxes into a (1, H, W) uint8 mask: every pixel a box touches is 1."""
 
     def __call__(self, boxes: Sequence[Sequence[float]], shape: Sequence[int]) -> np.ndarray:
         h, w = int(shape[0]), int(shape[1])
@@ -47,17 +37,15 @@ class BoxesToMask(Transform):
 class BoxesToMasksd(MapTransform):
     """Dictionary :class:`BoxesToMask`: an item's ``boxes`` into the per-class mask keys, after loading.
 
-    For each class with boxes, the class's mask key gets the painted mask (united with the loaded mask file when
-    the item has one, which must have the image's size), carrying the image's metadata. Items without boxes pass
-    unchanged; the ``boxes`` field is removed so that batches collate.
+    The painted mask carries the image's metadata; items without boxes pass unchanged and ``boxes`` is removed so that
+    batches collate.
 
     Args:
-        mask_keys: the per-class mask keys in the order of ``CLASS_NAMES`` (benign, malignant).
+        mask_keys: the per-class mask keys in the order of ``CLASS_NAMES``.
         image_key: the loaded (1, H, W) image whose size and metadata the masks take.
         boxes_key: the datalist field.
-        mask_files: a class that has both a loaded mask file and boxes: ``"unite"`` (the boxes' pixels added to the
-            file's mask) or ``"keep"`` (the file's mask as it is: an outline is the finer annotation of the same
-            lesions, as in the synthetic sets, which write both; the pipeline's choice).
+        mask_files: where a class has a mask file and boxes: ``"unite"`` them or ``"keep"`` the file's (the finer
+            outline of the same lesions).
     """
 
     def __init__(

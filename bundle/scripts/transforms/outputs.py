@@ -15,36 +15,24 @@ from ..patches import render_saliency
 
 __all__ = ["GLAMOutputsd", "MAP_KEYS"]
 
-# network outputs passed on as they are; the keys this transform writes are plain values, as the network's are
+# network outputs passed on as they are
 _PASSED_ON = tuple(k.value for k in (OutputKey.Y_GLOBAL, OutputKey.Y_LOCAL, OutputKey.Y_FUSION, OutputKey.PATCH_BOXES))
-# GLAM's global saliency scales, written as S_0, S_1, S_2
 _SCALE_KEYS = (OutputKey.SALIENCY_SCALE0, OutputKey.SALIENCY_SCALE1, OutputKey.SALIENCY_SCALE2)
 
 
 class GLAMOutputsd(MapTransform):
     """Unpack one image's GLAM outputs (``d[pred_key]``, a dict) into flat entries at full image resolution.
 
-    Writes ``S_g`` (and, when the model ran its local module, ``S_l`` and ``S_c``) as (2, H, W) maps rendered at
-    the resolution of ``d[label_key]["mask"]`` (or of ``d[image_key]``) exactly as docs/model.md ("Outputs") defines
-    them, plus ``y_global`` / ``y_local`` / ``y_fusion`` scores (2,), ``patch_boxes``, and, from dict targets,
-    ``label`` (2,) and ``lesion_mask`` (2, H, W). (Not ``mask``: MONAI's engines send a postprocessed key that
-    also names a batch entry back to the batch, where the metric handlers would not see it.)
-
-    Models other than GLAM (the baselines in ``scripts.networks``) give their one map as ``saliency_global``, so it
-    becomes ``S_g``; ``score_key`` names the output that is the model's classification output, which is written as
-    ``y_global``, the score that the validation AUC and the report read (GMIC's is ``y_fusion``).
-
-    With ``scales=True`` it also writes GLAM's three global saliency scales as ``S_0`` (H/16), ``S_1`` (H/32) and
-    ``S_2`` (H/64), each nearest-upsampled to the output resolution (S_g is their gamma-weighted sum): what each
-    scale of the global module looks at, for diagnostic figures (models without scales write none).
-
-    Floating-point outputs are converted to float32 first (a bf16 autocast forward pass returns bf16 ones).
+    Writes the (2, H, W) maps ``S_g`` (and ``S_l``, ``S_c`` when the local module ran) at the resolution of the mask
+    or the image, as docs/model.md defines them; the scores ``y_global`` / ``y_local`` / ``y_fusion``; ``patch_boxes``;
+    and from dict targets ``label`` and ``lesion_mask`` (not ``mask``, which MONAI's engines would send back to the
+    batch). Floating outputs become float32 (bf16 autocast returns bf16).
 
     Args:
-        gamma_c: S_c = gamma_c S_g + (1 - gamma_c) S_l (the model's setting).
+        gamma_c: S_c = gamma_c S_g + (1 - gamma_c) S_l.
         pred_key, label_key, image_key: where the model outputs, the targets and the image are.
-        score_key: the model output reported as ``y_global`` (GLAM: ``y_global``, its y_g).
-        scales: also write ``S_0``, ``S_1``, ``S_2``.
+        score_key: the output written as ``y_global`` (a baseline's one map comes as ``saliency_global``).
+        scales: also write GLAM's global saliency scales ``S_0``, ``S_1``, ``S_2``, nearest-upsampled.
     """
 
     def __init__(
@@ -68,8 +56,7 @@ class GLAMOutputsd(MapTransform):
         pred = d[self.pred_key]
         if not isinstance(pred, Mapping) or OutputKey.SALIENCY_GLOBAL not in pred:
             raise ValueError(f"GLAMOutputsd: {self.pred_key!r} must be a GLAM output dict, got {type(pred).__name__}")
-        # under bf16 autocast the network returns bf16 scores and maps; the metrics, the AUC (numpy has no bfloat16),
-        # the panels and the reports all read float32 from here on
+        # numpy (the AUC, the panels, the reports) has no bfloat16
         pred = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in pred.items()}
         target = d.get(self.label_key)
         if isinstance(target, Mapping):

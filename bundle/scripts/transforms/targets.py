@@ -16,19 +16,16 @@ MASK_KEYS = ("mask_benign", "mask_malignant")
 
 
 class StackMasksd(MapTransform):
-    """Stack per-class masks (``mask_benign``, ``mask_malignant``; each (1, H, W), optional) into ``d[output_key]``
-    of shape (C, H, W), with zeros for the classes whose mask is absent (not annotated).
+    """Stack the optional per-class (1, H, W) masks into ``d[output_key]`` (C, H, W), zeros for absent ones.
 
-    Localisation metrics skip a class on images whose mask is all zero, so an image without masks still counts
-    for classification only. The stacked masks must have the reference image's spatial size.
+    An image without masks thus still counts for classification; localisation metrics skip empty classes.
 
     Args:
         keys: the per-class mask keys, in channel order.
-        output_key: where the stacked (C, H, W) mask goes.
-        reference_key: the image whose spatial size the masks must have (and that sizes the zeros).
-        remove_keys: drop the per-class keys afterwards (so batches collate whatever masks an item had).
-        dtype: of the stacked mask (``torch.uint8`` keeps a cached 0/1 mask at a quarter of float32's bytes; the
-            training workflows make it float on the device).
+        output_key: where the stacked mask goes.
+        reference_key: the image whose spatial size the masks must have.
+        remove_keys: drop the per-class keys afterwards, so that batches collate.
+        dtype: of the stacked mask (``torch.uint8`` keeps a cached mask at a quarter of float32's bytes).
     """
 
     def __init__(

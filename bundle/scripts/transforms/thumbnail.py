@@ -1,10 +1,4 @@
-"""A small copy of an image taken right after loading, before the preprocessing resamples, mirrors and crops it: what
-pictures of the results (the inference overlay panel) show, so that nothing has to read the file a second time.
-
-:class:`Thumbnail` / :class:`Thumbnaild` keep every ``step``-th pixel of each axis, ``step`` the smallest integer that
-brings the rows to at most ``max_rows`` (:func:`thumbnail_step`); the dictionary version takes the step from its
-source image, so masks get the step of their image and stay aligned with it.
-"""
+"""A small copy of an image taken right after loading, for pictures of the results, so that no file is read twice."""
 
 from __future__ import annotations
 
@@ -18,25 +12,22 @@ from monai.utils import TransformBackends, convert_to_tensor
 
 __all__ = ["THUMBNAIL_SUFFIX", "THUMBNAIL_STEP_KEY", "thumbnail_step", "Thumbnail", "Thumbnaild"]
 
-#: a thumbnail of ``key`` is stored under ``key + THUMBNAIL_SUFFIX``
 THUMBNAIL_SUFFIX = "_thumbnail"
-#: the pixel step of an item's thumbnails
 THUMBNAIL_STEP_KEY = "thumbnail_step"
 
 
 def thumbnail_step(rows: int, max_rows: int | None) -> int:
-    """The pixel step that brings ``rows`` to at most ``max_rows`` (``None`` or 0: 1, full resolution)."""
+    """The pixel step that brings ``rows`` to at most ``max_rows`` (None or 0: 1)."""
     if max_rows is not None and int(max_rows) < 0:
         raise ValueError(f"max_rows must be positive or None (full resolution), got {max_rows!r}")
     return int(math.ceil(int(rows) / int(max_rows))) if max_rows and int(rows) > int(max_rows) else 1
 
 
 class Thumbnail(Transform):
-    """``(C, H, W)`` -> ``(C, ceil(H / step), ceil(W / step))``, every ``step``-th pixel, as a float32 tensor
-    without metadata (a picture, not part of the preprocessing: nothing to invert).
+    """Every ``step``-th pixel of a ``(C, H, W)`` image, as float32 without metadata (nothing to invert).
 
     Args:
-        max_rows: the thumbnail's rows at most (``step`` = :func:`thumbnail_step`); None: full resolution.
+        max_rows: the thumbnail's rows at most; None: full resolution.
     """
 
     backend = [TransformBackends.TORCH, TransformBackends.NUMPY]
@@ -46,7 +37,7 @@ class Thumbnail(Transform):
         self.max_rows = None if max_rows is None else int(max_rows)
 
     def __call__(self, img: NdarrayOrTensor, step: int | None = None) -> torch.Tensor:
-        """``step`` overrides the one computed from ``img``'s rows (the dictionary version passes its image's)."""
+        """``step`` overrides the one computed from ``img``'s rows."""
         data = convert_to_tensor(img, track_meta=False, dtype=torch.float32)
         if data.ndim != 3:
             raise ValueError(f"Thumbnail expects a (C, H, W) image, got shape {tuple(data.shape)}")
@@ -55,13 +46,12 @@ class Thumbnail(Transform):
 
 
 class Thumbnaild(MapTransform):
-    """Dictionary :class:`Thumbnail`: ``d[key + THUMBNAIL_SUFFIX]`` for every key, ``d[THUMBNAIL_STEP_KEY]`` the step,
-    taken from ``source_key`` (the image) so that masks match it. The keys themselves are left as they are.
+    """Dictionary :class:`Thumbnail`: ``d[key + THUMBNAIL_SUFFIX]`` per key at ``source_key``'s step, so masks match.
 
     Args:
         keys: the image and, optionally, its masks.
         max_rows: the image thumbnail's rows at most; None: full resolution.
-        source_key: the image whose rows decide the step.
+        source_key: the image whose rows decide the step (stored under ``THUMBNAIL_STEP_KEY``).
     """
 
     backend = Thumbnail.backend

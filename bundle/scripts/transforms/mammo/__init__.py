@@ -1,4 +1,5 @@
 """Mammogram preprocessing transforms (docs/preprocessing.md) as MONAI array / dictionary pairs."""
+# ruff: noqa: F401
 
 from scripts.transforms.mammo.array import (
     BestCenterRegion,
@@ -33,7 +34,6 @@ from scripts.transforms.mammo.dictionary import (
 from scripts.transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_ASSUMED_KEY,
-    SPACING_FALLBACKS,
     SPACING_SOURCE_KEY,
     SPACING_USED_KEY,
     ResampleToSpacing,
@@ -42,40 +42,3 @@ from scripts.transforms.mammo.spacing import (
     fit_breast_spacing,
     format_spacing,
 )
-
-__all__ = [
-    "BestCenterRegion",
-    "BestCenterRegiond",
-    "BestCenterWindow",
-    "BestCenterWindowd",
-    "CropBreast",
-    "CropBreastd",
-    "DropEmptyKeysd",
-    "FlipToRight",
-    "FlipToRightd",
-    "MODEL_SPACING_KEY",
-    "QuantizeToUint16",
-    "QuantizeToUint16d",
-    "RandBestCenterWindow",
-    "RandBestCenterWindowd",
-    "RandWindowShift",
-    "RandWindowShiftd",
-    "ResampleToSpacing",
-    "ResampleToSpacingd",
-    "SPACING_ASSUMED_KEY",
-    "SPACING_FALLBACKS",
-    "SPACING_SOURCE_KEY",
-    "SPACING_USED_KEY",
-    "StandardizeImage",
-    "StandardizeImaged",
-    "WindowPlacement",
-    "as_pixel_spacing",
-    "best_center_window",
-    "breast_crop_box",
-    "chest_wall_side",
-    "fit_breast_spacing",
-    "format_spacing",
-    "open_breast_mask",
-    "open_breast_mask_exact",
-    "window_shift_range",
-]

@@ -1,9 +1,7 @@
 """Mammogram preprocessing as MONAI array transforms on channel-first ``(C, H, W)`` images.
 
-The geometric ones (:class:`FlipToRight`, :class:`CropBreast`, :class:`BestCenterWindow`,
-:class:`RandBestCenterWindow`) are invertible: they record themselves in ``MetaTensor.applied_operations``
-so that MONAI's ``inverse`` / ``Invertd`` maps a saliency map from window coordinates back onto the
-original image. They decide from the first channel and apply the same geometry to every channel.
+The geometric transforms decide from the first channel, apply to every channel and record themselves in
+``applied_operations``, so that ``Invertd`` maps a saliency map back onto the original image.
 """
 
 from __future__ import annotations
@@ -41,20 +39,16 @@ __all__ = [
     "opening_iterations",
 ]
 
-FLIPPED_KEY = "flipped_to_right"  # meta: whether FlipToRight mirrored this image
-#: meta (written by ResampleToSpacing): the crop's and the window's mask openings take ``iterations`` times this
-#: (model pixels per file pixel of a resampled image, so that they count the file's pixels; else 1)
+FLIPPED_KEY = "flipped_to_right"
+# model pixels per file pixel of a resampled image: the mask openings count the file's pixels
 OPENING_SCALE_KEY = "opening_scale"
-#: meta (written by CropBreast): the crop's ``iterations`` as configured (before the opening scale)
 CROP_ITERATIONS_KEY = "crop_iterations"
-#: meta (written by CropBreast / BestCenterWindow): ``"authors"``, or ``"tissue"`` where the authors' crop / window
-#: missed the tissue breast and the one placed on it was used (:func:`~scripts.transforms.mammo.breast.breast_crop`)
 CROP_SOURCE_KEY, WINDOW_SOURCE_KEY = "crop_source", "window_source"
 HORIZONTAL_FLIP_VALUES = ("NO", "YES")
 
 
 def first_channel(img: NdarrayOrTensor) -> np.ndarray:
-    """The first channel of a ``(C, H, W)`` image as a 2-D numpy array (``(H, W)`` is accepted too)."""
+    """The first channel of a ``(C, H, W)`` (or ``(H, W)``) image as a 2-D numpy array."""
     arr = convert_to_numpy(img.as_tensor() if isinstance(img, MetaTensor) else img)
     if arr.ndim == 3:
         return arr[0]
@@ -68,8 +62,7 @@ def _meta(img: Any) -> dict:
 
 
 def opening_iterations(img: Any, iterations: int) -> int:
-    """``iterations`` scaled by the image's ``meta["opening_scale"]`` (see :data:`OPENING_SCALE_KEY`), rounded; as
-    they are when the image has no such record."""
+    """``iterations`` scaled by ``meta["opening_scale"]`` (rounded), or unchanged when the image has none."""
     scale = _meta(img).get(OPENING_SCALE_KEY)
     try:
         scale = float(np.asarray(convert_to_numpy(scale, wrap_sequence=True), dtype=np.float64).reshape(-1)[0])
@@ -80,13 +73,13 @@ def opening_iterations(img: Any, iterations: int) -> int:
     return int(round(int(iterations) * scale))
 
 
-def _filename(img: Any) -> str:
+def _filename(img: Any, default: str = "<array>") -> str:
     meta = _meta(img)
-    return str(meta.get("filename_or_obj") or meta.get("filename") or "<array>")
+    return str(meta.get("filename_or_obj") or meta.get("filename") or default)
 
 
 def normalize_laterality(value: Any) -> str | None:
-    """``'L'``/``'R'`` from 'L', 'left', 'R', 'right' (any case); None for empty or unknown values."""
+    """``"L"`` / ``"R"`` from L, left, R, right (any case); None otherwise."""
     text = ("" if value is None else str(value)).strip().upper()
     if text in ("L", "LEFT"):
         return "L"
@@ -103,18 +96,15 @@ def _check_horizontal_flip(value: Any) -> str:
 
 
 class FlipToRight(InvertibleTransform):
-    """Mirror the columns so that the breast faces right (chest wall at the left edge, docs/preprocessing.md).
+    """Mirror the columns so that the breast faces right (chest wall at the left edge).
 
-    The decision, in order: an explicit ``flip``; the laterality given to the call or found in
-    ``img.meta["laterality"]`` (R views are mirrored, or L views when ``horizontal_flip="YES"`` says the
-    images were stored already flipped); when the laterality is unknown or was itself guessed from the
-    pixels or read from the file name (``meta["laterality_source"]`` ``"image"`` / ``"filename"``), the side of the
-    chest wall seen in the image
-    (:func:`~scripts.transforms.mammo.breast.chest_wall_side`). ``meta["flipped_to_right"]`` records the
-    outcome (``BestCenterWindow`` needs it for the reference-compatible window).
+    The decision: an explicit ``flip``; else the laterality (argument or ``meta["laterality"]``: R views are mirrored,
+    or L views when ``horizontal_flip="YES"``); else, or when the laterality was guessed from the pixels or the file
+    name (``meta["laterality_source"]``), the chest wall side seen in the image. ``meta["flipped_to_right"]`` records
+    the outcome for :class:`BestCenterWindow`.
 
     Args:
-        horizontal_flip: ``"NO"`` (the usual display: left breasts already face right) or ``"YES"``.
+        horizontal_flip: ``"NO"`` (left breasts already face right) or ``"YES"``.
     """
 
     backend = Flip.backend
@@ -125,11 +115,10 @@ class FlipToRight(InvertibleTransform):
         self._do_transform = False
 
     def should_flip(self, img: NdarrayOrTensor, laterality: Any = None, horizontal_flip: Any = None) -> bool:
-        """Whether ``img`` (``(C, H, W)``) needs mirroring; see the class docstring for the rules."""
+        """Whether ``img`` ``(C, H, W)`` needs mirroring, by the class's rules."""
         lat = normalize_laterality(laterality)
         meta = _meta(img)
-        # a side guessed from the pixels or read from a file name says nothing of how the picture is stored
-        # (exports and the synthetic PNGs are often already flipped): the chest wall decides then
+        # a guessed laterality says nothing of how the picture is stored: the chest wall decides then
         if lat is None and str(meta.get("laterality_source", "")) not in ("image", "filename"):
             lat = normalize_laterality(meta.get("laterality"))
         if lat is None:
@@ -144,7 +133,7 @@ class FlipToRight(InvertibleTransform):
         horizontal_flip: Any = None,
         flip: bool | None = None,
     ) -> torch.Tensor:
-        """``img``: ``(C, H, W)``; returns the (possibly mirrored) image, same shape."""
+        """``img``: ``(C, H, W)``; returns the (possibly mirrored) image."""
         self._do_transform = bool(self.should_flip(img, laterality, horizontal_flip) if flip is None else flip)
         out = self.flipper(img) if self._do_transform else img
         out = convert_to_tensor(out, track_meta=get_track_meta())
@@ -166,19 +155,14 @@ class FlipToRight(InvertibleTransform):
 class CropBreast(CropForeground):
     """The authors' breast crop (docs/preprocessing.md) as an invertible MONAI crop.
 
-    Box of the opened mask of pixels > 0 (erosion ``iterations`` times, largest component, dilation)
-    plus up to ``buffer`` px at the top, the bottom and the side away from the chest wall, or the same box around the
-    largest tissue region where that crop misses the breast (:func:`~scripts.transforms.mammo.breast.breast_crop`;
-    ``meta["crop_source"]`` says which). The box is
-    written to ``meta["crop_box"]`` as ``[top, left, bottom, right]`` (end-exclusive, input coordinates), the
-    configured ``iterations`` to ``meta["crop_iterations"]``. A resampled image
-    (``meta["opening_scale"]``, :class:`~scripts.transforms.ResampleToSpacing`) is opened by ``iterations`` of its
-    file's pixels (:func:`opening_iterations`), as the authors open their full-resolution images and as a spacing
-    estimate does, so that the crop keeps the breast the estimate fitted into the window and an MLO's axilla.
+    The box of the opened mask of pixels > 0 plus up to ``buffer`` px at the top, the bottom and the side away from the
+    chest wall, or the same box around the tissue breast where that crop misses it
+    (:func:`~scripts.transforms.mammo.breast.breast_crop`). Writes ``meta["crop_box"]`` ``[top, left, bottom, right]``,
+    ``meta["crop_iterations"]`` and ``meta["crop_source"]``. A resampled image is opened by ``iterations`` of its file's
+    pixels (:func:`opening_iterations`), as the authors open full-resolution images.
 
     Args:
-        iterations: erosion/dilation iterations, counted in the file's pixels for a resampled image (100 for
-            full-resolution mammograms; scale it with the image size for downsampled data that is not resampled).
+        iterations: erosion / dilation iterations, in the file's pixels (100 for full-resolution mammograms).
         buffer: pixels added at the three sides.
         chest_wall: ``"left"`` (after :class:`FlipToRight`), ``"right"`` or ``"auto"``.
         method: ``"fast"`` (distance transforms, identical result) or ``"exact"`` (scipy iterations).
@@ -204,8 +188,7 @@ class CropBreast(CropForeground):
         return start, end
 
     def breast_box(self, img: NdarrayOrTensor) -> tuple[np.ndarray, np.ndarray, str]:
-        """``(start, end, source)``: :meth:`compute_bounding_box` and where the box came from (``"authors"`` or
-        ``"tissue"``)."""
+        """``(start, end, source)``, ``source`` ``"authors"`` or ``"tissue"``."""
         try:
             (start, end), source = breast_crop(
                 first_channel(img),
@@ -237,17 +220,16 @@ class CropBreast(CropForeground):
 class BestCenterWindow(CropForeground):
     """The authors' fixed-size window around the "best centre" (docs/preprocessing.md), zero-padded, invertible.
 
-    Expects a breast facing right (after :class:`FlipToRight`, usually after :class:`CropBreast`). The view
-    comes from the call or ``meta["view"]``; whether the image was mirrored from ``meta["flipped_to_right"]``.
-    Writes ``meta["best_center"]`` ``[row, col]`` (the authors' value), ``meta["window_start"]`` ``[top,
-    left]`` (input coordinates; negative = zero padding) and ``meta["window_size"]``.
+    Expects a breast facing right. The view comes from the call or ``meta["view"]``, the mirroring from
+    ``meta["flipped_to_right"]``. Writes ``meta["best_center"]``, ``meta["window_start"]`` (negative: padding),
+    ``meta["window_size"]`` and ``meta["window_source"]``.
 
     Args:
-        window: ``(rows, cols)``, the authors' ``(2944, 1920)`` by default.
-        reference_compatible: reproduce the released code's 1-2 px conventions (see
-            :func:`~scripts.transforms.mammo.breast.best_center_window`).
-        iterations, method: the breast-mask opening (scaled as :class:`CropBreast`'s for a resampled image).
-        default_view: window rule for unknown views (``"CC"``; ``None`` makes unknown views an error).
+        window: ``(rows, cols)``.
+        reference_compatible: reproduce the released code's 1-2 px conventions
+            (:func:`~scripts.transforms.mammo.breast.best_center_window`).
+        iterations, method: the breast-mask opening, as :class:`CropBreast`'s.
+        default_view: window rule for unknown views; None makes them an error.
     """
 
     def __init__(
@@ -269,7 +251,7 @@ class BestCenterWindow(CropForeground):
         self.default_view = default_view
 
     def placement(self, img: NdarrayOrTensor, view: str | None = None, mirrored: bool | None = None) -> WindowPlacement:
-        """Where the window goes on ``img`` (``(C, H, W)``)."""
+        """Where the window goes on ``img`` ``(C, H, W)``."""
         meta = _meta(img)
         view = view or str(meta.get("view", "") or "") or None
         if mirrored is None:
@@ -325,7 +307,6 @@ class BestCenterWindow(CropForeground):
 
 
 def parse_max_shift(max_shift: Sequence[int] | int) -> tuple[int, int]:
-    """``max_shift`` as (rows, cols) non-negative ints."""
     shift = (int(max_shift), int(max_shift)) if np.isscalar(max_shift) else tuple(int(s) for s in max_shift)
     if len(shift) != 2 or min(shift) < 0:
         raise ValueError(f"max_shift must be one or two non-negative ints, got {max_shift!r}")
@@ -333,16 +314,13 @@ def parse_max_shift(max_shift: Sequence[int] | int) -> tuple[int, int]:
 
 
 def draw_window_offset(rng: np.random.RandomState, max_shift: tuple[int, int]) -> tuple[int, int]:
-    """A uniform integer offset in [-max_shift, max_shift] per axis."""
     return int(rng.randint(-max_shift[0], max_shift[0] + 1)), int(rng.randint(-max_shift[1], max_shift[1] + 1))
 
 
 class RandBestCenterWindow(BestCenterWindow, Randomizable):
-    """:class:`BestCenterWindow` moved by a random offset of up to ``max_shift`` (rows, cols) pixels.
+    """:class:`BestCenterWindow` moved by a uniform random offset of up to ``max_shift`` (rows, cols).
 
-    Offsets are uniform integers in ``[-max_shift, max_shift]``; the window stays inside the union of the
-    image and the unshifted window, so the shift never adds padding where the deterministic window had
-    none. Reproducible with ``set_random_state``. The inverse is :class:`BestCenterWindow`'s.
+    The window stays inside the union of the image and the unshifted window, so a shift adds no padding.
     """
 
     def __init__(self, max_shift: Sequence[int] | int = (32, 32), **kwargs: Any) -> None:
@@ -372,10 +350,11 @@ class RandBestCenterWindow(BestCenterWindow, Randomizable):
 def window_shift_range(
     placement: WindowPlacement, image_shape: tuple[int, int], max_shift: tuple[int, int]
 ) -> np.ndarray:
-    """Per axis, the lowest and highest window offset that :func:`shifted_window_start` can produce for offsets drawn
-    in ``[-max_shift, max_shift]``: ``(2, 2)`` int64, rows ``[low, high]`` for (rows, cols); always contains 0.
+    """Per axis, the ``[low, high]`` offsets :func:`shifted_window_start` can reach within ``max_shift``.
 
-    Clamping a drawn offset into this range moves the window exactly as ``shifted_window_start`` does.
+    Returns:
+        ``(2, 2)`` int64, rows for (rows, cols); clamping a drawn offset into it moves the window as
+        ``shifted_window_start`` does.
     """
     out = np.zeros((2, 2), dtype=np.int64)
     for axis, (start, size, extent, shift) in enumerate(zip(placement.start, placement.size, image_shape, max_shift)):
@@ -386,18 +365,14 @@ def window_shift_range(
 
 
 class BestCenterRegion(BestCenterWindow):
-    """The part of the image that :class:`RandBestCenterWindow` can cut its window from: the best-centre window grown
-    by ``max_shift`` px on every side, ``(C, rows + 2 max_shift_r, cols + 2 max_shift_c)``, zero-padded.
+    """The best-centre window grown by ``max_shift`` on every side, zero-padded: what a cache can hold.
 
-    It is deterministic, so a training cache can hold it, and :class:`RandWindowShift` then cuts the shifted window from
-    it at every step: for the same offset, the same pixels as :class:`RandBestCenterWindow` (the rule that keeps the
-    window inside the union of the image and the unshifted window is the clamping range
-    ``meta["window_shift_range"]``, see :func:`window_shift_range`). Also writes ``meta["best_center"]``,
-    ``meta["window_start"]`` (the unshifted window, input coordinates) and ``meta["window_size"]``.
+    :class:`RandWindowShift` then cuts, per step, the pixels :class:`RandBestCenterWindow` would for the same offset,
+    clamped into ``meta["window_shift_range"]``.
 
     Args:
-        max_shift: the largest window shift (rows, cols), as ``RandBestCenterWindow``'s.
-        kwargs: :class:`BestCenterWindow`'s arguments (``window``, ``reference_compatible``, ``iterations``, ...).
+        max_shift: the largest window shift (rows, cols).
+        kwargs: :class:`BestCenterWindow`'s arguments.
     """
 
     def __init__(self, max_shift: Sequence[int] | int = (32, 32), **kwargs: Any) -> None:
@@ -407,8 +382,7 @@ class BestCenterRegion(BestCenterWindow):
     def apply_region(
         self, img: torch.Tensor, placement: WindowPlacement, image_shape: tuple[int, int]
     ) -> tuple[torch.Tensor, np.ndarray]:
-        """Cut the region of ``placement`` from ``img`` ``(C, H, W)`` (of spatial shape ``image_shape``); returns
-        ``(region, shift_range)``."""
+        """Cut the region of ``placement`` from ``img``; returns ``(region, shift_range)``."""
         shift = np.asarray(self.max_shift, dtype=np.int64)
         start = np.asarray(placement.start, dtype=np.int64) - shift
         end = start + np.asarray(placement.size, dtype=np.int64) + 2 * shift
@@ -430,16 +404,13 @@ class BestCenterRegion(BestCenterWindow):
 
 
 class RandWindowShift(Randomizable, Transform):
-    """Cut the model's window from a :class:`BestCenterRegion` at a random offset: the per-step half of
-    :class:`RandBestCenterWindow`, for any device (tensor slicing only, no copy).
+    """Cut the model's window from a :class:`BestCenterRegion` at a random offset (tensor slicing, any device).
 
-    The offset is drawn uniformly in ``[-max_shift, max_shift]`` per axis, as ``RandBestCenterWindow`` draws it,
-    then clamped into the region's ``window_shift_range``; with the same random state both give the same window.
-    ``randomize=False`` with no offset drawn yet, or ``max_shift`` 0, cuts the unshifted window.
+    The offset is drawn as :class:`RandBestCenterWindow` draws it, then clamped into the region's shift range.
 
     Args:
         window: ``(rows, cols)`` of the model input.
-        max_shift: the region's margin (rows, cols), the ``max_shift`` of its ``BestCenterRegion``.
+        max_shift: the region's margin (rows, cols).
     """
 
     backend = [TransformBackends.TORCH]
@@ -455,7 +426,7 @@ class RandWindowShift(Randomizable, Transform):
         self._offset = draw_window_offset(self.R, self.max_shift)
 
     def crop(self, region: torch.Tensor, shift_range: Any, offset: Sequence[int]) -> torch.Tensor:
-        """The window at ``offset`` (clamped into ``shift_range``, ``(2, 2)``) of ``region`` ``(C, Hr, Wr)``."""
+        """The window at ``offset`` (clamped into ``shift_range``) of ``region`` ``(C, Hr, Wr)``."""
         expected = tuple(w + 2 * s for w, s in zip(self.window, self.max_shift))
         if tuple(region.shape[-2:]) != expected:
             raise ValueError(
@@ -467,8 +438,7 @@ class RandWindowShift(Randomizable, Transform):
         return region[..., top : top + self.window[0], left : left + self.window[1]]
 
     def __call__(self, region: torch.Tensor, shift_range: Any = None, randomize: bool = True) -> torch.Tensor:
-        """``region``: ``(C, rows + 2 max_shift_r, cols + 2 max_shift_c)``; ``shift_range`` defaults to
-        ``region.meta["window_shift_range"]``. Returns ``(C, rows, cols)``."""
+        """``shift_range`` defaults to ``region.meta["window_shift_range"]``; returns ``(C, rows, cols)``."""
         if randomize:
             self.randomize()
         if shift_range is None:
@@ -479,13 +449,11 @@ class RandWindowShift(Randomizable, Transform):
 
 
 class QuantizeToUint16(Transform):
-    """Store intensities as uint16, a quarter of float32's bytes in a cache and on the way to the device.
+    """Store intensities as uint16: a quarter of float32's bytes in a cache and on the way to the device.
 
-    Images whose values are integers in [0, 65535] (16-bit PNGs, most DICOMs before a VOI LUT) are kept exactly.
-    Others are mapped linearly from ``[min(0, min), max]`` onto ``[0, 65535]`` (so 0, the padding value, stays
-    the lowest value; 16 bits over the range), and ``meta["intensity_scale"]`` / ``meta["intensity_offset"]`` give
-    ``x = q * scale + offset`` back. :class:`StandardizeImage` is unchanged by such a map (up to the 16-bit
-    rounding), so the standardised model input does not need the original intensities.
+    Integer images in [0, 65535] are kept exactly; others are mapped linearly from ``[min(0, min), max]`` onto
+    [0, 65535], with ``meta["intensity_scale"]`` / ``meta["intensity_offset"]`` to map back. :class:`StandardizeImage`
+    is unchanged by such a map (up to rounding).
     """
 
     backend = [TransformBackends.TORCH]
@@ -511,11 +479,9 @@ class QuantizeToUint16(Transform):
 
 
 class StandardizeImage(Transform):
-    """Per-image standardisation over the whole window: ``(x - mean) / max(std, eps)`` (docs/preprocessing.md).
+    """Per-image standardisation ``(x - mean) / max(std, eps)`` in float64, returned as float32.
 
-    MONAI's ``NormalizeIntensity`` uses the same population std but divides by 1 when std == 0 and by the
-    raw std when it is tiny, so the authors' floor needs this transform. Statistics are computed in
-    float64 over all channels; the output is float32 and keeps the MetaTensor metadata.
+    MONAI's ``NormalizeIntensity`` has no such floor on a tiny std, which the authors' preprocessing has.
     """
 
     backend = [TransformBackends.TORCH]

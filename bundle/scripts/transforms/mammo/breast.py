@@ -1,19 +1,7 @@
-"""Breast-region geometry on 2-D mammograms (numpy only): the authors' crop box and best-centre window.
+"""Breast geometry on 2-D ``(H, W)`` mammograms (numpy only): the authors' crop box and best-centre window.
 
-Arrays here are 2-D ``(H, W)``: rows top-to-bottom, columns left-to-right. The MONAI transforms in
-``array.py`` / ``dictionary.py`` wrap these functions; keeping them free of MONAI lets tests compare them
-with independent computations.
-
-The authors' preprocessing (docs/preprocessing.md):
-
-- breast mask = pixels > 0, eroded 100 times with scipy's default 3x3 cross, largest 4-connected
-  component, dilated 100 times; its bounding box plus up to 50 px at top, bottom and the side away
-  from the chest wall is the crop;
-- the 2944x1920 window is placed at a "best centre": CC views fix the column from the rightmost point
-  of the opened mask (searched below the top third of the image) and search the row covering most
-  pixels > 0 (ties to the image centre); MLO views fix the row from the bottom-most point as well;
-  images smaller than the window are zero-padded (CC: top and bottom evenly; MLO: bottom; columns:
-  right).
+Free of MONAI, so that tests can compare them with independent computations; the transforms in ``array.py`` wrap
+them. The rules are in docs/preprocessing.md.
 """
 
 from __future__ import annotations
@@ -48,11 +36,7 @@ MLO_LIKE_VIEWS = frozenset({"MLO", "ML", "LM", "LMO", "SIO", "ISO", "AT"})
 
 
 def largest_component(mask: np.ndarray) -> np.ndarray:
-    """The largest 4-connected component of a 2-D boolean mask (all False if the mask is empty).
-
-    4-connectivity is scipy's default for ``ndimage.label``, which is what the authors' crop uses; ties
-    go to the component met first in raster order.
-    """
+    """The largest 4-connected component (scipy's default, as the authors') of a 2-D mask; ties to raster order."""
     labels, n = ndi.label(mask)
     if n == 0:
         return np.zeros(mask.shape, dtype=bool)
@@ -68,11 +52,7 @@ def _bbox(mask: np.ndarray) -> tuple[int, int, int, int]:
 
 
 def open_breast_mask_exact(foreground: np.ndarray, iterations: int = 100) -> np.ndarray:
-    """Reference: ``binary_erosion(iterations)``, largest component, ``binary_dilation(iterations)``.
-
-    This is the authors' operation verbatim in scipy terms (default cross structure, border_value=0);
-    :func:`open_breast_mask` computes the same mask and is the one the transforms use.
-    """
+    """The authors' opening in scipy terms: ``iterations`` erosions, largest component, ``iterations`` dilations."""
     fg = as_2d(foreground, "foreground").astype(bool)
     eroded = ndi.binary_erosion(fg, iterations=iterations) if iterations > 0 else fg
     comp = largest_component(eroded)
@@ -84,13 +64,8 @@ def open_breast_mask_exact(foreground: np.ndarray, iterations: int = 100) -> np.
 def open_breast_mask(foreground: np.ndarray, iterations: int = 100, method: str = "fast") -> np.ndarray:
     """Opened breast mask ``(H, W)`` bool: erosion, largest component, dilation (``iterations`` each).
 
-    ``method="fast"`` thresholds city-block distance transforms: ``iterations`` erosions with the 3x3
-    cross remove exactly the pixels within taxicab distance ``iterations`` of the background (pixels
-    outside the image count as background, scipy's border_value=0), and the dilation adds exactly the
-    pixels within that distance of the component. The result is identical to
-    :func:`open_breast_mask_exact`, at a cost that does not grow with ``iterations``; the dilation is
-    computed only inside the component's box grown by ``iterations``.
-    ``method="exact"`` calls :func:`open_breast_mask_exact`.
+    ``method="fast"`` thresholds city-block distance transforms, identical to :func:`open_breast_mask_exact` (the
+    ``"exact"`` method) at a cost that does not grow with ``iterations``.
     """
     if method == "exact":
         return open_breast_mask_exact(foreground, iterations)
@@ -118,19 +93,23 @@ def open_breast_mask(foreground: np.ndarray, iterations: int = 100, method: str 
     return opened
 
 
-#: the breast mask of the whole file is found on a copy of about this many pixels along its longer side
 MASK_SAMPLE_PIXELS = 1024
 
 
 def file_breast_mask(image: np.ndarray, iterations: int = 100, step: int = 1) -> tuple[np.ndarray, int]:
-    """The authors' breast mask of a whole file, cheaply: ``(mask, k)``, the opened mask of pixels > 0 (erosion,
-    largest component, dilation, as :func:`open_breast_mask`) on every ``k``-th pixel of ``image``, with
-    ``iterations // k`` erosions: the authors' crop counted in the file's own pixels.
+    """The authors' breast mask of a whole file on every ``k``-th pixel: ``(mask, k)``.
 
-    ``image`` ``(H, W)`` may itself be every ``step``-th pixel of the file (a thumbnail); ``k`` (a multiple of
-    ``step``) is then the file's pixels per mask pixel, about :data:`MASK_SAMPLE_PIXELS` along the longer side.
-    When the erosions leave nothing (a tiny or thin picture) the largest component of pixels > 0 stands for the
-    breast. Raises ``ValueError`` for an image without a pixel > 0."""
+    Args:
+        image: ``(H, W)``, possibly every ``step``-th pixel of the file (a thumbnail).
+        iterations: erosions in the file's pixels (``iterations // k`` on the copy).
+        step: the file's pixels per pixel of ``image``.
+
+    Returns:
+        the opened mask of pixels > 0 (their largest component where the erosions leave nothing) and ``k``.
+
+    Raises:
+        ValueError: when no pixel is > 0.
+    """
     arr = as_2d(image)
     step = max(1, int(step))
     j = max(1, int(np.ceil(max(arr.shape) / MASK_SAMPLE_PIXELS)))
@@ -143,9 +122,7 @@ def file_breast_mask(image: np.ndarray, iterations: int = 100, step: int = 1) ->
 
 
 def breast_share(mask: np.ndarray, k: int, box: tuple[int, int, int, int] | None) -> float:
-    """The share of the breast ``mask`` (every ``k``-th pixel of the file, :func:`file_breast_mask`) inside ``box``
-    ``(top, left, bottom, right)`` in the file's pixels, end-exclusive: the mask pixels whose file pixel lies in the
-    box over all mask pixels. None (no box): 0."""
+    """The share of ``mask`` (every ``k``-th file pixel) inside ``box`` ``(top, left, bottom, right)``; 0 for no box."""
     total = int(mask.sum())
     if box is None or total == 0:
         return 0.0
@@ -171,22 +148,17 @@ def _opened_or_fallback(image: np.ndarray, iterations: int, method: str, name: s
     return opened
 
 
-#: the tissue mask is found on a copy of block means, about this many pixels along the longer side
 TISSUE_PIXELS = 512
-#: the tissue mask's opening radius as a share of that copy's longer side (10 of its 512 pixels)
 TISSUE_OPENING = 0.02
 #: a tissue region smaller than this share of the picture is not a breast (lettering, a clip, a ruler)
 MIN_TISSUE_SHARE = 0.03
-#: the share of a picture's pixels exactly at its minimum from which that minimum is its background (digital images)
 EXACT_BACKGROUND_SHARE = 0.05
-#: the authors' crop or window stays unless it holds less of the tissue breast than the tissue's own by more than this
+# the authors' box stays unless the tissue breast's holds more by HOLD_MARGIN or is OVERSIZE times smaller
 HOLD_MARGIN = 0.02
-#: ... or, for a crop, unless its box is more than this many times the tissue breast's box (a film's background)
 OVERSIZE = 2.0
 
 
 def _block_means(arr: np.ndarray, j: int) -> np.ndarray:
-    """Means of ``j`` x ``j`` blocks (the last ones padded with the edge's values)."""
     if j == 1:
         return arr.astype(np.float64)
     h, w = arr.shape
@@ -196,8 +168,7 @@ def _block_means(arr: np.ndarray, j: int) -> np.ndarray:
 
 
 def _otsu(values: np.ndarray) -> float:
-    """Otsu's threshold of ``values`` (256 bins up to the 99.5th percentile, so that lettering does not stretch
-    them): the largest value of the darker class."""
+    """Otsu's threshold over 256 bins up to the 99.5th percentile (lettering does not stretch them)."""
     lo, hi = float(values.min()), float(np.percentile(values, 99.5))
     if hi <= lo:
         return lo
@@ -211,14 +182,11 @@ def _otsu(values: np.ndarray) -> float:
 
 
 def tissue_threshold(picture: np.ndarray) -> float | None:
-    """The value above which a pixel of ``picture`` is tissue, or None when nothing stands out from the background.
+    """The value above which a pixel of ``picture`` is tissue, or None when nothing stands out.
 
-    A picture whose background is exact (at least :data:`EXACT_BACKGROUND_SHARE` of its pixels equal its minimum, as on
-    digital mammograms and the authors' files): that minimum. Else (digitised film: a noisy background above 0) Otsu's
-    threshold splits the darker background from the tissue, and the threshold is 0.4 of the way from the background's
-    median up to it, so that the faint skin line stays tissue; tissue whose median does not lie above the background's
-    99th percentile by at least the background's own spread (its 1st to 99th percentile) is none (a film of noise, or
-    of a slope of the background)."""
+    An exact background (at least :data:`EXACT_BACKGROUND_SHARE` of pixels at the minimum) is that minimum; else 0.4 of
+    the way from the background's median up to Otsu's threshold, so that the faint skin line stays tissue.
+    """
     lo = float(picture.min())
     if float(np.mean(picture == lo)) >= EXACT_BACKGROUND_SHARE:
         return lo
@@ -233,15 +201,16 @@ def tissue_threshold(picture: np.ndarray) -> float | None:
 
 
 def tissue_mask(image: np.ndarray, step: int = 1) -> tuple[np.ndarray, int]:
-    """The breast as the largest tissue region of a picture, whatever its scale, its lettering, rulers, tape or clips:
-    ``(mask, k)``, ``mask`` a boolean picture of ``k`` x ``k`` file pixels per pixel (its pixel ``(i, j)`` covers the
-    file's rows ``i k`` to ``(i + 1) k``), all False when no region is large enough to be a breast.
+    """The breast as the largest tissue region of a picture, whatever its lettering, rulers or clips.
 
-    The picture is the block means of ``image`` (about :data:`TISSUE_PIXELS` along the longer side), thresholded by
-    :func:`tissue_threshold`, opened by a disc whose radius is :data:`TISSUE_OPENING` of the picture's longer side
-    (beyond the border is background: a ruler or lettering along the edge goes), its largest component kept, its holes
-    filled; a region under :data:`MIN_TISSUE_SHARE` of the picture is no breast. ``image`` ``(H, W)`` may be every
-    ``step``-th pixel of the file (a thumbnail); ``k`` counts the file's pixels."""
+    Args:
+        image: ``(H, W)``, possibly every ``step``-th pixel of the file.
+        step: the file's pixels per pixel of ``image``.
+
+    Returns:
+        ``(mask, k)``: a boolean picture of ``k`` x ``k`` file pixels per pixel, all False when no region holds
+        :data:`MIN_TISSUE_SHARE` of the picture.
+    """
     arr = as_2d(image)
     j = max(1, int(np.ceil(max(arr.shape) / TISSUE_PIXELS)))
     picture = _block_means(arr, j)
@@ -272,17 +241,15 @@ def _area(box: tuple[int, int, int, int]) -> int:
 
 
 def _tissue_holds_more(tissue: np.ndarray, k: int, authors: tuple[int, int, int, int], own: tuple[int, ...]) -> bool:
-    """Whether the box ``own`` (``top, left, bottom, right``) holds more of the tissue breast than ``authors`` by more
-    than :data:`HOLD_MARGIN`."""
     return breast_share(tissue, k, authors) < breast_share(tissue, k, own) - HOLD_MARGIN
 
 
 def file_breast_box(image: np.ndarray, iterations: int = 100) -> tuple[tuple[int, int, int, int], str]:
-    """The breast's box on a whole file, ``((top, bottom, left, right), source)``, end-exclusive, as the crop finds it
-    (:func:`breast_crop`): the box of the authors' mask (:func:`file_breast_mask`, source ``"authors"``) unless the
-    tissue breast (:func:`tissue_mask`) shows it wrong (it holds clearly less of the tissue breast, or it is more than
-    :data:`OVERSIZE` times the tissue breast's box), then the tissue breast's box (source ``"tissue"``). Raises
-    ``ValueError`` for an image without a pixel > 0."""
+    """The breast's box on a whole file as the crop finds it: ``((top, bottom, left, right), source)``.
+
+    Raises:
+        ValueError: when no pixel is > 0.
+    """
     arr = as_2d(image)
     opened, k = file_breast_mask(arr, iterations)
     authors = _box_on_file(opened, k, arr.shape)
@@ -319,14 +286,13 @@ def breast_crop(
     name: str = "",
     tissue: bool = True,
 ) -> tuple[tuple[tuple[int, int], tuple[int, int]], str]:
-    """The crop of a 2-D mammogram and where it came from: ``(((top, left), (bottom, right)), source)``.
+    """The crop of a 2-D mammogram and its source: ``(((top, left), (bottom, right)), source)``.
 
-    Source ``"authors"``: the authors' crop (:func:`breast_crop_box` with ``tissue=False``), kept wherever it holds
-    the breast, so that clean digital images keep it to the pixel. Source ``"tissue"``: the same box and buffer
-    around the tissue breast (:func:`tissue_mask`), used when the authors' crop holds clearly less of the tissue
-    breast than that box (lettering or a ruler taken for the breast) or when the authors' mask's box is more than
-    :data:`OVERSIZE` times the tissue breast's (a film's noisy background above 0 taken for the breast). With
-    ``tissue=False``, or when no tissue region is large enough to be a breast, the authors' crop.
+    ``"authors"``: the box of the opened mask of pixels > 0 grown by up to ``buffer`` px at the top, the bottom and the
+    side away from the chest wall. ``"tissue"``: the same around the tissue breast (:func:`tissue_mask`), used where the
+    authors' crop holds clearly less of it or is over :data:`OVERSIZE` times its box (lettering or a film's background
+    taken for the breast). ``tissue=False`` gives the authors' crop. ``name`` starts the warning given when the erosions
+    remove the whole foreground.
     """
     img = as_2d(image)
     if chest_wall == "auto":
@@ -358,23 +324,12 @@ def breast_crop_box(
     name: str = "",
     tissue: bool = True,
 ) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The crop of a 2-D mammogram: ``((top, left), (bottom, right))``, end-exclusive (:func:`breast_crop` without
-    its source).
-
-    The authors' crop (``tissue=False``, or where it holds the breast): the bounding box of the opened mask of pixels
-    > 0, grown by up to ``buffer`` px at the top, the bottom and the side away from the chest wall (``chest_wall`` is
-    ``"left"``, ``"right"`` or ``"auto"`` to decide with :func:`chest_wall_side`), never beyond the image. ``name``
-    (the file) starts the warning given when the erosions remove the whole foreground.
-    """
+    """:func:`breast_crop` without its source: ``((top, left), (bottom, right))``, end-exclusive."""
     return breast_crop(image, iterations, buffer, chest_wall, method, name, tissue)[0]
 
 
 def view_kind(view: str | None, default: str | None = "CC") -> str:
-    """``"CC"`` or ``"MLO"``: which of the authors' two window rules applies to a view code.
-
-    CC-like: CC, XCCL, XCCM, FB, CV; MLO-like: MLO, ML, LM, LMO, SIO, ISO, AT. Unknown or missing
-    views use ``default`` (``None`` makes them an error).
-    """
+    """``"CC"`` or ``"MLO"``: which window rule applies to a view code; unknown views use ``default`` (None: error)."""
     code = (view or "").strip().upper()
     if code in CC_LIKE_VIEWS:
         return "CC"
@@ -387,11 +342,7 @@ def view_kind(view: str | None, default: str | None = "CC") -> str:
 
 @dataclass(frozen=True)
 class WindowPlacement:
-    """Where the window sits on the (flipped, cropped) image, all in that image's pixel coordinates.
-
-    ``start`` is the window's top-left pixel and may be negative or reach past the image: those parts
-    are zero padding. ``best_center`` is the authors' ``(row, col)`` centre (their ``best_center``).
-    """
+    """Where the window sits on the (flipped, cropped) image; a negative or overhanging ``start`` is padding."""
 
     best_center: tuple[int, int]
     start: tuple[int, int]
@@ -429,29 +380,20 @@ def best_center_window(
     name: str = "",
     tissue: bool = True,
 ) -> WindowPlacement:
-    """The authors' window for a breast facing right (chest wall at column 0), see docs/preprocessing.md.
+    """The authors' window for a breast facing right (chest wall at column 0).
 
     Args:
-        image: ``(H, W)`` or ``(1, H, W)``, already flipped to face right (and usually cropped).
-        view: view code; CC-like views search the row, MLO-like ones take it from the bottom-most point.
-        window: ``(rows, cols)`` of the window.
-        mirrored: whether this image was mirrored to face right (matters only for
-            ``reference_compatible``, see below).
-        reference_compatible: reproduce the released code's integer conventions exactly (its
-            ``best_center`` values): centre column = rightmost - cols//2 - 1 where "rightmost" of a
-            mirrored image is one more than the pixel index (the code measures it as width - x on the
-            unmirrored image), and for MLO centre row = bottom-most - rows//2 - 1. With ``False`` the
-            window's last column is the rightmost breast column and (MLO) its last row the bottom-most
-            breast row, as the spec's words say; the two differ by 1-2 px.
+        image: ``(H, W)`` or ``(1, H, W)``, flipped to face right.
+        view: CC-like views search the row, MLO-like ones take it from the bottom-most point.
+        window: ``(rows, cols)``.
+        mirrored: whether the image was mirrored (matters only for ``reference_compatible``).
+        reference_compatible: reproduce the released code's integer conventions (its ``best_center``); False places
+            the window's last column (and an MLO's last row) on the breast's, as the paper says: 1-2 px apart.
         iterations, method: the mask opening, as in :func:`open_breast_mask`.
-        default_view: used when ``view`` is unknown (``None`` raises).
-        name: the file, named by the warning given when the erosions remove the whole foreground.
-        tissue: check the authors' window against the tissue breast (:func:`tissue_mask`): where it holds less of it
-            than the same rule placed on the tissue breast (its mask for the opened mask and for the pixels > 0) by
-            more than :data:`HOLD_MARGIN`, that window is the result (``source`` ``"tissue"``).
-
-    Returns:
-        a :class:`WindowPlacement`.
+        default_view: used for an unknown ``view`` (None raises).
+        name: the file, for the warning when the erosions remove the whole foreground.
+        tissue: use the same rule on the tissue breast where the authors' window holds less of it by more than
+            :data:`HOLD_MARGIN` (``source`` ``"tissue"``).
     """
     img = as_2d(image)
     kind = view_kind(view, default_view)
@@ -480,8 +422,7 @@ def _placement(
     mirrored: bool,
     reference_compatible: bool,
 ) -> WindowPlacement:
-    """The best-centre rule on an image of ``shape``: ``opened`` its breast mask, ``positive`` the pixels the CC row
-    search counts (> 0), ``nonzero`` the pixels whose last row caps an MLO's bottom-most point (!= 0)."""
+    """The best-centre rule: ``positive`` the pixels the CC row search counts, ``nonzero`` those capping an MLO."""
     win_h, win_w = (int(window[0]), int(window[1]))
     half_h, half_w = win_h // 2, win_w // 2
     h, w = shape
@@ -530,12 +471,7 @@ def _placement(
 def shifted_window_start(
     placement: WindowPlacement, image_shape: tuple[int, int], offset: tuple[int, int]
 ) -> tuple[int, int]:
-    """Window start moved by ``offset`` (rows, cols), kept inside the padded canvas of the placement.
-
-    The canvas is the union of the image and the unshifted window, so a shift never uncovers more
-    padding than the deterministic window already had (the authors' noise rule: a window flush with
-    the image edge only moves inwards).
-    """
+    """Window start moved by ``offset``, kept inside the union of the image and the unshifted window."""
     out = []
     for start, size, extent, off in zip(placement.start, placement.size, image_shape, offset):
         lo = min(start, 0)

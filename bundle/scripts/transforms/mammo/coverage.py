@@ -1,12 +1,8 @@
 """Where the model's window lies on the input file, and how much of the breast it holds.
 
-The transforms record their geometry in the image's metadata (``crop_box``, ``window_start``, ``window_size``,
-``flipped_to_right``, ``resampled_shape``); the functions here read it back onto the file's pixel grid. The share of the
-breast in the window (``breast_in_window``) is measured against the tissue breast of the whole file
-(:func:`~scripts.transforms.mammo.breast.tissue_mask`, found on the thumbnail taken at loading, with an opening that is
-a share of the picture and owes nothing to ``crop_iterations``). A window holding less than
-:data:`MIN_BREAST_IN_WINDOW` of it is no prediction (:func:`breast_refusal`): inference writes the reason as the image's
-errors.csv row, evaluation as its unscored.csv row, and the MONAI Label app answers it.
+The share is measured against the tissue breast of the whole file (:func:`~scripts.transforms.mammo.breast.tissue_mask`
+on the thumbnail taken at loading); a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it is refused
+(:func:`breast_refusal`).
 """
 
 from __future__ import annotations
@@ -16,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from monai.data import MetaTensor
 
 from ..thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
+from .array import _meta
 from .breast import MIN_TISSUE_SHARE, breast_share, tissue_mask
 
 __all__ = [
@@ -32,20 +28,11 @@ __all__ = [
     "window_on_original",
 ]
 
-#: the predictions.csv column (and item key) of the share of the breast inside the model's window
 BREAST_IN_WINDOW = "breast_in_window"
-#: the least share of the breast a window must hold for its image to be a prediction (:func:`breast_refusal`)
 MIN_BREAST_IN_WINDOW = 0.5
-# item key: whether a tissue region large enough to be a breast was found (set with BREAST_IN_WINDOW)
 _BREAST_FOUND = "breast_found"
-# item key: the share of the breast a window of the model's size can hold (below 1 for a breast larger than it)
 _BREAST_REACHABLE = "breast_reachable"
-#: the item keys :func:`breast_in_window` sets
 BREAST_KEYS = (BREAST_IN_WINDOW, _BREAST_FOUND, _BREAST_REACHABLE)
-
-
-def _meta(image: Any) -> Mapping[str, Any]:
-    return image.meta if isinstance(image, MetaTensor) else {}
 
 
 def original_size(meta: Mapping[str, Any]) -> tuple[int, int]:
@@ -56,9 +43,10 @@ def original_size(meta: Mapping[str, Any]) -> tuple[int, int]:
 def window_box_to_original(
     box: Sequence[int], meta: Mapping[str, Any], original_size: Sequence[int]
 ) -> tuple[int, int, int, int]:
-    """A box ``(row, col, height, width)`` in window coordinates -> ``(top, left, bottom, right)`` (end-exclusive)
-    in the original file, clipped to it, from the preprocessing metadata (``window_start``, ``crop_box``,
-    ``flipped_to_right``). Used to check the ``Invertd`` route independently."""
+    """A window box ``(row, col, height, width)`` as ``(top, left, bottom, right)`` on the original file, clipped.
+
+    Checks the ``Invertd`` route independently, from ``window_start``, ``crop_box`` and ``flipped_to_right``.
+    """
     r, c, h, w = (int(v) for v in box)
     H, W = int(original_size[0]), int(original_size[1])
     top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
@@ -71,10 +59,11 @@ def window_box_to_original(
 
 
 def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) -> tuple[int, int, int, int] | None:
-    """The model's window on the original file: ``(top, left, bottom, right)`` (end-exclusive), the part of the file
-    it saw (the window clipped to the crop, whose outside the maps leave at 0), from the preprocessing metadata
-    (``window_start``, ``window_size``, ``crop_box``, ``flipped_to_right``, and ``resampled_shape`` when the image was
-    resampled: the box is scaled back outwards to whole pixels). None when the window holds none of the file."""
+    """The part of the original file the model's window saw: ``(top, left, bottom, right)``, or None.
+
+    Read from ``window_start``, ``window_size``, ``crop_box``, ``flipped_to_right`` and ``resampled_shape`` (scaled
+    outwards to whole pixels).
+    """
     H, W = int(original_size[0]), int(original_size[1])
     shape = meta.get("resampled_shape")
     h, w = (int(v) for v in np.asarray(shape).reshape(-1)[:2]) if shape is not None else (H, W)
@@ -93,10 +82,12 @@ def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) ->
 
 
 def breast_in_window(item: Mapping[str, Any]) -> float | None:
-    """The share of the breast inside the model's window, in [0, 1] (see the module's docstring), for a preprocessed
-    ``item`` whose ``image_thumbnail`` was taken at loading (inference.yaml's ``loading`` takes it); 0 when
-    no tissue region is large enough to be a breast; None without a thumbnail or a window record. Computed once per
-    item (kept under :data:`BREAST_IN_WINDOW`)."""
+    """The share of the breast inside the model's window of a preprocessed ``item``, computed once per item.
+
+    Returns:
+        a share in [0, 1] (0 when no region is large enough to be a breast), or None without an ``image_thumbnail``
+        or a window record.
+    """
     if BREAST_IN_WINDOW in item:
         return item[BREAST_IN_WINDOW]
     meta = _meta(item.get("image"))
@@ -115,8 +106,7 @@ def breast_in_window(item: Mapping[str, Any]) -> float | None:
 
 
 def _reachable(meta: Mapping[str, Any], mask: np.ndarray, k: int) -> float:
-    """The share of the tissue breast's box (``mask``, ``k`` file pixels per pixel) a window of the model's size can
-    hold at the model's scale: 1 where the box fits the window, less where the breast is larger than the window."""
+    """The share of the tissue breast's box a window of the model's size can hold at the model's scale."""
     rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
     size = np.asarray(original_size(meta), dtype=np.float64)
     shape = meta.get("resampled_shape")
@@ -127,12 +117,11 @@ def _reachable(meta: Mapping[str, Any], mask: np.ndarray, k: int) -> float:
 
 
 def breast_refusal(item: Mapping[str, Any]) -> str | None:
-    """Why an image's window is no prediction, one line, or None when it holds enough of the breast: no tissue region
-    large enough to be a breast, or a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it
-    (:func:`breast_in_window`); of a breast larger than the window at the model's scale, less than that share of what a
-    window can hold (the window's size over the breast's box, per axis), so that such a breast stays a prediction whose
-    note says it is larger than the window. The bundle's inference writes it as the image's errors.csv row, the label
-    app answers it; None also where the share cannot be measured (no thumbnail)."""
+    """Why an image's window is no prediction, in one line; None when it holds enough of the breast.
+
+    No tissue region large enough to be a breast, or a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it (of
+    what a window can hold, for a breast larger than the window). None also where no share can be measured.
+    """
     share = breast_in_window(item)
     if share is None:
         return None

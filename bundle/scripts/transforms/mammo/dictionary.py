@@ -1,10 +1,6 @@
-"""Dictionary versions of the mammogram preprocessing transforms (image and masks travel together).
+"""Dictionary versions of the mammogram transforms: one decision on ``source_key``, applied to the image and its masks.
 
-Each geometric transform decides from one image (``source_key``, default ``"image"``) and applies the same
-flip / box / window to every key — the image and its masks (``mask_benign``, ``mask_malignant``, ...). Keys
-must share the spatial shape of the source; a mask of another size is an error that names the file.
-Laterality, view and ``horizontal_flip`` are taken from the data dictionary when present (datalist fields),
-else from the source image's metadata.
+Masks must share the source's spatial shape; laterality, view and ``horizontal_flip`` come from the data when present.
 """
 
 from __future__ import annotations
@@ -55,7 +51,7 @@ def _name(x: Any, key: Hashable) -> str:
 
 
 def _check_shapes(transform: MapTransform, d: Mapping, source_key: Hashable) -> None:
-    """Every key must have the source's spatial shape: a mask of another size would be cut wrongly."""
+    """Raise when a key's spatial shape differs from the source's: a mask of another size would be cut wrongly."""
     ref = _spatial_shape(d[source_key])
     for key in transform.key_iterator(d):
         shape = _spatial_shape(d[key])
@@ -74,8 +70,7 @@ def _source(transform: MapTransform, d: Mapping, source_key: Hashable | None) ->
 
 
 class DropEmptyKeysd(MapTransform):
-    """Remove ``keys`` whose value is None or ``""`` so that optional masks can be written as empty fields
-    in a datalist; later transforms use ``allow_missing_keys=True`` for them."""
+    """Remove ``keys`` whose value is None or ``""``, so that optional masks may be empty datalist fields."""
 
     def __init__(self, keys: KeysCollection) -> None:
         super().__init__(keys, allow_missing_keys=True)
@@ -93,14 +88,10 @@ class FlipToRightd(MapTransform, InvertibleTransform):
 
     Args:
         keys: image and mask keys.
-        laterality_key: data field with 'L'/'R' (datalist ``laterality``); the source image's metadata is
-            used when the field is missing or empty.
-        horizontal_flip: ``"NO"``/``"YES"`` default (docs/preprocessing.md); a data field ``horizontal_flip_key``
-            overrides it per item.
-        source_key: image that decides when laterality is unknown (default: the first key present).
-        facing_key: data field saying which way the stored breast faces (``"right"``/``"left"``, as the
-            synthetic datalists record it); when present it decides alone, since laterality does not tell how
-            an image was stored.
+        laterality_key: data field with L / R; else the source image's metadata.
+        horizontal_flip: ``"NO"`` / ``"YES"``; the data field ``horizontal_flip_key`` overrides it per item.
+        source_key: the image that decides when laterality is unknown (default: the first key present).
+        facing_key: data field saying which way the stored breast faces (``"right"`` / ``"left"``); it decides alone.
     """
 
     def __init__(
@@ -144,8 +135,7 @@ class FlipToRightd(MapTransform, InvertibleTransform):
 
 
 class CropBreastd(Cropd):
-    """Dictionary :class:`~scripts.transforms.mammo.array.CropBreast`: the box comes from ``source_key`` and
-    crops every key.
+    """Dictionary :class:`~scripts.transforms.mammo.array.CropBreast`: the box of ``source_key`` crops every key.
 
     Args:
         keys: image and mask keys.
@@ -182,13 +172,13 @@ class CropBreastd(Cropd):
 
 
 class BestCenterWindowd(Cropd):
-    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterWindow`: the window is placed on
-    ``source_key`` and cut, at the same place, from every key.
+    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterWindow`: placed on ``source_key``, cut from all
+    keys.
 
     Args:
         keys: image and mask keys.
         source_key: the image that places the window.
-        view_key: data field with the view ('CC', 'MLO', ...); else the source image's ``meta["view"]``.
+        view_key: data field with the view; else the source image's ``meta["view"]``.
         window, reference_compatible, iterations, method, default_view: as in ``BestCenterWindow``.
     """
 
@@ -234,11 +224,7 @@ class BestCenterWindowd(Cropd):
 
 
 class RandBestCenterWindowd(BestCenterWindowd, Randomizable):
-    """:class:`BestCenterWindowd` shifted by one random offset (up to ``max_shift`` px) shared by all keys.
-
-    See :class:`~scripts.transforms.mammo.array.RandBestCenterWindow` for the shift rule. Reproducible with
-    ``set_random_state``; inverted like ``BestCenterWindowd``.
-    """
+    """:class:`BestCenterWindowd` shifted by one random offset (up to ``max_shift`` px) shared by all keys."""
 
     def __init__(self, keys: KeysCollection, max_shift: Sequence[int] | int = (32, 32), **kwargs: Any) -> None:
         super().__init__(keys, **kwargs)
@@ -259,19 +245,16 @@ class RandBestCenterWindowd(BestCenterWindowd, Randomizable):
 
 
 class BestCenterRegiond(BestCenterWindowd):
-    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterRegion`: the window grown by ``max_shift`` on
-    every side, placed on ``source_key`` and cut from every key; ``d[shift_range_key]`` gets the (2, 2) int64 range
-    of window offsets (:func:`~scripts.transforms.mammo.array.window_shift_range`) that :class:`RandWindowShiftd`
-    clamps its draws into.
+    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterRegion`, with the offset range in
+    ``d[shift_range_key]``.
 
-    The deterministic half of :class:`RandBestCenterWindowd`, for a cache: ``BestCenterRegiond`` then
-    ``RandWindowShiftd`` give ``RandBestCenterWindowd``'s windows.
+    The deterministic half of :class:`RandBestCenterWindowd` for a cache; :class:`RandWindowShiftd` is the other.
 
     Args:
         keys: image and mask keys.
         max_shift: the largest window shift (rows, cols).
-        shift_range_key: where the offset range goes.
-        kwargs: :class:`BestCenterWindowd`'s arguments (``source_key``, ``view_key``, ``window``, ...).
+        shift_range_key: where the ``(2, 2)`` offset range goes.
+        kwargs: :class:`BestCenterWindowd`'s arguments.
     """
 
     def __init__(
@@ -305,13 +288,12 @@ class BestCenterRegiond(BestCenterWindowd):
 
 
 class RandWindowShiftd(Randomizable, MapTransform):
-    """Dictionary :class:`~scripts.transforms.mammo.array.RandWindowShift`: one random offset (drawn as
-    :class:`RandBestCenterWindowd` draws it) cuts the window from every key's region. Runs on any device.
+    """Dictionary :class:`~scripts.transforms.mammo.array.RandWindowShift`: one offset cuts every key's region.
 
     Args:
-        keys: image and mask keys holding :class:`BestCenterRegiond` regions.
+        keys: keys holding :class:`BestCenterRegiond` regions.
         window: ``(rows, cols)`` of the model input.
-        max_shift: the regions' margin, the ``max_shift`` of ``BestCenterRegiond``.
+        max_shift: the regions' margin.
         shift_range_key: where ``BestCenterRegiond`` put the offset range.
     """
 
@@ -344,7 +326,7 @@ class RandWindowShiftd(Randomizable, MapTransform):
 
 
 class QuantizeToUint16d(MapTransform):
-    """Dictionary :class:`~scripts.transforms.mammo.array.QuantizeToUint16` (images only, not masks)."""
+    """Dictionary :class:`~scripts.transforms.mammo.array.QuantizeToUint16` (images, not masks)."""
 
     backend = QuantizeToUint16.backend
 
@@ -360,7 +342,7 @@ class QuantizeToUint16d(MapTransform):
 
 
 class StandardizeImaged(MapTransform):
-    """Dictionary :class:`~scripts.transforms.mammo.array.StandardizeImage` (images only, not masks)."""
+    """Dictionary :class:`~scripts.transforms.mammo.array.StandardizeImage` (images, not masks)."""
 
     backend = StandardizeImage.backend
 

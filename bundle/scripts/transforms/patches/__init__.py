@@ -1,3 +1,4 @@
+# ruff: noqa: F401
 from .array import RandPatchCrop, SaliencyPatchCrop
 from .dictionary import (
     RandPatchCropD,
@@ -7,14 +8,3 @@ from .dictionary import (
     SaliencyPatchCropd,
     SaliencyPatchCropDict,
 )
-
-__all__ = [
-    "SaliencyPatchCrop",
-    "RandPatchCrop",
-    "SaliencyPatchCropd",
-    "SaliencyPatchCropD",
-    "SaliencyPatchCropDict",
-    "RandPatchCropd",
-    "RandPatchCropD",
-    "RandPatchCropDict",
-]

@@ -1,7 +1,6 @@
-"""Array transforms that crop the K patches GLAM's local module sees, for data pipelines.
+"""Array transforms that crop the K patches GLAM's local module sees: ``(patches (K, C, ph, pw), boxes (K, 4))``.
 
-Each takes one channel-first image (C, H, W) and returns ``(patches, boxes)``: patches (K, C, ph, pw) and boxes
-(K, 4) long (row, col, height, width), the same boxes the model itself would use (:mod:`scripts.patches`).
+The boxes are the ones the model itself would use (:mod:`scripts.patches`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ __all__ = ["SaliencyPatchCrop", "RandPatchCrop"]
 
 
 def _as_image(**named: NdarrayOrTensor) -> torch.Tensor:
-    """The one keyword argument as a (C, H, W) tensor; the keyword names it in the error (``_as_image(img=img)``)."""
+    """The one keyword argument as a (C, H, W) tensor; the keyword names it in the error."""
     ((name, img),) = named.items()
     image = convert_to_tensor(img, track_meta=False)
     if image.ndim != 3:
@@ -29,14 +28,11 @@ def _as_image(**named: NdarrayOrTensor) -> torch.Tensor:
 
 
 class SaliencyPatchCrop(Transform):
-    """Crop the K patches that Algorithm 1 selects from a saliency map (e.g. S_g of a frozen global module).
+    """Crop the K patches that Algorithm 1 selects on a saliency map ``(C_s, h, w)`` of any resolution.
 
     Args:
         num_patches: K.
         patch_size: patch (rows, cols) in image pixels.
-
-    ``__call__(img (C, H, W), saliency (C_s, h, w))`` -> ``(patches (K, C, ph, pw), boxes (K, 4))``. The map may
-    have any resolution: windows are scaled by h / H and w / W as in the paper.
     """
 
     backend = [torch.Tensor.__name__, np.ndarray.__name__]
@@ -57,16 +53,12 @@ class SaliencyPatchCrop(Transform):
 
 
 class RandPatchCrop(Randomizable, Transform):
-    """Crop K random patches inside the breast, non-overlapping where possible (stage 2's negatives).
+    """Crop K random patches inside the breast (pixels above the image's minimum), non-overlapping where possible.
 
     Args:
         num_patches: K.
         patch_size: patch (rows, cols) in image pixels.
         stride: grid step of candidate corners in pixels (default a quarter patch).
-
-    ``__call__(img (C, H, W))`` -> ``(patches (K, C, ph, pw), boxes (K, 4))``. The foreground is the pixels above
-    the image's minimum (the zero background and padding, or their standardised value, are excluded).
-    Reproducible with ``set_random_state``.
     """
 
     backend = [torch.Tensor.__name__, np.ndarray.__name__]

@@ -29,17 +29,14 @@ def _crop_keys(transform: MapTransform, d: dict, boxes: torch.Tensor, patch_size
 
 
 class SaliencyPatchCropd(MapTransform):
-    """Crop the K Algorithm-1 patches chosen on ``d[saliency_key]`` from every key in ``keys``.
-
-    The boxes come from the map and the size of the first present key; all keys must share that size. Each key's
-    value becomes the bag of patches (K, C, ph, pw) and the boxes (K, 4) go to ``d[box_key]``.
+    """Crop the K Algorithm-1 patches chosen on ``d[saliency_key]`` from every key; boxes to ``d[box_key]``.
 
     Args:
-        keys: keys to crop (image and masks).
+        keys: keys to crop (image and masks, of one size).
         saliency_key: key of the saliency map (C_s, h, w).
         num_patches: K.
         patch_size: patch (rows, cols).
-        box_key: where the boxes are stored.
+        box_key: where the (K, 4) boxes go.
         allow_missing_keys: skip absent keys.
     """
 
@@ -70,15 +67,13 @@ class SaliencyPatchCropd(MapTransform):
 
 
 class RandPatchCropd(Randomizable, MapTransform):
-    """Crop the same K random in-breast patches from every key in ``keys`` (foreground from ``d[keys[0]]``).
-
-    Each key's value becomes (K, C, ph, pw) and the boxes (K, 4) go to ``d[box_key]``.
+    """Crop the same K random in-breast patches from every key; boxes to ``d[box_key]``.
 
     Args:
         keys: keys to crop; the first present one decides the foreground.
         num_patches: K.
         patch_size: patch (rows, cols).
-        box_key: where the boxes are stored.
+        box_key: where the (K, 4) boxes go.
         stride: grid step of candidate corners in pixels.
         allow_missing_keys: skip absent keys.
     """

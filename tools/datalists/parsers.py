@@ -1,33 +1,32 @@
-"""CSV layouts ("flavours") a datalist can be built from: one row parser per flavour, behind a registry.
+"""CSV layouts ("flavours") a datalist can be built from: one row parser per flavour, in a registry.
 
-A parser turns one CSV row into a :class:`ParsedRow` (the image, its label, patient/laterality/view, the row's
-ROI masks and box annotations); :func:`scripts.data.datalist.items_from_csv` reads the CSV, picks the parser whose
-signature columns the header has (:func:`find_datalist_parser`) and merges the rows of one image. Parsers register
-themselves with :func:`register_datalist_parser`; a new layout needs one decorated function and nothing else::
+A new layout is one decorated function::
 
     @register_datalist_parser("my-layout", signature=["file", "diagnosis"], columns="file, diagnosis")
     def parse_my_layout_row(row, where, base):
         ...
 
-MONAI's ``ComponentStore`` would be the idiom, but it only accepts Python identifiers as names ("cbis-ddsm" is
-not one) and cannot unregister, hence a plain dict.
-
-Rows reach parsers keyed by normalised column names (:func:`normalise_column`: case, surrounding spaces and
-underscores ignored, so ``Image_ID`` arrives as ``image id``) with stripped text values ("" when empty).
+A dict, not MONAI's ``ComponentStore``: that one accepts only identifiers as names and cannot unregister. Rows reach
+parsers keyed by :func:`normalise_column` names with stripped text values. INbreast's DICOM names and XML (OsiriX
+plist) outlines are read here too: images ``AllDICOMs/<File Name>_<hash>_MG_<side>_<view>_ANON.dcm``, the hash one
+per woman; outlines ``AllXML/<File Name>.xml``, ``Images[].ROIs[].Point_px`` as "(x, y)" strings.
 """
 
 from __future__ import annotations
 
+import plistlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..enums import CLASS_NAMES, LesionClass
-from .boxes import parse_boxes
-from .errors import CsvRowError
-from .geometry import stated_spacing_ok
+import numpy as np
+
+from scripts.data.boxes import parse_boxes
+from scripts.data.errors import CsvRowError
+from scripts.data.geometry import stated_spacing_ok
+from scripts.enums import CLASS_NAMES, LesionClass
 
 __all__ = [
     "CsvRow",
@@ -36,11 +35,15 @@ __all__ = [
     "RowParser",
     "DatalistParser",
     "DATALIST_PARSERS",
+    "FOLDER_LABELS",
     "CSV_FLAVOURS",
     "register_datalist_parser",
     "unregister_datalist_parser",
     "find_datalist_parser",
     "normalise_column",
+    "INBREAST_BIRADS",
+    "PolygonMask",
+    "read_inbreast_rois",
 ]
 
 CsvRow = Mapping[str, str]  # normalised column name -> stripped cell text
@@ -87,8 +90,13 @@ def normalise_column(name: str) -> str:
 
 
 def register_datalist_parser(name: str, *, signature: Iterable[str], columns: str) -> Callable[[RowParser], RowParser]:
-    """Decorator registering a row parser as flavour ``name``, chosen for CSVs whose header has every
-    ``signature`` column; ``columns`` describes the layout's columns to users. Returns the function unchanged."""
+    """Decorator registering a row parser as flavour ``name``.
+
+    Args:
+        name: the flavour's name.
+        signature: the columns a header must have to be of this layout.
+        columns: the layout's columns, as users are told them.
+    """
 
     def register(parse: RowParser) -> RowParser:
         if name in DATALIST_PARSERS:
@@ -101,20 +109,20 @@ def register_datalist_parser(name: str, *, signature: Iterable[str], columns: st
 
 
 def unregister_datalist_parser(name: str) -> DatalistParser:
-    """Remove flavour ``name`` from the registry (KeyError if it is not registered); returns its entry."""
+    """Remove flavour ``name`` from the registry and return its entry."""
     return DATALIST_PARSERS.pop(name)
 
 
 def find_datalist_parser(columns: Iterable[str]) -> DatalistParser | None:
-    """The parser whose signature the header ``columns`` contain, or None. When several match, the one with the
-    most signature columns wins (a CBIS-DDSM header also has "image"-like columns), ties in registration order."""
+    """The parser whose signature the header ``columns`` contain, or None; the largest signature wins, then
+    registration."""
     cols = {normalise_column(c) for c in columns}
     matching = [p for p in DATALIST_PARSERS.values() if p.signature <= cols]
     return max(matching, key=lambda p: len(p.signature), default=None)
 
 
 class _FlavourColumns(Mapping[str, str]):
-    """Flavour name -> description of its columns, read live from the registry (so it cannot drift from it)."""
+    """Flavour name -> description of its columns, read live from the registry."""
 
     def __getitem__(self, name: str) -> str:
         return DATALIST_PARSERS[name].columns
@@ -144,9 +152,12 @@ _BIRADS_TEXT = re.compile(r"^(?:BI[-\s]?RADS)?[\s:_-]*(\d+)\s*([A-Z]?)$", re.IGN
 
 
 def _birads(row: CsvRow, column: str, where: str, highest: int) -> int | None:
-    """The BI-RADS category of a ``column`` cell ("BI-RADS 4", "4", "4a"; 4A/4B/4C count as 4), None when the cell
-    is empty or NaN. Anything else (another letter, "4D", a category outside 1 to ``highest``, text) raises
-    CsvRowError naming ``where``, the column and the value: a guess would turn "BI-RADS 7" into a malignant image."""
+    """The BI-RADS category of a ``column`` cell ("BI-RADS 4", "4", "4a"), None when empty.
+
+    Raises:
+        CsvRowError: for another letter or a category outside 1 to ``highest``: a guess would make "BI-RADS 7"
+            malignant.
+    """
     text = str(row.get(column, "") or "").strip()
     if text.lower() in _MISSING:
         return None
@@ -171,9 +182,11 @@ def _binary(value: Any, where: str) -> int | None:
 
 
 def _box(row: CsvRow, columns: tuple[str, str, str, str], label: str | None, where: str) -> dict[str, Any] | None:
-    """A row's box from its four coordinate ``columns`` (y0, x0, y1, x1 order): None when all four are empty or NaN
-    (a row without a box); one coordinate missing, or a box :func:`~scripts.data.boxes.parse_boxes` refuses, raises
-    CsvRowError naming ``where``. ``label``: the box's class (None: the caller decided it has no class)."""
+    """A row's ``{"label", "box"}`` from its four coordinate ``columns`` (y0, x0, y1, x1), None when all are empty.
+
+    Raises:
+        CsvRowError: naming ``where``, for a missing coordinate or a box :func:`parse_boxes` refuses.
+    """
     cells = [str(row.get(c, "") or "").strip() for c in columns]
     if all(cell.lower() in _MISSING for cell in cells):
         return None
@@ -188,7 +201,7 @@ def _box(row: CsvRow, columns: tuple[str, str, str, str], label: str | None, whe
 
 
 def _image_fields(patient_id: str, laterality: Any, view: str, official_split: str | None = None) -> dict[str, Any]:
-    """The item fields every layout gives, in item key order; the view is upper-cased ("cc" -> "CC")."""
+    """The item fields every layout gives, in item key order, the view upper-cased."""
     fields = {"patient_id": patient_id, "laterality": _laterality(laterality), "view": view.upper() or None}
     if official_split:
         fields["official_split"] = official_split
@@ -196,8 +209,11 @@ def _image_fields(patient_id: str, laterality: Any, view: str, official_split: s
 
 
 def parse_spacing(value: Any, where: str) -> float | tuple[float, float] | None:
-    """A pixel spacing cell or option in mm: "0.05", "0.05 0.06", "0.05,0.06" or "0.05x0.06" (row, col); empty or
-    "none": None. Anything else, or a value <= 0, raises CsvRowError naming ``where``."""
+    """A pixel spacing cell or option in mm: "0.05", "0.05 0.06", "0.05,0.06" or "0.05x0.06" (row, col); empty: None.
+
+    Raises:
+        CsvRowError: naming ``where``, for anything else or a value out of (0, 10) mm.
+    """
     text = str(value if value is not None else "").strip().lower()
     if text in ("", "none", "null", "nan", "unknown"):
         return None
@@ -212,10 +228,9 @@ def parse_spacing(value: Any, where: str) -> float | tuple[float, float] | None:
 
 
 def _dicom_fields(path: Path) -> dict[str, Any]:
-    """patient_id (CBIS-DDSM's per-view ids reduced to the woman's ``P_nnnnn``), laterality and view of a DICOM file
-    (its header only); {} for other files or unreadable headers."""
-    from .cbis_ddsm import cbis_patient_id
-    from .readers import DICOM_SUFFIXES, read_dicom_header
+    """patient_id, laterality and view from a DICOM header; {} for other or unreadable files."""
+    from scripts.data.header_facts import cbis_patient_id
+    from scripts.data.readers import DICOM_SUFFIXES, read_dicom_header
 
     if path.suffix.lower() not in DICOM_SUFFIXES:
         return {}
@@ -245,14 +260,11 @@ GENERIC_BOX_COLUMNS = ("box y0", "box x0", "box y1", "box x1")
     "pixel_spacing, box_y0, box_x0, box_y1, box_x1, box_label",
 )
 def parse_generic_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
-    """The project's own layout, one row per image or per box (repeated rows of an image are merged).
+    """The project's own layout, one row per image or per box.
 
-    Columns: ``image`` (path, required); ``patient_id``; ``laterality`` (L/R/left/right); ``view``;
-    ``label_benign`` and ``label_malignant`` (0/1, true/false, yes/no; empty, nan, none, null or unknown means
-    unknown, and one unknown value makes the whole label unknown); ``mask_benign`` and ``mask_malignant`` (paths);
-    ``pixel_spacing`` (mm, one number or "row col"; used for images whose file states none); ``box_y0``, ``box_x0``,
-    ``box_y1``, ``box_x1`` and ``box_label`` (benign / malignant): one box in the image file's pixels (rows down,
-    columns across the image as displayed; y1 and x1 the far edges), all empty for a row without a box.
+    Columns: ``image`` (required), ``patient_id``, ``laterality``, ``view``, ``label_benign`` / ``label_malignant``
+    (0/1; one unknown makes the label unknown), ``mask_benign`` / ``mask_malignant``, ``pixel_spacing`` (mm),
+    ``box_y0``, ``box_x0``, ``box_y1``, ``box_x1``, ``box_label`` (one box in the image file's pixels).
     """
     if not row.get("image"):
         raise CsvRowError(f"{where}: empty image path")
@@ -270,23 +282,23 @@ def parse_generic_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     )
 
 
-_CLASS_WORDS = {
+# folder name (lower case) -> [benign, malignant], for a hospital folder sorted by class
+FOLDER_LABELS = {
     "normal": [0, 0],
     "negative": [0, 0],
     LesionClass.BENIGN.value: [1, 0],
     LesionClass.MALIGNANT.value: [0, 1],
     "cancer": [0, 1],
-    f"{LesionClass.BENIGN.value}+{LesionClass.MALIGNANT.value}": [1, 1],
 }
+_CLASS_WORDS = {**FOLDER_LABELS, f"{LesionClass.BENIGN.value}+{LesionClass.MALIGNANT.value}": [1, 1]}
 
 
 @register_datalist_parser("path-label", signature=["path", "label"], columns="path, label, patient_id (optional)")
 def parse_path_label_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
-    """A hospital export: one row per image, the label as a word.
+    """A hospital export, one row per image; laterality and view come from the DICOM header.
 
-    Columns: ``path`` (required, relative to the root); ``label``: normal or negative (no lesion), benign,
-    malignant or cancer, benign+malignant (both), empty or unknown (unknown); ``patient_id`` (optional: else the
-    DICOM PatientID, else the image is its own patient). Laterality and view come from the DICOM header.
+    Columns: ``path`` (required); ``label``: normal, negative, benign, malignant, cancer, benign+malignant or empty
+    (unknown); ``patient_id`` (else the DICOM's PatientID, else the image is its own patient).
     """
     if not row.get("path"):
         raise CsvRowError(f"{where}: empty path")
@@ -314,7 +326,7 @@ def _cbis_label(pathology: str, where: str) -> list[int]:
 
 
 def _image_shape(path: Path) -> tuple[int, int]:
-    from .readers import DICOM_SUFFIXES, read_dicom_header, read_mammogram
+    from scripts.data.readers import DICOM_SUFFIXES, read_dicom_header, read_mammogram
 
     if path.suffix.lower() in DICOM_SUFFIXES:
         header = read_dicom_header(path)
@@ -329,16 +341,17 @@ def _image_shape(path: Path) -> tuple[int, int]:
     "ROI mask file path",
 )
 def parse_cbis_ddsm_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
-    """CBIS-DDSM's case description CSVs: one row per abnormality, so an image has as many rows as lesions.
+    """CBIS-DDSM's case description CSVs, one row per abnormality; the official split is kept, the spacing is the
+    preset's.
 
-    Columns: ``image file path`` (required); ``pathology`` (MALIGNANT, or BENIGN / BENIGN_WITHOUT_CALLBACK: both
-    benign; other values leave the row out); ``patient_id`` (``P_00173``: the woman, shared by her Mass and Calc
-    rows); ``left or right breast``; ``image view``; ``ROI mask file path`` and ``cropped image file path`` (the
-    abnormality's mask, found among both because the CSV swaps them on some rows). Paths are used as written when
-    they exist under the root, else resolved in the TCIA download (:mod:`scripts.data.cbis_ddsm`). The official
-    Train/Test split is kept (``official_split``) and the preset pixel spacing is 0.05 mm.
+    Columns: ``image file path`` (required; else resolved in the TCIA download, :mod:`datalists.cbis_ddsm`),
+    ``pathology`` (MALIGNANT, BENIGN, BENIGN_WITHOUT_CALLBACK), ``patient_id``, ``left or right breast``, ``image
+    view``, ``ROI mask file path`` and ``cropped image file path`` (the mask is looked for under both: the CSV swaps
+    them).
     """
-    from .cbis_ddsm import CBIS_PIXEL_SPACING_MM, _uid_parts, parse_case_folder, resolve_cbis_image, resolve_cbis_roi
+    from scripts.data.header_facts import parse_case_folder
+
+    from .cbis_ddsm import CBIS_PIXEL_SPACING_MM, _uid_parts, resolve_cbis_image, resolve_cbis_roi
 
     label = _cbis_label(row.get("pathology", ""), where)
     lesion = LesionClass.MALIGNANT if label[1] else LesionClass.BENIGN
@@ -390,18 +403,12 @@ def _birads_class(category: int | None) -> list[int]:
     "split optional)",
 )
 def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
-    """VinDr-Mammo's annotation CSVs (breast-level_annotations.csv, finding_annotations.csv); images are
-    ``images/<study_id>/<image_id>.dicom`` under the root.
+    """VinDr-Mammo's annotation CSVs; images are ``images/<study_id>/<image_id>.dicom``, the study is the patient.
 
-    Columns: ``study_id`` and ``image_id`` (required; the study is the patient); ``laterality``;
-    ``view_position``; ``breast_birads`` and/or ``finding_birads`` (at least one); ``split`` (training/test: the
-    official split, kept); ``xmin``, ``ymin``, ``xmax``, ``ymax`` (finding_annotations.csv: the finding's box in the
-    DICOM's pixels; empty or NaN on rows without a finding). VinDr has no pathology, so the label is a BI-RADS proxy
-    on the higher category: 1 normal, 2-3 benign, 4-5 malignant (suspicious); a category cell that is not empty and
-    not BI-RADS 1-5 ("BI-RADS 7", "4D", "x") leaves the row out, named. A box takes the class of its own
-    finding's BI-RADS by the same rule (the breast's where the finding states none), and the image's label includes
-    that class (a BI-RADS 3 finding in a BI-RADS 4 breast is a benign box: label [1, 1]); a box whose category is 1
-    or missing is left out (noted).
+    Columns: ``study_id``, ``image_id``, ``laterality``, ``view_position``, ``breast_birads`` / ``finding_birads``,
+    ``split`` (the official split, kept), ``xmin``, ``ymin``, ``xmax``, ``ymax``. VinDr has no pathology: the label is
+    the BI-RADS proxy of the higher category; a box takes its finding's class (left out, noted, for BI-RADS 1) and adds
+    it to the label.
     """
     study, image_id = row.get("study id", ""), row.get("image id", "")
     if not study or not image_id:
@@ -433,6 +440,93 @@ def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     )
 
 
+# BI-RADS category (first digit of "4a", "4b", ...) -> [benign, malignant]: 1 negative (no lesion), 2-3 benign
+# (3: probably benign), 4-6 malignant (4-5 suspicious, 6 biopsy-proven); a proxy, INbreast has no pathology for most
+INBREAST_BIRADS = {1: [0, 0], 2: [1, 0], 3: [1, 0], 4: [0, 1], 5: [0, 1], 6: [0, 1]}
+
+_NAME = re.compile(r"^(?P<file>\d+)_(?P<hash>[0-9a-fA-F]+)_MG_(?P<side>[LR])_(?P<view>[A-Z]+)", re.IGNORECASE)
+_POINT = re.compile(r"\(\s*([-+0-9.eE]+)\s*,\s*([-+0-9.eE]+)\s*(?:,\s*[-+0-9.eE]+\s*)?\)")
+
+
+@dataclass(frozen=True)
+class PolygonMask:
+    """Lesion outlines to rasterise at an image's size: polygons of (x = column, y = row) pixel coordinates."""
+
+    source: Path
+    shape: tuple[int, int]  # (H, W) of the image
+    polygons: tuple[tuple[tuple[float, float], ...], ...]
+
+    def rasterise(self) -> np.ndarray:
+        """(H, W) bool: every polygon filled, its outline included; one point marks its pixel, two a line."""
+        from PIL import Image, ImageDraw
+
+        canvas = Image.new("L", (self.shape[1], self.shape[0]), 0)
+        draw = ImageDraw.Draw(canvas)
+        for poly in self.polygons:
+            pts = [(float(x), float(y)) for x, y in poly]
+            if len(pts) >= 3:
+                draw.polygon(pts, fill=1, outline=1)
+            elif len(pts) == 2:
+                draw.line(pts, fill=1, width=1)
+            elif pts:
+                draw.point(pts, fill=1)
+        return np.asarray(canvas, dtype=np.uint8) > 0
+
+
+def find_inbreast_dicom(root: Path, file_name: str) -> Path | None:
+    """``<root>/AllDICOMs/<file_name>_*.dcm`` (else anywhere under ``root``); None when there is none."""
+    folder = root / "AllDICOMs"
+    for base, pattern in ((folder, f"{file_name}_*.dcm"), (root, f"**/{file_name}_*.dcm")):
+        if base.is_dir():
+            found = sorted(base.glob(pattern))
+            if found:
+                return found[0]
+    return None
+
+
+def inbreast_patient_id(path: Path) -> str | None:
+    """The woman's hash from an INbreast file name (``22678622_61b13c59bcba149e_MG_R_CC_ANON.dcm``), else None."""
+    m = _NAME.match(path.name)
+    return None if m is None else m["hash"].lower()
+
+
+def find_inbreast_xml(root: Path, file_name: str) -> Path | None:
+    """``<root>/AllXML/<file_name>.xml`` (else anywhere under ``root``); None when the image has no annotation."""
+    direct = root / "AllXML" / f"{file_name}.xml"
+    if direct.is_file():
+        return direct
+    found = sorted(root.glob(f"**/{file_name}.xml")) if root.is_dir() else []
+    return found[0] if found else None
+
+
+def read_inbreast_rois(xml_path: Path) -> list[tuple[str, tuple[tuple[float, float], ...]]]:
+    """``[(roi name, ((x, y), ...)), ...]`` of an INbreast XML.
+
+    Raises:
+        ValueError: naming the file, when it is not one.
+    """
+    try:
+        with open(xml_path, "rb") as fh:
+            plist = plistlib.load(fh)
+    except Exception as err:  # not a plist, truncated, ...
+        raise ValueError(f"{xml_path}: not an INbreast XML annotation ({type(err).__name__}: {err})") from None
+    images = plist.get("Images") if isinstance(plist, dict) else None
+    if not isinstance(images, list):
+        raise ValueError(f"{xml_path}: no 'Images' array (expected an OsiriX ROI plist)")
+    rois = []
+    for image in images:
+        for roi in image.get("ROIs", []) or []:
+            points = []
+            for text in roi.get("Point_px", []) or []:
+                m = _POINT.fullmatch(str(text).strip())
+                if m is None:
+                    raise ValueError(f"{xml_path}: ROI {roi.get('Name')!r}: unreadable point {text!r}")
+                points.append((float(m[1]), float(m[2])))
+            if points:
+                rois.append((str(roi.get("Name", "")), tuple(points)))
+    return rois
+
+
 @register_datalist_parser(
     "inbreast",
     signature=["file name", "bi-rads"],
@@ -441,21 +535,10 @@ def parse_vindr_mammo_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
 def parse_inbreast_row(row: CsvRow, where: str, base: Path) -> ParsedRow:
     """INbreast's ``INbreast.csv``; images ``AllDICOMs/<File Name>_*.dcm``, outlines ``AllXML/<File Name>.xml``.
 
-    Columns: ``File Name`` and ``Bi-Rads`` (required: 1 normal, 2-3 benign, 4a/4b/4c, 5 and 6 malignant, see
-    :data:`scripts.data.inbreast.INBREAST_BIRADS`; anything else leaves the row out, named); ``Laterality``;
-    ``View``; ``Patient ID`` (used unless "removed", as published: else the woman's hash in the DICOM file name).
-    Every ROI of an image's XML goes into the mask of the image's class; a BI-RADS 1 image's ROIs are ignored
-    (noted).
+    Columns: ``File Name``, ``Bi-Rads`` (the label by :data:`INBREAST_BIRADS`), ``Laterality``, ``View``, ``Patient ID``
+    (else the hash in the file name: the CSV's reads "removed"). Every outline goes into the mask of the image's class;
+    a BI-RADS 1 image's are ignored (noted).
     """
-    from .inbreast import (
-        INBREAST_BIRADS,
-        PolygonMask,
-        find_inbreast_dicom,
-        find_inbreast_xml,
-        inbreast_patient_id,
-        read_inbreast_rois,
-    )
-
     name = row.get("file name", "")
     if not name:
         raise CsvRowError(f"{where}: empty File Name")

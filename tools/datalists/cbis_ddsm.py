@@ -1,23 +1,8 @@
 """CBIS-DDSM as TCIA delivers it: the description CSVs' paths resolved to the files of the downloaded tree.
 
-The case description CSVs (``mass_case_description_train_set.csv`` ...) name files as
-``Mass-Test_P_00173_LEFT_CC/<StudyInstanceUID>/<SeriesInstanceUID>/000000.dcm``; the NBIA Data Retriever writes
-``[CBIS-DDSM/]Mass-Test_P_00173_LEFT_CC/<MM-DD-YYYY>-DDSM-<n>/<n>.000000-full mammogram images-<n>/1-1.dcm``, and
-each abnormality's ROI mask and cropped image under ``Mass-Test_P_00173_LEFT_CC_1/...``, either as two series
-(``...-ROI mask images-...``, ``...-cropped images-...``) or as the two files ``1-1.dcm`` / ``1-2.dcm`` of one series.
-The CSV swaps the ROI-mask and cropped-image paths on some rows and ends some cells with a newline.
-
-How a row is resolved (:func:`resolve_cbis_row`):
-
-- the **full image**: the CSV's path when it exists as written; otherwise the DICOM files under the folder named by
-  the path's first component (the case folder, which is also the files' PatientID), chosen by SeriesInstanceUID =
-  the path's third component, else StudyInstanceUID = its second, else the one file whose series description
-  (DICOM SeriesDescription or the series folder's name) says "full mammogram", else the folder's only file;
-- the **ROI mask**: among the files under the case folders the ROI-mask and cropped-image paths name (both, since
-  the CSV swaps them), the one with the full image's Rows x Columns whose pixels are binary; the cropped image is
-  small. Several such files are told apart by series description ("ROI mask"), then by the CSV's series UID.
-
-Every failure is a :class:`~scripts.data.datalist_parsers.CsvRowError` naming the row and what was found.
+The CSVs name ``<case>/<StudyUID>/<SeriesUID>/000000.dcm``; the NBIA Data Retriever writes
+``[CBIS-DDSM/]<case>/<date>-DDSM-<n>/<n>.000000-<series description>-<n>/1-1.dcm``, and each abnormality's ROI mask and
+cropped image under ``<case>_<k>/``. The CSV swaps the ROI-mask and cropped-image paths on some rows.
 """
 
 from __future__ import annotations
@@ -28,14 +13,11 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from .errors import CsvRowError
+from scripts.data.errors import CsvRowError
 
 __all__ = [
     "CBIS_PIXEL_SPACING_MM",
-    "CbisCase",
     "DicomCandidate",
-    "parse_case_folder",
-    "cbis_patient_id",
     "find_case_folder",
     "resolve_cbis_image",
     "resolve_cbis_roi",
@@ -45,46 +27,8 @@ __all__ = [
 # CSVs do not name the scanner, so one value for all: the coarsest, within 16 % of every scanner (docs/own_data.md)
 CBIS_PIXEL_SPACING_MM = 0.05
 
-# Mass-Training_P_00001_LEFT_CC, Calc-Test_P_00038_RIGHT_MLO_2 (the _2: abnormality 2's ROI folder)
-_CASE = re.compile(
-    r"^(?P<collection>(?:mass|calc)-(?:training|test))_(?P<patient>p_\d+)_(?P<side>left|right)_(?P<view>cc|mlo)"
-    r"(?:_(?P<abnormality>\d+))?$",
-    re.IGNORECASE,
-)
 # "1.000000-full mammogram images-24515" -> "full mammogram images"
 _SERIES_FOLDER = re.compile(r"^\d+(?:\.\d+)?-(?P<description>.*?)-\d+$")
-
-
-@dataclass(frozen=True)
-class CbisCase:
-    """What a CBIS-DDSM case folder name says."""
-
-    collection: str  # "Mass-Training", "Calc-Test", ...
-    patient: str  # "P_00173"
-    laterality: str  # "L" / "R"
-    view: str  # "CC" / "MLO"
-    abnormality: int | None  # the ROI folders' suffix
-
-    @property
-    def official_split(self) -> str:
-        return "test" if self.collection.lower().endswith("test") else "training"
-
-
-def parse_case_folder(name: str) -> CbisCase | None:
-    """The fields of a case folder name (``Mass-Test_P_00173_LEFT_CC[_1]``), None for any other name."""
-    m = _CASE.match(str(name).strip())
-    if m is None:
-        return None
-    collection = "-".join(part.capitalize() for part in m["collection"].split("-"))
-    abnormality = int(m["abnormality"]) if m["abnormality"] else None
-    return CbisCase(collection, m["patient"].upper(), m["side"][0].upper(), m["view"].upper(), abnormality)
-
-
-def cbis_patient_id(patient_id: str | None) -> str | None:
-    """``P_00173`` for a CBIS-DDSM per-view PatientID (``Mass-Test_P_00173_LEFT_CC``), None for other ids: one woman's
-    views (and her images in the Mass and Calc collections) share it, so they stay in one split."""
-    case = parse_case_folder(patient_id or "")
-    return None if case is None else case.patient
 
 
 @dataclass(frozen=True)
@@ -105,7 +49,7 @@ class DicomCandidate:
 
 
 def _series_description(path: Path) -> str:
-    """SeriesDescription (header only; '' when absent or unreadable)."""
+    """SeriesDescription from the header only; '' when absent or unreadable."""
     import pydicom
 
     try:
@@ -116,8 +60,8 @@ def _series_description(path: Path) -> str:
 
 
 def _candidates(folder: Path) -> list[DicomCandidate]:
-    """Every readable DICOM file under ``folder`` (recursive), sorted by path; unreadable files are not candidates."""
-    from .readers import read_dicom_header
+    """Every readable DICOM file under ``folder`` (recursive), sorted by path."""
+    from scripts.data.readers import read_dicom_header
 
     out = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
@@ -126,7 +70,7 @@ def _candidates(folder: Path) -> list[DicomCandidate]:
         except Exception:
             continue
         folder_match = _SERIES_FOLDER.match(path.parent.name)
-        words = [header.get("series_description") or _series_description(path)]
+        words = [_series_description(path)]
         words.append(folder_match["description"] if folder_match else path.parent.name)
         out.append(
             DicomCandidate(
@@ -161,8 +105,12 @@ def _one(found: list[DicomCandidate]) -> DicomCandidate | None:
 
 
 def resolve_cbis_image(root: Path, csv_path: str, where: str) -> DicomCandidate | Path:
-    """The full mammogram a row's ``image file path`` names: the path itself when it exists under ``root``, else
-    the file found in the downloaded tree (see the module doc). Raises CsvRowError naming what was found."""
+    """The full mammogram a row's ``image file path`` names: the path when it exists under ``root``, else the case
+    folder's DICOM chosen by series UID, study UID, a "full mammogram" series description, or as its only file.
+
+    Raises:
+        CsvRowError: naming what was found.
+    """
     if not csv_path:
         raise CsvRowError(f"{where}: empty image file path")
     literal = root / csv_path
@@ -193,7 +141,7 @@ def resolve_cbis_image(root: Path, csv_path: str, where: str) -> DicomCandidate 
 
 
 def _is_binary(path: Path) -> bool:
-    from .readers import read_mammogram
+    from scripts.data.readers import read_mammogram
 
     try:
         arr, _ = read_mammogram(path, mask=True)
@@ -207,9 +155,16 @@ def _is_binary(path: Path) -> bool:
 def resolve_cbis_roi(
     root: Path, roi_path: str, cropped_path: str, image_shape: tuple[int, int], where: str
 ) -> tuple[Path, bool]:
-    """The ROI mask of a row: ``(path, swapped)``, ``swapped`` when the CSV had put it under the cropped-image
-    column. Candidates are the files the two paths name (as written) and the DICOMs under their case folders; the
-    mask is the one of the image's size with binary pixels (module doc). Raises CsvRowError when none or several."""
+    """The ROI mask of a row: among the files the two mask paths name (and their case folders' DICOMs), the one of
+    the image's size with binary pixels; several are told apart by series description, then by the CSV's series
+    UID.
+
+    Returns:
+        ``(path, swapped)``, ``swapped`` when the CSV had put it under the cropped-image column.
+
+    Raises:
+        CsvRowError: when none or several remain.
+    """
     candidates: dict[Path, DicomCandidate | None] = {}
     roi_series = _uid_parts(roi_path)[2] if roi_path else None
     crop_series = _uid_parts(cropped_path)[2] if cropped_path else None
@@ -232,7 +187,7 @@ def resolve_cbis_roi(
     def shape_of(path: Path, cand: DicomCandidate | None) -> tuple[int | None, int | None]:
         if cand is not None:
             return cand.rows, cand.cols
-        from .readers import read_mammogram
+        from scripts.data.readers import read_mammogram
 
         try:
             arr, _ = read_mammogram(path, mask=True)

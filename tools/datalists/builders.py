@@ -1,10 +1,8 @@
-"""Datalist items from what users have on disk: a DICOM folder, a CSV of a known layout, a folder of class folders.
+"""Datalists built from a DICOM folder, a CSV of a registered layout or a folder of class folders, and split keeping
+an archive's official test set.
 
-Used by ``tools/make_datalist.py``; re-exported by :mod:`scripts.data.datalist`. The CSV layouts are the row
-parsers of :mod:`scripts.data.datalist_parsers`. Every builder returns ``(items, problems)``: an item per usable
-image, and one line per file or row left out naming it and why. Paths in items are written relative to
-``relative_to`` (the datalist's folder) or absolute, as the user reaches them: symbolic links are not followed, so a
-data set whose ``images`` folder is a link keeps its own paths.
+Builders return ``(items, problems)``, a problem line per file or row left out, and write paths with
+``os.path.abspath``, never ``resolve()``, so a link stays the user's path.
 """
 
 from __future__ import annotations
@@ -18,49 +16,104 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_write
-from ..enums import LesionClass
-from .boxes import BOXES_KEY, unique_boxes
-from .datalist_parsers import (
+from scripts.atomic import atomic_write
+from scripts.data.boxes import BOXES_KEY
+from scripts.data.datalist import normalise_fractions, patient_key, split_by_patient
+from scripts.data.errors import CsvRowError, DatalistError
+from scripts.enums import LesionClass
+
+from .parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
+    FOLDER_LABELS,
     CsvRow,
-    CsvRowError,
     DatalistParser,
     ParsedRow,
     find_datalist_parser,
     normalise_column,
 )
-from .errors import DatalistError
 
 __all__ = [
-    "detect_csv_flavour",
-    "items_from_csv",
+    "OFFICIAL_SPLIT_KEY",
+    "split_items",
+    "split_choices",
+    "path_for_datalist",
+    "unique_boxes",
     "items_from_dicom_dir",
     "items_from_folder",
-    "FOLDER_LABELS",
-    "path_for_datalist",
+    "detect_csv_flavour",
+    "items_from_csv",
 ]
 
-# folder name (lower case) -> [benign, malignant], for a hospital folder sorted by class
-FOLDER_LABELS = {
-    "normal": [0, 0],
-    "negative": [0, 0],
-    LesionClass.BENIGN.value: [1, 0],
-    LesionClass.MALIGNANT.value: [0, 1],
-    "cancer": [0, 1],
-}
+OFFICIAL_SPLIT_KEY = "official_split"  # set by archives that publish a test set (CBIS-DDSM, VinDr-Mammo)
+
+
+def split_items(
+    items: Iterable[Mapping[str, Any]],
+    fractions: Sequence[float] | Mapping[str, float] = (0.7, 0.15, 0.15),
+    seed: int = 0,
+    stratify: bool = True,
+    official: bool = True,
+) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    """:func:`split_by_patient`, keeping an archive's official test set (the items' ``official_split``, then
+    removed).
+
+    Every patient with an item in the official test set goes to ``test`` whole; the others are split between training
+    and validation in the ratio of their fractions.
+
+    Returns:
+        ``(datalist, notes)``.
+    """
+    fr = normalise_fractions(fractions)
+    items = [dict(it) for it in items]
+    marks = [it.pop(OFFICIAL_SPLIT_KEY, None) for it in items]
+    if not official or not any(marks):
+        return split_by_patient(items, fr, seed=seed, stratify=stratify), []
+    test_patients = {patient_key(it) for it, mark in zip(items, marks) if mark == "test"}
+    mixed = {patient_key(it) for it, mark in zip(items, marks) if mark != "test"} & test_patients
+    rest = [it for it in items if patient_key(it) not in test_patients]
+    notes = [f"official split kept: {len(test_patients)} patient(s) in the official test set form 'test'"]
+    if mixed:
+        notes.append(
+            f"{len(mixed)} patient(s) have images in both the official training and test sets; all their images "
+            f"are in 'test' so that no woman is in two splits (e.g. {sorted(mixed)[0]})"
+        )
+    train_val = fr["training"] + fr["validation"]
+    if train_val <= 0:
+        raise ValueError(
+            "fractions: training and validation are both 0, but the official split only fixes 'test'; pass "
+            "--no-official-split (official=False) to place every item by --fractions"
+        )
+    out = split_by_patient(rest, (fr["training"] / train_val, fr["validation"] / train_val, 0.0), seed, stratify)
+    out["test"] = [it for it in items if patient_key(it) in test_patients]
+    return out, notes
+
+
+def split_choices(n_patients: int) -> str:
+    """The ways out of a refused split, for an error line."""
+    hint = "--fractions 0.5 0.5 0" if n_patients == 2 else "--fractions 0.6 0.2 0.2"
+    return (
+        f"choose other fractions ({hint}; at least one patient per split you ask for), give an external "
+        "validation list (--val-datalist FILE), or add patients"
+    )
 
 
 def path_for_datalist(path: str | os.PathLike, relative_to: str | os.PathLike | None) -> str:
-    """``path`` as written in a datalist: relative to ``relative_to`` (the datalist's folder), or absolute when it is
-    None. ``os.path.abspath`` only, never ``resolve()``: a symbolic link stays the path the user gave."""
+    """``path`` relative to ``relative_to`` (the datalist's folder), or absolute when it is None."""
     path = os.path.abspath(path)
     return path if relative_to is None else os.path.relpath(path, os.path.abspath(relative_to))
 
 
+def unique_boxes(boxes: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``boxes`` entries with each (label, box) once, in the order of first appearance."""
+    first: dict[tuple[Any, tuple[Any, ...]], Mapping[str, Any]] = {}
+    for entry in boxes:
+        first.setdefault((entry["label"], tuple(entry["box"])), entry)
+    return list(first.values())
+
+
 def _patient_of_dicom(header: Mapping[str, Any]) -> str | None:
-    from .cbis_ddsm import cbis_patient_id
+    from scripts.data.header_facts import cbis_patient_id
 
     pid = header.get("patient_id")
     return cbis_patient_id(pid) or pid
@@ -73,13 +126,14 @@ def _image_files(root: Path) -> list[Path]:
 def items_from_dicom_dir(
     dicom_dir: str | os.PathLike, relative_to: str | os.PathLike | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Items for every 2-D mammogram under ``dicom_dir`` (recursive; any file that parses as DICOM).
+    """Items of every 2-D mammogram under ``dicom_dir`` (recursive), sorted by path, labels unknown.
 
-    Labels are unknown (no ``label`` key). ``patient_id`` is the PatientID, except CBIS-DDSM's per-view ids
-    (``Mass-Test_P_00173_LEFT_CC``), which become the woman's ``P_00173``; else the StudyInstanceUID. Returns
-    ``(items, skipped)``: ``skipped`` names every file left out and why; items are sorted by path.
+    ``patient_id`` is the PatientID (CBIS-DDSM's per-view ids reduced to the woman's ``P_nnnnn``), else the study UID.
+
+    Returns:
+        ``(items, skipped)``, ``skipped`` naming every file left out and why.
     """
-    from .readers import MammogramReadError, read_dicom_header
+    from scripts.data.readers import MammogramReadError, read_dicom_header
 
     root = Path(dicom_dir)
     if not root.is_dir():
@@ -114,14 +168,14 @@ def items_from_dicom_dir(
 def items_from_folder(
     root: str | os.PathLike, relative_to: str | os.PathLike | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Items labelled by folder name: ``<root>/<normal|benign|malignant|...>/**/<image>`` (see ``FOLDER_LABELS``).
+    """Items labelled by their class folder: ``<root>/<normal|benign|malignant|...>/**/<image>`` (``FOLDER_LABELS``).
 
-    Any file the readers accept is an image (DICOM by content, others by suffix). ``patient_id``: the DICOM
-    PatientID (CBIS-DDSM ids reduced to ``P_nnnnn``), else the first folder below the class folder
-    (``<root>/benign/<patient>/...``), else the image is its own patient. Laterality and view from DICOM headers.
-    Files under other top-level folders, and files that are not images, are listed as skipped.
+    ``patient_id``: the DICOM PatientID, else the first folder below the class folder, else the image itself.
+
+    Returns:
+        ``(items, skipped)``.
     """
-    from .readers import SUPPORTED_SUFFIXES, read_dicom_header
+    from scripts.data.readers import SUPPORTED_SUFFIXES, read_dicom_header
 
     root = Path(root)
     if not root.is_dir():
@@ -157,10 +211,11 @@ def items_from_folder(
 
 
 def detect_csv_flavour(columns: Iterable[str], source: str | os.PathLike | None = None) -> str:
-    """The registered flavour ('cbis-ddsm', 'vindr-mammo', 'inbreast', 'generic', ...) of a CSV header (case, spaces
-    and underscores ignored); see :func:`~scripts.data.datalist_parsers.find_datalist_parser` for which one wins when
-    several match. An unknown layout raises :class:`DatalistError` naming the columns found, every known flavour
-    and, given ``source``, the file."""
+    """The registered flavour of a CSV header (case, spaces and underscores ignored).
+
+    Raises:
+        DatalistError: naming the columns, the known flavours and ``source``, for an unknown layout.
+    """
     cols = {normalise_column(c) for c in columns}
     parser = find_datalist_parser(cols)
     if parser is None:
@@ -177,14 +232,20 @@ def items_from_csv(
     mask_dir: str | os.PathLike | None = None,
     notes: list[str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Items from a CSV of a registered layout (``CSV_FLAVOURS``, docs/data.md).
+    """Items from a CSV of a registered layout; the rows of one image are merged.
 
-    File paths in the CSV are relative to ``root`` (default: the CSV's folder). Rows of the same image are
-    merged: labels are OR-ed; several ROI masks (or outlines) of one class are merged (union) into ``mask_dir`` as
-    0/255 PNG; the rows' boxes are listed together in the item's ``boxes`` (a box given twice once). Every image
-    and mask file is checked to exist. Returns ``(items, problems)``; a row with a problem is left out and named in
-    ``problems``; what parsers decided without an error is appended to ``notes``, and so is each row whose box the
-    preprocessing will not use because its image has a mask file of the box's class.
+    Labels are OR-ed, several ROI masks (or outlines) of one class are unioned into ``mask_dir`` as 0/255 PNG, boxes are
+    listed once. Every file is checked to exist.
+
+    Args:
+        csv_path: the CSV.
+        root: the folder its paths are relative to (default: the CSV's).
+        relative_to: the datalist's folder (None: absolute paths).
+        mask_dir: where merged masks go (default: ``merged_masks`` beside the CSV).
+        notes: receives what the parsers decided, and each box unused because its image has a mask of its class.
+
+    Returns:
+        ``(items, problems)``: a row with a problem is left out and named.
     """
     csv_path = Path(csv_path)
     parser, rows = _read_csv(csv_path)
@@ -221,9 +282,8 @@ def items_from_csv(
 
 
 def _boxes_beside_masks(merged: Mapping[str, Mapping[str, Any]], box_rows: Mapping[str, list]) -> list[str]:
-    """A note per row whose box has a class for which its image has a mask file: the preprocessing paints boxes
-    only into the classes without one (the outline is the finer annotation of the same lesions), so that box is not
-    used."""
+    """A note per row whose box has a class for which its image has a mask file, which the preprocessing keeps
+    instead."""
     notes = []
     for key, rows in box_rows.items():
         item = merged.get(key, {})
@@ -246,8 +306,8 @@ def _check_exists(parsed: ParsedRow, where: str) -> None:
 
 
 def _note_failed_masks(parser: DatalistParser, row: CsvRow, base: Path, merged: Mapping, failed: dict) -> None:
-    """A CBIS-DDSM row whose ROI could not be resolved while its image was: that image's mask of the row's class
-    would miss a lesion, so it gets none (the label still counts the lesion)."""
+    """Mark a CBIS-DDSM row whose ROI was not found while its image was: a partial mask would call a lesion
+    background."""
     if parser.name != "cbis-ddsm":
         return
     from .cbis_ddsm import resolve_cbis_image
@@ -262,22 +322,15 @@ def _note_failed_masks(parser: DatalistParser, row: CsvRow, base: Path, merged: 
         failed[str(image)].add(LesionClass.MALIGNANT if pathology.startswith("MALIGNANT") else LesionClass.BENIGN)
 
 
-def _sniff_delimiter(first_line: str) -> str:
-    """';' for a header like INbreast.csv's (semicolons, no commas), else ','."""
-    return ";" if first_line.count(";") > first_line.count(",") else ","
-
-
 def _read_csv(csv_path: Path) -> tuple[DatalistParser, list[CsvRow]]:
-    """The parser for the CSV's layout and its rows keyed by normalised column name, values stripped.
-
-    The layout is detected before any row is read, so a file of another kind fails on its header alone. Cells are
-    stripped of surrounding whitespace and newlines (CBIS-DDSM ends some paths with one).
-    """
+    """The parser of the CSV's layout (from its header alone) and its rows keyed by normalised column, cells
+    stripped."""
     if not csv_path.is_file():
         raise DatalistError(f"{csv_path}: CSV file not found")
     # utf-8-sig: spreadsheet exports often start with a byte order mark, which would glue itself to column 1
     with csv_path.open(newline="", encoding="utf-8-sig") as fh:
-        delimiter = _sniff_delimiter(fh.readline())
+        header = fh.readline()
+        delimiter = ";" if header.count(";") > header.count(",") else ","  # INbreast.csv is ';'-separated
         fh.seek(0)
         reader = csv.DictReader(fh, delimiter=delimiter)
         if reader.fieldnames is None:
@@ -291,10 +344,11 @@ def _read_csv(csv_path: Path) -> tuple[DatalistParser, list[CsvRow]]:
 def _merge_row(
     merged: dict[str, dict[str, Any]], parsed: ParsedRow, where: str, rel: str | os.PathLike | None
 ) -> list[str]:
-    """Fold one row into its image's item: labels are OR-ed (an unknown label stays unknown only until a row
-    knows it), fields come from the first row that gives them, boxes are added. Returns a problem per
-    field that disagrees with an earlier row (the earlier value is kept: rows of one image must describe one
-    image)."""
+    """Fold one row into its image's item: labels OR-ed, fields from the first row that gives them, boxes added.
+
+    Returns:
+        a problem per field that disagrees with an earlier row (whose value is kept).
+    """
     item = merged.setdefault(str(parsed.image), {"image": path_for_datalist(parsed.image, rel)})
     if parsed.label is None:
         item.setdefault("label", None)
@@ -325,9 +379,11 @@ def _attach_masks(
     out_dir: Path,
     rel: str | os.PathLike | None,
 ) -> list[str]:
-    """Set each item's ``mask_<class>``: its one ROI mask file, or the union of several ROIs (or any outline)
-    written to ``out_dir``. Returns a problem per class whose masks could not be merged or whose ROI on some row
-    could not be found (the item then has no mask of that class: a partial mask would call a lesion background)."""
+    """Set each item's ``mask_<class>``: its one mask file, or the union of its ROIs written to ``out_dir``.
+
+    Returns:
+        a problem per class not merged, or with an ROI not found (the item then gets no mask of that class).
+    """
     problems = []
     for key, by_class in masks.items():
         item = merged[key]
@@ -353,7 +409,7 @@ def _mask_name(image: str, cls: str) -> str:
     """A file name per image and class: the CBIS-DDSM case folder or the image's stem, plus a hash of its path."""
     import hashlib
 
-    from .cbis_ddsm import parse_case_folder
+    from scripts.data.header_facts import parse_case_folder
 
     path = Path(image)
     named = next((p for p in reversed(path.parts) if parse_case_folder(p)), None)
@@ -364,7 +420,7 @@ def _merge_masks(files: Sequence[Path], outlines: Sequence[Any], out_dir: Path, 
     """Union of mask files and rasterised outlines of one image and class, written atomically as a 0/255 PNG."""
     from PIL import Image
 
-    from .readers import read_mammogram
+    from scripts.data.readers import read_mammogram
 
     union = None
     for p in files:
