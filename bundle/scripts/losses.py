@@ -8,6 +8,7 @@ from monai.losses import DiceLoss
 from torch import nn
 
 from .enums import STAGES, OutputKey, Stage
+from .errors import UsageError
 from .precision import full_precision
 
 # the global module's three maps S_0, S_1, S_2, each under the sparsity term
@@ -35,7 +36,7 @@ def _l1(maps: torch.Tensor) -> torch.Tensor:
 
 def _check_labels(outputs: dict[str, torch.Tensor], target: torch.Tensor) -> None:
     if target.ndim != 2 or target.shape != outputs[OutputKey.Y_GLOBAL].shape:
-        raise ValueError(
+        raise UsageError(
             f"target must be (B, 2) labels like y_global {tuple(outputs['y_global'].shape)}, "
             f"got shape {tuple(target.shape)}"
         )
@@ -43,7 +44,7 @@ def _check_labels(outputs: dict[str, torch.Tensor], target: torch.Tensor) -> Non
 
 def _check_lambda(lambda_sparsity: float) -> float:
     if not lambda_sparsity >= 0:
-        raise ValueError(f"lambda_sparsity must be >= 0, got {lambda_sparsity}")
+        raise UsageError(f"lambda_sparsity must be >= 0, got {lambda_sparsity}")
     return float(lambda_sparsity)
 
 
@@ -68,7 +69,7 @@ class GLAMLoss(nn.Module):
     def __init__(self, stage: str = Stage.GLOBAL, lambda_sparsity: float = 1e-4) -> None:
         super().__init__()
         if stage not in STAGES:
-            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+            raise UsageError(f"stage must be one of {STAGES}, got {stage!r}")
         self.stage = Stage(stage)
         self.lambda_sparsity = _check_lambda(lambda_sparsity)
 
@@ -82,12 +83,12 @@ class GLAMLoss(nn.Module):
         if self.stage in (Stage.LOCAL, Stage.JOINT):
             for key in (OutputKey.Y_LOCAL, OutputKey.PATCH_MAPS):
                 if key not in outputs:
-                    raise ValueError(f"stage {self.stage!r} loss needs {key!r} in the model outputs (model stage?)")
+                    raise UsageError(f"stage {self.stage!r} loss needs {key!r} in the model outputs (model stage?)")
             terms["bce_local"] = _bce(outputs[OutputKey.Y_LOCAL], target)
             terms["l1_local"] = self.lambda_sparsity * _l1(outputs[OutputKey.PATCH_MAPS])
         if self.stage == Stage.JOINT:
             if OutputKey.Y_FUSION not in outputs:
-                raise ValueError("stage 'joint' loss needs 'y_fusion' in the model outputs (model stage?)")
+                raise UsageError("stage 'joint' loss needs 'y_fusion' in the model outputs (model stage?)")
             terms["bce_fusion"] = _bce(outputs[OutputKey.Y_FUSION], target)
         return terms
 
@@ -134,7 +135,7 @@ class GMICLoss(CAMLoss):
         terms = super().components(outputs, target)
         for key in ("y_local", "y_fusion"):
             if key not in outputs:
-                raise ValueError(f"GMICLoss needs {key!r} in the model outputs (a GMIC network)")
+                raise UsageError(f"GMICLoss needs {key!r} in the model outputs (a GMIC network)")
         terms["bce_local"] = _bce(outputs[OutputKey.Y_LOCAL], target)
         terms["bce_fusion"] = _bce(outputs[OutputKey.Y_FUSION], target)
         return terms
@@ -160,19 +161,19 @@ class MaskDiceBCELoss(nn.Module):
     def __init__(self, lambda_dice: float = 1.0, lambda_bce: float = 1.0, smooth: float = 1e-5) -> None:
         super().__init__()
         if not (lambda_dice >= 0 and lambda_bce >= 0):
-            raise ValueError(f"lambda_dice and lambda_bce must be >= 0, got {lambda_dice}, {lambda_bce}")
+            raise UsageError(f"lambda_dice and lambda_bce must be >= 0, got {lambda_dice}, {lambda_bce}")
         self.lambda_dice, self.lambda_bce = float(lambda_dice), float(lambda_bce)
         self.dice = DiceLoss(sigmoid=True, squared_pred=True, reduction="none", smooth_nr=smooth, smooth_dr=smooth)
 
     def components(self, outputs: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not isinstance(target, dict) or not {"label", "mask"} <= set(target):
-            raise ValueError(
+            raise UsageError(
                 "MaskDiceBCELoss needs dict targets {'label': (B, 2), 'mask': (B, 2, H, W)}: "
                 "train with GLAMPrepareBatch(with_masks=True)"
             )
         logits, label, mask = outputs[OutputKey.LOGITS], target["label"], target["mask"]
         if mask.shape != logits.shape or label.shape != logits.shape[:2]:
-            raise ValueError(
+            raise UsageError(
                 f"logits {tuple(logits.shape)}, mask {tuple(mask.shape)} and label {tuple(label.shape)} disagree"
             )
         with full_precision(logits.device.type):

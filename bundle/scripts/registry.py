@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 from monai.utils import ComponentStore, look_up_option
 
+from .errors import UsageError
+
 __all__ = ["Registry"]
 
 T = TypeVar("T")
@@ -37,7 +39,7 @@ class Registry(ComponentStore):
         """Decorator storing its target under ``name`` (a Python identifier); the name must be new, so that a
         registration cannot silently replace a variant that checkpoints record by name."""
         if name in self:
-            raise ValueError(f"{self.name}: {name!r} is already registered")
+            raise UsageError(f"{self.name}: {name!r} is already registered")
 
         def deco(value: T) -> T:
             return self.add(name, description or (getattr(value, "__doc__", None) or "").strip(), value)
@@ -62,4 +64,4 @@ class Registry(ComponentStore):
         except ValueError as err:
             first = str(err).splitlines()[0]
             hint = first if first.startswith("By ") else ""
-        raise ValueError(f"{argument} must be one of {self.names}, got {name!r}" + (f" ({hint})" if hint else ""))
+        raise UsageError(f"{argument} must be one of {self.names}, got {name!r}" + (f" ({hint})" if hint else ""))

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import CLASS_NAMES, LesionClass
+from ..errors import UsageError
 from .datalist_parsers import (
     CSV_FLAVOURS,
     DATALIST_PARSERS,
@@ -150,14 +151,14 @@ def normalise_fractions(fractions: Sequence[float] | Mapping[str, float]) -> dic
     if isinstance(fractions, Mapping):
         unknown = set(fractions) - set(SPLITS)
         if unknown:
-            raise ValueError(f"fractions: unknown split(s) {sorted(unknown)}; expected keys from {SPLITS}")
+            raise UsageError(f"fractions: unknown split(s) {sorted(unknown)}; expected keys from {SPLITS}")
         values = [float(fractions.get(s, 0.0)) for s in SPLITS]
     else:
         values = [float(f) for f in fractions]
         if len(values) != 3:
-            raise ValueError(f"fractions must be 3 numbers (training, validation, test), got {list(fractions)}")
+            raise UsageError(f"fractions must be 3 numbers (training, validation, test), got {list(fractions)}")
     if any(not math.isfinite(v) or v < 0 for v in values) or abs(sum(values) - 1.0) > 1e-6:
-        raise ValueError(f"fractions must be non-negative and sum to 1, got {values}")
+        raise UsageError(f"fractions must be non-negative and sum to 1, got {values}")
     return dict(zip(SPLITS, values))
 
 
@@ -290,7 +291,7 @@ def split_items(
         )
     train_val = fr["training"] + fr["validation"]
     if train_val <= 0:
-        raise ValueError(
+        raise UsageError(
             "fractions: training and validation are both 0, but the official split only fixes 'test'; pass "
             "--no-official-split (official=False) to place every item by --fractions"
         )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..enums import CLASS_NAMES, LesionClass
+from ..errors import UsageError
 from .boxes import parse_boxes
 from .errors import CsvRowError
 from .geometry import stated_spacing_ok
@@ -92,7 +93,7 @@ def register_datalist_parser(name: str, *, signature: Iterable[str], columns: st
 
     def register(parse: RowParser) -> RowParser:
         if name in DATALIST_PARSERS:
-            raise ValueError(f"a datalist parser named {name!r} is already registered")
+            raise UsageError(f"a datalist parser named {name!r} is already registered")
         sig = frozenset(normalise_column(c) for c in signature)
         DATALIST_PARSERS[name] = DatalistParser(name, sig, columns, parse)
         return parse

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UsageError
+
 __all__ = ["INBREAST_BIRADS", "PolygonMask", "find_inbreast_dicom", "inbreast_patient_id", "read_inbreast_rois"]
 
 # BI-RADS category (first digit of "4a", "4b", ...) -> [benign, malignant]: 1 negative (no lesion), 2-3 benign
@@ -83,10 +85,10 @@ def read_inbreast_rois(xml_path: Path) -> list[tuple[str, tuple[tuple[float, flo
         with open(xml_path, "rb") as fh:
             plist = plistlib.load(fh)
     except Exception as err:  # not a plist, truncated, ...
-        raise ValueError(f"{xml_path}: not an INbreast XML annotation ({type(err).__name__}: {err})") from None
+        raise UsageError(f"{xml_path}: not an INbreast XML annotation ({type(err).__name__}: {err})") from None
     images = plist.get("Images") if isinstance(plist, dict) else None
     if not isinstance(images, list):
-        raise ValueError(f"{xml_path}: no 'Images' array (expected an OsiriX ROI plist)")
+        raise UsageError(f"{xml_path}: no 'Images' array (expected an OsiriX ROI plist)")
     rois = []
     for image in images:
         for roi in image.get("ROIs", []) or []:
@@ -94,7 +96,7 @@ def read_inbreast_rois(xml_path: Path) -> list[tuple[str, tuple[tuple[float, flo
             for text in roi.get("Point_px", []) or []:
                 m = _POINT.fullmatch(str(text).strip())
                 if m is None:
-                    raise ValueError(f"{xml_path}: ROI {roi.get('Name')!r}: unreadable point {text!r}")
+                    raise UsageError(f"{xml_path}: ROI {roi.get('Name')!r}: unreadable point {text!r}")
                 points.append((float(m[1]), float(m[2])))
             if points:
                 rois.append((str(roi.get("Name", "")), tuple(points)))

@@ -34,6 +34,7 @@ from monai.handlers import from_engine
 from monai.metrics import ROCAUCMetric
 from monai.utils import string_list_all_gather
 
+from ..errors import UsageError
 from ..handlers import FROC, PointingGame, PxAP, SoftDice
 from ..metrics._common import nan_reduce
 from ..metrics.breasts import breast_auc, breast_key
@@ -242,7 +243,7 @@ class ReportMetrics:
     def _check_keys(self, output: Mapping[str, Any]) -> None:
         for key in (self.mask_key, self.score_key, self.label_key):
             if key not in output:
-                raise ValueError(
+                raise UsageError(
                     f"MetricsReport: the evaluator's outputs lack {key!r} (keys {sorted(map(str, output))}); "
                     "use GLAMOutputsd as postprocessing and dict targets (GLAMPrepareBatch(with_masks=True))"
                 )
@@ -256,7 +257,7 @@ class ReportMetrics:
         present = [m for m in self.maps if m in output]
         if self.present is None:
             if not present:
-                raise ValueError(f"MetricsReport: none of the maps {self.maps} is in the evaluator's outputs")
+                raise UsageError(f"MetricsReport: none of the maps {self.maps} is in the evaluator's outputs")
             self.present = present
             self._engine = engine
             for m in present:
@@ -264,7 +265,7 @@ class ReportMetrics:
                 for suffix, handler in self.handlers[m].items():
                     handler.attach(engine, f"{m}_{suffix}")
         elif present != self.present:
-            raise ValueError(f"MetricsReport: maps changed within an evaluation ({self.present} -> {present})")
+            raise UsageError(f"MetricsReport: maps changed within an evaluation ({self.present} -> {present})")
 
     def detach(self) -> None:
         """Take the handlers off the engine (a new evaluation attaches its own)."""
@@ -278,7 +279,7 @@ class ReportMetrics:
         scores = torch.stack([torch.as_tensor(o[self.score_key]).reshape(-1).float() for o in outputs])
         labels = torch.stack([torch.as_tensor(o[self.label_key]).reshape(-1).to(scores) for o in outputs])
         if scores.shape[1] != len(self.class_names) or labels.shape != scores.shape:
-            raise ValueError(
+            raise UsageError(
                 f"MetricsReport: {self.score_key!r} and {self.label_key!r} must have one value per class "
                 f"{self.class_names}, got shapes {tuple(scores.shape)} and {tuple(labels.shape)}"
             )
@@ -292,7 +293,7 @@ class ReportMetrics:
         if self.classified is not None:
             return self.classified
         if self.present is None:
-            raise ValueError("MetricsReport: no image was evaluated (empty split?)")
+            raise UsageError("MetricsReport: no image was evaluated (empty split?)")
         # the same collective calls, in the same order, on every rank
         paths = string_list_all_gather(self.paths)
         keys = [tuple(json.loads(k)) if k else None for k in string_list_all_gather(self.keys)]
@@ -317,7 +318,7 @@ class ReportMetrics:
         """Everything collected, from every rank, after the handlers completed (their ``EPOCH_COMPLETED`` put the
         gathered per-image values in ``engine.state.metric_details``). Collective under DDP: call it on every rank."""
         if self.present is None:
-            raise ValueError("MetricsReport: no image was evaluated (empty split?)")
+            raise UsageError("MetricsReport: no image was evaluated (empty split?)")
         details = {
             m: {suffix: engine.state.metric_details[f"{m}_{suffix}"] for suffix in HANDLER_SUFFIXES}
             for m in self.present

@@ -28,6 +28,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..networks.glam import GLAM, GLAM_DEFAULTS
 from ..networks.glam_settings import GLAMSettings
 from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, INFERENCE_CHOSEN, inference_settings
@@ -60,7 +61,7 @@ def checkpoint_record(path: str | os.PathLike) -> dict[str, Any] | None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - read_checkpoint_settings read it already; only a race lands here
-        raise ValueError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
+        raise UsageError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
     network = state.get("network") if isinstance(state, Mapping) else None
     tensor = network.get(SETTINGS_KEY) if isinstance(network, Mapping) else None
     return decode_settings(tensor) if isinstance(tensor, torch.Tensor) else None

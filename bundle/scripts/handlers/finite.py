@@ -21,6 +21,7 @@ from ignite.engine import Engine, Events
 from monai.handlers import from_engine
 from monai.utils import CommonKeys
 
+from ..errors import UsageError
 from ..networks.checkpoint_file import describe_non_finite, non_finite_tensors
 
 __all__ = ["TrainingDivergedError", "StopOnNonFinite"]
@@ -29,7 +30,7 @@ __all__ = ["TrainingDivergedError", "StopOnNonFinite"]
 _HELP = "lower --learning_rate (docs/training.md, 'Non-finite losses and weights')"
 
 
-class TrainingDivergedError(ValueError):
+class TrainingDivergedError(UsageError):
     """A training stage stopped because its loss or its weights stopped being finite; the message says where."""
 
 

@@ -13,6 +13,8 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
 
+from ..errors import UsageError
+
 __all__ = [
     "EpochSeeder",
     "BestMetricState",
@@ -30,7 +32,7 @@ def key_metric(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dic
     ``name`` may be the selection record of :func:`~scripts.training.selection.choose_selection`."""
     name = _metric_name(name)
     if name not in metrics:
-        raise ValueError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
+        raise UsageError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
     return {name: metrics[name]}
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import CLASS_NAMES
+from ..errors import UsageError
 
 __all__ = [
     "DICOM_OUTPUT_MODES",
@@ -62,7 +63,7 @@ def dicom_output_kinds(mode: str | None) -> tuple[str, ...]:
     """``"none" | "sc" | "map" | "both"`` (None = "none") -> the kinds to write; ValueError names a bad value."""
     key = "none" if mode is None else str(mode).strip().lower()
     if key not in DICOM_OUTPUT_MODES:
-        raise ValueError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {mode!r}")
+        raise UsageError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {mode!r}")
     return DICOM_OUTPUT_MODES[key]
 
 
@@ -107,7 +108,7 @@ def _read_source(path: str | os.PathLike, notes: list[str] | None = None) -> Any
     ds = pydicom.dcmread(str(path), stop_before_pixels=True)
     missing = [k for k in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "SOPClassUID") if k not in ds]
     if missing:
-        raise ValueError(f"{path}: DICOM header lacks {', '.join(missing)}: cannot reference the source image")
+        raise UsageError(f"{path}: DICOM header lacks {', '.join(missing)}: cannot reference the source image")
     # type 2 attributes (may be empty, must exist) that highdicom reads from the source; many files omit them
     for keyword in _TYPE2_SOURCE:
         if keyword not in ds:
@@ -128,7 +129,7 @@ def secondary_capture(source: Any, panel: np.ndarray) -> Any:
 
     panel = np.asarray(panel)
     if panel.ndim != 3 or panel.shape[2] != 3 or panel.dtype != np.uint8:
-        raise ValueError(f"panel must be (H, W, 3) uint8, got shape {panel.shape} dtype {panel.dtype}")
+        raise UsageError(f"panel must be (H, W, 3) uint8, got shape {panel.shape} dtype {panel.dtype}")
     # highdicom wants a patient orientation for a PATIENT coordinate system and accepts single letters only; the
     # panel's tiles keep the source's row/column directions, so the source's value (e.g. "FR" in a mammogram) is
     # copied over the placeholder afterwards, or left empty (type 2) when the source has none.
@@ -179,7 +180,7 @@ def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
     s_c = np.asarray(s_c, dtype=np.float32)
     rows, cols = int(source.Rows), int(source.Columns)
     if s_c.ndim != 3 or s_c.shape[0] != 2 or s_c.shape[1:] != (rows, cols):
-        raise ValueError(f"S_c must have shape (2, {rows}, {cols}) (the source image), got {s_c.shape}")
+        raise UsageError(f"S_c must have shape (2, {rows}, {cols}) (the source image), got {s_c.shape}")
     algorithm = hd.AlgorithmIdentificationSequence(
         name=MODEL_NAME, version=SOFTWARE_VERSION, family=codes.cid7162.ArtificialIntelligence
     )
@@ -236,14 +237,14 @@ def dicom_objects(
     for kind in kinds:
         if kind == "sc":
             if panel is None:
-                raise ValueError(f"{source_path}: a Secondary Capture needs the overlay panel")
+                raise UsageError(f"{source_path}: a Secondary Capture needs the overlay panel")
             objects[kind] = secondary_capture(source, panel)
         elif kind == "map":
             if s_c is None:
-                raise ValueError(f"{source_path}: a Segmentation needs S_c")
+                raise UsageError(f"{source_path}: a Segmentation needs S_c")
             objects[kind] = saliency_segmentation(source, s_c)
         else:
-            raise ValueError(f"unknown DICOM output kind {kind!r} (sc, map)")
+            raise UsageError(f"unknown DICOM output kind {kind!r} (sc, map)")
     return objects
 
 

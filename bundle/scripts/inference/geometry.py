@@ -18,6 +18,7 @@ from monai.transforms import Compose, Invertd
 
 from ..data.geometry import usable_spacing
 from ..enums import MAP_NAMES, OutputKey
+from ..errors import UsageError
 from ..patches import render_saliency
 from ..transforms.mammo.coverage import original_size, window_box_to_original, window_on_original
 
@@ -236,5 +237,5 @@ def maps_on_original(
     for name, m in out.items():
         if m.shape[-2:] != size:
             path = meta.get("filename_or_obj", "")
-            raise ValueError(f"{path}: inverted {name} has shape {m.shape[-2:]}, the file {size}")
+            raise UsageError(f"{path}: inverted {name} has shape {m.shape[-2:]}, the file {size}")
     return OnOriginal(out, patches, window_on_original(meta, size))

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..data.geometry import usable_spacing
 from ..enums import CLASS_NAMES
+from ..errors import UsageError
 from .files import OutputSelection, StagedFiles
 from .geometry import FALLBACK_SPACING_MM, file_affine
 
@@ -80,7 +81,7 @@ def save_nifti(path: Path, quantized: np.ndarray, affine: np.ndarray) -> None:
     import nibabel as nib
 
     if quantized.dtype != np.uint16 or quantized.ndim != 3:
-        raise ValueError(f"save_nifti takes (C, H, W) uint16 maps, got {quantized.dtype} {quantized.shape}")
+        raise UsageError(f"save_nifti takes (C, H, W) uint16 maps, got {quantized.dtype} {quantized.shape}")
     img = nib.Nifti1Image(np.transpose(quantized, (2, 1, 0))[:, :, None, None, :], np.asarray(affine, np.float64))
     img.header.set_slope_inter(1.0 / MAP_SCALE, 0.0)
     img.header.set_intent("vector", (), name=",".join(CLASS_NAMES))

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ..errors import UsageError
+
 __all__ = ["CheckpointError", "NonFiniteError", "read_checkpoint", "non_finite_tensors", "describe_non_finite"]
 
 #: how a zip checkpoint (torch.save's format since PyTorch 1.6) and a legacy pickled one begin
@@ -25,7 +27,7 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_MAGIC = b"\x80"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError):
     """A checkpoint file that cannot be used; the message names the file and what is wrong with it."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UsageError
 from ..precision import autocast
 
 __all__ = [
@@ -48,7 +49,7 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     autocast) and on a CPU that supports it natively, fp32 on other CPUs (emulated bf16 is slower than float32).
     """
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise UsageError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "auto":
         return precision
     kind = torch.device(device).type
@@ -95,7 +96,7 @@ class AutocastInference(nn.Module):
 
     def train(self, mode: bool = True) -> AutocastInference:
         if mode:
-            raise ValueError("AutocastInference is for inference: it holds a network with folded batch norms")
+            raise UsageError("AutocastInference is for inference: it holds a network with folded batch norms")
         return super().train(False)
 
     def extra_repr(self) -> str:

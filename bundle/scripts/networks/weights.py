@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_write
+from ..errors import UsageError
 from .checkpoint_file import CheckpointError, NonFiniteError, describe_non_finite, non_finite_tensors, read_checkpoint
 from .glam_settings import as_flag
 from .settings import SETTINGS_KEY, check_settings
@@ -157,7 +158,7 @@ def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.
     module = network.module if wrapped else network  # the weights of a data-parallel network's module
     problems = state_dict_problems(module, state, f"the checkpoint {path}")
     if problems:
-        raise ValueError(
+        raise UsageError(
             f"model weights {path} do not match the network: {', '.join(problems)}; were they trained with other "
             "model settings (a preset), or is it another model's file?"
         )

@@ -40,6 +40,8 @@ from monai.data import CacheDataset, Dataset, PersistentDataset
 from monai.data.utils import worker_init_fn
 from monai.utils import convert_to_tensor, str2bool
 
+from ..errors import UsageError
+
 __all__ = [
     "CACHE_MODES",
     "read_datalist",
@@ -94,7 +96,7 @@ def cache_mode(cache: bool | str | None) -> str:
     try:
         return "memory" if str2bool(text) else "none"
     except ValueError:
-        raise ValueError(f"cache must be one of {CACHE_MODES} (or true / false), got {cache!r}") from None
+        raise UsageError(f"cache must be one of {CACHE_MODES} (or true / false), got {cache!r}") from None
 
 
 def _describe(obj: Any, depth: int = 0) -> Any:
@@ -186,11 +188,11 @@ class ChecksummedPersistentDataset(PersistentDataset):
         try:
             entry = torch.load(hashfile, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - torch.load raises many types on a damaged file
-            raise ValueError(f"cannot be read ({type(err).__name__}: {err})") from None
+            raise UsageError(f"cannot be read ({type(err).__name__}: {err})") from None
         if not isinstance(entry, Mapping) or "checksum" not in entry or "data" not in entry:
-            raise ValueError("is not a checksummed cache entry")
+            raise UsageError("is not a checksummed cache entry")
         if content_checksum(entry["data"]) != entry["checksum"]:
-            raise ValueError("does not match its checksum (its content changed on disk)")
+            raise UsageError("does not match its checksum (its content changed on disk)")
         return entry["data"]
 
     def _cachecheck(self, item_transformed: Any) -> Any:
@@ -242,7 +244,7 @@ def training_dataset(
         )
     if mode == "disk":
         if not cache_dir:
-            raise ValueError("cache 'disk' needs a cache_dir (the folder that holds the cached images)")
+            raise UsageError("cache 'disk' needs a cache_dir (the folder that holds the cached images)")
         os.makedirs(cache_dir, exist_ok=True)
         logger.info("preprocessing cache on disk: %s (%d images; the first epoch fills it)", cache_dir, len(data))
         return ChecksummedPersistentDataset(

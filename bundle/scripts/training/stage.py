@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..enums import STAGES, MapName, Stage
+from ..errors import UsageError
 
 __all__ = [
     "STAGE_ORDER",
@@ -44,7 +45,7 @@ STAGE_MAPS = {Stage.GLOBAL: MapName.GLOBAL.value, Stage.LOCAL: MapName.LOCAL.val
 def _stage(stage: Any) -> str:
     stage = str(stage)
     if stage not in STAGES:
-        raise ValueError(f"stage must be one of {STAGES} here, got {stage!r}")
+        raise UsageError(f"stage must be one of {STAGES} here, got {stage!r}")
     return stage
 
 
@@ -124,5 +125,5 @@ def stages_to_run(stage: str) -> list[str]:
     if stage == "all":
         return list(STAGE_ORDER)
     if stage not in STAGE_ORDER:
-        raise ValueError(f"stage must be 'all' or one of {STAGE_ORDER}, got {stage!r}")
+        raise UsageError(f"stage must be 'all' or one of {STAGE_ORDER}, got {stage!r}")
     return [stage]
