@@ -18,6 +18,7 @@ from .patches import (
     shift_patch_boxes,
 )
 from .pooling import TopTPooling
+from .workflow import GLAMWorkflow
 
 __all__ = [
     "GLAM",
@@ -39,4 +40,5 @@ __all__ = [
     "load_nyukat_glam",
     "SoftDiceMetric",
     "PxAPMetric",
+    "GLAMWorkflow",
 ]

@@ -64,10 +64,13 @@ WEIGHTS_HELP = (
 
 
 def require_weights(path: str | os.PathLike) -> str:
-    """``path`` when it is a file; otherwise stop the workflow with one line that names the missing file and how to
-    get weights (``SystemExit``: the bundle runner's expression handling lets it through, so no traceback)."""
+    """``path`` when it is a file.
+
+    Raises:
+        UsageError: no file at ``path``: one line naming it and how to get weights (:data:`WEIGHTS_HELP`).
+    """
     if not Path(path).is_file():
-        raise SystemExit(f"error: model weights not found: {path}: {WEIGHTS_HELP}")
+        raise UsageError(f"model weights not found: {path}: {WEIGHTS_HELP}")
     return str(path)
 
 
