@@ -197,10 +197,15 @@ def given_none(overrides: Mapping[str, Any], parser: ConfigParser) -> list[str]:
     return keys
 
 
+def _on_command_line(argv: list[str]) -> bool:
+    """Whether this process is ``python -m monai.bundle ...`` (MONAI's ``bundle/__main__.py``)."""
+    return Path(argv[0] if argv else "").parts[-2:] == ("bundle", "__main__.py")
+
+
 def _none_on_command_line(argv: list[str]) -> dict[str, None]:
     """The ``--key None`` of a ``python -m monai.bundle`` command line: Fire parses ``None`` into None, which
     MONAI's ``update_kwargs`` drops before any workflow is built (empty for any other program)."""
-    if Path(argv[0] if argv else "").parts[-2:] != ("bundle", "__main__.py"):
+    if not _on_command_line(argv):
         return {}
     found: dict[str, None] = {}
     for i, word in enumerate(argv):
@@ -316,9 +321,10 @@ class GLAMWorkflow(ConfigWorkflow):
     (:func:`scripts.training.workflow.run_stages`); with ``distributed: true`` it joins the process group in
     ``initialize`` and leaves it in ``finalize``. Any other run id is ``ConfigWorkflow``'s.
 
-    A user's mistake (:func:`user_error`) in ``initialize``, ``run`` or ``finalize`` is printed once to stderr as
-    ``error: <message>`` and ends the process with status 1 (``SystemExit(1)`` whose ``__cause__`` is the error);
-    any other exception propagates untouched.
+    Under ``python -m monai.bundle``, a user's mistake (:func:`user_error`) in ``initialize``, ``run`` or
+    ``finalize`` is printed once to stderr as ``error: <message>`` and ends the process with status 1
+    (``SystemExit(1)`` whose ``__cause__`` is the error); any other exception, and every exception from Python (a
+    notebook, a test, the label app), propagates untouched.
 
     Args:
         config_file, meta_file, logging_file, init_id, run_id, final_id, tracking, workflow_type, properties_path:
@@ -364,7 +370,7 @@ class GLAMWorkflow(ConfigWorkflow):
         try:
             return step()
         except Exception as err:
-            found = user_error(err)
+            found = user_error(err) if _on_command_line(sys.argv) else None
             if found is None:
                 raise
             print(error_line(found), file=sys.stderr)

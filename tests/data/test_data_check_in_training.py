@@ -17,7 +17,7 @@ import scripts.data
 import scripts.training.workflow
 from scripts.data import DataCheckError, load_datalist
 from scripts.data.datalist import resolve_paths
-from scripts.training.workflow import GLAMTrainingWorkflow
+from scripts.workflow import GLAMWorkflow
 
 META = TRAIN_CONFIG.parent / "metadata.json"
 
@@ -53,8 +53,8 @@ def calls(monkeypatch) -> dict[str, list]:
     return seen
 
 
-def _workflow(tmp_path: Path, datalist: str, **overrides) -> GLAMTrainingWorkflow:
-    wf = GLAMTrainingWorkflow(
+def _workflow(tmp_path: Path, datalist: str, **overrides) -> GLAMWorkflow:
+    wf = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=str(META),
         workflow_type="train",

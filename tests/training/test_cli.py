@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG
 
-from scripts.commands import UsageError
+from scripts.errors import UsageError
 from scripts.training.checkpoints import why_no_model
 from scripts.training.preflight import per_stage
 from scripts.training.selection import NegativeBCE, choose_selection
@@ -210,7 +210,7 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_naming_the_last_good_
 def test_the_disk_full_message_for_other_files(tmp_path):
     import errno
 
-    from scripts.commands import disk_full_message
+    from scripts.workflow import disk_full_message
 
     def full(path) -> OSError:
         return OSError(errno.ENOSPC, "No space left on device", None if path is None else str(path))

@@ -1,4 +1,4 @@
-"""The multi-stage run as a MONAI workflow (scripts.training.workflow.GLAMTrainingWorkflow) and the stage loop: each
+"""The multi-stage run as a MONAI workflow (scripts.training.workflow.GLAMWorkflow) and the stage loop: each
 stage in its own copy of the merged configuration, MONAI's tracking handlers in every copy, the rank-0-only handlers
 disabled in the copies of the other ranks, and the process group owned by initialize / finalize.
 
@@ -13,7 +13,8 @@ from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 from monai.bundle import ConfigParser, ConfigWorkflow
 
 import scripts.training.workflow as runner
-from scripts.training.workflow import GLAMTrainingWorkflow, run_stages
+from scripts.training.workflow import run_stages
+from scripts.workflow import GLAMWorkflow
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
 MULTI_GPU_CONFIG = TRAIN_CONFIG.parent / "multi_gpu_train.yaml"
@@ -34,7 +35,7 @@ def torchrun_env(monkeypatch):
 
 
 def test_workflow_runs_every_stage_in_its_own_copy_without_the_stack(tmp_path, tiny_datalist):
-    wf = GLAMTrainingWorkflow(
+    wf = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=META,
         **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
@@ -67,7 +68,7 @@ def test_tracking_handlers_reach_every_stage(tmp_path, tiny_datalist):
             "save_execute_config": False,
         },
     }
-    wf = GLAMTrainingWorkflow(
+    wf = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=META,
         tracking=settings,
@@ -100,7 +101,7 @@ def test_other_ranks_build_no_rank_zero_only_handler(monkeypatch):
 def test_initialize_and_finalize_own_the_process_group(tmp_path, tiny_datalist, torchrun_env):
     import torch.distributed as dist
 
-    wf = GLAMTrainingWorkflow(
+    wf = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(MULTI_GPU_CONFIG)],
         meta_file=META,
         **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
@@ -142,7 +143,7 @@ def test_the_plain_workflow_runs_the_stages_on_its_own_parser(tmp_path, tiny_dat
 def test_distributed_training_joins_and_leaves_the_group_under_the_plain_workflow(
     tmp_path, tiny_datalist, torchrun_env
 ):
-    """Under MONAI's plain workflow (no GLAMTrainingWorkflow.initialize) `training` joins the process group itself
+    """Under MONAI's plain workflow (no GLAMWorkflow.initialize) `training` joins the process group itself
     and leaves it after the stages."""
     import torch.distributed as dist
 
