@@ -17,6 +17,9 @@ SAMPLE_EXAM = SHARED_DIR / "sample_data" / "glam_exam0"
 
 if str(BUNDLE_ROOT) not in sys.path:
     sys.path.insert(0, str(BUNDLE_ROOT))
+# the documented command line, `PYTHONPATH=bundle python -m monai.bundle run_workflow scripts.GLAMWorkflow ...`, in
+# every subprocess a test starts
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BUNDLE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n N: N workers share the cores, so each (and every process it starts) uses one thread instead of

@@ -135,7 +135,17 @@ def test_the_command_line_stops_with_one_line_before_the_output_folder(setup, tm
     torch.save(state, ckpt)
     out = tmp_path / "out"
     configs = json.dumps([str(INFERENCE_CONFIG), str(TINY_INFERENCE)])
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", configs]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
+        "inference",
+        "--config_file",
+        configs,
+    ]
     cmd += ["--meta_file", str(META), "--input_dir", str(setup["folder"]), "--output_dir", str(out)]
     cmd += ["--ckpt_path", str(ckpt)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

@@ -52,7 +52,7 @@ def small_datalist(tmp_path, tiny_datalist) -> str:
 
 def _start(root: Path, datalist: str, log: Path, *extra: str) -> subprocess.Popen:
     command = [
-        sys.executable, "-m", "monai.bundle", "run", "training",
+        sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "training",
         "--config_file", repr([str(TRAIN_CONFIG), str(TINY_CONFIG)]),
         "--meta_file", str(META),
         "--stage", "global",
