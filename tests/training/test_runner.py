@@ -1,4 +1,4 @@
-"""The multi-stage run as a MONAI workflow (scripts.training.workflow.GLAMWorkflow) and the stage loop: each
+"""The multi-stage run as a MONAI workflow (scripts.workflow.GLAMWorkflow) and the stage loop: each
 stage in its own copy of the merged configuration, MONAI's tracking handlers in every copy, the rank-0-only handlers
 disabled in the copies of the other ranks, and the process group owned by initialize / finalize.
 
@@ -10,7 +10,7 @@ import copy
 
 import pytest
 from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
-from monai.bundle import ConfigParser, ConfigWorkflow
+from monai.bundle import ConfigParser
 
 import scripts.training.workflow as runner
 from scripts.training.workflow import run_stages
@@ -120,14 +120,13 @@ def test_initialize_and_finalize_own_the_process_group(tmp_path, tiny_datalist, 
     assert not dist.is_initialized()
 
 
-def test_the_plain_workflow_runs_the_stages_on_its_own_parser(tmp_path, tiny_datalist, monkeypatch):
-    """`python -m monai.bundle run training` builds MONAI's plain ConfigWorkflow: train.yaml's `training` entry runs
-    the stages on that workflow's own parser (no second workflow, nothing read again), from Python too."""
+def test_the_stages_run_on_the_workflows_own_parser(tmp_path, tiny_datalist, monkeypatch):
+    """GLAMWorkflow runs the stages on its own parser, the one MONAI's run_workflow built (no second workflow,
+    nothing read again), and `run` (train.yaml's default run id) names `training`."""
     overrides = tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False)
     overrides["run_stage"] = ["$@stage", "$@ckpt_dir"]
-    wf = ConfigWorkflow(
-        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)], meta_file=META, run_id="training", **overrides
-    )
+    wf = GLAMWorkflow(config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)], meta_file=META, **overrides)
+    assert wf.workflow == "training"
     wf.initialize()
     seen = []
     real_run_stages = runner.run_stages
@@ -136,25 +135,5 @@ def test_the_plain_workflow_runs_the_stages_on_its_own_parser(tmp_path, tiny_dat
     )
     result = wf.run()
     assert seen == [wf.parser]
-    # `training`'s one entry -> run_training -> [per stage, the last entry of its run_stage]
+    # [per stage, the last entry of its run_stage]
     assert result == [[str(tmp_path / "models" / s) for s in ("global", "local", "joint")]]
-
-
-def test_distributed_training_joins_and_leaves_the_group_under_the_plain_workflow(
-    tmp_path, tiny_datalist, torchrun_env
-):
-    """Under MONAI's plain workflow (no GLAMWorkflow.initialize) `training` joins the process group itself
-    and leaves it after the stages."""
-    import torch.distributed as dist
-
-    wf = ConfigWorkflow(
-        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(MULTI_GPU_CONFIG)],
-        meta_file=META,
-        run_id="training",
-        **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
-        run_stage=["$torch.distributed.get_world_size()"],
-    )
-    wf.initialize()
-    assert not dist.is_initialized()
-    assert wf.run() == [[1, 1, 1]]
-    assert not dist.is_initialized()
