@@ -24,7 +24,7 @@ _LIMITED = textwrap.dedent(
     import torch
     sys.path.insert(0, "bundle")
     from scripts.atomic import atomic_path, atomic_write
-    from scripts.workflow import error_line, user_error
+    from scripts.errors import error_line, user_error
     from scripts.training.checkpoints import CheckpointFiles
 
     folder = sys.argv[1]
@@ -101,8 +101,8 @@ class _FailingFile:
 def test_a_full_disk_or_quota_during_a_checkpoint_save_is_one_oserror_naming_the_file(
     tmp_path, monkeypatch, code, words
 ):
+    from scripts.errors import disk_full_message, user_error
     from scripts.networks.weights import save_atomic
-    from scripts.workflow import disk_full_message, user_error
 
     target = tmp_path / "model.pt"
     save_atomic({"w": torch.ones(3)}, target)

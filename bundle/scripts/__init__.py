@@ -18,7 +18,7 @@ from .patches import (
     shift_patch_boxes,
 )
 from .pooling import TopTPooling
-from .workflow import GLAMWorkflow
+from .training.workflow import GLAMWorkflow
 
 __all__ = [
     "GLAM",

@@ -25,8 +25,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import UsageError
-
 try:  # POSIX; elsewhere a folder is not locked
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -66,7 +64,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
             f.write(text)
     """
     if mode not in ("w", "wb"):
-        raise UsageError(f"mode must be 'w' or 'wb', got {mode!r}")
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

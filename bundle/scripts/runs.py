@@ -4,7 +4,7 @@ inference read their folders and MLflow's records through these, so neither wing
 - :func:`run_name`: the MLflow run's default name (``train_global``, ``evaluate_joint``);
 - :func:`save_config`: the merged configuration as ``<folder>/config.json``, the tracked run's artifact (training's
   :func:`scripts.training.tracking.attach_tracked_config` before its handlers are built; the evaluation's,
-  :class:`scripts.workflow.GLAMWorkflow`, as MONAI's ``save_execute_config``).
+  :class:`scripts.training.workflow.GLAMWorkflow`, as MONAI's ``save_execute_config``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import scripts.data
 import scripts.training.workflow
 from scripts.data import DataCheckError, load_datalist
 from scripts.data.datalist import resolve_paths
-from scripts.workflow import GLAMWorkflow
+from scripts.training.workflow import GLAMWorkflow
 
 META = TRAIN_CONFIG.parent / "metadata.json"
 

@@ -113,7 +113,7 @@ def test_load_for_inference_through_the_config_refuses_non_finite_weights(setup,
     """inference.yaml's `network` (load_for_inference), as the MONAI Label app loads through the bundle."""
     from monai.bundle import ConfigParser
 
-    from scripts.workflow import user_error
+    from scripts.errors import user_error
 
     state = {k: v.clone() for k, v in setup["state"].items()}
     state[TENSOR].view(-1)[5:8] = value

@@ -23,7 +23,7 @@ from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG
 from ignite.engine import Events
 from monai.bundle import ConfigWorkflow
 
-from scripts.workflow import GLAMWorkflow
+from scripts.training.workflow import GLAMWorkflow
 
 CONFIGS = BUNDLE_ROOT / "configs"
 EVAL_CONFIG = CONFIGS / "evaluate.yaml"

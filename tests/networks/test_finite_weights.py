@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from scripts.errors import user_error
 from scripts.networks import GLAMSaliencyNet
 from scripts.networks.checkpoint_file import CheckpointError, NonFiniteError, non_finite_tensors, read_checkpoint
 from scripts.networks.fast_inference import load_for_inference
 from scripts.networks.weights import check_finite, load_checkpoint_file, load_weights, plain_state_dict, save_atomic
-from scripts.workflow import user_error
 
 TINY = dict(patch_size=64, local_depth=18, local_width=4)
 #: the tensor the tests corrupt (a convolution of the local module, as in the issue)

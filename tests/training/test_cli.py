@@ -213,7 +213,7 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_naming_the_last_good_
 def test_the_disk_full_message_for_other_files(tmp_path):
     import errno
 
-    from scripts.workflow import disk_full_message
+    from scripts.errors import disk_full_message
 
     def full(path) -> OSError:
         return OSError(errno.ENOSPC, "No space left on device", None if path is None else str(path))
@@ -424,7 +424,7 @@ def test_unfinished_run_without_a_record_is_told_by_the_trainer_state(tmp_path):
 def test_command_line_overrides_are_checked_against_the_config_files():
     """The overrides MONAI hands GLAMWorkflow: nested ids, tracking ids and new arguments of a component pass; an
     unknown id names its closest sibling."""
-    from scripts.workflow import _file_config, check_overrides
+    from scripts.training.workflow import _file_config, check_overrides
 
     files = [str(TRAIN_CONFIG), str(TRAIN_CONFIG.parent / "evaluate.yaml")]
     file_config = _file_config(files, META)

@@ -1,5 +1,5 @@
-"""What a user asks for on the command line is what runs (bundle/scripts/workflow.py): ``--key None`` (or ``null``)
-reaches the configuration as None for every option, although MONAI drops None-valued overrides; ``--help`` prints
+"""What a user asks for on the command line is what runs (bundle/scripts/training/workflow.py): ``--key None``
+(or ``null``) reaches the configuration as None for every option, although MONAI drops None-valued overrides; ``--help`` prints
 the workflow's own options and page; an unknown option points at that page."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from conftest import BUNDLE_ROOT, REPO_ROOT, TRAIN_CONFIG
 from monai.bundle import ConfigParser
 
 from scripts.errors import UsageError
-from scripts.workflow import _file_config, check_overrides, given_none
+from scripts.training.workflow import _file_config, check_overrides, given_none
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
@@ -89,7 +89,7 @@ def test_help_prints_the_workflows_options_and_page(run_id, files, page, option,
 
 
 def test_help_of_the_evaluation_names_its_page():
-    from scripts.workflow import workflow_help
+    from scripts.training.workflow import workflow_help
 
     text = workflow_help("evaluating", _file_config([str(TRAIN_CONFIG), str(EVALUATE)], META))
     assert "docs/evaluation.md" in text and "\n  --eval_split test\n" in text

@@ -20,11 +20,11 @@ from ignite.engine import Events
 from monai.data import DataLoader
 from monai.engines import SupervisedTrainer
 
+from scripts.errors import user_error
 from scripts.handlers.finite import StopOnNonFinite, TrainingDivergedError
 from scripts.networks.checkpoint_file import CheckpointError, NonFiniteError
 from scripts.networks.weights import load_checkpoint_file, load_weights, plain_state_dict
 from scripts.training.checkpoints import StageCheckpointer
-from scripts.workflow import user_error
 
 EVAL_CONFIG = TRAIN_CONFIG.parent / "evaluate.yaml"
 META = str(TRAIN_CONFIG.parent / "metadata.json")

@@ -7,8 +7,8 @@ from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 from ignite.engine import Engine
 
 from scripts.handlers.panels import SaliencyPanelWriter
+from scripts.training.workflow import GLAMWorkflow
 from scripts.visualize import CLASS_COLOURS, saliency_panel
-from scripts.workflow import GLAMWorkflow
 
 
 def test_saliency_panel_layout_and_colours():

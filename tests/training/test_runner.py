@@ -1,4 +1,4 @@
-"""The multi-stage run as a MONAI workflow (scripts.workflow.GLAMWorkflow) and the stage loop: each
+"""The multi-stage run as a MONAI workflow (scripts.training.workflow.GLAMWorkflow) and the stage loop: each
 stage in its own copy of the merged configuration, MONAI's tracking handlers in every copy, the rank-0-only handlers
 disabled in the copies of the other ranks, and the process group owned by initialize / finalize.
 
@@ -13,8 +13,7 @@ from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 from monai.bundle import ConfigParser
 
 import scripts.training.workflow as runner
-from scripts.training.workflow import run_stages
-from scripts.workflow import GLAMWorkflow
+from scripts.training.workflow import GLAMWorkflow, run_stages
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
 MULTI_GPU_CONFIG = TRAIN_CONFIG.parent / "multi_gpu_train.yaml"

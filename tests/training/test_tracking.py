@@ -19,7 +19,7 @@ from ignite.engine import Events
 from monai.bundle import ConfigWorkflow
 from monai.engines.utils import IterationEvents
 
-from scripts.workflow import GLAMWorkflow
+from scripts.training.workflow import GLAMWorkflow
 
 mlflow = pytest.importorskip("mlflow")
 

@@ -7,7 +7,7 @@ import torch
 from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 from monai.bundle import ConfigWorkflow
 
-from scripts.workflow import GLAMWorkflow
+from scripts.training.workflow import GLAMWorkflow
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
 

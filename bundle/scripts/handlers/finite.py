@@ -3,8 +3,8 @@
 Ignite's ``TerminateOnNan`` checks the same output, but ends the run as if it had finished (``engine.terminate()``:
 the run completes, exits 0, and the stage's record says it finished, so the next stage starts from whatever model it
 left); MONAI has no such handler. :class:`StopOnNonFinite` raises instead, so the run fails (exit status 1, the
-message as one ``error:`` line through :class:`scripts.workflow.GLAMWorkflow`) before the epoch's validation and
-checkpoints: ``last.pt`` and ``model.pt`` on disk keep their last finite weights (and
+message as one ``error:`` line through :class:`~scripts.training.workflow.GLAMWorkflow`) before the epoch's
+validation and checkpoints: ``last.pt`` and ``model.pt`` on disk keep their last finite weights (and
 :func:`~scripts.networks.weights.save_atomic` never writes non-finite ones).
 """
 
