@@ -1,6 +1,6 @@
-"""What a user asks for on the command line is what runs (bundle/scripts/training/workflow.py): ``--key None``
-(or ``null``) reaches the configuration as None for every option, although MONAI drops None-valued overrides; ``--help`` prints
-the workflow's own options and page; an unknown option points at that page."""
+"""What a user asks for on the command line is what runs (bundle/scripts/training/workflow.py): ``--key None`` (or
+``null``) reaches the configuration as None for every option, although MONAI drops None-valued overrides;
+``--help`` prints the workflow's own options and page; an unknown option points at that page."""
 
 from __future__ import annotations
 
