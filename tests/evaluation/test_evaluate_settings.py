@@ -101,10 +101,10 @@ def test_a_setting_that_contradicts_the_checkpoint_is_refused_naming_it(trained,
     root, datalist, _ = trained
     result = run(evaluate_command(tmp_path, datalist, root / "model.pt", "--local_width", "8"), cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
-    # refused while the evaluator runs: MONAI's StatsHandler logs the line without the traceback too
+    # refused while the evaluator runs: the bundle's StatsHandler leaves it to the one line
     assert "Traceback" not in result.stderr + result.stdout, result.stdout[-3000:]
     (line,) = error_lines(result)
-    assert line.startswith("error: ValueError: ") and "local_width: checkpoint 4, network 8" in line
+    assert line.startswith("error: ") and "local_width: checkpoint 4, network 8" in line
     assert not (tmp_path / "out" / "evaluate" / "metrics.json").exists()
 
 
@@ -117,7 +117,7 @@ def test_an_empty_test_split_names_the_flags_that_help(trained, tmp_path):
     result = run(evaluate_command(tmp_path, no_test, root / "model.pt"), cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert error_lines(result) == [
-        f"error: ValueError: {no_test}: split 'test' is missing or empty; nothing to evaluate: evaluate the "
+        f"error: {no_test}: split 'test' is missing or empty; nothing to evaluate: evaluate the "
         "validation split with --eval_split validation, or give the datalist a test split "
         "(tools/make_datalist.py --fractions TRAIN VAL TEST with TEST > 0, e.g. --fractions 0.7 0.15 0.15)"
     ]
