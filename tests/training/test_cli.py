@@ -128,7 +128,7 @@ def test_tracking_without_mlflow_is_one_line_naming_the_install(tmp_path, tiny_d
     command = train_command(tiny_datalist, tmp_path, "--epochs", "1", "--stage", "global", "--tracking", "mlflow")
     command[1:3] = ["-c", WITHOUT_MLFLOW]  # python -c ... run training ...
     if workflow == "evaluating":
-        command[4] = "evaluating"
+        command[command.index("--run_id") + 1] = "evaluating"
         files = command.index("--config_file") + 1
         command[files] = f"['{TRAIN_CONFIG}','{TINY_CONFIG}','{TRAIN_CONFIG.parent / 'evaluate.yaml'}']"
     result = run(command, cwd=tmp_path)

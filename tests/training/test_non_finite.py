@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_CONFIG, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
 from ignite.engine import Events
 from monai.data import DataLoader
 from monai.engines import SupervisedTrainer
@@ -31,7 +31,7 @@ META = str(TRAIN_CONFIG.parent / "metadata.json")
 
 
 def one_line(err: BaseException) -> str:
-    """What the command line prints for ``err`` (scripts.commands' excepthook): one line."""
+    """What the command line prints for ``err`` (GLAMWorkflow): one line."""
     found = user_error(err)
     assert found is not None, f"not shown as a user's error: {err!r}"
     assert "\n" not in str(found).strip(), str(found)
@@ -291,7 +291,7 @@ def _train(datalist: str, root: Path, *extra: str) -> subprocess.CompletedProces
     command += ["--config_file", f"['{TRAIN_CONFIG}','{TINY_CONFIG}']", "--meta_file", META]
     command += ["--datalist", datalist, "--ckpt_root", str(root / "models"), "--output_root", str(root / "out")]
     command += ["--stage", "global", "--epochs", "1", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
     env.pop("GLAM_TRACEBACK", None)
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 

@@ -42,7 +42,7 @@ def test_workflow_runs_every_stage_in_its_own_copy_without_the_stack(tmp_path, t
         run_stage=["$@stage", "$@ckpt_dir", "$@shared_list.append(@stage) or list(@shared_list)"],
         shared_list="$[]",
     )
-    assert wf.run_id == "training"  # the command's run id: `python -m monai.bundle run training`
+    assert wf.workflow == "training"  # train.yaml's default run id names `training`
     wf.initialize()
     before = copy.deepcopy(wf.parser.get())
     results = wf.run()[-1]
