@@ -144,3 +144,36 @@ def test_three_stages_then_resume_through_the_class(tmp_path, tiny_datalist, mon
     assert epochs == [1, 2] and int(last["max_epochs"]) == 2
     assert before == {s: (tmp_path / "models" / s / "model.pt").stat().st_mtime_ns for s in ("global", "local")}
     assert json.loads((tmp_path / "models" / "joint" / "selection.json").read_text())["finished"]
+
+
+def test_the_stats_handler_logs_a_bugs_traceback_and_leaves_a_users_error_to_the_entry_point():
+    import logging
+
+    from ignite.engine import Engine
+
+    from scripts.handlers.stats import StatsHandler
+
+    class Records(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.records = []
+
+        def emit(self, record):
+            self.records.append(record)
+
+    def step(engine, batch):
+        raise batch
+
+    for error, logged in ((UsageError("--epochs must be a finite number"), False), (KeyError("a bug"), True)):
+        engine = Engine(step)
+        stats = StatsHandler(name="glam_test_stats", iteration_log=False, epoch_log=False)
+        stats.attach(engine)
+        seen = Records()
+        stats.logger.addHandler(seen)
+        try:
+            with pytest.raises(type(error)):
+                engine.run([error])
+        finally:
+            stats.logger.removeHandler(seen)
+        assert bool(seen.records) == logged, error
+        assert all(r.exc_info is not None for r in seen.records)  # a bug's traceback is kept
