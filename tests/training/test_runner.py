@@ -34,13 +34,14 @@ def torchrun_env(monkeypatch):
 
 
 def test_workflow_runs_every_stage_in_its_own_copy_without_the_stack(tmp_path, tiny_datalist):
+    shared = tmp_path / "shared.yaml"  # a new id comes in a file: an override must name an id of the files
+    shared.write_text('shared_list: "$[]"\n')
     wf = GLAMWorkflow(
-        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
+        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(shared)],
         meta_file=META,
         **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
         # what each stage evaluates: its own stage id, its checkpoint folder, a counter that leaks if copies are shared
         run_stage=["$@stage", "$@ckpt_dir", "$@shared_list.append(@stage) or list(@shared_list)"],
-        shared_list="$[]",
     )
     assert wf.workflow == "training"  # train.yaml's default run id names `training`
     wf.initialize()
