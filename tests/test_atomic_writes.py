@@ -63,7 +63,7 @@ def test_the_file_size_limit_is_one_line_naming_the_file_and_leaves_the_earlier_
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "GLAM_TRACEBACK": ""},
+        env=dict(os.environ),
     )
     reports = [json.loads(line) for line in proc.stdout.splitlines()]
     names = [str(tmp_path / "report.json"), str(tmp_path / "image.bin")]

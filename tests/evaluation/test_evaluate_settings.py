@@ -77,7 +77,6 @@ def evaluate_command(root: Path, datalist: Path, ckpt: Path, *extra: str) -> lis
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
-    env.pop("GLAM_TRACEBACK", None)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -52,7 +52,6 @@ def train_command(datalist: str, root: Path, *extra: str) -> list[str]:
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
-    env.pop("GLAM_TRACEBACK", None)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -193,7 +192,6 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_naming_the_last_good_
     (site / "sitecustomize.py").write_text(FULL_DISK_SITE)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(site), str(BUNDLE_ROOT)])}
     env["GLAM_TEST_FULL_AT"] = "2"
-    env.pop("GLAM_TRACEBACK", None)
     command = train_command(tiny_datalist, tmp_path, "--stage", "global", "--epochs", "2")
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr[-3000:]

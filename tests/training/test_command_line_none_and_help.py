@@ -35,7 +35,6 @@ def _monai_run(run_id: str, config_files: list, *extra: str, cwd: Path = REPO_RO
         str([str(f) for f in config_files]),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
-    env.pop("GLAM_TRACEBACK", None)
     return subprocess.run(
         [*command, "--meta_file", META, *extra], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )

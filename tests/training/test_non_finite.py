@@ -292,7 +292,6 @@ def _train(datalist: str, root: Path, *extra: str) -> subprocess.CompletedProces
     command += ["--datalist", datalist, "--ckpt_root", str(root / "models"), "--output_root", str(root / "out")]
     command += ["--stage", "global", "--epochs", "1", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
-    env.pop("GLAM_TRACEBACK", None)
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
