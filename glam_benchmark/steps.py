@@ -31,8 +31,9 @@ def _cli_value(value: Any) -> str:
 
 
 def bundle_command(run_id: str, configs: Sequence[Path], overrides: Mapping[str, Any]) -> list[str]:
-    """``python -m monai.bundle run <run_id> --config_file [...] --meta_file ... --<id> <value>...``."""
-    cmd = [sys.executable, "-m", "monai.bundle", "run", run_id]
+    """``python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id <run_id> --config_file [...] --meta_file
+    ... --<id> <value>...`` (the runner's environment puts the bundle on ``PYTHONPATH``)."""
+    cmd = [sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", run_id]
     cmd += ["--config_file", repr([str(c) for c in configs]), "--meta_file", str(META_FILE)]
     for key, value in overrides.items():
         cmd += [f"--{key}", _cli_value(value)]

@@ -20,6 +20,9 @@ if str(BUNDLE_ROOT) not in sys.path:
 # the repository's tools import as top-level modules (``import datalists``), as ``python tools/x.py`` finds them
 if str(REPO_ROOT / "tools") not in sys.path:
     sys.path.append(str(REPO_ROOT / "tools"))
+# the documented command line, `PYTHONPATH=bundle python -m monai.bundle run_workflow scripts.GLAMWorkflow ...`, in
+# every subprocess a test starts
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BUNDLE_ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest -n N: N workers share the cores, so each (and every process it starts) uses one thread instead of

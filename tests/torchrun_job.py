@@ -26,11 +26,20 @@ def free_port() -> int:
 
 
 def start(run_args: Sequence[str], import_dirs: Sequence[str | os.PathLike] = (), nproc: int = 2) -> subprocess.Popen:
-    """``python -m monai.bundle run *run_args`` under torchrun on ``nproc`` processes, from the repository root, its
-    output (stdout and stderr together) on a pipe. ``import_dirs`` go first on the workers' PYTHONPATH (the folders of
-    the probes a test's config names), then ``tests/``."""
+    """``python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id *run_args`` under torchrun on ``nproc``
+    processes, from the repository root, its output (stdout and stderr together) on a pipe. ``import_dirs`` go first
+    on the workers' PYTHONPATH (the folders of the probes a test's config names), then ``tests/``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(free_port()), "-m", "monai.bundle", "run", *run_args]
+    cmd += [
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "monai.bundle",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
+        *run_args,
+    ]
     paths = [*(str(p) for p in import_dirs), str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
     env = {
         **os.environ,

@@ -135,8 +135,9 @@ def user_model_card(name: str, meta: dict, settings: dict) -> str:
         "",
         "## Use",
         "```bash",
-        "python -m monai.bundle run inference --config_file configs/inference.yaml --meta_file configs/metadata.json "
-        "--bundle_root . --input_dir DIR --output_dir OUT",
+        "PYTHONPATH=. python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id inference \\",
+        "    --config_file configs/inference.yaml --meta_file configs/metadata.json --bundle_root . \\",
+        "    --input_dir DIR --output_dir OUT",
         "```",
         "The inference config builds the network and its input window from the settings the checkpoint records.",
         "",

@@ -14,6 +14,7 @@ from .patches import (
     shift_patch_boxes,
 )
 from .pooling import TopTPooling
+from .training.workflow import GLAMWorkflow
 
 __all__ = [
     "GLAM",
@@ -35,4 +36,5 @@ __all__ = [
     "load_nyukat_glam",
     "SoftDiceMetric",
     "PxAPMetric",
+    "GLAMWorkflow",
 ]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .enums import OutputKey, Stage
+from .errors import UsageError
 from .pooling import check_fraction, top_t_pool
 from .registry import Registry
 
@@ -28,9 +29,9 @@ __all__ = [
 
 def _check_bag(patch_maps: torch.Tensor, patch_features: torch.Tensor | None) -> None:
     if patch_maps.ndim != 5:
-        raise ValueError(f"patch_maps must be (B, K, C, h, w), got shape {tuple(patch_maps.shape)}")
+        raise UsageError(f"patch_maps must be (B, K, C, h, w), got shape {tuple(patch_maps.shape)}")
     if patch_features is not None and (patch_features.ndim != 3 or patch_features.shape[:2] != patch_maps.shape[:2]):
-        raise ValueError(
+        raise UsageError(
             f"patch_features must be (B, K, D) with the same B, K as patch_maps {tuple(patch_maps.shape[:2])}, "
             f"got shape {tuple(patch_features.shape)}"
         )
@@ -38,9 +39,9 @@ def _check_bag(patch_maps: torch.Tensor, patch_features: torch.Tensor | None) ->
 
 def _check_mask(mask: torch.Tensor, scores: torch.Tensor) -> None:
     if mask.shape != scores.shape:
-        raise ValueError(f"mask must be (B, K) = {tuple(scores.shape)}, got shape {tuple(mask.shape)}")
+        raise UsageError(f"mask must be (B, K) = {tuple(scores.shape)}, got shape {tuple(mask.shape)}")
     if not bool(mask.any(dim=1).all()):
-        raise ValueError("mask must keep at least one patch per image")
+        raise UsageError("mask must keep at least one patch per image")
 
 
 class ConcatTopTAggregation(nn.Module):
@@ -163,7 +164,7 @@ def register_aggregation(
     """
     spec = AggregationSpec(factory=factory, attribute=attribute or f"{name}_aggregation", joint_module=joint_module)
     if not spec.attribute.isidentifier():
-        raise ValueError(f"the attribute of aggregation {name!r} must be a Python identifier, got {spec.attribute!r}")
+        raise UsageError(f"the attribute of aggregation {name!r} must be a Python identifier, got {spec.attribute!r}")
     return AGGREGATIONS.register(name, description)(spec)
 
 

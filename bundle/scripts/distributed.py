@@ -19,6 +19,8 @@ import ignite.distributed as idist
 import torch
 import torch.distributed as dist
 
+from .errors import UsageError
+
 __all__ = [
     "TORCHRUN_ENV",
     "world_size",
@@ -59,7 +61,7 @@ def local_device() -> torch.device:
         return torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not 0 <= local_rank < torch.cuda.device_count():
-        raise ValueError(
+        raise UsageError(
             f"LOCAL_RANK={local_rank} but this node has {torch.cuda.device_count()} CUDA device(s): "
             "start at most one process per GPU (torchrun --nproc_per_node)"
         )
@@ -93,11 +95,11 @@ def init_distributed(
         idist.sync()  # a group made elsewhere: ignite caches its view of it
         return device
     if not dist.is_available():
-        raise ValueError("torch.distributed is not available in this PyTorch build")
+        raise UsageError("torch.distributed is not available in this PyTorch build")
     # ignite would make a 1-process group without torchrun's environment
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
-        raise ValueError(
+        raise UsageError(
             f"{overlay} must run under torchrun (missing environment variables {missing}): "
             f"torchrun --nproc_per_node=N -m monai.bundle run {command} --config_file ..."
         )

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .enums import STAGES, OutputKey, Stage
+from .errors import UsageError
 from .precision import full_precision
 
 # the global module's three maps S_0, S_1, S_2, each under the sparsity term
@@ -31,7 +32,7 @@ def _l1(maps: torch.Tensor) -> torch.Tensor:
 
 def _check_labels(outputs: dict[str, torch.Tensor], target: torch.Tensor) -> None:
     if target.ndim != 2 or target.shape != outputs[OutputKey.Y_GLOBAL].shape:
-        raise ValueError(
+        raise UsageError(
             f"target must be (B, 2) labels like y_global {tuple(outputs['y_global'].shape)}, "
             f"got shape {tuple(target.shape)}"
         )
@@ -39,7 +40,7 @@ def _check_labels(outputs: dict[str, torch.Tensor], target: torch.Tensor) -> Non
 
 def _check_lambda(lambda_sparsity: float) -> float:
     if not lambda_sparsity >= 0:
-        raise ValueError(f"lambda_sparsity must be >= 0, got {lambda_sparsity}")
+        raise UsageError(f"lambda_sparsity must be >= 0, got {lambda_sparsity}")
     return float(lambda_sparsity)
 
 
@@ -58,7 +59,7 @@ class GLAMLoss(nn.Module):
     def __init__(self, stage: str = Stage.GLOBAL, lambda_sparsity: float = 1e-4) -> None:
         super().__init__()
         if stage not in STAGES:
-            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+            raise UsageError(f"stage must be one of {STAGES}, got {stage!r}")
         self.stage = Stage(stage)
         self.lambda_sparsity = _check_lambda(lambda_sparsity)
 
@@ -73,12 +74,12 @@ class GLAMLoss(nn.Module):
         if self.stage in (Stage.LOCAL, Stage.JOINT):
             for key in (OutputKey.Y_LOCAL, OutputKey.PATCH_MAPS):
                 if key not in outputs:
-                    raise ValueError(f"stage {self.stage!r} loss needs {key!r} in the model outputs (model stage?)")
+                    raise UsageError(f"stage {self.stage!r} loss needs {key!r} in the model outputs (model stage?)")
             terms["bce_local"] = _bce(outputs[OutputKey.Y_LOCAL], target)
             terms["l1_local"] = self.lambda_sparsity * _l1(outputs[OutputKey.PATCH_MAPS])
         if self.stage == Stage.JOINT:
             if OutputKey.Y_FUSION not in outputs:
-                raise ValueError("stage 'joint' loss needs 'y_fusion' in the model outputs (model stage?)")
+                raise UsageError("stage 'joint' loss needs 'y_fusion' in the model outputs (model stage?)")
             terms["bce_fusion"] = _bce(outputs[OutputKey.Y_FUSION], target)
         return terms
 

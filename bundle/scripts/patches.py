@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .enums import MapName
+from .errors import UsageError
 
 __all__ = [
     "as_pair",
@@ -34,7 +35,7 @@ def as_pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
     """An int or a pair of ints as a (rows, cols) pair of positive ints."""
     pair = (value, value) if isinstance(value, int) else tuple(value)
     if len(pair) != 2 or any(isinstance(v, bool) or int(v) != v or int(v) < 1 for v in pair):
-        raise ValueError(f"{name} must be a positive int or a pair of positive ints, got {value!r}")
+        raise UsageError(f"{name} must be a positive int or a pair of positive ints, got {value!r}")
     return int(pair[0]), int(pair[1])
 
 
@@ -53,7 +54,7 @@ def max_disjoint_windows(map_size: list[int], window: tuple[int, int]) -> int:
 
 def _check_maps(saliency: torch.Tensor) -> None:
     if saliency.ndim != 4:
-        raise ValueError(f"saliency must be (B, C, h, w), got shape {tuple(saliency.shape)}")
+        raise UsageError(f"saliency must be (B, C, h, w), got shape {tuple(saliency.shape)}")
 
 
 def _class_agnostic_map(saliency: torch.Tensor) -> torch.Tensor:
@@ -83,7 +84,7 @@ def select_map_windows(saliency: torch.Tensor, window: tuple[int, int], num_patc
     wh, ww = int(window[0]), int(window[1])
     h, w = saliency.shape[-2], saliency.shape[-1]
     if wh > h or ww > w:
-        raise ValueError(f"patch window {wh}x{ww} on the map does not fit the {h}x{w} saliency map")
+        raise UsageError(f"patch window {wh}x{ww} on the map does not fit the {h}x{w} saliency map")
     current = _class_agnostic_map(saliency)
     rows = torch.arange(h, device=saliency.device)
     cols = torch.arange(w, device=saliency.device)
@@ -132,15 +133,15 @@ def _check_patch_count(
     num_patches: int, map_size: Sequence[int], image_size: Sequence[int], patch_size: Sequence[int]
 ) -> None:
     if isinstance(num_patches, bool) or not isinstance(num_patches, int) or num_patches < 1:
-        raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
+        raise UsageError(f"num_patches must be a positive int, got {num_patches!r}")
     if image_size[0] < patch_size[0] or image_size[1] < patch_size[1]:
-        raise ValueError(
+        raise UsageError(
             f"image of {image_size[0]}x{image_size[1]} is smaller than the {patch_size[0]}x{patch_size[1]} patch"
         )
     window = map_window_size(patch_size, image_size, map_size)
     available = max_disjoint_windows(map_size, window)
     if num_patches > available:
-        raise ValueError(
+        raise UsageError(
             f"num_patches={num_patches} exceeds the {available} disjoint {patch_size[0]}x{patch_size[1]} patch "
             f"windows available in a {image_size[0]}x{image_size[1]} image"
         )
@@ -170,15 +171,15 @@ def random_patch_boxes(
         (B, K, 4) long boxes.
     """
     if image.ndim != 4:
-        raise ValueError(f"image must be (B, 1, H, W), got shape {tuple(image.shape)}")
+        raise UsageError(f"image must be (B, 1, H, W), got shape {tuple(image.shape)}")
     ph, pw = as_pair(patch_size, "patch_size")
     H, W = image.shape[-2:]
     if H < ph or W < pw:
-        raise ValueError(f"image of {H}x{W} is smaller than the {ph}x{pw} patch")
+        raise UsageError(f"image of {H}x{W} is smaller than the {ph}x{pw} patch")
     if isinstance(num_patches, bool) or not isinstance(num_patches, int) or num_patches < 1:
-        raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
+        raise UsageError(f"num_patches must be a positive int, got {num_patches!r}")
     if generator is not None and generator.device.type != image.device.type:
-        raise ValueError(f"generator is on {generator.device} but the image is on {image.device}: use one device")
+        raise UsageError(f"generator is on {generator.device} but the image is on {image.device}: use one device")
     stride = max(1, min(ph, pw) // 4) if stride is None else int(stride)
     foreground = (image > image.amin(dim=(-3, -2, -1), keepdim=True)).float()
     fraction = F.avg_pool2d(foreground, (ph, pw), stride=stride)[:, 0]  # (B, nr, nc) candidate corners
@@ -222,11 +223,11 @@ def shift_patch_boxes(
         (B, K, 4) long boxes of the same sizes.
     """
     if boxes.ndim != 3 or boxes.shape[-1] != 4:
-        raise ValueError(f"boxes must be (B, K, 4), got shape {tuple(boxes.shape)}")
+        raise UsageError(f"boxes must be (B, K, 4), got shape {tuple(boxes.shape)}")
     if isinstance(max_shift, bool) or not isinstance(max_shift, int) or max_shift < 0:
-        raise ValueError(f"max_shift must be a non-negative int (pixels), got {max_shift!r}")
+        raise UsageError(f"max_shift must be a non-negative int (pixels), got {max_shift!r}")
     if generator is not None and generator.device.type != boxes.device.type:
-        raise ValueError(f"generator is on {generator.device} but the boxes are on {boxes.device}: use one device")
+        raise UsageError(f"generator is on {generator.device} but the boxes are on {boxes.device}: use one device")
     if max_shift == 0:
         return boxes
     offsets = torch.randint(-max_shift, max_shift + 1, (*boxes.shape[:-1], 2), generator=generator, device=boxes.device)
@@ -243,7 +244,7 @@ def crop_patches(image: torch.Tensor, boxes: torch.Tensor, patch_size: list[int]
     """
     if not torch.jit.is_scripting():
         if image.ndim != 4 or boxes.ndim != 3 or boxes.shape[-1] != 4 or boxes.shape[0] != image.shape[0]:
-            raise ValueError(
+            raise UsageError(
                 "crop_patches needs image (B, C, H, W) and boxes (B, K, 4), "
                 f"got {tuple(image.shape)}, {tuple(boxes.shape)}"
             )
@@ -286,10 +287,10 @@ def render_saliency(
     """
     H, W = int(image_size[0]), int(image_size[1])
     if not 0.0 <= gamma_c <= 1.0:
-        raise ValueError(f"gamma_c must be in [0, 1], got {gamma_c}")
+        raise UsageError(f"gamma_c must be in [0, 1], got {gamma_c}")
     if not torch.jit.is_scripting():
         if patch_maps.ndim != 5 or boxes.shape[:2] != patch_maps.shape[:2]:
-            raise ValueError(
+            raise UsageError(
                 "patch_maps (B, K, C, a, b) and boxes (B, K, 4) disagree: "
                 f"{tuple(patch_maps.shape)}, {tuple(boxes.shape)}"
             )
@@ -334,7 +335,7 @@ class PatchSelector(nn.Module):
         super().__init__()
         self.patch_size = as_pair(patch_size, "patch_size")
         if isinstance(num_patches, bool) or not isinstance(num_patches, int) or num_patches < 1:
-            raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
+            raise UsageError(f"num_patches must be a positive int, got {num_patches!r}")
         self.num_patches = num_patches
 
     def forward(self, saliency: torch.Tensor, image_size: list[int]) -> torch.Tensor:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .errors import UsageError
+
 __all__ = ["TopTPooling", "top_t_pool", "num_top_values", "check_fraction"]
 
 
 def check_fraction(t: float, name: str = "t") -> float:
     """``t`` as a float in (0, 1]."""
     if isinstance(t, bool) or not isinstance(t, (int, float)):
-        raise ValueError(f"{name} must be a number in (0, 1], got {t!r}")
+        raise UsageError(f"{name} must be a number in (0, 1], got {t!r}")
     if not 0.0 < float(t) <= 1.0:
-        raise ValueError(f"{name} must be in (0, 1] (a fraction of the map, e.g. 0.03 for 3%), got {t}")
+        raise UsageError(f"{name} must be in (0, 1] (a fraction of the map, e.g. 0.03 for 3%), got {t}")
     return float(t)
 
 
@@ -52,7 +54,7 @@ class TopTPooling(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim < 3:
-            raise ValueError(f"TopTPooling expects (B, C, ...) maps, got shape {tuple(x.shape)}")
+            raise UsageError(f"TopTPooling expects (B, C, ...) maps, got shape {tuple(x.shape)}")
         return top_t_pool(x, self.t)
 
     def extra_repr(self) -> str:

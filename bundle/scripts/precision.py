@@ -13,6 +13,8 @@ import torch
 from monai.inferers import SimpleInferer
 from monai.utils import str2bool
 
+from .errors import UsageError
+
 __all__ = ["AutocastInferer", "amp_plan", "as_dtype", "autocast", "full_precision"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -32,11 +34,11 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """``torch.bfloat16`` or ``torch.float16`` from a dtype or a name (``bf16``, ``torch.float16``, ...)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"amp_dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+            raise UsageError(f"amp_dtype must be torch.bfloat16 or torch.float16, got {dtype}")
         return dtype
     key = str(dtype).strip().lower().removeprefix("torch.")
     if key not in _DTYPES:
-        raise ValueError(f"amp_dtype must be 'bfloat16' or 'float16', got {dtype!r}")
+        raise UsageError(f"amp_dtype must be 'bfloat16' or 'float16', got {dtype!r}")
     return _DTYPES[key]
 
 
@@ -56,7 +58,7 @@ def amp_plan(amp: bool | str, amp_dtype: torch.dtype | str, device: torch.device
     if dtype == torch.bfloat16:
         return {"autocast": torch.bfloat16, "engine_amp": False}
     if torch.device(device).type != "cuda":
-        raise ValueError(
+        raise UsageError(
             f"amp_dtype float16 needs a CUDA device (MONAI's AMP and its gradient scaler), got device {device}; "
             "use amp_dtype bfloat16 on this device"
         )

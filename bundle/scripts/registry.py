@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 from monai.utils import ComponentStore, look_up_option
 
+from .errors import UsageError
+
 __all__ = ["Registry"]
 
 T = TypeVar("T")
@@ -25,7 +27,7 @@ class Registry(ComponentStore):
     def register(self, name: str, description: str = "") -> Callable[[T], T]:
         """Decorator storing its target under a new ``name``: checkpoints record variants by name."""
         if name in self:
-            raise ValueError(f"{self.name}: {name!r} is already registered")
+            raise UsageError(f"{self.name}: {name!r} is already registered")
 
         def deco(value: T) -> T:
             return self.add(name, description or (getattr(value, "__doc__", None) or "").strip(), value)
@@ -52,4 +54,4 @@ class Registry(ComponentStore):
         except ValueError as err:
             first = str(err).splitlines()[0]
             hint = first if first.startswith("By ") else ""
-        raise ValueError(f"{argument} must be one of {self.names}, got {name!r}" + (f" ({hint})" if hint else ""))
+        raise UsageError(f"{argument} must be one of {self.names}, got {name!r}" + (f" ({hint})" if hint else ""))

@@ -10,6 +10,7 @@ import numpy as np
 from scipy.ndimage import binary_erosion
 
 from .enums import CLASS_NAMES
+from .errors import UsageError
 
 __all__ = [
     "CLASS_COLOURS",
@@ -94,7 +95,7 @@ def saliency_panel(
     ]
     for m in maps.values():
         if tuple(np.asarray(m).shape[-2:]) != (h, w):
-            raise ValueError(f"maps must have the image's size {(h, w)}, got {np.asarray(m).shape}")
+            raise UsageError(f"maps must have the image's size {(h, w)}, got {np.asarray(m).shape}")
         panel = overlay(image, m)
         if boxes is not None:
             draw_boxes(panel, boxes, line)
@@ -203,7 +204,7 @@ def reading_panel(
     for name, m in maps.items():
         m = np.asarray(m, dtype=np.float32)
         if tuple(m.shape[-2:]) != (h, w):
-            raise ValueError(f"maps must have the image's size {(h, w)}, got {m.shape}")
+            raise UsageError(f"maps must have the image's size {(h, w)}, got {m.shape}")
         peak = float(m.max()) if m.size else 0.0
         vmax = max(peak, float(floor))
         tile = overlay(image, m, strength, vmax)

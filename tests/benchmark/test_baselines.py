@@ -23,7 +23,7 @@ from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG
 from ignite.engine import Events
 from monai.bundle import ConfigWorkflow
 
-from scripts.training.workflow import GLAMTrainingWorkflow
+from scripts.training.workflow import GLAMWorkflow
 
 CONFIGS = REPO_ROOT / "glam_benchmark" / "configs"
 EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
@@ -306,7 +306,7 @@ def test_baseline_trains_and_evaluates_through_the_bundle_configs(baseline_data,
     root, datalist, eval_datalist = baseline_data
     root = root / name
     overlay = str(CONFIGS / f"baseline_{name}.yaml")
-    train = GLAMTrainingWorkflow(
+    train = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), overlay],
         meta_file=META,
         workflow_type="train",

@@ -113,8 +113,8 @@ def test_bundle_command_round_trips_values_through_the_cli_parser():
     cmd = steps.bundle_command(
         "training", [Path("a.yaml"), Path("b.yaml")], {"learning_rate": {"global": 1e-3}, "x": 0.5}
     )
-    assert cmd[3:5] == ["run", "training"]
-    values = dict(zip(cmd[5::2], cmd[6::2]))
+    assert cmd[3:7] == ["run_workflow", "scripts.GLAMWorkflow", "--run_id", "training"]
+    values = dict(zip(cmd[7::2], cmd[8::2]))
     assert fire.parser.DefaultParseValue(values["--config_file"]) == ["a.yaml", "b.yaml"]
     assert fire.parser.DefaultParseValue(values["--learning_rate"]) == {"global": 1e-3}
     assert fire.parser.DefaultParseValue(values["--x"]) == 0.5

@@ -17,7 +17,7 @@ import scripts.data
 import scripts.training.workflow
 from scripts.data import DataCheckError, load_datalist
 from scripts.data.datalist import resolve_paths
-from scripts.training.workflow import GLAMTrainingWorkflow
+from scripts.training.workflow import GLAMWorkflow
 
 META = TRAIN_CONFIG.parent / "metadata.json"
 
@@ -53,8 +53,8 @@ def calls(monkeypatch) -> dict[str, list]:
     return seen
 
 
-def _workflow(tmp_path: Path, datalist: str, **overrides) -> GLAMTrainingWorkflow:
-    wf = GLAMTrainingWorkflow(
+def _workflow(tmp_path: Path, datalist: str, **overrides) -> GLAMWorkflow:
+    wf = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=str(META),
         workflow_type="train",
@@ -121,7 +121,7 @@ def test_images_without_a_pixel_spacing_are_named_when_the_model_has_one(tmp_pat
 def test_command_line_fails_within_seconds_listing_the_bad_files(tmp_path, bad_datalist):
     datalist, bad_files = bad_datalist
     command = [
-        sys.executable, "-m", "monai.bundle", "run", "training",
+        sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "training",
         "--config_file", repr([str(TRAIN_CONFIG), str(TINY_CONFIG)]),
         "--meta_file", str(META),
         "--datalist", datalist,

@@ -56,7 +56,9 @@ def evaluate_command(root: Path, datalist: Path, ckpt: Path, *extra: str) -> lis
         sys.executable,
         "-m",
         "monai.bundle",
-        "run",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
         "evaluating",
         "--config_file",
         f"['{TRAIN_CONFIG}','{EVAL_CONFIG}']",
@@ -75,8 +77,7 @@ def evaluate_command(root: Path, datalist: Path, ckpt: Path, *extra: str) -> lis
 
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    env.pop("GLAM_TRACEBACK", None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -100,10 +101,10 @@ def test_a_setting_that_contradicts_the_checkpoint_is_refused_naming_it(trained,
     root, datalist, _ = trained
     result = run(evaluate_command(tmp_path, datalist, root / "model.pt", "--local_width", "8"), cwd=tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
-    # refused while the evaluator runs: MONAI's StatsHandler logs the line without the traceback too
+    # refused while the evaluator runs: the bundle's StatsHandler leaves it to the one line
     assert "Traceback" not in result.stderr + result.stdout, result.stdout[-3000:]
     (line,) = error_lines(result)
-    assert line.startswith("error: ValueError: ") and "local_width: checkpoint 4, network 8" in line
+    assert line.startswith("error: ") and "local_width: checkpoint 4, network 8" in line
     assert not (tmp_path / "out" / "evaluate" / "metrics.json").exists()
 
 
@@ -116,7 +117,7 @@ def test_an_empty_test_split_names_the_flags_that_help(trained, tmp_path):
     result = run(evaluate_command(tmp_path, no_test, root / "model.pt"), cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert error_lines(result) == [
-        f"error: ValueError: {no_test}: split 'test' is missing or empty; nothing to evaluate: evaluate the "
+        f"error: {no_test}: split 'test' is missing or empty; nothing to evaluate: evaluate the "
         "validation split with --eval_split validation, or give the datalist a test split "
         "(tools/make_datalist.py --fractions TRAIN VAL TEST with TEST > 0, e.g. --fractions 0.7 0.15 0.15)"
     ]
@@ -131,41 +132,46 @@ def config_values(*files: Path) -> dict:
     return {name: parser.get_parsed_content(name) for name in names}
 
 
-def test_the_checkpoint_wins_over_the_configuration_and_the_command_line_over_both(trained):
+def test_checkpoint_takes_the_recorded_value_and_any_other_value_is_used_as_given(trained):
+    """inference.yaml's rule: "checkpoint" (evaluate.yaml's value of each setting, after a preset layered before
+    it) is the record's value; a value given instead, by a flag or a file after evaluate.yaml, is used as given."""
     root, _, state = trained
     tiny = config_values(TRAIN_CONFIG, TINY_CONFIG)
-    paper = config_values(TRAIN_CONFIG)
-    assert {k: paper[k] for k in PAPER} == PAPER  # train.yaml alone would build the paper's network
+    evaluated = config_values(TRAIN_CONFIG, TINY_CONFIG, EVAL_CONFIG)
+    assert set(evaluated.values()) == {"checkpoint"}  # evaluate.yaml after the preset: the preset's values are not used
     for ckpt in ("model.pt", "last.pt"):
-        settings = evaluation_settings(root / ckpt, "joint", paper, explicit=())
+        settings = evaluation_settings(root / ckpt, "joint", **evaluated)
         for name in ("local_depth", "local_width"):
             assert settings[name] == tiny[name]
         assert settings["image_size"] == tiny["image_size"] and settings["patch_size"] == [64, 64]
         assert settings["stage"] == "joint" and settings["joint_modules"] is True
         network = GLAM(**settings)
         network.load_state_dict(state)  # loads strictly: the same settings record
-    # a choice that changes no weight, given explicitly, is used as given and still loads
-    settings = evaluation_settings(root / "model.pt", "joint", {**paper, "t_global": 0.1}, explicit={"t_global"})
+    # a choice that changes no weight, given, is used as given and still loads
+    settings = evaluation_settings(root / "model.pt", "joint", **{**evaluated, "t_global": 0.1})
     assert settings["t_global"] == 0.1
     GLAM(**settings).load_state_dict(state)
-    # a weight-shaping setting given explicitly is used as given: the load refuses it, naming it
-    settings = evaluation_settings(root / "model.pt", "joint", {**paper, "local_width": 8}, explicit={"local_width"})
+    # a weight-shaping setting given is used as given: the load refuses it, naming it
+    settings = evaluation_settings(root / "model.pt", "joint", **{**evaluated, "local_width": 8})
     with pytest.raises(ValueError, match=r"local_width: checkpoint 4, network 8"):
         GLAM(**settings).load_state_dict(state)
+    with pytest.raises(ValueError, match="unknown model settings"):
+        evaluation_settings(root / "model.pt", "joint", no_such_setting=1)
 
 
-def test_a_checkpoint_without_a_record_is_built_from_the_configuration(trained, tmp_path):
-    """The baselines' and older checkpoints record no settings: the configuration (the preset) builds the network."""
+def test_a_checkpoint_without_a_record_is_built_from_the_given_values_else_glams_defaults(trained, tmp_path):
+    """The baselines' and older checkpoints record no settings: "checkpoint" is then GLAM's default (as in
+    inference), and a value given is used as given."""
     _, _, state = trained
     bare = {k: v for k, v in state.items() if k != SETTINGS_KEY}
     torch.save(bare, tmp_path / "old.pt")
     assert checkpoint_record(tmp_path / "old.pt") is None
-    tiny = config_values(TRAIN_CONFIG, TINY_CONFIG)
-    settings = evaluation_settings(tmp_path / "old.pt", "global", tiny, explicit=())
+    settings = evaluation_settings(tmp_path / "old.pt", "global", **config_values(TRAIN_CONFIG, TINY_CONFIG))
     assert settings["local_width"] == 4 and settings["patch_size"] == 64 and settings["stage"] == "global"
     assert list(settings["gammas"]) == [0.2, 0.6, 0.2]  # GLAM's default: train.yaml names none
-    paper = evaluation_settings(tmp_path / "old.pt", "joint", config_values(TRAIN_CONFIG), explicit=())
-    assert paper["local_width"] == 64  # nothing recorded: train.yaml's as before
+    evaluated = config_values(TRAIN_CONFIG, TINY_CONFIG, EVAL_CONFIG)
+    paper = evaluation_settings(tmp_path / "old.pt", "joint", **evaluated)
+    assert paper["local_width"] == 64 and paper["local_depth"] == 34  # nothing recorded: GLAM's defaults
 
 
 def test_a_missing_split_names_the_other_split_only_when_it_has_items():

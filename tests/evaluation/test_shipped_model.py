@@ -102,7 +102,17 @@ def shipped_run(tmp_path_factory) -> dict:
     files = [shutil.copy(f, inputs / f.name) for f in sorted((root / "png" / "images").iterdir())]
     files.append(shutil.copy(root / "dcm" / "images" / "SYN00000_R_CC.dcm", inputs / "dcm_SYN00000_R_CC.dcm"))
     out = root / "out"
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", "bundle/configs/inference.yaml"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
+        "inference",
+        "--config_file",
+        "bundle/configs/inference.yaml",
+    ]
     cmd += ["--meta_file", "bundle/configs/metadata.json", "--bundle_root", "bundle"]
     cmd += ["--input_dir", str(inputs), "--output_dir", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -223,12 +223,11 @@ def test_inference_yaml_is_a_monai_inference_workflow_with_few_expressions(ckpt,
     wf.parser.get_parsed_content("output_folder").close()
     text = INFERENCE_CONFIG.read_text(encoding="utf-8")
     assert text.count("$") <= 36, "inference.yaml: one-line expressions; logic belongs in named components"
-    # the run's steps, in order: the command line, the log, the weights, the network, the folder, the run
+    # the run's steps, in order: the log, the weights, the network, the folder, the run (the command line is checked
+    # by GLAMWorkflow before it)
     steps = [s.get("_target_", s) if isinstance(s, dict) else s for s in wf.parser["inference"]]
     assert steps == [
-        "scripts.commands.check_command_line",
         "scripts.handlers.throughput.show_inference_log",
-        "scripts.handlers.throughput.quiet_library_logs",
         "scripts.networks.weights.require_weights",
         "@network",
         "@plan",

@@ -113,7 +113,7 @@ def test_load_for_inference_through_the_config_refuses_non_finite_weights(setup,
     """inference.yaml's `network` (load_for_inference), as the MONAI Label app loads through the bundle."""
     from monai.bundle import ConfigParser
 
-    from scripts.commands import user_error
+    from scripts.errors import user_error
 
     state = {k: v.clone() for k, v in setup["state"].items()}
     state[TENSOR].view(-1)[5:8] = value
@@ -135,7 +135,17 @@ def test_the_command_line_stops_with_one_line_before_the_output_folder(setup, tm
     torch.save(state, ckpt)
     out = tmp_path / "out"
     configs = json.dumps([str(INFERENCE_CONFIG), str(TINY_INFERENCE)])
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", configs]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
+        "inference",
+        "--config_file",
+        configs,
+    ]
     cmd += ["--meta_file", str(META), "--input_dir", str(setup["folder"]), "--output_dir", str(out)]
     cmd += ["--ckpt_path", str(ckpt)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

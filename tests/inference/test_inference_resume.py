@@ -86,7 +86,19 @@ def case(tmp_path_factory) -> dict:
 
 def _command(case: dict, out: Path) -> list[str]:
     configs = json.dumps([str(INFERENCE_CONFIG), str(TINY_INFERENCE)])
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", configs, "--meta_file", str(META)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
+        "inference",
+        "--config_file",
+        configs,
+        "--meta_file",
+        str(META),
+    ]
     cmd += ["--input_dir", str(case["folder"]), "--output_dir", str(out), "--ckpt_path", str(case["ckpt"])]
     return cmd + ["--outputs", json.dumps(OUTPUTS), "--writer_threads", "2"]
 

@@ -226,7 +226,17 @@ def test_cli_reference_preset_on_a_datalist(inputs, tmp_path):
     split = next(k for k, v in load_datalist(datalist).items() if v)
     out = tmp_path / "out"
     configs = [str(INFERENCE_CONFIG), str(REFERENCE_CONFIG), str(TINY_INFERENCE)]
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", json.dumps(configs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
+        "inference",
+        "--config_file",
+        json.dumps(configs),
+    ]
     cmd += ["--meta_file", str(META), "--datalist", str(datalist), "--split", split, "--output_dir", str(out)]
     cmd += ["--ckpt_path", str(ckpt)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
@@ -243,7 +253,17 @@ def test_cli_reference_preset_on_a_datalist(inputs, tmp_path):
 
 def test_inference_without_weights_stops_with_one_line_naming_the_file(tmp_path):
     missing = tmp_path / "nowhere" / "model.pt"
-    cmd = [sys.executable, "-m", "monai.bundle", "run", "inference", "--config_file", str(INFERENCE_CONFIG)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "monai.bundle",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
+        "inference",
+        "--config_file",
+        str(INFERENCE_CONFIG),
+    ]
     cmd += ["--meta_file", str(META), "--input_dir", str(tmp_path), "--output_dir", str(tmp_path / "out")]
     cmd += ["--ckpt_path", str(missing), "--bundle_root", "bundle"]  # the documented command line
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

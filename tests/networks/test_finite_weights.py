@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scripts.commands import user_error
+from scripts.errors import user_error
 from scripts.networks import GLAMSaliencyNet
 from scripts.networks.checkpoint_file import CheckpointError, NonFiniteError, non_finite_tensors, read_checkpoint
 from scripts.networks.fast_inference import load_for_inference

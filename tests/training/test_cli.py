@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG
 
-from scripts.commands import UsageError
+from scripts.errors import UsageError
 from scripts.training.checkpoints import why_no_model
 from scripts.training.preflight import per_stage
 from scripts.training.selection import NegativeBCE, choose_selection
@@ -27,12 +27,14 @@ META = str(TRAIN_CONFIG.parent / "metadata.json")
 
 
 def train_command(datalist: str, root: Path, *extra: str) -> list[str]:
-    """``python -m monai.bundle run training`` as docs/training.md writes it, with absolute paths."""
+    """The training command as docs/training.md writes it, with absolute paths."""
     return [
         sys.executable,
         "-m",
         "monai.bundle",
-        "run",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
         "training",
         "--config_file",
         f"['{TRAIN_CONFIG}','{TINY_CONFIG}']",
@@ -49,8 +51,7 @@ def train_command(datalist: str, root: Path, *extra: str) -> list[str]:
 
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    env.pop("GLAM_TRACEBACK", None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -126,7 +127,7 @@ def test_tracking_without_mlflow_is_one_line_naming_the_install(tmp_path, tiny_d
     command = train_command(tiny_datalist, tmp_path, "--epochs", "1", "--stage", "global", "--tracking", "mlflow")
     command[1:3] = ["-c", WITHOUT_MLFLOW]  # python -c ... run training ...
     if workflow == "evaluating":
-        command[4] = "evaluating"
+        command[command.index("--run_id") + 1] = "evaluating"
         files = command.index("--config_file") + 1
         command[files] = f"['{TRAIN_CONFIG}','{TINY_CONFIG}','{TRAIN_CONFIG.parent / 'evaluate.yaml'}']"
     result = run(command, cwd=tmp_path)
@@ -189,12 +190,12 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_naming_the_last_good_
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(FULL_DISK_SITE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(site), "GLAM_TEST_FULL_AT": "2"}
-    env.pop("GLAM_TRACEBACK", None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(site), str(BUNDLE_ROOT)])}
+    env["GLAM_TEST_FULL_AT"] = "2"
     command = train_command(tiny_datalist, tmp_path, "--stage", "global", "--epochs", "2")
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr[-3000:]
-    # nowhere a traceback: MONAI's StatsHandler logs the exception's line only (scripts.commands' log filter)
+    # nowhere a traceback: the bundle's StatsHandler leaves a user's error to GLAMWorkflow
     assert "Traceback" not in result.stderr + result.stdout, result.stdout[-3000:]
     folder = tmp_path / "models" / "global"
     assert error_lines(result) == [
@@ -210,7 +211,7 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_naming_the_last_good_
 def test_the_disk_full_message_for_other_files(tmp_path):
     import errno
 
-    from scripts.commands import disk_full_message
+    from scripts.errors import disk_full_message
 
     def full(path) -> OSError:
         return OSError(errno.ENOSPC, "No space left on device", None if path is None else str(path))
@@ -419,25 +420,24 @@ def test_unfinished_run_without_a_record_is_told_by_the_trainer_state(tmp_path):
 
 
 def test_command_line_overrides_are_checked_against_the_config_files():
-    """The overrides MONAI's `run` received (as Fire parsed them): nested ids, tracking ids and new arguments of a
-    component pass; an unknown id names its closest sibling."""
-    from scripts.commands import check_command_line
+    """The overrides MONAI hands GLAMWorkflow: nested ids, tracking ids and new arguments of a component pass; an
+    unknown id names its closest sibling."""
+    from scripts.training.workflow import _file_config, check_overrides
 
     files = [str(TRAIN_CONFIG), str(TRAIN_CONFIG.parent / "evaluate.yaml")]
-    arguments = {"run_id": "evaluating", "config_file": files, "meta_file": META}
+    file_config = _file_config(files, META)
 
     def check(**overrides):
-        check_command_line((arguments, overrides))
+        check_overrides(list(overrides), file_config)
 
     check(**{"eval_split": "validation", "validate#metrics#val_auc_mean#average": "micro"})
-    check_command_line(({**arguments, "tracking": "mlflow"}, {"tracking_uri": "sqlite:///x.db", "epochs": 1}))
+    check(tracking_uri="sqlite:///x.db", epochs=1)
     with pytest.raises(UsageError, match=r"unknown option --eval_splt: .*did you mean --eval_split\?"):
         check(eval_splt="validation")
     with pytest.raises(
         UsageError, match=r"unknown option --validate#metrics#val_auc_men: .*--validate#metrics#val_auc_mean"
     ):
         check(**{"validate#metrics#val_auc_men": "x"})
-    check_command_line()  # not inside MONAI's `run` (pytest): nothing to check
     # a new argument of a component passes (MONAI hands it over; the component refuses a name it does not take),
     # unless it is spelled like one the component has
     check(**{"validate#postprocessing#scales": True})
@@ -445,36 +445,3 @@ def test_command_line_overrides_are_checked_against_the_config_files():
         check(**{"validate#postprocessing#gama_c": 0.3})
     with pytest.raises(UsageError, match=r"unknown option --validate#no_such#scales"):
         check(**{"validate#no_such#scales": True})  # no such component
-
-
-def test_engine_exception_logs_keep_their_line_but_not_a_user_errors_traceback(monkeypatch):
-    """MONAI's StatsHandler logs the exception that stops an engine with its traceback: a user's error keeps the line
-    only (the hook prints it once more as ``error: ...``), a bug keeps its traceback, and the StatsHandler logger keeps
-    MONAI's own stdout handler (the epochs' metric lines)."""
-    import logging
-    import sys as _sys
-
-    from monai.handlers import StatsHandler
-
-    from scripts.commands import install_excepthook
-
-    monkeypatch.delenv("GLAM_TRACEBACK", raising=False)
-    install_excepthook()
-    stats = StatsHandler()
-    assert stats.logger.handlers and stats.logger.handlers[0].stream is _sys.stdout
-
-    def logged(exc: BaseException) -> logging.LogRecord:
-        try:
-            raise exc
-        except BaseException:
-            record = stats.logger.makeRecord(
-                stats.logger.name, logging.ERROR, __file__, 1, "Exception", (), _sys.exc_info()
-            )
-        for f in stats.logger.filters:
-            f.filter(record)
-        return record
-
-    assert logged(UsageError("--epochs must be a finite number")).exc_info is None
-    assert logged(RuntimeError("a bug")).exc_info is not None
-    monkeypatch.setenv("GLAM_TRACEBACK", "1")
-    assert logged(UsageError("shown in full")).exc_info is not None

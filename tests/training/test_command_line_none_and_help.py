@@ -1,6 +1,6 @@
-"""What a user asks for on the command line is what runs (bundle/scripts/commands.py): ``--key None`` (or ``null``)
-reaches the configuration as None for every option, although MONAI drops None-valued overrides; ``--help`` prints
-the workflow's own options and page; an unknown option points at that page."""
+"""What a user asks for on the command line is what runs (bundle/scripts/training/workflow.py): ``--key None`` (or
+``null``) reaches the configuration as None for every option, although MONAI drops None-valued overrides;
+``--help`` prints the workflow's own options and page; an unknown option points at that page."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, REPO_ROOT, TRAIN_CONFIG
 from monai.bundle import ConfigParser
 
-from scripts.commands import UsageError, check_command_line, check_overrides, given_none
+from scripts.errors import UsageError
+from scripts.training.workflow import _file_config, check_overrides, given_none
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
 QUICKSTART = REPO_ROOT / "configs" / "quickstart.yaml"
@@ -26,13 +27,14 @@ def _monai_run(run_id: str, config_files: list, *extra: str, cwd: Path = REPO_RO
         sys.executable,
         "-m",
         "monai.bundle",
-        "run",
+        "run_workflow",
+        "scripts.GLAMWorkflow",
+        "--run_id",
         run_id,
         "--config_file",
         str([str(f) for f in config_files]),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    env.pop("GLAM_TRACEBACK", None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
     return subprocess.run(
         [*command, "--meta_file", META, *extra], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
@@ -78,25 +80,22 @@ def test_given_none_sets_every_none_override_and_refuses_a_merge():
 def test_help_prints_the_workflows_options_and_page(run_id, files, page, option, not_option):
     result = _monai_run(run_id, files, "--help")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"python -m monai.bundle run {run_id} --config_file ... [--option value ...]: {page}" in result.stdout
+    command = f"python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id {run_id} --config_file ..."
+    assert f"{command} [--option value ...]: {page}" in result.stdout
     options = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  --")]
     assert option in result.stdout and not_option not in options
     assert "error" not in result.stderr
 
 
 def test_help_of_the_evaluation_names_its_page():
-    from scripts.commands import workflow_help
+    from scripts.training.workflow import workflow_help
 
-    parser = ConfigParser()
-    parser.read_config([str(TRAIN_CONFIG), str(EVALUATE)])
-    text = workflow_help({"run_id": "evaluating"}, parser.get())
+    text = workflow_help("evaluating", _file_config([str(TRAIN_CONFIG), str(EVALUATE)], META))
     assert "docs/evaluation.md" in text and "\n  --eval_split test\n" in text
-    # MONAI's default run id follows `run: "%evaluating"`
-    assert "run evaluating" in workflow_help({}, parser.get())
 
 
 def test_an_unknown_option_points_at_the_workflows_page():
     with pytest.raises(UsageError, match=r"--help lists the options, docs/inference.md describes them"):
-        check_command_line(({"config_file": str(INFERENCE), "run_id": "inference"}, {"zzzz_qqq": 1}))
+        check_overrides(["zzzz_qqq"], _file_config(str(INFERENCE), META), "docs/inference.md")
     with pytest.raises(UsageError, match="did you mean --input_dir"):
         check_overrides(["input_dri"], {"input_dir": ""}, "docs/inference.md")

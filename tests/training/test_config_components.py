@@ -15,9 +15,9 @@ from ignite.engine import Engine, Events
 from monai.bundle import ConfigParser
 from monai.handlers import EarlyStopHandler
 
-from scripts.commands import UsageError
 from scripts.data.checks import check_data
 from scripts.distributed import is_rank_zero
+from scripts.errors import UsageError
 from scripts.handlers.metrics import ClassScores
 from scripts.handlers.training_state import key_metric
 from scripts.precision import as_dtype

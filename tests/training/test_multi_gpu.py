@@ -332,9 +332,9 @@ def test_overlay_passes_monai_train_properties(tmp_path, tiny_datalist, torchrun
         workflow_type="train",
         **tiny_overrides(tmp_path, tiny_datalist, stage="global"),
     )
-    wf.initialize()  # a plain ConfigWorkflow joins no group: GLAMTrainingWorkflow.initialize does (`distributed`)
+    wf.initialize()  # a plain ConfigWorkflow joins no group: GLAMWorkflow.initialize does
     assert wf.parser.get_parsed_content("distributed") is True
-    init_distributed(backend="gloo")  # what GLAMTrainingWorkflow does first; checking the properties builds the DDP net
+    init_distributed(backend="gloo")  # what GLAMWorkflow does first; checking the properties builds the DDP net
     assert wf.check_properties() == []
     assert isinstance(wf.parser.get_parsed_content("network"), torch.nn.parallel.DistributedDataParallel)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_CONFIG, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
 from ignite.engine import Events
 from monai.data import DataLoader
 from monai.engines import SupervisedTrainer
 
-from scripts.commands import user_error
+from scripts.errors import user_error
 from scripts.handlers.finite import StopOnNonFinite, TrainingDivergedError
 from scripts.networks.checkpoint_file import CheckpointError, NonFiniteError
 from scripts.networks.weights import load_checkpoint_file, load_weights, plain_state_dict
@@ -31,7 +31,7 @@ META = str(TRAIN_CONFIG.parent / "metadata.json")
 
 
 def one_line(err: BaseException) -> str:
-    """What the command line prints for ``err`` (scripts.commands' excepthook): one line."""
+    """What the command line prints for ``err`` (GLAMWorkflow): one line."""
     found = user_error(err)
     assert found is not None, f"not shown as a user's error: {err!r}"
     assert "\n" not in str(found).strip(), str(found)
@@ -287,12 +287,11 @@ def test_evaluation_names_what_is_wrong_with_the_file(tmp_path, tiny_datalist, t
 
 # -- the command line: a learning rate that makes the loss NaN -------------------------------------------------------
 def _train(datalist: str, root: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "monai.bundle", "run", "training"]
+    command = [sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "training"]
     command += ["--config_file", f"['{TRAIN_CONFIG}','{TINY_CONFIG}']", "--meta_file", META]
     command += ["--datalist", datalist, "--ckpt_root", str(root / "models"), "--output_root", str(root / "out")]
     command += ["--stage", "global", "--epochs", "1", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    env.pop("GLAM_TRACEBACK", None)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
     return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 

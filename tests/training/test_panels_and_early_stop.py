@@ -7,7 +7,7 @@ from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 from ignite.engine import Engine
 
 from scripts.handlers.panels import SaliencyPanelWriter
-from scripts.training.workflow import GLAMTrainingWorkflow
+from scripts.training.workflow import GLAMWorkflow
 from scripts.visualize import CLASS_COLOURS, saliency_panel
 
 
@@ -55,7 +55,7 @@ def test_panel_writer_writes_images_to_tensorboard(tmp_path):
 
 def test_early_stopping_ends_a_stage_after_patience(tmp_path, tiny_datalist):
     # with a learning rate of zero the key metric never improves: patience 1 stops after the second validation
-    wf = GLAMTrainingWorkflow(
+    wf = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=str(TRAIN_CONFIG.parent / "metadata.json"),
         workflow_type="train",

@@ -12,7 +12,7 @@ import torch
 from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 from ignite.engine import Engine, Events
 
-from scripts.commands import UsageError
+from scripts.errors import UsageError
 from scripts.networks.settings import RecordsSettings
 from scripts.training.checkpoints import StageCheckpointer
 from scripts.training.preflight import preflight_training

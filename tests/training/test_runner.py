@@ -1,4 +1,4 @@
-"""The multi-stage run as a MONAI workflow (scripts.training.workflow.GLAMTrainingWorkflow) and the stage loop: each
+"""The multi-stage run as a MONAI workflow (scripts.training.workflow.GLAMWorkflow) and the stage loop: each
 stage in its own copy of the merged configuration, MONAI's tracking handlers in every copy, the rank-0-only handlers
 disabled in the copies of the other ranks, and the process group owned by initialize / finalize.
 
@@ -10,10 +10,10 @@ import copy
 
 import pytest
 from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
-from monai.bundle import ConfigParser, ConfigWorkflow
+from monai.bundle import ConfigParser
 
 import scripts.training.workflow as runner
-from scripts.training.workflow import GLAMTrainingWorkflow, run_stages
+from scripts.training.workflow import GLAMWorkflow, run_stages
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
 MULTI_GPU_CONFIG = TRAIN_CONFIG.parent / "multi_gpu_train.yaml"
@@ -34,15 +34,16 @@ def torchrun_env(monkeypatch):
 
 
 def test_workflow_runs_every_stage_in_its_own_copy_without_the_stack(tmp_path, tiny_datalist):
-    wf = GLAMTrainingWorkflow(
-        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
+    shared = tmp_path / "shared.yaml"  # a new id comes in a file: an override must name an id of the files
+    shared.write_text('shared_list: "$[]"\n')
+    wf = GLAMWorkflow(
+        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(shared)],
         meta_file=META,
         **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
         # what each stage evaluates: its own stage id, its checkpoint folder, a counter that leaks if copies are shared
         run_stage=["$@stage", "$@ckpt_dir", "$@shared_list.append(@stage) or list(@shared_list)"],
-        shared_list="$[]",
     )
-    assert wf.run_id == "training"  # the command's run id: `python -m monai.bundle run training`
+    assert wf.workflow == "training"  # train.yaml's default run id names `training`
     wf.initialize()
     before = copy.deepcopy(wf.parser.get())
     results = wf.run()[-1]
@@ -67,7 +68,7 @@ def test_tracking_handlers_reach_every_stage(tmp_path, tiny_datalist):
             "save_execute_config": False,
         },
     }
-    wf = GLAMTrainingWorkflow(
+    wf = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=META,
         tracking=settings,
@@ -100,7 +101,7 @@ def test_other_ranks_build_no_rank_zero_only_handler(monkeypatch):
 def test_initialize_and_finalize_own_the_process_group(tmp_path, tiny_datalist, torchrun_env):
     import torch.distributed as dist
 
-    wf = GLAMTrainingWorkflow(
+    wf = GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(MULTI_GPU_CONFIG)],
         meta_file=META,
         **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
@@ -119,14 +120,13 @@ def test_initialize_and_finalize_own_the_process_group(tmp_path, tiny_datalist, 
     assert not dist.is_initialized()
 
 
-def test_the_plain_workflow_runs_the_stages_on_its_own_parser(tmp_path, tiny_datalist, monkeypatch):
-    """`python -m monai.bundle run training` builds MONAI's plain ConfigWorkflow: train.yaml's `training` entry runs
-    the stages on that workflow's own parser (no second workflow, nothing read again), from Python too."""
+def test_the_stages_run_on_the_workflows_own_parser(tmp_path, tiny_datalist, monkeypatch):
+    """GLAMWorkflow runs the stages on its own parser, the one MONAI's run_workflow built (no second workflow,
+    nothing read again), and `run` (train.yaml's default run id) names `training`."""
     overrides = tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False)
     overrides["run_stage"] = ["$@stage", "$@ckpt_dir"]
-    wf = ConfigWorkflow(
-        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)], meta_file=META, run_id="training", **overrides
-    )
+    wf = GLAMWorkflow(config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)], meta_file=META, **overrides)
+    assert wf.workflow == "training"
     wf.initialize()
     seen = []
     real_run_stages = runner.run_stages
@@ -135,25 +135,5 @@ def test_the_plain_workflow_runs_the_stages_on_its_own_parser(tmp_path, tiny_dat
     )
     result = wf.run()
     assert seen == [wf.parser]
-    # `training`'s one entry -> run_training -> [per stage, the last entry of its run_stage]
+    # [per stage, the last entry of its run_stage]
     assert result == [[str(tmp_path / "models" / s) for s in ("global", "local", "joint")]]
-
-
-def test_distributed_training_joins_and_leaves_the_group_under_the_plain_workflow(
-    tmp_path, tiny_datalist, torchrun_env
-):
-    """Under MONAI's plain workflow (no GLAMTrainingWorkflow.initialize) `training` joins the process group itself
-    and leaves it after the stages."""
-    import torch.distributed as dist
-
-    wf = ConfigWorkflow(
-        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(MULTI_GPU_CONFIG)],
-        meta_file=META,
-        run_id="training",
-        **tiny_overrides(tmp_path, tiny_datalist, stage="all", check_data=False),
-        run_stage=["$torch.distributed.get_world_size()"],
-    )
-    wf.initialize()
-    assert not dist.is_initialized()
-    assert wf.run() == [[1, 1, 1]]
-    assert not dist.is_initialized()

@@ -19,7 +19,7 @@ from ignite.engine import Events
 from monai.bundle import ConfigWorkflow
 from monai.engines.utils import IterationEvents
 
-from scripts.training.workflow import GLAMTrainingWorkflow
+from scripts.training.workflow import GLAMWorkflow
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -56,7 +56,7 @@ def tracked_training(tmp_path_factory, tiny_datalist):
     """All three stages of the tiny training with ``--tracking mlflow``; the store and the log records."""
     root = tmp_path_factory.mktemp("tracking")
     uri = sqlite_uri(root / "mlruns.db")
-    wf = GLAMTrainingWorkflow(  # from Python: train.yaml's `training` builds it from a `monai.bundle run` command line
+    wf = GLAMWorkflow(  # from Python: train.yaml's `training` builds it from a `monai.bundle run` command line
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=META,
         workflow_type="train",

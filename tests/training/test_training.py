@@ -7,15 +7,15 @@ import torch
 from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 from monai.bundle import ConfigWorkflow
 
-from scripts.training.workflow import GLAMTrainingWorkflow
+from scripts.training.workflow import GLAMWorkflow
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
 
 
 def workflow(tmp_path: Path, datalist: str, **overrides) -> ConfigWorkflow:
-    """The training workflow from Python: GLAMTrainingWorkflow (train.yaml's `training` builds it from the
+    """The training workflow from Python: GLAMWorkflow (train.yaml's `training` builds it from the
     `monai.bundle run` command line, which a test does not have)."""
-    return GLAMTrainingWorkflow(
+    return GLAMWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG)],
         meta_file=META,
         workflow_type="train",

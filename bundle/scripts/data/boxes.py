@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..enums import CLASS_NAMES
+from ..errors import UsageError
 
 __all__ = ["BOXES_KEY", "parse_boxes"]
 
@@ -24,21 +25,21 @@ def parse_boxes(boxes: Any, where: str = "boxes") -> list[tuple[str, tuple[float
     if boxes is None:
         return []
     if not isinstance(boxes, (list, tuple)):
-        raise ValueError(f"{where}: must be a list of {{'label', 'box'}} entries, got {type(boxes).__name__}")
+        raise UsageError(f"{where}: must be a list of {{'label', 'box'}} entries, got {type(boxes).__name__}")
     out = []
     for i, entry in enumerate(boxes):
         if not isinstance(entry, Mapping) or "label" not in entry or "box" not in entry:
-            raise ValueError(f"{where}[{i}]: must be {{'label': one of {list(CLASS_NAMES)}, 'box': [y0, x0, y1, x1]}}")
+            raise UsageError(f"{where}[{i}]: must be {{'label': one of {list(CLASS_NAMES)}, 'box': [y0, x0, y1, x1]}}")
         label, box = str(entry["label"]).lower(), entry["box"]
         if label not in CLASS_NAMES:
-            raise ValueError(f"{where}[{i}]: label must be one of {list(CLASS_NAMES)}, got {entry['label']!r}")
+            raise UsageError(f"{where}[{i}]: label must be one of {list(CLASS_NAMES)}, got {entry['label']!r}")
         if not isinstance(box, (list, tuple)) or len(box) != 4:
-            raise ValueError(f"{where}[{i}]: box must be [y0, x0, y1, x1] (four numbers), got {box!r}")
+            raise UsageError(f"{where}[{i}]: box must be [y0, x0, y1, x1] (four numbers), got {box!r}")
         try:
             y0, x0, y1, x1 = (float(v) for v in box)
         except (TypeError, ValueError):
-            raise ValueError(f"{where}[{i}]: box must be [y0, x0, y1, x1] (four numbers), got {box!r}") from None
+            raise UsageError(f"{where}[{i}]: box must be [y0, x0, y1, x1] (four numbers), got {box!r}") from None
         if not all(math.isfinite(v) and v >= 0 for v in (y0, x0, y1, x1)) or y1 <= y0 or x1 <= x0:
-            raise ValueError(f"{where}[{i}]: box [y0, x0, y1, x1] needs 0 <= y0 < y1 and 0 <= x0 < x1, got {box!r}")
+            raise UsageError(f"{where}[{i}]: box [y0, x0, y1, x1] needs 0 <= y0 < y1 and 0 <= x0 < x1, got {box!r}")
         out.append((label, (y0, x0, y1, x1)))
     return out

@@ -19,6 +19,7 @@ import numpy as np
 from monai.utils import str2bool
 
 from ..enums import CLASS_NAMES
+from ..errors import UsageError
 from .boxes import BOXES_KEY, parse_boxes
 from .datalist import DatalistError, check_patient_splits, check_split_sizes, iter_items, load_datalist
 from .geometry import as_pixel_spacing, format_spacing, stated_spacing_ok
@@ -127,7 +128,7 @@ class DataCheckReport:
         return "\n".join(lines)
 
 
-class DataCheckError(ValueError):
+class DataCheckError(UsageError):
     """A datalist with problems; ``report`` holds all of them."""
 
     def __init__(self, report: DataCheckReport):

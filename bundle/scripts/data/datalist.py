@@ -21,6 +21,7 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..enums import CLASS_NAMES, LesionClass
+from ..errors import UsageError
 from .errors import DatalistError
 
 __all__ = [
@@ -123,14 +124,14 @@ def normalise_fractions(fractions: Sequence[float] | Mapping[str, float]) -> dic
     if isinstance(fractions, Mapping):
         unknown = set(fractions) - set(SPLITS)
         if unknown:
-            raise ValueError(f"fractions: unknown split(s) {sorted(unknown)}; expected keys from {SPLITS}")
+            raise UsageError(f"fractions: unknown split(s) {sorted(unknown)}; expected keys from {SPLITS}")
         values = [float(fractions.get(s, 0.0)) for s in SPLITS]
     else:
         values = [float(f) for f in fractions]
         if len(values) != 3:
-            raise ValueError(f"fractions must be 3 numbers (training, validation, test), got {list(fractions)}")
+            raise UsageError(f"fractions must be 3 numbers (training, validation, test), got {list(fractions)}")
     if any(not math.isfinite(v) or v < 0 for v in values) or abs(sum(values) - 1.0) > 1e-6:
-        raise ValueError(f"fractions must be non-negative and sum to 1, got {values}")
+        raise UsageError(f"fractions must be non-negative and sum to 1, got {values}")
     return dict(zip(SPLITS, values))
 
 

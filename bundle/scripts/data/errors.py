@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import UsageError
+
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "OUT_OF_SCOPE_3D",
@@ -25,7 +27,7 @@ OUT_OF_SCOPE_3D = "tomosynthesis / multi-frame inputs are out of scope (expected
 DEFAULT_MAX_PIXELS = 178_956_970
 
 
-class MammogramReadError(ValueError):
+class MammogramReadError(UsageError):
     """A file that cannot be used as a 2-D mammogram or mask; the message names the file and the problem."""
 
     def __init__(self, message: str, *, path: str | os.PathLike | None = None, problem: str | None = None):
@@ -84,10 +86,10 @@ def check_resampled_pixels(
         )
 
 
-class DatalistError(ValueError):
+class DatalistError(UsageError):
     """A datalist file or structure that cannot be used; the message names the file/split and the problem."""
 
 
-class CsvRowError(ValueError):
+class CsvRowError(UsageError):
     """A row that cannot become an item; ``items_from_csv`` leaves it out and lists the message (which names the
     row) among its problems."""

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from monai.utils import convert_to_numpy
 
+from ..errors import UsageError
+
 __all__ = [
     "SPACING_RANGE_MM",
     "STATED_SPACING_LIMIT_MM",
@@ -39,7 +41,7 @@ def as_2d(image: Any, name: str = "image") -> np.ndarray:
     if arr.ndim == 3 and arr.shape[0] == 1:
         arr = arr[0]
     if arr.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (H, W) or (1, H, W), got shape {arr.shape}")
+        raise UsageError(f"{name} must be 2-D (H, W) or (1, H, W), got shape {arr.shape}")
     return arr
 
 
@@ -71,10 +73,10 @@ def as_pixel_spacing(value: Any) -> tuple[float, float] | None:
             raise TypeError
         flat = np.asarray(convert_to_numpy(values, wrap_sequence=True), dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
-        raise ValueError(f"pixel_spacing must be a number or (row, col) in mm, or None, got {value!r}") from None
+        raise UsageError(f"pixel_spacing must be a number or (row, col) in mm, or None, got {value!r}") from None
     spacing = usable_spacing(flat)
     if spacing is None:
-        raise ValueError(f"pixel_spacing must be one or two positive finite numbers (mm), or None, got {value!r}")
+        raise UsageError(f"pixel_spacing must be one or two positive finite numbers (mm), or None, got {value!r}")
     return spacing
 
 
@@ -99,7 +101,7 @@ def as_spacing_range(value: Any, name: str = "spacing_range") -> tuple[float, fl
     except (TypeError, ValueError):
         flat = np.asarray([], dtype=np.float64)
     if flat.size != 2 or not (np.isfinite(flat).all() and 0 < flat[0] <= flat[1]):
-        raise ValueError(f"{name} must be [low, high] in mm with 0 < low <= high, got {value!r}")
+        raise UsageError(f"{name} must be [low, high] in mm with 0 < low <= high, got {value!r}")
     return float(flat[0]), float(flat[1])
 
 

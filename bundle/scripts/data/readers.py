@@ -20,6 +20,7 @@ from monai.data import ImageReader, ITKReader, NibabelReader, PILReader
 from monai.data.utils import to_affine_nd
 from monai.utils import ensure_tuple
 
+from ..errors import UsageError
 from .dicom_files import read_dicom as _read_dicom
 from .dicom_files import read_dicom_header
 from .errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
@@ -448,7 +449,7 @@ class MammogramReader(ImageReader):
     def read(self, data: Sequence[str | os.PathLike] | str | os.PathLike, **kwargs: Any) -> _Pending:
         names = ensure_tuple(data)
         if len(names) != 1:
-            raise ValueError(f"MammogramReader reads one 2-D image at a time, got {len(names)} files: {names}")
+            raise UsageError(f"MammogramReader reads one 2-D image at a time, got {len(names)} files: {names}")
         return _Pending(str(names[0]))
 
     def get_data(self, img: _Pending) -> tuple[np.ndarray, dict]:

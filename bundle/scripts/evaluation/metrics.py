@@ -18,6 +18,7 @@ from monai.handlers import from_engine
 from monai.metrics import ROCAUCMetric
 from monai.utils import string_list_all_gather
 
+from ..errors import UsageError
 from ..handlers import FROC, PointingGame, PxAP, SoftDice
 from ..metrics._common import nan_reduce
 from ..metrics.breasts import breast_auc, breast_key
@@ -183,7 +184,7 @@ class ReportMetrics:
     def _check_keys(self, output: Mapping[str, Any]) -> None:
         for key in (self.mask_key, self.score_key, self.label_key):
             if key not in output:
-                raise ValueError(
+                raise UsageError(
                     f"MetricsReport: the evaluator's outputs lack {key!r} (keys {sorted(map(str, output))}); "
                     "use GLAMOutputsd as postprocessing and dict targets (GLAMPrepareBatch(with_masks=True))"
                 )
@@ -196,7 +197,7 @@ class ReportMetrics:
         present = [m for m in self.maps if m in output]
         if self.present is None:
             if not present:
-                raise ValueError(f"MetricsReport: none of the maps {self.maps} is in the evaluator's outputs")
+                raise UsageError(f"MetricsReport: none of the maps {self.maps} is in the evaluator's outputs")
             self.present = present
             self._engine = engine
             for m in present:
@@ -204,7 +205,7 @@ class ReportMetrics:
                 for suffix, handler in self.handlers[m].items():
                     handler.attach(engine, f"{m}_{suffix}")
         elif present != self.present:
-            raise ValueError(f"MetricsReport: maps changed within an evaluation ({self.present} -> {present})")
+            raise UsageError(f"MetricsReport: maps changed within an evaluation ({self.present} -> {present})")
 
     def detach(self) -> None:
         """Take the handlers off the engine."""
@@ -218,7 +219,7 @@ class ReportMetrics:
         scores = torch.stack([torch.as_tensor(o[self.score_key]).reshape(-1).float() for o in outputs])
         labels = torch.stack([torch.as_tensor(o[self.label_key]).reshape(-1).to(scores) for o in outputs])
         if scores.shape[1] != len(self.class_names) or labels.shape != scores.shape:
-            raise ValueError(
+            raise UsageError(
                 f"MetricsReport: {self.score_key!r} and {self.label_key!r} must have one value per class "
                 f"{self.class_names}, got shapes {tuple(scores.shape)} and {tuple(labels.shape)}"
             )
@@ -230,7 +231,7 @@ class ReportMetrics:
         if self.classified is not None:
             return self.classified
         if self.present is None:
-            raise ValueError("MetricsReport: no image was evaluated (empty split?)")
+            raise UsageError("MetricsReport: no image was evaluated (empty split?)")
         paths = string_list_all_gather(self.paths)
         keys = [tuple(json.loads(k)) if k else None for k in string_list_all_gather(self.keys)]
         y_score, y_label = self.auc.get_buffer()
@@ -253,7 +254,7 @@ class ReportMetrics:
     def gather(self, engine: Engine) -> GatheredMetrics:
         """Everything collected, from every rank, once the handlers completed; collective."""
         if self.present is None:
-            raise ValueError("MetricsReport: no image was evaluated (empty split?)")
+            raise UsageError("MetricsReport: no image was evaluated (empty split?)")
         details = {
             m: {suffix: engine.state.metric_details[f"{m}_{suffix}"] for suffix in HANDLER_SUFFIXES}
             for m in self.present

@@ -1,20 +1,9 @@
-"""The network an evaluation builds: the model settings its checkpoint records, as inference reads them.
+"""The network an evaluation builds: the model settings its checkpoint records, by the rule inference reads them.
 
-evaluate.yaml is layered over train.yaml, whose model settings (``image_size``, ``patch_size``, ``local_depth``...)
-are the paper's unless a preset changes them. A model trained with a preset used to need the same preset at
-evaluation; inference never did, because every checkpoint the workflows write records the settings it was trained
-with (``scripts.networks.settings``). :func:`evaluation_settings` gives evaluation the same reading, setting by
-setting (each of :data:`~scripts.networks.inference.CHECKPOINT_SETTINGS`, plus M patches and gamma_c):
-
-1. a value given on the ``monai.bundle run`` command line (``--patch_size 256``) is used as given: a setting that
-   shapes the weights and contradicts the checkpoint is then refused when the weights load, naming each setting
-   that differs, as inference refuses it; the choices that change no weight (``t_global``, ``t_local``,
-   ``num_patches_eval``, ``gamma_c``, ``global_pool_after_upsampling``) may differ;
-2. else the checkpoint's recorded value (a ``model.pt``, or a ``last.pt``'s ``network`` entry);
-3. else the configuration's (train.yaml's ``glam_settings`` record, with the presets layered before evaluate.yaml: a
-   checkpoint without a record, such as the baselines' or an older file, is built as before); the settings train.yaml
-   does not name (``gammas``, ``attention_hidden``, ``joint_modules``, ``global_pool_after_upsampling``) are the
-   record's defaults, GLAM's.
+Every checkpoint the workflows write records the settings it was trained with (``scripts.networks.settings``), so a
+model trained with a preset evaluates without it. evaluate.yaml sets each model setting to ``"checkpoint"``, which
+takes the checkpoint's recorded value (GLAM's default where it records none); a value given instead, by a file layered
+after evaluate.yaml or by a flag, is used as given (:func:`evaluation_settings`), as in inference.yaml.
 
 One log line says which settings came from where. The preprocessing's window and pixel spacing, and the
 postprocessing's gamma_c, are read from the same settings (evaluate.yaml).
@@ -24,25 +13,24 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..networks.glam import GLAM_DEFAULTS
-from ..networks.glam_settings import GLAMSettings
 from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, INFERENCE_CHOSEN, inference_settings
 from ..networks.settings import SETTINGS_KEY, decode_settings, read_checkpoint_settings
 
 __all__ = [
     "EVALUATION_CHOICES",
     "checkpoint_record",
-    "command_line_names",
     "evaluation_settings",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: besides CHECKPOINT_SETTINGS, what the evaluation network takes from the same three places (M, gamma_c)
+#: besides CHECKPOINT_SETTINGS, what the evaluation network takes by the same rule (M, gamma_c)
 EVALUATION_CHOICES = INFERENCE_CHOSEN
 
 
@@ -58,63 +46,45 @@ def checkpoint_record(path: str | os.PathLike) -> dict[str, Any] | None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - read_checkpoint_settings read it already; only a race lands here
-        raise ValueError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
+        raise UsageError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
     network = state.get("network") if isinstance(state, Mapping) else None
     tensor = network.get(SETTINGS_KEY) if isinstance(network, Mapping) else None
     return decode_settings(tensor) if isinstance(tensor, torch.Tensor) else None
 
 
-def command_line_names() -> set[str]:
-    """The top-level ids given on this process's ``monai.bundle run`` command line (empty from Python)."""
-    from ..commands import command_line
-
-    given = command_line()
-    return set() if given is None else {str(key).lstrip("+") for key in given[1]}
-
-
-def evaluation_settings(
-    ckpt_path: str | os.PathLike,
-    stage: str,
-    config: Mapping[str, Any] | GLAMSettings,
-    explicit: Collection[str] | None = None,
-) -> dict[str, Any]:
-    """The keyword arguments of :class:`~scripts.networks.glam.GLAM` for evaluating ``ckpt_path`` at ``stage``.
+def evaluation_settings(ckpt_path: str | os.PathLike, stage: str, **settings: Any) -> dict[str, Any]:
+    """The keyword arguments of :class:`~scripts.networks.glam.GLAM` for evaluating ``ckpt_path`` at ``stage``, by
+    inference's rule: a setting whose value is ``"checkpoint"`` (evaluate.yaml's default for each) is the
+    checkpoint's recorded value (GLAM's default where the checkpoint records none); any other value, whichever file or
+    flag gave it, is used as given (one that shapes the weights and contradicts the record is refused when they load).
 
     Args:
         ckpt_path: the checkpoint evaluated.
         stage: the stage the network runs (``global``, ``local``, ``joint``).
-        config: the configuration's value of each setting it names, or its record (evaluate.yaml: train.yaml's
-            ``glam_settings``, after the presets and the command line).
-        explicit: the names given explicitly, used as given; default: those of the ``monai.bundle run`` command
-            line (:func:`command_line_names`).
+        settings: each of :data:`~scripts.networks.inference.CHECKPOINT_SETTINGS` and :data:`EVALUATION_CHOICES`
+            (``num_patches_eval``, ``gamma_c``), a value or ``"checkpoint"``; one not given is the checkpoint's.
 
-    See the module docstring for the order. A yes/no setting given as text becomes a boolean, counts integers.
+    Raises:
+        UsageError: a name outside those lists.
     """
     record = checkpoint_record(ckpt_path) or {}
-    config = config.as_kwargs() if isinstance(config, GLAMSettings) else config
-    explicit = command_line_names() if explicit is None else set(explicit)
-    checkpoint = {
-        name: record.get(name, GLAM_DEFAULTS.get(name)) for name in (*CHECKPOINT_SETTINGS, *EVALUATION_CHOICES)
-    }
-    chosen: dict[str, Any] = {}
-    sources: dict[str, list[str]] = {"command line": [], "checkpoint": [], "configuration": [], "GLAM default": []}
-    for name in (*CHECKPOINT_SETTINGS, *EVALUATION_CHOICES):
-        if name in explicit and name in config:
-            chosen[name], where = config[name], "command line"
-        elif name in record:
-            chosen[name], where = FROM_CHECKPOINT, "checkpoint"
-        elif name in config:
-            chosen[name], where = config[name], "configuration"
-        else:
-            chosen[name], where = FROM_CHECKPOINT, "GLAM default"
+    names = (*CHECKPOINT_SETTINGS, *EVALUATION_CHOICES)
+    unknown = sorted(set(settings) - set(names))
+    if unknown:
+        raise UsageError(f"evaluation_settings: unknown model settings {unknown}; known: {list(names)}")
+    checkpoint = {name: record.get(name, GLAM_DEFAULTS.get(name)) for name in names}
+    chosen = {name: settings.get(name, FROM_CHECKPOINT) for name in names}
+    sources: dict[str, list[str]] = {"the configuration": [], "the checkpoint": [], "GLAM's default": []}
+    for name, value in chosen.items():
+        given = not (isinstance(value, str) and value.strip().lower() == FROM_CHECKPOINT)
+        where = "the configuration" if given else "the checkpoint" if name in record else "GLAM's default"
         sources[where].append(name)
-    for name in EVALUATION_CHOICES:  # inference_settings takes these as they are
-        if chosen[name] == FROM_CHECKPOINT:
+        if name in EVALUATION_CHOICES and not given:  # inference_settings takes these as they are
             chosen[name] = checkpoint[name]
-    settings = inference_settings(checkpoint, stage=stage, **chosen)
+    result = inference_settings(checkpoint, stage=stage, **chosen)
     logger.info(
         "evaluation: model settings of %s from %s",
         ckpt_path,
-        "; ".join(f"the {where}: {', '.join(names)}" for where, names in sources.items() if names),
+        "; ".join(f"{where}: {', '.join(found)}" for where, found in sources.items() if found),
     )
-    return settings
+    return result

@@ -15,6 +15,7 @@ import ignite.distributed as idist
 from monai.utils import str2bool
 
 from ..distributed import rank, world_size
+from ..errors import UsageError
 
 __all__ = ["block_bounds", "check_data_on_ranks"]
 
@@ -28,9 +29,9 @@ def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | Non
     n = world_size() if num_replicas is None else int(num_replicas)
     r = rank() if rank_ is None else int(rank_)
     if not 0 <= r < n:
-        raise ValueError(f"rank must be in [0, {n}), got {r}")
+        raise UsageError(f"rank must be in [0, {n}), got {r}")
     if n_items < n:
-        raise ValueError(
+        raise UsageError(
             f"{n_items} image(s) to evaluate cannot be shared by {n} processes: every rank needs at least one "
             f"(start torchrun with --nproc_per_node and --nnodes giving at most {n_items} processes)"
         )

@@ -18,6 +18,7 @@ from monai.utils import str2bool
 
 from ..distributed import rank, world_size
 from ..enums import CLASS_NAMES, MAP_NAMES, STAGES, OutputKey
+from ..errors import UsageError
 from .files import format_table, write_report_files, write_unscored
 from .metrics import MAP_STATS, ReportMetrics, per_image_rows, report_summary
 from .unscored import ScoredLoader
@@ -39,7 +40,7 @@ EVAL_SPLITS = ("validation", "test")
 _LOGGED_UNSCORED = 20
 
 
-class UnscoredImagesError(ValueError):
+class UnscoredImagesError(UsageError):
     """Images of the split that the evaluation could not score, without ``skip_unscored``."""
 
 
@@ -51,7 +52,7 @@ def check_checkpoint(path: str | os.PathLike, stage: str) -> str:
         FileNotFoundError: ``path`` is not a file.
     """
     if stage not in STAGES:
-        raise ValueError(f"stage must be one of {STAGES} to evaluate a model, got {stage!r}")
+        raise UsageError(f"stage must be one of {STAGES} to evaluate a model, got {stage!r}")
     if not Path(path).is_file():
         raise FileNotFoundError(
             f"checkpoint to evaluate not found: {path} (train the {stage!r} stage first, or point --ckpt_path at "
@@ -67,13 +68,13 @@ def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: 
         ValueError: an unknown split name, or a split that is missing or empty in the datalist.
     """
     if split not in EVAL_SPLITS:
-        raise ValueError(f"--eval_split must be one of {EVAL_SPLITS}, got {split!r}")
+        raise UsageError(f"--eval_split must be one of {EVAL_SPLITS}, got {split!r}")
     items = datalist.get(split)
     if not items:
         other = next((s for s in EVAL_SPLITS if s != split and datalist.get(s)), None)
         hint = f"evaluate the {other} split with --eval_split {other}, or " if other else ""
         share = "VAL" if split == "validation" else "TEST"
-        raise ValueError(
+        raise UsageError(
             f"{source}: split {split!r} is missing or empty; nothing to evaluate: {hint}give the datalist a {split} "
             f"split (tools/make_datalist.py --fractions TRAIN VAL TEST with {share} > 0, e.g. --fractions "
             "0.7 0.15 0.15)"
@@ -135,7 +136,7 @@ class MetricsReport:
         self.output_dir = Path(output_dir)
         self.class_names = [str(c) for c in class_names]
         if len(set(self.class_names)) != len(self.class_names) or not self.class_names:
-            raise ValueError(f"class_names must be distinct and non-empty, got {list(class_names)}")
+            raise UsageError(f"class_names must be distinct and non-empty, got {list(class_names)}")
         self.info = {str(k): (str(v) if isinstance(v, os.PathLike) else v) for k, v in (info or {}).items()}
         self.maps = list(maps)
         self.handler_args = {
@@ -204,7 +205,7 @@ class MetricsReport:
         empty = [r for r, (_, count) in enumerate(ranks) if count == 0]
         if empty:
             where = f"rank {empty[0]}'s block of {split} (run fewer processes)" if world_size() > 1 else split
-            raise ValueError(f"no image of {where} could be scored ({n} unscored, in {self.unscored_path})")
+            raise UsageError(f"no image of {where} could be scored ({n} unscored, in {self.unscored_path})")
         if n:
             logger.warning(
                 "%d unscored image(s) skipped (skip_unscored), listed in %s: every number of the report is over the "

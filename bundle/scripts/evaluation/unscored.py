@@ -15,6 +15,7 @@ from monai.data import list_data_collate
 from monai.transforms import Compose, LoadImaged
 from scipy import ndimage
 
+from ..errors import UsageError
 from ..transforms.mammo.coverage import BREAST_KEYS, breast_refusal
 from ..transforms.mammo.dictionary import BestCenterWindowd, FlipToRightd
 from ..transforms.mammo.spacing import ResampleToSpacingd
@@ -101,7 +102,7 @@ def _binary_masks(d: dict[str, Any], mask_keys: Sequence[str]) -> dict[str, Any]
 def _first(transforms: Sequence[Any], kind: type, what: str) -> int:
     index = next((i for i, t in enumerate(transforms) if isinstance(t, kind)), None)
     if index is None:
-        raise ValueError(f"ScoringDataset: the preprocessing has no {kind.__name__} ({what})")
+        raise UsageError(f"ScoringDataset: the preprocessing has no {kind.__name__} ({what})")
     return index
 
 

@@ -3,8 +3,8 @@
 Ignite's ``TerminateOnNan`` checks the same output, but ends the run as if it had finished (``engine.terminate()``:
 the run completes, exits 0, and the stage's record says it finished, so the next stage starts from whatever model it
 left); MONAI has no such handler. :class:`StopOnNonFinite` raises instead, so the run fails (exit status 1, the
-message as one ``error:`` line through :func:`scripts.commands.install_excepthook`) before the epoch's validation and
-checkpoints: ``last.pt`` and ``model.pt`` on disk keep their last finite weights (and
+message as one ``error:`` line through :class:`~scripts.training.workflow.GLAMWorkflow`) before the epoch's
+validation and checkpoints: ``last.pt`` and ``model.pt`` on disk keep their last finite weights (and
 :func:`~scripts.networks.weights.save_atomic` never writes non-finite ones).
 """
 
@@ -21,6 +21,7 @@ from ignite.engine import Engine, Events
 from monai.handlers import from_engine
 from monai.utils import CommonKeys
 
+from ..errors import UsageError
 from ..networks.checkpoint_file import describe_non_finite, non_finite_tensors
 
 __all__ = ["TrainingDivergedError", "StopOnNonFinite"]
@@ -29,7 +30,7 @@ __all__ = ["TrainingDivergedError", "StopOnNonFinite"]
 _HELP = "lower --learning_rate (docs/training.md, 'Non-finite losses and weights')"
 
 
-class TrainingDivergedError(ValueError):
+class TrainingDivergedError(UsageError):
     """A training stage stopped because its loss or its weights stopped being finite; the message says where."""
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from monai.handlers import IgniteMetricHandler, from_engine
 
+from ..errors import UsageError
 from ..metrics import PointingGameMetric, PxAPMetric, SoftDiceMetric
 from ..metrics.froc import FROC_RATES, FROCMetric
 
@@ -38,9 +39,9 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
         if class_index is not None and (
             isinstance(class_index, bool) or not isinstance(class_index, int) or class_index < 0
         ):
-            raise ValueError(f"class_index must be None or a non-negative int, got {class_index!r}.")
+            raise UsageError(f"class_index must be None or a non-negative int, got {class_index!r}.")
         if reduction not in ("mean", "std"):
-            raise ValueError(f"reduction must be 'mean' or 'std', got {reduction!r}.")
+            raise UsageError(f"reduction must be 'mean' or 'std', got {reduction!r}.")
         self.class_index = class_index
         self.reduction = reduction
         self.empty_value = float(empty_value)
@@ -63,7 +64,7 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
         name = self._name or type(self).__name__
         if self.class_index is not None:
             if self.class_index >= len(per_class):
-                raise ValueError(f"class_index={self.class_index} but the predictions have {len(per_class)} classes.")
+                raise UsageError(f"class_index={self.class_index} but the predictions have {len(per_class)} classes.")
             value = per_class[self.class_index]
             if math.isnan(value):
                 return self._undefined(name, f"class {self.class_index}")
@@ -129,7 +130,7 @@ class PxAP(_ClassReducedMetricHandler):
         check_values: bool = True,
     ) -> None:
         if level == "dataset" and reduction == "std":
-            raise ValueError("reduction='std' is only defined for level='image' (dataset-level PxAP is one AP).")
+            raise UsageError("reduction='std' is only defined for level='image' (dataset-level PxAP is one AP).")
         metric = PxAPMetric(level=level, step=step, check_values=check_values)
         super().__init__(metric, class_index, reduction, empty_value, output_transform, save_details)
 
@@ -186,7 +187,7 @@ class FROC(_ClassReducedMetricHandler):
             rates=rates, radius=radius, tolerance=tolerance, max_candidates=max_candidates, check_values=check_values
         )
         if float(rate) not in metric.rates:
-            raise ValueError(f"rate must be one of the rates {list(metric.rates)}, got {rate!r}.")
+            raise UsageError(f"rate must be one of the rates {list(metric.rates)}, got {rate!r}.")
         self.rate_index = metric.rates.index(float(rate))
         super().__init__(metric, class_index, "mean", empty_value, output_transform, save_details)
 

@@ -12,6 +12,8 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
 
+from ..errors import UsageError
+
 __all__ = ["EpochSeeder", "BestMetricState", "key_metric"]
 
 
@@ -24,7 +26,7 @@ def key_metric(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dic
     """``{name: metrics[name]}``: the evaluator's ``key_val_metric`` chosen by name (or selection record)."""
     name = _metric_name(name)
     if name not in metrics:
-        raise ValueError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
+        raise UsageError(f"selection_metric {name!r} is not a validation metric; choose one of {sorted(metrics)}")
     return {name: metrics[name]}
 
 

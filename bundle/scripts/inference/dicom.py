@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..enums import CLASS_NAMES
+from ..errors import UsageError
 
 __all__ = [
     "DICOM_OUTPUT_MODES",
@@ -50,7 +51,7 @@ def dicom_output_kinds(mode: str | None) -> tuple[str, ...]:
     """
     key = "none" if mode is None else str(mode).strip().lower()
     if key not in DICOM_OUTPUT_MODES:
-        raise ValueError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {mode!r}")
+        raise UsageError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {mode!r}")
     return DICOM_OUTPUT_MODES[key]
 
 
@@ -88,7 +89,7 @@ def _read_source(path: str | os.PathLike, notes: list[str] | None = None) -> Any
     ds = pydicom.dcmread(str(path), stop_before_pixels=True)
     missing = [k for k in ("StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "SOPClassUID") if k not in ds]
     if missing:
-        raise ValueError(f"{path}: DICOM header lacks {', '.join(missing)}: cannot reference the source image")
+        raise UsageError(f"{path}: DICOM header lacks {', '.join(missing)}: cannot reference the source image")
     for keyword in _TYPE2_SOURCE:
         if keyword not in ds:
             setattr(ds, keyword, None)
@@ -111,7 +112,7 @@ def secondary_capture(source: Any, panel: np.ndarray) -> Any:
 
     panel = np.asarray(panel)
     if panel.ndim != 3 or panel.shape[2] != 3 or panel.dtype != np.uint8:
-        raise ValueError(f"panel must be (H, W, 3) uint8, got shape {panel.shape} dtype {panel.dtype}")
+        raise UsageError(f"panel must be (H, W, 3) uint8, got shape {panel.shape} dtype {panel.dtype}")
     # highdicom accepts single-letter orientations only: the source's (the panel keeps its directions) replaces a
     # placeholder afterwards
     orientation = [str(v) for v in (getattr(source, "PatientOrientation", None) or [])]
@@ -162,7 +163,7 @@ def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
     s_c = np.asarray(s_c, dtype=np.float32)
     rows, cols = int(source.Rows), int(source.Columns)
     if s_c.ndim != 3 or s_c.shape[0] != 2 or s_c.shape[1:] != (rows, cols):
-        raise ValueError(f"S_c must have shape (2, {rows}, {cols}) (the source image), got {s_c.shape}")
+        raise UsageError(f"S_c must have shape (2, {rows}, {cols}) (the source image), got {s_c.shape}")
     algorithm = hd.AlgorithmIdentificationSequence(
         name=MODEL_NAME, version=SOFTWARE_VERSION, family=codes.cid7162.ArtificialIntelligence
     )
@@ -222,12 +223,12 @@ def dicom_objects(
     for kind in kinds:
         if kind == "sc":
             if panel is None:
-                raise ValueError(f"{source_path}: a Secondary Capture needs the overlay panel")
+                raise UsageError(f"{source_path}: a Secondary Capture needs the overlay panel")
             objects[kind] = secondary_capture(source, panel)
         elif kind == "map":
             if s_c is None:
-                raise ValueError(f"{source_path}: a Segmentation needs S_c")
+                raise UsageError(f"{source_path}: a Segmentation needs S_c")
             objects[kind] = saliency_segmentation(source, s_c)
         else:
-            raise ValueError(f"unknown DICOM output kind {kind!r} (sc, map)")
+            raise UsageError(f"unknown DICOM output kind {kind!r} (sc, map)")
     return objects

@@ -15,6 +15,7 @@ from typing import Any
 from ..atomic import atomic_write, move_into_place
 from ..data.readers import SUPPORTED_SUFFIXES
 from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
+from ..errors import UsageError
 from .dicom import DICOM_OUTPUT_MODES
 
 __all__ = ["OutputSelection", "StagedFiles", "is_temporary", "manifest_name", "files_are_complete", "input_names"]
@@ -72,17 +73,17 @@ class OutputSelection:
             names = [str(n).strip() for n in outputs]
         unknown = sorted({n for n in names if n not in cls.NAMES})
         if unknown:
-            raise ValueError(f"outputs: unknown {unknown}; choose from {list(cls.NAMES)}")
+            raise UsageError(f"outputs: unknown {unknown}; choose from {list(cls.NAMES)}")
         key = "none" if dicom_outputs is None else str(dicom_outputs).strip().lower()
         if key not in DICOM_OUTPUT_MODES:
-            raise ValueError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {dicom_outputs!r}")
+            raise UsageError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {dicom_outputs!r}")
         dicom = set(DICOM_OUTPUT_MODES[key])
         dicom |= {"sc" for n in names if n == InferenceOutput.DICOM_SC} | {
             "map" for n in names if n == InferenceOutput.DICOM_MAP
         }
         maps = tuple(m for m in MAP_NAMES if m in names)
         if InferenceOutput.PNG in names and not maps:
-            raise ValueError("outputs: 'png' writes the chosen maps as PNG too: name at least one map (e.g. S_c)")
+            raise UsageError("outputs: 'png' writes the chosen maps as PNG too: name at least one map (e.g. S_c)")
         return cls(
             maps,
             InferenceOutput.PNG in names,

@@ -22,6 +22,7 @@ from ..data.readers import (
     not_a_mammogram,
 )
 from ..enums import Stage
+from ..errors import UsageError
 from ..handlers.throughput import LOAD_SECONDS_KEY
 from ..transforms.mammo.coverage import breast_refusal
 from .files import OUTPUT_FOLDERS
@@ -147,19 +148,19 @@ def inference_items(
         datalist = resolve_paths(load_datalist(given), os.path.dirname(os.path.abspath(given))) if given else None
     if (input_dir is None or str(input_dir) == "") and datalist is not None:
         if split not in datalist:
-            raise ValueError(f"datalist has no split {split!r} (splits: {sorted(datalist)})")
+            raise UsageError(f"datalist has no split {split!r} (splits: {sorted(datalist)})")
         items = [dict(item) for item in datalist[split]]
         if not items:
-            raise ValueError(f"datalist split {split!r} is empty")
+            raise UsageError(f"datalist split {split!r} is empty")
         return items
     if input_dir is None or str(input_dir) == "":
-        raise ValueError("give input_dir (a folder of mammograms) or datalist")
+        raise UsageError("give input_dir (a folder of mammograms) or datalist")
     folder = Path(input_dir)
     if not folder.is_dir():
-        raise ValueError(f"input_dir {str(folder)!r} is not a folder")
+        raise UsageError(f"input_dir {str(folder)!r} is not a folder")
     items = scan_input_folder(folder, exclude=[output_dir] if output_dir else [])
     if all(NO_IMAGE_FILE in item.get(ERROR_KEY, "") for item in items):
-        raise ValueError(f"input_dir {str(folder)!r} holds no file of a supported type {SUPPORTED_SUFFIXES}")
+        raise UsageError(f"input_dir {str(folder)!r} holds no file of a supported type {SUPPORTED_SUFFIXES}")
     return items
 
 
@@ -220,7 +221,7 @@ def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu")
     on CPUs."""
     if isinstance(batch_size, Mapping):
         if Stage.JOINT not in batch_size:
-            raise ValueError(
+            raise UsageError(
                 f"batch_size: a per-stage dict needs a '{Stage.JOINT.value}' value for inference: {dict(batch_size)}"
             )
         batch_size = batch_size[Stage.JOINT]

@@ -15,6 +15,7 @@ from monai.transforms import Compose, Invertd
 
 from ..data.geometry import usable_spacing
 from ..enums import CLASS_NAMES, MAP_NAMES, OutputKey
+from ..errors import UsageError
 from ..patches import render_saliency
 from ..transforms.mammo.coverage import original_size, window_on_original
 from .files import OutputSelection, StagedFiles
@@ -227,7 +228,7 @@ def maps_on_original(
     for name, m in out.items():
         if m.shape[-2:] != size:
             path = meta.get("filename_or_obj", "")
-            raise ValueError(f"{path}: inverted {name} has shape {m.shape[-2:]}, the file {size}")
+            raise UsageError(f"{path}: inverted {name} has shape {m.shape[-2:]}, the file {size}")
     return OnOriginal(out, patches, window_on_original(meta, size))
 
 
@@ -262,7 +263,7 @@ def save_nifti(path: Path, quantized: np.ndarray, affine: np.ndarray) -> None:
     import nibabel as nib
 
     if quantized.dtype != np.uint16 or quantized.ndim != 3:
-        raise ValueError(f"save_nifti takes (C, H, W) uint16 maps, got {quantized.dtype} {quantized.shape}")
+        raise UsageError(f"save_nifti takes (C, H, W) uint16 maps, got {quantized.dtype} {quantized.shape}")
     img = nib.Nifti1Image(np.transpose(quantized, (2, 1, 0))[:, :, None, None, :], np.asarray(affine, np.float64))
     img.header.set_slope_inter(1.0 / MAP_SCALE, 0.0)
     img.header.set_intent("vector", (), name=",".join(CLASS_NAMES))

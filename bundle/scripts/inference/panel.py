@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..enums import CLASS_NAMES, LesionClass
+from ..errors import UsageError
 from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from ..visualize import reading_panel
 from .files import bare_name
@@ -138,7 +139,7 @@ def overlay_panel(
     small_maps = {name: maps[name][sub] for name in maps}
     for name, m in small_maps.items():
         if m.shape[-2:] != thumbnail.shape:
-            raise ValueError(f"{name} at step {step} has shape {m.shape[-2:]}, the thumbnail {thumbnail.shape}")
+            raise UsageError(f"{name} at step {step} has shape {m.shape[-2:]}, the thumbnail {thumbnail.shape}")
 
     def small(box: Sequence[int]) -> tuple[int, int, int, int]:  # end-exclusive boxes at the thumbnail's step
         top, left, bottom, right = (int(v) for v in box)
@@ -173,7 +174,7 @@ def item_panel(
     """
     thumbnail = _thumbnail(item, "image")
     if thumbnail is None:
-        raise ValueError(
+        raise UsageError(
             f"{path}: no image thumbnail to draw the panel on (the preprocessing needs "
             "scripts.transforms.Thumbnaild after loading, as configs/inference.yaml has it)"
         )

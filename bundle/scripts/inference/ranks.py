@@ -17,6 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..distributed import TORCHRUN_ENV, init_distributed, rank, world_size
+from ..errors import UsageError
 from .files import OutputSelection
 from .folder import RUN_RECORD, InferenceOutputFolder, InferencePlan, OutputFolderRefused, _differences
 from .tables import ERROR_KEY, InferenceTables, csv_cell, error_record
@@ -39,7 +40,7 @@ def input_share(paths: Sequence[str], rank_: int, world_size_: int) -> list[str]
         ValueError: when the rank is not in ``[0, world_size_)``.
     """
     if not 0 <= int(rank_) < int(world_size_):
-        raise ValueError(f"rank must be in [0, {world_size_}), got {rank_}")
+        raise UsageError(f"rank must be in [0, {world_size_}), got {rank_}")
     return sorted(set(paths))[int(rank_) :: int(world_size_)]
 
 
@@ -72,7 +73,7 @@ class InferenceRanks:
     def __init__(self, backend: str | None = None, timeout_s: float = 86400.0, label_logs: bool = True) -> None:
         missing = [k for k in TORCHRUN_ENV if k not in os.environ]
         if missing and not (dist.is_available() and dist.is_initialized()):
-            raise ValueError(
+            raise UsageError(
                 f"multi_gpu_inference.yaml must run under torchrun (missing environment variables {missing}): "
                 "torchrun --nproc_per_node=N -m monai.bundle run inference --config_file "
                 "\"['bundle/configs/inference.yaml','bundle/configs/multi_gpu_inference.yaml']\" ... "

@@ -22,6 +22,7 @@ from ..atomic import atomic_write
 from ..data.header_facts import file_suffix, text_view_laterality
 from ..data.readers import SUPPORTED_SUFFIXES
 from ..enums import CLASS_NAMES
+from ..errors import UsageError
 from ..metrics.breasts import breast_key, group_breasts
 
 __all__ = [
@@ -318,12 +319,12 @@ class AppendOnlyCsv:
         reader = csv.reader(io.StringIO(data.decode("utf-8", errors="replace"), newline=""))
         header = next(reader, [])
         if header != self.columns and header == self.columns[: len(header)]:
-            raise ValueError(
+            raise UsageError(
                 f"{self.path}: written by an earlier version of this workflow (it lacks the columns "
                 f"{self.columns[len(header) :]}); choose another --output_dir, or move that table away to start over"
             )
         if header != self.columns:
-            raise ValueError(
+            raise UsageError(
                 f"{self.path}: its columns {header} are not those this version writes {self.columns} (a table of "
                 "another version or program)"
             )

@@ -11,6 +11,8 @@ import torch
 from monai.metrics import CumulativeIterationMetric
 from monai.utils import convert_to_tensor
 
+from ..errors import UsageError
+
 REDUCTIONS = ("mean", "std")
 
 
@@ -26,23 +28,23 @@ def check_inputs(y_pred: Any, y: Any, check_values: bool = True) -> tuple[torch.
         ValueError: naming ``y_pred`` or ``y`` and the problem.
     """
     if not isinstance(y_pred, torch.Tensor):
-        raise ValueError(f"y_pred must be a torch.Tensor of shape (B, C, H, W), got {type(y_pred).__name__}.")
+        raise UsageError(f"y_pred must be a torch.Tensor of shape (B, C, H, W), got {type(y_pred).__name__}.")
     if not isinstance(y, torch.Tensor):
-        raise ValueError(f"y must be a torch.Tensor of shape (B, C, H, W), got {type(y).__name__}.")
+        raise UsageError(f"y must be a torch.Tensor of shape (B, C, H, W), got {type(y).__name__}.")
     y_pred = convert_to_tensor(y_pred, track_meta=False)
     y = convert_to_tensor(y, track_meta=False)
     if y_pred.dtype in (torch.bfloat16, torch.float16):  # autocast outputs: sums and sorts need float32's precision
         y_pred = y_pred.float()
     if y_pred.ndim != 4:
-        raise ValueError(f"y_pred must be 4-D (B, C, H, W), got shape {tuple(y_pred.shape)}.")
+        raise UsageError(f"y_pred must be 4-D (B, C, H, W), got shape {tuple(y_pred.shape)}.")
     if y.ndim != 4:
-        raise ValueError(f"y must be 4-D (B, C, H, W), got shape {tuple(y.shape)}.")
+        raise UsageError(f"y must be 4-D (B, C, H, W), got shape {tuple(y.shape)}.")
     if y_pred.shape != y.shape:
-        raise ValueError(f"y_pred and y must have the same shape, got {tuple(y_pred.shape)} and {tuple(y.shape)}.")
+        raise UsageError(f"y_pred and y must have the same shape, got {tuple(y_pred.shape)} and {tuple(y.shape)}.")
     if y_pred.device != y.device:
-        raise ValueError(f"y_pred and y must be on the same device, got {y_pred.device} and {y.device}.")
+        raise UsageError(f"y_pred and y must be on the same device, got {y_pred.device} and {y.device}.")
     if y_pred.is_complex() or y_pred.dtype == torch.bool:
-        raise ValueError(f"y_pred must hold real scores in [0, 1], got dtype {y_pred.dtype}.")
+        raise UsageError(f"y_pred must hold real scores in [0, 1], got dtype {y_pred.dtype}.")
     if check_values and y_pred.numel() > 0:
         # one stacked flag tensor so that both checks cost a single synchronisation
         pred_bad = ~((y_pred >= 0) & (y_pred <= 1))  # NaN compares False, so it is caught here
@@ -52,12 +54,12 @@ def check_inputs(y_pred: Any, y: Any, check_values: bool = True) -> tuple[torch.
             n_nan = int(torch.isnan(y_pred).sum()) if y_pred.is_floating_point() else 0
             finite = y_pred[~torch.isnan(y_pred)] if n_nan else y_pred
             rng = f"[{finite.min().item():.6g}, {finite.max().item():.6g}]" if finite.numel() else "[]"
-            raise ValueError(
+            raise UsageError(
                 f"y_pred must contain scores in [0, 1] without NaN; got {n_nan} NaN value(s) and range {rng}."
             )
         if flags[1]:
             bad = torch.unique(y[mask_bad])[:5].tolist()
-            raise ValueError(f"y must be a binary mask (values 0 and 1 only); found other values, e.g. {bad}.")
+            raise UsageError(f"y must be a binary mask (values 0 and 1 only); found other values, e.g. {bad}.")
     return y_pred, y
 
 
@@ -68,7 +70,7 @@ def nan_reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
         (C,) mean or population std (ddof=0); NaN for a class without a defined value.
     """
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
+        raise UsageError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
     mean = torch.nanmean(values, dim=0)
     if reduction == "mean":
         return mean
@@ -107,7 +109,7 @@ class PerImageMetric(CumulativeIterationMetric):
         if self._num_classes is None:
             self._num_classes = num_classes
         elif num_classes != self._num_classes:
-            raise ValueError(
+            raise UsageError(
                 f"y_pred has {num_classes} classes but earlier batches had {self._num_classes}; "
                 "call reset() before switching to another task."
             )
@@ -124,14 +126,14 @@ class PerImageMetric(CumulativeIterationMetric):
             y_b = torch.stack([convert_to_tensor(t, track_meta=False).detach() for t in y])
             return self._compute_tensor(y_pred_b, y_b, **kwargs)
         if y is None:
-            raise ValueError("y (the ground-truth masks) is required.")
+            raise UsageError("y (the ground-truth masks) is required.")
         return super()._compute_list(y_pred, y, **kwargs)
 
     def _values(self) -> torch.Tensor:
         """(N, C) per-image values gathered from all ranks."""
         buffer = self.get_buffer()
         if not isinstance(buffer, torch.Tensor):
-            raise ValueError(f"{type(self).__name__} has no data: call it on at least one batch before aggregate().")
+            raise UsageError(f"{type(self).__name__} has no data: call it on at least one batch before aggregate().")
         return buffer
 
     def aggregate(self, reduction: str = "mean") -> torch.Tensor:  # type: ignore[override]

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from monai.metrics import compute_roc_auc
 
+from ..errors import UsageError
+
 __all__ = ["BreastAUC", "breast_auc", "breast_key", "group_breasts"]
 
 
@@ -49,7 +51,7 @@ def breast_auc(scores: torch.Tensor, labels: torch.Tensor, keys: Sequence[tuple 
     """
     scores, labels = torch.as_tensor(scores, dtype=torch.float64), torch.as_tensor(labels, dtype=torch.float64)
     if scores.ndim != 2 or scores.shape != labels.shape or len(keys) != scores.shape[0]:
-        raise ValueError(
+        raise UsageError(
             f"scores and labels must be (N, C) of one shape with N keys, got {tuple(scores.shape)}, "
             f"{tuple(labels.shape)} and {len(keys)} keys."
         )
@@ -86,5 +88,5 @@ class BreastAUC:
 
     def aggregate(self) -> dict[str, Any]:
         if not self._scores:
-            raise ValueError("BreastAUC has no data: call update() on at least one batch first.")
+            raise UsageError("BreastAUC has no data: call update() on at least one batch first.")
         return breast_auc(torch.cat(self._scores), torch.cat(self._labels), self._keys)

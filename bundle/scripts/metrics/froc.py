@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from monai.metrics import CumulativeIterationMetric
 from scipy import ndimage
 
+from ..errors import UsageError
 from ._common import all_reduce_sum, check_inputs
 from .pxap import pxap_bin_edges
 
@@ -68,9 +69,9 @@ def froc_candidates(
         highest score first.
     """
     if radius < 0:
-        raise ValueError(f"radius must be >= 0 pixels, got {radius}.")
+        raise UsageError(f"radius must be >= 0 pixels, got {radius}.")
     if max_candidates < 1:
-        raise ValueError(f"max_candidates must be >= 1, got {max_candidates}.")
+        raise UsageError(f"max_candidates must be >= 1, got {max_candidates}.")
     b, c, h, w = y_pred.shape
     maps = y_pred.reshape(b * c, 1, h, w).float()
     is_max = (maps == _max_filter(maps, radius)) & (maps > min_score)
@@ -164,9 +165,9 @@ class FROCMetric(CumulativeIterationMetric):
         super().__init__()
         self.rates = tuple(float(r) for r in rates)
         if not self.rates or any(not r > 0 for r in self.rates):
-            raise ValueError(f"rates must be positive false-positive counts per image, got {rates!r}.")
+            raise UsageError(f"rates must be positive false-positive counts per image, got {rates!r}.")
         if not tolerance >= 0:
-            raise ValueError(f"tolerance must be >= 0 pixels, got {tolerance}.")
+            raise UsageError(f"tolerance must be >= 0 pixels, got {tolerance}.")
         self.radius, self.tolerance, self.max_candidates = int(radius), float(tolerance), int(max_candidates)
         self.min_score, self.check_values = float(min_score), check_values
         self.edges = pxap_bin_edges(step)
@@ -186,7 +187,7 @@ class FROCMetric(CumulativeIterationMetric):
         if self._counts is None:
             self._counts = new
         elif self._counts["fp"].shape != new["fp"].shape:
-            raise ValueError(
+            raise UsageError(
                 f"y_pred has {new['fp'].shape[0]} classes but earlier batches had {self._counts['fp'].shape[0]}; "
                 "call reset() before switching to another task."
             )
@@ -196,7 +197,7 @@ class FROCMetric(CumulativeIterationMetric):
 
     def _compute_tensor(self, y_pred: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
         if y is None:
-            raise ValueError("y (the ground-truth masks) is required.")
+            raise UsageError("y (the ground-truth masks) is required.")
         y_pred, y = check_inputs(y_pred, y, self.check_values)
         b, c = y_pred.shape[:2]
         scores, rows, cols = (
@@ -223,7 +224,7 @@ class FROCMetric(CumulativeIterationMetric):
 
     def _gathered(self) -> dict[str, torch.Tensor]:
         if self._counts is None:
-            raise ValueError("FROCMetric has no data: call it on at least one batch before aggregate().")
+            raise UsageError("FROCMetric has no data: call it on at least one batch before aggregate().")
         return {key: all_reduce_sum(value) for key, value in self._counts.items()}
 
     def aggregate(self) -> torch.Tensor:  # type: ignore[override]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UsageError
 from ._common import PerImageMetric, check_inputs
 
 __all__ = ["PointingGameMetric", "compute_pointing_game", "map_peaks", "POINTING_MEASURES"]
@@ -64,11 +65,11 @@ def compute_pointing_game(
         (B, C) float64 1.0 / 0.0, NaN where the image has no lesion of that class.
     """
     if measure not in POINTING_MEASURES:
-        raise ValueError(f"measure must be one of {POINTING_MEASURES}, got {measure!r}.")
+        raise UsageError(f"measure must be one of {POINTING_MEASURES}, got {measure!r}.")
     if not tolerance >= 0:
-        raise ValueError(f"tolerance must be >= 0 pixels, got {tolerance}.")
+        raise UsageError(f"tolerance must be >= 0 pixels, got {tolerance}.")
     if not border >= 0:
-        raise ValueError(f"border must be >= 0 pixels, got {border}.")
+        raise UsageError(f"border must be >= 0 pixels, got {border}.")
     y_pred, y = check_inputs(y_pred, y, check_values)
     b, c, h, w = y_pred.shape
     rows, cols, valid = map_peaks(y_pred)
@@ -107,16 +108,16 @@ class PointingGameMetric(PerImageMetric):
     ) -> None:
         super().__init__(check_values=check_values)
         if measure not in POINTING_MEASURES:
-            raise ValueError(f"measure must be one of {POINTING_MEASURES}, got {measure!r}.")
+            raise UsageError(f"measure must be one of {POINTING_MEASURES}, got {measure!r}.")
         if not tolerance >= 0 or not border >= 0:
-            raise ValueError(f"tolerance and border must be >= 0 pixels, got {tolerance} and {border}.")
+            raise UsageError(f"tolerance and border must be >= 0 pixels, got {tolerance} and {border}.")
         self.tolerance = float(tolerance)
         self.border = float(border)
         self.measure = measure
 
     def _compute_tensor(self, y_pred: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
         if y is None:
-            raise ValueError("y (the ground-truth masks) is required.")
+            raise UsageError("y (the ground-truth masks) is required.")
         values = compute_pointing_game(y_pred, y, self.tolerance, self.border, self.measure, self.check_values)
         self._check_num_classes(y_pred)
         return values

@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from ..errors import UsageError
 from ._common import PerImageMetric, all_reduce_sum, check_inputs, nan_reduce
 
 __all__ = ["PxAPMetric", "average_precision_from_histograms", "compute_pxap_histograms", "pxap_bin_edges"]
@@ -24,7 +25,7 @@ LEVELS = ("image", "dataset")
 def pxap_bin_edges(step: float = 0.001) -> np.ndarray:
     """The wsolevaluation histogram edges: ``np.arange(0, 1, step)`` then 1, 2, 3 (float64)."""
     if not 0.0 < step < 1.0:
-        raise ValueError(f"step must be in (0, 1), got {step!r}.")
+        raise UsageError(f"step must be in (0, 1), got {step!r}.")
     return np.append(np.arange(0, 1, step, dtype=np.float64), [1.0, 2.0, 3.0])
 
 
@@ -114,7 +115,7 @@ class PxAPMetric(PerImageMetric):
 
     def __init__(self, level: str = "image", step: float = 0.001, check_values: bool = True) -> None:
         if level not in LEVELS:
-            raise ValueError(f"level must be one of {LEVELS}, got {level!r}.")
+            raise UsageError(f"level must be one of {LEVELS}, got {level!r}.")
         self.level = level
         self.step = float(step)
         self.n_bins = len(pxap_bin_edges(self.step)) - 1
@@ -127,7 +128,7 @@ class PxAPMetric(PerImageMetric):
 
     def _compute_tensor(self, y_pred: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
         if y is None:
-            raise ValueError("y (the ground-truth masks) is required.")
+            raise UsageError("y (the ground-truth masks) is required.")
         hist = compute_pxap_histograms(y_pred, y, self.step, self.check_values)
         self._check_num_classes(y_pred)
         has_lesion = hist[..., 1, :].sum(-1) > 0  # (B, C)
@@ -135,7 +136,7 @@ class PxAPMetric(PerImageMetric):
         if self._hist is None:
             self._hist = pooled
         elif self._hist.device != pooled.device:
-            raise ValueError(
+            raise UsageError(
                 f"y_pred is on {pooled.device} but earlier batches were on {self._hist.device}; "
                 "keep one device per epoch or call reset()."
             )
@@ -146,18 +147,18 @@ class PxAPMetric(PerImageMetric):
     def get_histograms(self) -> torch.Tensor:
         """(C, 2, n_bins) int64 histograms pooled over the lesion images of every rank."""
         if self._hist is None:
-            raise ValueError("PxAPMetric has no data: call it on at least one batch before aggregate().")
+            raise UsageError("PxAPMetric has no data: call it on at least one batch before aggregate().")
         return all_reduce_sum(self._hist)
 
     def aggregate(self, reduction: str = "mean", level: str | None = None) -> torch.Tensor:  # type: ignore[override]
         """(C,) PxAP per class at ``level`` (default ``self.level``); NaN for a class without lesion images."""
         level = self.level if level is None else level
         if level not in LEVELS:
-            raise ValueError(f"level must be one of {LEVELS}, got {level!r}.")
+            raise UsageError(f"level must be one of {LEVELS}, got {level!r}.")
         if level == "image":
             return nan_reduce(self._values(), reduction)
         if reduction != "mean":
-            raise ValueError(
+            raise UsageError(
                 f"reduction={reduction!r} is only defined for level='image'; dataset-level PxAP is a single AP "
                 "per class (use reduction='mean')."
             )

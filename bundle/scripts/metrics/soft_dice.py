@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UsageError
 from ._common import PerImageMetric, check_inputs
 
 __all__ = ["SoftDiceMetric", "compute_soft_dice"]
@@ -44,7 +45,7 @@ class SoftDiceMetric(PerImageMetric):
 
     def _compute_tensor(self, y_pred: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
         if y is None:
-            raise ValueError("y (the ground-truth masks) is required.")
+            raise UsageError("y (the ground-truth masks) is required.")
         dice = compute_soft_dice(y_pred, y, self.check_values)
         self._check_num_classes(y_pred)
         return dice

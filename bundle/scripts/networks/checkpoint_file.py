@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..errors import UsageError
+
 __all__ = ["CheckpointError", "NonFiniteError", "read_checkpoint", "non_finite_tensors", "describe_non_finite"]
 
 #: how a zip and a legacy pickled checkpoint begin
@@ -19,7 +21,7 @@ _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_MAGIC = b"\x80"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError):
     """A checkpoint file that cannot be used; the message names the file and what is wrong with it."""
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..errors import UsageError
 from .glam import GLAM
 from .settings import SETTINGS_KEY, decode_settings, encode_settings
 
@@ -88,7 +89,7 @@ def convert_nyukat_state_dict(
         ValueError: naming every unexpected key, and every missing or mis-shaped tensor of the global or local module.
     """
     if not isinstance(state_dict, Mapping):
-        raise ValueError(f"state_dict must be a mapping of tensor names to tensors, got {type(state_dict).__name__}")
+        raise UsageError(f"state_dict must be a mapping of tensor names to tensors, got {type(state_dict).__name__}")
     if template is None:
         template = GLAM.reference(joint_modules=True).state_dict()
     source = {k.removeprefix("module."): v for k, v in state_dict.items()}
@@ -129,7 +130,7 @@ def convert_nyukat_state_dict(
         if not target.startswith(_JOINT_PREFIXES) and target not in converted:
             problems.append(f"missing key for {target!r}")
     if problems:
-        raise ValueError("cannot convert the authors' checkpoint:\n  " + "\n  ".join(problems))
+        raise UsageError("cannot convert the authors' checkpoint:\n  " + "\n  ".join(problems))
     # attention and fusion are loaded only as a whole: a partial set would leave random weights in use
     joint_keys = [k for k in converted if k.startswith(_JOINT_PREFIXES)]
     expected_joint = [k for k in template if k.startswith(_JOINT_PREFIXES)]

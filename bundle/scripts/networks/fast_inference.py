@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UsageError
 from ..precision import autocast
 
 __all__ = [
@@ -36,7 +37,7 @@ def cpu_supports_bf16() -> bool:
 def resolve_precision(precision: str, device: torch.device | str) -> str:
     """``"bf16"`` or ``"fp32"`` for ``precision`` on ``device``; ``"auto"``: bf16 on CUDA and native-bf16 CPUs."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise UsageError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision != "auto":
         return precision
     kind = torch.device(device).type
@@ -84,7 +85,7 @@ class AutocastInference(nn.Module):
 
     def train(self, mode: bool = True) -> AutocastInference:
         if mode:
-            raise ValueError("AutocastInference is for inference: it holds a network with folded batch norms")
+            raise UsageError("AutocastInference is for inference: it holds a network with folded batch norms")
         return super().train(False)
 
     def extra_repr(self) -> str:

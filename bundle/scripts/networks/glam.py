@@ -12,6 +12,7 @@ from torch import nn
 
 from ..aggregation import AGGREGATIONS, PAPER_AGGREGATION, FusionHead
 from ..enums import STAGES, MapName, OutputKey, Stage
+from ..errors import UsageError
 from ..patches import (
     _check_patch_count,
     as_pair,
@@ -65,17 +66,17 @@ GLOBAL_OUTPUTS = tuple(
 def check_image(image: torch.Tensor, patch_size: Sequence[int] | None = None, name: str = "image") -> None:
     """Validate a batch of mammograms (B, 1, H, W): rank, channels, size, finite values."""
     if not isinstance(image, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor (B, 1, H, W), got {type(image).__name__}")
+        raise UsageError(f"{name} must be a torch.Tensor (B, 1, H, W), got {type(image).__name__}")
     if image.ndim != 4:
-        raise ValueError(f"{name} must be (B, 1, H, W), got shape {tuple(image.shape)} (rank {image.ndim})")
+        raise UsageError(f"{name} must be (B, 1, H, W), got shape {tuple(image.shape)} (rank {image.ndim})")
     if image.shape[1] != 1:
-        raise ValueError(f"{name} must have 1 channel (grey-level mammogram), got {image.shape[1]} channels")
+        raise UsageError(f"{name} must have 1 channel (grey-level mammogram), got {image.shape[1]} channels")
     if patch_size is not None and (image.shape[-2] < patch_size[0] or image.shape[-1] < patch_size[1]):
-        raise ValueError(
+        raise UsageError(
             f"{name} of {image.shape[-2]}x{image.shape[-1]} is smaller than the {patch_size[0]}x{patch_size[1]} patch"
         )
     if not bool(torch.isfinite(image).all()):
-        raise ValueError(f"{name} contains NaN or infinite values")
+        raise UsageError(f"{name} contains NaN or infinite values")
 
 
 def add_aggregations(network: GLAM, settings: GLAMSettings) -> None:
@@ -92,7 +93,7 @@ def add_aggregations(network: GLAM, settings: GLAMSettings) -> None:
             setattr(network, spec.attribute, None)
             continue
         if spec.attribute in network.__dict__ or spec.attribute in network._modules:
-            raise ValueError(f"aggregation {name!r}: GLAM already has an attribute {spec.attribute!r}")
+            raise UsageError(f"aggregation {name!r}: GLAM already has an attribute {spec.attribute!r}")
         network.add_module(spec.attribute, spec.factory(size, hidden, float(t_local)))
         network.held_aggregations.append(name)
 
@@ -111,20 +112,20 @@ def training_patch_boxes(
     image_size = tuple(image.shape[-2:])
     if patch_boxes is not None:
         if patch_boxes.ndim != 3 or patch_boxes.shape[0] != image.shape[0] or patch_boxes.shape[-1] != 4:
-            raise ValueError(f"patch_boxes must be (B, K, 4), got shape {tuple(patch_boxes.shape)}")
+            raise UsageError(f"patch_boxes must be (B, K, 4), got shape {tuple(patch_boxes.shape)}")
         if (patch_boxes[..., 2:] != torch.tensor(network.patch_size, device=patch_boxes.device)).any():
-            raise ValueError(f"patch_boxes must all have the model's patch size {network.patch_size}")
+            raise UsageError(f"patch_boxes must all have the model's patch size {network.patch_size}")
         return patch_boxes.to(device=image.device, dtype=torch.long)
     k = network.num_patches
     _check_patch_count(k, saliency_global.shape[-2:], image_size, network.patch_size)
     boxes = select_patch_boxes(saliency_global.detach(), image_size, network.patch_size, k)
     if patch_shift:
         if not network.training:
-            raise ValueError("patch_shift is a training augmentation: inference keeps Algorithm 1's boxes")
+            raise UsageError("patch_shift is a training augmentation: inference keeps Algorithm 1's boxes")
         boxes = shift_patch_boxes(boxes, image_size, patch_shift, generator)
     if random_patch_mask is not None:
         if random_patch_mask.shape != (image.shape[0],):
-            raise ValueError(
+            raise UsageError(
                 f"random_patch_mask must be (B,) = ({image.shape[0]},), got {tuple(random_patch_mask.shape)}"
             )
         random_boxes = random_patch_boxes(image, network.patch_size, k, generator=generator)
@@ -199,9 +200,9 @@ class GLAM(RecordsSettings):
     def set_stage(self, stage: str) -> GLAM:
         """Select the training stage and which parameters train in it."""
         if stage not in STAGES:
-            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+            raise UsageError(f"stage must be one of {STAGES}, got {stage!r}")
         if stage == Stage.JOINT and self.fusion is None:
-            raise ValueError("stage 'joint' needs the attention and fusion modules (joint_modules=True)")
+            raise UsageError("stage 'joint' needs the attention and fusion modules (joint_modules=True)")
         self.stage = str(Stage(stage))
         train_stage_parameters(self)
         return self
@@ -309,6 +310,6 @@ class GLAM(RecordsSettings):
     def full_resolution(self, outputs: dict[str, torch.Tensor], image_size: Sequence[int]) -> dict[str, torch.Tensor]:
         """Render S_g, S_l and S_c at full input resolution (B, 2, H, W) from a forward's outputs."""
         if OutputKey.PATCH_MAPS not in outputs:
-            raise ValueError("full_resolution needs the outputs of a 'local' or 'joint' stage forward")
+            raise UsageError("full_resolution needs the outputs of a 'local' or 'joint' stage forward")
         maps = [outputs[key] for key in (OutputKey.SALIENCY_GLOBAL, OutputKey.PATCH_MAPS, OutputKey.PATCH_BOXES)]
         return render_saliency(*maps, image_size, 1, self.gamma_c)

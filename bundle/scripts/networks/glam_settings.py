@@ -15,6 +15,7 @@ from ..aggregation import AGGREGATIONS, AggregationSpec
 from ..bundle_info import bundle_version
 from ..data.geometry import as_pixel_spacing
 from ..enums import Stage
+from ..errors import UsageError
 from ..patches import as_pair
 from ..pooling import check_fraction
 
@@ -44,7 +45,7 @@ def as_flag(value: Any, name: str) -> bool:
     try:
         return str2bool(str(value).strip())  # str(): also bools and the integers 0/1
     except ValueError:
-        raise ValueError(f"{name} must be true or false, got {value!r}") from None
+        raise UsageError(f"{name} must be true or false, got {value!r}") from None
 
 
 def _is_int(value: Any) -> bool:
@@ -233,18 +234,18 @@ class GLAMSettings:
         """
         patch_size = as_pair(self.patch_size, "patch_size")
         if patch_size[0] % 4 or patch_size[1] % 4:
-            raise ValueError(f"patch_size must be a multiple of 4 (the local module's stride), got {patch_size}")
+            raise UsageError(f"patch_size must be a multiple of 4 (the local module's stride), got {patch_size}")
         for name, k in (("num_patches_train", self.num_patches_train), ("num_patches_eval", self.num_patches_eval)):
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"{name} must be a positive int, got {k!r}")
+                raise UsageError(f"{name} must be a positive int, got {k!r}")
         if not 0.0 <= float(self.gamma_c) <= 1.0:
-            raise ValueError(f"gamma_c must be in [0, 1], got {self.gamma_c}")
+            raise UsageError(f"gamma_c must be in [0, 1], got {self.gamma_c}")
         chosen: AggregationSpec | None = None
         if self.aggregation is not None:
             chosen = AGGREGATIONS.look_up(self.aggregation, "aggregation")
         joint = self.stage == Stage.JOINT or (chosen is not None and chosen.joint_module)
         if not self.joint_modules and joint:
-            raise ValueError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
+            raise UsageError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
         check_fraction(self.t_local, "t_local")
         as_pair(self.image_size, "image_size")
         as_pixel_spacing(self.pixel_spacing)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..enums import OutputKey
+from ..errors import UsageError
 from ..pooling import check_fraction, top_t_pool
 
 __all__ = [
@@ -111,12 +112,12 @@ class GlobalBackbone(nn.Module):
         super().__init__()
         for name, value in (("width", width), ("blocks_per_layer", blocks_per_layer), ("stem_stride", stem_stride)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise UsageError(f"{name} must be a positive int, got {value!r}")
         if padding_mode not in PADDING_MODES:
-            raise ValueError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
+            raise UsageError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
         planes = tuple(width * m for m in (1, 2, 4, 8, 16)) if planes is None else tuple(planes)
         if len(planes) != 5 or len(strides) != 5:
-            raise ValueError(f"planes and strides must have 5 entries (five layers), got {planes}, {tuple(strides)}")
+            raise UsageError(f"planes and strides must have 5 entries (five layers), got {planes}, {tuple(strides)}")
         first_planes = planes[0] if first_planes is None else first_planes
         self.first_conv = nn.Conv2d(
             in_channels, first_planes, 7, stride=stem_stride, padding=3, bias=False, padding_mode=padding_mode
@@ -197,7 +198,7 @@ class GlobalNetwork(nn.Module):
     ) -> None:
         super().__init__()
         if len(gammas) != 3 or any(g < 0 for g in gammas) or abs(sum(gammas) - 1.0) > 1e-6:
-            raise ValueError(f"gammas must be three non-negative weights summing to 1, got {tuple(gammas)}")
+            raise UsageError(f"gammas must be three non-negative weights summing to 1, got {tuple(gammas)}")
         self.gammas = tuple(float(g) for g in gammas)
         self.t = check_fraction(t, "t")
         self.pool_after_upsampling = bool(pool_after_upsampling)

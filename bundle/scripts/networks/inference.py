@@ -10,6 +10,7 @@ import torch
 from monai.inferers import Inferer
 
 from ..enums import OutputKey, Stage
+from ..errors import UsageError
 from .glam import GLAM
 from .glam_settings import CHOSEN, FROM_CHECKPOINT, GLAM_DEFAULTS, GLAMSettings, coerce_text, setting_specs
 from .settings import read_checkpoint_settings
@@ -50,7 +51,7 @@ def inference_settings(checkpoint: Mapping[str, Any], stage: str = FROM_CHECKPOI
     """
     unknown = sorted(set(settings) - set(CHECKPOINT_SETTINGS) - set(INFERENCE_CHOSEN))
     if unknown:
-        raise ValueError(f"inference_settings: unknown model settings {unknown}; known: {list(CHECKPOINT_SETTINGS)}")
+        raise UsageError(f"inference_settings: unknown model settings {unknown}; known: {list(CHECKPOINT_SETTINGS)}")
     out: dict[str, Any] = {
         name: checkpoint[name] if _from_checkpoint(settings.get(name, FROM_CHECKPOINT)) else settings[name]
         for name in CHECKPOINT_SETTINGS
@@ -73,7 +74,7 @@ class GLAMSaliencyNet(GLAM):
 
     def __init__(self, settings: GLAMSettings | None = None, **overrides: Any) -> None:
         if GLAMSettings.of(settings, **overrides).stage == Stage.GLOBAL:
-            raise ValueError("GLAMSaliencyNet returns S_c, which needs the local module: stage 'local' or 'joint'")
+            raise UsageError("GLAMSaliencyNet returns S_c, which needs the local module: stage 'local' or 'joint'")
         super().__init__(settings, **overrides)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:  # type: ignore[override]

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from ..enums import OutputKey
+from ..errors import UsageError
 
 __all__ = ["BasicBlock", "ResNetHR", "LocalNetwork", "LOCAL_DEPTHS"]
 
@@ -53,9 +54,9 @@ class ResNetHR(nn.Module):
     def __init__(self, depth: int = 34, width: int = 64, in_channels: int = 3) -> None:
         super().__init__()
         if depth not in LOCAL_DEPTHS:
-            raise ValueError(f"local network depth must be one of {sorted(LOCAL_DEPTHS)}, got {depth}")
+            raise UsageError(f"local network depth must be one of {sorted(LOCAL_DEPTHS)}, got {depth}")
         if int(width) < 1:
-            raise ValueError(f"local network width must be a positive integer, got {width}")
+            raise UsageError(f"local network width must be a positive integer, got {width}")
         self.conv1 = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
@@ -143,7 +144,7 @@ class LocalNetwork(nn.Module):
     def fuse_batchnorm(self) -> LocalNetwork:
         """Fold every batch norm into the convolution before it, in place (eval mode, after loading weights)."""
         if self.training:
-            raise ValueError("fuse_batchnorm is for inference: call .eval() first")
+            raise UsageError("fuse_batchnorm is for inference: call .eval() first")
         net = self.dn_resnet
         net.conv1, net.bn1 = fuse_conv_bn_eval(net.conv1, net.bn1), nn.Identity()
         for block in (b for layer in (net.layer1, net.layer2, net.layer3, net.layer4) for b in layer):

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UsageError
 from .checkpoint_file import CheckpointError, read_checkpoint
 from .glam_settings import GLAM_DEFAULTS, MAX_WINDOW_SIDE, setting_specs
 
@@ -87,15 +88,15 @@ def validate_settings(record: Any) -> dict[str, Any]:
         ValueError: not a mapping, a non-finite number, or a known setting of the wrong type or range.
     """
     if not isinstance(record, dict):
-        raise ValueError(f"the settings record is a {type(record).__name__}, not a mapping of settings")
+        raise UsageError(f"the settings record is a {type(record).__name__}, not a mapping of settings")
     found = _non_finite(record, "")
     if found:
-        raise ValueError(f"the settings record's {found} is not a finite number (NaN or infinite)")
+        raise UsageError(f"the settings record's {found} is not a finite number (NaN or infinite)")
     for name, (check, expected) in _CHECKS.items():
         if name in record and not check(record[name]):
             shown = json.dumps(record[name])
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            raise ValueError(f"the settings record's {name} is {shown}; it must be {expected}")
+            raise UsageError(f"the settings record's {name} is {shown}; it must be {expected}")
     return record
 
 
@@ -104,7 +105,7 @@ def decode_settings(tensor: torch.Tensor) -> dict[str, Any]:
     try:
         record = json.loads(bytes(tensor.detach().cpu().to(torch.uint8).tolist()).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"the checkpoint's {SETTINGS_KEY} entry is not a settings record ({err})") from err
+        raise UsageError(f"the checkpoint's {SETTINGS_KEY} entry is not a settings record ({err})") from err
     return validate_settings(record)
 
 
@@ -130,10 +131,10 @@ def check_settings(saved: torch.Tensor, current: Mapping[str, Any], source: str 
     try:
         record = decode_settings(saved)
     except ValueError as err:
-        raise ValueError(f"{source}: {err}") from None
+        raise UsageError(f"{source}: {err}") from None
     differences = settings_differences(record, current)
     if differences:
-        raise ValueError(
+        raise UsageError(
             f"{source} was trained with other model settings than this network's: {'; '.join(differences)} "
             "(build the network with the settings it was trained with, e.g. its preset)"
         )
@@ -144,7 +145,7 @@ def _cached_record(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None
     state = read_checkpoint(path)
     record = state.get(SETTINGS_KEY) if isinstance(state, Mapping) else None
     if record is not None and not isinstance(record, torch.Tensor):
-        raise ValueError(f"its {SETTINGS_KEY} entry is a {type(record).__name__}, not a settings record")
+        raise UsageError(f"its {SETTINGS_KEY} entry is a {type(record).__name__}, not a settings record")
     return decode_settings(record) if isinstance(record, torch.Tensor) else None
 
 
@@ -164,9 +165,9 @@ def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
     except CheckpointError:
         raise
     except ValueError as err:
-        raise ValueError(f"the checkpoint {path}: {err}") from err
+        raise UsageError(f"the checkpoint {path}: {err}") from err
     except Exception as err:  # noqa: BLE001 - torch.load raises many types; the message names the file
-        raise ValueError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
+        raise UsageError(f"cannot read the checkpoint {path}: {type(err).__name__}: {err}") from err
     # the cached record is shared by every caller
     return copy.deepcopy(record)
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_write
+from ..errors import UsageError
 from .checkpoint_file import CheckpointError, NonFiniteError, describe_non_finite, non_finite_tensors, read_checkpoint
 from .glam_settings import as_flag
 from .settings import SETTINGS_KEY, check_settings
@@ -58,10 +59,13 @@ WEIGHTS_HELP = (
 
 
 def require_weights(path: str | os.PathLike) -> str:
-    """``path`` when it is a file; otherwise stop the workflow with one line that names the missing file and how to
-    get weights (``SystemExit``: the bundle runner's expression handling lets it through, so no traceback)."""
+    """``path`` when it is a file.
+
+    Raises:
+        UsageError: no file at ``path``: one line naming it and how to get weights (:data:`WEIGHTS_HELP`).
+    """
     if not Path(path).is_file():
-        raise SystemExit(f"error: model weights not found: {path}: {WEIGHTS_HELP}")
+        raise UsageError(f"model weights not found: {path}: {WEIGHTS_HELP}")
     return str(path)
 
 
@@ -156,7 +160,7 @@ def load_weights(network: torch.nn.Module, path: str | os.PathLike) -> torch.nn.
     module = network.module if wrapped else network
     problems = state_dict_problems(module, state, f"the checkpoint {path}")
     if problems:
-        raise ValueError(
+        raise UsageError(
             f"model weights {path} do not match the network: {', '.join(problems)}; were they trained with other "
             "model settings (a preset), or is it another model's file?"
         )

@@ -12,6 +12,8 @@ from monai.data.meta_obj import get_track_meta, set_track_meta
 from monai.data.utils import set_rnd
 from monai.engines.utils import PrepareBatch
 
+from ..errors import UsageError
+
 __all__ = ["GLAMPrepareBatch"]
 
 _DEVICE_KEYS = ("image", "mask")
@@ -42,7 +44,7 @@ class GLAMPrepareBatch(PrepareBatch):
         transform: Callable | None = None,
     ) -> None:
         if isinstance(patch_shift, bool) or not isinstance(patch_shift, int) or patch_shift < 0:
-            raise ValueError(f"patch_shift must be a non-negative int (pixels), got {patch_shift!r}")
+            raise UsageError(f"patch_shift must be a non-negative int (pixels), got {patch_shift!r}")
         self.with_masks = bool(with_masks)
         self.random_negatives = bool(random_negatives)
         self.patch_shift = patch_shift
@@ -92,13 +94,13 @@ class GLAMPrepareBatch(PrepareBatch):
     ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor], tuple, dict]:
         for key in ("image", "label") + (("mask",) if self.with_masks else ()):
             if key not in batchdata:
-                raise ValueError(f"GLAM batches need a {key!r} entry, got keys {sorted(batchdata)}")
+                raise UsageError(f"GLAM batches need a {key!r} entry, got keys {sorted(batchdata)}")
         if self.transform is not None:
             batchdata = self._transform_on_device(batchdata, device, non_blocking)
         image = batchdata["image"].to(device=device, non_blocking=non_blocking, **kwargs)
         label = batchdata["label"].to(device=device, non_blocking=non_blocking).float()
         if label.ndim != 2 or label.shape[1] != 2:
-            raise ValueError(f"'label' must be (B, 2) benign/malignant labels, got shape {tuple(label.shape)}")
+            raise UsageError(f"'label' must be (B, 2) benign/malignant labels, got shape {tuple(label.shape)}")
         model_kwargs: dict = {}
         if self.random_negatives:
             model_kwargs["random_patch_mask"] = label.sum(dim=1) == 0
@@ -107,11 +109,11 @@ class GLAMPrepareBatch(PrepareBatch):
         if model_kwargs:
             model_kwargs["generator"] = self._generator(image.device)
         if label.shape[0] != image.shape[0]:
-            raise ValueError(f"'label' has {label.shape[0]} rows for a batch of {image.shape[0]} images")
+            raise UsageError(f"'label' has {label.shape[0]} rows for a batch of {image.shape[0]} images")
         if self.with_masks:
             mask = batchdata["mask"].to(device=device, non_blocking=non_blocking).float()
             expected = (image.shape[0], label.shape[1], *image.shape[-2:])
             if tuple(mask.shape) != expected:
-                raise ValueError(f"'mask' must be (B, 2, H, W) = {expected} for these images, got {tuple(mask.shape)}")
+                raise UsageError(f"'mask' must be (B, 2, H, W) = {expected} for these images, got {tuple(mask.shape)}")
             return image, {"label": label, "mask": mask}, (), model_kwargs
         return image, label, (), model_kwargs

@@ -18,6 +18,7 @@ from ignite.handlers import Checkpoint, DiskSaver
 
 from ..atomic import atomic_write
 from ..distributed import rank
+from ..errors import UsageError
 from ..networks.settings import INFERENCE_CHOICES, SETTINGS_KEY, decode_settings
 from ..networks.weights import (
     as_flag,
@@ -96,7 +97,7 @@ def module_sources(previous_modules: Sequence[str] | Mapping[str, str] | None) -
     else:
         pairs = [(m, m) for m in previous_modules]
     if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in pairs):
-        raise ValueError(
+        raise UsageError(
             "previous_modules must be a list of submodule names or a mapping {submodule: prefix in the file}, "
             f"got {previous_modules!r}"
         )
@@ -250,7 +251,7 @@ class StageCheckpointer:
         validation_items: int | Sized | None = None,
     ) -> None:
         if "network" not in save_dict:
-            raise ValueError("save_dict must hold the 'network'")
+            raise UsageError("save_dict must hold the 'network'")
         self.ckpt_dir = Path(ckpt_dir)
         self.best_path, self.last_path = self.ckpt_dir / "model.pt", self.ckpt_dir / "last.pt"
         self.record_path = self.ckpt_dir / "selection.json"
@@ -336,7 +337,7 @@ class StageCheckpointer:
                 else:
                     self._load_modules(network, state)
             except (RuntimeError, ValueError, TypeError, AttributeError) as err:
-                raise ValueError(
+                raise UsageError(
                     f"previous stage's model {self.previous_model} does not fit this network: {err}"
                 ) from err
             what = "" if self.previous_modules is None else f" ({', '.join(self.previous_modules)} only)"
@@ -347,35 +348,35 @@ class StageCheckpointer:
         """``module.load_state_dict(state, strict=True)``, its problems said in one line first."""
         problems = state_dict_problems(module, state)
         if problems:
-            raise ValueError(", ".join(problems))
+            raise UsageError(", ".join(problems))
         module.load_state_dict(state, strict=True)
 
     def _load_modules(self, network: Any, state: Mapping[str, Any]) -> None:
         children = dict(network.named_children())
         for name, source in self.previous_modules.items():
             if name not in children:
-                raise ValueError(f"previous_modules names {name!r}, not a submodule (have {sorted(children)})")
+                raise UsageError(f"previous_modules names {name!r}, not a submodule (have {sorted(children)})")
             prefix = f"{source}." if source else ""
             part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             if not part:
-                raise ValueError(f"the file holds no weights of {source!r}")
+                raise UsageError(f"the file holds no weights of {source!r}")
             try:
                 self._load_strictly(children[name], part)
             except ValueError as err:
-                raise ValueError(f"{name}: {err}") from err
+                raise UsageError(f"{name}: {err}") from err
 
     def _resume(self, engine: Engine) -> None:
         """Restore ``save_dict`` from ``last.pt``, keeping (and logging) the run's epochs, optimizer, schedule and
         inference choices; another epoch length is refused."""
         checkpoint = load_checkpoint_file(self.last_path, "checkpoint")
         if not isinstance(checkpoint, Mapping):
-            raise ValueError(
+            raise UsageError(
                 f"{self.last_path} is not a checkpoint of this workflow (got {type(checkpoint).__name__}): start this "
                 "stage afresh without --resume, or pass the --ckpt_root of the run to continue"
             )
         missing = sorted(set(self.save_dict) - set(checkpoint))
         if missing:
-            raise ValueError(
+            raise UsageError(
                 f"{self.last_path} lacks {missing}: it was not written by this workflow with these settings (start "
                 "this stage afresh without --resume, or pass the --ckpt_root of the run to continue)"
             )
@@ -383,7 +384,7 @@ class StageCheckpointer:
         max_epochs, epoch_length = engine.state.max_epochs, engine.state.epoch_length
         saved_length = checkpoint["trainer"].get("epoch_length") if "trainer" in self.save_dict else None
         if epoch_length is not None and saved_length is not None and saved_length != epoch_length:
-            raise ValueError(
+            raise UsageError(
                 f"{self.last_path} was written with {saved_length} iterations per epoch, this run has "
                 f"{epoch_length}: the training data, batch size or number of processes changed, so the run "
                 "cannot be continued exactly (start afresh without --resume)"
@@ -393,9 +394,9 @@ class StageCheckpointer:
             try:
                 Checkpoint.load_objects(to_load={name: obj}, checkpoint={name: checkpoint[name]}, strict=True)
             except (RuntimeError, ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"{self.last_path}: cannot restore {name!r}: {err}") from err
+                raise UsageError(f"{self.last_path}: cannot restore {name!r}: {err}") from err
         if max_epochs is not None and engine.state.epoch > max_epochs:
-            raise ValueError(
+            raise UsageError(
                 f"{self.last_path} is at epoch {engine.state.epoch}, beyond this run's {max_epochs} epochs: "
                 "raise the number of epochs to continue training from it"
             )

@@ -19,6 +19,8 @@ import torch
 from monai.data import CacheDataset, Dataset, PersistentDataset
 from monai.utils import convert_to_tensor
 
+from ..errors import UsageError
+
 __all__ = [
     "CACHE_MODES",
     "read_datalist",
@@ -65,7 +67,7 @@ def cache_mode(cache: str | None) -> str:
     """
     text = "none" if cache is None else str(cache).strip().lower()
     if text not in CACHE_MODES:
-        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+        raise UsageError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
     return text
 
 
@@ -157,11 +159,11 @@ class ChecksummedPersistentDataset(PersistentDataset):
         try:
             entry = torch.load(hashfile, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - torch.load raises many types on a damaged file
-            raise ValueError(f"cannot be read ({type(err).__name__}: {err})") from None
+            raise UsageError(f"cannot be read ({type(err).__name__}: {err})") from None
         if not isinstance(entry, Mapping) or "checksum" not in entry or "data" not in entry:
-            raise ValueError("is not a checksummed cache entry")
+            raise UsageError("is not a checksummed cache entry")
         if content_checksum(entry["data"]) != entry["checksum"]:
-            raise ValueError("does not match its checksum (its content changed on disk)")
+            raise UsageError("does not match its checksum (its content changed on disk)")
         return entry["data"]
 
     def _cachecheck(self, item_transformed: Any) -> Any:
@@ -213,7 +215,7 @@ def training_dataset(
         )
     if mode == "disk":
         if not cache_dir:
-            raise ValueError("cache 'disk' needs a cache_dir (the folder that holds the cached images)")
+            raise UsageError("cache 'disk' needs a cache_dir (the folder that holds the cached images)")
         os.makedirs(cache_dir, exist_ok=True)
         logger.info("preprocessing cache on disk: %s (%d images; the first epoch fills it)", cache_dir, len(data))
         return ChecksummedPersistentDataset(

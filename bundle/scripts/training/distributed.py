@@ -13,6 +13,7 @@ from ignite.engine import Engine, Events
 from monai.data import partition_dataset
 
 from ..distributed import barrier, rank, world_size
+from ..errors import UsageError
 
 __all__ = [
     "RANK_ZERO_ONLY",
@@ -50,9 +51,9 @@ def rank_share(items: Sequence[Any], num_replicas: int | None = None, rank_: int
     n = world_size() if num_replicas is None else int(num_replicas)
     r = rank() if rank_ is None else int(rank_)
     if not 0 <= r < n:
-        raise ValueError(f"rank must be in [0, {n}), got {r}")
+        raise UsageError(f"rank must be in [0, {n}), got {r}")
     if len(items) < n:
-        raise ValueError(f"{len(items)} item(s) cannot be shared by {n} processes: every rank needs at least one")
+        raise UsageError(f"{len(items)} item(s) cannot be shared by {n} processes: every rank needs at least one")
     return list(partition_dataset(list(items), num_partitions=n, shuffle=False, even_divisible=False)[r])
 
 

@@ -1,11 +1,10 @@
-"""The training's own checks, before a dataset or a network is built (:meth:`GLAMTrainingWorkflow.run
-<scripts.training.workflow.GLAMTrainingWorkflow.run>` calls :func:`preflight_training` first): the command line
-(:func:`scripts.commands.check_command_line`); the per-stage options (``epochs``, ``learning_rate``,
-``batch_size``) a number (every stage) or a dict with every stage to run (:func:`per_stage`); ``ckpt_root`` and
-``output_root`` writable; ``ckpt_root`` locked for this run and cleared of the temporaries a killed save left
-(:func:`lock_run`: a second training into it, resumed or not, is refused naming the first); a stage folder holding
-the checkpoints of an unfinished run never silently overwritten (:func:`check_unfinished_run`: ``--resume true``
-continues it, ``--overwrite true`` starts afresh)."""
+"""The training's own checks, before a dataset or a network is built (:meth:`scripts.training.workflow.GLAMWorkflow.run`
+calls :func:`preflight_training` first): the per-stage options (``epochs``, ``learning_rate``, ``batch_size``) a
+number (every stage) or a dict with every stage to run (:func:`per_stage`); ``ckpt_root`` and ``output_root``
+writable; ``ckpt_root`` locked for this run and cleared of the temporaries a killed save left (:func:`lock_run`: a
+second training into it, resumed or not, is refused naming the first); a stage folder holding the checkpoints of an
+unfinished run never silently overwritten (:func:`check_unfinished_run`: ``--resume true`` continues it,
+``--overwrite true`` starts afresh)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ from typing import Any
 from monai.bundle import ConfigParser
 from monai.utils import str2bool
 
-from ..atomic import FolderLock, remove_temporaries
-from ..commands import UsageError, check_command_line, check_writable
+from ..atomic import FolderLock, probe_writable, remove_temporaries
 from ..distributed import rank
+from ..errors import UsageError
 from .checkpoints import read_record
 
 __all__ = [
@@ -31,6 +30,7 @@ __all__ = [
     "lock_run",
     "unlock_run",
     "check_unfinished_run",
+    "check_writable",
     "preflight_training",
 ]
 
@@ -165,13 +165,28 @@ def unlock_run(lock: FolderLock | None, started: bool) -> None:
         folder.rmdir()
 
 
+def check_writable(**folders: str | os.PathLike) -> None:
+    """Each folder accepts a new file (a folder that does not exist yet: its nearest existing parent).
+
+    Raises:
+        UsageError: naming the option and the folder.
+    """
+    for name, folder in folders.items():
+        try:
+            probe_writable(folder)
+        except OSError as err:
+            raise UsageError(
+                f"{name} {os.path.abspath(folder)} cannot be written ({err.strerror or err}): choose a writable "
+                f"folder (--{name} DIR)"
+            ) from None
+
+
 def preflight_training(parser: ConfigParser) -> FolderLock | None:
     """The checks of this module's docstring on the training workflow's merged configuration ``parser``, before
-    any work (:func:`scripts.training.workflow.run_training`). Returns the run's lock on ``ckpt_root``
+    any work (:class:`scripts.training.workflow.GLAMWorkflow`). Returns the run's lock on ``ckpt_root``
     (:func:`lock_run`), which the caller releases when the run ends."""
     from .stage import stages_to_run
 
-    check_command_line()
     try:
         stages = stages_to_run(str(parser.get_parsed_content("stage")))
     except ValueError as err:

@@ -8,6 +8,8 @@ import ignite.distributed as idist
 import numpy as np
 from torch.utils.data import Sampler
 
+from ..errors import UsageError
+
 __all__ = ["BalancedEpochSampler", "positive_flags"]
 
 
@@ -28,7 +30,7 @@ def positive_flags(items: Sequence[dict], label_key: str = "label") -> list[bool
         except (TypeError, ValueError):  # strings, ragged lists: the same clear error as other bad values
             values = np.asarray([np.nan])
         if values.size == 0 or not np.isin(values, (0.0, 1.0)).all():
-            raise ValueError(f"item {i} ({item.get('image', '?')}): {label_key} must be 0/1 values, got {label!r}")
+            raise UsageError(f"item {i} ({item.get('image', '?')}): {label_key} must be 0/1 values, got {label!r}")
         flags.append(bool(values.any()))
     return flags
 
@@ -57,13 +59,13 @@ class BalancedEpochSampler(Sampler[int]):
     ) -> None:
         flags = np.asarray(list(positives), dtype=bool)
         if flags.size == 0:
-            raise ValueError("BalancedEpochSampler needs a non-empty dataset")
+            raise UsageError("BalancedEpochSampler needs a non-empty dataset")
         if negatives_per_positive < 0:
-            raise ValueError(f"negatives_per_positive must be >= 0, got {negatives_per_positive}")
+            raise UsageError(f"negatives_per_positive must be >= 0, got {negatives_per_positive}")
         num_replicas = idist.get_world_size() if num_replicas is None else num_replicas
         rank = idist.get_rank() if rank is None else rank
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+            raise UsageError(f"rank must be in [0, {num_replicas}), got {rank}")
         self.pos = np.flatnonzero(flags)
         self.neg = np.flatnonzero(~flags)
         self.seed = int(seed)

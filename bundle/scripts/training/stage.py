@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..enums import STAGES, MapName, Stage
+from ..errors import UsageError
 
 __all__ = [
     "stages_to_run",
@@ -23,7 +24,7 @@ STAGE_MAPS = {Stage.GLOBAL: MapName.GLOBAL.value, Stage.LOCAL: MapName.LOCAL.val
 def _stage(stage: Any) -> str:
     stage = str(stage)
     if stage not in STAGES:
-        raise ValueError(f"stage must be one of {STAGES} here, got {stage!r}")
+        raise UsageError(f"stage must be one of {STAGES} here, got {stage!r}")
     return stage
 
 
@@ -77,5 +78,5 @@ def stages_to_run(stage: str) -> list[str]:
     if stage == "all":
         return list(STAGES)
     if stage not in STAGES:
-        raise ValueError(f"stage must be 'all' or one of {STAGES}, got {stage!r}")
+        raise UsageError(f"stage must be 'all' or one of {STAGES}, got {stage!r}")
     return [stage]

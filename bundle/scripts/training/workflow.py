@@ -1,40 +1,390 @@
-"""Run GLAM's three training stages in order as one MONAI bundle workflow.
+"""GLAM's command line: training, evaluation and inference as one MONAI workflow class.
 
-``train.yaml`` describes one stage, parameterised by its ``stage`` id (``global``, ``local`` or ``joint``), so
-that every stage is a complete MONAI train workflow (its own trainer, evaluator, handlers and checkpoint folder)
-that passes ``ConfigWorkflow.check_properties()``. :func:`run_stages` runs the stage named by ``stage``, or all
-three in order for ``stage: all``: each in a fresh copy of the bundle's merged configuration (the config files,
-presets, command-line overrides and the handlers MONAI's ``--tracking`` patched in), with ``stage`` set, so that
-nothing of one stage's objects leaks into the next and every override applies to every stage.
+Run from the repository root (MONAI locates the class before it puts the bundle on ``sys.path``, hence ``PYTHONPATH``)::
 
-train.yaml's ``training`` entry is :func:`run_training`: on the parser of the workflow that evaluates it (under
-``python -m monai.bundle run training``, MONAI's own ``ConfigWorkflow``, built from the command line and the config
-files MONAI read), it checks the command line and the data, then runs the stages; no second workflow is built and
-nothing is read again. It joins the process group of a distributed run (``distributed: true``,
-``multi_gpu_train.yaml``) when none is joined yet, and leaves what it joined. :class:`GLAMTrainingWorkflow` is the
-same run from Python, a ``ConfigWorkflow`` whose ``run_id`` is ``training`` and which owns the process group from
-``initialize`` to ``finalize`` (so that ``check_properties`` can build the DDP network).
+    PYTHONPATH=bundle python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id training \\
+        --config_file "['bundle/configs/train.yaml','configs/quickstart.yaml']" \\
+        --meta_file bundle/configs/metadata.json --epochs 1
+
+MONAI (Python Fire, then ``monai.bundle.scripts.create_workflow``) hands :class:`GLAMWorkflow` every ``--key value``
+as a keyword argument; the class checks them against the config files, runs the run id, and prints a user's mistake
+(:class:`~scripts.errors.UsageError` and its subclasses) as one line. For run id ``training`` it runs each stage
+(``train.yaml`` describes one, parameterised by ``stage``) in a fresh copy of the merged configuration
+(:func:`run_stages`), so that nothing of one stage's objects leaks into the next and every override applies to every
+stage.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import logging
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-import torch.distributed
 from monai.bundle import ConfigParser, ConfigWorkflow
 from monai.utils import str2bool
 
-from ..distributed import destroy_distributed, init_distributed, quiet_other_ranks, rank
+from ..distributed import rank
+from ..errors import UsageError, error_line, user_error
 from .distributed import disable_on_other_ranks
 from .stage import stages_to_run
 from .tracking import track_stage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_stages", "run_training", "GLAMTrainingWorkflow"]
+__all__ = [
+    "GLAMWorkflow",
+    "run_stages",
+    "check_overrides",
+    "check_tracking",
+    "given_none",
+    "workflow_help",
+]
+
+#: arguments of ``monai.bundle run`` / ``run_workflow`` and of ``ConfigWorkflow``: never config ids
+RUN_ARGUMENTS = frozenset(
+    {
+        "run_id",
+        "init_id",
+        "final_id",
+        "meta_file",
+        "config_file",
+        "logging_file",
+        "tracking",
+        "args_file",
+        "workflow_name",
+        "workflow_type",
+        "properties_path",
+    }
+)
+#: the ids MONAI's ``--tracking`` adds to the configuration
+TRACKING_IDS = frozenset(
+    {"output_dir", "tracking_uri", "experiment_name", "run_name", "save_execute_config", "is_not_rank0"}
+)
+#: each workflow's page, by its run id
+WORKFLOW_PAGES = {"training": "docs/training.md", "evaluating": "docs/evaluation.md", "inference": "docs/inference.md"}
+#: the command a user types, by run id, for ``--help`` and the plain-run refusal
+COMMAND = "PYTHONPATH=bundle python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id {}"
+#: YAML's spellings of null, which reach the class as text (Fire parses ``None`` into None, which MONAI drops)
+_NONE_SPELLINGS = frozenset({"null", "Null", "NULL"})
+#: what ``--help`` (or ``-h``) arrives as: an override of value True
+_HELP_KEYS = ("help", "h")
+
+
+# -- the overrides ---------------------------------------------------------------------------------------------------
+def _ids(config: Any, prefix: str = "") -> Iterable[str]:
+    """Every id of a config (``a``, ``a#b``, ``a#0``...)."""
+    items = config.items() if isinstance(config, Mapping) else enumerate(config) if isinstance(config, list) else ()
+    for k, v in items:
+        name = f"{prefix}{k}"
+        yield name
+        yield from _ids(v, name + "#")
+
+
+def _lookup(config: Any, id_: str) -> Any:
+    """The content of config id ``id_`` (``a#b#0``), or None when there is none."""
+    for part in id_.split("#") if id_ else []:
+        if isinstance(config, Mapping) and part in config:
+            config = config[part]
+        elif isinstance(config, list) and part.isdigit() and int(part) < len(config):
+            config = config[int(part)]
+        else:
+            return None
+    return config
+
+
+def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any], page: str = "docs/training.md") -> None:
+    """Every override id in ``keys`` names an id of ``file_config`` (the config files before the overrides), a run
+    argument, an id of MONAI's tracking, or a new argument of a component of the files.
+
+    Raises:
+        UsageError: an unknown id, or a new argument spelled like one the component has, naming the closest known
+            id (``difflib``; else ``--help`` and ``page``): MONAI merges any key, so a typo would be ignored.
+    """
+    known = set(_ids(file_config))
+    for key in keys:
+        plain = key.lstrip("+")
+        if plain in known or plain in RUN_ARGUMENTS or plain in TRACKING_IDS:
+            continue
+        parent, _, _ = plain.rpartition("#")
+        pool = [k for k in known if k.rpartition("#")[0] == parent] + ([] if parent else sorted(TRACKING_IDS))
+        close = difflib.get_close_matches(plain, pool, n=1, cutoff=0.6)
+        component = _lookup(file_config, parent) if parent else None
+        if isinstance(component, Mapping) and "_target_" in component:
+            leaf = plain.rpartition("#")[2]
+            arguments = [str(k) for k in component if not str(k).startswith("_")]
+            typo = difflib.get_close_matches(leaf, arguments, n=1, cutoff=0.75)
+            if not typo:
+                continue  # a new argument of the component, which refuses a name it does not take
+            close = [f"{parent}#{typo[0]}"]
+        hint = f"; did you mean --{close[0]}?" if close else f" (--help lists the options, {page} describes them)"
+        raise UsageError(f"unknown option --{key}: the configuration has no {plain!r}{hint}")
+
+
+def _file_config(config_file: Any, meta_file: Any) -> dict[str, Any]:
+    """The config files and metadata merged as MONAI merges them, before the overrides."""
+    parser = ConfigParser()
+    parser.read_config(config_file)
+    if meta_file:
+        parser.read_meta(meta_file)
+    return parser.get()
+
+
+def _means_none(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value in _NONE_SPELLINGS)
+
+
+def given_none(overrides: Mapping[str, Any], parser: ConfigParser) -> list[str]:
+    """Set the overrides given as None (``--key null``) to None in ``parser`` and log them (MONAI's input summary
+    leaves them out). Returns their ids.
+
+    Raises:
+        UsageError: ``--+key null`` (MONAI's ``+`` merges into a list or dict: there is nothing to merge).
+    """
+    keys = [key for key, value in overrides.items() if _means_none(value)]
+    for key in keys:
+        if key.startswith("+"):
+            raise UsageError(f"--{key} None: '+' merges a list or a dict into the option; give --{key[1:]}")
+        parser[key] = None
+        logger.info("> %s: None (given on the command line)", key)
+    return keys
+
+
+def _on_command_line(argv: list[str]) -> bool:
+    """Whether this process is ``python -m monai.bundle ...`` (MONAI's ``bundle/__main__.py``)."""
+    return Path(argv[0] if argv else "").parts[-2:] == ("bundle", "__main__.py")
+
+
+def _none_on_command_line(argv: list[str]) -> dict[str, None]:
+    """The ``--key None`` of a ``python -m monai.bundle`` command line: Fire parses ``None`` into None, which
+    MONAI's ``update_kwargs`` drops before any workflow is built (empty for any other program)."""
+    if not _on_command_line(argv):
+        return {}
+    found: dict[str, None] = {}
+    for i, word in enumerate(argv):
+        key, eq, value = word.partition("=")
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if key.startswith("--") and len(key) > 2 and value == "None":
+            found[key[2:]] = None
+    return found
+
+
+# -- --help ----------------------------------------------------------------------------------------------------------
+def _is_option(value: Any) -> bool:
+    """Whether a top-level entry is a setting rather than a piece of the workflow: plain data, a path built from
+    another setting (``$os.path...``) or another setting's value (``@input_dir``)."""
+    if isinstance(value, str):
+        return not value.startswith(("$", "%")) or value.startswith("$os.path.")
+    if isinstance(value, Mapping):
+        return "_target_" not in value and all(_is_option(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_is_option(v) and not isinstance(v, Mapping) for v in value)
+    return True
+
+
+def workflow_help(run_id: str, file_config: Mapping[str, Any]) -> str:
+    """What ``--help`` prints: the command, the workflow's page and its options (the settings among the top-level
+    entries of the config files, with their defaults as the files write them)."""
+    page = WORKFLOW_PAGES.get(run_id, "docs/training.md")
+    lines = [f"{COMMAND.format(run_id)} --config_file ... [--option value ...]: {page} describes it", ""]
+    lines.append("options (--option value; the defaults of the config files given):")
+    for key, value in file_config.items():
+        if str(key).startswith("_") or not _is_option(value):
+            continue
+        text = str(value) if isinstance(value, str) and value else repr(value)
+        lines.append(f"  --{key} {text if len(text) <= 80 else text[:77] + '...'}")
+    lines += [
+        "",
+        "Any other id of the config files is set the same way (--id value, --id#key value); a value is read as Python",
+        "(--id \"[1, 2]\", --id \"{'key': 1}\"), None or null sets None, '$expr' evaluates the expression expr.",
+    ]
+    return "\n".join(lines)
+
+
+# -- tracking --------------------------------------------------------------------------------------------
+#: what MONAI's ``--tracking mlflow`` imports: the client, and the SQLite store's (requirements-dev.txt)
+TRACKING_PACKAGES = {"mlflow": "mlflow-skinny", "sqlalchemy": "sqlalchemy", "alembic": "alembic"}
+
+
+def check_tracking(tracking: Any) -> None:
+    """``--tracking mlflow`` needs MLflow and its SQLite store's packages (:data:`TRACKING_PACKAGES`).
+
+    Raises:
+        UsageError: naming the missing packages and the ``pip install`` that brings them, before anything is built.
+    """
+    import importlib.util
+
+    if not (isinstance(tracking, str) and tracking.strip().lower() == "mlflow"):
+        return
+    missing = []
+    for module, package in TRACKING_PACKAGES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(package)
+    if missing:
+        raise UsageError(
+            f"--tracking mlflow needs {', '.join(missing)}, not installed in this Python: pip install "
+            f"{' '.join(missing)} (the versions requirements-dev.txt pins: pip install -r requirements-dev.txt), or "
+            "leave --tracking out"
+        )
+
+
+def plain_run(run_id: str) -> None:
+    """train.yaml's ``training`` under MONAI's plain ``run``, which gives a config entry no handle on its parser.
+
+    Raises:
+        UsageError: naming the command that trains (and ``run_stage``, one stage through plain ``run``).
+    """
+    raise UsageError(
+        f"the {run_id} run needs the bundle's workflow class: {COMMAND.format(run_id)} --config_file ... "
+        "(MONAI's plain `run run_stage --stage global` trains one stage without the checks)"
+    )
+
+
+# -- the workflow ----------------------------------------------------------------------------------------------------
+class GLAMWorkflow(ConfigWorkflow):
+    """GLAM's training, evaluation and inference as one MONAI workflow class (``run_workflow`` builds it).
+
+    ``initialize`` checks the overrides MONAI handed over (``--help``; an unknown id refused with the closest one;
+    ``--tracking mlflow``'s packages; ``--key None`` / ``--key null`` set to None) before MONAI's own. For run id
+    ``training`` (train.yaml's, also its default ``run``), ``run`` checks the run (per-stage values, folders, an
+    unfinished earlier run, the lock on ``ckpt_root``) and the datalist, then trains each stage of ``stage``
+    (``all``: global, local, joint) in a fresh copy of the merged configuration
+    (:func:`run_stages`); with ``distributed: true`` it joins the process group in
+    ``initialize`` and leaves it in ``finalize``. Any other run id is ``ConfigWorkflow``'s.
+
+    Under ``python -m monai.bundle``, a user's mistake (:func:`user_error`) in ``initialize``, ``run`` or
+    ``finalize`` is printed once to stderr as ``error: <message>`` and ends the process with status 1
+    (``SystemExit(1)`` whose ``__cause__`` is the error); any other exception, and every exception from Python (a
+    notebook, a test, the label app), propagates untouched.
+
+    Args:
+        config_file, meta_file, logging_file, init_id, run_id, final_id, tracking, workflow_type, properties_path:
+            ``ConfigWorkflow``'s.
+        override: the ``--key value`` pairs, as MONAI passes them.
+    """
+
+    def __init__(
+        self,
+        config_file: str | list[str],
+        meta_file: str | list[str] | None = None,
+        logging_file: str | bool | None = None,
+        init_id: str = "initialize",
+        run_id: str = "run",
+        final_id: str = "finalize",
+        tracking: str | dict | None = None,
+        workflow_type: str | None = None,
+        properties_path: str | None = None,
+        **override: Any,
+    ) -> None:
+        overrides = {**_none_on_command_line(sys.argv), **override}
+        super().__init__(
+            config_file=config_file,
+            meta_file=meta_file,
+            logging_file=logging_file,
+            init_id=init_id,
+            run_id=run_id,
+            final_id=final_id,
+            tracking=tracking,
+            workflow_type=workflow_type,
+            properties_path=properties_path,
+            **{k: v for k, v in overrides.items() if not _means_none(v)},
+        )
+        self.config_file, self.tracking = config_file, tracking
+        #: the ``--key value`` overrides, as MONAI handed them over (``null`` and ``None`` read as None)
+        self.overrides: dict[str, Any] = {k: None if _means_none(v) else v for k, v in overrides.items()}
+        target = self.parser.get(run_id)  # MONAI's default run id names another: `run: "%training"`
+        #: the run id this workflow runs, after MONAI's default ``run`` is followed to the entry it names
+        self.workflow = target[1:] if isinstance(target, str) and target.startswith("%") else run_id
+        self._joined_group = False
+
+    def _one_line(self, step: Any) -> Any:
+        try:
+            return step()
+        except Exception as err:
+            found = user_error(err) if _on_command_line(sys.argv) else None
+            if found is None:
+                raise
+            print(error_line(found), file=sys.stderr)
+            raise SystemExit(1) from found
+
+    def _distributed(self) -> bool:
+        return self.workflow == "training" and str2bool(str(self.parser.get("distributed", False)))
+
+    def _check(self) -> None:
+        file_config = _file_config(self.config_file, self.meta_file)
+        if any(self.overrides.get(key) is True for key in _HELP_KEYS):
+            print(workflow_help(self.workflow, file_config))
+            raise SystemExit(0)
+        check_tracking(self.tracking)
+        check_overrides(list(self.overrides), file_config, WORKFLOW_PAGES.get(self.workflow, "docs/training.md"))
+        given_none(self.overrides, self.parser)
+        if self.tracking is not None and self.workflow == "evaluating":
+            from ..runs import save_config  # the tracked run's artifact: this run's merged configuration
+
+            self.parser["save_execute_config"] = save_config(
+                self.parser.get_parsed_content("eval_dir"), self.parser.get()
+            )
+
+    def initialize(self) -> Any:
+        """Check the overrides (the class docstring), then ``ConfigWorkflow.initialize``; join the process group of a
+        distributed training."""
+
+        def step() -> Any:
+            self._check()
+            result = super(GLAMWorkflow, self).initialize()
+            if self._distributed() and not self._joined_group:
+                from ..distributed import init_distributed, quiet_other_ranks
+
+                init_distributed(
+                    backend=self.parser.get_parsed_content("dist_backend"),
+                    timeout_s=self.parser.get_parsed_content("dist_timeout_s"),
+                )
+                quiet_other_ranks(self.parser.get_parsed_content("log_level_other_ranks"))
+                self._joined_group = True
+            return result
+
+        return self._one_line(step)
+
+    def run(self) -> Any:
+        """The training's stages (run id ``training``), else ``ConfigWorkflow.run``. Returns a list whose last item
+        is, for training, one summary dict per stage (``stage``, ``best_metric``, ``best_epoch``, ``model``)."""
+        if self.workflow != "training":
+            return self._one_line(super().run)
+        return self._one_line(lambda: [self._train()])
+
+    def _train(self) -> list[Any]:
+        from .distributed import rank_zero_first
+        from .preflight import preflight_training, unlock_run
+
+        lock, started = None, False
+        try:
+            lock = preflight_training(self.parser)
+            if self._distributed():
+                rank_zero_first(self.parser, self.parser.get("rank_zero_first", ["datalist"]))
+            if "check_datalist" in self.parser:
+                self.parser.get_parsed_content("check_datalist")
+            started = True
+            return run_stages(self.parser, str(self.parser.get_parsed_content("stage")))
+        finally:
+            unlock_run(lock, started)
+
+    def finalize(self) -> Any:
+        """``ConfigWorkflow.finalize``, then leave the process group this workflow joined."""
+        try:
+            return self._one_line(super().finalize)
+        finally:
+            if self._joined_group:
+                from ..distributed import destroy_distributed
+
+                destroy_distributed()
+                self._joined_group = False
 
 
 def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage") -> list[Any]:
@@ -68,86 +418,3 @@ def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage"
         result = stage_parser.get_parsed_content(stage_run_id)
         results.append(result[-1] if isinstance(result, list) and result else result)
     return results
-
-
-def _distributed(parser: ConfigParser) -> bool:
-    return str2bool(str(parser.get("distributed", False)))
-
-
-def _join_process_group(parser: ConfigParser) -> None:
-    init_distributed(
-        backend=parser.get_parsed_content("dist_backend"), timeout_s=parser.get_parsed_content("dist_timeout_s")
-    )
-    quiet_other_ranks(parser.get_parsed_content("log_level_other_ranks"))
-
-
-def run_training(parser: ConfigParser | None = None) -> list[Any]:
-    """train.yaml's ``training`` entry: the whole training run on ``parser`` (default: the parser evaluating this
-    entry, :func:`scripts.commands.running_parser`: under ``python -m monai.bundle run training``, the one MONAI
-    built from the command line and the config files).
-
-    In order: the process group joined when the configuration asks for one and none is joined yet (a
-    :class:`GLAMTrainingWorkflow` joined it in ``initialize``); the command line and the folders checked, and
-    ``ckpt_root`` locked by rank 0 until the run ends (:func:`~scripts.training.preflight.preflight_training`); on a
-    process group the ``rank_zero_first`` items built by rank 0 first; the data checked (``check_datalist``); the
-    stages (:func:`run_stages`); the process group left if this call joined it. Returns one summary dict per stage
-    (``stage``, ``best_metric``, ``best_epoch``, ``model``)."""
-    from ..commands import running_parser
-    from .distributed import rank_zero_first
-    from .preflight import preflight_training, unlock_run
-
-    parser = running_parser() if parser is None else parser
-    joined, lock, started = False, None, False
-    if _distributed(parser) and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        _join_process_group(parser)
-        joined = True
-    try:
-        lock = preflight_training(parser)
-        if _distributed(parser):
-            rank_zero_first(parser, parser.get("rank_zero_first", ["datalist"]))
-        if "check_datalist" in parser:
-            parser.get_parsed_content("check_datalist")
-        started = True
-        return run_stages(parser, str(parser.get_parsed_content("stage")))
-    finally:
-        unlock_run(lock, started)
-        if joined:
-            destroy_distributed()
-
-
-class GLAMTrainingWorkflow(ConfigWorkflow):
-    """GLAM's multi-stage training as a MONAI bundle workflow that owns its process group.
-
-    The same run as ``python -m monai.bundle run training`` (``run_id`` defaults to ``"training"``), from Python::
-
-        wf = GLAMTrainingWorkflow(config_file=["configs/train.yaml"], meta_file="configs/metadata.json", stage="all")
-        wf.initialize()
-        summaries = wf.run()[-1]  # one dict per stage
-        wf.finalize()
-
-    With ``distributed: true`` (``multi_gpu_train.yaml``, under ``torchrun``) ``initialize`` joins the process
-    group (``dist_backend``, ``dist_timeout_s``) and quiets the other ranks' logging, and ``finalize`` leaves it,
-    also when ``training`` left it already. Every argument is ``ConfigWorkflow``'s, including ``tracking``: its
-    handlers are patched into the merged configuration that every stage copies.
-    """
-
-    def __init__(self, *args: Any, run_id: str = "training", **kwargs: Any) -> None:
-        super().__init__(*args, run_id=run_id, **kwargs)
-        self._joined_group = False
-
-    def initialize(self) -> Any:
-        """Parse the configuration, join the process group if it is a distributed run, evaluate ``initialize``."""
-        result = super().initialize()
-        if _distributed(self.parser) and not self._joined_group:
-            _join_process_group(self.parser)
-            self._joined_group = True
-        return result
-
-    def finalize(self) -> Any:
-        """Evaluate ``finalize``, then leave the process group this workflow joined."""
-        try:
-            return super().finalize()
-        finally:
-            if self._joined_group:
-                destroy_distributed()
-                self._joined_group = False

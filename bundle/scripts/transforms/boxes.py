@@ -17,6 +17,7 @@ from monai.transforms import MapTransform, Transform
 
 from ..data.boxes import BOXES_KEY, parse_boxes
 from ..enums import CLASS_NAMES
+from ..errors import UsageError
 
 __all__ = ["BoxesToMask", "BoxesToMasksd"]
 
@@ -57,9 +58,9 @@ class BoxesToMasksd(MapTransform):
     ) -> None:
         super().__init__(list(mask_keys), allow_missing_keys=True)
         if len(self.keys) != len(CLASS_NAMES):
-            raise ValueError(f"mask_keys must name one key per class {list(CLASS_NAMES)}, got {list(mask_keys)}")
+            raise UsageError(f"mask_keys must name one key per class {list(CLASS_NAMES)}, got {list(mask_keys)}")
         if mask_files not in ("unite", "keep"):
-            raise ValueError(f"mask_files must be 'unite' or 'keep', got {mask_files!r}")
+            raise UsageError(f"mask_files must be 'unite' or 'keep', got {mask_files!r}")
         self.image_key, self.boxes_key, self.mask_files = image_key, boxes_key, mask_files
         self.painter = BoxesToMask()
 
@@ -81,7 +82,7 @@ class BoxesToMasksd(MapTransform):
                 if self.mask_files == "keep":
                     continue
                 if tuple(loaded.shape[-2:]) != shape:
-                    raise ValueError(f"{key} of shape {tuple(loaded.shape[-2:])} does not match the image {shape}")
+                    raise UsageError(f"{key} of shape {tuple(loaded.shape[-2:])} does not match the image {shape}")
                 painted = np.maximum(painted, (np.asarray(loaded) > 0).astype(np.uint8).reshape(painted.shape))
             meta = dict(getattr(image, "meta", {}) or {})
             d[key] = MetaTensor(torch.from_numpy(painted), meta=meta) if meta else torch.from_numpy(painted)

@@ -10,6 +10,7 @@ from monai.utils import str2bool
 
 from ..enums import MAP_NAMES, MapName, OutputKey
 from ..enums import MAP_OUTPUT_KEYS as MAP_KEYS
+from ..errors import UsageError
 from ..networks.global_network import nearest_resize
 from ..patches import render_saliency
 
@@ -55,7 +56,7 @@ class GLAMOutputsd(MapTransform):
         d = dict(data)
         pred = d[self.pred_key]
         if not isinstance(pred, Mapping) or OutputKey.SALIENCY_GLOBAL not in pred:
-            raise ValueError(f"GLAMOutputsd: {self.pred_key!r} must be a GLAM output dict, got {type(pred).__name__}")
+            raise UsageError(f"GLAMOutputsd: {self.pred_key!r} must be a GLAM output dict, got {type(pred).__name__}")
         # numpy (the AUC, the panels, the reports) has no bfloat16
         pred = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in pred.items()}
         target = d.get(self.label_key)
@@ -64,10 +65,10 @@ class GLAMOutputsd(MapTransform):
             d["lesion_mask"] = target["mask"]
         reference = d.get("lesion_mask", d.get(self.image_key))
         if not isinstance(reference, torch.Tensor):
-            raise ValueError("GLAMOutputsd needs a mask or an image to know the output resolution")
+            raise UsageError("GLAMOutputsd needs a mask or an image to know the output resolution")
         size = tuple(reference.shape[-2:])
         if self.score_key not in pred:
-            raise ValueError(f"GLAMOutputsd: score_key {self.score_key!r} is not a model output ({sorted(pred)})")
+            raise UsageError(f"GLAMOutputsd: score_key {self.score_key!r} is not a model output ({sorted(pred)})")
         for key in _PASSED_ON:
             if key in pred:
                 d[key] = pred[key]

@@ -9,6 +9,8 @@ from monai.config import KeysCollection
 from monai.transforms import MapTransform
 from monai.utils import convert_to_tensor
 
+from ..errors import UsageError
+
 __all__ = ["MASK_KEYS", "StackMasksd"]
 
 #: a datalist item's lesion masks, one per class (docs/data.md); stacked into ``mask`` for training
@@ -45,7 +47,7 @@ class StackMasksd(MapTransform):
     def __call__(self, data: Mapping[Hashable, object]) -> dict[Hashable, object]:
         d = dict(data)
         if self.reference_key not in d:
-            raise ValueError(f"StackMasksd: reference key {self.reference_key!r} is missing")
+            raise UsageError(f"StackMasksd: reference key {self.reference_key!r} is missing")
         size = tuple(d[self.reference_key].shape[-2:])
         channels: list[torch.Tensor] = []
         for key in self.keys:
@@ -54,13 +56,13 @@ class StackMasksd(MapTransform):
                 channels.append(torch.zeros(size, dtype=self.dtype))
                 continue
             if isinstance(value, str):  # a path: the loading transform did not run on this key
-                raise ValueError(f"{key} is still a file path ({value!r}): load the masks before StackMasksd")
+                raise UsageError(f"{key} is still a file path ({value!r}): load the masks before StackMasksd")
             mask = convert_to_tensor(value, track_meta=False, dtype=self.dtype)
             if mask.ndim == 3 and mask.shape[0] == 1:
                 mask = mask[0]
             if tuple(mask.shape) != size:
                 name = d.get("image_path") or (getattr(d[self.reference_key], "meta", {}) or {}).get("filename_or_obj")
-                raise ValueError(f"{key} of shape {tuple(mask.shape)} does not match the image {size} ({name})")
+                raise UsageError(f"{key} of shape {tuple(mask.shape)} does not match the image {size} ({name})")
             channels.append(mask)
         d[self.output_key] = torch.stack(channels)
         if self.remove_keys:

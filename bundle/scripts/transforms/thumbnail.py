@@ -10,6 +10,8 @@ from monai.config import KeysCollection, NdarrayOrTensor
 from monai.transforms import MapTransform, Transform
 from monai.utils import TransformBackends, convert_to_tensor
 
+from ..errors import UsageError
+
 __all__ = ["THUMBNAIL_SUFFIX", "THUMBNAIL_STEP_KEY", "thumbnail_step", "Thumbnail", "Thumbnaild"]
 
 THUMBNAIL_SUFFIX = "_thumbnail"
@@ -19,7 +21,7 @@ THUMBNAIL_STEP_KEY = "thumbnail_step"
 def thumbnail_step(rows: int, max_rows: int | None) -> int:
     """The pixel step that brings ``rows`` to at most ``max_rows`` (None or 0: 1)."""
     if max_rows is not None and int(max_rows) < 0:
-        raise ValueError(f"max_rows must be positive or None (full resolution), got {max_rows!r}")
+        raise UsageError(f"max_rows must be positive or None (full resolution), got {max_rows!r}")
     return int(math.ceil(int(rows) / int(max_rows))) if max_rows and int(rows) > int(max_rows) else 1
 
 
@@ -40,7 +42,7 @@ class Thumbnail(Transform):
         """``step`` overrides the one computed from ``img``'s rows."""
         data = convert_to_tensor(img, track_meta=False, dtype=torch.float32)
         if data.ndim != 3:
-            raise ValueError(f"Thumbnail expects a (C, H, W) image, got shape {tuple(data.shape)}")
+            raise UsageError(f"Thumbnail expects a (C, H, W) image, got shape {tuple(data.shape)}")
         step = thumbnail_step(data.shape[1], self.max_rows) if step is None else int(step)
         return data[:, ::step, ::step].contiguous()
 
@@ -75,7 +77,7 @@ class Thumbnaild(MapTransform):
         step = thumbnail_step(source.shape[1], self.thumbnail.max_rows)
         for key in self.key_iterator(d):
             if tuple(d[key].shape[1:]) != tuple(source.shape[1:]):
-                raise ValueError(
+                raise UsageError(
                     f"Thumbnaild: {key!r} has shape {tuple(d[key].shape[1:])}, its image {tuple(source.shape[1:])}"
                 )
             d[f"{key}{THUMBNAIL_SUFFIX}"] = self.thumbnail(d[key], step=step)

@@ -25,6 +25,8 @@ from scripts.transforms.mammo.breast import (
     shifted_window_start,
 )
 
+from ...errors import UsageError
+
 __all__ = [
     "BestCenterRegion",
     "BestCenterWindow",
@@ -54,7 +56,7 @@ def first_channel(img: NdarrayOrTensor) -> np.ndarray:
         return arr[0]
     if arr.ndim == 2:
         return arr
-    raise ValueError(f"expected a (C, H, W) or (H, W) image, got shape {tuple(arr.shape)}")
+    raise UsageError(f"expected a (C, H, W) or (H, W) image, got shape {tuple(arr.shape)}")
 
 
 def _meta(img: Any) -> dict:
@@ -91,7 +93,7 @@ def normalize_laterality(value: Any) -> str | None:
 def _check_horizontal_flip(value: Any) -> str:
     text = str(value).strip().upper()
     if text not in HORIZONTAL_FLIP_VALUES:
-        raise ValueError(f"horizontal_flip must be 'NO' or 'YES', got {value!r}")
+        raise UsageError(f"horizontal_flip must be 'NO' or 'YES', got {value!r}")
     return text
 
 
@@ -199,7 +201,7 @@ class CropBreast(CropForeground):
                 name=_filename(img),
             )
         except ValueError as err:
-            raise ValueError(f"CropBreast: {_filename(img)}: {err}") from err
+            raise UsageError(f"CropBreast: {_filename(img)}: {err}") from err
         return np.asarray(start), np.asarray(end), source
 
     def crop_pad(self, img, box_start, box_end, mode=None, lazy=False, source="authors", **pad_kwargs):  # noqa: D102
@@ -243,7 +245,7 @@ class BestCenterWindow(CropForeground):
     ) -> None:
         super().__init__(allow_smaller=True, lazy=lazy)
         if len(window) != 2 or min(int(s) for s in window) < 1:
-            raise ValueError(f"window must be (rows, cols) of positive ints, got {window!r}")
+            raise UsageError(f"window must be (rows, cols) of positive ints, got {window!r}")
         self.window = (int(window[0]), int(window[1]))
         self.reference_compatible = reference_compatible
         self.iterations = int(iterations)
@@ -269,7 +271,7 @@ class BestCenterWindow(CropForeground):
                 name=_filename(img),
             )
         except ValueError as err:
-            raise ValueError(f"BestCenterWindow: {_filename(img)}: {err}") from err
+            raise UsageError(f"BestCenterWindow: {_filename(img)}: {err}") from err
 
     def compute_bounding_box(self, img: NdarrayOrTensor) -> tuple[np.ndarray, np.ndarray]:
         p = self.placement(img)
@@ -309,7 +311,7 @@ class BestCenterWindow(CropForeground):
 def parse_max_shift(max_shift: Sequence[int] | int) -> tuple[int, int]:
     shift = (int(max_shift), int(max_shift)) if np.isscalar(max_shift) else tuple(int(s) for s in max_shift)
     if len(shift) != 2 or min(shift) < 0:
-        raise ValueError(f"max_shift must be one or two non-negative ints, got {max_shift!r}")
+        raise UsageError(f"max_shift must be one or two non-negative ints, got {max_shift!r}")
     return shift
 
 
@@ -417,7 +419,7 @@ class RandWindowShift(Randomizable, Transform):
 
     def __init__(self, window: Sequence[int] = (2944, 1920), max_shift: Sequence[int] | int = (32, 32)) -> None:
         if len(window) != 2 or min(int(s) for s in window) < 1:
-            raise ValueError(f"window must be (rows, cols) of positive ints, got {window!r}")
+            raise UsageError(f"window must be (rows, cols) of positive ints, got {window!r}")
         self.window = (int(window[0]), int(window[1]))
         self.max_shift = parse_max_shift(max_shift)
         self._offset = (0, 0)
@@ -429,7 +431,7 @@ class RandWindowShift(Randomizable, Transform):
         """The window at ``offset`` (clamped into ``shift_range``) of ``region`` ``(C, Hr, Wr)``."""
         expected = tuple(w + 2 * s for w, s in zip(self.window, self.max_shift))
         if tuple(region.shape[-2:]) != expected:
-            raise ValueError(
+            raise UsageError(
                 f"RandWindowShift: a region of spatial shape {tuple(region.shape[-2:])} is not the window "
                 f"{self.window} grown by max_shift {self.max_shift} ({expected}); the cache and this transform disagree"
             )
@@ -444,7 +446,7 @@ class RandWindowShift(Randomizable, Transform):
         if shift_range is None:
             shift_range = _meta(region).get("window_shift_range")
             if shift_range is None:
-                raise ValueError("RandWindowShift needs the region's window_shift_range (argument or meta)")
+                raise UsageError("RandWindowShift needs the region's window_shift_range (argument or meta)")
         return self.crop(region, shift_range, self._offset)
 
 

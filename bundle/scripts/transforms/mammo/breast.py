@@ -14,6 +14,8 @@ from scipy import ndimage as ndi
 
 from scripts.data.geometry import as_2d, chest_wall_side
 
+from ...errors import UsageError
+
 __all__ = [
     "WindowPlacement",
     "best_center_window",
@@ -70,7 +72,7 @@ def open_breast_mask(foreground: np.ndarray, iterations: int = 100, method: str 
     if method == "exact":
         return open_breast_mask_exact(foreground, iterations)
     if method != "fast":
-        raise ValueError(f"method must be 'fast' or 'exact', got {method!r}")
+        raise UsageError(f"method must be 'fast' or 'exact', got {method!r}")
     fg = as_2d(foreground, "foreground").astype(bool)
     if iterations <= 0 or not fg.any():
         return largest_component(fg)
@@ -115,7 +117,7 @@ def file_breast_mask(image: np.ndarray, iterations: int = 100, step: int = 1) ->
     j = max(1, int(np.ceil(max(arr.shape) / MASK_SAMPLE_PIXELS)))
     fg = arr[::j, ::j] > 0
     if not fg.any():
-        raise ValueError("no pixel > 0: cannot locate the breast")
+        raise UsageError("no pixel > 0: cannot locate the breast")
     k = j * step
     opened = open_breast_mask(fg, int(iterations) // k)
     return (opened if opened.any() else largest_component(fg)), k
@@ -135,7 +137,7 @@ def breast_share(mask: np.ndarray, k: int, box: tuple[int, int, int, int] | None
 def _opened_or_fallback(image: np.ndarray, iterations: int, method: str, name: str = "") -> np.ndarray:
     fg = image > 0
     if not fg.any():
-        raise ValueError("no pixel > 0: cannot locate the breast (all-zero or all-negative image)")
+        raise UsageError("no pixel > 0: cannot locate the breast (all-zero or all-negative image)")
     opened = open_breast_mask(fg, iterations, method)
     if not opened.any():
         warnings.warn(
@@ -298,7 +300,7 @@ def breast_crop(
     if chest_wall == "auto":
         chest_wall = chest_wall_side(img)
     if chest_wall not in ("left", "right"):
-        raise ValueError(f"chest_wall must be 'left', 'right' or 'auto', got {chest_wall!r}")
+        raise UsageError(f"chest_wall must be 'left', 'right' or 'auto', got {chest_wall!r}")
     mask = _opened_or_fallback(img, iterations, method, name)
     authors_box = _bbox(mask)
     authors = _buffered(authors_box, img.shape, buffer, chest_wall)
@@ -336,7 +338,7 @@ def view_kind(view: str | None, default: str | None = "CC") -> str:
     if code in MLO_LIKE_VIEWS:
         return "MLO"
     if default is None:
-        raise ValueError(f"unknown view {view!r}: expected one of {sorted(CC_LIKE_VIEWS | MLO_LIKE_VIEWS)}")
+        raise UsageError(f"unknown view {view!r}: expected one of {sorted(CC_LIKE_VIEWS | MLO_LIKE_VIEWS)}")
     return view_kind(default, None)
 
 

@@ -28,6 +28,8 @@ from scripts.transforms.mammo.array import (
 )
 from scripts.transforms.mammo.breast import shifted_window_start
 
+from ...errors import UsageError
+
 __all__ = [
     "BestCenterRegiond",
     "BestCenterWindowd",
@@ -56,7 +58,7 @@ def _check_shapes(transform: MapTransform, d: Mapping, source_key: Hashable) -> 
     for key in transform.key_iterator(d):
         shape = _spatial_shape(d[key])
         if shape != ref:
-            raise ValueError(
+            raise UsageError(
                 f"{type(transform).__name__}: {_name(d[key], key)} ({key!r}) has spatial shape {shape} but "
                 f"{_name(d[source_key], source_key)} ({source_key!r}) has {ref}; masks must match their image"
             )
@@ -120,7 +122,7 @@ class FlipToRightd(MapTransform, InvertibleTransform):
         if facing in ("right", "left"):
             do_flip = facing == "left"
         elif facing:
-            raise ValueError(f"FlipToRightd: {self.facing_key!r} must be 'right' or 'left', got {facing!r}")
+            raise UsageError(f"FlipToRightd: {self.facing_key!r} must be 'right' or 'left', got {facing!r}")
         else:
             do_flip = self.flipper.should_flip(d[src], laterality, hflip)
         for key in self.key_iterator(d):
@@ -318,7 +320,7 @@ class RandWindowShiftd(Randomizable, MapTransform):
     def __call__(self, data: Mapping[Hashable, torch.Tensor]) -> dict[Hashable, torch.Tensor]:
         d = dict(data)
         if self.shift_range_key not in d:
-            raise ValueError(f"RandWindowShiftd: no {self.shift_range_key!r} in the data (run BestCenterRegiond first)")
+            raise UsageError(f"RandWindowShiftd: no {self.shift_range_key!r} in the data (run BestCenterRegiond first)")
         self.randomize()
         for key in self.key_iterator(d):
             d[key] = self.cropper.crop(d[key], d[self.shift_range_key], self._offset)

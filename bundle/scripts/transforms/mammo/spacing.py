@@ -33,6 +33,8 @@ from scripts.transforms.mammo.array import OPENING_SCALE_KEY, _filename, first_c
 from scripts.transforms.mammo.breast import file_breast_box
 from scripts.transforms.mammo.dictionary import _check_shapes, _source
 
+from ...errors import UsageError
+
 __all__ = [
     "MODEL_SPACING_KEY",
     "OPENING_SCALE_KEY",
@@ -163,9 +165,9 @@ def _stated_spacing(value: Any, name: str, spacing_range: Sequence[float] | None
     try:
         spacing = as_pixel_spacing(value)
     except ValueError as err:
-        raise ValueError(f"{name}: {err}") from None
+        raise UsageError(f"{name}: {err}") from None
     if spacing is not None and spacing_range is not None and not spacing_in_range(spacing, spacing_range):
-        raise ValueError(
+        raise UsageError(
             f"{name}: {format_spacing(spacing)} mm is outside the pixel sizes of mammograms, "
             f"{_range_text(spacing_range)} (the spacing_range option widens it)"
         )
@@ -219,10 +221,10 @@ class ResampleToSpacing(InvertibleTransform):
         self.input_spacing = _stated_spacing(input_spacing, "input_spacing", checked)
         self.fallback = str(fallback)
         if self.fallback not in SPACING_FALLBACKS:
-            raise ValueError(f"fallback must be one of {SPACING_FALLBACKS}, got {fallback!r}")
+            raise UsageError(f"fallback must be one of {SPACING_FALLBACKS}, got {fallback!r}")
         self.window = None if window is None else tuple(int(v) for v in window)
         if self.window is not None and (len(self.window) != 2 or min(self.window) < 1):
-            raise ValueError(f"window must be (rows, cols) of positive ints, got {window!r}")
+            raise UsageError(f"window must be (rows, cols) of positive ints, got {window!r}")
         self.iterations = int(iterations)
         self.buffer = int(buffer)
         self.max_pixels = None if max_pixels is None else int(max_pixels)
@@ -252,14 +254,14 @@ class ResampleToSpacing(InvertibleTransform):
         if self.fallback == "model":
             return self.pixel_spacing, "model"
         if self.window is None:
-            raise ValueError(
+            raise UsageError(
                 f"ResampleToSpacing: {name} states no pixel spacing and fallback='fit_breast' has no window to fit the "
                 "breast into: give window=(rows, cols) (the model's image_size), or fallback='model'"
             )
         try:
             estimate = fit_breast_spacing(img, self.pixel_spacing, self.window, self.iterations, self.buffer)
         except ValueError as err:
-            raise ValueError(f"ResampleToSpacing: {name}: {err} to estimate the pixel spacing") from err
+            raise UsageError(f"ResampleToSpacing: {name}: {err} to estimate the pixel spacing") from err
         return estimate, "fit_breast"
 
     def plan(self, img: NdarrayOrTensor, spacing: Sequence[float] | None = None, stated: Any = None) -> dict[str, Any]:
@@ -268,7 +270,7 @@ class ResampleToSpacing(InvertibleTransform):
         """
         shape = tuple(int(s) for s in img.shape[1:])
         if len(shape) != 2:
-            raise ValueError(f"ResampleToSpacing expects a (C, H, W) image, got shape {tuple(img.shape)}")
+            raise UsageError(f"ResampleToSpacing expects a (C, H, W) image, got shape {tuple(img.shape)}")
         ignored = None
         if spacing is not None:
             source_spacing, source = as_pixel_spacing(spacing), "given"

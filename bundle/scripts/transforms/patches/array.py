@@ -13,6 +13,7 @@ from monai.config import NdarrayOrTensor
 from monai.transforms import Randomizable, Transform
 from monai.utils import convert_to_tensor
 
+from ...errors import UsageError
 from ...patches import _check_patch_count, as_pair, crop_patches, random_patch_boxes, select_patch_boxes
 
 __all__ = ["SaliencyPatchCrop", "RandPatchCrop"]
@@ -23,7 +24,7 @@ def _as_image(**named: NdarrayOrTensor) -> torch.Tensor:
     ((name, img),) = named.items()
     image = convert_to_tensor(img, track_meta=False)
     if image.ndim != 3:
-        raise ValueError(f"{name} must be channel-first (C, H, W), got shape {tuple(image.shape)}")
+        raise UsageError(f"{name} must be channel-first (C, H, W), got shape {tuple(image.shape)}")
     return image
 
 
@@ -45,7 +46,7 @@ class SaliencyPatchCrop(Transform):
         image = _as_image(img=img)
         s = _as_image(saliency=saliency).to(image.device)
         if not bool(torch.isfinite(s).all()):
-            raise ValueError("saliency contains NaN or infinite values")
+            raise UsageError("saliency contains NaN or infinite values")
         image_size = tuple(image.shape[-2:])
         _check_patch_count(self.num_patches, s.shape[-2:], image_size, self.patch_size)
         boxes = select_patch_boxes(s[None], image_size, self.patch_size, self.num_patches)
@@ -65,7 +66,7 @@ class RandPatchCrop(Randomizable, Transform):
 
     def __init__(self, num_patches: int, patch_size: int | Sequence[int], stride: int | None = None) -> None:
         if isinstance(num_patches, bool) or not isinstance(num_patches, int) or num_patches < 1:
-            raise ValueError(f"num_patches must be a positive int, got {num_patches!r}")
+            raise UsageError(f"num_patches must be a positive int, got {num_patches!r}")
         self.num_patches = num_patches
         self.patch_size = as_pair(patch_size, "patch_size")
         self.stride = stride

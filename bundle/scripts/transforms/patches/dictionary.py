@@ -8,6 +8,7 @@ import torch
 from monai.config import KeysCollection
 from monai.transforms import MapTransform, Randomizable
 
+from ...errors import UsageError
 from ...patches import crop_patches
 from .array import RandPatchCrop, SaliencyPatchCrop, _as_image
 
@@ -60,7 +61,7 @@ class SaliencyPatchCropd(MapTransform):
         if first is None:
             return d
         if self.saliency_key not in d:
-            raise ValueError(f"SaliencyPatchCropd: saliency_key {self.saliency_key!r} is not in the data")
+            raise UsageError(f"SaliencyPatchCropd: saliency_key {self.saliency_key!r} is not in the data")
         _, boxes = self.cropper(d[first], d[self.saliency_key])
         d[self.box_key] = boxes
         return _crop_keys(self, d, boxes, self.cropper.patch_size)

@@ -1,0 +1,65 @@
+"""The bundle's error type for a problem the user can fix, and the one line the command line prints for it."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from .atomic import NO_ROOM_ERRNOS, disk_full
+
+__all__ = ["UsageError", "user_error", "error_line", "disk_full_message"]
+
+
+class UsageError(ValueError):
+    """A problem with the command, the configuration, the data or the folders that the user can fix.
+
+    Its message is one line naming the file or option and what to do; the command line
+    (:class:`~scripts.training.workflow.GLAMWorkflow`) prints it as ``error: <message>`` without a traceback. It
+    subclasses ``ValueError`` so that callers catching ``ValueError`` keep working.
+    """
+
+
+def user_error(err: BaseException) -> BaseException | None:
+    """The exception in ``err``'s ``__cause__`` / ``__context__`` chain that is the user's to fix: a
+    :class:`UsageError` (MONAI wraps a failing config entry in its own ``RuntimeError``) or a write
+    that found no room (:func:`scripts.atomic.disk_full`). None for anything else: a bug keeps its traceback."""
+    full = disk_full(err)
+    if full is not None:
+        return full
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, UsageError):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def error_line(err: BaseException) -> str:
+    """``error: <message>`` on one line; the type's name leads for a subclass (``DataCheckError: ...``), which says
+    where to look."""
+    if disk_full(err) is err:
+        return f"error: {disk_full_message(err)}"  # type: ignore[arg-type]
+    kind = "" if type(err) is UsageError else f"{type(err).__name__}: "
+    return f"error: {kind}{' '.join(str(err).split())}"
+
+
+def disk_full_message(err: OSError) -> str:
+    """One line for a write that found no room (a full disk, a quota, the file size limit): the file being written
+    and what is still there (for a checkpoint, the last good one, which ``--resume true`` continues from)."""
+    what, fix = NO_ROOM_ERRNOS.get(err.errno, NO_ROOM_ERRNOS[errno.ENOSPC])
+    if not err.filename:
+        return f"{what} ({fix.replace('that disk', 'the output disk')}, then run again)"
+    target = Path(os.path.abspath(err.filename))
+    head = f"{what} writing {target}"
+    if target.suffix != ".pt":
+        kept = "its previous version is unchanged" if target.is_file() else "nothing was written to it"
+        return f"{head}; {kept} ({fix}, then run again)"
+    others = sorted(
+        (p for p in target.parent.glob("*.pt") if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    good = next((p for p in [target.parent / "last.pt", target, *others] if p.is_file()), None)
+    kept = f"the last good checkpoint is {good}" if good else f"no checkpoint was written in {target.parent} yet"
+    return f"{head}; {kept} ({fix}, then continue with --resume true)"
