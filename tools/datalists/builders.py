@@ -426,12 +426,12 @@ def _merge_masks(files: Sequence[Path], outlines: Sequence[Any], out_dir: Path, 
     for p in files:
         arr = np.asarray(read_mammogram(p, mask=True)[0]) > 0
         if union is not None and arr.shape != union.shape:
-            raise UsageError(f"{p}: mask size {arr.shape} differs from {files[0]} {union.shape}")
+            raise ValueError(f"{p}: mask size {arr.shape} differs from {files[0]} {union.shape}")
         union = arr if union is None else union | arr
     for outline in outlines:
         arr = outline.rasterise()
         if union is not None and arr.shape != union.shape:
-            raise UsageError(f"{outline.source}: image size {arr.shape} differs from the other masks' {union.shape}")
+            raise ValueError(f"{outline.source}: image size {arr.shape} differs from the other masks' {union.shape}")
         union = arr if union is None else union | arr
     out = out_dir / _mask_name(image, cls)
     with atomic_write(out, "wb") as fh:

@@ -100,7 +100,7 @@ def register_datalist_parser(name: str, *, signature: Iterable[str], columns: st
 
     def register(parse: RowParser) -> RowParser:
         if name in DATALIST_PARSERS:
-            raise UsageError(f"a datalist parser named {name!r} is already registered")
+            raise ValueError(f"a datalist parser named {name!r} is already registered")
         sig = frozenset(normalise_column(c) for c in signature)
         DATALIST_PARSERS[name] = DatalistParser(name, sig, columns, parse)
         return parse
