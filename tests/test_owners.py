@@ -1,7 +1,7 @@
 """One idea, one owner module: the code of the bundle (``bundle/scripts``), the tools (``tools/``) and the label
-app (``label_app/``) renames files only through ``tools/atomic.py``, enters ``torch.autocast`` only in
-``tools/precision.py``, and decides whether a pixel spacing is usable (positive, inside ``spacing_range``) only in
-``tools/data/geometry.py``. Each check reads the code's syntax tree, and each is shown failing on a bad file."""
+app (``label_app/``) renames files only through ``scripts/atomic.py``, enters ``torch.autocast`` only in
+``scripts/precision.py``, and decides whether a pixel spacing is usable (positive, inside ``spacing_range``) only in
+``scripts/data/geometry.py``. Each check reads the code's syntax tree, and each is shown failing on a bad file."""
 
 from __future__ import annotations
 

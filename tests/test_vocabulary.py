@@ -53,7 +53,7 @@ def test_no_name_is_spelled_outside_the_vocabulary(path):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in NAMES
     ]
-    assert not literals, f"{path.relative_to(REPO_ROOT)} spells names of the vocabulary (tools/enums.py): {literals}"
+    assert not literals, f"{path.relative_to(REPO_ROOT)} spells names of the vocabulary (scripts/enums.py): {literals}"
 
 
 @pytest.mark.parametrize("path", PYTHON_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))

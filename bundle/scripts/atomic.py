@@ -25,17 +25,6 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = [
-    "atomic_write",
-    "atomic_path",
-    "move_into_place",
-    "disk_full",
-    "NO_ROOM_ERRNOS",
-    "is_temporary",
-    "remove_temporaries",
-    "FolderLock",
-]
-
 logger = logging.getLogger(__name__)
 
 #: errno of a write that found no room -> (what happened, what to do)

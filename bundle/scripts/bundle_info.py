@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["METADATA_FILE", "bundle_version"]
-
 METADATA_FILE = Path(__file__).resolve().parents[1] / "configs" / "metadata.json"
 
 

@@ -21,19 +21,6 @@ import torch.distributed as dist
 
 from .errors import UsageError
 
-__all__ = [
-    "TORCHRUN_ENV",
-    "world_size",
-    "rank",
-    "is_rank_zero",
-    "local_device",
-    "init_distributed",
-    "barrier",
-    "destroy_distributed",
-    "quiet_other_ranks",
-    "stop_with_launcher",
-]
-
 logger = logging.getLogger(__name__)
 
 #: set by ``torchrun`` for every process

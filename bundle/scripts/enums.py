@@ -8,18 +8,6 @@ from __future__ import annotations
 
 from monai.utils import StrEnum
 
-__all__ = [
-    "Stage",
-    "STAGES",
-    "LesionClass",
-    "CLASS_NAMES",
-    "MapName",
-    "MAP_NAMES",
-    "OutputKey",
-    "MAP_OUTPUT_KEYS",
-    "InferenceOutput",
-]
-
 
 class Stage(StrEnum):
     """GLAM's three training stages: the global module, the local module on its patches, then both jointly."""

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from .atomic import NO_ROOM_ERRNOS, disk_full
 
-__all__ = ["UsageError", "user_error", "error_line", "disk_full_message"]
-
 
 class UsageError(ValueError):
     """A problem with the command, the configuration, the data or the folders that the user can fix.

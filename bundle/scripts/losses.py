@@ -13,8 +13,6 @@ from .precision import full_precision
 # the global module's three maps S_0, S_1, S_2, each under the sparsity term
 SCALE_KEYS = (OutputKey.SALIENCY_SCALE0, OutputKey.SALIENCY_SCALE1, OutputKey.SALIENCY_SCALE2)
 
-__all__ = ["GLAMLoss"]
-
 
 def _bce(probabilities: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """BCE on probabilities in float32 outside autocast (it is not autocast-safe); NaN when ``probabilities`` are."""

@@ -16,20 +16,6 @@ from torch import nn
 from .enums import MapName
 from .errors import UsageError
 
-__all__ = [
-    "as_pair",
-    "map_window_size",
-    "max_disjoint_windows",
-    "select_map_windows",
-    "map_to_image_boxes",
-    "select_patch_boxes",
-    "random_patch_boxes",
-    "shift_patch_boxes",
-    "crop_patches",
-    "render_saliency",
-    "PatchSelector",
-]
-
 
 def as_pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
     """An int or a pair of ints as a (rows, cols) pair of positive ints."""

@@ -7,8 +7,6 @@ from torch import nn
 
 from .errors import UsageError
 
-__all__ = ["TopTPooling", "top_t_pool", "num_top_values", "check_fraction"]
-
 
 def check_fraction(t: float, name: str = "t") -> float:
     """``t`` as a float in (0, 1]."""

@@ -15,8 +15,6 @@ from monai.utils import str2bool
 
 from .errors import UsageError
 
-__all__ = ["AutocastInferer", "amp_plan", "as_dtype", "autocast", "full_precision"]
-
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 

@@ -12,20 +12,6 @@ from scipy.ndimage import binary_erosion
 from .enums import CLASS_NAMES
 from .errors import UsageError
 
-__all__ = [
-    "CLASS_COLOURS",
-    "MAP_SCALE_FLOOR",
-    "PATCH_COLOUR",
-    "PATCH_COLOUR_NAME",
-    "WINDOW_COLOUR",
-    "to_uint8",
-    "overlay",
-    "saliency_panel",
-    "reading_panel",
-    "draw_rectangle",
-    "outline",
-]
-
 #: overlay colours per class: benign green, malignant red
 CLASS_COLOURS = ((0, 200, 0), (230, 0, 0))
 #: the patches' outline, and its name in the captions that describe it

@@ -16,7 +16,8 @@ from monai.data import list_data_collate
 from monai.transforms import LoadImaged
 from PIL import Image
 
-from scripts.data.readers import MammogramReader, MammogramReadError, read_dicom_header, read_mammogram
+from scripts.data.dicom_files import read_dicom_header
+from scripts.data.readers import MammogramReader, MammogramReadError, read_mammogram
 
 PYDICOM_TEST_FILES = Path(pydicom.__file__).parent / "data" / "test_files"
 

@@ -28,16 +28,9 @@ from monai.data import list_data_collate
 from monai.transforms import LoadImaged
 from PIL import Image
 
-from scripts.data.readers import (
-    DEFAULT_MAX_PIXELS,
-    MammogramReader,
-    MammogramReadError,
-    mammography_problem,
-    orientation_view_laterality,
-    read_dicom_header,
-    read_mammogram,
-    text_view_laterality,
-)
+from scripts.data.dicom_files import read_dicom_header
+from scripts.data.header_facts import mammography_problem, orientation_view_laterality, text_view_laterality
+from scripts.data.readers import DEFAULT_MAX_PIXELS, MammogramReader, MammogramReadError, read_mammogram
 from scripts.transforms.mammo.array import FlipToRight
 
 NEW_KEYS = ("view_source", "laterality_source", "spacing_source", "modality", "body_part")

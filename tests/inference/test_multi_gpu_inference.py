@@ -1,4 +1,4 @@
-"""Inference over several processes (bundle/configs/multi_gpu_inference.yaml, tools/inference/ranks.py): torchrun
+"""Inference over several processes (bundle/configs/multi_gpu_inference.yaml, scripts/inference/ranks.py): torchrun
 with 2 gloo processes on the CPU writes what one process writes (predictions.csv, errors.csv, breasts.csv and every
 file, byte for byte), each rank running its own share; a SIGKILL of one rank, then of the whole job, then the same
 command again finishes every input once; a rank whose run raises is named, the other finishes its share, the inputs

@@ -8,11 +8,16 @@ import torch
 from references import numpy_top_t
 from torch import nn
 
-from scripts.aggregation import AGGREGATIONS, PAPER_AGGREGATION, GatedAttentionAggregation, register_aggregation
+from scripts.aggregation import (
+    AGGREGATIONS,
+    PAPER_AGGREGATION,
+    GatedAttentionAggregation,
+    Registry,
+    register_aggregation,
+)
 from scripts.networks import GLAM, GLAMSaliencyNet
 from scripts.networks.settings import SETTINGS_KEY, decode_settings
 from scripts.pooling import top_t_pool
-from scripts.registry import Registry
 
 TINY = {
     "patch_size": 64,

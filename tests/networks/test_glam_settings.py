@@ -1,4 +1,4 @@
-"""GLAM's settings record (tools/networks/glam_settings.py) drives the constructor, the checkpoint's record and its
+"""GLAM's settings record (scripts/networks/glam_settings.py) drives the constructor, the checkpoint's record and its
 checks, and inference's settings: a setting is one field of GLAMSettings."""
 
 from __future__ import annotations

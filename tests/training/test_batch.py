@@ -1,4 +1,4 @@
-"""GLAM's prepare-batch (tools/training/batch.py): random patches for negatives, seeding, bad batches."""
+"""GLAM's prepare-batch (scripts/training/batch.py): random patches for negatives, seeding, bad batches."""
 
 from __future__ import annotations
 

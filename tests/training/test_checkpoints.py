@@ -1,4 +1,4 @@
-"""The stage checkpointer (tools/training/checkpoints.py) on real MONAI engines: atomic writes, the best model,
+"""The stage checkpointer (scripts/training/checkpoints.py) on real MONAI engines: atomic writes, the best model,
 exact resumption, the previous stage, rank zero, and the selection metric."""
 
 from __future__ import annotations

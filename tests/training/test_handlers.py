@@ -1,4 +1,4 @@
-"""Per-epoch seeding and the best-metric record (tools/handlers/training_state.py): same epoch, same draws."""
+"""Per-epoch seeding and the best-metric record (scripts/handlers/training_state.py): same epoch, same draws."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Both runs go through the bundle's command line (``run_workflow scripts.GLAMWorkf
 preset, stage ``global`` with 3 epochs on 8 training images (4 with lesions, 4 without; batch size 1: 8 iterations per
 epoch) and 2 validation images. The reference run and the interrupted run start together (one thread each: they share
 the CPU but not their results); the interrupted run is killed once epoch 1's checkpoint exists and the first iteration
-of epoch 2 has been logged, so seven iterations, validation and the checkpoint of epoch 2 were still to come. """
+of epoch 2 has been logged, so seven iterations, validation and the checkpoint of epoch 2 were still to come."""
 
 from __future__ import annotations
 

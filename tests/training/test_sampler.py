@@ -1,4 +1,4 @@
-"""The balanced epoch sampler (tools/training/sampler.py) against counts and draws computed independently."""
+"""The balanced epoch sampler (scripts/training/sampler.py) against counts and draws computed independently."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stacking the per-class masks into the training target (tools/transforms/targets.py)."""
+"""Stacking the per-class masks into the training target (scripts/transforms/targets.py)."""
 
 from __future__ import annotations
 

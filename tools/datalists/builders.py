@@ -133,7 +133,8 @@ def items_from_dicom_dir(
     Returns:
         ``(items, skipped)``, ``skipped`` naming every file left out and why.
     """
-    from scripts.data.readers import MammogramReadError, read_dicom_header
+    from scripts.data.dicom_files import read_dicom_header
+    from scripts.data.readers import MammogramReadError
 
     root = Path(dicom_dir)
     if not root.is_dir():
@@ -175,7 +176,8 @@ def items_from_folder(
     Returns:
         ``(items, skipped)``.
     """
-    from scripts.data.readers import SUPPORTED_SUFFIXES, read_dicom_header
+    from scripts.data.dicom_files import read_dicom_header
+    from scripts.data.readers import SUPPORTED_SUFFIXES
 
     root = Path(root)
     if not root.is_dir():

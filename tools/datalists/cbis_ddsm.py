@@ -61,7 +61,7 @@ def _series_description(path: Path) -> str:
 
 def _candidates(folder: Path) -> list[DicomCandidate]:
     """Every readable DICOM file under ``folder`` (recursive), sorted by path."""
-    from scripts.data.readers import read_dicom_header
+    from scripts.data.dicom_files import read_dicom_header
 
     out = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):

@@ -229,8 +229,9 @@ def parse_spacing(value: Any, where: str) -> float | tuple[float, float] | None:
 
 def _dicom_fields(path: Path) -> dict[str, Any]:
     """patient_id, laterality and view from a DICOM header; {} for other or unreadable files."""
+    from scripts.data.dicom_files import read_dicom_header
     from scripts.data.header_facts import cbis_patient_id
-    from scripts.data.readers import DICOM_SUFFIXES, read_dicom_header
+    from scripts.data.readers import DICOM_SUFFIXES
 
     if path.suffix.lower() not in DICOM_SUFFIXES:
         return {}
@@ -326,7 +327,8 @@ def _cbis_label(pathology: str, where: str) -> list[int]:
 
 
 def _image_shape(path: Path) -> tuple[int, int]:
-    from scripts.data.readers import DICOM_SUFFIXES, read_dicom_header, read_mammogram
+    from scripts.data.dicom_files import read_dicom_header
+    from scripts.data.readers import DICOM_SUFFIXES, read_mammogram
 
     if path.suffix.lower() in DICOM_SUFFIXES:
         header = read_dicom_header(path)

@@ -8,13 +8,8 @@ from .datalist import (
     save_datalist,
     split_by_patient,
 )
-from .readers import (
-    SUPPORTED_SUFFIXES,
-    MammogramReader,
-    MammogramReadError,
-    read_dicom_header,
-    read_mammogram,
-)
+from .dicom_files import read_dicom_header
+from .readers import SUPPORTED_SUFFIXES, MammogramReader, MammogramReadError, read_mammogram
 
 __all__ = [
     "SUPPORTED_SUFFIXES",

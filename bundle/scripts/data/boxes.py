@@ -10,8 +10,6 @@ from typing import Any
 from ..enums import CLASS_NAMES
 from ..errors import UsageError
 
-__all__ = ["BOXES_KEY", "parse_boxes"]
-
 #: the datalist field holding box annotations
 BOXES_KEY = "boxes"
 

@@ -26,17 +26,6 @@ from .geometry import as_pixel_spacing, format_spacing, stated_spacing_ok
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "DataProblem",
-    "DataCheckReport",
-    "DataCheckError",
-    "check_datalist",
-    "run_data_checks",
-    "assert_datalist_ok",
-    "assert_report_ok",
-    "check_data",
-]
-
 #: what to do about images whose file states no pixel spacing (the check's spacing line and training's warning)
 SPACING_HINT = (
     "if you know their mm per pixel, state it: tools/make_datalist.py --pixel_spacing MM (every item of the "

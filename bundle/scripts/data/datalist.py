@@ -24,21 +24,6 @@ from ..enums import CLASS_NAMES, LesionClass
 from ..errors import UsageError
 from .errors import DatalistError
 
-__all__ = [
-    "SPLITS",
-    "PATH_KEYS",
-    "DatalistError",
-    "load_datalist",
-    "save_datalist",
-    "iter_items",
-    "resolve_paths",
-    "patient_key",
-    "normalise_fractions",
-    "split_by_patient",
-    "check_patient_splits",
-    "check_split_sizes",
-]
-
 SPLITS = ("training", "validation", "test")
 PATH_KEYS = ("image", *(f"mask_{cls}" for cls in CLASS_NAMES))
 

@@ -33,8 +33,6 @@ try:  # pydicom >= 3
 except ImportError:  # pydicom 2.x
     from pydicom.pixel_data_handlers.util import apply_modality_lut, apply_voi_lut
 
-__all__ = ["DEFLATED_SYNTAX", "dcmread_capped", "read_dicom", "read_dicom_header"]
-
 DEFLATED_SYNTAX = "1.2.840.10008.1.2.1.99"
 _MIB = 1 << 20
 

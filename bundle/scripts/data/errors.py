@@ -10,17 +10,6 @@ import numpy as np
 
 from ..errors import UsageError
 
-__all__ = [
-    "DEFAULT_MAX_PIXELS",
-    "OUT_OF_SCOPE_3D",
-    "CsvRowError",
-    "DatalistError",
-    "MammogramReadError",
-    "check_pixels",
-    "check_resampled_pixels",
-    "read_error",
-]
-
 OUT_OF_SCOPE_3D = "tomosynthesis / multi-frame inputs are out of scope (expected one 2-D image)"
 
 # PIL's decompression-bomb limit (2 x Image.MAX_IMAGE_PIXELS), for every format: 8x the largest full-field mammogram

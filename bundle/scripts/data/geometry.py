@@ -11,19 +11,6 @@ from monai.utils import convert_to_numpy
 
 from ..errors import UsageError
 
-__all__ = [
-    "SPACING_RANGE_MM",
-    "STATED_SPACING_LIMIT_MM",
-    "as_2d",
-    "as_pixel_spacing",
-    "as_spacing_range",
-    "chest_wall_side",
-    "format_spacing",
-    "spacing_in_range",
-    "stated_spacing_ok",
-    "usable_spacing",
-]
-
 #: the pixel sizes (mm, both axes) a mammogram can plausibly have: full-field detectors are 0.05-0.1 mm, digitised
 #: films 0.03-0.2 mm; 1 mm still admits a mammogram downsampled for research (docs/preprocessing.md)
 SPACING_RANGE_MM = (0.02, 1.0)

@@ -18,24 +18,6 @@ import pydicom
 
 from .geometry import usable_spacing
 
-__all__ = [
-    "MAMMOGRAPHY_SOP_CLASSES",
-    "CbisCase",
-    "cbis_patient_id",
-    "dicom_laterality",
-    "dicom_spacing_and_source",
-    "dicom_view",
-    "file_suffix",
-    "header_value_problem",
-    "laterality_and_source",
-    "mammography_problem",
-    "orientation_view_laterality",
-    "parse_case_folder",
-    "tag_text",
-    "text_view_laterality",
-    "view_and_source",
-]
-
 # Digital Mammography X-Ray Image Storage, For Presentation / For Processing
 MAMMOGRAPHY_SOP_CLASSES = frozenset({"1.2.840.10008.5.1.4.1.1.1.2", "1.2.840.10008.5.1.4.1.1.1.2.1"})
 

@@ -22,39 +22,13 @@ from monai.utils import ensure_tuple
 
 from ..errors import UsageError
 from .dicom_files import read_dicom as _read_dicom
-from .dicom_files import read_dicom_header
 from .errors import DEFAULT_MAX_PIXELS, OUT_OF_SCOPE_3D, MammogramReadError, check_pixels, read_error
 from .geometry import chest_wall_side, spacing_in_range, usable_spacing
+from .header_facts import file_suffix as _suffix
 from .header_facts import (
-    MAMMOGRAPHY_SOP_CLASSES,
-    dicom_laterality,
-    dicom_view,
     laterality_and_source,
-    mammography_problem,
-    orientation_view_laterality,
-    text_view_laterality,
     view_and_source,
 )
-from .header_facts import file_suffix as _suffix
-
-__all__ = [
-    "DEFAULT_MAX_PIXELS",
-    "MAMMOGRAPHY_SOP_CLASSES",
-    "MammogramReadError",
-    "MammogramReader",
-    "NotAMammogram",
-    "SUPPORTED_SUFFIXES",
-    "dicom_laterality",
-    "dicom_view",
-    "file_format",
-    "mammography_problem",
-    "not_a_mammogram",
-    "pixel_kind_problem",
-    "orientation_view_laterality",
-    "read_dicom_header",
-    "read_mammogram",
-    "text_view_laterality",
-]
 
 DICOM_SUFFIXES = (".dcm", ".dicom", ".dic")
 PIL_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg")

@@ -11,8 +11,6 @@ from typing import Any
 from ..atomic import atomic_write
 from ..enums import LesionClass
 
-__all__ = ["write_report_files", "write_unscored", "format_table"]
-
 
 def write_report_files(
     rows: Sequence[Mapping[str, str]],

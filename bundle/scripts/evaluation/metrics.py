@@ -23,8 +23,6 @@ from ..handlers import FROC, PointingGame, PxAP, SoftDice
 from ..metrics._common import nan_reduce
 from ..metrics.breasts import breast_auc, breast_key
 
-__all__ = ["MAP_STATS", "map_handlers", "ReportMetrics", "GatheredMetrics", "per_image_rows", "report_summary"]
-
 # log filters match the report's logger name
 logger = logging.getLogger(f"{__package__}.report")
 

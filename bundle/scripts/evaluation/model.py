@@ -18,15 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..networks.glam import GLAM_DEFAULTS
+from ..networks.glam_settings import GLAM_DEFAULTS
 from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, INFERENCE_CHOSEN, inference_settings
 from ..networks.settings import SETTINGS_KEY, decode_settings, read_checkpoint_settings
-
-__all__ = [
-    "EVALUATION_CHOICES",
-    "checkpoint_record",
-    "evaluation_settings",
-]
 
 logger = logging.getLogger(__name__)
 

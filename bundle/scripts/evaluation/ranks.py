@@ -17,8 +17,6 @@ from monai.utils import str2bool
 from ..distributed import rank, world_size
 from ..errors import UsageError
 
-__all__ = ["block_bounds", "check_data_on_ranks"]
-
 
 def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | None = None) -> tuple[int, int]:
     """``(start, stop)`` of rank ``rank_``'s block of ``n_items`` (``numpy.array_split``'s sizes).

@@ -20,18 +20,8 @@ from ..distributed import rank, world_size
 from ..enums import CLASS_NAMES, MAP_NAMES, STAGES, OutputKey
 from ..errors import UsageError
 from .files import format_table, write_report_files, write_unscored
-from .metrics import MAP_STATS, ReportMetrics, per_image_rows, report_summary
+from .metrics import ReportMetrics, per_image_rows, report_summary
 from .unscored import ScoredLoader
-
-__all__ = [
-    "MetricsReport",
-    "UnscoredImagesError",
-    "check_checkpoint",
-    "eval_split_items",
-    "format_table",
-    "EVAL_SPLITS",
-    "MAP_STATS",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,6 @@ from ..transforms.mammo.spacing import ResampleToSpacingd
 from ..transforms.targets import MASK_KEYS
 from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX, Thumbnaild
 
-__all__ = ["UNSCORED_KEY", "LESIONS_KEY", "unscored_reason", "ScoringDataset", "scored_collate", "ScoredLoader"]
-
 #: a marker item's key: the one-line reason its image cannot be scored
 UNSCORED_KEY = "unscored"
 #: per mask key, the number of lesions (8-connected components) before the flip, crop and window

@@ -24,8 +24,6 @@ from monai.utils import CommonKeys
 from ..errors import UsageError
 from ..networks.checkpoint_file import describe_non_finite, non_finite_tensors
 
-__all__ = ["TrainingDivergedError", "StopOnNonFinite"]
-
 #: the docs' section on what to do
 _HELP = "lower --learning_rate (docs/training.md, 'Non-finite losses and weights')"
 

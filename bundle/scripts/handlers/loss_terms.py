@@ -10,8 +10,6 @@ from ignite.engine import Engine, Events
 from monai.engines.utils import IterationEvents
 from monai.utils import CommonKeys
 
-__all__ = ["LossTerms"]
-
 LossComponents = Callable[[object, object], Mapping[str, torch.Tensor]]
 
 

@@ -19,8 +19,6 @@ from ..errors import UsageError
 from ..metrics import PointingGameMetric, PxAPMetric, SoftDiceMetric
 from ..metrics.froc import FROC_RATES, FROCMetric
 
-__all__ = ["ClassScores", "FROC", "PointingGame", "PxAP", "SoftDice"]
-
 _logger = logging.getLogger(__name__)
 
 

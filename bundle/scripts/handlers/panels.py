@@ -10,8 +10,6 @@ from ignite.engine import Engine, Events
 from ..enums import MAP_NAMES, OutputKey
 from ..visualize import saliency_panel
 
-__all__ = ["SaliencyPanelWriter"]
-
 
 class SaliencyPanelWriter:
     """After each validation, write panels of the first ``num_images`` validation images to TensorBoard.

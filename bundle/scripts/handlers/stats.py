@@ -7,8 +7,6 @@ from monai.handlers import StatsHandler as MonaiStatsHandler
 
 from ..errors import user_error
 
-__all__ = ["StatsHandler"]
-
 
 class StatsHandler(MonaiStatsHandler):
     """``monai.handlers.StatsHandler`` whose exception log skips a user's error (:func:`scripts.errors.user_error`),

@@ -17,18 +17,6 @@ from ignite.handlers import BasicTimeProfiler
 
 from ..atomic import atomic_write
 
-__all__ = [
-    "LOAD_SECONDS_KEY",
-    "InferenceThroughput",
-    "InferenceProgress",
-    "RankTimings",
-    "combine_rank_timings",
-    "idle_summary",
-    "format_duration",
-    "show_inference_log",
-    "quiet_library_logs",
-]
-
 logger = logging.getLogger(__name__)
 
 #: an item's seconds of loading and preprocessing, carried into the step's output for timing.json

@@ -14,8 +14,6 @@ from monai.data.utils import set_rnd
 
 from ..errors import UsageError
 
-__all__ = ["EpochSeeder", "BestMetricState", "key_metric"]
-
 
 def _metric_name(selection: Mapping[str, Any] | str) -> str:
     """The metric's name from a selection record (``{"metric": ...}``) or the name itself."""

@@ -13,15 +13,6 @@ import numpy as np
 from ..enums import CLASS_NAMES
 from ..errors import UsageError
 
-__all__ = [
-    "DICOM_OUTPUT_MODES",
-    "dicom_output_kinds",
-    "secondary_capture",
-    "saliency_segmentation",
-    "dicom_objects",
-    "save_dicom",
-]
-
 #: ``dicom_outputs`` value -> the objects written
 DICOM_OUTPUT_MODES = {"none": (), "sc": ("sc",), "map": ("map",), "both": ("sc", "map")}
 MANUFACTURER = "GLAM-MONAI"

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from monai.data import MetaTensor
 
+from ..data.geometry import SPACING_RANGE_MM
 from ..data.header_facts import cbis_patient_id, text_view_laterality
 from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY
 from ..transforms.mammo.breast import CC_LIKE_VIEWS, MLO_LIKE_VIEWS, view_kind
@@ -18,13 +19,10 @@ from ..transforms.mammo.spacing import (
     MODEL_SPACING_KEY,
     SPACING_IGNORED_KEY,
     SPACING_RANGE_KEY,
-    SPACING_RANGE_MM,
     SPACING_SOURCE_KEY,
     SPACING_USED_KEY,
     format_spacing,
 )
-
-__all__ = ["breast_note", "spacing_note", "tissue_note", "image_facts", "image_notes", "patient_id"]
 
 # the crop's iterations when the metadata does not record them (the authors')
 _DEFAULT_ITERATIONS = 100

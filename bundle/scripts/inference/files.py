@@ -18,8 +18,6 @@ from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
 from ..errors import UsageError
 from .dicom import DICOM_OUTPUT_MODES
 
-__all__ = ["OutputSelection", "StagedFiles", "is_temporary", "manifest_name", "files_are_complete", "input_names"]
-
 #: temporary files of :class:`StagedFiles` start with this
 TEMPORARY_PREFIX = ".tmp-"
 # the folders of each kind of file under the output folder

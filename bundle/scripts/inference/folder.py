@@ -39,15 +39,6 @@ try:  # POSIX; elsewhere the folder is not locked
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = [
-    "RUN_RECORD",
-    "OutputFolderRefused",
-    "InferencePlan",
-    "InferenceOutputFolder",
-    "assign_stems",
-    "stem_limit",
-]
-
 logger = logging.getLogger(__name__)
 
 #: the run's record in the output folder

@@ -29,19 +29,6 @@ from .files import OUTPUT_FOLDERS
 from .folder import RUN_RECORD
 from .tables import ERROR_KEY, error_record
 
-__all__ = [
-    "NO_IMAGE_FILE",
-    "item_path",
-    "scan_input_folder",
-    "inference_items",
-    "SafeDataset",
-    "collate_inference",
-    "root_cause",
-    "batch_size_for",
-    "cores_per_process",
-    "loader_workers",
-]
-
 #: the reason of a file that is no image (errors.csv)
 NO_IMAGE_FILE = "no image file (neither its suffix nor its first bytes are of a supported type)"
 

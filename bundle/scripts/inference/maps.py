@@ -20,17 +20,6 @@ from ..patches import render_saliency
 from ..transforms.mammo.coverage import original_size, window_on_original
 from .files import OutputSelection, StagedFiles
 
-__all__ = [
-    "LPS_TO_RAS",
-    "OnOriginal",
-    "file_affine",
-    "maps_on_original",
-    "map_spacing",
-    "write_map_files",
-    "map_spacing_note",
-    "save_png",
-]
-
 #: pixel size (mm) the map files state when the input's is unknown (PNG inputs; DICOMs without a valid spacing)
 FALLBACK_SPACING_MM = 1.0
 #: NIfTI's RAS patient space from the LPS one of DICOM, ITK and NRRD (and back): x and y change sign

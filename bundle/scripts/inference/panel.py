@@ -16,8 +16,6 @@ from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from ..visualize import reading_panel
 from .files import bare_name
 
-__all__ = ["shown_name", "panel_title_lines", "add_title", "overlay_panel", "item_panel"]
-
 
 def _thumbnail(item: Mapping[str, Any], key: str) -> np.ndarray | None:
     value = item.get(f"{key}{THUMBNAIL_SUFFIX}")

@@ -22,8 +22,6 @@ from .files import OutputSelection
 from .folder import RUN_RECORD, InferenceOutputFolder, InferencePlan, OutputFolderRefused, _differences
 from .tables import ERROR_KEY, InferenceTables, csv_cell, error_record
 
-__all__ = ["input_share", "InferenceRanks", "RankOutputFolder", "RanksFailed", "run_shares"]
-
 logger = logging.getLogger(__name__)
 
 #: the error type of an input that a failed rank did not reach (errors.csv)

@@ -9,12 +9,10 @@ from typing import Any
 import torch
 
 from ..handlers.throughput import LOAD_SECONDS_KEY
-from ..networks.weights import as_flag
+from ..networks.glam_settings import as_flag
 from ..precision import autocast
 from .inputs import item_path
 from .tables import error_record
-
-__all__ = ["GLAMInferenceStep", "split_non_finite"]
 
 
 def _count(values: torch.Tensor) -> str:

@@ -25,24 +25,6 @@ from ..enums import CLASS_NAMES
 from ..errors import UsageError
 from ..metrics.breasts import breast_key, group_breasts
 
-__all__ = [
-    "ERROR_KEY",
-    "ERROR_COLUMNS",
-    "PREDICTION_COLUMNS",
-    "breast_rows",
-    "stated_exam",
-    "input_fingerprint",
-    "escape_text",
-    "unescape_text",
-    "csv_cell",
-    "error_record",
-    "note_record",
-    "prediction_row",
-    "AppendOnlyCsv",
-    "rank_tables",
-    "InferenceTables",
-]
-
 logger = logging.getLogger(__name__)
 
 #: key of the error message in an item that failed (and the second column of errors.csv)

@@ -24,8 +24,6 @@ from .maps import map_spacing_note, maps_on_original, save_png, write_map_files
 from .panel import item_panel
 from .tables import error_record, escape_text, note_record, prediction_row
 
-__all__ = ["GLAMInferenceWriter", "writer_threads"]
-
 logger = logging.getLogger(__name__)
 
 #: the parts of a writer thread's time on one image, reported in timing.json as ``writing_<part>_s``

@@ -14,8 +14,6 @@ from monai.metrics import compute_roc_auc
 
 from ..errors import UsageError
 
-__all__ = ["BreastAUC", "breast_auc", "breast_key", "group_breasts"]
-
 
 def breast_key(item: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """``(patient_id, LATERALITY, study)`` of an item; None without a patient or a laterality (a breast of its own)."""

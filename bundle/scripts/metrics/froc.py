@@ -24,8 +24,6 @@ from ..errors import UsageError
 from ._common import all_reduce_sum, check_inputs
 from .pxap import pxap_bin_edges
 
-__all__ = ["FROC_RATES", "FROCMetric", "froc_candidates", "froc_sensitivity", "match_candidates"]
-
 #: the false-positive rates per image that detection papers on mammograms report
 FROC_RATES = (0.25, 0.5, 1.0, 2.0, 4.0)
 

@@ -12,8 +12,6 @@ import torch
 from ..errors import UsageError
 from ._common import PerImageMetric, check_inputs
 
-__all__ = ["PointingGameMetric", "compute_pointing_game", "map_peaks", "POINTING_MEASURES"]
-
 POINTING_MEASURES = ("hit", "border")
 
 

@@ -17,8 +17,6 @@ import torch
 from ..errors import UsageError
 from ._common import PerImageMetric, all_reduce_sum, check_inputs, nan_reduce
 
-__all__ = ["PxAPMetric", "average_precision_from_histograms", "compute_pxap_histograms", "pxap_bin_edges"]
-
 LEVELS = ("image", "dataset")
 
 

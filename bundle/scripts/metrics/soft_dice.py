@@ -11,8 +11,6 @@ import torch
 from ..errors import UsageError
 from ._common import PerImageMetric, check_inputs
 
-__all__ = ["SoftDiceMetric", "compute_soft_dice"]
-
 
 def compute_soft_dice(y_pred: torch.Tensor, y: torch.Tensor, check_values: bool = True) -> torch.Tensor:
     """Soft Dice per image and class: 2 sum(S G) / (sum(S^2) + sum(G^2)).

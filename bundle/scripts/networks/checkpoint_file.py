@@ -14,8 +14,6 @@ import torch
 
 from ..errors import UsageError
 
-__all__ = ["CheckpointError", "NonFiniteError", "read_checkpoint", "non_finite_tensors", "describe_non_finite"]
-
 #: how a zip and a legacy pickled checkpoint begin
 _ZIP_MAGIC = b"PK\x03\x04"
 _PICKLE_MAGIC = b"\x80"

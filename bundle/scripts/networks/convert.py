@@ -13,14 +13,6 @@ from ..errors import UsageError
 from .glam import GLAM
 from .settings import SETTINGS_KEY, decode_settings, encode_settings
 
-__all__ = [
-    "ConversionReport",
-    "NYUKAT_PREFIX_MAP",
-    "NYUKAT_UNUSED_PREFIXES",
-    "convert_nyukat_state_dict",
-    "load_nyukat_glam",
-]
-
 #: authors' key prefix -> this model's prefix (the rest of the key is identical)
 NYUKAT_PREFIX_MAP: dict[str, str] = {
     "global_network.downsampling_branch.": "global_network.downsampling_branch.",

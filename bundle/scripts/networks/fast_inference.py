@@ -13,15 +13,6 @@ from torch import nn
 from ..errors import UsageError
 from ..precision import autocast
 
-__all__ = [
-    "PRECISIONS",
-    "AutocastInference",
-    "cpu_supports_bf16",
-    "resolve_precision",
-    "optimize_for_inference",
-    "load_for_inference",
-]
-
 PRECISIONS = ("auto", "bf16", "fp32")
 
 

@@ -22,12 +22,10 @@ from ..patches import (
     select_patch_boxes,
     shift_patch_boxes,
 )
-from .glam_settings import GLAM_DEFAULTS, GLAMSettings
+from .glam_settings import GLAMSettings
 from .global_network import GlobalNetwork
 from .local_network import LocalNetwork
-from .settings import RecordsSettings, checkpoint_setting
-
-__all__ = ["GLAM", "GLAMSettings", "GLAM_DEFAULTS", "REFERENCE_PRESET", "checkpoint_setting"]
+from .settings import RecordsSettings
 
 #: the authors' released inference behaviour; their data's pixel spacing is not published, so inputs are not resampled
 REFERENCE_PRESET: dict[str, Any] = {

@@ -19,17 +19,6 @@ from ..errors import UsageError
 from ..patches import as_pair
 from ..pooling import check_fraction
 
-__all__ = [
-    "GLAMSettings",
-    "GLAM_DEFAULTS",
-    "FROM_CHECKPOINT",
-    "CHOSEN",
-    "MAX_WINDOW_SIDE",
-    "SettingSpec",
-    "as_flag",
-    "setting_specs",
-]
-
 #: inference takes the checkpoint's value (the text ``checkpoint`` in inference.yaml)
 FROM_CHECKPOINT = "checkpoint"
 #: inference chooses the value itself (inference.yaml's, else the record's default)

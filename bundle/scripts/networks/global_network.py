@@ -14,16 +14,6 @@ from ..enums import OutputKey
 from ..errors import UsageError
 from ..pooling import check_fraction, top_t_pool
 
-__all__ = [
-    "PreActBasicBlock",
-    "GlobalBackbone",
-    "GlobalNetwork",
-    "nearest_resize",
-    "receptive_fields",
-    "breast_cells",
-    "PADDING_MODES",
-]
-
 PADDING_MODES = ("zeros", "replicate")
 
 

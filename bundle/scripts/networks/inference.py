@@ -15,16 +15,6 @@ from .glam import GLAM
 from .glam_settings import CHOSEN, FROM_CHECKPOINT, GLAM_DEFAULTS, GLAMSettings, coerce_text, setting_specs
 from .settings import read_checkpoint_settings
 
-__all__ = [
-    "GLAMSaliencyNet",
-    "GLAMInferer",
-    "FROM_CHECKPOINT",
-    "CHECKPOINT_SETTINGS",
-    "INFERENCE_CHOSEN",
-    "checkpoint_settings",
-    "inference_settings",
-]
-
 #: the settings inference takes from the checkpoint's record unless the config overrides them
 CHECKPOINT_SETTINGS = tuple(name for name, spec in setting_specs().items() if spec.inference == FROM_CHECKPOINT)
 #: the settings inference chooses itself (M patches, gamma_c)

@@ -13,8 +13,6 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 from ..enums import OutputKey
 from ..errors import UsageError
 
-__all__ = ["BasicBlock", "ResNetHR", "LocalNetwork", "LOCAL_DEPTHS"]
-
 #: blocks per layer for the supported depths
 LOCAL_DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 

@@ -22,21 +22,7 @@ from torch import nn
 
 from ..errors import UsageError
 from .checkpoint_file import CheckpointError, read_checkpoint
-from .glam_settings import GLAM_DEFAULTS, MAX_WINDOW_SIDE, setting_specs
-
-__all__ = [
-    "SETTINGS_KEY",
-    "INFERENCE_CHOICES",
-    "encode_settings",
-    "decode_settings",
-    "validate_settings",
-    "MAX_WINDOW_SIDE",
-    "settings_differences",
-    "check_settings",
-    "read_checkpoint_settings",
-    "RecordsSettings",
-    "checkpoint_setting",
-]
+from .glam_settings import GLAM_DEFAULTS, setting_specs
 
 #: the buffer's name in a module's state dict
 SETTINGS_KEY = "model_settings"

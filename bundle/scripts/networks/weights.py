@@ -14,23 +14,7 @@ import torch
 from ..atomic import atomic_write
 from ..errors import UsageError
 from .checkpoint_file import CheckpointError, NonFiniteError, describe_non_finite, non_finite_tensors, read_checkpoint
-from .glam_settings import as_flag
 from .settings import SETTINGS_KEY, check_settings
-
-__all__ = [
-    "save_atomic",
-    "WEIGHTS_HELP",
-    "require_weights",
-    "CheckpointError",
-    "NonFiniteError",
-    "check_finite",
-    "load_checkpoint_file",
-    "state_dict_problems",
-    "weights_of",
-    "load_weights",
-    "as_flag",
-    "plain_state_dict",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,6 @@ from monai.engines.utils import PrepareBatch
 
 from ..errors import UsageError
 
-__all__ = ["GLAMPrepareBatch"]
-
 _DEVICE_KEYS = ("image", "mask")
 
 

@@ -19,17 +19,9 @@ from ignite.handlers import Checkpoint, DiskSaver
 from ..atomic import atomic_write
 from ..distributed import rank
 from ..errors import UsageError
+from ..networks.glam_settings import as_flag
 from ..networks.settings import INFERENCE_CHOICES, SETTINGS_KEY, decode_settings
-from ..networks.weights import (
-    as_flag,
-    load_checkpoint_file,
-    plain_state_dict,
-    save_atomic,
-    state_dict_problems,
-    weights_of,
-)
-
-__all__ = ["read_record", "why_no_model", "CheckpointFiles", "StageCheckpointer"]
+from ..networks.weights import load_checkpoint_file, plain_state_dict, save_atomic, state_dict_problems, weights_of
 
 logger = logging.getLogger(__name__)
 

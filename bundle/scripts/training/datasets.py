@@ -21,17 +21,6 @@ from monai.utils import convert_to_tensor
 
 from ..errors import UsageError
 
-__all__ = [
-    "CACHE_MODES",
-    "read_datalist",
-    "cache_mode",
-    "cached_item_hash",
-    "ChecksummedPersistentDataset",
-    "content_checksum",
-    "training_dataset",
-    "transforms_hash",
-]
-
 #: values of the configs' ``train_cache`` / ``val_cache``
 CACHE_MODES = ("none", "memory", "disk")
 #: part of every disk-cache hash: bump it when what a cache entry holds changes meaning

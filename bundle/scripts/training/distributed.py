@@ -15,15 +15,6 @@ from monai.data import partition_dataset
 from ..distributed import barrier, rank, world_size
 from ..errors import UsageError
 
-__all__ = [
-    "RANK_ZERO_ONLY",
-    "rank_zero_first",
-    "rank_share",
-    "disable_on_other_ranks",
-    "RankBarrier",
-    "SyncBuffers",
-]
-
 #: handler classes that only log or draw: built on rank 0 only (MetricsSaver is not here: it gathers across ranks)
 RANK_ZERO_ONLY = tuple(
     "StatsHandler TensorBoardStatsHandler TensorBoardImageHandler ProgressBar SaliencyPanelWriter MLFlowHandler "

@@ -23,17 +23,6 @@ from ..distributed import rank
 from ..errors import UsageError
 from .checkpoints import read_record
 
-__all__ = [
-    "PER_STAGE_OPTIONS",
-    "RUN_LOCK",
-    "per_stage",
-    "lock_run",
-    "unlock_run",
-    "check_unfinished_run",
-    "check_writable",
-    "preflight_training",
-]
-
 #: the lock file of a training run in its ``ckpt_root``
 RUN_LOCK = ".training.lock"
 

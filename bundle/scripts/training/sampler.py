@@ -10,8 +10,6 @@ from torch.utils.data import Sampler
 
 from ..errors import UsageError
 
-__all__ = ["BalancedEpochSampler", "positive_flags"]
-
 
 def positive_flags(items: Sequence[dict], label_key: str = "label") -> list[bool]:
     """Whether each datalist item has any lesion label (benign or malignant); a missing label counts as negative.

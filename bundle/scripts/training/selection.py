@@ -14,15 +14,6 @@ from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 
 from ..enums import CLASS_NAMES, OutputKey, Stage
 
-__all__ = [
-    "MASK_METRICS",
-    "choose_selection",
-    "configured_selection",
-    "validation_has_masks",
-    "NegativeBCE",
-    "stage_score_key",
-]
-
 #: validation metrics that read the lesion masks (0.0 on a split without masks)
 MASK_METRICS = ("val_soft_dice", "val_dice_benign", "val_dice_malignant", "val_pointing_game")
 MASK_KEYS = ("mask_benign", "mask_malignant")

@@ -9,14 +9,6 @@ from typing import Any
 from ..enums import STAGES, MapName, Stage
 from ..errors import UsageError
 
-__all__ = [
-    "stages_to_run",
-    "STAGE_MAPS",
-    "previous_stage",
-    "previous_modules",
-    "train_stage",
-]
-
 #: the saliency map that validates (and selects) each stage: the map that stage trains
 STAGE_MAPS = {Stage.GLOBAL: MapName.GLOBAL.value, Stage.LOCAL: MapName.LOCAL.value, Stage.JOINT: MapName.COMBINED.value}
 

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from monai.bundle import ConfigParser
 
-from ..runs import save_config
+from ..atomic import atomic_write
 
-__all__ = ["TRACKED", "tracking_params", "attach_tracked_config", "track_stage"]
+
+def save_config(folder: str | os.PathLike, config: Any) -> str:
+    """Write ``config`` (a merged configuration) as ``<folder>/config.json`` (atomically, the folder made when
+    missing) and return the file's path."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.json")
+    with atomic_write(path, "w") as f:
+        json.dump(config, f, indent=1, default=str)
+    return path
+
 
 #: the hyper-parameters a tracked stage records (top-level config ids; per-stage ones as the stage's value)
 TRACKED = tuple(

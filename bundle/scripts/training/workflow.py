@@ -35,15 +35,6 @@ from .tracking import track_stage
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "GLAMWorkflow",
-    "run_stages",
-    "check_overrides",
-    "check_tracking",
-    "given_none",
-    "workflow_help",
-]
-
 #: arguments of ``monai.bundle run`` / ``run_workflow`` and of ``ConfigWorkflow``: never config ids
 RUN_ARGUMENTS = frozenset(
     {
@@ -326,7 +317,7 @@ class GLAMWorkflow(ConfigWorkflow):
         check_overrides(list(self.overrides), file_config, WORKFLOW_PAGES.get(self.workflow, "docs/training.md"))
         given_none(self.overrides, self.parser)
         if self.tracking is not None and self.workflow == "evaluating":
-            from ..runs import save_config  # the tracked run's artifact: this run's merged configuration
+            from .tracking import save_config  # the tracked run's artifact: this run's merged configuration
 
             self.parser["save_execute_config"] = save_config(
                 self.parser.get_parsed_content("eval_dir"), self.parser.get()

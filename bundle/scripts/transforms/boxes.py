@@ -19,8 +19,6 @@ from ..data.boxes import BOXES_KEY, parse_boxes
 from ..enums import CLASS_NAMES
 from ..errors import UsageError
 
-__all__ = ["BoxesToMask", "BoxesToMasksd"]
-
 
 class BoxesToMask(Transform):
     """Paint ``(y0, x0, y1, x1)`` boxes into a (1, H, W) uint8 mask: every pixel a box touches is 1."""

@@ -9,12 +9,9 @@ from monai.transforms import MapTransform
 from monai.utils import str2bool
 
 from ..enums import MAP_NAMES, MapName, OutputKey
-from ..enums import MAP_OUTPUT_KEYS as MAP_KEYS
 from ..errors import UsageError
 from ..networks.global_network import nearest_resize
 from ..patches import render_saliency
-
-__all__ = ["GLAMOutputsd", "MAP_KEYS"]
 
 # network outputs passed on as they are
 _PASSED_ON = tuple(k.value for k in (OutputKey.Y_GLOBAL, OutputKey.Y_LOCAL, OutputKey.Y_FUSION, OutputKey.PATCH_BOXES))

@@ -11,8 +11,6 @@ from monai.utils import convert_to_tensor
 
 from ..errors import UsageError
 
-__all__ = ["MASK_KEYS", "StackMasksd"]
-
 #: a datalist item's lesion masks, one per class (docs/data.md); stacked into ``mask`` for training
 MASK_KEYS = ("mask_benign", "mask_malignant")
 

@@ -12,8 +12,6 @@ from monai.utils import TransformBackends, convert_to_tensor
 
 from ..errors import UsageError
 
-__all__ = ["THUMBNAIL_SUFFIX", "THUMBNAIL_STEP_KEY", "thumbnail_step", "Thumbnail", "Thumbnaild"]
-
 THUMBNAIL_SUFFIX = "_thumbnail"
 THUMBNAIL_STEP_KEY = "thumbnail_step"
 

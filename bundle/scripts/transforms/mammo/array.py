@@ -27,20 +27,6 @@ from scripts.transforms.mammo.breast import (
 
 from ...errors import UsageError
 
-__all__ = [
-    "BestCenterRegion",
-    "BestCenterWindow",
-    "QuantizeToUint16",
-    "CropBreast",
-    "FlipToRight",
-    "RandBestCenterWindow",
-    "RandWindowShift",
-    "StandardizeImage",
-    "first_channel",
-    "normalize_laterality",
-    "opening_iterations",
-]
-
 FLIPPED_KEY = "flipped_to_right"
 # model pixels per file pixel of a resampled image: the mask openings count the file's pixels
 OPENING_SCALE_KEY = "opening_scale"

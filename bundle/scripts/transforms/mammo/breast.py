@@ -16,23 +16,6 @@ from scripts.data.geometry import as_2d, chest_wall_side
 
 from ...errors import UsageError
 
-__all__ = [
-    "WindowPlacement",
-    "best_center_window",
-    "breast_crop",
-    "breast_crop_box",
-    "breast_share",
-    "file_breast_box",
-    "file_breast_mask",
-    "chest_wall_side",
-    "largest_component",
-    "open_breast_mask",
-    "open_breast_mask_exact",
-    "shifted_window_start",
-    "tissue_mask",
-    "view_kind",
-]
-
 CC_LIKE_VIEWS = frozenset({"CC", "XCCL", "XCCM", "FB", "CV"})
 MLO_LIKE_VIEWS = frozenset({"MLO", "ML", "LM", "LMO", "SIO", "ISO", "AT"})
 

@@ -17,17 +17,6 @@ from ..thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX
 from .array import _meta
 from .breast import MIN_TISSUE_SHARE, breast_share, tissue_mask
 
-__all__ = [
-    "BREAST_IN_WINDOW",
-    "BREAST_KEYS",
-    "MIN_BREAST_IN_WINDOW",
-    "breast_in_window",
-    "breast_refusal",
-    "original_size",
-    "window_box_to_original",
-    "window_on_original",
-]
-
 BREAST_IN_WINDOW = "breast_in_window"
 MIN_BREAST_IN_WINDOW = 0.5
 _BREAST_FOUND = "breast_found"

@@ -30,18 +30,6 @@ from scripts.transforms.mammo.breast import shifted_window_start
 
 from ...errors import UsageError
 
-__all__ = [
-    "BestCenterRegiond",
-    "BestCenterWindowd",
-    "CropBreastd",
-    "DropEmptyKeysd",
-    "FlipToRightd",
-    "QuantizeToUint16d",
-    "RandBestCenterWindowd",
-    "RandWindowShiftd",
-    "StandardizeImaged",
-]
-
 
 def _spatial_shape(x: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in x.shape[1:])

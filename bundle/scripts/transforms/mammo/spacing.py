@@ -22,7 +22,6 @@ from monai.utils import TraceKeys, convert_to_tensor, ensure_tuple_rep
 
 from scripts.data.errors import DEFAULT_MAX_PIXELS, check_resampled_pixels
 from scripts.data.geometry import (
-    SPACING_RANGE_MM,
     as_pixel_spacing,
     as_spacing_range,
     format_spacing,
@@ -34,27 +33,6 @@ from scripts.transforms.mammo.breast import file_breast_box
 from scripts.transforms.mammo.dictionary import _check_shapes, _source
 
 from ...errors import UsageError
-
-__all__ = [
-    "MODEL_SPACING_KEY",
-    "OPENING_SCALE_KEY",
-    "RESAMPLED_SHAPE_KEY",
-    "SPACING_ASSUMED_KEY",
-    "SPACING_FALLBACKS",
-    "SPACING_IGNORED_KEY",
-    "SPACING_KEY",
-    "SPACING_RANGE_KEY",
-    "SPACING_RANGE_MM",
-    "SPACING_SOURCE_KEY",
-    "SPACING_USED_KEY",
-    "ResampleToSpacing",
-    "ResampleToSpacingd",
-    "as_pixel_spacing",
-    "fit_breast_spacing",
-    "format_spacing",
-    "gaussian_smooth",
-    "spacing_of",
-]
 
 SPACING_KEY = "spacing"
 SPACING_SOURCE_KEY = "spacing_source"

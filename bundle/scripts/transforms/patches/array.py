@@ -16,8 +16,6 @@ from monai.utils import convert_to_tensor
 from ...errors import UsageError
 from ...patches import _check_patch_count, as_pair, crop_patches, random_patch_boxes, select_patch_boxes
 
-__all__ = ["SaliencyPatchCrop", "RandPatchCrop"]
-
 
 def _as_image(**named: NdarrayOrTensor) -> torch.Tensor:
     """The one keyword argument as a (C, H, W) tensor; the keyword names it in the error."""

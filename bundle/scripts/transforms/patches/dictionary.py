@@ -12,15 +12,6 @@ from ...errors import UsageError
 from ...patches import crop_patches
 from .array import RandPatchCrop, SaliencyPatchCrop, _as_image
 
-__all__ = [
-    "SaliencyPatchCropd",
-    "RandPatchCropd",
-    "SaliencyPatchCropD",
-    "SaliencyPatchCropDict",
-    "RandPatchCropD",
-    "RandPatchCropDict",
-]
-
 
 def _crop_keys(transform: MapTransform, d: dict, boxes: torch.Tensor, patch_size: tuple[int, int]) -> dict:
     for key in transform.key_iterator(d):
