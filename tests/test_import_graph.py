@@ -159,7 +159,7 @@ def test_the_bundle_has_no_import_cycle_and_no_mutually_importing_packages():
 
 
 #: the wings: none imports another, and the evaluation's and inference's configs name no training component (what
-#: they share with training lives below them: scripts.distributed, scripts.runs, scripts.data.checks)
+#: they share with training lives below them: scripts.distributed, scripts.data.checks)
 WINGS = ("training", "evaluation", "inference")
 WING_CONFIGS = ("evaluate.yaml", "multi_gpu_evaluate.yaml", "inference.yaml", "multi_gpu_inference.yaml")
 
