@@ -30,7 +30,7 @@ from scripts.training.stage import previous_modules, previous_stage, train_stage
 LR = {"global": 3.0e-5, "local": 2.0e-5, "joint": 1.0e-5}
 
 
-# -- scripts.training.stage ----------------------------------------------------------------------------------------------
+# -- scripts.training.stage --------------------------------------------------------------------------------------------
 def test_previous_stage_and_model_follow_the_training_order():
     assert [previous_stage(s) for s in ("global", "local", "joint")] == [None, "global", "local"]
     assert [_parser(s).get_parsed_content("previous_model") for s in ("global", "local", "joint")] == [
