@@ -291,13 +291,16 @@ def test_bad_split_is_named_and_properties_pass(eval_setup):
 
 
 def test_quickstart_layering_keeps_the_preset(tmp_path):
-    """evaluate.yaml after configs/quickstart.yaml: the preset's sizes and folders stay, the stage is joint."""
+    """evaluate.yaml after configs/quickstart.yaml: the preset's folders stay, the model's settings come from the
+    checkpoint (the sentinel ``checkpoint``), the stage is joint."""
     parser = ConfigParser()
     parser.read_config([str(TRAIN_CONFIG), str(BUNDLE_ROOT.parent / "configs" / "quickstart.yaml"), str(EVAL_CONFIG)])
     quick = ConfigParser()
     quick.read_config([str(TRAIN_CONFIG), str(BUNDLE_ROOT.parent / "configs" / "quickstart.yaml")])
-    for key in ("image_size", "patch_size", "local_width", "ckpt_root", "output_root", "num_workers", "datalist"):
+    for key in ("ckpt_root", "output_root", "num_workers", "datalist"):
         assert parser[key] == quick[key], key
+    for key in ("image_size", "patch_size", "local_width"):
+        assert quick[key] != "checkpoint" and parser[key] == "checkpoint", key
     assert parser.get_parsed_content("ckpt_path") == str(Path(quick["ckpt_root"]) / "joint" / "model.pt")
     assert parser.get_parsed_content("eval_dir") == str(Path(quick["output_root"]) / "evaluate")
 
