@@ -20,7 +20,6 @@ from .settings import SETTINGS_KEY, check_settings
 __all__ = [
     "save_atomic",
     "WEIGHTS_HELP",
-    "require_weights",
     "CheckpointError",
     "NonFiniteError",
     "check_finite",
@@ -56,17 +55,6 @@ WEIGHTS_HELP = (
     "train GLAM (docs/training.md; the quick start writes runs/quickstart/models/joint/model.pt), convert the "
     "authors' checkpoint (tools/convert_nyukat_checkpoint.py), or pass --ckpt_path PATH"
 )
-
-
-def require_weights(path: str | os.PathLike) -> str:
-    """``path`` when it is a file.
-
-    Raises:
-        UsageError: no file at ``path``: one line naming it and how to get weights (:data:`WEIGHTS_HELP`).
-    """
-    if not Path(path).is_file():
-        raise UsageError(f"model weights not found: {path}: {WEIGHTS_HELP}")
-    return str(path)
 
 
 def check_finite(obj: Any, source: str | os.PathLike) -> Any:
