@@ -131,24 +131,22 @@ def test_overlay_runs_evaluate_yaml_steps_with_the_group_joined_and_the_check_sh
     single, multi = raw(EVAL_CONFIG), raw(MULTI_GPU_EVAL)
     steps = [target(s) for s in multi["evaluating"]]
     joined = [
-        "scripts.distributed.init_distributed",
+        "$scripts.distributed.init_distributed(@dist_backend, @dist_timeout_s, 'multi_gpu_evaluate.yaml', "
+        "'evaluating')",
         "$scripts.distributed.quiet_other_ranks(@log_level_other_ranks)",
         "$scripts.distributed.is_rank_zero() or scripts.distributed.barrier()",
         "$@datalist",
         "$scripts.distributed.is_rank_zero() and scripts.distributed.barrier()",
     ]
     expected = [target(s) for s in single["evaluating"]]
-    assert expected[4] == "scripts.data.checks.check_data"
-    expected[4] = "scripts.evaluation.ranks.check_data_on_ranks"
-    assert steps == expected[:1] + joined + expected[1:]
-    shared_check = multi["evaluating"][len(joined) + 4]
-    assert {k: v for k, v in shared_check.items() if k != "_target_"} == {
-        k: v for k, v in single["evaluating"][4].items() if k != "_target_"
-    }
-    # the steps MONAI's `run` evaluates other than in evaluate.yaml: the same arguments
-    for a, b in zip(single["evaluating"], [s for s in multi["evaluating"] if target(s) in expected]):
-        if target(a) != "scripts.data.checks.check_data":
-            assert a == b
+    assert expected[1] == (
+        "$scripts.data.checks.check_data(@eval_datalist, @eval_pixel_spacing, @check_data, split=@eval_split)"
+    )
+    # the same arguments, each rank checking its own block
+    expected[1] = (
+        "$scripts.evaluation.ranks.check_data_on_ranks(@eval_datalist, @eval_split, @eval_pixel_spacing, @check_data)"
+    )
+    assert steps == joined + expected
     handlers = single["handlers"]
     assert [target(h).rsplit(".", 1)[-1] in RANK_ZERO_ONLY for h in handlers] == [True, True, False]
     assert handlers[2] == "@validate#report"

@@ -1,5 +1,5 @@
-"""The named components train.yaml, evaluate.yaml and the overlays instantiate instead of `$` expressions: each on
-hand-computed cases, and train.yaml's per-stage wiring through MONAI's parser."""
+"""The bundle's functions train.yaml, evaluate.yaml and the overlays call (as components or one-line expressions):
+each on hand-computed cases, and train.yaml's per-stage wiring through MONAI's parser."""
 
 from __future__ import annotations
 
@@ -303,3 +303,43 @@ def test_train_yaml_defaults_off_cuda_and_command_line_texts():
     assert fresh.get_parsed_content("amp") is cuda and fresh.get_parsed_content("channels_last") is cuda
     assert fresh.get_parsed_content("early_stop_patience") == 0
     assert fresh.get_parsed_content("validate#early_stop") is None
+
+
+def test_lambda_sparsity_per_stage_is_read_and_checked_before_the_first_stage():
+    from scripts.training.preflight import _check_per_stage
+
+    per = {"global": 1.0e-5, "local": 1.0e-3, "joint": 0.0}
+    for stage in per:
+        assert _parser(stage, lambda_sparsity=per).get_parsed_content("loss").lambda_sparsity == per[stage]
+    _check_per_stage(_parser("all", lambda_sparsity=per), ["global", "local", "joint"])  # 0 and fractions: fine
+    with pytest.raises(UsageError, match=r"lambda_sparsity has no value for the joint stage"):
+        _check_per_stage(_parser("all", lambda_sparsity={"global": 1.0e-5}), ["global", "joint"])
+    with pytest.raises(UsageError, match=r"lambda_sparsity must be positive numbers"):
+        _check_per_stage(_parser("all", lambda_sparsity=-1.0e-4), ["global"])
+
+
+def test_glam_settings_read_command_line_text_as_each_setting_s_type():
+    from scripts.networks.glam_settings import GLAMSettings
+
+    settings = GLAMSettings(pool_in_breast="true", local_width="16", t_global="0.05", activation_checkpointing="no")
+    assert settings.pool_in_breast is True and settings.activation_checkpointing is False
+    assert settings.local_width == 16 and isinstance(settings.local_width, int) and settings.t_global == 0.05
+    assert GLAMSettings(stage="local", aggregation="concat").aggregation == "concat"  # texts without a type stay
+
+
+def test_evaluation_refuses_a_missing_checkpoint_or_a_training_only_stage_before_building_the_network(tmp_path):
+    from scripts.evaluation.model import evaluation_settings
+
+    with pytest.raises(FileNotFoundError, match=r"checkpoint to evaluate not found: .*nope.pt \(train the 'local'"):
+        evaluation_settings(tmp_path / "nope.pt", "local")
+    (tmp_path / "model.pt").write_bytes(b"")
+    with pytest.raises(UsageError, match=r"stage must be one of .* to evaluate a model, got 'all'"):
+        evaluation_settings(tmp_path / "model.pt", "all")
+
+
+def test_inference_without_weights_is_one_line_naming_the_file(tmp_path):
+    from scripts.networks.fast_inference import load_for_inference
+
+    with pytest.raises(UsageError, match=r"^model weights not found: .*nope.pt: train GLAM") as err:
+        load_for_inference(torch.nn.Linear(1, 1), tmp_path / "nope.pt")
+    assert "\n" not in str(err.value) and "--ckpt_path" in str(err.value)

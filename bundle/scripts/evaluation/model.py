@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..enums import STAGES
 from ..errors import UsageError
 from ..networks.glam_settings import GLAM_DEFAULTS
 from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, INFERENCE_CHOSEN, inference_settings
@@ -59,8 +60,17 @@ def evaluation_settings(ckpt_path: str | os.PathLike, stage: str, **settings: An
             (``num_patches_eval``, ``gamma_c``), a value or ``"checkpoint"``; one not given is the checkpoint's.
 
     Raises:
-        UsageError: a name outside those lists.
+        UsageError: ``stage`` is not one of the model's stages (``all`` trains, it cannot be evaluated), or a name
+            outside those lists.
+        FileNotFoundError: no file at ``ckpt_path``.
     """
+    if stage not in STAGES:
+        raise UsageError(f"stage must be one of {STAGES} to evaluate a model, got {stage!r}")
+    if not Path(ckpt_path).is_file():
+        raise FileNotFoundError(
+            f"checkpoint to evaluate not found: {ckpt_path} (train the {stage!r} stage first, or point --ckpt_path at "
+            "a model.pt / last.pt)"
+        )
     record = checkpoint_record(ckpt_path) or {}
     names = (*CHECKPOINT_SETTINGS, *EVALUATION_CHOICES)
     unknown = sorted(set(settings) - set(names))

@@ -17,7 +17,7 @@ from ignite.engine import Engine, Events
 from monai.utils import str2bool
 
 from ..distributed import rank, world_size
-from ..enums import CLASS_NAMES, MAP_NAMES, STAGES, OutputKey
+from ..enums import CLASS_NAMES, MAP_NAMES, OutputKey
 from ..errors import UsageError
 from .files import format_table, write_report_files, write_unscored
 from .metrics import ReportMetrics, per_image_rows, report_summary
@@ -32,23 +32,6 @@ _LOGGED_UNSCORED = 20
 
 class UnscoredImagesError(UsageError):
     """Images of the split that the evaluation could not score, without ``skip_unscored``."""
-
-
-def check_checkpoint(path: str | os.PathLike, stage: str) -> str:
-    """``path`` as a string when it is a file.
-
-    Raises:
-        ValueError: ``stage`` is not one of the model's stages (``all`` trains, it cannot be evaluated).
-        FileNotFoundError: ``path`` is not a file.
-    """
-    if stage not in STAGES:
-        raise UsageError(f"stage must be one of {STAGES} to evaluate a model, got {stage!r}")
-    if not Path(path).is_file():
-        raise FileNotFoundError(
-            f"checkpoint to evaluate not found: {path} (train the {stage!r} stage first, or point --ckpt_path at "
-            "a model.pt / last.pt)"
-        )
-    return str(path)
 
 
 def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: Any = "datalist") -> list[Any]:

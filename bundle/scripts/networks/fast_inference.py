@@ -107,7 +107,13 @@ def optimize_for_inference(model: nn.Module, precision: str = "auto", channels_l
 def load_for_inference(
     network: nn.Module, ckpt_path: str | os.PathLike, device: torch.device | str = "cpu", precision: str = "auto"
 ) -> nn.Module:
-    """``network`` with the weights of ``ckpt_path`` loaded strictly, on ``device``, optimised for ``precision``."""
-    from .weights import load_weights
+    """``network`` with the weights of ``ckpt_path`` loaded strictly, on ``device``, optimised for ``precision``.
 
+    Raises:
+        UsageError: no file at ``ckpt_path``: one line naming it and how to get weights (:data:`WEIGHTS_HELP`).
+    """
+    from .weights import WEIGHTS_HELP, load_weights
+
+    if not os.path.isfile(ckpt_path):
+        raise UsageError(f"model weights not found: {ckpt_path}: {WEIGHTS_HELP}")
     return optimize_for_inference(load_weights(network, ckpt_path).to(device), str(precision))

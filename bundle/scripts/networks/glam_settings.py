@@ -120,7 +120,8 @@ def _spacing_record(value: Any) -> list[float] | None:
 @dataclasses.dataclass(frozen=True)
 class GLAMSettings:
     """GLAM's settings (the arguments of :class:`~scripts.networks.glam.GLAM`), the paper's values by default; each
-    field's meaning is in the comment above it."""
+    field's meaning is in the comment above it. A setting given as text (from the command line) is read as the
+    setting's type."""
 
     # "global", "local" or "joint"; not recorded: one checkpoint serves the next stage and inference
     stage: str = setting(Stage.JOINT, None, inference=None)
@@ -200,10 +201,12 @@ class GLAMSettings:
             raise TypeError(f"GLAM got unexpected keyword arguments {unknown}; its settings: {names}")
         return cls(**overrides) if settings is None else dataclasses.replace(settings, **overrides)
 
-    @classmethod
-    def from_config(cls, **values: Any) -> GLAMSettings:
-        """The record from a configuration's values, command-line text read as each setting's type."""
-        return cls.of(**coerce_text(values, cls))
+    def __post_init__(self) -> None:
+        # a setting given as text (``--pool_in_breast true`` arrives as 'true') is read as the setting's type
+        for name, spec in setting_specs(self).items():
+            value = getattr(self, name)
+            if isinstance(value, str) and spec.text is not None:
+                object.__setattr__(self, name, spec.text(value, name))
 
     def as_kwargs(self) -> dict[str, Any]:
         """``name -> value`` of every field (shallow)."""

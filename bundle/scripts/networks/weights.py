@@ -42,17 +42,6 @@ WEIGHTS_HELP = (
 )
 
 
-def require_weights(path: str | os.PathLike) -> str:
-    """``path`` when it is a file.
-
-    Raises:
-        UsageError: no file at ``path``: one line naming it and how to get weights (:data:`WEIGHTS_HELP`).
-    """
-    if not Path(path).is_file():
-        raise UsageError(f"model weights not found: {path}: {WEIGHTS_HELP}")
-    return str(path)
-
-
 def check_finite(obj: Any, source: str | os.PathLike) -> Any:
     """``obj`` (a state dict or a training checkpoint) when every floating-point tensor in it is finite.
 

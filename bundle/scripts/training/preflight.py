@@ -1,6 +1,6 @@
 """The training's own checks, before a dataset or a network is built (:meth:`scripts.training.workflow.GLAMWorkflow.run`
-calls :func:`preflight_training` first): the per-stage options (``epochs``, ``learning_rate``, ``batch_size``) a
-number (every stage) or a dict with every stage to run (:func:`per_stage`); ``ckpt_root`` and ``output_root``
+calls :func:`preflight_training` first): the per-stage options (:data:`PER_STAGE_OPTIONS`) a number (every stage)
+or a dict with every stage to run (:func:`per_stage`); ``ckpt_root`` and ``output_root``
 writable; ``ckpt_root`` locked for this run and cleared of the temporaries a killed save left (:func:`lock_run`: a
 second training into it, resumed or not, is refused naming the first); a stage folder holding the checkpoints of an
 unfinished run never silently overwritten (:func:`check_unfinished_run`: ``--resume true`` continues it,
@@ -27,19 +27,16 @@ from .checkpoints import read_record
 RUN_LOCK = ".training.lock"
 
 #: the options that hold one value per stage ({global: ..., local: ..., joint: ...}) or one number for all
-PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size")
+PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size", "lambda_sparsity")
+#: the per-stage options that are real numbers, 0 allowed (a stage that only validates, a loss without L1 term)
+_REAL_OPTIONS = ("learning_rate", "lambda_sparsity")
 
 
 # -- per-stage values ----------------------------------------------------------------------------------------------
 def per_stage(value: Any, stage: str, name: str = "value", scale: float | None = None) -> Any:
     """The value of a per-stage option for ``stage``: ``value[stage]`` of a dict, or ``value`` itself when it is one
-    number for every stage (``--epochs 1``), times ``scale`` when given (train.yaml: the cosine schedule's floor, a
-    tenth of the stage's learning rate). A dict without ``stage`` is a :class:`UsageError` naming it.
-
-    train.yaml reads every per-stage option through it as a component::
-
-        max_epochs: {_target_: scripts.training.preflight.per_stage, value: "@epochs", stage: "@stage", name: epochs}
-    """
+    number for every stage (``--epochs 1``), times ``scale`` when given. A dict without ``stage`` is a
+    :class:`UsageError` naming it."""
     if scale is not None:
         return per_stage(value, stage, name) * scale
     if isinstance(value, Mapping):
@@ -65,15 +62,15 @@ def _check_per_stage(parser: ConfigParser, stages: Sequence[str]) -> None:
             per_stage(value, stage, name)
         values = value.values() if isinstance(value, Mapping) else [value]
         for v in values:
-            # a learning rate of 0 is allowed (a stage that only validates)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and name != "learning_rate"):
+            not_number = isinstance(v, bool) or not isinstance(v, (int, float))
+            if not_number or v < 0 or (v == 0 and name not in _REAL_OPTIONS):
                 raise UsageError(f"{name} must be positive numbers, got {value!r}")
             if not math.isfinite(v):  # --learning_rate 1e400 parses to inf: the first step would make every weight NaN
                 raise UsageError(
                     f"--{name} must be a finite number, got {value!r} (a value beyond {sys.float_info.max:.3g} "
                     "overflows to inf)"
                 )
-            if name != "learning_rate" and int(v) != v:
+            if name not in _REAL_OPTIONS and int(v) != v:
                 raise UsageError(f"{name} must be whole numbers, got {value!r}")
 
 
