@@ -4,8 +4,9 @@ supervised U-Net, each tuned by the same random search, selected by validation D
     python -m glam_benchmark --preset glam_benchmark/configs/benchmark_cpu.yaml   # about 45 minutes on 2 CPU cores
     python -m glam_benchmark --preset glam_benchmark/configs/benchmark_full.yaml  # the paper's image size, for a GPU
 
-What it does, in order (every step is a subprocess of the bundle's own workflows, ``python -m monai.bundle run
-training|evaluating`` with config lists and overrides, so nothing of training or evaluation is re-implemented):
+What it does, in order (every step is a subprocess of the bundle's own workflows, ``python -m monai.bundle
+run_workflow scripts.GLAMWorkflow --run_id training|evaluating`` with config lists and overrides, so nothing of
+training or evaluation is re-implemented):
 
 1. generates the preset's synthetic dataset (fixed seed, training/validation/test split by patient) under
    ``<work_dir>/data`` and checks it once;

@@ -31,7 +31,7 @@ from scripts.enums import MapName, Stage
 from .figures import make_figures
 from .files import write_json
 from .metrics import read_metrics, table_row, validation_dice
-from .paths import BUNDLE_ROOT, DEFAULT_SEARCH, EVAL_CONFIG, TRAIN_CONFIG, display_path
+from .paths import BUNDLE_ROOT, DEFAULT_SEARCH, TRAIN_CONFIG, display_path
 from .presets import HELD_MODELS, MODELS, BenchmarkError, Budget, ModelSpec, flatten_preset, read_preset
 from .report import ModelResult, Replicate, write_results
 from .search import load_search_space, per_stage_values, sample_trials, trial_overrides
@@ -109,11 +109,9 @@ class ModelSteps:
         init_modules: Sequence[str] | Mapping[str, str] = (),
     ) -> ModelSteps:
         """``init_modules``: train.yaml's ``previous_modules`` for the first stage (names, or {submodule: prefix})."""
-        extra = [spec.overlay] if spec.overlay else []
         stage = {"stage": Stage.GLOBAL} if spec.overlay is None else {}
-        train_cfg, eval_cfg = [TRAIN_CONFIG, preset, *extra], [TRAIN_CONFIG, preset, EVAL_CONFIG, *extra]
         modules = dict(init_modules) if isinstance(init_modules, Mapping) else tuple(init_modules)
-        return cls(spec, train_cfg, eval_cfg, stage, init, modules)
+        return cls(spec, spec.configs(preset), spec.configs(preset, evaluate=True), stage, init, modules)
 
     def train(self, name: str, overrides: Mapping[str, Any], done: Path, stage: str | None = None) -> Step:
         """The training step of ``stage`` (None: the model's first, which starts from ``init`` when there is one;

@@ -250,7 +250,7 @@ def make_figures(
         r = results[key]
         trial_dir = work_dir / key / f"trial_{r.selected:02d}"
         spec = r.spec
-        configs = [TRAIN_CONFIG, preset, EVAL_CONFIG, *([spec.overlay] if spec.overlay else [])]
+        configs = spec.configs(preset, evaluate=True)
         overrides = dict(r.trials[r.selected]["overrides"])
         if key == "glam":
             ckpt, title, map_key = (

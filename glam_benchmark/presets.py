@@ -12,7 +12,7 @@ from typing import Any
 from scripts.enums import STAGES, Stage
 
 from .files import write_json
-from .paths import CONFIGS, REPO_ROOT, TRAIN_CONFIG
+from .paths import CONFIGS, EVAL_CONFIG, REPO_ROOT, TRAIN_CONFIG
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,15 @@ class ModelSpec:
     name: str
     title: str
     overlay: Path | None
+
+    def configs(self, preset: Path, evaluate: bool = False) -> list[Path]:
+        """Its config files for training on ``preset``, or for evaluation with evaluate.yaml: after the preset for
+        GLAM, whose checkpoint records its model settings, before it for a baseline, whose checkpoint records none
+        (evaluate.yaml uses the preset's as given, GLAM's defaults, train.yaml's, for the others)."""
+        overlay = [self.overlay] if self.overlay else []
+        if not evaluate:
+            return [TRAIN_CONFIG, preset, *overlay]
+        return [TRAIN_CONFIG, *([preset, EVAL_CONFIG] if self.overlay is None else [EVAL_CONFIG, preset]), *overlay]
 
 
 MODELS: dict[str, ModelSpec] = {

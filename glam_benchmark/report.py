@@ -465,7 +465,7 @@ def _reproduce(run: _Run) -> list[str]:
     return [
         *("", "## Reproduce", ""),
         "The command above re-runs everything into its `--work_dir` (steps already done there are skipped). "
-        "Each step's exact `python -m monai.bundle run ...` command is the first line of its log under "
+        "Each step's exact `python -m monai.bundle run_workflow ...` command is the first line of its log under "
         "`<work_dir>/logs/`.",
         "",
     ]

@@ -1,4 +1,4 @@
-"""Running the bundle's own workflows: the ``python -m monai.bundle run ...`` command line of a step
+"""Running the bundle's own workflows: the ``python -m monai.bundle run_workflow ...`` command line of a step
 (:func:`bundle_command`), a :class:`Step` and its proof of completion, and the :class:`Runner` that runs steps as
 subprocesses, logs them, records their wall times and skips those already done (resumability)."""
 

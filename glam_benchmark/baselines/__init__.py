@@ -3,6 +3,7 @@
 from .cam import CAM
 from .gmic import GMIC
 from .losses import CAMLoss, GMICLoss, MaskDiceBCELoss
+from .settings import model_setting
 from .unet import UNetSaliency
 
-__all__ = ["CAM", "GMIC", "UNetSaliency", "CAMLoss", "GMICLoss", "MaskDiceBCELoss"]
+__all__ = ["CAM", "GMIC", "UNetSaliency", "CAMLoss", "GMICLoss", "MaskDiceBCELoss", "model_setting"]

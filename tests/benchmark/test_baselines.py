@@ -7,6 +7,7 @@ crops with the attention, classifier and fusion written out from their weights, 
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import math
@@ -321,7 +322,7 @@ def test_baseline_trains_and_evaluates_through_the_bundle_configs(baseline_data,
     assert (root / "models" / name / "model.pt").is_file() and (root / "out" / name).is_dir()
 
     evaluate = ConfigWorkflow(
-        config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(EVAL_CONFIG), overlay],
+        config_file=[str(TRAIN_CONFIG), str(EVAL_CONFIG), str(TINY_CONFIG), overlay],
         meta_file=META,
         workflow_type="infer",
         **overrides(root, eval_datalist, name),
@@ -341,19 +342,66 @@ def test_baseline_trains_and_evaluates_through_the_bundle_configs(baseline_data,
 
 
 def header_commands(overlay: Path) -> list[list[str]]:
-    """The train and evaluate commands of an overlay's header comment, as argument lists."""
+    """The train and evaluate commands of an overlay's header comment, as argument lists from ``python`` on (the
+    header puts the bundle on ``PYTHONPATH``)."""
     lines = [line[1:].strip() for line in overlay.read_text().splitlines() if line.startswith("#")]
     text = re.sub(r"\\\s+", " ", "\n".join(lines))
-    commands = [line for line in text.splitlines() if line.startswith("python -m monai.bundle run")]
-    assert [c.split()[4] for c in commands] == ["training", "evaluating"], commands
+    prefix = "PYTHONPATH=bundle python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id "
+    commands = [line.removeprefix("PYTHONPATH=bundle ") for line in text.splitlines() if line.startswith(prefix)]
+    assert [c.split()[6] for c in commands] == ["training", "evaluating"], commands
     return [re.findall(r'"[^"]*"|\S+', c) for c in commands]
+
+
+def resolved(configs: list, overlay: Path, ckpt_root: Path) -> dict:
+    """The overlay's network arguments and the validation window's size and spacing, as ``configs`` resolve them
+    (no checkpoint under ``ckpt_root``, so an evaluation takes nothing from a file)."""
+    from monai.bundle import ConfigParser
+
+    from glam_benchmark.presets import load_yaml
+
+    parser = ConfigParser()
+    parser.read_config([str(REPO_ROOT / c) for c in configs])
+    parser["ckpt_root"] = str(ckpt_root)
+    ids = [f"network_def#{k}" for k in load_yaml(overlay)["network_def"] if k != "_target_"]
+    transforms = "validate#preprocessing#transforms#"
+    ids += [f"{transforms}5#window", f"{transforms}5#pixel_spacing", f"{transforms}10#window"]
+    out = json.loads(json.dumps({i: parser.get_parsed_content(i) for i in ids}))  # a window as a list, not a tuple
+    if "network_def#backbone" in out:  # GlobalBackbone's defaults, whether None (GLAM's default) or {} (train.yaml's)
+        out["network_def#backbone"] = out["network_def#backbone"] or {}
+    return out
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_baseline_evaluation_builds_the_network_and_window_it_was_trained_with(tmp_path, name):
+    """The driver's and the documented evaluation configs (a baseline's checkpoint records no model settings) give
+    the baseline's network and the validation window the values its training configs give, for every preset."""
+    from glam_benchmark.driver import ModelSteps
+    from glam_benchmark.presets import MODELS, flatten_preset
+
+    overlay = CONFIGS / f"baseline_{name}.yaml"
+    pairs = []
+    presets = [TINY_CONFIG, REPO_ROOT / "configs" / "quickstart.yaml"]
+    for size in ("cpu", "full", "calibrated"):  # the calibrated preset stands on the CPU one (benchmark#base)
+        presets.append(flatten_preset(CONFIGS / f"benchmark_{size}.yaml", tmp_path / f"{size}.json")[0])
+    for preset in presets:
+        steps = ModelSteps.of(MODELS[name], preset)
+        pairs.append((steps.train_cfg, steps.eval_cfg))
+    train, evaluate = (ast.literal_eval(a.strip('"')) for args in header_commands(overlay) for a in args if "[" in a)
+    pairs.append((train, evaluate))
+    pairs.append(([c for c in train if "quickstart" not in c], [c for c in evaluate if "quickstart" not in c]))
+    for train, evaluate in pairs:
+        expected = resolved(train, overlay, tmp_path)
+        assert all(v != "checkpoint" for v in expected.values()), (train, expected)
+        assert resolved(evaluate, overlay, tmp_path) == expected, evaluate
+    glam = ModelSteps.of(MODELS["glam"], TINY_CONFIG)  # GLAM's evaluation takes its settings from its checkpoint
+    assert glam.eval_cfg == [TRAIN_CONFIG, TINY_CONFIG, EVAL_CONFIG]
 
 
 @pytest.mark.slow
 def test_documented_commands_train_and_evaluate_every_baseline(baseline_data):
     """Each overlay's header commands, run as written with the tiny preset in place of the quick start's."""
     root, datalist, eval_datalist = baseline_data
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BUNDLE_ROOT)}
     for name in BASELINES:
         out = root / f"cli_{name}"
         train_args, eval_args = header_commands(CONFIGS / f"baseline_{name}.yaml")
