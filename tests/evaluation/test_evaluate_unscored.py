@@ -122,7 +122,7 @@ def test_a_refused_spacing_and_a_lesion_lost_in_the_resampling_are_named(split, 
     assert n_lesions(preprocessing(dict(kept))["mask"][0]) == 1
     dataset = ScoringDataset([{**items[0], "pixel_spacing": 5.0}, dot, kept], preprocessing)
     refused = dataset[0][UNSCORED_KEY]
-    assert refused.startswith("preprocessing refused (ResampleToSpacingd): ValueError: ")
+    assert refused.startswith("preprocessing refused (ResampleToSpacingd): UsageError: ")
     assert "5 mm is outside the pixel sizes of mammograms" in refused and "\n" not in refused
     assert dataset[1][UNSCORED_KEY] == (
         "the benign lesion(s) (mask or box) vanished when resampled to the model's spacing"

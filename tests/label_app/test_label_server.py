@@ -233,7 +233,7 @@ def test_log_shows_strict_weights_and_no_key_mismatch(server):
 BUNDLE_TESTS = [
     "tests/data/test_readers.py",
     "tests/transforms/test_mammo_transforms.py",
-    "tests/data/test_synthetic.py",
+    "tests/benchmark/test_synthetic.py",
     "tests/data/test_datalist.py",
     "tests/data/test_check_data.py",
     "tests/networks/test_patch_selection.py",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import difflib
 import logging
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -316,7 +317,7 @@ class GLAMWorkflow(ConfigWorkflow):
         check_tracking(self.tracking)
         check_overrides(list(self.overrides), file_config, WORKFLOW_PAGES.get(self.workflow, "docs/training.md"))
         given_none(self.overrides, self.parser)
-        if self.tracking is not None and self.workflow == "evaluating":
+        if self.tracking is not None and self.workflow == "evaluating" and os.environ.get("RANK", "0") == "0":
             from .tracking import save_config  # the tracked run's artifact: this run's merged configuration
 
             self.parser["save_execute_config"] = save_config(
