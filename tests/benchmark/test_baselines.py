@@ -354,7 +354,7 @@ def header_commands(overlay: Path) -> list[list[str]]:
 
 def resolved(configs: list, overlay: Path, ckpt_root: Path) -> dict:
     """The overlay's network arguments and the validation window's size and spacing, as ``configs`` resolve them
-    (no checkpoint under ``ckpt_root``, so an evaluation takes nothing from a file)."""
+    (an evaluation's checkpoint under ``ckpt_root`` records no settings, so it takes nothing from the file)."""
     from monai.bundle import ConfigParser
 
     from glam_benchmark.presets import load_yaml
@@ -362,6 +362,10 @@ def resolved(configs: list, overlay: Path, ckpt_root: Path) -> dict:
     parser = ConfigParser()
     parser.read_config([str(REPO_ROOT / c) for c in configs])
     parser["ckpt_root"] = str(ckpt_root)
+    if "evaluating" in parser:  # a baseline's checkpoint: weights without GLAM's settings record
+        ckpt = Path(parser.get_parsed_content("ckpt_path"))
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({}, ckpt)
     ids = [f"network_def#{k}" for k in load_yaml(overlay)["network_def"] if k != "_target_"]
     transforms = "validate#preprocessing#transforms#"
     ids += [f"{transforms}5#window", f"{transforms}5#pixel_spacing", f"{transforms}10#window"]
