@@ -60,15 +60,6 @@ class OutputKey(StrEnum):
     Y_FUSION = "y_fusion"
     SALIENCY_LOCAL = "saliency_local"
     SALIENCY = "saliency"
-    LOGITS = "logits"
-
-
-#: the network output each map is rendered from
-MAP_OUTPUT_KEYS: dict[str, str] = {
-    MapName.GLOBAL: OutputKey.SALIENCY_GLOBAL,
-    MapName.LOCAL: OutputKey.SALIENCY_LOCAL,
-    MapName.COMBINED: OutputKey.SALIENCY,
-}
 
 
 class InferenceOutput(StrEnum):

@@ -47,19 +47,6 @@ def show_inference_log(level: int = logging.INFO) -> list[logging.Logger]:
     return loggers
 
 
-#: libraries whose INFO lines flood an inference log (one per file read or written): WARNING and above only
-_CHATTY_LIBRARIES = ("highdicom", "pydicom", "nibabel", "PIL")
-
-
-def quiet_library_logs(level: int = logging.WARNING) -> None:
-    """Raise the log level of the readers' and writers' libraries (highdicom, pydicom, nibabel, PIL) to ``level``,
-    unless a configuration (a ``logging.conf``) already set one for them: their warnings stay, their INFO lines go."""
-    for name in _CHATTY_LIBRARIES:
-        lib = logging.getLogger(name)
-        if lib.level == logging.NOTSET:
-            lib.setLevel(level)
-
-
 def _images_in(output: Any) -> tuple[int, int]:
     """(good images, failed inputs) of one inference iteration's output."""
     if not isinstance(output, dict):

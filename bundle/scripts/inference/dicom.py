@@ -34,18 +34,6 @@ _TYPE2_SOURCE = (
 )
 
 
-def dicom_output_kinds(mode: str | None) -> tuple[str, ...]:
-    """``"none" | "sc" | "map" | "both"`` (None: ``"none"``) -> the kinds to write.
-
-    Raises:
-        ValueError: naming a bad value.
-    """
-    key = "none" if mode is None else str(mode).strip().lower()
-    if key not in DICOM_OUTPUT_MODES:
-        raise UsageError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {mode!r}")
-    return DICOM_OUTPUT_MODES[key]
-
-
 def _usable_charset(ds: Any) -> str | None:
     """Make ``ds``'s SpecificCharacterSet one highdicom writes, in place, decoding every text value first; returns a
     note when it had to change it."""

@@ -14,8 +14,6 @@ from monai.engines.utils import PrepareBatch
 
 from ..errors import UsageError
 
-_DEVICE_KEYS = ("image", "mask")
-
 
 class GLAMPrepareBatch(PrepareBatch):
     """``prepare_batch`` for GLAM trainers and evaluators: ``(image, targets, (), kwargs)``.

@@ -6,11 +6,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..enums import STAGES, MapName, Stage
+from ..enums import STAGES
 from ..errors import UsageError
-
-#: the saliency map that validates (and selects) each stage: the map that stage trains
-STAGE_MAPS = {Stage.GLOBAL: MapName.GLOBAL.value, Stage.LOCAL: MapName.LOCAL.value, Stage.JOINT: MapName.COMBINED.value}
 
 
 def _stage(stage: Any) -> str:

@@ -29,24 +29,6 @@ def original_size(meta: Mapping[str, Any]) -> tuple[int, int]:
     return tuple(int(v) for v in np.asarray(meta["spatial_shape"]).reshape(-1)[:2])
 
 
-def window_box_to_original(
-    box: Sequence[int], meta: Mapping[str, Any], original_size: Sequence[int]
-) -> tuple[int, int, int, int]:
-    """A window box ``(row, col, height, width)`` as ``(top, left, bottom, right)`` on the original file, clipped.
-
-    Checks the ``Invertd`` route independently, from ``window_start``, ``crop_box`` and ``flipped_to_right``.
-    """
-    r, c, h, w = (int(v) for v in box)
-    H, W = int(original_size[0]), int(original_size[1])
-    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
-    crop = [int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4]]
-    r0, c0 = r + top + crop[0], c + left + crop[1]
-    r1, c1 = r0 + h, c0 + w
-    if bool(meta["flipped_to_right"]):
-        c0, c1 = W - c1, W - c0
-    return max(0, r0), max(0, c0), min(H, r1), min(W, c1)
-
-
 def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) -> tuple[int, int, int, int] | None:
     """The part of the original file the model's window saw: ``(top, left, bottom, right)``, or None.
 
