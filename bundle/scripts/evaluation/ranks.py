@@ -14,7 +14,6 @@ from typing import Any
 import ignite.distributed as idist
 from monai.utils import str2bool
 
-from ..distributed import rank, world_size
 from ..errors import UsageError
 
 
@@ -24,8 +23,8 @@ def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | Non
     Raises:
         ValueError: fewer items than ranks (the others would wait for it to gather).
     """
-    n = world_size() if num_replicas is None else int(num_replicas)
-    r = rank() if rank_ is None else int(rank_)
+    n = idist.get_world_size() if num_replicas is None else int(num_replicas)
+    r = idist.get_rank() if rank_ is None else int(rank_)
     if not 0 <= r < n:
         raise UsageError(f"rank must be in [0, {n}), got {r}")
     if n_items < n:
@@ -62,7 +61,7 @@ def check_data_on_ranks(
     mine = run_data_checks({split: items[start:stop]})
     mine.problems = [dataclasses.replace(p, index=p.index + start) if p.index is not None else p for p in mine.problems]
     mine.ok_items = [(s, i + start, image) for s, i, image in mine.ok_items]
-    blocks = idist.all_gather(mine) if world_size() > 1 else [mine]
+    blocks = idist.all_gather(mine) if idist.get_world_size() > 1 else [mine]
     # what spans blocks (an image listed twice), without reading files
     whole = run_data_checks({split: items}, read_files=False)
     report = DataCheckReport(source=whole.source, n_items=len(items))
@@ -72,4 +71,4 @@ def check_data_on_ranks(
         report.spacings.update(block.spacings)
         report.stated_by_datalist |= set(block.stated_by_datalist)
     report.problems += [p for p in whole.problems if p.index is None]
-    return assert_report_ok(report, pixel_spacing if rank() == 0 else None)
+    return assert_report_ok(report, pixel_spacing if idist.get_rank() == 0 else None)

@@ -16,7 +16,6 @@ import ignite.distributed as idist
 from ignite.engine import Engine, Events
 from monai.utils import str2bool
 
-from ..distributed import rank, world_size
 from ..enums import CLASS_NAMES, MAP_NAMES, STAGES, OutputKey
 from ..errors import UsageError
 from .files import format_table, write_report_files, write_unscored
@@ -177,10 +176,10 @@ class MetricsReport:
             ValueError: a rank (or the only process) with no image scored: there is nothing to report.
         """
         mine = ([dict(e) for e in unscored], len(self.metrics.paths))
-        ranks = idist.all_gather(mine) if world_size() > 1 else [mine]
+        ranks = idist.all_gather(mine) if idist.get_world_size() > 1 else [mine]
         self.unscored_images = [entry for entries, _ in ranks for entry in entries]
         n, n_scored = len(self.unscored_images), sum(count for _, count in ranks)
-        if rank() == 0:
+        if idist.get_rank() == 0:
             write_unscored(self.unscored_images, self.unscored_path)
             for entry in self.unscored_images[:_LOGGED_UNSCORED]:
                 logger.warning("unscored image %s: %s", entry["image"], entry["reason"])
@@ -194,7 +193,7 @@ class MetricsReport:
             )
         empty = [r for r, (_, count) in enumerate(ranks) if count == 0]
         if empty:
-            where = f"rank {empty[0]}'s block of {split} (run fewer processes)" if world_size() > 1 else split
+            where = f"rank {empty[0]}'s block of {split} (run fewer processes)" if idist.get_world_size() > 1 else split
             raise UsageError(f"no image of {where} could be scored ({n} unscored, in {self.unscored_path})")
         if n:
             logger.warning(
@@ -232,7 +231,7 @@ class MetricsReport:
         """Gather, then (rank 0) write the report and print the table."""
         self.rows, self.summary = self.compute(engine)
         self.table = format_table(self.summary)
-        if rank() != 0:
+        if idist.get_rank() != 0:
             return
         write_report_files(self.rows, self.summary, self.csv_path, self.json_path)
         logger.info("evaluation report written to %s and %s", self.json_path, self.csv_path)

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from monai.data import MetaTensor
 
 from ..data.geometry import SPACING_RANGE_MM
 from ..data.header_facts import cbis_patient_id, text_view_laterality
-from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY
+from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY, _meta
 from ..transforms.mammo.breast import CC_LIKE_VIEWS, MLO_LIKE_VIEWS, view_kind
 from ..transforms.mammo.coverage import BREAST_IN_WINDOW, breast_in_window
 from ..transforms.mammo.spacing import (
@@ -26,10 +25,6 @@ from ..transforms.mammo.spacing import (
 
 # the crop's iterations when the metadata does not record them (the authors')
 _DEFAULT_ITERATIONS = 100
-
-
-def _meta(image: Any) -> Mapping[str, Any]:
-    return image.meta if isinstance(image, MetaTensor) else {}
 
 
 def _spacing_pair(value: Any) -> tuple[float, float]:

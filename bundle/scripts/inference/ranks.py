@@ -14,9 +14,10 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+import ignite.distributed as idist
 import torch.distributed as dist
 
-from ..distributed import TORCHRUN_ENV, init_distributed, rank, world_size
+from ..distributed import TORCHRUN_ENV, init_distributed
 from ..errors import UsageError
 from .files import OutputSelection
 from .folder import RUN_RECORD, InferenceOutputFolder, InferencePlan, OutputFolderRefused, _differences
@@ -78,7 +79,7 @@ class InferenceRanks:
                 "(docs/inference.md, 'Many GPUs and machines')"
             )
         self.device = init_distributed(backend, float(timeout_s))
-        self.rank, self.world_size = rank(), world_size()
+        self.rank, self.world_size = idist.get_rank(), idist.get_world_size()
         self.host = socket.gethostname()
         # the ranks' messages go through gloo (CPU objects), whatever the backend: NCCL would move them through the
         # GPU and stop a rank that waits longer than its watchdog allows

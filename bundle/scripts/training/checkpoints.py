@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver
 
 from ..atomic import atomic_write
-from ..distributed import rank
 from ..errors import UsageError
 from ..networks.glam_settings import as_flag
 from ..networks.settings import INFERENCE_CHOICES, SETTINGS_KEY, decode_settings
@@ -190,7 +190,7 @@ class CheckpointFiles(DiskSaver):
         super().__init__(dirname, atomic=True, create_dir=True, require_empty=False, save_on_rank=0)
 
     def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
-        if rank() == self.save_on_rank:
+        if idist.get_rank() == self.save_on_rank:
             save_atomic(_on_cpu(checkpoint), self.dirname / filename)
 
     def remove(self, filename: str) -> None:
@@ -279,7 +279,7 @@ class StageCheckpointer:
             self.evaluator.add_event_handler(Events.COMPLETED, self.save_best)
 
     def _write_record(self) -> None:
-        if rank() != 0:
+        if idist.get_rank() != 0:
             return
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(self.record_path, "w") as f:
@@ -406,13 +406,13 @@ class StageCheckpointer:
 
     def save_last(self, engine: Engine) -> None:
         """Write ``last.pt`` (rank 0)."""
-        if rank() == 0:
+        if idist.get_rank() == 0:
             self._checkpoint(self.last_path.name)(engine)
 
     def save_best(self, evaluator: Engine) -> None:
         """Write ``model.pt`` on a new best of the evaluator's key metric, then the selection record."""
         state = evaluator.state
-        if rank() == 0 and getattr(state, "best_metric_epoch", -1) == state.epoch:
+        if idist.get_rank() == 0 and getattr(state, "best_metric_epoch", -1) == state.epoch:
             self._checkpoint(self.best_path.name)(evaluator)
             logger.info(
                 "new best %s = %.4f at epoch %d: %s",

@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 from monai.bundle import ConfigParser
 from monai.utils import str2bool
 
 from ..atomic import FolderLock, probe_writable, remove_temporaries
-from ..distributed import rank
 from ..errors import UsageError
 from .checkpoints import read_record
 
@@ -126,7 +126,7 @@ def lock_run(ckpt_root: str | os.PathLike) -> FolderLock | None:
     Raises:
         UsageError: another live training holds the folder (resumed or not): the line names its pid, host and start.
     """
-    if rank() != 0:
+    if idist.get_rank() != 0:
         return None
     lock = FolderLock(ckpt_root, "training", name=RUN_LOCK)
     try:

@@ -24,10 +24,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 from monai.bundle import ConfigParser, ConfigWorkflow
 from monai.utils import str2bool
 
-from ..distributed import rank
 from ..errors import UsageError, error_line, user_error
 from .distributed import disable_on_other_ranks
 from .stage import stages_to_run
@@ -394,7 +394,7 @@ def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage"
         per stage, what the last entry of its ``stage_run_id`` list evaluated to (train.yaml: a summary dict).
     """
     names = stages_to_run(stage)  # a bad stage name fails before anything is built
-    this_rank = rank()
+    this_rank = idist.get_rank()
     rank_zero_only: Sequence[str] = ()
     if "rank_zero_only" in parser and this_rank != 0:
         rank_zero_only = parser.get_parsed_content("rank_zero_only")
