@@ -1,9 +1,6 @@
-"""JSON datalists in MONAI's layout (``{"training": [...], "validation": [...], "test": [...]}``): reading, writing,
-patient splits and their checks.
+"""JSON datalists in MONAI's layout (``{"training": [...], "validation": [...], "test": [...]}``).
 
-An item is ``{"image", "label": [benign, malignant], "mask_benign"?, "mask_malignant"?, "patient_id", "laterality",
-"view", ...}`` with paths relative to the datalist's folder or absolute. No ``label`` means unknown; no mask key means
-not annotated, an all-zero mask "no lesion of that class". The repository's ``tools/make_datalist.py`` builds them.
+No ``label`` means unknown; no mask key means not annotated, an all-zero mask "no lesion of that class".
 """
 
 from __future__ import annotations

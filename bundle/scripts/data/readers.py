@@ -1,9 +1,7 @@
-"""2-D mammograms and lesion masks from DICOM, PNG/TIFF/JPEG, NIfTI, MHA/MHD and NRRD, as ``(H, W)`` arrays as
-displayed.
+"""2-D mammograms and lesion masks from DICOM, PNG/TIFF/JPEG, NIfTI, MHA/MHD and NRRD, as ``(H, W)`` arrays as shown.
 
-ITK, NRRD and NIfTI store a picture x (column) first, so their arrays are transposed to rows first. DICOM pixels go
-through the Modality LUT, the VOI LUT / window, then MONOCHROME1 inversion (``max - x``) so that the background is 0,
-which the breast crop (pixels > 0) needs.
+DICOM pixels go through the Modality LUT, the VOI LUT and MONOCHROME1 inversion so that the background is 0, which the
+breast crop (pixels > 0) needs.
 """
 
 from __future__ import annotations

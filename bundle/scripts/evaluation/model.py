@@ -1,12 +1,7 @@
-"""The network an evaluation builds: the model settings its checkpoint records, by the rule inference reads them.
+"""The network an evaluation builds, from the model settings its checkpoint records (as inference reads them).
 
-Every checkpoint the workflows write records the settings it was trained with (``scripts.networks.settings``), so a
-model trained with a preset evaluates without it. evaluate.yaml sets each model setting to ``"checkpoint"``, which
-takes the checkpoint's recorded value (GLAM's default where it records none); a value given instead, by a file layered
-after evaluate.yaml or by a flag, is used as given (:func:`evaluation_settings`), as in inference.yaml.
-
-One log line says which settings came from where. The preprocessing's window and pixel spacing, and the
-postprocessing's gamma_c, are read from the same settings (evaluate.yaml).
+A setting given as ``"checkpoint"`` takes the recorded value (GLAM's default where none is recorded); any other value
+is used as given (:func:`evaluation_settings`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Which images each rank evaluates under ``torchrun`` (``configs/multi_gpu_evaluate.yaml``), and the data check
-shared by the ranks.
-
-Each rank takes a contiguous block so that the gathered per-image rows, and every sum over them, come in the
-split's order, as one process's.
-"""
+"""Which images each rank evaluates under ``torchrun``: contiguous blocks, so gathered rows keep the split's order."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Stop a training stage at its first non-finite loss, with one line that says where, before anything is saved.
 
-Ignite's ``TerminateOnNan`` checks the same output, but ends the run as if it had finished (``engine.terminate()``:
-the run completes, exits 0, and the stage's record says it finished, so the next stage starts from whatever model it
-left); MONAI has no such handler. :class:`StopOnNonFinite` raises instead, so the run fails (exit status 1, the
-message as one ``error:`` line through :class:`~scripts.training.workflow.GLAMWorkflow`) before the epoch's
-validation and checkpoints: ``last.pt`` and ``model.pt`` on disk keep their last finite weights (and
-:func:`~scripts.networks.weights.save_atomic` never writes non-finite ones).
+Ignite's ``TerminateOnNan`` ends the run as if it had finished, so the next stage would start from a broken model;
+:class:`StopOnNonFinite` raises instead, before the epoch's validation and checkpoints.
 """
 
 from __future__ import annotations

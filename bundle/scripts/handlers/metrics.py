@@ -1,8 +1,7 @@
 """Ignite metric handlers for soft Dice, PxAP, the pointing game and the lesion FROC, in the style of ``MeanDice``.
 
-Each publishes one float per epoch: one class (``class_index``) or the mean over the classes with lesion images, and
-the (N, C) per-image values in ``engine.state.metric_details`` with ``save_details``. An undefined value (no lesion
-image) is published as ``empty_value`` with a warning: a NaN key metric would freeze MONAI's best-metric selection.
+An undefined value (no lesion image) is published as ``empty_value`` with a warning: a NaN key metric would freeze
+MONAI's best-metric selection.
 """
 
 from __future__ import annotations

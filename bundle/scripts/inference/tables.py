@@ -1,9 +1,7 @@
-"""``predictions.csv`` and ``errors.csv`` of an inference run, appended one row per ``write`` as each image completes
-(valid CSV at every moment, so a killed run loses nothing done), and ``breasts.csv``, made from predictions.csv when
-the run compacts its tables.
+"""``predictions.csv``, ``errors.csv`` and ``breasts.csv`` of an inference run, appended one row per image completed.
 
-Text cells are escaped losslessly (a backslash doubled, a character that is not printable UTF-8 as ``\\xNN`` or
-``\\uNNNN``) and a cell a spreadsheet would run as a formula gets a leading ``'``: :func:`unescape_text` reverses both.
+Text cells are escaped losslessly and a cell a spreadsheet would run as a formula gets a leading ``'``
+(:func:`unescape_text` reverses both).
 """
 
 from __future__ import annotations

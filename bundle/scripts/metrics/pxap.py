@@ -1,10 +1,7 @@
 """Pixel average precision (PxAP, Choe et al. 2020, as clovaai/wsolevaluation computes it; paper appendix E).
 
-Histograms over the edges ``np.append(np.arange(0, 1, step), [1, 2, 3])`` of the positive and negative pixels'
-scores; tp and fp from the top bin down; AP = sum of precision_l (recall_l - recall_{l-1}) over thresholds with
-predictions. Image-level PxAP averages per-image APs, dataset-level pools the histograms; both count only images
-with a lesion of the class. Scores are compared with edges rounded up to their precision, so the bins match
-``numpy.histogram`` on float64 edges exactly.
+Image-level PxAP averages per-image APs, dataset-level pools the histograms; both count only images with a lesion of
+the class.
 """
 
 from __future__ import annotations

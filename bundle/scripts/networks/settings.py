@@ -1,8 +1,6 @@
-"""Model settings recorded as JSON in a network's state dict (a ``model_settings`` buffer), so that a checkpoint says
-how it was built and stays a plain state dict.
+"""Model settings recorded as JSON in a network's state dict (a ``model_settings`` buffer).
 
-Loading a state dict whose record differs from the network's is refused, naming each setting, except for the
-inference choices that change no weight (:data:`INFERENCE_CHOICES`) and settings the record lacks.
+Loading a state dict whose record differs from the network's is refused, except for :data:`INFERENCE_CHOICES`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The training's own checks, before a dataset or a network is built (:meth:`scripts.training.workflow.GLAMWorkflow.run`
-calls :func:`preflight_training` first): the per-stage options (``epochs``, ``learning_rate``, ``batch_size``) a
-number (every stage) or a dict with every stage to run (:func:`per_stage`); ``ckpt_root`` and ``output_root``
-writable; ``ckpt_root`` locked for this run and cleared of the temporaries a killed save left (:func:`lock_run`: a
-second training into it, resumed or not, is refused naming the first); a stage folder holding the checkpoints of an
-unfinished run never silently overwritten (:func:`check_unfinished_run`: ``--resume true`` continues it,
-``--overwrite true`` starts afresh)."""
+"""The training's own checks, before a dataset or a network is built (:func:`preflight_training`).
+
+Per-stage options, writable folders, the run lock on ``ckpt_root`` (:func:`lock_run`) and an unfinished earlier run
+(:func:`check_unfinished_run`).
+"""
 
 from __future__ import annotations
 

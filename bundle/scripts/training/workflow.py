@@ -1,17 +1,10 @@
 """GLAM's command line: training, evaluation and inference as one MONAI workflow class.
 
-Run from the repository root (MONAI locates the class before it puts the bundle on ``sys.path``, hence ``PYTHONPATH``)::
+Run from the repository root (MONAI locates the class before it puts the bundle on ``sys.path``)::
 
     PYTHONPATH=bundle python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id training \\
         --config_file "['bundle/configs/train.yaml','configs/quickstart.yaml']" \\
         --meta_file bundle/configs/metadata.json --epochs 1
-
-MONAI (Python Fire, then ``monai.bundle.scripts.create_workflow``) hands :class:`GLAMWorkflow` every ``--key value``
-as a keyword argument; the class checks them against the config files, runs the run id, and prints a user's mistake
-(:class:`~scripts.errors.UsageError` and its subclasses) as one line. For run id ``training`` it runs each stage
-(``train.yaml`` describes one, parameterised by ``stage``) in a fresh copy of the merged configuration
-(:func:`run_stages`), so that nothing of one stage's objects leaks into the next and every override applies to every
-stage.
 """
 
 from __future__ import annotations
@@ -88,12 +81,10 @@ def _lookup(config: Any, id_: str) -> Any:
 
 
 def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any], page: str = "docs/training.md") -> None:
-    """Every override id in ``keys`` names an id of ``file_config`` (the config files before the overrides), a run
-    argument, an id of MONAI's tracking, or a new argument of a component of the files.
+    """Check that every override id in ``keys`` is known to ``file_config``, the run or MONAI's tracking.
 
     Raises:
-        UsageError: an unknown id, or a new argument spelled like one the component has, naming the closest known
-            id (``difflib``; else ``--help`` and ``page``): MONAI merges any key, so a typo would be ignored.
+        UsageError: an unknown id, naming the closest known one (MONAI merges any key, so a typo would be ignored).
     """
     known = set(_ids(file_config))
     for key in keys:
@@ -129,11 +120,10 @@ def _means_none(value: Any) -> bool:
 
 
 def given_none(overrides: Mapping[str, Any], parser: ConfigParser) -> list[str]:
-    """Set the overrides given as None (``--key null``) to None in ``parser`` and log them (MONAI's input summary
-    leaves them out). Returns their ids.
+    """Set the overrides given as None (``--key null``) to None in ``parser``, log them and return their ids.
 
     Raises:
-        UsageError: ``--+key null`` (MONAI's ``+`` merges into a list or dict: there is nothing to merge).
+        UsageError: ``--+key null`` (there is nothing to merge).
     """
     keys = [key for key, value in overrides.items() if _means_none(value)]
     for key in keys:
@@ -201,10 +191,10 @@ TRACKING_PACKAGES = {"mlflow": "mlflow-skinny", "sqlalchemy": "sqlalchemy", "ale
 
 
 def check_tracking(tracking: Any) -> None:
-    """``--tracking mlflow`` needs MLflow and its SQLite store's packages (:data:`TRACKING_PACKAGES`).
+    """Check that ``--tracking mlflow`` has MLflow and its store's packages (:data:`TRACKING_PACKAGES`).
 
     Raises:
-        UsageError: naming the missing packages and the ``pip install`` that brings them, before anything is built.
+        UsageError: naming the missing packages and their ``pip install``.
     """
     import importlib.util
 
@@ -227,10 +217,10 @@ def check_tracking(tracking: Any) -> None:
 
 
 def plain_run(run_id: str) -> None:
-    """train.yaml's ``training`` under MONAI's plain ``run``, which gives a config entry no handle on its parser.
+    """Refuse train.yaml's ``training`` under MONAI's plain ``run``, which gives a config entry no handle on its parser.
 
     Raises:
-        UsageError: naming the command that trains (and ``run_stage``, one stage through plain ``run``).
+        UsageError: naming the command that trains.
     """
     raise UsageError(
         f"the {run_id} run needs the bundle's workflow class: {COMMAND.format(run_id)} --config_file ... "
@@ -242,18 +232,10 @@ def plain_run(run_id: str) -> None:
 class GLAMWorkflow(ConfigWorkflow):
     """GLAM's training, evaluation and inference as one MONAI workflow class (``run_workflow`` builds it).
 
-    ``initialize`` checks the overrides MONAI handed over (``--help``; an unknown id refused with the closest one;
-    ``--tracking mlflow``'s packages; ``--key None`` / ``--key null`` set to None) before MONAI's own. For run id
-    ``training`` (train.yaml's, also its default ``run``), ``run`` checks the run (per-stage values, folders, an
-    unfinished earlier run, the lock on ``ckpt_root``) and the datalist, then trains each stage of ``stage``
-    (``all``: global, local, joint) in a fresh copy of the merged configuration
-    (:func:`run_stages`); with ``distributed: true`` it joins the process group in
-    ``initialize`` and leaves it in ``finalize``. Any other run id is ``ConfigWorkflow``'s.
-
-    Under ``python -m monai.bundle``, a user's mistake (:func:`user_error`) in ``initialize``, ``run`` or
-    ``finalize`` is printed once to stderr as ``error: <message>`` and ends the process with status 1
-    (``SystemExit(1)`` whose ``__cause__`` is the error); any other exception, and every exception from Python (a
-    notebook, a test, the label app), propagates untouched.
+    ``initialize`` checks the overrides; run id ``training`` checks the run and the datalist and trains each stage in a
+    fresh copy of the merged configuration (:func:`run_stages`); any other run id is ``ConfigWorkflow``'s. Under
+    ``python -m monai.bundle`` a user's mistake (:func:`user_error`) ends the process with ``error: <message>`` and
+    status 1; called from Python, exceptions propagate.
 
     Args:
         config_file, meta_file, logging_file, init_id, run_id, final_id, tracking, workflow_type, properties_path:
@@ -379,19 +361,17 @@ class GLAMWorkflow(ConfigWorkflow):
 
 
 def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage") -> list[Any]:
-    """Run one stage or all three: for each, a deep copy of ``parser``'s merged config with ``stage`` set, whose
-    ``stage_run_id`` entry (set determinism, ``train#trainer.run()``, a summary) is then evaluated.
+    """Run one stage or all three, each from a deep copy of ``parser``'s merged config with ``stage`` set.
 
-    On ranks other than 0 of a process group, the copy's logging and drawing handlers (the config's
-    ``rank_zero_only`` class names, if it has that entry) are disabled before anything in it is built.
+    On ranks other than 0 the copy's ``rank_zero_only`` handlers are disabled before anything is built.
 
     Args:
-        parser: the bundle's parser (its raw content is copied, never modified).
+        parser: the bundle's parser (never modified).
         stage: ``"all"``, ``"global"``, ``"local"`` or ``"joint"``.
         stage_run_id: the config id that runs one stage.
 
     Returns:
-        per stage, what the last entry of its ``stage_run_id`` list evaluated to (train.yaml: a summary dict).
+        per stage, what the last entry of its ``stage_run_id`` list evaluated to.
     """
     names = stages_to_run(stage)  # a bad stage name fails before anything is built
     this_rank = idist.get_rank()

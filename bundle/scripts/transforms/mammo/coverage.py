@@ -1,9 +1,4 @@
-"""Where the model's window lies on the input file, and how much of the breast it holds.
-
-The share is measured against the tissue breast of the whole file (:func:`~scripts.transforms.mammo.breast.tissue_mask`
-on the thumbnail taken at loading); a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it is refused
-(:func:`breast_refusal`).
-"""
+"""Where the model's window lies on the input file, and how much of the breast it holds (:func:`breast_refusal`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Resampling to the model's pixel spacing (docs/preprocessing.md, "Pixel spacing").
 
-The input's spacing is, in this order: the file's (``meta["spacing"]``); the datalist item's ``pixel_spacing``
-(source ``"datalist"``); the ``input_spacing`` option (``"option"``); else ``fallback``: ``"fit_breast"`` estimates the
-spacing at which the breast fits the window (:func:`fit_breast_spacing`), ``"model"`` assumes the model's. A model of
-unknown spacing resamples nothing. The output's metadata records the choice; the inverse restores size and metadata.
+The input's spacing is the file's, else the datalist's ``pixel_spacing``, else ``input_spacing``, else ``fallback``
+(``"fit_breast"``: :func:`fit_breast_spacing`; ``"model"``: the model's); the output's metadata records the choice.
 """
 
 from __future__ import annotations
