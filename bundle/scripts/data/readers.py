@@ -373,22 +373,13 @@ class _Pending:
 
 
 class MammogramReader(ImageReader):
-    """MONAI ``ImageReader`` of 2-D mammograms and masks in every supported format, as ``(1, H, W)``.
-
-    Metadata are :func:`read_mammogram`'s with ``''`` (NaN for the spacing) for unknown values so that batches collate,
-    plus ``spatial_shape`` and ``affine``.
+    """MONAI ``ImageReader`` of 2-D mammograms and masks as ``(1, H, W)``, with :func:`read_mammogram`'s metadata.
 
     Args:
-        mask: read masks (raw values, all-zero allowed, no laterality inference, no modality check).
-        apply_voi: apply a DICOM VOI LUT / window when present.
-        infer_laterality: infer laterality from the image when the file states none.
-        allow_empty: accept all-zero arrays (default: only for masks).
-        accept_non_mammography: read DICOMs that are not mammograms.
-        max_pixels: decoded-size cap in pixels; None: no cap.
+        mask, apply_voi, infer_laterality, allow_empty, accept_non_mammography, max_pixels: :func:`read_mammogram`'s.
         kind_checks: refuse images whose pixels are not a mammogram's (:func:`pixel_kind_problem`) with
             :class:`NotAMammogram`.
-        window: the model's window (rows, cols) for the thumbnail rule.
-        model_spacing: the model's pixel spacing (mm) for the thumbnail rule; None: unknown.
+        window, model_spacing: the model's window (rows, cols) and pixel spacing (mm), for the thumbnail rule.
     """
 
     def __init__(

@@ -95,16 +95,10 @@ def _nrrd_affine(path: str, spacing: tuple[float, float]) -> np.ndarray:
 
 
 def file_affine(meta: Mapping[str, Any], notes: list[str] | None = None) -> np.ndarray:
-    """The RAS affine (mm) of voxel ``(i, j)`` = (column, row) of the input file's pixel grid, so that a map written
-    with it lies on its image in ITK-based viewers (3D Slicer, ITK-SNAP).
-
-    NIfTI and MHA/MHD keep their own affine; DICOM is placed by ImageOrientationPatient / ImagePositionPatient as
-    MONAI's ``PydicomReader`` composes them; NRRD by its space directions and origin; PNG, TIFF and JPEG by the
-    pixel spacing along LPS axes, as ITK reads them.
+    """The RAS affine (mm) of voxel ``(i, j)`` = (column, row) of the input file, so maps overlay it in ITK viewers.
 
     Args:
-        meta: the image's metadata from :class:`~scripts.data.readers.MammogramReader` (``format``,
-            ``filename_or_obj`` or ``filename``, ``spacing`` (row, col) mm, ``original_affine``).
+        meta: the image's metadata from :class:`~scripts.data.readers.MammogramReader`.
         notes: a DICOM orientation or position that cannot be used is noted here.
 
     Returns:
@@ -183,7 +177,7 @@ def maps_on_original(
     gamma_c: float = 0.5,
     names: Sequence[str] = MAP_NAMES,
 ) -> OnOriginal:
-    """One image's GLAM outputs on the original file's grid.
+    """One image's GLAM outputs on the original file's grid (pixels the model never saw are 0).
 
     Args:
         item: the preprocessed item (``item["image"]``: ``(1, h, w)`` ``MetaTensor`` with its applied operations).
@@ -193,9 +187,7 @@ def maps_on_original(
         names: the maps to bring back.
 
     Returns:
-        :class:`OnOriginal`: the maps rendered at window resolution and inverted with the patch indicators in one
-        ``Invertd`` (pixels the model never saw are 0), the patch boxes on the file and the model's window
-        (:func:`~scripts.transforms.mammo.coverage.window_on_original`).
+        :class:`OnOriginal`: the maps, the patch boxes and the model's window on the file.
 
     Raises:
         ValueError: when an inverted map is not the file's size.

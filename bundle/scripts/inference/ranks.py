@@ -32,8 +32,7 @@ _NAMED = 10
 
 
 def input_share(paths: Sequence[str], rank_: int, world_size_: int) -> list[str]:
-    """The inputs rank ``rank_`` of ``world_size_`` runs: ``sorted(set(paths))[rank_::world_size_]``, taken over every
-    input, done or not, so that a rerun gives each rank the same share (``monai.data.partition_dataset``'s split).
+    """The inputs rank ``rank_`` of ``world_size_`` runs: ``sorted(set(paths))[rank_::world_size_]``, done or not.
 
     Raises:
         ValueError: when the rank is not in ``[0, world_size_)``.
@@ -57,8 +56,7 @@ def _label_log_records(label: str) -> None:
 
 
 class InferenceRanks:
-    """This process's place in a ``torchrun`` job: joins the process group when built, and gives it ``device``,
-    ``rank``, ``world_size`` and ``host``.
+    """This process's place in a ``torchrun`` job (``device``, ``rank``, ``world_size``, ``host``); joins the group.
 
     Args:
         backend: the process group's backend; None: NCCL on CUDA, gloo on the CPU.
@@ -117,13 +115,11 @@ class InferenceRanks:
 
 
 class RankOutputFolder(InferenceOutputFolder):
-    """The output folder as one rank opens it: rank 0 alone prepares it and changes its tables (``main``), each rank
-    plans its share and appends to its own ``tables``.
+    """The output folder as one rank opens it: rank 0 alone prepares it and changes its tables.
 
     Args:
         output_dir: the folder, shared by every rank.
-        settings: as :class:`~.folder.InferenceOutputFolder`'s.
-        outputs: as :class:`~.folder.InferenceOutputFolder`'s.
+        settings, outputs: as :class:`~.folder.InferenceOutputFolder`'s.
         ranks: the process group (:class:`InferenceRanks`).
     """
 

@@ -370,8 +370,7 @@ def rank_tables(output_dir: str | os.PathLike) -> dict[int, dict[str, Path]]:
 
 
 class InferenceTables:
-    """A run's ``predictions.csv`` (a row per image whose files are all written) and ``errors.csv`` (a row per input
-    that failed, and per image processed under an assumption, with its note), appended as images complete.
+    """A run's ``predictions.csv`` and ``errors.csv`` (failures, assumptions), appended as images complete.
 
     Args:
         output_dir: the output folder.
@@ -406,9 +405,7 @@ class InferenceTables:
         self.errors.append(record)
 
     def absorb(self) -> dict[int, tuple[list[dict[str, str]], list[dict[str, str]]]]:
-        """Move the rows of the ranks' tables (:func:`rank_tables`) into these open tables, a rank's prediction row
-        replacing the folder's; the tables are replaced before a rank's is removed, so a kill in between doubles
-        nothing.
+        """Move the rows of the ranks' tables (:func:`rank_tables`) into these tables, a rank's prediction row winning.
 
         Returns:
             rank -> (prediction rows, error rows) taken, cells as stored.

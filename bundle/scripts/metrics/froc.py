@@ -131,9 +131,6 @@ def froc_sensitivity(
 class FROCMetric(CumulativeIterationMetric):
     """Lesion-level FROC as a MONAI cumulative metric, in fixed memory (two (C, n_bins) histograms).
 
-    ``aggregate()`` gives (C, len(rates)) sensitivities (the counts are summed over ranks), ``get_buffer()`` (N, C)
-    lesions per image, ``curve()`` the operating points.
-
     Args:
         rates: false positives per image at which ``aggregate`` reports the sensitivity.
         radius, max_candidates, min_score: the candidate rule (:func:`froc_candidates`).

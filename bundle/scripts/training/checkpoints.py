@@ -177,10 +177,7 @@ def _inference_choices_changed(network: Any, saved_state: Mapping[str, Any]) -> 
 
 
 class CheckpointFiles(DiskSaver):
-    """Ignite's ``DiskSaver`` writing CPU tensors through :func:`~scripts.networks.weights.save_atomic` on rank 0.
-
-    The bundle's atomic write syncs the file and names it on a full disk, and refuses NaN / Inf tensors; ``remove``
-    does nothing because the atomic rename replaces a file whole.
+    """Ignite's ``DiskSaver`` writing CPU tensors atomically through :func:`~scripts.networks.weights.save_atomic`.
 
     Args:
         dirname: the stage's checkpoint folder.
@@ -210,12 +207,8 @@ class _PlainWeights:
 class StageCheckpointer:
     """Best-model and last-epoch checkpoints of one training stage, resumption, and loading the previous stage.
 
-    Writes ``model.pt`` (the network's plain state dict) on each new best of the evaluator's key metric,
-    ``last.pt`` (all of ``save_dict``) after every epoch and ``selection.json`` (the selection metric, every
-    validation's metrics, the best epoch, whether the run finished) after every validation. When the trainer starts
-    it resumes from ``last.pt`` (with ``resume``) or loads ``previous_model``. Unlike MONAI's ``CheckpointSaver`` the
-    writes are atomic, on the CPU, and the best value is the evaluator's own, restored on resume by
-    :class:`~scripts.handlers.training_state.BestMetricState`.
+    Writes ``model.pt`` on each new best key metric, ``last.pt`` after every epoch and ``selection.json`` after every
+    validation, atomically and on the CPU, unlike MONAI's ``CheckpointSaver``.
 
     Args:
         ckpt_dir: this stage's checkpoint folder.

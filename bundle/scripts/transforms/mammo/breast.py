@@ -273,11 +273,8 @@ def breast_crop(
 ) -> tuple[tuple[tuple[int, int], tuple[int, int]], str]:
     """The crop of a 2-D mammogram and its source: ``(((top, left), (bottom, right)), source)``.
 
-    ``"authors"``: the box of the opened mask of pixels > 0 grown by up to ``buffer`` px at the top, the bottom and the
-    side away from the chest wall. ``"tissue"``: the same around the tissue breast (:func:`tissue_mask`), used where the
-    authors' crop holds clearly less of it or is over :data:`OVERSIZE` times its box (lettering or a film's background
-    taken for the breast). ``tissue=False`` gives the authors' crop. ``name`` starts the warning given when the erosions
-    remove the whole foreground.
+    ``"tissue"`` (the box around :func:`tissue_mask`) replaces the authors' crop where that holds clearly less of the
+    breast or is over :data:`OVERSIZE` times its box (lettering or a film's background taken for the breast).
     """
     img = as_2d(image)
     if chest_wall == "auto":

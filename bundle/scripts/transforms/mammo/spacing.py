@@ -101,10 +101,6 @@ def fit_breast_spacing(
 ) -> tuple[float, float]:
     """The input spacing at which the breast of ``image`` fits the model's window: the fallback estimate.
 
-    The breast's box is the crop's (:func:`file_breast_box`); resampling by ``f = input / model spacing`` makes the
-    crop ``box_h f + 2 buffer`` by ``box_w f + buffer``, and ``f`` is the largest factor, the same on both axes, that
-    fits the window with 2 % and the anti-aliasing blur's 6 px to spare.
-
     Args:
         image: ``(C, H, W)`` or ``(H, W)``, as loaded.
         model_spacing: the model's (row, col) mm.
@@ -112,7 +108,8 @@ def fit_breast_spacing(
         iterations, buffer: the crop's (iterations in the file's pixels, buffer in model pixels).
 
     Returns:
-        ``(model_row * f, model_col * f)``.
+        ``(model_row * f, model_col * f)``, ``f`` the largest factor that fits the crop in the window with 2 % and the
+        anti-aliasing blur's 6 px to spare.
 
     Raises:
         ValueError: when no pixel is > 0.
@@ -153,10 +150,8 @@ def _stated_spacing(value: Any, name: str, spacing_range: Sequence[float] | None
 class ResampleToSpacing(InvertibleTransform):
     """Resample a ``(C, H, W)`` image to ``pixel_spacing`` from its spacing as the module docstring chooses it.
 
-    A file's spacing outside ``spacing_range`` is not used (``meta["spacing_ignored"]`` records it); a stated one
-    outside it is a ValueError; a resampled size above ``max_pixels`` is refused before resampling. The output's
-    metadata records ``spacing_used``, ``spacing_source``, ``model_spacing``, ``spacing_assumed``, ``spacing_ignored``,
-    ``spacing_range`` and ``opening_scale`` (model pixels per file pixel, for the crop's opening).
+    The output's metadata records ``spacing_used``, ``spacing_source``, ``model_spacing``, ``spacing_assumed``,
+    ``spacing_ignored``, ``spacing_range`` and ``opening_scale``.
 
     Args:
         pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic); None: nothing is resampled.
@@ -167,7 +162,7 @@ class ResampleToSpacing(InvertibleTransform):
         fallback: ``"fit_breast"`` or ``"model"``, for an image whose spacing nobody states.
         window: the model's window (rows, cols), which ``"fit_breast"`` needs.
         iterations, buffer: the crop's settings, for ``"fit_breast"``.
-        spacing_range: plausible ``(low, high)`` mm (None: :data:`~scripts.data.geometry.SPACING_RANGE_MM`).
+        spacing_range: plausible ``(low, high)`` mm; a file's spacing outside it is ignored, a stated one refused.
         max_pixels: the most pixels an image is resampled to; None: no cap.
     """
 
