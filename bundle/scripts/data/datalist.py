@@ -138,15 +138,13 @@ def split_by_patient(
 ) -> dict[str, list[dict[str, Any]]]:
     """Split items into training/validation/test so that all items of a patient land in one split.
 
-    Each label stratum (any malignant / any benign / normal / unknown, with ``stratify``) is allocated by systematic
-    sampling over the cumulative fractions, so each split gets its fraction up to one patient per stratum; a split asked
-    for that stays empty takes one patient from the largest split. Items keep their input order.
+    Each label stratum is allocated by systematic sampling over the cumulative fractions; items keep their input order.
 
     Args:
         items: the datalist items.
         fractions: fractions of patients for (training, validation, test), or a dict by split.
         seed: seed of the patients' order.
-        stratify: split each label stratum in proportion.
+        stratify: split each label stratum (any malignant / any benign / normal / unknown) in proportion.
 
     Returns:
         ``{split: items}``.

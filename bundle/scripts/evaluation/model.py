@@ -42,16 +42,13 @@ def checkpoint_record(path: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def evaluation_settings(ckpt_path: str | os.PathLike, stage: str, **settings: Any) -> dict[str, Any]:
-    """The keyword arguments of :class:`~scripts.networks.glam.GLAM` for evaluating ``ckpt_path`` at ``stage``, by
-    inference's rule: a setting whose value is ``"checkpoint"`` (evaluate.yaml's default for each) is the
-    checkpoint's recorded value (GLAM's default where the checkpoint records none); any other value, whichever file or
-    flag gave it, is used as given (one that shapes the weights and contradicts the record is refused when they load).
+    """The keyword arguments of :class:`~scripts.networks.glam.GLAM` for evaluating ``ckpt_path`` at ``stage``.
 
     Args:
         ckpt_path: the checkpoint evaluated.
         stage: the stage the network runs (``global``, ``local``, ``joint``).
-        settings: each of :data:`~scripts.networks.inference.CHECKPOINT_SETTINGS` and :data:`EVALUATION_CHOICES`
-            (``num_patches_eval``, ``gamma_c``), a value or ``"checkpoint"``; one not given is the checkpoint's.
+        settings: each of :data:`~scripts.networks.inference.CHECKPOINT_SETTINGS` and :data:`EVALUATION_CHOICES`, a
+            value or ``"checkpoint"`` (the recorded value); one not given is the checkpoint's.
 
     Raises:
         UsageError: a name outside those lists.

@@ -42,10 +42,7 @@ def _values(output: Any) -> list[float]:
 class StopOnNonFinite:
     """Raise :class:`TrainingDivergedError` at the first non-finite loss, or at an epoch's end on non-finite weights.
 
-    Unlike Ignite's ``TerminateOnNan``, which ends the run as if it had finished, the run fails before the epoch's
-    validation and checkpoints, so ``last.pt`` and ``model.pt`` keep their last finite weights. The one-line message
-    names the stage, epoch, iteration, learning rate and what the checkpoint folder keeps. Attach it first among the
-    trainer's handlers, so that it explains a step's failure on non-finite values before ``StatsHandler`` logs it.
+    Attach it first among the trainer's handlers, so that it explains a failure before ``StatsHandler`` logs it.
 
     Args:
         stage: the stage's name, for the message.

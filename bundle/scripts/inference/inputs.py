@@ -69,11 +69,7 @@ def _classify(entry: os.DirEntry) -> str | None:
 def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.PathLike] = ()) -> list[dict[str, str]]:
     """Every entry under ``folder`` as an item, sorted by path, so that each one gets its row.
 
-    A regular file named with a supported suffix, or whose first bytes are an image's, is ``{"image": path}``; any
-    other entry so named (a broken link, a folder, a FIFO) and a sub-folder that cannot be listed carry their
-    ``error``; another file is listed as skipped. Hidden entries and linked folders (a link could lead in a circle)
-    are not searched, nor inference output folders: those in ``exclude``, those holding a ``run.json`` and, when
-    ``folder`` is itself excluded, its own output sub-folders.
+    Hidden entries, linked folders (a link could lead in a circle) and inference output folders are not searched.
 
     Args:
         folder: the input folder.

@@ -49,15 +49,12 @@ def _labels(item: Mapping[str, Any]) -> list[int | str]:
 class GLAMInferenceWriter:
     """Ignite handler writing GLAM's inference outputs into an opened :class:`~.folder.InferenceOutputFolder`.
 
-    Each iteration's images are queued to writer threads, at most ``max_pending`` waiting so that memory stays
-    bounded; at the end of the run (also on an exception) the queue is drained and the folder's tables compacted.
-
     Args:
         folder: the output folder, opened before the run.
         transform: the preprocessing ``Compose`` the items went through (its inverse maps the maps back).
         gamma_c: weight of S_g in S_c.
         threads: writer threads, or ``"auto"`` (:func:`writer_threads`).
-        max_pending: images queued at most (default: twice the threads).
+        max_pending: images queued at most, so that memory stays bounded (default: twice the threads).
     """
 
     def __init__(

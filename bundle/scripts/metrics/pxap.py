@@ -95,12 +95,7 @@ def average_precision_from_histograms(hist: torch.Tensor) -> torch.Tensor:
 
 
 class PxAPMetric(PerImageMetric):
-    """PxAP as a MONAI cumulative metric, image- and dataset-level from one pass.
-
-    Each call stores the per-image APs and adds the lesion images' histograms to a fixed (C, 2, n_bins) buffer.
-    ``get_buffer()`` gives (N, C) per-image APs, ``aggregate(reduction, level)`` the (C,) PxAP (``"std"``: image level
-    only), ``get_histograms()`` the pooled histograms. Under DDP these are collective calls and every rank needs a
-    batch.
+    """PxAP as a MONAI cumulative metric, image- and dataset-level from one pass, in a fixed (C, 2, n_bins) buffer.
 
     Args:
         level: default level of ``aggregate``: ``"image"`` or ``"dataset"``.

@@ -58,11 +58,10 @@ def _mlflow_handlers(parser: ConfigParser, handlers_id: str) -> list[dict]:
 def attach_tracked_config(
     parser: ConfigParser, handlers_id: str, folder: str | os.PathLike, params_id: str | None = None
 ) -> str | None:
-    """Save the merged configuration as ``<folder>/config.json`` and make it the artifact of the ``MLFlowHandler``
-    that ``--tracking`` patched into ``parser[handlers_id]``; call before the handlers are built.
+    """Save the merged configuration as ``<folder>/config.json``, the artifact of the ``--tracking`` ``MLFlowHandler``.
 
     Args:
-        parser: the running configuration, edited in place.
+        parser: the running configuration, edited in place (call before the handlers are built).
         handlers_id: the config id of the handler list.
         folder: where ``config.json`` goes.
         params_id: a config id whose dict the handler records as the run's parameters.
