@@ -297,19 +297,6 @@ def breast_crop(
     return authors, "authors"
 
 
-def breast_crop_box(
-    image: np.ndarray,
-    iterations: int = 100,
-    buffer: int = 50,
-    chest_wall: str = "left",
-    method: str = "fast",
-    name: str = "",
-    tissue: bool = True,
-) -> tuple[tuple[int, int], tuple[int, int]]:
-    """:func:`breast_crop` without its source: ``((top, left), (bottom, right))``, end-exclusive."""
-    return breast_crop(image, iterations, buffer, chest_wall, method, name, tissue)[0]
-
-
 def view_kind(view: str | None, default: str | None = "CC") -> str:
     """``"CC"`` or ``"MLO"``: which window rule applies to a view code; unknown views use ``default`` (None: error)."""
     code = (view or "").strip().upper()
