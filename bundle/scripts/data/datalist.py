@@ -222,8 +222,7 @@ def _patients(items: Sequence[Mapping[str, Any]]) -> int:
 def check_split_sizes(
     datalist: Mapping[str, Sequence[Mapping[str, Any]]], fractions: Mapping[str, float] | None = None
 ) -> list[str]:
-    """Splits that would break training, one message each: training items without validation items (no model would be
-    selected), and, given ``fractions``, a split asked for that received no patient."""
+    """Splits that would break training, one message each (no validation items, an empty split asked for)."""
     n = {s: len(datalist.get(s, []) or []) for s in SPLITS}
     patients = {s: _patients(datalist.get(s, []) or []) for s in SPLITS}
     sizes = (

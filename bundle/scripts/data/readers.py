@@ -124,8 +124,7 @@ def _format_of(path: str | os.PathLike) -> str:
 
 
 def file_format(path: str | os.PathLike) -> str | None:
-    """The reader a file goes to (``"dicom"``, ``"pil"``, ``"nifti"``, ``"itk"``, ``"nrrd"``) by suffix, else by its
-    first bytes; None for neither."""
+    """The reader a file goes to (``dicom``, ``pil``, ``nifti``, ``itk``, ``nrrd``) by suffix or first bytes."""
     try:
         return _format_of(path)
     except MammogramReadError:
@@ -365,8 +364,7 @@ def read_mammogram(
 
 
 class _Pending:
-    """A file for ``get_data`` to decode: MONAI's LoadImage tries other readers when ``read`` fails, not
-    ``get_data``."""
+    """A file for ``get_data`` to decode: MONAI's LoadImage tries other readers when ``read`` fails."""
 
     def __init__(self, path: str):
         self.path = path

@@ -156,8 +156,7 @@ class PointingGame(_ClassReducedMetricHandler):
 
 
 class FROC(_ClassReducedMetricHandler):
-    """Lesion sensitivity at ``rate`` false positives per image (:class:`~scripts.metrics.froc.FROCMetric`) over an
-    epoch.
+    """Lesion sensitivity at ``rate`` false positives per image over an epoch.
 
     The details are the (N, C) lesion counts; ``handler.metric_fn.aggregate()`` and ``.curve()`` give every rate.
 

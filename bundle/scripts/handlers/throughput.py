@@ -211,8 +211,7 @@ def combine_rank_timings(reports: list[dict[str, Any]], merge_s: float = 0.0) ->
 
 
 class RankTimings:
-    """Write a multi-process run's timing.json (:func:`combine_rank_timings`) and log the run's and each rank's
-    images/s.
+    """Write a multi-process run's timing.json and log the run's and each rank's images/s.
 
     Args:
         output_dir: where ``timing.json`` goes.

@@ -35,8 +35,7 @@ _TYPE2_SOURCE = (
 
 
 def _usable_charset(ds: Any) -> str | None:
-    """Make ``ds``'s SpecificCharacterSet one highdicom writes, in place, decoding every text value first; returns a
-    note when it had to change it."""
+    """Make ``ds``'s SpecificCharacterSet one highdicom writes, in place; a note when it changed."""
     import highdicom as hd
     from pydicom.charset import python_encoding
 
@@ -190,9 +189,7 @@ def dicom_objects(
     s_c: np.ndarray | None = None,
     notes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """``kind -> DICOM object``: ``"sc"`` (:func:`secondary_capture` of ``panel``) and / or ``"map"``
-    (:func:`saliency_segmentation` of ``s_c``) for the DICOM file ``source_path``; what had to change in its header
-    is appended to ``notes``.
+    """``kind -> DICOM object`` (``sc``, ``map``) for the DICOM file ``source_path``; header fixes to ``notes``.
 
     Raises:
         ValueError: naming the file when its header cannot be referenced or an input is missing.

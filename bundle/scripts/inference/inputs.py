@@ -120,8 +120,7 @@ def inference_items(
     split: str = "test",
     output_dir: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
-    """The inputs to run on: the entries of ``input_dir`` (:func:`scan_input_folder`), or, when it is empty, the
-    items of ``datalist[split]`` (a datalist file, ``""`` for none, or its content with the paths resolved).
+    """The inputs to run on: the entries of ``input_dir``, or when it is empty the items of ``datalist[split]``.
 
     Raises:
         ValueError: naming the folder or the split when there is nothing to run on.
@@ -186,8 +185,7 @@ class SafeDataset(Dataset):
 
 
 def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]:
-    """Batch of :class:`SafeDataset` items -> ``{"image": (B, 1, H, W) or None, "items": [good items], "errors":
-    [error records], "load_s": seconds}``; good items keep their ``MetaTensor`` for the inversion."""
+    """Batch of :class:`SafeDataset` items -> ``{"image", "items", "errors", "load_s"}``."""
     good = [d for d in items if ERROR_KEY not in d]
     errors = [{"image": d["image"], ERROR_KEY: d[ERROR_KEY]} for d in items if ERROR_KEY in d]
     image = torch.stack([torch.as_tensor(d["image"]) for d in good]) if good else None
@@ -200,8 +198,7 @@ def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]
 
 
 def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu") -> int:
-    """Images per batch: ``batch_size`` as a number, a per-stage dict's ``joint`` value, or ``"auto"``: 8 on a GPU, 2
-    on CPUs."""
+    """Images per batch: a number, a per-stage dict's ``joint`` value, or ``"auto"`` (8 on a GPU, 2 on CPUs)."""
     if isinstance(batch_size, Mapping):
         if Stage.JOINT not in batch_size:
             raise UsageError(
@@ -214,8 +211,7 @@ def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu")
 
 
 def cores_per_process(cpus: int | None = None) -> int:
-    """This process's CPU cores: the node's (``cpus``, default ``os.cpu_count()``) divided among torchrun's processes
-    on it (``LOCAL_WORLD_SIZE``), at least 1."""
+    """This process's CPU cores: the node's divided among torchrun's processes on it, at least 1."""
     processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     return max(1, (cpus or os.cpu_count() or 2) // processes)
 

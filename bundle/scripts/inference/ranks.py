@@ -248,8 +248,7 @@ class RankOutputFolder(InferenceOutputFolder):
         self.tables.close()
 
     def merge(self, failed: Mapping[int, str]) -> dict[int, list[str]]:
-        """Rank 0: the ranks' rows into the folder's tables, a ``NotRun`` error for each input a ``failed`` rank
-        (rank -> why) did not reach, then the tables compacted.
+        """Rank 0: merge the ranks' rows, a ``NotRun`` error per input a ``failed`` rank missed.
 
         Returns:
             rank -> the inputs it did not run.

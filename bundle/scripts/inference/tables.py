@@ -83,8 +83,7 @@ def escape_text(text: str) -> str:
 
 
 def unescape_text(cell: str) -> str:
-    """The text :func:`csv_cell` wrote ``cell`` for; bytes 0x80-0xFF come back as surrogateescape characters, so that
-    ``os.fsencode`` gives a file name's bytes."""
+    """The text :func:`csv_cell` wrote ``cell`` for (bytes 0x80-0xFF as surrogateescape characters)."""
     if len(cell) >= 2 and cell[0] == "'" and cell[1] in _FORMULA_STARTS:
         cell = cell[1:]
     out, i = [], 0
@@ -138,9 +137,7 @@ def prediction_row(
     window: Sequence[int] | None = None,
     fingerprint: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A predictions.csv row: the input, its stem, the scores y_g (6 decimals) and labels per class, the file's size,
-    the patch boxes and the ``window`` on the file (``top left bottom right``, end-exclusive; boxes ``;``-separated),
-    the image's ``files``, its ``facts`` (:func:`~.facts.image_facts`) and the input's ``fingerprint``."""
+    """A predictions.csv row of one image."""
     window_cells = dict(zip(FACT_COLUMNS[-4:], window if window is not None else ("",) * 4))
     return {
         **dict(facts or {}),
@@ -180,8 +177,7 @@ def stated_exam(path: str) -> tuple[str, str] | None:
 
 
 def _breast_of(row: Mapping[str, str]) -> tuple[tuple | None, str]:
-    """A predictions.csv row's breast key and what grouped it: its ``patient_id``, else for a stated laterality the
-    exam its file's name states (:func:`stated_exam`), else none."""
+    """A predictions.csv row's breast key and what grouped it."""
     if row["patient_id"]:
         key = breast_key({"patient_id": row["patient_id"], "laterality": row["laterality"]})
         return key, "patient_id" if key else ""
@@ -231,8 +227,7 @@ def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]
 
 
 def input_fingerprint(path: str | os.PathLike) -> dict[str, str]:
-    """``{"input_bytes", "input_mtime_ns"}`` of a file as text (empty when it cannot be stat-ed): what ties a row to
-    the content it was computed from; not a hash, which would read every input again on a rerun."""
+    """``{"input_bytes", "input_mtime_ns"}`` of a file: what ties a row to its input's content."""
     try:
         st = os.stat(path)
     except OSError:
@@ -433,8 +428,7 @@ class InferenceTables:
         return taken
 
     def compact(self) -> None:
-        """Rewrite both tables sorted by input (errors.csv: the last error of each input still not predicted, then each
-        note once) and write ``breasts.csv`` from the whole predictions.csv."""
+        """Rewrite both tables sorted by input and write ``breasts.csv`` from predictions.csv."""
         self.predictions.close()
         rows = self.predictions.open()
         # one row per input, its last (a redone input's row replaces the one it had)

@@ -119,8 +119,7 @@ def _spacing_record(value: Any) -> list[float] | None:
 
 @dataclasses.dataclass(frozen=True)
 class GLAMSettings:
-    """GLAM's settings (the arguments of :class:`~scripts.networks.glam.GLAM`), the paper's values by default; each
-    field's meaning is in the comment above it."""
+    """GLAM's settings (:class:`~scripts.networks.glam.GLAM`'s arguments), the paper's values by default."""
 
     # "global", "local" or "joint"; not recorded: one checkpoint serves the next stage and inference
     stage: str = setting(Stage.JOINT, None, inference=None)

@@ -94,8 +94,7 @@ def decode_settings(tensor: torch.Tensor) -> dict[str, Any]:
 
 
 def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"name: checkpoint X, network Y"`` for every compared setting that differs; one the checkpoint lacks is
-    skipped."""
+    """``"name: checkpoint X, network Y"`` for every compared setting that differs."""
     saved, current = _plain(saved), _plain(current)
     names = sorted(set(saved) - set(INFERENCE_CHOICES) - set(INFORMATIONAL))
     missing = "(not recorded)"
@@ -134,8 +133,7 @@ def _cached_record(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None
 
 
 def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The validated settings record of the checkpoint at ``path`` (read once per file version); None when the file
-    does not exist or has no record.
+    """The validated settings record of the checkpoint at ``path``; None when there is none.
 
     Raises:
         ValueError: an unreadable file or an invalid record, naming the file.

@@ -132,8 +132,7 @@ def _run_settings(save_dict: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _use_run_settings(save_dict: Mapping[str, Any], configured: Mapping[str, Any]) -> list[str]:
-    """Put back the run's optimizer and scheduler settings that ``last.pt`` replaced, and the schedule's learning
-    rate at the restored epoch under them.
+    """Put back the run's optimizer and scheduler settings that ``last.pt`` replaced.
 
     Returns:
         ``"name old -> new"`` for each setting changed.
@@ -351,8 +350,7 @@ class StageCheckpointer:
                 raise UsageError(f"{name}: {err}") from err
 
     def _resume(self, engine: Engine) -> None:
-        """Restore ``save_dict`` from ``last.pt``, keeping (and logging) the run's epochs, optimizer, schedule and
-        inference choices; another epoch length is refused."""
+        """Restore ``save_dict`` from ``last.pt``, keeping the run's own settings."""
         checkpoint = load_checkpoint_file(self.last_path, "checkpoint")
         if not isinstance(checkpoint, Mapping):
             raise UsageError(

@@ -52,8 +52,7 @@ def configured_selection(metric: str) -> dict[str, str]:
 
 
 def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str = "") -> dict[str, str]:
-    """``{"metric": name, "reason": why}``: ``metric``, unless it reads masks and the validation ``items`` have none;
-    logs the replacement."""
+    """``{"metric", "reason"}``: ``metric``, unless it reads masks the validation lacks."""
     metric = str(metric)
     if metric not in MASK_METRICS or validation_has_masks(items):
         return configured_selection(metric)

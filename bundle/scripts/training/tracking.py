@@ -12,8 +12,7 @@ from ..atomic import atomic_write
 
 
 def save_config(folder: str | os.PathLike, config: Any) -> str:
-    """Write ``config`` (a merged configuration) as ``<folder>/config.json`` (atomically, the folder made when
-    missing) and return the file's path."""
+    """Write ``config`` as ``<folder>/config.json`` atomically and return the file's path."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "config.json")
     with atomic_write(path, "w") as f:
@@ -30,8 +29,7 @@ TRACKED = tuple(
 
 
 def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
-    """The parameters MLflow records for a stage: :data:`TRACKED` (a per-stage dict as this stage's value and, whole,
-    as ``<name>_per_stage``), the datalist, its split sizes and the selection metric."""
+    """The parameters MLflow records for a stage."""
     from .preflight import per_stage
 
     params: dict[str, str] = {"stage": str(stage)}

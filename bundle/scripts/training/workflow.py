@@ -140,8 +140,7 @@ def _on_command_line(argv: list[str]) -> bool:
 
 
 def _none_on_command_line(argv: list[str]) -> dict[str, None]:
-    """The ``--key None`` of a ``python -m monai.bundle`` command line: Fire parses ``None`` into None, which
-    MONAI's ``update_kwargs`` drops before any workflow is built (empty for any other program)."""
+    """The ``--key None`` of a ``python -m monai.bundle`` command line, which MONAI would drop."""
     if not _on_command_line(argv):
         return {}
     found: dict[str, None] = {}
@@ -155,8 +154,7 @@ def _none_on_command_line(argv: list[str]) -> dict[str, None]:
 
 # -- --help ----------------------------------------------------------------------------------------------------------
 def _is_option(value: Any) -> bool:
-    """Whether a top-level entry is a setting rather than a piece of the workflow: plain data, a path built from
-    another setting (``$os.path...``) or another setting's value (``@input_dir``)."""
+    """Whether a top-level entry is a setting rather than a piece of the workflow."""
     if isinstance(value, str):
         return not value.startswith(("$", "%")) or value.startswith("$os.path.")
     if isinstance(value, Mapping):
@@ -167,8 +165,7 @@ def _is_option(value: Any) -> bool:
 
 
 def workflow_help(run_id: str, file_config: Mapping[str, Any]) -> str:
-    """What ``--help`` prints: the command, the workflow's page and its options (the settings among the top-level
-    entries of the config files, with their defaults as the files write them)."""
+    """What ``--help`` prints: the command, the workflow's page and its options with their defaults."""
     page = WORKFLOW_PAGES.get(run_id, "docs/training.md")
     lines = [f"{COMMAND.format(run_id)} --config_file ... [--option value ...]: {page} describes it", ""]
     lines.append("options (--option value; the defaults of the config files given):")
@@ -306,8 +303,7 @@ class GLAMWorkflow(ConfigWorkflow):
             )
 
     def initialize(self) -> Any:
-        """Check the overrides (the class docstring), then ``ConfigWorkflow.initialize``; join the process group of a
-        distributed training."""
+        """Check the overrides, then ``ConfigWorkflow.initialize``."""
 
         def step() -> Any:
             self._check()

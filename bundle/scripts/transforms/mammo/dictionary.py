@@ -162,8 +162,7 @@ class CropBreastd(Cropd):
 
 
 class BestCenterWindowd(Cropd):
-    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterWindow`: placed on ``source_key``, cut from all
-    keys.
+    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterWindow`: cut from all keys.
 
     Args:
         keys: image and mask keys.
@@ -235,8 +234,7 @@ class RandBestCenterWindowd(BestCenterWindowd, Randomizable):
 
 
 class BestCenterRegiond(BestCenterWindowd):
-    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterRegion`, with the offset range in
-    ``d[shift_range_key]``.
+    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterRegion`.
 
     The deterministic half of :class:`RandBestCenterWindowd` for a cache; :class:`RandWindowShiftd` is the other.
 
