@@ -24,9 +24,7 @@ EVALUATION_CHOICES = INFERENCE_CHOSEN
 
 
 def checkpoint_record(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The settings record of the checkpoint at ``path``: a ``model.pt``'s, or the ``network`` entry's of a
-    ``last.pt``; None when the file does not exist or records none. A file that cannot be read is a ``ValueError``
-    naming it."""
+    """The settings record of a ``model.pt`` or a ``last.pt``'s ``network``; None when there is none."""
     record = read_checkpoint_settings(path)
     if record is not None or not Path(path).is_file():
         return record

@@ -35,9 +35,7 @@ def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | Non
 def check_data_on_ranks(
     datalist: Sequence[Any], split: str, pixel_spacing: Any = None, enabled: bool | str = True
 ) -> Any:
-    """The files, labels, masks and boxes of the split checked as evaluate.yaml's ``check_data`` does
-    (:func:`scripts.data.checks.check_data` on ``{split: datalist}``), each rank reading the files of its own
-    block (:func:`block_bounds`) only. Collective: every rank calls it, and every rank gets the same outcome.
+    """The split checked as ``check_data`` does, each rank reading its own block; collective.
 
     Returns:
         the report of the whole split (indices in the whole split), or None when ``enabled`` is no.

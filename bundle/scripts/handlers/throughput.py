@@ -31,11 +31,7 @@ INFERENCE_LOGGERS = ("scripts.inference", "scripts.handlers", "scripts.networks"
 
 
 def show_inference_log(level: int = logging.INFO) -> list[logging.Logger]:
-    """Make the inference workflow's log lines (progress, resumed / skipped images, the summary, the warnings naming
-    files) reach stderr when nothing else shows them: ``monai.bundle run`` without a ``logging.conf`` configures no
-    handler for the bundle's loggers, and Python would print only their warnings. A handler is added to each of
-    :data:`INFERENCE_LOGGERS` only when no handler would receive its records (a configured root logger, pytest's log
-    capture and ``logging.conf`` files are left alone). Returns those loggers."""
+    """Make the inference log lines reach stderr where no handler receives them; returns the loggers."""
     loggers = [logging.getLogger(name) for name in INFERENCE_LOGGERS]
     for package in loggers:
         if not package.hasHandlers():

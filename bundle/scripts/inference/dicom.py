@@ -125,8 +125,7 @@ def secondary_capture(source: Any, panel: np.ndarray) -> Any:
 
 
 def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
-    """FRACTIONAL Segmentation of S_c, segments benign and malignant in 8 bits, referencing ``source``; not a
-    Parametric Map, which highdicom cannot make for a projection image without a frame of reference.
+    """FRACTIONAL Segmentation of S_c (benign, malignant; 8 bits) referencing ``source``.
 
     Args:
         source: the source's header.

@@ -161,9 +161,7 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 class SafeDataset(Dataset):
-    """A ``Dataset`` whose items never raise, so that one bad file does not stop the run: an input that fails to load,
-    whose window misses the breast (:func:`~scripts.transforms.mammo.coverage.breast_refusal`) or that arrives with
-    an error becomes ``{"image": path, "error": "<ExceptionType>: <message>"}``. Every item carries ``load_s``."""
+    """A ``Dataset`` whose items never raise: a bad input becomes ``{"image": path, "error": ...}``."""
 
     def _transform(self, index: int) -> Any:
         start = time.perf_counter()

@@ -155,9 +155,7 @@ def prediction_row(
 
 
 def stated_exam(path: str) -> tuple[str, str] | None:
-    """The exam a file's name states, ``(exam, "file name" | "folder")``: its name without the view and side tokens
-    (``SYN00012_R_MLO`` -> ``SYN00012``) in its folder, or the folder alone when nothing else is left; None for a
-    name without such tokens."""
+    """The exam a file's name states (``SYN00012_R_MLO`` -> ``SYN00012``) and its source; None."""
     name = os.path.basename(path)
     suffix = file_suffix(name)
     stem = name[: -len(suffix)] if suffix in SUPPORTED_SUFFIXES and name.lower().endswith(suffix) else name
@@ -189,10 +187,7 @@ def _breast_of(row: Mapping[str, str]) -> tuple[tuple | None, str]:
 
 
 def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
-    """breasts.csv's rows from predictions.csv's (cells as stored): the images of one exam and laterality
-    (:func:`_breast_of`; ``grouped_by`` says how) are one breast, scored by the mean of its images' as the
-    evaluation's breast-level AUC; ``note`` names a missing CC or MLO view, unknown views, or an image that is a
-    breast of its own. Sorted by patient and laterality, the breasts of one image last."""
+    """breasts.csv's rows from predictions.csv's: one per exam and laterality, scored by its images' mean."""
     keyed = [_breast_of(r) for r in predictions]
     keys = [key for key, _ in keyed]
     groups, _ = group_breasts(keys)

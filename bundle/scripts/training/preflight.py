@@ -114,9 +114,7 @@ def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], re
 
 
 def lock_run(ckpt_root: str | os.PathLike) -> FolderLock | None:
-    """Rank 0 (the only process of a run without a process group) locks ``ckpt_root`` for this training run
-    (:class:`~scripts.atomic.FolderLock`, the file :data:`RUN_LOCK`), then removes the temporary files that a save
-    killed mid-write left in it and in its sub-folders (the stages'): the atomic writer's own names only, logged.
+    """Rank 0 locks ``ckpt_root`` for this run and removes the temporaries a killed save left.
 
     Returns:
         the lock, held until its ``release`` (or the process's end); None on the other ranks (their rank 0 holds it).
@@ -141,8 +139,7 @@ def lock_run(ckpt_root: str | os.PathLike) -> FolderLock | None:
 
 
 def unlock_run(lock: FolderLock | None, started: bool) -> None:
-    """Release the run's lock (:func:`lock_run`); a run that stopped before its first stage (a refused datalist, say)
-    in a ``ckpt_root`` it made removes the folder again when only the lock file is in it."""
+    """Release the run's lock; remove a ``ckpt_root`` the run made when only the lock is in it."""
     if lock is None:
         return
     lock.release()
@@ -169,9 +166,7 @@ def check_writable(**folders: str | os.PathLike) -> None:
 
 
 def preflight_training(parser: ConfigParser) -> FolderLock | None:
-    """The checks of this module's docstring on the training workflow's merged configuration ``parser``, before
-    any work (:class:`scripts.training.workflow.GLAMWorkflow`). Returns the run's lock on ``ckpt_root``
-    (:func:`lock_run`), which the caller releases when the run ends."""
+    """The training's checks on ``parser``, before any work; returns the run's lock on ``ckpt_root``."""
     from .stage import stages_to_run
 
     try:

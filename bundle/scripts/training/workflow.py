@@ -322,8 +322,7 @@ class GLAMWorkflow(ConfigWorkflow):
         return self._one_line(step)
 
     def run(self) -> Any:
-        """The training's stages (run id ``training``), else ``ConfigWorkflow.run``. Returns a list whose last item
-        is, for training, one summary dict per stage (``stage``, ``best_metric``, ``best_epoch``, ``model``)."""
+        """The training's stages (run id ``training``), else ``ConfigWorkflow.run``."""
         if self.workflow != "training":
             return self._one_line(super().run)
         return self._one_line(lambda: [self._train()])

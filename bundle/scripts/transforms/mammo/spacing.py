@@ -236,9 +236,7 @@ class ResampleToSpacing(InvertibleTransform):
         return estimate, "fit_breast"
 
     def plan(self, img: NdarrayOrTensor, spacing: Sequence[float] | None = None, stated: Any = None) -> dict[str, Any]:
-        """What to do with ``img``: a dict of ``size``, ``resample``, ``assumed``, ``spacing``, ``source``, ``ignored``,
-        ``opening_scale``; ``spacing`` overrides every source. A size above ``max_pixels`` is refused here.
-        """
+        """What to do with ``img`` (``size``, ``spacing``, ``source``, ...); ``spacing`` overrides every source."""
         shape = tuple(int(s) for s in img.shape[1:])
         if len(shape) != 2:
             raise UsageError(f"ResampleToSpacing expects a (C, H, W) image, got shape {tuple(img.shape)}")
