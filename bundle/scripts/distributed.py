@@ -1,7 +1,4 @@
-"""The process group every workflow joins under ``torchrun``, through ``ignite.distributed`` as MONAI does.
-
-The training's own DDP pieces are in :mod:`scripts.training.distributed`.
-"""
+"""The process group every workflow joins under ``torchrun``, through ``ignite.distributed`` as MONAI does."""
 
 from __future__ import annotations
 

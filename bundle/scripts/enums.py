@@ -1,7 +1,6 @@
 """The project's names for stages, classes, maps and outputs, as MONAI's ``monai/utils/enums.py``.
 
-The values are part of the interface (file names, CSV columns, metric names, checkpoint settings); inside
-TorchScript use ``Member.value``.
+The values are part of the interface (file names, CSV columns, metric names); inside TorchScript use ``Member.value``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Saliency-guided patch selection (paper Algorithm 1), random patches, cropping and map rendering.
 
-Batched and on the tensors' device, with no host synchronisation per patch. Boxes are long tensors (B, K, 4) of
-(row, col, height, width) in image pixels. What GLAM's forward reaches compiles with ``torch.jit.script``, hence
-``list[int]`` sizes and the Python-only checks under ``torch.jit.is_scripting()``.
+Boxes are long tensors (B, K, 4) of (row, col, height, width); what GLAM's forward reaches compiles with TorchScript.
 """
 
 from __future__ import annotations

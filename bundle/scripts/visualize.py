@@ -1,6 +1,4 @@
-"""Pictures of GLAM's outputs: saliency maps as coloured overlays on the image, with the patches, the model's window
-and the ground truth. :func:`saliency_panel` (TensorBoard) blends the maps on their 0..1 scale; :func:`reading_panel`
-(the inference panel) scales each map to its own maximum, so that a weak map is still seen, with colour bars."""
+"""Pictures of GLAM's outputs: saliency maps as coloured overlays on the image, with the patches and the window."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""JSON datalists in MONAI's layout (``{"training": [...], "validation": [...], "test": [...]}``).
-
-No ``label`` means unknown; no mask key means not annotated, an all-zero mask "no lesion of that class".
-"""
+"""JSON datalists in MONAI's layout (``{"training": [...], "validation": [...], "test": [...]}``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""What a mammogram's header and name say: view, laterality, pixel spacing, and whether it is a mammogram.
-
-Each value comes with its source: the DICOM tags first, then PatientOrientation, then known archives' naming patterns in
-SeriesDescription, ProtocolName, PatientID and the file name.
-"""
+"""What a mammogram's header and name say: view, laterality, pixel spacing, and whether it is a mammogram."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The network an evaluation builds, from the model settings its checkpoint records (as inference reads them).
-
-A setting given as ``"checkpoint"`` takes the recorded value (GLAM's default where none is recorded); any other value
-is used as given (:func:`evaluation_settings`).
-"""
+"""The network an evaluation builds, from the model settings its checkpoint records (as inference reads them)."""
 
 from __future__ import annotations
 

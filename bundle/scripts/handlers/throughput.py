@@ -1,6 +1,4 @@
-"""Where an inference run's time went and how far it is: a progress line while it runs, images/s and the split of
-the wall time at its end (logged and written to ``<output_dir>/timing.json``).
-"""
+"""Where an inference run's time went and how far it is: a progress line, then images/s and ``timing.json``."""
 
 from __future__ import annotations
 

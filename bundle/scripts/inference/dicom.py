@@ -1,6 +1,7 @@
-"""DICOM outputs of a DICOM input, in its study and referencing it: a Secondary Capture of the overlay panel and a
-FRACTIONAL Segmentation of S_c on its pixel grid. highdicom is imported only here, only when asked for, so the rest of
-the bundle keeps working with pydicom 2."""
+"""DICOM outputs of a DICOM input: a Secondary Capture of the panel and a FRACTIONAL Segmentation of S_c.
+
+highdicom is imported only here, only when asked for, so the rest of the bundle works with pydicom 2.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The output folder of an inference run, opened before the first image: locked, compared with its record
-(``run.json``: a folder of another run is refused), checked for writing, cleared of an interrupted run's temporaries,
-and planned: an input whose predictions.csv row and manifest-recorded files are whole is done, the others are run
-under stems of their own. Rerunning a command resumes it; nothing a run wrote is replaced by another run's outputs."""
+"""The output folder of an inference run, opened before the first image: locked, checked and planned.
+
+Rerunning a command resumes it; nothing a run wrote is replaced by another run's outputs.
+"""
 
 from __future__ import annotations
 

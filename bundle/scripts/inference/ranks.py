@@ -1,6 +1,4 @@
-"""Inference over many processes under ``torchrun`` (``configs/multi_gpu_inference.yaml``): each rank runs its
-share of the inputs into one shared output folder, appending to tables of its own, and rank 0 merges them at the end.
-A rank that fails is reported and the others finish; the same command again resumes whatever was cut short."""
+"""Inference over many processes under ``torchrun``: each rank runs its share, rank 0 merges the tables at the end."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""GLAM's settings as one record, :class:`GLAMSettings`: each field's default (the paper's value) and, in its
-:class:`SettingSpec`, how a checkpoint records and checks it, whether loading compares it, how inference sets it
-and how command-line text is read."""
+"""GLAM's settings as one record (:class:`GLAMSettings`), each with its :class:`SettingSpec`."""
 
 from __future__ import annotations
 

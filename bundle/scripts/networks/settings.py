@@ -1,7 +1,4 @@
-"""Model settings recorded as JSON in a network's state dict (a ``model_settings`` buffer).
-
-Loading a state dict whose record differs from the network's is refused, except for :data:`INFERENCE_CHOICES`.
-"""
+"""Model settings recorded as JSON in a network's state dict (a ``model_settings`` buffer)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The datasets of the deterministic preprocessing, cached in memory (``CacheDataset``), on disk
-(:class:`ChecksummedPersistentDataset`) or not at all; the random per-step half runs on the device
-(:class:`~scripts.training.batch.GLAMPrepareBatch`)."""
+"""The datasets of the deterministic preprocessing, cached in memory, on disk or not at all."""
 
 from __future__ import annotations
 

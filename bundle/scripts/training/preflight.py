@@ -1,8 +1,4 @@
-"""The training's own checks, before a dataset or a network is built (:func:`preflight_training`).
-
-Per-stage options, writable folders, the run lock on ``ckpt_root`` (:func:`lock_run`) and an unfinished earlier run
-(:func:`check_unfinished_run`).
-"""
+"""The training's own checks, before a dataset or a network is built (:func:`preflight_training`)."""
 
 from __future__ import annotations
 

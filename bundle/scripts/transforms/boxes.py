@@ -1,8 +1,4 @@
-"""Box annotations as lesion masks, so that boxes go through exactly the geometry masks go through.
-
-A datalist item may carry ``"boxes": [{"label": "benign" | "malignant", "box": [y0, x0, y1, x1]}, ...]`` in the
-file's pixels (docs/data.md); evaluation then reads a box as a lesion.
-"""
+"""Box annotations as lesion masks, so that boxes go through exactly the geometry masks go through (docs/data.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Breast geometry on 2-D ``(H, W)`` mammograms (numpy only): the authors' crop box and best-centre window.
-
-Free of MONAI, so that tests can compare them with independent computations; the transforms in ``array.py`` wrap
-them. The rules are in docs/preprocessing.md.
-"""
+"""Breast geometry on 2-D ``(H, W)`` mammograms (numpy only): the authors' crop box and best-centre window."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Dictionary versions of the mammogram transforms: one decision on ``source_key``, applied to the image and its masks.
-
-Masks must share the source's spatial shape; laterality, view and ``horizontal_flip`` come from the data when present.
-"""
+"""Dictionary versions of the mammogram transforms: one decision on ``source_key``, applied to every key."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Resampling to the model's pixel spacing (docs/preprocessing.md, "Pixel spacing").
-
-The input's spacing is the file's, else the datalist's ``pixel_spacing``, else ``input_spacing``, else ``fallback``
-(``"fit_breast"``: :func:`fit_breast_spacing`; ``"model"``: the model's); the output's metadata records the choice.
-"""
+"""Resampling to the model's pixel spacing (docs/preprocessing.md, "Pixel spacing")."""
 
 from __future__ import annotations
 
