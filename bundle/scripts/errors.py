@@ -10,11 +10,9 @@ from .atomic import NO_ROOM_ERRNOS, disk_full
 
 
 class UsageError(ValueError):
-    """A problem with the command, the configuration, the data or the folders that the user can fix.
+    """A problem the user can fix, printed by the command line as one ``error: <message>`` line.
 
-    Its message is one line naming the file or option and what to do; the command line
-    (:class:`~scripts.training.workflow.GLAMWorkflow`) prints it as ``error: <message>`` without a traceback. It
-    subclasses ``ValueError`` so that callers catching ``ValueError`` keep working.
+    It subclasses ``ValueError`` so that callers catching ``ValueError`` keep working.
     """
 
 

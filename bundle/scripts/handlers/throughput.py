@@ -59,10 +59,6 @@ def format_duration(seconds: float) -> str:
 class InferenceThroughput:
     """Time an inference evaluator with Ignite's :class:`~ignite.handlers.BasicTimeProfiler`; log and write the result.
 
-    timing.json holds the counts (``images``, ``failed``, ``written``, ``skipped``), ``wall_s``, ``images_per_s``,
-    the wall time's split into ``model``, ``waiting_for_data``, ``waiting_for_writers`` and ``other`` (``<part>_s``
-    and ``<part>_share``), and the work beside it (``loading_s``, ``writing*_s``, summed over threads).
-
     Args:
         output_dir: where ``timing.json`` goes (None: only the log line).
         writer: the run's :class:`~scripts.inference.writer.GLAMInferenceWriter` (its ``stats()``), or None.

@@ -131,11 +131,7 @@ def content_checksum(data: Any) -> str:
 
 
 class ChecksummedPersistentDataset(PersistentDataset):
-    """MONAI's ``PersistentDataset`` whose cache files hold ``{"checksum": sha256, "data": item}``.
-
-    An unreadable entry, or one that fails its checksum, is recomputed and rewritten atomically with a warning:
-    MONAI's own check misses truncated files and changed pixels.
-    """
+    """MONAI's ``PersistentDataset`` whose cache entries carry a checksum; a bad entry is recomputed with a warning."""
 
     def _read_entry(self, hashfile: Path) -> Any:
         """The data of a sound cache file.

@@ -22,11 +22,7 @@ RANK_ZERO_ONLY = tuple(
 
 
 def rank_zero_first(parser: Any, ids: Sequence[str]) -> None:
-    """Evaluate the config items ``ids`` on rank 0, then on each node's first process, then on the others.
-
-    For items that create files on first use (the quick start's synthetic dataset), on a shared filesystem as well as
-    on each node's own disk.
-    """
+    """Evaluate the config items ``ids`` on rank 0, then on each node's first process, then on the others."""
     with idist.one_rank_first(rank=0, local=False), idist.one_rank_first(rank=0, local=True):
         for id_ in ids:
             parser.get_parsed_content(id_)

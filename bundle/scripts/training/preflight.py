@@ -84,13 +84,7 @@ def _finished_by_state(last: Path) -> bool:
 
 
 def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], resume: Any, overwrite: Any) -> None:
-    """Refuse to start afresh over the checkpoints of an unfinished run.
-
-    A stage folder with a ``last.pt`` whose run did not finish is an unfinished run: its ``selection.json`` does not
-    say ``finished`` (or, in a folder written before the record existed, the trainer state in ``last.pt`` is short
-    of its ``max_epochs``). Without ``resume`` or ``overwrite`` this is a :class:`UsageError` naming the folder and
-    the two choices. A finished run is started afresh as before (its files are replaced).
-    """
+    """Refuse to start afresh, without ``resume`` or ``overwrite``, over a stage's unfinished ``last.pt``."""
     if str2bool(str(resume)) or str2bool(str(overwrite)):
         return
     for stage in stages:

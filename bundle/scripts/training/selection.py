@@ -75,11 +75,7 @@ def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str
 
 
 class NegativeBCE(Metric):
-    """Minus the mean binary cross-entropy of image-level probabilities (clamped to [1e-7, 1 - 1e-7]) and labels.
-
-    Negated because a key metric must grow as the model improves. ``output_transform`` gives ``(predictions,
-    labels)``: per-image (C,) tensors or (B, C) tensors.
-    """
+    """Minus the mean binary cross-entropy of image-level probabilities and labels: a key metric must grow."""
 
     @reinit__is_reduced
     def reset(self) -> None:

@@ -25,11 +25,7 @@ def original_size(meta: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) -> tuple[int, int, int, int] | None:
-    """The part of the original file the model's window saw: ``(top, left, bottom, right)``, or None.
-
-    Read from ``window_start``, ``window_size``, ``crop_box``, ``flipped_to_right`` and ``resampled_shape`` (scaled
-    outwards to whole pixels).
-    """
+    """The part of the original file the model's window saw: ``(top, left, bottom, right)``, or None."""
     H, W = int(original_size[0]), int(original_size[1])
     shape = meta.get("resampled_shape")
     h, w = (int(v) for v in np.asarray(shape).reshape(-1)[:2]) if shape is not None else (H, W)
@@ -83,11 +79,7 @@ def _reachable(meta: Mapping[str, Any], mask: np.ndarray, k: int) -> float:
 
 
 def breast_refusal(item: Mapping[str, Any]) -> str | None:
-    """Why an image's window is no prediction, in one line; None when it holds enough of the breast.
-
-    No tissue region large enough to be a breast, or a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it (of
-    what a window can hold, for a breast larger than the window). None also where no share can be measured.
-    """
+    """Why an image's window is no prediction, in one line; None when it holds enough of the breast."""
     share = breast_in_window(item)
     if share is None:
         return None
