@@ -140,9 +140,7 @@ def random_patch_boxes(
 ) -> torch.Tensor:
     """K random patch boxes per image inside the breast, disjoint where possible (the local stage's negatives).
 
-    Corners on a ``stride`` grid whose centre pixel is above the image minimum are drawn with probability
-    proportional to their window's foreground fraction; overlap is allowed once no disjoint candidate is left, and
-    an image without foreground draws uniformly.
+    Grid corners are drawn with probability proportional to their window's foreground fraction.
 
     Args:
         image: (B, 1, H, W) images.

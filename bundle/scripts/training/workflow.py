@@ -229,10 +229,7 @@ def plain_run(run_id: str) -> None:
 class GLAMWorkflow(ConfigWorkflow):
     """GLAM's training, evaluation and inference as one MONAI workflow class (``run_workflow`` builds it).
 
-    ``initialize`` checks the overrides; run id ``training`` checks the run and the datalist and trains each stage in a
-    fresh copy of the merged configuration (:func:`run_stages`); any other run id is ``ConfigWorkflow``'s. Under
-    ``python -m monai.bundle`` a user's mistake (:func:`user_error`) ends the process with ``error: <message>`` and
-    status 1; called from Python, exceptions propagate.
+    Under ``python -m monai.bundle`` a user's mistake (:func:`user_error`) ends the process with one ``error:`` line.
 
     Args:
         config_file, meta_file, logging_file, init_id, run_id, final_id, tracking, workflow_type, properties_path:

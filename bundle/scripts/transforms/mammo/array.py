@@ -434,9 +434,7 @@ class RandWindowShift(Randomizable, Transform):
 class QuantizeToUint16(Transform):
     """Store intensities as uint16: a quarter of float32's bytes in a cache and on the way to the device.
 
-    Integer images in [0, 65535] are kept exactly; others are mapped linearly from ``[min(0, min), max]`` onto
-    [0, 65535], with ``meta["intensity_scale"]`` / ``meta["intensity_offset"]`` to map back. :class:`StandardizeImage`
-    is unchanged by such a map (up to rounding).
+    Integer images in [0, 65535] are kept exactly; others map linearly (meta ``intensity_scale``, ``intensity_offset``).
     """
 
     backend = [TransformBackends.TORCH]
