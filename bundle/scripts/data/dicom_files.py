@@ -213,9 +213,6 @@ def inflate_dicom(path: str | os.PathLike, header_only: bool, max_pixels: int | 
     return ds
 
 
-# ------------------------------------------------------------------------------------------ DICOM files
-
-
 def dcmread_capped(
     path: str | os.PathLike, stop_before_pixels: bool, max_pixels: int | None = DEFAULT_MAX_PIXELS
 ) -> pydicom.Dataset:

@@ -58,7 +58,6 @@ _NONE_SPELLINGS = frozenset({"null", "Null", "NULL"})
 _HELP_KEYS = ("help", "h")
 
 
-# -- the overrides ---------------------------------------------------------------------------------------------------
 def _ids(config: Any, prefix: str = "") -> Iterable[str]:
     """Every id of a config (``a``, ``a#b``, ``a#0``...)."""
     items = config.items() if isinstance(config, Mapping) else enumerate(config) if isinstance(config, list) else ()
@@ -152,7 +151,6 @@ def _none_on_command_line(argv: list[str]) -> dict[str, None]:
     return found
 
 
-# -- --help ----------------------------------------------------------------------------------------------------------
 def _is_option(value: Any) -> bool:
     """Whether a top-level entry is a setting rather than a piece of the workflow."""
     if isinstance(value, str):
@@ -182,7 +180,6 @@ def workflow_help(run_id: str, file_config: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# -- tracking --------------------------------------------------------------------------------------------
 #: what MONAI's ``--tracking mlflow`` imports: the client, and the SQLite store's (requirements-dev.txt)
 TRACKING_PACKAGES = {"mlflow": "mlflow-skinny", "sqlalchemy": "sqlalchemy", "alembic": "alembic"}
 
@@ -225,7 +222,6 @@ def plain_run(run_id: str) -> None:
     )
 
 
-# -- the workflow ----------------------------------------------------------------------------------------------------
 class GLAMWorkflow(ConfigWorkflow):
     """GLAM's training, evaluation and inference as one MONAI workflow class (``run_workflow`` builds it).
 
