@@ -4,7 +4,6 @@ from .aggregation import ConcatTopTAggregation, FusionHead, GatedAttentionAggreg
 from .losses import GLAMLoss
 from .metrics import PxAPMetric, SoftDiceMetric
 from .networks import GLAM, REFERENCE_PRESET, GlobalNetwork, LocalNetwork
-from .networks.convert import convert_nyukat_state_dict, load_nyukat_glam
 from .patches import (
     PatchSelector,
     crop_patches,
@@ -32,8 +31,6 @@ __all__ = [
     "shift_patch_boxes",
     "crop_patches",
     "render_saliency",
-    "convert_nyukat_state_dict",
-    "load_nyukat_glam",
     "SoftDiceMetric",
     "PxAPMetric",
     "GLAMWorkflow",

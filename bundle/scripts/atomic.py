@@ -39,8 +39,7 @@ _TEMPORARY = re.compile(r"^(\..+\.[a-z0-9_]{8}\.tmp|\.tmp\d+-.+)$")
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
-    """Open a temporary file beside ``path`` (``mode`` ``"w"`` or ``"wb"``); on success sync it and rename it over
-    ``path`` (mode 0644), on error remove it and leave ``path`` untouched."""
+    """Write ``path`` atomically: a synced temporary beside it, renamed over it on success, removed on error."""
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
@@ -63,8 +62,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
 
 
 def _raise_no_room(err: BaseException, path: Path) -> None:
-    """Raise one ``OSError`` naming ``path`` when ``err`` is a write that found no room (torch.save's
-    ``RuntimeError`` names no file, hence the chain is cut)."""
+    """Raise one ``OSError`` naming ``path`` when ``err`` is a write that found no room."""
     full = disk_full(err)
     if full is not None:
         raise OSError(full.errno, os.strerror(full.errno), str(path)) from None
@@ -93,8 +91,7 @@ def atomic_path(path: str | os.PathLike, staged_name: str | None = None, durable
 
 
 def move_into_place(staged: str | os.PathLike, path: str | os.PathLike, durable: bool = False) -> None:
-    """Rename the complete file or folder ``staged`` over ``path``; ``durable`` syncs the content before and the
-    folder after the rename, so a crash cannot leave the new name over lost content."""
+    """Rename the complete file or folder ``staged`` over ``path``; ``durable`` syncs before and after."""
     if durable and os.path.isfile(staged):
         with open(staged, "rb") as f:
             os.fsync(f.fileno())

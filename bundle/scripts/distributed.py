@@ -1,7 +1,4 @@
-"""The process group every workflow joins under ``torchrun``, through ``ignite.distributed`` as MONAI does.
-
-The training's own DDP pieces are in :mod:`scripts.training.distributed`.
-"""
+"""The process group every workflow joins under ``torchrun``, through ``ignite.distributed`` as MONAI does."""
 
 from __future__ import annotations
 
@@ -27,19 +24,9 @@ logger = logging.getLogger(__name__)
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def world_size() -> int:
-    """Number of processes of the running group (1 without one)."""
-    return idist.get_world_size()
-
-
-def rank() -> int:
-    """Global rank of this process (0 without a process group)."""
-    return idist.get_rank()
-
-
 def is_rank_zero() -> bool:
     """Whether this process is rank 0 (or the only one): the one that logs, draws and shows progress."""
-    return rank() == 0
+    return idist.get_rank() == 0
 
 
 def local_device() -> torch.device:
@@ -92,7 +79,9 @@ def init_distributed(
         )
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     idist.initialize(backend, timeout=timedelta(seconds=timeout_s))
-    logger.info("process group: backend %s, rank %d of %d, device %s", backend, rank(), world_size(), device)
+    logger.info(
+        "process group: backend %s, rank %d of %d, device %s", backend, idist.get_rank(), idist.get_world_size(), device
+    )
     return device
 
 
@@ -110,7 +99,7 @@ def destroy_distributed() -> None:
 
 def quiet_other_ranks(level: int | str = logging.WARNING) -> None:
     """Raise the root logger's level on ranks other than 0 (their INFO lines repeat rank 0's)."""
-    if rank() != 0:
+    if idist.get_rank() != 0:
         logging.getLogger().setLevel(level)
 
 

@@ -1,7 +1,6 @@
 """The project's names for stages, classes, maps and outputs, as MONAI's ``monai/utils/enums.py``.
 
-The values are part of the interface (file names, CSV columns, metric names, checkpoint settings); inside
-TorchScript use ``Member.value``.
+The values are part of the interface (file names, CSV columns, metric names); inside TorchScript use ``Member.value``.
 """
 
 from __future__ import annotations
@@ -60,15 +59,6 @@ class OutputKey(StrEnum):
     Y_FUSION = "y_fusion"
     SALIENCY_LOCAL = "saliency_local"
     SALIENCY = "saliency"
-    LOGITS = "logits"
-
-
-#: the network output each map is rendered from
-MAP_OUTPUT_KEYS: dict[str, str] = {
-    MapName.GLOBAL: OutputKey.SALIENCY_GLOBAL,
-    MapName.LOCAL: OutputKey.SALIENCY_LOCAL,
-    MapName.COMBINED: OutputKey.SALIENCY,
-}
 
 
 class InferenceOutput(StrEnum):

@@ -10,18 +10,14 @@ from .atomic import NO_ROOM_ERRNOS, disk_full
 
 
 class UsageError(ValueError):
-    """A problem with the command, the configuration, the data or the folders that the user can fix.
+    """A problem the user can fix, printed by the command line as one ``error: <message>`` line.
 
-    Its message is one line naming the file or option and what to do; the command line
-    (:class:`~scripts.training.workflow.GLAMWorkflow`) prints it as ``error: <message>`` without a traceback. It
-    subclasses ``ValueError`` so that callers catching ``ValueError`` keep working.
+    It subclasses ``ValueError`` so that callers catching ``ValueError`` keep working.
     """
 
 
 def user_error(err: BaseException) -> BaseException | None:
-    """The exception in ``err``'s ``__cause__`` / ``__context__`` chain that is the user's to fix: a
-    :class:`UsageError` (MONAI wraps a failing config entry in its own ``RuntimeError``) or a write
-    that found no room (:func:`scripts.atomic.disk_full`). None for anything else: a bug keeps its traceback."""
+    """The user's error in ``err``'s cause chain (a :class:`UsageError` or a full disk); None for a bug."""
     full = disk_full(err)
     if full is not None:
         return full
@@ -36,8 +32,7 @@ def user_error(err: BaseException) -> BaseException | None:
 
 
 def error_line(err: BaseException) -> str:
-    """``error: <message>`` on one line; the type's name leads for a subclass (``DataCheckError: ...``), which says
-    where to look."""
+    """``error: <message>`` on one line, led by the type's name for a subclass."""
     if disk_full(err) is err:
         return f"error: {disk_full_message(err)}"  # type: ignore[arg-type]
     kind = "" if type(err) is UsageError else f"{type(err).__name__}: "
@@ -45,8 +40,7 @@ def error_line(err: BaseException) -> str:
 
 
 def disk_full_message(err: OSError) -> str:
-    """One line for a write that found no room (a full disk, a quota, the file size limit): the file being written
-    and what is still there (for a checkpoint, the last good one, which ``--resume true`` continues from)."""
+    """One line for a write that found no room: the file being written and what is still there."""
     what, fix = NO_ROOM_ERRNOS.get(err.errno, NO_ROOM_ERRNOS[errno.ENOSPC])
     if not err.filename:
         return f"{what} ({fix.replace('that disk', 'the output disk')}, then run again)"

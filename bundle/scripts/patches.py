@@ -1,8 +1,6 @@
 """Saliency-guided patch selection (paper Algorithm 1), random patches, cropping and map rendering.
 
-Batched and on the tensors' device, with no host synchronisation per patch. Boxes are long tensors (B, K, 4) of
-(row, col, height, width) in image pixels. What GLAM's forward reaches compiles with ``torch.jit.script``, hence
-``list[int]`` sizes and the Python-only checks under ``torch.jit.is_scripting()``.
+Boxes are long tensors (B, K, 4) of (row, col, height, width); what GLAM's forward reaches compiles with TorchScript.
 """
 
 from __future__ import annotations
@@ -142,9 +140,7 @@ def random_patch_boxes(
 ) -> torch.Tensor:
     """K random patch boxes per image inside the breast, disjoint where possible (the local stage's negatives).
 
-    Corners on a ``stride`` grid whose centre pixel is above the image minimum are drawn with probability
-    proportional to their window's foreground fraction; overlap is allowed once no disjoint candidate is left, and
-    an image without foreground draws uniformly.
+    Grid corners are drawn with probability proportional to their window's foreground fraction.
 
     Args:
         image: (B, 1, H, W) images.

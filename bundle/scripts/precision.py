@@ -1,8 +1,6 @@
 """Mixed precision: bf16 autocast on the batch's own device, fp16 through MONAI's engine AMP.
 
-MONAI's ``amp=True`` autocasts on ``"cuda"`` only and adds a gradient scaler bf16 does not need, so a CPU run would
-silently stay float32; :class:`AutocastInferer` autocasts on the input's device instead. The one module that enters
-``torch.autocast`` (tests/test_owners.py).
+MONAI's ``amp=True`` autocasts on ``"cuda"`` only, so a CPU run would silently stay float32.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""Pictures of GLAM's outputs: saliency maps as coloured overlays on the image, with the patches, the model's window
-and the ground truth. :func:`saliency_panel` (TensorBoard) blends the maps on their 0..1 scale; :func:`reading_panel`
-(the inference panel) scales each map to its own maximum, so that a weak map is still seen, with colour bars."""
+"""Pictures of GLAM's outputs: saliency maps as coloured overlays on the image, with the patches and the window."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ def to_uint8(image: np.ndarray) -> np.ndarray:
 
 
 def overlay(image: np.ndarray, maps: np.ndarray, strength: float = 0.8, vmax: float = 1.0) -> np.ndarray:
-    """Grey image (H, W) with per-class maps (C, H, W) blended in the class colours -> (H, W, 3) uint8, a pixel's
-    opacity ``strength * clip(map / vmax, 0, 1)``; not ``monai.visualize.blend_images``, which needs matplotlib."""
+    """Grey image (H, W) with per-class maps (C, H, W) blended in the class colours -> (H, W, 3) uint8."""
     rgb = np.repeat(to_uint8(image)[..., None], 3, axis=2).astype(np.float32)
     for cls, m in enumerate(np.asarray(maps, dtype=np.float32)):
         alpha = np.clip(m / np.float32(vmax), 0.0, 1.0)[..., None] * strength
@@ -107,8 +104,7 @@ def draw_rectangle(rgb: np.ndarray, box: Sequence[int], colour: Sequence[int], w
 
 
 def outline(mask: np.ndarray, width: int) -> np.ndarray:
-    """The pixels of a binary (H, W) ``mask`` within ``width`` px of its edge, inside it; the image's border is no
-    edge."""
+    """The pixels of a binary (H, W) ``mask`` within ``width`` px of its edge, inside it."""
     mask = np.asarray(mask, dtype=bool)
     return mask & ~binary_erosion(mask, iterations=max(1, int(width)), border_value=1)
 
@@ -161,8 +157,7 @@ def reading_panel(
     strength: float = 0.8,
     separator: int = 6,
 ) -> np.ndarray:
-    """Side by side: the image with its ground truth outlined, then each map scaled to ``0..max(its maximum, floor)``
-    with its colour bars; the model's window and the patches on every tile.
+    """Side by side: the image with its ground truth outlined, then each map with its colour bars.
 
     Args:
         image: (H, W).

@@ -11,6 +11,8 @@ from scripts.enums import OutputKey
 from scripts.losses import _bce, _check_labels, _check_lambda, _l1
 from scripts.precision import full_precision
 
+from .unet import LOGITS
+
 __all__ = ["CAMLoss", "GMICLoss", "MaskDiceBCELoss"]
 
 
@@ -89,7 +91,7 @@ class MaskDiceBCELoss(nn.Module):
                 "MaskDiceBCELoss needs dict targets {'label': (B, 2), 'mask': (B, 2, H, W)}: "
                 "train with GLAMPrepareBatch(with_masks=True)"
             )
-        logits, label, mask = outputs[OutputKey.LOGITS], target["label"], target["mask"]
+        logits, label, mask = outputs[LOGITS], target["label"], target["mask"]
         if mask.shape != logits.shape or label.shape != logits.shape[:2]:
             raise ValueError(
                 f"logits {tuple(logits.shape)}, mask {tuple(mask.shape)} and label {tuple(label.shape)} disagree"

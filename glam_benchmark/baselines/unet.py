@@ -13,6 +13,9 @@ from scripts.enums import OutputKey
 from scripts.networks.glam import check_image
 from scripts.pooling import check_fraction, top_t_pool
 
+#: the U-Net's raw per-pixel logits, an output GLAM does not have
+LOGITS = "logits"
+
 __all__ = ["UNetSaliency"]
 
 
@@ -66,7 +69,7 @@ class UNetSaliency(nn.Module):
         return {
             OutputKey.Y_GLOBAL: top_t_pool(saliency, self.t),
             OutputKey.SALIENCY_GLOBAL: saliency,
-            OutputKey.LOGITS: logits,
+            LOGITS: logits,
         }
 
     def extra_repr(self) -> str:

@@ -6,8 +6,8 @@ process, and check that the outputs agree.
     python -m glam_benchmark.performance.vs_reference --reference-code ... --precision fp32   # our float32 path
 
 The authors' model is built from their code with their released inference settings (184x120 saliency map, one
-512-px patch, top-t 3 % / 30 %) and random weights (seeded); ours is ``scripts.networks.convert.load_nyukat_glam``
-of the same state dict, then ``optimize_for_inference`` at ``--precision`` (default ``auto``: bf16 on CPUs with bf16
+512-px patch, top-t 3 % / 30 %) and random weights (seeded); ours is ``load_nyukat_glam`` (tools/) of the same
+state dict, then ``optimize_for_inference`` at ``--precision`` (default ``auto``: bf16 on CPUs with bf16
 convolutions). One fix to their code, in memory: their window search divides integer tensors with ``/``, which
 was floor division in the torch they used and is true division today (see ``_max_window_with_floor_division``).
 Their code imports torchvision and OpenCV for helpers its forward pass does not use; where those
@@ -37,9 +37,10 @@ from torch import nn
 
 from scripts.enums import OutputKey
 from scripts.networks import optimize_for_inference, resolve_precision
-from scripts.networks.convert import load_nyukat_glam
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tools"))
+from convert_nyukat_checkpoint import load_nyukat_glam  # noqa: E402
 
 #: the authors' inference settings (their run script's parameters)
 REFERENCE_PARAMETERS = {

@@ -101,12 +101,8 @@ def test_non_dicom_input_gets_no_dicom_outputs(run_both):
 
 
 def test_dicom_outputs_switch_and_bad_inputs(tmp_path):
-    from scripts.inference.dicom import dicom_objects, dicom_output_kinds, saliency_segmentation
+    from scripts.inference.dicom import dicom_objects, saliency_segmentation
 
-    assert dicom_output_kinds("none") == () and dicom_output_kinds(None) == ()
-    assert dicom_output_kinds("SC") == ("sc",) and dicom_output_kinds("both") == ("sc", "map")
-    with pytest.raises(ValueError, match="dicom_outputs must be one of"):
-        dicom_output_kinds("pdf")
     bad = tmp_path / "no_uids.dcm"
     ds = pydicom.Dataset()
     ds.Rows, ds.Columns = 4, 4

@@ -286,24 +286,6 @@ def test_the_erosion_warning_names_the_file():
         BestCenterWindow((16, 8), iterations=100)(tiny)
 
 
-def test_library_info_lines_are_off_unless_configured():
-    import logging
-
-    from scripts.handlers.throughput import quiet_library_logs
-
-    pydicom_logger, highdicom_logger = logging.getLogger("pydicom"), logging.getLogger("highdicom")
-    saved = pydicom_logger.level, highdicom_logger.level
-    try:
-        pydicom_logger.setLevel(logging.NOTSET)
-        highdicom_logger.setLevel(logging.DEBUG)  # a logging.conf chose this: kept
-        quiet_library_logs()
-        assert not pydicom_logger.isEnabledFor(logging.INFO) and pydicom_logger.isEnabledFor(logging.WARNING)
-        assert highdicom_logger.level == logging.DEBUG
-    finally:
-        pydicom_logger.setLevel(saved[0])
-        highdicom_logger.setLevel(saved[1])
-
-
 def test_reading_panel_scales_each_map_to_its_maximum_with_a_floor():
     """A weak map (max 0.14) gets full colour at its maximum; a map below the floor (0.01) stays faint: the opacity is
     0.8 x map / max(map max, 0.05), checked against that formula on a mid-grey image."""

@@ -4,11 +4,11 @@ the converted model reproduces an independent functional forward pass over the a
 import numpy as np
 import pytest
 import torch
+from convert_nyukat_checkpoint import convert_nyukat_state_dict, load_nyukat_glam
 from nyukat_layout import authors_state_dict, reference_global, reference_local
 from references import loop_algorithm_1, numpy_top_t
 
 from scripts.networks import GLAM
-from scripts.networks.convert import convert_nyukat_state_dict, load_nyukat_glam
 from scripts.networks.settings import SETTINGS_KEY, decode_settings
 
 

@@ -5,10 +5,10 @@ import sys
 
 import torch
 from conftest import REPO_ROOT
+from convert_nyukat_checkpoint import load_nyukat_glam
 from nyukat_layout import authors_state_dict
 
 from scripts.networks import GLAM
-from scripts.networks.convert import load_nyukat_glam
 
 
 def run(*args, cwd=REPO_ROOT):

@@ -41,10 +41,10 @@ def test_sigkill_of_torchrun_stops_every_rank(tmp_path):
     # each rank joins the group as the workflows do, says so, then works for much longer than the test waits
     config = tmp_path / "sleeper.yaml"
     config.write_text(
-        "+imports: [$import scripts.distributed, $import time]\n"
+        "+imports: [$import scripts.distributed, $import ignite.distributed as idist, $import time]\n"
         "sleeper:\n"
         "  - $scripts.distributed.init_distributed(overlay='sleeper.yaml', command='sleeper')\n"
-        f"  - $open(os.path.join({json.dumps(str(tmp_path))}, f'ready{{scripts.distributed.rank()}}'), 'w').close()\n"
+        f"  - $open(os.path.join({json.dumps(str(tmp_path))}, f'ready{{idist.get_rank()}}'), 'w').close()\n"
         "  - $time.sleep(600)\n"
     )
     args = ["sleeper", "--config_file", json.dumps([str(TRAIN_CONFIG), str(config)]), "--meta_file", str(META)]

@@ -76,19 +76,19 @@ def test_opening_iterations_scale_by_the_recorded_factor():
 
 
 def test_the_crop_and_the_window_open_by_the_scaled_iterations():
-    """With opening_scale 0.1 the crop's box is breast_crop_box's at 10 iterations (not 100), recorded with the
+    """With opening_scale 0.1 the crop's box is breast_crop's at 10 iterations (not 100), recorded with the
     configured 100; the window is placed as with 10 iterations."""
-    from scripts.transforms.mammo.breast import best_center_window, breast_crop_box
+    from scripts.transforms.mammo.breast import best_center_window, breast_crop
 
     picture = _blob(800, 520)
     picture[:120, :60] = 1.0  # a narrow strip up the chest wall, as an axilla: 100 erosions cut it, 10 keep it
     scaled = MetaTensor(torch.as_tensor(picture)[None], meta={OPENING_SCALE_KEY: 0.1, "view": "MLO"})
     out = CropBreast(iterations=100, buffer=5)(scaled)
-    (top, left), (bottom, right) = breast_crop_box(picture, 10, 5)
+    (top, left), (bottom, right) = breast_crop(picture, 10, 5)[0]
     np.testing.assert_array_equal(out.meta["crop_box"], [top, left, bottom, right])
     assert out.meta["crop_iterations"] == 100 and top == 0
     # the authors' crop at the configured 100 cuts the strip away (the tissue check puts it back: tissue=False)
-    assert breast_crop_box(picture, 100, 5, tissue=False)[0][0] > 0
+    assert breast_crop(picture, 100, 5, tissue=False)[0][0][0] > 0
     placement = BestCenterWindow((256, 192), iterations=100).placement(scaled)
     assert placement == best_center_window(picture, "MLO", (256, 192), iterations=10)
     assert placement != best_center_window(picture, "MLO", (256, 192), iterations=100, tissue=False)

@@ -25,7 +25,7 @@ from scripts.transforms.mammo import (
     StandardizeImage,
     StandardizeImaged,
     best_center_window,
-    breast_crop_box,
+    breast_crop,
     chest_wall_side,
     open_breast_mask,
     open_breast_mask_exact,
@@ -64,21 +64,21 @@ def test_crop_box_by_hand():
     img[10:40, :20] = 5  # breast block against the left edge
     img[52, :] = 3  # 1-px line: gone after 3 erosions
     img[0:2, 35:40] = 9  # small speck: not the largest component
-    assert breast_crop_box(img, iterations=3, buffer=5) == ((5, 0), (45, 25))
+    assert breast_crop(img, iterations=3, buffer=5)[0] == ((5, 0), (45, 25))
     mirrored = img[:, ::-1]
-    assert breast_crop_box(mirrored, iterations=3, buffer=5, chest_wall="right") == ((5, 15), (45, 40))
-    assert breast_crop_box(mirrored, iterations=3, buffer=5, chest_wall="auto") == ((5, 15), (45, 40))
+    assert breast_crop(mirrored, iterations=3, buffer=5, chest_wall="right")[0] == ((5, 15), (45, 40))
+    assert breast_crop(mirrored, iterations=3, buffer=5, chest_wall="auto")[0] == ((5, 15), (45, 40))
     # buffers stop at the image border
-    assert breast_crop_box(img, iterations=3, buffer=50) == ((0, 0), (60, 40))
+    assert breast_crop(img, iterations=3, buffer=50)[0] == ((0, 0), (60, 40))
 
 
 def test_crop_box_rejects_blank_and_falls_back_when_erosion_empties():
     with pytest.raises(ValueError, match="no pixel > 0"):
-        breast_crop_box(np.zeros((10, 10)), iterations=2)
+        breast_crop(np.zeros((10, 10)), iterations=2)[0]
     img = np.zeros((20, 20), np.float32)
     img[5:9, :6] = 1
     with pytest.warns(UserWarning, match="removed the whole foreground"):
-        assert breast_crop_box(img, iterations=10, buffer=0) == ((5, 0), (9, 6))
+        assert breast_crop(img, iterations=10, buffer=0)[0] == ((5, 0), (9, 6))
 
 
 def test_chest_wall_side():

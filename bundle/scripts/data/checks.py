@@ -1,9 +1,4 @@
-"""A datalist checked before any work: every file read once, every problem reported in one go, nothing modified.
-
-Files must read as 2-D grayscale pictures, masks be binary, of the image's size and agree with the label, boxes lie
-inside the image; across items no patient or image may be in two splits. Images that state no pixel spacing are counted
-and, given the model's spacing, warned about.
-"""
+"""A datalist checked before any work: every file read once, every problem reported in one go, nothing modified."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""JSON datalists in MONAI's layout (``{"training": [...], "validation": [...], "test": [...]}``): reading, writing,
-patient splits and their checks.
-
-An item is ``{"image", "label": [benign, malignant], "mask_benign"?, "mask_malignant"?, "patient_id", "laterality",
-"view", ...}`` with paths relative to the datalist's folder or absolute. No ``label`` means unknown; no mask key means
-not annotated, an all-zero mask "no lesion of that class". The repository's ``tools/make_datalist.py`` builds them.
-"""
+"""JSON datalists in MONAI's layout (``{"training": [...], "validation": [...], "test": [...]}``)."""
 
 from __future__ import annotations
 
@@ -141,15 +135,13 @@ def split_by_patient(
 ) -> dict[str, list[dict[str, Any]]]:
     """Split items into training/validation/test so that all items of a patient land in one split.
 
-    Each label stratum (any malignant / any benign / normal / unknown, with ``stratify``) is allocated by systematic
-    sampling over the cumulative fractions, so each split gets its fraction up to one patient per stratum; a split asked
-    for that stays empty takes one patient from the largest split. Items keep their input order.
+    Each label stratum is allocated by systematic sampling over the cumulative fractions; items keep their input order.
 
     Args:
         items: the datalist items.
         fractions: fractions of patients for (training, validation, test), or a dict by split.
         seed: seed of the patients' order.
-        stratify: split each label stratum in proportion.
+        stratify: split each label stratum (any malignant / any benign / normal / unknown) in proportion.
 
     Returns:
         ``{split: items}``.
@@ -227,8 +219,7 @@ def _patients(items: Sequence[Mapping[str, Any]]) -> int:
 def check_split_sizes(
     datalist: Mapping[str, Sequence[Mapping[str, Any]]], fractions: Mapping[str, float] | None = None
 ) -> list[str]:
-    """Splits that would break training, one message each: training items without validation items (no model would be
-    selected), and, given ``fractions``, a split asked for that received no patient."""
+    """Splits that would break training, one message each (no validation items, an empty split asked for)."""
     n = {s: len(datalist.get(s, []) or []) for s in SPLITS}
     patients = {s: _patients(datalist.get(s, []) or []) for s in SPLITS}
     sizes = (

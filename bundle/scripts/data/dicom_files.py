@@ -213,14 +213,10 @@ def inflate_dicom(path: str | os.PathLike, header_only: bool, max_pixels: int | 
     return ds
 
 
-# ------------------------------------------------------------------------------------------ DICOM files
-
-
 def dcmread_capped(
     path: str | os.PathLike, stop_before_pixels: bool, max_pixels: int | None = DEFAULT_MAX_PIXELS
 ) -> pydicom.Dataset:
-    """pydicom's ``dcmread`` with its size traps closed: deflated files inflate with a cap, other files' pixel data
-    stays on disk until accessed (``defer_size``), after the caller has checked Rows x Columns."""
+    """pydicom's ``dcmread`` with deflated files inflated under a cap and the pixel data left on disk."""
     if not Path(path).is_file():
         raise read_error(path, "file not found" if not Path(path).exists() else "not a regular file")
     try:

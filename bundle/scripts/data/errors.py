@@ -62,8 +62,7 @@ def check_resampled_pixels(
     why: str,
     max_pixels: int | None,
 ) -> None:
-    """Refuse resampling an image of ``shape`` to ``size`` (``why``: the spacings that ask for it) when that has more
-    than ``max_pixels`` pixels; the message names the file, both sizes, the cap and the option that raises it."""
+    """Refuse resampling an image of ``shape`` to ``size`` when that has more than ``max_pixels`` pixels."""
     over = _over_cap(size, max_pixels)
     if over is not None:
         dims, pixels = over
@@ -80,5 +79,4 @@ class DatalistError(UsageError):
 
 
 class CsvRowError(UsageError):
-    """A row that cannot become an item; ``items_from_csv`` leaves it out and lists the message (which names the
-    row) among its problems."""
+    """A row that cannot become an item; ``items_from_csv`` lists its message among its problems."""

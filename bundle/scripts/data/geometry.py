@@ -93,8 +93,7 @@ def as_spacing_range(value: Any, name: str = "spacing_range") -> tuple[float, fl
 
 
 def usable_spacing(value: Any, spacing_range: Sequence[float] | None = None) -> tuple[float, float] | None:
-    """``(row, col)`` mm when ``value`` holds two finite positive numbers, inside ``spacing_range`` when given; else
-    None.
+    """``(row, col)`` mm when ``value`` holds two finite positive numbers (inside ``spacing_range``); else None.
 
     The one rule for whether a pixel spacing can be used (tests/test_owners.py keeps it the only one).
     """
@@ -108,8 +107,7 @@ def usable_spacing(value: Any, spacing_range: Sequence[float] | None = None) -> 
 
 
 def stated_spacing_ok(numbers: Sequence[Any]) -> bool:
-    """Whether ``numbers`` are a spacing a datalist or a CSV may state: one or two real numbers, each 0 < mm <
-    :data:`STATED_SPACING_LIMIT_MM`."""
+    """Whether ``numbers`` are one or two spacings, each 0 < mm < :data:`STATED_SPACING_LIMIT_MM`."""
     return len(numbers) in (1, 2) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < STATED_SPACING_LIMIT_MM for v in numbers
     )

@@ -1,8 +1,4 @@
-"""What a mammogram's header and name say: view, laterality, pixel spacing, and whether it is a mammogram.
-
-Each value comes with its source: the DICOM tags first, then PatientOrientation, then known archives' naming patterns in
-SeriesDescription, ProtocolName, PatientID and the file name.
-"""
+"""What a mammogram's header and name say: view, laterality, pixel spacing, and whether it is a mammogram."""
 
 from __future__ import annotations
 
@@ -65,8 +61,7 @@ def dicom_laterality(ds: pydicom.Dataset) -> str | None:
 
 
 def dicom_view(ds: pydicom.Dataset) -> str | None:
-    """View code (``'CC'``, ``'MLO'``, ...) from ViewPosition or ViewCodeSequence (an unknown meaning as written),
-    else None."""
+    """View code (``'CC'``, ``'MLO'``, ...) from ViewPosition or ViewCodeSequence, else None."""
     position = tag_text(ds.get("ViewPosition")).upper()
     if position:
         return position
@@ -84,8 +79,7 @@ def dicom_view(ds: pydicom.Dataset) -> str | None:
 
 
 def _multi(value: Any) -> list[str]:
-    """A DICOM value as the list of its values' texts (a MultiValue, a number, a str, or bytes pydicom could not
-    convert)."""
+    """A DICOM value as the list of its values' texts."""
     if value is None:
         return []
     if isinstance(value, (str, bytes)):
@@ -217,8 +211,7 @@ def _file_stem(path: str | os.PathLike) -> str:
 
 
 def _from_text(ds: pydicom.Dataset | None, path: str | os.PathLike, index: int) -> tuple[str | None, str | None]:
-    """Item ``index`` of :func:`text_view_laterality` from SeriesDescription, ProtocolName, PatientID or the file name,
-    the first that states it, with its source."""
+    """Item ``index`` of :func:`text_view_laterality` from the first descriptive tag or file name stating it."""
     texts = [] if ds is None else [(k, ds.get(k)) for k in ("SeriesDescription", "ProtocolName", "PatientID")]
     for source, text in [*texts, ("filename", _file_stem(path))]:
         value = text_view_laterality(text)[index]
@@ -242,8 +235,7 @@ def view_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tupl
 
 
 def laterality_and_source(ds: pydicom.Dataset | None, path: str | os.PathLike) -> tuple[str | None, str | None]:
-    """``(laterality, laterality_source)`` from the tags (``"dicom"``), PatientOrientation, then the text patterns;
-    ``(None, None)`` if none (the pixel-based guess is the reader's)."""
+    """``(laterality, laterality_source)`` from the tags, PatientOrientation or text; ``(None, None)``."""
     if ds is not None:
         laterality = dicom_laterality(ds)
         if laterality:

@@ -1,9 +1,7 @@
-"""2-D mammograms and lesion masks from DICOM, PNG/TIFF/JPEG, NIfTI, MHA/MHD and NRRD, as ``(H, W)`` arrays as
-displayed.
+"""2-D mammograms and lesion masks from DICOM, PNG/TIFF/JPEG, NIfTI, MHA/MHD and NRRD, as ``(H, W)`` arrays as shown.
 
-ITK, NRRD and NIfTI store a picture x (column) first, so their arrays are transposed to rows first. DICOM pixels go
-through the Modality LUT, the VOI LUT / window, then MONOCHROME1 inversion (``max - x``) so that the background is 0,
-which the breast crop (pixels > 0) needs.
+DICOM pixels go through the Modality LUT, the VOI LUT and MONOCHROME1 inversion so that the background is 0, which the
+breast crop (pixels > 0) needs.
 """
 
 from __future__ import annotations
@@ -126,8 +124,7 @@ def _format_of(path: str | os.PathLike) -> str:
 
 
 def file_format(path: str | os.PathLike) -> str | None:
-    """The reader a file goes to (``"dicom"``, ``"pil"``, ``"nifti"``, ``"itk"``, ``"nrrd"``) by suffix, else by its
-    first bytes; None for neither."""
+    """The reader a file goes to (``dicom``, ``pil``, ``nifti``, ``itk``, ``nrrd``) by suffix or first bytes."""
     try:
         return _format_of(path)
     except MammogramReadError:
@@ -367,30 +364,20 @@ def read_mammogram(
 
 
 class _Pending:
-    """A file for ``get_data`` to decode: MONAI's LoadImage tries other readers when ``read`` fails, not
-    ``get_data``."""
+    """A file for ``get_data`` to decode: MONAI's LoadImage tries other readers when ``read`` fails."""
 
     def __init__(self, path: str):
         self.path = path
 
 
 class MammogramReader(ImageReader):
-    """MONAI ``ImageReader`` of 2-D mammograms and masks in every supported format, as ``(1, H, W)``.
-
-    Metadata are :func:`read_mammogram`'s with ``''`` (NaN for the spacing) for unknown values so that batches collate,
-    plus ``spatial_shape`` and ``affine``.
+    """MONAI ``ImageReader`` of 2-D mammograms and masks as ``(1, H, W)``, with :func:`read_mammogram`'s metadata.
 
     Args:
-        mask: read masks (raw values, all-zero allowed, no laterality inference, no modality check).
-        apply_voi: apply a DICOM VOI LUT / window when present.
-        infer_laterality: infer laterality from the image when the file states none.
-        allow_empty: accept all-zero arrays (default: only for masks).
-        accept_non_mammography: read DICOMs that are not mammograms.
-        max_pixels: decoded-size cap in pixels; None: no cap.
+        mask, apply_voi, infer_laterality, allow_empty, accept_non_mammography, max_pixels: :func:`read_mammogram`'s.
         kind_checks: refuse images whose pixels are not a mammogram's (:func:`pixel_kind_problem`) with
             :class:`NotAMammogram`.
-        window: the model's window (rows, cols) for the thumbnail rule.
-        model_spacing: the model's pixel spacing (mm) for the thumbnail rule; None: unknown.
+        window, model_spacing: the model's window (rows, cols) and pixel spacing (mm), for the thumbnail rule.
     """
 
     def __init__(

@@ -28,8 +28,7 @@ def write_report_files(
 
 
 def write_unscored(entries: Sequence[Mapping[str, str]], path: str | os.PathLike) -> None:
-    """Write the unscored images (``image``, ``reason``) to ``path`` atomically; the header alone when none, so that
-    no earlier run's list is left beside a new report."""
+    """Write the unscored images (``image``, ``reason``) to ``path`` atomically; the header alone when none."""
     with atomic_write(path, "w") as f:
         writer = csv.DictWriter(f, fieldnames=["image", "reason"], lineterminator="\n")
         writer.writeheader()

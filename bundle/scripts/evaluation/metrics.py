@@ -48,8 +48,7 @@ def map_handlers(
     froc_tolerance: float = 0.0,
     froc_max_candidates: int = 20,
 ) -> dict[str, PxAP | SoftDice | PointingGame | FROC]:
-    """The metric handlers of one map by :data:`HANDLER_SUFFIXES`, as train.yaml's ``validate#metrics`` builds
-    them: soft Dice, PxAP, pointing-game hits, peaks on the border and the FROC."""
+    """The metric handlers of one map by :data:`HANDLER_SUFFIXES`, as train.yaml's ``validate#metrics``."""
 
     def transform(output: Any) -> tuple[list[Any], list[Any]]:
         return from_engine([map_key, mask_key])(_decollated(output))
@@ -224,8 +223,7 @@ class ReportMetrics:
         return scores, labels
 
     def classify(self, engine: Engine) -> dict[str, Any]:
-        """The image- and breast-level AUC per class, published in ``engine.state.metrics`` for the handlers that log
-        the epoch after the report (MLflow); collective, once per evaluation."""
+        """Publish the image- and breast-level AUC per class in ``engine.state.metrics``; collective."""
         if self.classified is not None:
             return self.classified
         if self.present is None:
@@ -339,8 +337,7 @@ def report_summary(
     settings: Mapping[str, Any],
     n_unscored: int = 0,
 ) -> dict[str, Any]:
-    """The summary (``metrics.json``): ``info``, counts, per-class AUCs, per map and class :data:`MAP_STATS` and the
-    FROC, then ``settings``; undefined values are None."""
+    """The summary (``metrics.json``): info, counts, AUCs, per-map statistics and FROC; undefined: None."""
     names = list(class_names)
     n_positive = [int(sum(1 for row in gathered.labels if row[i] >= 0.5)) for i in range(len(names))]
     return {

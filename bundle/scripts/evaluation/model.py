@@ -1,13 +1,4 @@
-"""The network an evaluation builds: the model settings its checkpoint records, by the rule inference reads them.
-
-Every checkpoint the workflows write records the settings it was trained with (``scripts.networks.settings``), so a
-model trained with a preset evaluates without it. evaluate.yaml sets each model setting to ``"checkpoint"``, which
-takes the checkpoint's recorded value (GLAM's default where it records none); a value given instead, by a file layered
-after evaluate.yaml or by a flag, is used as given (:func:`evaluation_settings`), as in inference.yaml.
-
-One log line says which settings came from where. The preprocessing's window and pixel spacing, and the
-postprocessing's gamma_c, are read from the same settings (evaluate.yaml).
-"""
+"""The network an evaluation builds, from the model settings its checkpoint records (as inference reads them)."""
 
 from __future__ import annotations
 
@@ -30,9 +21,7 @@ EVALUATION_CHOICES = INFERENCE_CHOSEN
 
 
 def checkpoint_record(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The settings record of the checkpoint at ``path``: a ``model.pt``'s, or the ``network`` entry's of a
-    ``last.pt``; None when the file does not exist or records none. A file that cannot be read is a ``ValueError``
-    naming it."""
+    """The settings record of a ``model.pt`` or a ``last.pt``'s ``network``; None when there is none."""
     record = read_checkpoint_settings(path)
     if record is not None or not Path(path).is_file():
         return record
@@ -48,16 +37,13 @@ def checkpoint_record(path: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def evaluation_settings(ckpt_path: str | os.PathLike, stage: str, **settings: Any) -> dict[str, Any]:
-    """The keyword arguments of :class:`~scripts.networks.glam.GLAM` for evaluating ``ckpt_path`` at ``stage``, by
-    inference's rule: a setting whose value is ``"checkpoint"`` (evaluate.yaml's default for each) is the
-    checkpoint's recorded value (GLAM's default where the checkpoint records none); any other value, whichever file or
-    flag gave it, is used as given (one that shapes the weights and contradicts the record is refused when they load).
+    """The keyword arguments of :class:`~scripts.networks.glam.GLAM` for evaluating ``ckpt_path`` at ``stage``.
 
     Args:
         ckpt_path: the checkpoint evaluated.
         stage: the stage the network runs (``global``, ``local``, ``joint``).
-        settings: each of :data:`~scripts.networks.inference.CHECKPOINT_SETTINGS` and :data:`EVALUATION_CHOICES`
-            (``num_patches_eval``, ``gamma_c``), a value or ``"checkpoint"``; one not given is the checkpoint's.
+        settings: each of :data:`~scripts.networks.inference.CHECKPOINT_SETTINGS` and :data:`EVALUATION_CHOICES`, a
+            value or ``"checkpoint"`` (the recorded value); one not given is the checkpoint's.
 
     Raises:
         UsageError: ``stage`` is not one of the model's stages (``all`` trains, it cannot be evaluated), or a name

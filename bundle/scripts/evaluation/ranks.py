@@ -1,9 +1,4 @@
-"""Which images each rank evaluates under ``torchrun`` (``configs/multi_gpu_evaluate.yaml``), and the data check
-shared by the ranks.
-
-Each rank takes a contiguous block so that the gathered per-image rows, and every sum over them, come in the
-split's order, as one process's.
-"""
+"""Which images each rank evaluates under ``torchrun``: contiguous blocks, so gathered rows keep the split's order."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ from typing import Any
 import ignite.distributed as idist
 from monai.utils import str2bool
 
-from ..distributed import rank, world_size
 from ..errors import UsageError
 
 
@@ -24,8 +18,8 @@ def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | Non
     Raises:
         ValueError: fewer items than ranks (the others would wait for it to gather).
     """
-    n = world_size() if num_replicas is None else int(num_replicas)
-    r = rank() if rank_ is None else int(rank_)
+    n = idist.get_world_size() if num_replicas is None else int(num_replicas)
+    r = idist.get_rank() if rank_ is None else int(rank_)
     if not 0 <= r < n:
         raise UsageError(f"rank must be in [0, {n}), got {r}")
     if n_items < n:
@@ -41,9 +35,7 @@ def block_bounds(n_items: int, num_replicas: int | None = None, rank_: int | Non
 def check_data_on_ranks(
     datalist: Sequence[Any], split: str, pixel_spacing: Any = None, enabled: bool | str = True
 ) -> Any:
-    """The files, labels, masks and boxes of the split checked as evaluate.yaml's ``check_data`` does
-    (:func:`scripts.data.checks.check_data` on ``{split: datalist}``), each rank reading the files of its own
-    block (:func:`block_bounds`) only. Collective: every rank calls it, and every rank gets the same outcome.
+    """The split checked as ``check_data`` does, each rank reading its own block; collective.
 
     Returns:
         the report of the whole split (indices in the whole split), or None when ``enabled`` is no.
@@ -62,7 +54,7 @@ def check_data_on_ranks(
     mine = run_data_checks({split: items[start:stop]})
     mine.problems = [dataclasses.replace(p, index=p.index + start) if p.index is not None else p for p in mine.problems]
     mine.ok_items = [(s, i + start, image) for s, i, image in mine.ok_items]
-    blocks = idist.all_gather(mine) if world_size() > 1 else [mine]
+    blocks = idist.all_gather(mine) if idist.get_world_size() > 1 else [mine]
     # what spans blocks (an image listed twice), without reading files
     whole = run_data_checks({split: items}, read_files=False)
     report = DataCheckReport(source=whole.source, n_items=len(items))
@@ -72,4 +64,4 @@ def check_data_on_ranks(
         report.spacings.update(block.spacings)
         report.stated_by_datalist |= set(block.stated_by_datalist)
     report.problems += [p for p in whole.problems if p.index is None]
-    return assert_report_ok(report, pixel_spacing if rank() == 0 else None)
+    return assert_report_ok(report, pixel_spacing if idist.get_rank() == 0 else None)

@@ -1,8 +1,4 @@
-"""The evaluation report of a GLAM model: every number of the paper's Table 1 from one pass over a split.
-
-Unlike MONAI's ``MetricsSaver`` (one file per metric), the report writes one row per image with every map and
-class, and a summary with per-class statistics, which the docs and the MONAI Label app read.
-"""
+"""The evaluation report of a GLAM model: every number of the paper's Table 1 from one pass over a split."""
 
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ import ignite.distributed as idist
 from ignite.engine import Engine, Events
 from monai.utils import str2bool
 
-from ..distributed import rank, world_size
 from ..enums import CLASS_NAMES, MAP_NAMES, OutputKey
 from ..errors import UsageError
 from .files import format_table, write_report_files, write_unscored
@@ -58,9 +53,7 @@ def eval_split_items(datalist: Mapping[str, Sequence[Any]], split: str, source: 
 class MetricsReport:
     """Ignite handler accumulating GLAM's evaluation metrics per image and writing the report on completion.
 
-    ``engine.state.output`` is the decollated list of ``GLAMOutputsd`` dicts: per image the maps (C, H, W) in
-    [0, 1], ``lesion_mask`` (C, H, W), ``y_global`` (C,) and ``label`` (C,). Under DDP every rank needs at least one
-    image (the gathers are collective); rank 0 writes ``metrics.json``, ``metrics.csv`` and prints the table.
+    Under DDP every rank needs at least one image (the gathers are collective); rank 0 writes the files.
 
     Args:
         output_dir: where ``metrics.json`` and ``metrics.csv`` go (created when missing).
@@ -68,15 +61,11 @@ class MetricsReport:
         info: extra entries for the JSON (what was evaluated: checkpoint, stage, split, datalist...).
         maps: the maps to report, in row order, where present in the outputs.
         pxap_step: threshold spacing of PxAP (0.001, as the paper).
-        pointing_tolerance: pixels between a map's peak and a lesion of its class that still count as a hit.
-        peak_border: pixels from the image edge within which a peak counts as on the border.
-        froc_radius: half-side of the square whose maximum a FROC candidate is.
-        froc_tolerance: a FROC candidate within this many pixels of a lesion of its class finds it.
-        froc_max_candidates: at most this many FROC candidates per map, class and image (the highest).
+        pointing_tolerance, peak_border: as in :func:`~scripts.metrics.pointing_game.compute_pointing_game`.
+        froc_radius, froc_tolerance, froc_max_candidates: as in :class:`~scripts.metrics.froc.FROCMetric`.
         items: the evaluated datalist items, whose ``patient_id`` and ``laterality`` name each image's breast.
         unscored: the evaluator's :class:`~scripts.evaluation.unscored.ScoredLoader`; None: every image is scored.
-        skip_unscored: report the other images instead of raising :class:`UnscoredImagesError`; the unscored ones
-            go to ``unscored.csv`` either way.
+        skip_unscored: report the other images instead of raising :class:`UnscoredImagesError`.
         check_values: let the metrics check score ranges and mask values (one host synchronisation per call).
         print_table: print the table to stdout at completion (rank 0).
         image_key, mask_key, score_key, label_key: keys of the decollated batch/output items.
@@ -160,10 +149,10 @@ class MetricsReport:
             ValueError: a rank (or the only process) with no image scored: there is nothing to report.
         """
         mine = ([dict(e) for e in unscored], len(self.metrics.paths))
-        ranks = idist.all_gather(mine) if world_size() > 1 else [mine]
+        ranks = idist.all_gather(mine) if idist.get_world_size() > 1 else [mine]
         self.unscored_images = [entry for entries, _ in ranks for entry in entries]
         n, n_scored = len(self.unscored_images), sum(count for _, count in ranks)
-        if rank() == 0:
+        if idist.get_rank() == 0:
             write_unscored(self.unscored_images, self.unscored_path)
             for entry in self.unscored_images[:_LOGGED_UNSCORED]:
                 logger.warning("unscored image %s: %s", entry["image"], entry["reason"])
@@ -177,7 +166,7 @@ class MetricsReport:
             )
         empty = [r for r, (_, count) in enumerate(ranks) if count == 0]
         if empty:
-            where = f"rank {empty[0]}'s block of {split} (run fewer processes)" if world_size() > 1 else split
+            where = f"rank {empty[0]}'s block of {split} (run fewer processes)" if idist.get_world_size() > 1 else split
             raise UsageError(f"no image of {where} could be scored ({n} unscored, in {self.unscored_path})")
         if n:
             logger.warning(
@@ -215,7 +204,7 @@ class MetricsReport:
         """Gather, then (rank 0) write the report and print the table."""
         self.rows, self.summary = self.compute(engine)
         self.table = format_table(self.summary)
-        if rank() != 0:
+        if idist.get_rank() != 0:
             return
         write_report_files(self.rows, self.summary, self.csv_path, self.json_path)
         logger.info("evaluation report written to %s and %s", self.json_path, self.csv_path)

@@ -57,8 +57,7 @@ def _lesions_outside_window(item: Mapping[str, Any]) -> list[str]:
 
 
 def unscored_reason(item: Mapping[str, Any]) -> str | None:
-    """Why the evaluation cannot score this image (the window misses the breast, a lesion lies outside the window
-    or vanished in the resampling), in one line; None when it can.
+    """Why the evaluation cannot score this image, in one line; None when it can.
 
     Args:
         item: the item right after the window is cut (:class:`ScoringDataset`), its masks holding lesion numbers.
@@ -105,8 +104,7 @@ def _first(transforms: Sequence[Any], kind: type, what: str) -> int:
 
 
 class ScoringDataset(torch.utils.data.Dataset):
-    """The split through the validation's preprocessing, step by step, with a marker
-    ``{"unscored": reason, "image_path": ...}`` in place of an image that cannot be scored.
+    """The split through the validation's preprocessing, with a marker for an image that cannot be scored.
 
     Args:
         data: the datalist items of the split (or of this rank's block).
@@ -164,9 +162,7 @@ def scored_collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 class ScoredLoader:
-    """The batches of ``loader`` (collated by :func:`scored_collate`) without the markers, which :attr:`unscored`
-    keeps; :attr:`on_end` gets them at the end of each pass, before the epoch's metrics.
-    """
+    """The batches of ``loader`` without the markers, which :attr:`unscored` keeps for :attr:`on_end`."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader

@@ -1,11 +1,7 @@
 """Stop a training stage at its first non-finite loss, with one line that says where, before anything is saved.
 
-Ignite's ``TerminateOnNan`` checks the same output, but ends the run as if it had finished (``engine.terminate()``:
-the run completes, exits 0, and the stage's record says it finished, so the next stage starts from whatever model it
-left); MONAI has no such handler. :class:`StopOnNonFinite` raises instead, so the run fails (exit status 1, the
-message as one ``error:`` line through :class:`~scripts.training.workflow.GLAMWorkflow`) before the epoch's
-validation and checkpoints: ``last.pt`` and ``model.pt`` on disk keep their last finite weights (and
-:func:`~scripts.networks.weights.save_atomic` never writes non-finite ones).
+Ignite's ``TerminateOnNan`` ends the run as if it had finished, so the next stage would start from a broken model;
+:class:`StopOnNonFinite` raises instead, before the epoch's validation and checkpoints.
 """
 
 from __future__ import annotations
@@ -46,10 +42,7 @@ def _values(output: Any) -> list[float]:
 class StopOnNonFinite:
     """Raise :class:`TrainingDivergedError` at the first non-finite loss, or at an epoch's end on non-finite weights.
 
-    Unlike Ignite's ``TerminateOnNan``, which ends the run as if it had finished, the run fails before the epoch's
-    validation and checkpoints, so ``last.pt`` and ``model.pt`` keep their last finite weights. The one-line message
-    names the stage, epoch, iteration, learning rate and what the checkpoint folder keeps. Attach it first among the
-    trainer's handlers, so that it explains a step's failure on non-finite values before ``StatsHandler`` logs it.
+    Attach it first among the trainer's handlers, so that it explains a failure before ``StatsHandler`` logs it.
 
     Args:
         stage: the stage's name, for the message.

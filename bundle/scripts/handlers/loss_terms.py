@@ -16,9 +16,7 @@ LossComponents = Callable[[object, object], Mapping[str, torch.Tensor]]
 class LossTerms:
     """Publish the epoch means of a trainer's loss terms (``loss_function.components(pred, label)``) and learning rate.
 
-    The terms are recomputed without gradient at ``IterationEvents.LOSS_COMPLETED`` from the loss's own inputs, so
-    nothing of the step is touched; one call serves every term, where an Ignite ``Average`` per term would repeat it.
-    The sums are all-reduced under DDP (run it on every rank). Attach it before the logging handlers.
+    The terms are recomputed without gradient at ``IterationEvents.LOSS_COMPLETED``, one call for every term.
 
     Args:
         prefix: prepended to each term's name.

@@ -1,8 +1,7 @@
 """Ignite metric handlers for soft Dice, PxAP, the pointing game and the lesion FROC, in the style of ``MeanDice``.
 
-Each publishes one float per epoch: one class (``class_index``) or the mean over the classes with lesion images, and
-the (N, C) per-image values in ``engine.state.metric_details`` with ``save_details``. An undefined value (no lesion
-image) is published as ``empty_value`` with a warning: a NaN key metric would freeze MONAI's best-metric selection.
+An undefined value (no lesion image) is published as ``empty_value`` with a warning: a NaN key metric would freeze
+MONAI's best-metric selection.
 """
 
 from __future__ import annotations
@@ -157,8 +156,7 @@ class PointingGame(_ClassReducedMetricHandler):
 
 
 class FROC(_ClassReducedMetricHandler):
-    """Lesion sensitivity at ``rate`` false positives per image (:class:`~scripts.metrics.froc.FROCMetric`) over an
-    epoch.
+    """Lesion sensitivity at ``rate`` false positives per image over an epoch.
 
     The details are the (N, C) lesion counts; ``handler.metric_fn.aggregate()`` and ``.curve()`` give every rate.
 

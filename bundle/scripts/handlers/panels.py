@@ -14,9 +14,6 @@ from ..visualize import saliency_panel
 class SaliencyPanelWriter:
     """After each validation, write panels of the first ``num_images`` validation images to TensorBoard.
 
-    A panel puts the image, its lesion outlines, ``S_g`` / ``S_l`` / ``S_c`` and the patch boxes side by side, which
-    MONAI's ``TensorBoardImageHandler`` (one tensor per tag) cannot. The step is the trainer's epoch.
-
     Args:
         log_dir: TensorBoard folder.
         num_images: how many validation images to show.

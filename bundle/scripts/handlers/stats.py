@@ -9,9 +9,7 @@ from ..errors import user_error
 
 
 class StatsHandler(MonaiStatsHandler):
-    """``monai.handlers.StatsHandler`` whose exception log skips a user's error (:func:`scripts.errors.user_error`),
-    which :class:`scripts.training.workflow.GLAMWorkflow` prints once as one line; any other exception is logged with
-    its traceback, as MONAI's is. Takes MONAI's arguments."""
+    """``monai.handlers.StatsHandler`` whose exception log skips a user's error, printed once as one line."""
 
     def exception_raised(self, _engine: Engine, e: Exception) -> None:
         """Re-raise ``e``; log it with its traceback first unless it is a user's error."""

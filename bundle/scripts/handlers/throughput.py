@@ -1,6 +1,4 @@
-"""Where an inference run's time went and how far it is: a progress line while it runs, images/s and the split of
-the wall time at its end (logged and written to ``<output_dir>/timing.json``).
-"""
+"""Where an inference run's time went and how far it is: a progress line, then images/s and ``timing.json``."""
 
 from __future__ import annotations
 
@@ -31,11 +29,7 @@ INFERENCE_LOGGERS = ("scripts.inference", "scripts.handlers", "scripts.networks"
 
 
 def show_inference_log(level: int = logging.INFO) -> list[logging.Logger]:
-    """Make the inference workflow's log lines (progress, resumed / skipped images, the summary, the warnings naming
-    files) reach stderr when nothing else shows them: ``monai.bundle run`` without a ``logging.conf`` configures no
-    handler for the bundle's loggers, and Python would print only their warnings. A handler is added to each of
-    :data:`INFERENCE_LOGGERS` only when no handler would receive its records (a configured root logger, pytest's log
-    capture and ``logging.conf`` files are left alone). Returns those loggers."""
+    """Make the inference log lines reach stderr where no handler receives them; returns the loggers."""
     loggers = [logging.getLogger(name) for name in INFERENCE_LOGGERS]
     for package in loggers:
         if not package.hasHandlers():
@@ -45,19 +39,6 @@ def show_inference_log(level: int = logging.INFO) -> list[logging.Logger]:
             if package.getEffectiveLevel() > level:
                 package.setLevel(level)
     return loggers
-
-
-#: libraries whose INFO lines flood an inference log (one per file read or written): WARNING and above only
-_CHATTY_LIBRARIES = ("highdicom", "pydicom", "nibabel", "PIL")
-
-
-def quiet_library_logs(level: int = logging.WARNING) -> None:
-    """Raise the log level of the readers' and writers' libraries (highdicom, pydicom, nibabel, PIL) to ``level``,
-    unless a configuration (a ``logging.conf``) already set one for them: their warnings stay, their INFO lines go."""
-    for name in _CHATTY_LIBRARIES:
-        lib = logging.getLogger(name)
-        if lib.level == logging.NOTSET:
-            lib.setLevel(level)
 
 
 def _images_in(output: Any) -> tuple[int, int]:
@@ -77,10 +58,6 @@ def format_duration(seconds: float) -> str:
 
 class InferenceThroughput:
     """Time an inference evaluator with Ignite's :class:`~ignite.handlers.BasicTimeProfiler`; log and write the result.
-
-    timing.json holds the counts (``images``, ``failed``, ``written``, ``skipped``), ``wall_s``, ``images_per_s``,
-    the wall time's split into ``model``, ``waiting_for_data``, ``waiting_for_writers`` and ``other`` (``<part>_s``
-    and ``<part>_share``), and the work beside it (``loading_s``, ``writing*_s``, summed over threads).
 
     Args:
         output_dir: where ``timing.json`` goes (None: only the log line).
@@ -224,8 +201,7 @@ def combine_rank_timings(reports: list[dict[str, Any]], merge_s: float = 0.0) ->
 
 
 class RankTimings:
-    """Write a multi-process run's timing.json (:func:`combine_rank_timings`) and log the run's and each rank's
-    images/s.
+    """Write a multi-process run's timing.json and log the run's and each rank's images/s.
 
     Args:
         output_dir: where ``timing.json`` goes.

@@ -31,8 +31,7 @@ def key_metric(metrics: Mapping[str, Any], name: Mapping[str, Any] | str) -> dic
 class EpochSeeder:
     """At every epoch's start, reseed every source of randomness from (seed, epoch, rank) alone.
 
-    A run resumed from an epoch checkpoint thus replays the following epochs exactly; Ignite's ``DeterministicEngine``
-    misses the random states MONAI's transforms hold, and MONAI's engines do not derive from it.
+    Ignite's ``DeterministicEngine`` misses the random states of MONAI's transforms, which a resumed run replays.
 
     Args:
         seed: base seed.
@@ -73,11 +72,7 @@ class EpochSeeder:
 
 
 class BestMetricState:
-    """Checkpointable record of an evaluator's best key metric, so that a resumed run selects against it.
-
-    MONAI keeps ``best_metric`` on the evaluator's state only, which no checkpoint holds. Add it to the checkpoint's
-    ``save_dict`` and ``attach`` it to the evaluator.
-    """
+    """Checkpointable record of an evaluator's best key metric (MONAI keeps it on the evaluator's state only)."""
 
     def __init__(self, evaluator: Engine | None = None) -> None:
         self.evaluator = evaluator

@@ -1,6 +1,7 @@
-"""DICOM outputs of a DICOM input, in its study and referencing it: a Secondary Capture of the overlay panel and a
-FRACTIONAL Segmentation of S_c on its pixel grid. highdicom is imported only here, only when asked for, so the rest of
-the bundle keeps working with pydicom 2."""
+"""DICOM outputs of a DICOM input: a Secondary Capture of the panel and a FRACTIONAL Segmentation of S_c.
+
+highdicom is imported only here, only when asked for, so the rest of the bundle works with pydicom 2.
+"""
 
 from __future__ import annotations
 
@@ -34,21 +35,8 @@ _TYPE2_SOURCE = (
 )
 
 
-def dicom_output_kinds(mode: str | None) -> tuple[str, ...]:
-    """``"none" | "sc" | "map" | "both"`` (None: ``"none"``) -> the kinds to write.
-
-    Raises:
-        ValueError: naming a bad value.
-    """
-    key = "none" if mode is None else str(mode).strip().lower()
-    if key not in DICOM_OUTPUT_MODES:
-        raise UsageError(f"dicom_outputs must be one of {sorted(DICOM_OUTPUT_MODES)}, got {mode!r}")
-    return DICOM_OUTPUT_MODES[key]
-
-
 def _usable_charset(ds: Any) -> str | None:
-    """Make ``ds``'s SpecificCharacterSet one highdicom writes, in place, decoding every text value first; returns a
-    note when it had to change it."""
+    """Make ``ds``'s SpecificCharacterSet one highdicom writes, in place; a note when it changed."""
     import highdicom as hd
     from pydicom.charset import python_encoding
 
@@ -138,8 +126,7 @@ def secondary_capture(source: Any, panel: np.ndarray) -> Any:
 
 
 def saliency_segmentation(source: Any, s_c: np.ndarray) -> Any:
-    """FRACTIONAL Segmentation of S_c, segments benign and malignant in 8 bits, referencing ``source``; not a
-    Parametric Map, which highdicom cannot make for a projection image without a frame of reference.
+    """FRACTIONAL Segmentation of S_c (benign, malignant; 8 bits) referencing ``source``.
 
     Args:
         source: the source's header.
@@ -202,9 +189,7 @@ def dicom_objects(
     s_c: np.ndarray | None = None,
     notes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """``kind -> DICOM object``: ``"sc"`` (:func:`secondary_capture` of ``panel``) and / or ``"map"``
-    (:func:`saliency_segmentation` of ``s_c``) for the DICOM file ``source_path``; what had to change in its header
-    is appended to ``notes``.
+    """``kind -> DICOM object`` (``sc``, ``map``) for the DICOM file ``source_path``; header fixes to ``notes``.
 
     Raises:
         ValueError: naming the file when its header cannot be referenced or an input is missing.

@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from monai.data import MetaTensor
 
 from ..data.geometry import SPACING_RANGE_MM
 from ..data.header_facts import cbis_patient_id, text_view_laterality
-from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY
+from ..transforms.mammo.array import CROP_ITERATIONS_KEY, CROP_SOURCE_KEY, WINDOW_SOURCE_KEY, _meta
 from ..transforms.mammo.breast import CC_LIKE_VIEWS, MLO_LIKE_VIEWS, view_kind
 from ..transforms.mammo.coverage import BREAST_IN_WINDOW, breast_in_window
 from ..transforms.mammo.spacing import (
@@ -28,10 +27,6 @@ from ..transforms.mammo.spacing import (
 _DEFAULT_ITERATIONS = 100
 
 
-def _meta(image: Any) -> Mapping[str, Any]:
-    return image.meta if isinstance(image, MetaTensor) else {}
-
-
 def _spacing_pair(value: Any) -> tuple[float, float]:
     flat = np.asarray(value if value is not None else (np.nan, np.nan), dtype=np.float64).reshape(-1)
     return (float(flat[0]), float(flat[1])) if flat.size >= 2 else (np.nan, np.nan)
@@ -43,8 +38,7 @@ def _range(meta: Mapping[str, Any]) -> str:
 
 
 def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
-    """The note of what was assumed about a preprocessed image's pixel spacing: estimated, the model's, or used in
-    place of a file's spacing outside the plausible range; None when a stated spacing was used or nothing resampled.
+    """The note of what was assumed about an image's pixel spacing; None when a stated spacing was used.
 
     Args:
         image: the preprocessed ``MetaTensor`` (after :class:`~scripts.transforms.ResampleToSpacingd`).
@@ -74,8 +68,7 @@ def spacing_note(image: Any, window: Sequence[int] | None = None) -> str | None:
 
 
 def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) -> str | None:
-    """The note of an image whose window holds less than the whole breast (at three decimals), naming the share and
-    why: a crop larger than the window at the spacing used, else the crop's opening; None otherwise."""
+    """The note of an image whose window holds less than the whole breast, naming the share and why."""
     share = breast_in_window(item)
     if share is None or round(share, 3) >= 1.0:
         return None
@@ -97,8 +90,7 @@ def breast_note(item: Mapping[str, Any], window: Sequence[int] | None = None) ->
 
 
 def tissue_note(item: Mapping[str, Any]) -> str | None:
-    """The note of an image whose crop or window was placed on the largest tissue region because the authors' rule
-    did not hold the breast; None otherwise."""
+    """The note of an image whose crop or window was placed on the largest tissue region; None otherwise."""
     meta = _meta(item["image"])
     parts = [
         name for name, key in (("crop", CROP_SOURCE_KEY), ("window", WINDOW_SOURCE_KEY)) if meta.get(key) == "tissue"
@@ -116,9 +108,7 @@ def _text(value: Any) -> str:
 
 
 def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
-    """What predictions.csv states about how a preprocessed item was read: laterality and view with their sources (the
-    datalist's before the file's), the pixel spacing used and its source, ``breast_in_window`` and ``patient_id``;
-    empty cells for what is unknown."""
+    """What predictions.csv states about how an item was read; empty cells for what is unknown."""
     meta = _meta(item["image"])
     facts: dict[str, Any] = {}
     for key in ("laterality", "view"):
@@ -141,8 +131,7 @@ def image_facts(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def patient_id(item: Mapping[str, Any]) -> str:
-    """The patient of an image, for breasts.csv: the datalist's ``patient_id``, else the file's PatientID (a CBIS-DDSM
-    per-view id reduced to the woman's), else ``""``."""
+    """The patient of an image: the datalist's ``patient_id``, else the file's PatientID, else ``""``."""
     given = _text(item.get("patient_id"))
     if given:
         return given
@@ -151,8 +140,7 @@ def patient_id(item: Mapping[str, Any]) -> str:
 
 
 def _file_name_disagrees(item: Mapping[str, Any], facts: Mapping[str, str]) -> list[str]:
-    """Notes for a laterality or view taken from a tag or the datalist while the file's name states another (the tag
-    is used), so that a mislabelled file shows."""
+    """Notes for a laterality or view taken from a tag or the datalist while the file's name states another."""
     name = Path(str(_meta(item["image"]).get("filename_or_obj") or "")).name
     name_view, name_side = text_view_laterality(name)
     notes = []
@@ -171,9 +159,7 @@ def _file_name_disagrees(item: Mapping[str, Any], facts: Mapping[str, str]) -> l
 def image_notes(
     item: Mapping[str, Any], window: Sequence[int] | None = None, default_view: str | None = "CC"
 ) -> list[str]:
-    """Everything assumed about one image, for its log line and errors.csv note: the spacing (:func:`spacing_note`),
-    the tissue placement (:func:`tissue_note`), the breast in the window (:func:`breast_note`), an unknown view (the
-    ``default_view`` window rule used), a name disagreeing with a tag, a laterality inferred from the image."""
+    """Everything assumed about one image, for its log line and errors.csv note."""
     facts = image_facts(item)
     notes = [
         note for note in [spacing_note(item["image"], window), tissue_note(item), breast_note(item, window)] if note

@@ -41,8 +41,7 @@ def is_temporary(name: str) -> bool:
 
 @dataclass(frozen=True)
 class OutputSelection:
-    """What a run writes besides the tables: ``maps`` (NIfTI), ``png`` (the maps also as PNGs per class), ``panel``,
-    ``dicom`` (``"sc"`` and / or ``"map"``, DICOM inputs only)."""
+    """What a run writes besides the tables: ``maps``, ``png``, ``panel`` and ``dicom`` (DICOM inputs)."""
 
     maps: tuple[str, ...] = (MapName.COMBINED.value,)
     png: bool = False
@@ -139,8 +138,7 @@ def manifest_name(stem: str) -> str:
 
 
 def file_record(path: str | os.PathLike) -> dict[str, Any]:
-    """What a manifest records of a file: its ``size`` and the SHA-256 of its last :data:`TAIL_BYTES` bytes, cheap to
-    check whatever the file's format."""
+    """What a manifest records of a file: its ``size`` and the SHA-256 of its last :data:`TAIL_BYTES`."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         f.seek(max(0, size - TAIL_BYTES))
@@ -149,8 +147,7 @@ def file_record(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def files_are_complete(root: str | os.PathLike, stem: str, files: Sequence[str]) -> bool:
-    """Whether the image of ``stem`` has its ``files`` (relative to ``root``) whole: its manifest lists exactly these
-    and each has the recorded size and last bytes; True without files, False without a manifest."""
+    """Whether the image of ``stem`` has its ``files`` whole, as its manifest records them."""
     if not files:
         return True
     root = Path(root)
@@ -164,8 +161,7 @@ def files_are_complete(root: str | os.PathLike, stem: str, files: Sequence[str])
 
 
 class StagedFiles:
-    """One image's files under ``root``, written to temporary names beside their final ones (ending with the final
-    name, so that writers still pick the format from it) and put in place together by :meth:`commit`.
+    """One image's files under ``root``, written to temporary names and put in place together by :meth:`commit`.
 
     Args:
         root: the output folder.
@@ -213,9 +209,7 @@ def bare_name(path: str) -> str:
 
 
 def input_names(paths: Sequence[str]) -> dict[str, str]:
-    """``path -> name`` an input's output stem starts from: its :func:`bare_name`, led by the folders (joined by ``_``)
-    that tell inputs of one name apart (TCIA names every film ``1-1.dcm``), and by its own folder for a name of
-    digits only."""
+    """``path -> name`` an input's output stem starts from, led by the folders that tell same names apart."""
     bare = {path: bare_name(path) for path in paths}
     folders: dict[str, set[str]] = {}
     for path in paths:

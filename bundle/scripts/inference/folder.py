@@ -1,7 +1,7 @@
-"""The output folder of an inference run, opened before the first image: locked, compared with its record
-(``run.json``: a folder of another run is refused), checked for writing, cleared of an interrupted run's temporaries,
-and planned: an input whose predictions.csv row and manifest-recorded files are whole is done, the others are run
-under stems of their own. Rerunning a command resumes it; nothing a run wrote is replaced by another run's outputs."""
+"""The output folder of an inference run, opened before the first image: locked, checked and planned.
+
+Rerunning a command resumes it; nothing a run wrote is replaced by another run's outputs.
+"""
 
 from __future__ import annotations
 
@@ -77,8 +77,7 @@ def stem_limit(folder: str | os.PathLike | None = None) -> int:
 
 
 def _fitted(name: str, limit: int) -> str:
-    """``name`` cut to ``limit`` bytes, ending with ``~`` and 8 hex digits of its hash when cut, so that two long
-    names with the same beginning stay apart."""
+    """``name`` cut to ``limit`` bytes, ending with ``~`` and 8 hex digits of its hash when cut."""
     raw = name.encode("utf-8", "surrogateescape")
     if len(raw) <= limit:
         return name
@@ -99,9 +98,7 @@ def _identity(path: str) -> str:
 
 
 def assign_stems(paths: Sequence[str], taken: Mapping[str, str], limit: int | None = None) -> dict[str, str]:
-    """``path -> stem`` for every input: the stem the folder already has for it, else its name
-    (:func:`~.files.input_names`) cut to ``limit`` bytes (default :func:`stem_limit`) and made unique, ignoring case,
-    by ``_2``, ``_3``, ... in the order of ``paths``.
+    """``path -> stem`` for every input: the folder's, else its name cut to ``limit`` bytes and made unique.
 
     Args:
         paths: the inputs.
@@ -143,8 +140,7 @@ def _differences(recorded: Mapping[str, Any], current: Mapping[str, Any], prefix
 
 @dataclass
 class InferencePlan(Sequence):
-    """What a run does, the sequence of its ``items`` (each with its ``output_stem``) out of ``total`` inputs,
-    ``skipped`` of them done before."""
+    """What a run does: its ``items`` (with ``output_stem``) out of ``total`` inputs, ``skipped`` done before."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     total: int = 0

@@ -69,11 +69,7 @@ def _classify(entry: os.DirEntry) -> str | None:
 def scan_input_folder(folder: str | os.PathLike, exclude: Sequence[str | os.PathLike] = ()) -> list[dict[str, str]]:
     """Every entry under ``folder`` as an item, sorted by path, so that each one gets its row.
 
-    A regular file named with a supported suffix, or whose first bytes are an image's, is ``{"image": path}``; any
-    other entry so named (a broken link, a folder, a FIFO) and a sub-folder that cannot be listed carry their
-    ``error``; another file is listed as skipped. Hidden entries and linked folders (a link could lead in a circle)
-    are not searched, nor inference output folders: those in ``exclude``, those holding a ``run.json`` and, when
-    ``folder`` is itself excluded, its own output sub-folders.
+    Hidden entries, linked folders (a link could lead in a circle) and inference output folders are not searched.
 
     Args:
         folder: the input folder.
@@ -124,8 +120,7 @@ def inference_items(
     split: str = "test",
     output_dir: str | os.PathLike | None = None,
 ) -> list[dict[str, Any]]:
-    """The inputs to run on: the entries of ``input_dir`` (:func:`scan_input_folder`), or, when it is empty, the
-    items of ``datalist[split]`` (a datalist file, ``""`` for none, or its content with the paths resolved).
+    """The inputs to run on: the entries of ``input_dir``, or when it is empty the items of ``datalist[split]``.
 
     Raises:
         ValueError: naming the folder or the split when there is nothing to run on.
@@ -166,9 +161,7 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 class SafeDataset(Dataset):
-    """A ``Dataset`` whose items never raise, so that one bad file does not stop the run: an input that fails to load,
-    whose window misses the breast (:func:`~scripts.transforms.mammo.coverage.breast_refusal`) or that arrives with
-    an error becomes ``{"image": path, "error": "<ExceptionType>: <message>"}``. Every item carries ``load_s``."""
+    """A ``Dataset`` whose items never raise: a bad input becomes ``{"image": path, "error": ...}``."""
 
     def _transform(self, index: int) -> Any:
         start = time.perf_counter()
@@ -190,8 +183,7 @@ class SafeDataset(Dataset):
 
 
 def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]:
-    """Batch of :class:`SafeDataset` items -> ``{"image": (B, 1, H, W) or None, "items": [good items], "errors":
-    [error records], "load_s": seconds}``; good items keep their ``MetaTensor`` for the inversion."""
+    """Batch of :class:`SafeDataset` items -> ``{"image", "items", "errors", "load_s"}``."""
     good = [d for d in items if ERROR_KEY not in d]
     errors = [{"image": d["image"], ERROR_KEY: d[ERROR_KEY]} for d in items if ERROR_KEY in d]
     image = torch.stack([torch.as_tensor(d["image"]) for d in good]) if good else None
@@ -204,8 +196,7 @@ def collate_inference(items: Sequence[Mapping[Hashable, Any]]) -> dict[str, Any]
 
 
 def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu") -> int:
-    """Images per batch: ``batch_size`` as a number, a per-stage dict's ``joint`` value, or ``"auto"``: 8 on a GPU, 2
-    on CPUs."""
+    """Images per batch: a number, a per-stage dict's ``joint`` value, or ``"auto"`` (8 on a GPU, 2 on CPUs)."""
     if isinstance(batch_size, Mapping):
         if Stage.JOINT not in batch_size:
             raise UsageError(
@@ -218,8 +209,7 @@ def batch_size_for(batch_size: Any = "auto", device: torch.device | str = "cpu")
 
 
 def cores_per_process(cpus: int | None = None) -> int:
-    """This process's CPU cores: the node's (``cpus``, default ``os.cpu_count()``) divided among torchrun's processes
-    on it (``LOCAL_WORLD_SIZE``), at least 1."""
+    """This process's CPU cores: the node's divided among torchrun's processes on it, at least 1."""
     processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     return max(1, (cpus or os.cpu_count() or 2) // processes)
 

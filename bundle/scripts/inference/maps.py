@@ -43,8 +43,7 @@ def _numbers(value: Any, count: int) -> np.ndarray | None:
 
 
 def _affine_from(columns: Sequence[np.ndarray], origin: np.ndarray | None) -> np.ndarray:
-    """4x4 affine from the column and row index directions (scaled 3-vectors) and the origin; the third column is
-    the plane's unit normal."""
+    """4x4 affine from the column and row index directions and the origin (third column: the unit normal)."""
     affine = np.eye(4)
     affine[:3, 0], affine[:3, 1] = columns
     normal = np.cross(*columns)
@@ -56,8 +55,7 @@ def _affine_from(columns: Sequence[np.ndarray], origin: np.ndarray | None) -> np
 
 
 def _dicom_affine(path: str, spacing: tuple[float, float], notes: list[str] | None) -> np.ndarray:
-    """RAS affine of a DICOM from ImageOrientationPatient / ImagePositionPatient; DICOM's defaults for a tag missing
-    or unusable (the latter noted)."""
+    """RAS affine of a DICOM from ImageOrientationPatient / ImagePositionPatient (defaults noted)."""
     import pydicom
 
     keywords = ("ImageOrientationPatient", "ImagePositionPatient")
@@ -77,8 +75,7 @@ def _dicom_affine(path: str, spacing: tuple[float, float], notes: list[str] | No
 
 
 def _nrrd_affine(path: str, spacing: tuple[float, float]) -> np.ndarray:
-    """RAS affine of a NRRD from its space directions and origin, read as ITK reads them (an unnamed space is LPS);
-    without directions, the spacing along LPS axes."""
+    """RAS affine of a NRRD from its space directions and origin, read as ITK reads them."""
     import nrrd
 
     header = nrrd.read_header(path)
@@ -95,16 +92,10 @@ def _nrrd_affine(path: str, spacing: tuple[float, float]) -> np.ndarray:
 
 
 def file_affine(meta: Mapping[str, Any], notes: list[str] | None = None) -> np.ndarray:
-    """The RAS affine (mm) of voxel ``(i, j)`` = (column, row) of the input file's pixel grid, so that a map written
-    with it lies on its image in ITK-based viewers (3D Slicer, ITK-SNAP).
-
-    NIfTI and MHA/MHD keep their own affine; DICOM is placed by ImageOrientationPatient / ImagePositionPatient as
-    MONAI's ``PydicomReader`` composes them; NRRD by its space directions and origin; PNG, TIFF and JPEG by the
-    pixel spacing along LPS axes, as ITK reads them.
+    """The RAS affine (mm) of voxel ``(i, j)`` = (column, row) of the input file, so maps overlay it in ITK viewers.
 
     Args:
-        meta: the image's metadata from :class:`~scripts.data.readers.MammogramReader` (``format``,
-            ``filename_or_obj`` or ``filename``, ``spacing`` (row, col) mm, ``original_affine``).
+        meta: the image's metadata from :class:`~scripts.data.readers.MammogramReader`.
         notes: a DICOM orientation or position that cannot be used is noted here.
 
     Returns:
@@ -130,8 +121,7 @@ def file_affine(meta: Mapping[str, Any], notes: list[str] | None = None) -> np.n
 
 @dataclass(frozen=True)
 class OnOriginal:
-    """One image's outputs on its file's grid: ``maps`` name -> (2, H, W) float32 in [0, 1], the patch ``boxes`` and
-    the model's ``window`` (None when it saw none of the file) as (top, left, bottom, right), end-exclusive."""
+    """One image's outputs on its file's grid: ``maps``, the patch ``boxes`` and the model's ``window``."""
 
     maps: dict[str, np.ndarray]
     boxes: list[tuple[int, int, int, int]]
@@ -139,8 +129,7 @@ class OnOriginal:
 
 
 def invert_maps(item: Mapping[str, Any], maps: Mapping[str, torch.Tensor], transform: Compose) -> dict[str, np.ndarray]:
-    """Window maps ``name -> (C, h, w)`` -> ``(C, H, W)`` arrays on the file's grid, through ``Invertd(transform)``
-    with ``item["image"]`` as the reference."""
+    """Window maps ``name -> (C, h, w)`` -> ``(C, H, W)`` on the file's grid, through ``Invertd(transform)``."""
     d: dict[str, Any] = {"image": item["image"]}
     for k, v in maps.items():
         d[k] = MetaTensor(v.float())
@@ -183,7 +172,7 @@ def maps_on_original(
     gamma_c: float = 0.5,
     names: Sequence[str] = MAP_NAMES,
 ) -> OnOriginal:
-    """One image's GLAM outputs on the original file's grid.
+    """One image's GLAM outputs on the original file's grid (pixels the model never saw are 0).
 
     Args:
         item: the preprocessed item (``item["image"]``: ``(1, h, w)`` ``MetaTensor`` with its applied operations).
@@ -193,9 +182,7 @@ def maps_on_original(
         names: the maps to bring back.
 
     Returns:
-        :class:`OnOriginal`: the maps rendered at window resolution and inverted with the patch indicators in one
-        ``Invertd`` (pixels the model never saw are 0), the patch boxes on the file and the model's window
-        (:func:`~scripts.transforms.mammo.coverage.window_on_original`).
+        :class:`OnOriginal`: the maps, the patch boxes and the model's window on the file.
 
     Raises:
         ValueError: when an inverted map is not the file's size.
@@ -230,16 +217,14 @@ def quantize(maps: np.ndarray) -> np.ndarray:
 
 
 def save_png(path: Path, array: np.ndarray) -> None:
-    """Write an 8-bit RGB or 16-bit grey array as a PNG; PIL itself, since MONAI's ``PILWriter`` writes the same bytes
-    about a third slower."""
+    """Write an 8-bit RGB or 16-bit grey array as a PNG (PIL: a third faster than MONAI's ``PILWriter``)."""
     from PIL import Image
 
     Image.fromarray(array).save(path, format="PNG", compress_level=PNG_LEVEL)
 
 
 def save_nifti(path: Path, quantized: np.ndarray, affine: np.ndarray) -> None:
-    """Write (C, H, W) uint16 maps (:func:`quantize`) as a gzip NIfTI (W, H, 1, 1, C) with intent 'vector' and
-    ``scl_slope`` 1/65535, so readers get the maps in [0, 1]; MONAI's ``NibabelWriter`` keeps neither.
+    """Write (C, H, W) uint16 maps as a gzip NIfTI whose ``scl_slope`` gives readers the maps in [0, 1].
 
     Args:
         path: the file to write.
@@ -282,8 +267,7 @@ def write_map_files(
     meta: Mapping[str, Any],
     notes: list[str] | None = None,
 ) -> None:
-    """Stage the map files ``outputs`` asks for: a NIfTI per map (``files[name]``) and with ``png`` a 16-bit PNG per
-    class (``files[f"{name}_{class}"]``); what :func:`file_affine` could not use goes to ``notes``."""
+    """Stage the map files ``outputs`` asks for: a NIfTI per map and, with ``png``, a 16-bit PNG per class."""
     affine = file_affine(meta, notes) if outputs.maps else None
     for name in outputs.maps:
         quantized = quantize(maps[name])
@@ -298,8 +282,7 @@ _NO_SPACING = "no valid pixel spacing in the file (missing, zero or negative) no
 
 
 def map_spacing_note(meta: Mapping[str, Any], outputs: OutputSelection) -> tuple[str, bool] | None:
-    """The note of NIfTI maps that state a pixel size the file does not: ``(note, first)``, ``first`` when the size is
-    unknown altogether (the note leads the image's notes); None otherwise."""
+    """The note of NIfTI maps that state a pixel size the file does not: ``(note, first)``; None otherwise."""
     if not outputs.maps or map_spacing(meta) is not None or meta.get("format") in _FORMATS_WITHOUT_SPACING:
         return None
     if used_spacing(meta) is None:

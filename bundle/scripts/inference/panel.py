@@ -32,8 +32,7 @@ def _mask_thumbnails(item: Mapping[str, Any]) -> np.ndarray | None:
 
 
 def shown_name(path: str, stem: str | None = None) -> str:
-    """The input as the panel's title names it: its file name led by the folders its output ``stem`` names
-    (:func:`~.files.input_names`)."""
+    """The input as the panel's title names it: its file name led by the folders its ``stem`` names."""
     parts = Path(path).parts
     for k in range(1, len(parts)):
         if stem == "_".join([*parts[-1 - k : -1], bare_name(path)]):
@@ -57,8 +56,7 @@ def panel_title_lines(
     with_masks: bool,
     facts: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """The panel's title lines: the file with its scores (malignant first) and labels, how it was read (``facts`` of
-    :func:`~.facts.image_facts`), and what the tiles and colours show."""
+    """The panel's title lines: the file, its scores and labels, how it was read and what the tiles show."""
     order = sorted(range(len(CLASS_NAMES)), key=lambda i: CLASS_NAMES[i] != LesionClass.MALIGNANT)
     scored = " · ".join(f"{CLASS_NAMES[i]} {scores[i]:.2f}" for i in order)
     truth = "" if labels[0] == "" else "   (labels: " + ", ".join(f"{CLASS_NAMES[i]} {labels[i]}" for i in order) + ")"
@@ -164,8 +162,7 @@ def item_panel(
     labels: Sequence[int | str],
     facts: Mapping[str, Any],
 ) -> np.ndarray:
-    """The titled panel of the preprocessed ``item`` (its thumbnails) for the file ``path``, with ``maps``, ``boxes``
-    and ``window`` on the file's grid and the ``scores``, ``labels`` and ``facts`` in the title.
+    """The titled panel of the preprocessed ``item`` for the file ``path``.
 
     Raises:
         ValueError: when the item has no thumbnail.

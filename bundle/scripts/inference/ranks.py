@@ -1,6 +1,4 @@
-"""Inference over many processes under ``torchrun`` (``configs/multi_gpu_inference.yaml``): each rank runs its
-share of the inputs into one shared output folder, appending to tables of its own, and rank 0 merges them at the end.
-A rank that fails is reported and the others finish; the same command again resumes whatever was cut short."""
+"""Inference over many processes under ``torchrun``: each rank runs its share, rank 0 merges the tables at the end."""
 
 from __future__ import annotations
 
@@ -14,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+import ignite.distributed as idist
 import torch.distributed as dist
 
-from ..distributed import TORCHRUN_ENV, init_distributed, rank, world_size
+from ..distributed import TORCHRUN_ENV, init_distributed
 from ..errors import UsageError
 from .files import OutputSelection
 from .folder import RUN_RECORD, InferenceOutputFolder, InferencePlan, OutputFolderRefused, _differences
@@ -31,8 +30,7 @@ _NAMED = 10
 
 
 def input_share(paths: Sequence[str], rank_: int, world_size_: int) -> list[str]:
-    """The inputs rank ``rank_`` of ``world_size_`` runs: ``sorted(set(paths))[rank_::world_size_]``, taken over every
-    input, done or not, so that a rerun gives each rank the same share (``monai.data.partition_dataset``'s split).
+    """The inputs rank ``rank_`` of ``world_size_`` runs: ``sorted(set(paths))[rank_::world_size_]``, done or not.
 
     Raises:
         ValueError: when the rank is not in ``[0, world_size_)``.
@@ -56,8 +54,7 @@ def _label_log_records(label: str) -> None:
 
 
 class InferenceRanks:
-    """This process's place in a ``torchrun`` job: joins the process group when built, and gives it ``device``,
-    ``rank``, ``world_size`` and ``host``.
+    """This process's place in a ``torchrun`` job (``device``, ``rank``, ``world_size``, ``host``); joins the group.
 
     Args:
         backend: the process group's backend; None: NCCL on CUDA, gloo on the CPU.
@@ -78,7 +75,7 @@ class InferenceRanks:
                 "(docs/inference.md, 'Many GPUs and machines')"
             )
         self.device = init_distributed(backend, float(timeout_s))
-        self.rank, self.world_size = rank(), world_size()
+        self.rank, self.world_size = idist.get_rank(), idist.get_world_size()
         self.host = socket.gethostname()
         # the ranks' messages go through gloo (CPU objects), whatever the backend: NCCL would move them through the
         # GPU and stop a rank that waits longer than its watchdog allows
@@ -116,13 +113,11 @@ class InferenceRanks:
 
 
 class RankOutputFolder(InferenceOutputFolder):
-    """The output folder as one rank opens it: rank 0 alone prepares it and changes its tables (``main``), each rank
-    plans its share and appends to its own ``tables``.
+    """The output folder as one rank opens it: rank 0 alone prepares it and changes its tables.
 
     Args:
         output_dir: the folder, shared by every rank.
-        settings: as :class:`~.folder.InferenceOutputFolder`'s.
-        outputs: as :class:`~.folder.InferenceOutputFolder`'s.
+        settings, outputs: as :class:`~.folder.InferenceOutputFolder`'s.
         ranks: the process group (:class:`InferenceRanks`).
     """
 
@@ -251,8 +246,7 @@ class RankOutputFolder(InferenceOutputFolder):
         self.tables.close()
 
     def merge(self, failed: Mapping[int, str]) -> dict[int, list[str]]:
-        """Rank 0: the ranks' rows into the folder's tables, a ``NotRun`` error for each input a ``failed`` rank
-        (rank -> why) did not reach, then the tables compacted.
+        """Rank 0: merge the ranks' rows, a ``NotRun`` error per input a ``failed`` rank missed.
 
         Returns:
             rank -> the inputs it did not run.

@@ -67,8 +67,7 @@ def _exact_float32(device: torch.device) -> Iterator[None]:
 
 
 class GLAMInferenceStep:
-    """The evaluator's iteration: ``engine.inferer`` on the batch's good images without gradients, the outputs back as
-    float32 on the CPU; an image whose outputs hold NaN or Inf becomes an error (:func:`split_non_finite`).
+    """The evaluator's iteration: the inferer on the good images, outputs as float32 on the CPU.
 
     Args:
         amp: autocast to ``amp_dtype``; without it, true float32 on CUDA too (TF32 off).

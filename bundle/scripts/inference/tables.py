@@ -1,9 +1,7 @@
-"""``predictions.csv`` and ``errors.csv`` of an inference run, appended one row per ``write`` as each image completes
-(valid CSV at every moment, so a killed run loses nothing done), and ``breasts.csv``, made from predictions.csv when
-the run compacts its tables.
+"""``predictions.csv``, ``errors.csv`` and ``breasts.csv`` of an inference run, appended one row per image completed.
 
-Text cells are escaped losslessly (a backslash doubled, a character that is not printable UTF-8 as ``\\xNN`` or
-``\\uNNNN``) and a cell a spreadsheet would run as a formula gets a leading ``'``: :func:`unescape_text` reverses both.
+Text cells are escaped losslessly and a cell a spreadsheet would run as a formula gets a leading ``'``
+(:func:`unescape_text` reverses both).
 """
 
 from __future__ import annotations
@@ -85,8 +83,7 @@ def escape_text(text: str) -> str:
 
 
 def unescape_text(cell: str) -> str:
-    """The text :func:`csv_cell` wrote ``cell`` for; bytes 0x80-0xFF come back as surrogateescape characters, so that
-    ``os.fsencode`` gives a file name's bytes."""
+    """The text :func:`csv_cell` wrote ``cell`` for (bytes 0x80-0xFF as surrogateescape characters)."""
     if len(cell) >= 2 and cell[0] == "'" and cell[1] in _FORMULA_STARTS:
         cell = cell[1:]
     out, i = [], 0
@@ -140,9 +137,7 @@ def prediction_row(
     window: Sequence[int] | None = None,
     fingerprint: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A predictions.csv row: the input, its stem, the scores y_g (6 decimals) and labels per class, the file's size,
-    the patch boxes and the ``window`` on the file (``top left bottom right``, end-exclusive; boxes ``;``-separated),
-    the image's ``files``, its ``facts`` (:func:`~.facts.image_facts`) and the input's ``fingerprint``."""
+    """A predictions.csv row of one image."""
     window_cells = dict(zip(FACT_COLUMNS[-4:], window if window is not None else ("",) * 4))
     return {
         **dict(facts or {}),
@@ -160,9 +155,7 @@ def prediction_row(
 
 
 def stated_exam(path: str) -> tuple[str, str] | None:
-    """The exam a file's name states, ``(exam, "file name" | "folder")``: its name without the view and side tokens
-    (``SYN00012_R_MLO`` -> ``SYN00012``) in its folder, or the folder alone when nothing else is left; None for a
-    name without such tokens."""
+    """The exam a file's name states (``SYN00012_R_MLO`` -> ``SYN00012``) and its source; None."""
     name = os.path.basename(path)
     suffix = file_suffix(name)
     stem = name[: -len(suffix)] if suffix in SUPPORTED_SUFFIXES and name.lower().endswith(suffix) else name
@@ -182,8 +175,7 @@ def stated_exam(path: str) -> tuple[str, str] | None:
 
 
 def _breast_of(row: Mapping[str, str]) -> tuple[tuple | None, str]:
-    """A predictions.csv row's breast key and what grouped it: its ``patient_id``, else for a stated laterality the
-    exam its file's name states (:func:`stated_exam`), else none."""
+    """A predictions.csv row's breast key and what grouped it."""
     if row["patient_id"]:
         key = breast_key({"patient_id": row["patient_id"], "laterality": row["laterality"]})
         return key, "patient_id" if key else ""
@@ -195,10 +187,7 @@ def _breast_of(row: Mapping[str, str]) -> tuple[tuple | None, str]:
 
 
 def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]]:
-    """breasts.csv's rows from predictions.csv's (cells as stored): the images of one exam and laterality
-    (:func:`_breast_of`; ``grouped_by`` says how) are one breast, scored by the mean of its images' as the
-    evaluation's breast-level AUC; ``note`` names a missing CC or MLO view, unknown views, or an image that is a
-    breast of its own. Sorted by patient and laterality, the breasts of one image last."""
+    """breasts.csv's rows from predictions.csv's: one per exam and laterality, scored by its images' mean."""
     keyed = [_breast_of(r) for r in predictions]
     keys = [key for key, _ in keyed]
     groups, _ = group_breasts(keys)
@@ -233,8 +222,7 @@ def breast_rows(predictions: Sequence[Mapping[str, str]]) -> list[dict[str, Any]
 
 
 def input_fingerprint(path: str | os.PathLike) -> dict[str, str]:
-    """``{"input_bytes", "input_mtime_ns"}`` of a file as text (empty when it cannot be stat-ed): what ties a row to
-    the content it was computed from; not a hash, which would read every input again on a rerun."""
+    """``{"input_bytes", "input_mtime_ns"}`` of a file: what ties a row to its input's content."""
     try:
         st = os.stat(path)
     except OSError:
@@ -372,8 +360,7 @@ def rank_tables(output_dir: str | os.PathLike) -> dict[int, dict[str, Path]]:
 
 
 class InferenceTables:
-    """A run's ``predictions.csv`` (a row per image whose files are all written) and ``errors.csv`` (a row per input
-    that failed, and per image processed under an assumption, with its note), appended as images complete.
+    """A run's ``predictions.csv`` and ``errors.csv`` (failures, assumptions), appended as images complete.
 
     Args:
         output_dir: the output folder.
@@ -408,9 +395,7 @@ class InferenceTables:
         self.errors.append(record)
 
     def absorb(self) -> dict[int, tuple[list[dict[str, str]], list[dict[str, str]]]]:
-        """Move the rows of the ranks' tables (:func:`rank_tables`) into these open tables, a rank's prediction row
-        replacing the folder's; the tables are replaced before a rank's is removed, so a kill in between doubles
-        nothing.
+        """Move the rows of the ranks' tables (:func:`rank_tables`) into these tables, a rank's prediction row winning.
 
         Returns:
             rank -> (prediction rows, error rows) taken, cells as stored.
@@ -438,8 +423,7 @@ class InferenceTables:
         return taken
 
     def compact(self) -> None:
-        """Rewrite both tables sorted by input (errors.csv: the last error of each input still not predicted, then each
-        note once) and write ``breasts.csv`` from the whole predictions.csv."""
+        """Rewrite both tables sorted by input and write ``breasts.csv`` from predictions.csv."""
         self.predictions.close()
         rows = self.predictions.open()
         # one row per input, its last (a redone input's row replaces the one it had)

@@ -31,8 +31,7 @@ WRITING_PARTS = ("maps_back", "map_files", "panel", "dicom")
 
 
 def writer_threads(threads: int | str = "auto", cpus: int | None = None) -> int:
-    """Writer threads: ``threads`` as a number; ``"auto"``: half this process's CPU cores
-    (:func:`~.inputs.cores_per_process`), at least 2 (on 2 cores, 2 threads beat 1 by a quarter), at most 8."""
+    """Writer threads: ``threads``, or ``"auto"``: half this process's cores, at least 2, at most 8."""
     if str(threads).strip().lower() == "auto":
         return max(2, min(8, cores_per_process(cpus) // 2))
     return int(threads)
@@ -49,15 +48,12 @@ def _labels(item: Mapping[str, Any]) -> list[int | str]:
 class GLAMInferenceWriter:
     """Ignite handler writing GLAM's inference outputs into an opened :class:`~.folder.InferenceOutputFolder`.
 
-    Each iteration's images are queued to writer threads, at most ``max_pending`` waiting so that memory stays
-    bounded; at the end of the run (also on an exception) the queue is drained and the folder's tables compacted.
-
     Args:
         folder: the output folder, opened before the run.
         transform: the preprocessing ``Compose`` the items went through (its inverse maps the maps back).
         gamma_c: weight of S_g in S_c.
         threads: writer threads, or ``"auto"`` (:func:`writer_threads`).
-        max_pending: images queued at most (default: twice the threads).
+        max_pending: images queued at most, so that memory stays bounded (default: twice the threads).
     """
 
     def __init__(
@@ -177,8 +173,7 @@ class GLAMInferenceWriter:
     def write_item(
         self, item: Mapping[str, Any], pred: Mapping[str, torch.Tensor], notes: list[str] | None = None
     ) -> dict[str, Any]:
-        """Write one image's files (staged, then renamed into place together) and return its predictions.csv row;
-        what the map files and the DICOM objects could not do as asked is appended to ``notes``."""
+        """Write one image's files together and return its predictions.csv row."""
         path = item_path(item)
         meta = item["image"].meta
         stem = str(item["output_stem"])

@@ -87,9 +87,6 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 class PerImageMetric(CumulativeIterationMetric):
     """Base of the metrics whose buffer holds one value per image and class, NaN where undefined.
 
-    Lists of channel-first tensors of one shape (MONAI's decollated outputs) are stacked into one batch, so that a
-    batch costs one kernel launch per step rather than one per image.
-
     Args:
         check_values: check the scores' range and the masks' values on every call (one host synchronisation).
     """

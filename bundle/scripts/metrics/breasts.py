@@ -1,8 +1,4 @@
-"""Breast-level classification AUC: the paper's AUC is "for identifying breasts with malignant / benign lesions".
-
-A breast is the images of one (patient, laterality, study where stated); its score is the mean of its images' scores
-(as the NYU screening models average a breast's views), its label the maximum of theirs.
-"""
+"""Breast-level classification AUC: a breast scores its images' mean score, its label the maximum of theirs."""
 
 from __future__ import annotations
 

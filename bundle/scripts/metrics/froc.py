@@ -1,15 +1,7 @@
-"""Lesion-level FROC of a saliency map: sensitivity at a number of false positives per image.
+"""Lesion-level FROC of a saliency map: sensitivity at a number of false positives per image (docs/metrics.md).
 
-The rule (docs/metrics.md), per map and class:
-
-1. Candidates: local maxima of the ``(2 radius + 1)`` square above ``min_score``, one per plateau (the first in
-   row-major order), the ``max_candidates`` highest kept.
-2. Lesions: 8-connected components of the class's mask (overlapping boxes are one lesion).
-3. A candidate hits a lesion within ``tolerance`` pixels; a lesion's score is its best hit's; a candidate hitting none
-   is a false positive.
-4. Sweeping a threshold over ``step`` bins gives sensitivity and false positives per image (all images count).
-5. The sensitivity at r false positives per image is that of the lowest threshold at most r, not interpolated
-   (MONAI's ``compute_froc_score`` interpolates; :meth:`FROCMetric.curve` gives the points for it).
+The sensitivity at r false positives per image is that of the lowest threshold at most r, not interpolated
+(:meth:`FROCMetric.curve` gives the points for MONAI's interpolating ``compute_froc_score``).
 """
 
 from __future__ import annotations
@@ -138,9 +130,6 @@ def froc_sensitivity(
 
 class FROCMetric(CumulativeIterationMetric):
     """Lesion-level FROC as a MONAI cumulative metric, in fixed memory (two (C, n_bins) histograms).
-
-    ``aggregate()`` gives (C, len(rates)) sensitivities (the counts are summed over ranks), ``get_buffer()`` (N, C)
-    lesions per image, ``curve()`` the operating points.
 
     Args:
         rates: false positives per image at which ``aggregate`` reports the sensitivity.

@@ -1,8 +1,6 @@
 """Pointing game (Zhang et al., ECCV 2016): does the peak of a class's map fall on a lesion of that class?
 
-The peak of a nearest-upsampled map is a block of equal pixels: its centre counts, not its corner; a constant map has
-no peak (a miss). ``measure="border"`` reports instead whether the peak lies on the image's border, a frequent
-failure of weak supervision.
+A peak of a nearest-upsampled map counts at its block's centre; a constant map has no peak (a miss).
 """
 
 from __future__ import annotations

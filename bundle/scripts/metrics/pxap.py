@@ -1,10 +1,7 @@
 """Pixel average precision (PxAP, Choe et al. 2020, as clovaai/wsolevaluation computes it; paper appendix E).
 
-Histograms over the edges ``np.append(np.arange(0, 1, step), [1, 2, 3])`` of the positive and negative pixels'
-scores; tp and fp from the top bin down; AP = sum of precision_l (recall_l - recall_{l-1}) over thresholds with
-predictions. Image-level PxAP averages per-image APs, dataset-level pools the histograms; both count only images
-with a lesion of the class. Scores are compared with edges rounded up to their precision, so the bins match
-``numpy.histogram`` on float64 edges exactly.
+Image-level PxAP averages per-image APs, dataset-level pools the histograms; both count only images with a lesion of
+the class.
 """
 
 from __future__ import annotations
@@ -98,12 +95,7 @@ def average_precision_from_histograms(hist: torch.Tensor) -> torch.Tensor:
 
 
 class PxAPMetric(PerImageMetric):
-    """PxAP as a MONAI cumulative metric, image- and dataset-level from one pass.
-
-    Each call stores the per-image APs and adds the lesion images' histograms to a fixed (C, 2, n_bins) buffer.
-    ``get_buffer()`` gives (N, C) per-image APs, ``aggregate(reduction, level)`` the (C,) PxAP (``"std"``: image level
-    only), ``get_histograms()`` the pooled histograms. Under DDP these are collective calls and every rank needs a
-    batch.
+    """PxAP as a MONAI cumulative metric, image- and dataset-level from one pass, in a fixed (C, 2, n_bins) buffer.
 
     Args:
         level: default level of ``aggregate``: ``"image"`` or ``"dataset"``.

@@ -1,8 +1,4 @@
-"""Soft Dice of a saliency map against a binary lesion mask (paper appendix E).
-
-Not MONAI's ``DiceMetric``, which scores a thresholded prediction over sum(S) + sum(G): here S stays continuous and
-the denominator is sum(S^2) + sum(G^2).
-"""
+"""Soft Dice of a saliency map against a binary lesion mask (paper appendix E): sum(S^2) + sum(G^2) below."""
 
 from __future__ import annotations
 

@@ -44,8 +44,7 @@ def _as_float32(value: Any) -> Any:
 
 
 class AutocastInference(nn.Module):
-    """Runs ``network`` (and its ``forward_all``) without gradients under autocast with ``dtype``, inputs in
-    channels-last memory, floating-point outputs as float32.
+    """Runs ``network`` without gradients under autocast with ``dtype``; float outputs as float32.
 
     Args:
         network: the network, e.g. a folded :class:`~scripts.networks.GLAMSaliencyNet`.

@@ -78,8 +78,7 @@ def check_image(image: torch.Tensor, patch_size: Sequence[int] | None = None, na
 
 
 def add_aggregations(network: GLAM, settings: GLAMSettings) -> None:
-    """Add the paper's two aggregation modules (attention with the joint modules only) and the chosen one, in
-    registration order (their weights' draw order), and ``network.stage_aggregation``."""
+    """Add the paper's two aggregation modules and the chosen one, in their weights' draw order."""
     network.stage_aggregation = {name: settings.aggregation or default for name, default in PAPER_AGGREGATION.items()}
     held = {*PAPER_AGGREGATION.values(), *network.stage_aggregation.values()}
     network.held_aggregations = []
@@ -105,8 +104,7 @@ def training_patch_boxes(
     generator: torch.Generator | None,
     patch_shift: int = 0,
 ) -> torch.Tensor:
-    """The patch boxes (B, K, 4): the given ones, else Algorithm 1's (shifted by up to ``patch_shift`` px), with
-    random in-breast boxes for the images of ``random_patch_mask``."""
+    """The patch boxes (B, K, 4): the given ones, else Algorithm 1's, random ones for ``random_patch_mask``."""
     image_size = tuple(image.shape[-2:])
     if patch_boxes is not None:
         if patch_boxes.ndim != 3 or patch_boxes.shape[0] != image.shape[0] or patch_boxes.shape[-1] != 4:
@@ -133,8 +131,7 @@ def training_patch_boxes(
 
 
 def train_stage_parameters(network: GLAM) -> None:
-    """Freeze what ``network``'s stage does not train (the global module in ``local``), and what it does not use, so
-    that every trainable parameter receives a gradient."""
+    """Freeze what ``network``'s stage does not train or use, so every trainable parameter gets a gradient."""
     stage = network.stage
     network.freeze_global(stage == Stage.LOCAL)
     for p in network.local_network.parameters():

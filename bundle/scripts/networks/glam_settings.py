@@ -1,6 +1,4 @@
-"""GLAM's settings as one record, :class:`GLAMSettings`: each field's default (the paper's value) and, in its
-:class:`SettingSpec`, how a checkpoint records and checks it, whether loading compares it, how inference sets it
-and how command-line text is read."""
+"""GLAM's settings as one record (:class:`GLAMSettings`), each with its :class:`SettingSpec`."""
 
 from __future__ import annotations
 
@@ -119,9 +117,8 @@ def _spacing_record(value: Any) -> list[float] | None:
 
 @dataclasses.dataclass(frozen=True)
 class GLAMSettings:
-    """GLAM's settings (the arguments of :class:`~scripts.networks.glam.GLAM`), the paper's values by default; each
-    field's meaning is in the comment above it. A setting given as text (from the command line) is read as the
-    setting's type."""
+    """GLAM's settings (:class:`~scripts.networks.glam.GLAM`'s arguments), the paper's values by default; text (from the
+    command line) is read as each setting's type."""
 
     # "global", "local" or "joint"; not recorded: one checkpoint serves the next stage and inference
     stage: str = setting(Stage.JOINT, None, inference=None)

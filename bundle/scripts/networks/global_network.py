@@ -145,8 +145,7 @@ def receptive_fields(
     strides: Sequence[int] = (1, 2, 2, 2, 2),
     blocks_per_layer: int = 2,
 ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Strides and receptive fields (input pixels) of the backbone's three taps: (16, 32, 64), (211, 435, 883) for
-    the paper's."""
+    """Strides and receptive fields (input pixels) of the backbone's three taps."""
     field, jump = 7, int(stem_stride)
     if stem_pool:
         field, jump = field + 2 * jump, jump * 2

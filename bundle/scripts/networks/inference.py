@@ -58,9 +58,7 @@ def _from_checkpoint(value: Any) -> bool:
 
 
 class GLAMSaliencyNet(GLAM):
-    """GLAM whose ``forward`` returns one tensor, S_c (B, 2, H/4, W/4) in [0, 1], as MONAI's bundle tools expect of
-    a ``network_def``; :meth:`forward_all` returns the whole output dict. Stage ``local`` or ``joint``.
-    """
+    """GLAM whose ``forward`` returns S_c alone, as MONAI's bundle tools expect of a ``network_def``."""
 
     def __init__(self, settings: GLAMSettings | None = None, **overrides: Any) -> None:
         if GLAMSettings.of(settings, **overrides).stage == Stage.GLOBAL:

@@ -18,8 +18,7 @@ LOCAL_DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
 
 class BasicBlock(nn.Module):
-    """Post-activation basic block (B, in_planes, H, W) -> (B, planes, H, W); a 1x1 conv + BN shortcut where the
-    width changes."""
+    """Post-activation basic block; a 1x1 conv + BN shortcut where the width changes."""
 
     def __init__(self, in_planes: int, planes: int) -> None:
         super().__init__()
@@ -74,8 +73,7 @@ class ResNetHR(nn.Module):
 
 
 def _recompute_keeps_bn_statistics(modules: tuple[nn.Module, ...]):
-    """``context_fn`` for ``torch.utils.checkpoint`` that keeps the batch norms' statistics during the recomputation,
-    which would otherwise update them twice."""
+    """``context_fn`` for ``torch.utils.checkpoint`` that does not update BN statistics twice."""
 
     @contextlib.contextmanager
     def recompute():

@@ -1,9 +1,4 @@
-"""Model settings recorded as JSON in a network's state dict (a ``model_settings`` buffer), so that a checkpoint says
-how it was built and stays a plain state dict.
-
-Loading a state dict whose record differs from the network's is refused, naming each setting, except for the
-inference choices that change no weight (:data:`INFERENCE_CHOICES`) and settings the record lacks.
-"""
+"""Model settings recorded as JSON in a network's state dict (a ``model_settings`` buffer)."""
 
 from __future__ import annotations
 
@@ -96,8 +91,7 @@ def decode_settings(tensor: torch.Tensor) -> dict[str, Any]:
 
 
 def settings_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"name: checkpoint X, network Y"`` for every compared setting that differs; one the checkpoint lacks is
-    skipped."""
+    """``"name: checkpoint X, network Y"`` for every compared setting that differs."""
     saved, current = _plain(saved), _plain(current)
     names = sorted(set(saved) - set(INFERENCE_CHOICES) - set(INFORMATIONAL))
     missing = "(not recorded)"
@@ -136,8 +130,7 @@ def _cached_record(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None
 
 
 def read_checkpoint_settings(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The validated settings record of the checkpoint at ``path`` (read once per file version); None when the file
-    does not exist or has no record.
+    """The validated settings record of the checkpoint at ``path``; None when there is none.
 
     Raises:
         ValueError: an unreadable file or an invalid record, naming the file.

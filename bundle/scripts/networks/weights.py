@@ -90,8 +90,7 @@ def _listed(items: list[str], separator: str = ", ") -> str:
 def state_dict_problems(
     network: torch.nn.Module, state: Mapping[str, Any], source: str = "the checkpoint"
 ) -> list[str]:
-    """One line per kind of problem that keeps ``state`` from loading strictly into ``network`` (missing, unexpected,
-    non-tensor keys, shapes); empty when it loads.
+    """One line per kind of problem that keeps ``state`` from loading strictly into ``network``.
 
     Raises:
         ValueError: the settings record differs from the network's (naming ``source``).

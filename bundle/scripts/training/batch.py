@@ -14,19 +14,14 @@ from monai.engines.utils import PrepareBatch
 
 from ..errors import UsageError
 
-_DEVICE_KEYS = ("image", "mask")
-
 
 class GLAMPrepareBatch(PrepareBatch):
     """``prepare_batch`` for GLAM trainers and evaluators: ``(image, targets, (), kwargs)``.
 
-    The batch holds ``image`` (B, 1, H, W), ``label`` (B, 2) and, for evaluation, ``mask`` (B, 2, H, W). Targets are
-    the labels in training and ``{"label", "mask"}`` with ``with_masks``. ``transform`` runs per image on the device
-    (the per-step preprocessing) so that the loader only delivers cached regions; its random state, and the patch
-    generator, restart per (seed, epoch, rank) in :meth:`set_epoch`, independent of the number of loader workers.
+    Random state restarts per (seed, epoch, rank) in :meth:`set_epoch`, so it does not depend on the loader workers.
 
     Args:
-        with_masks: return the dict targets (evaluators) instead of the labels.
+        with_masks: return ``{"label", "mask"}`` targets (evaluators) instead of the labels.
         random_negatives: random in-breast patches for lesion-free images (stage ``local`` training).
         seed: base seed of the patch generator and the transform.
         patch_shift: the largest random offset (pixels) of Algorithm 1's patches in training; 0: none.

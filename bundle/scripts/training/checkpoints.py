@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from ignite.handlers import Checkpoint, DiskSaver
 
 from ..atomic import atomic_write
-from ..distributed import rank
 from ..errors import UsageError
 from ..networks.glam_settings import as_flag
 from ..networks.settings import INFERENCE_CHOICES, SETTINGS_KEY, decode_settings
@@ -132,8 +132,7 @@ def _run_settings(save_dict: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _use_run_settings(save_dict: Mapping[str, Any], configured: Mapping[str, Any]) -> list[str]:
-    """Put back the run's optimizer and scheduler settings that ``last.pt`` replaced, and the schedule's learning
-    rate at the restored epoch under them.
+    """Put back the run's optimizer and scheduler settings that ``last.pt`` replaced.
 
     Returns:
         ``"name old -> new"`` for each setting changed.
@@ -177,10 +176,7 @@ def _inference_choices_changed(network: Any, saved_state: Mapping[str, Any]) -> 
 
 
 class CheckpointFiles(DiskSaver):
-    """Ignite's ``DiskSaver`` writing CPU tensors through :func:`~scripts.networks.weights.save_atomic` on rank 0.
-
-    The bundle's atomic write syncs the file and names it on a full disk, and refuses NaN / Inf tensors; ``remove``
-    does nothing because the atomic rename replaces a file whole.
+    """Ignite's ``DiskSaver`` writing CPU tensors atomically through :func:`~scripts.networks.weights.save_atomic`.
 
     Args:
         dirname: the stage's checkpoint folder.
@@ -190,7 +186,7 @@ class CheckpointFiles(DiskSaver):
         super().__init__(dirname, atomic=True, create_dir=True, require_empty=False, save_on_rank=0)
 
     def __call__(self, checkpoint: Mapping, filename: str, metadata: Mapping | None = None) -> None:
-        if rank() == self.save_on_rank:
+        if idist.get_rank() == self.save_on_rank:
             save_atomic(_on_cpu(checkpoint), self.dirname / filename)
 
     def remove(self, filename: str) -> None:
@@ -210,12 +206,8 @@ class _PlainWeights:
 class StageCheckpointer:
     """Best-model and last-epoch checkpoints of one training stage, resumption, and loading the previous stage.
 
-    Writes ``model.pt`` (the network's plain state dict) on each new best of the evaluator's key metric,
-    ``last.pt`` (all of ``save_dict``) after every epoch and ``selection.json`` (the selection metric, every
-    validation's metrics, the best epoch, whether the run finished) after every validation. When the trainer starts
-    it resumes from ``last.pt`` (with ``resume``) or loads ``previous_model``. Unlike MONAI's ``CheckpointSaver`` the
-    writes are atomic, on the CPU, and the best value is the evaluator's own, restored on resume by
-    :class:`~scripts.handlers.training_state.BestMetricState`.
+    Writes ``model.pt`` on each new best key metric, ``last.pt`` after every epoch and ``selection.json`` after every
+    validation, atomically and on the CPU, unlike MONAI's ``CheckpointSaver``.
 
     Args:
         ckpt_dir: this stage's checkpoint folder.
@@ -279,7 +271,7 @@ class StageCheckpointer:
             self.evaluator.add_event_handler(Events.COMPLETED, self.save_best)
 
     def _write_record(self) -> None:
-        if rank() != 0:
+        if idist.get_rank() != 0:
             return
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         with atomic_write(self.record_path, "w") as f:
@@ -358,8 +350,7 @@ class StageCheckpointer:
                 raise UsageError(f"{name}: {err}") from err
 
     def _resume(self, engine: Engine) -> None:
-        """Restore ``save_dict`` from ``last.pt``, keeping (and logging) the run's epochs, optimizer, schedule and
-        inference choices; another epoch length is refused."""
+        """Restore ``save_dict`` from ``last.pt``, keeping the run's own settings."""
         checkpoint = load_checkpoint_file(self.last_path, "checkpoint")
         if not isinstance(checkpoint, Mapping):
             raise UsageError(
@@ -406,13 +397,13 @@ class StageCheckpointer:
 
     def save_last(self, engine: Engine) -> None:
         """Write ``last.pt`` (rank 0)."""
-        if rank() == 0:
+        if idist.get_rank() == 0:
             self._checkpoint(self.last_path.name)(engine)
 
     def save_best(self, evaluator: Engine) -> None:
         """Write ``model.pt`` on a new best of the evaluator's key metric, then the selection record."""
         state = evaluator.state
-        if rank() == 0 and getattr(state, "best_metric_epoch", -1) == state.epoch:
+        if idist.get_rank() == 0 and getattr(state, "best_metric_epoch", -1) == state.epoch:
             self._checkpoint(self.best_path.name)(evaluator)
             logger.info(
                 "new best %s = %.4f at epoch %d: %s",

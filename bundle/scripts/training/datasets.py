@@ -1,6 +1,4 @@
-"""The datasets of the deterministic preprocessing, cached in memory (``CacheDataset``), on disk
-(:class:`ChecksummedPersistentDataset`) or not at all; the random per-step half runs on the device
-(:class:`~scripts.training.batch.GLAMPrepareBatch`)."""
+"""The datasets of the deterministic preprocessing, cached in memory, on disk or not at all."""
 
 from __future__ import annotations
 
@@ -133,11 +131,7 @@ def content_checksum(data: Any) -> str:
 
 
 class ChecksummedPersistentDataset(PersistentDataset):
-    """MONAI's ``PersistentDataset`` whose cache files hold ``{"checksum": sha256, "data": item}``.
-
-    An unreadable entry, or one that fails its checksum, is recomputed and rewritten atomically with a warning:
-    MONAI's own check misses truncated files and changed pixels.
-    """
+    """MONAI's ``PersistentDataset`` whose cache entries carry a checksum; a bad entry is recomputed with a warning."""
 
     def _read_entry(self, hashfile: Path) -> Any:
         """The data of a sound cache file.

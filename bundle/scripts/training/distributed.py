@@ -12,7 +12,6 @@ import torch.distributed as dist
 from ignite.engine import Engine, Events
 from monai.data import partition_dataset
 
-from ..distributed import barrier, rank, world_size
 from ..errors import UsageError
 
 #: handler classes that only log or draw: built on rank 0 only (MetricsSaver is not here: it gathers across ranks)
@@ -23,11 +22,7 @@ RANK_ZERO_ONLY = tuple(
 
 
 def rank_zero_first(parser: Any, ids: Sequence[str]) -> None:
-    """Evaluate the config items ``ids`` on rank 0, then on each node's first process, then on the others.
-
-    For items that create files on first use (the quick start's synthetic dataset), on a shared filesystem as well as
-    on each node's own disk.
-    """
+    """Evaluate the config items ``ids`` on rank 0, then on each node's first process, then on the others."""
     with idist.one_rank_first(rank=0, local=False), idist.one_rank_first(rank=0, local=True):
         for id_ in ids:
             parser.get_parsed_content(id_)
@@ -39,8 +34,8 @@ def rank_share(items: Sequence[Any], num_replicas: int | None = None, rank_: int
     Raises:
         ValueError: fewer items than ranks (the metric gathering would wait forever).
     """
-    n = world_size() if num_replicas is None else int(num_replicas)
-    r = rank() if rank_ is None else int(rank_)
+    n = idist.get_world_size() if num_replicas is None else int(num_replicas)
+    r = idist.get_rank() if rank_ is None else int(rank_)
     if not 0 <= r < n:
         raise UsageError(f"rank must be in [0, {n}), got {r}")
     if len(items) < n:
@@ -66,7 +61,7 @@ def disable_on_other_ranks(config: Any, targets: Iterable[str] = RANK_ZERO_ONLY,
     Returns:
         the config ids of the disabled entries.
     """
-    if (rank() if rank_ is None else int(rank_)) == 0:
+    if (idist.get_rank() if rank_ is None else int(rank_)) == 0:
         return []
     return _disable(config, frozenset(targets), "")
 
@@ -94,7 +89,7 @@ class RankBarrier:
         engine.add_event_handler(Events.COMPLETED, self)
 
     def __call__(self, engine: Engine) -> None:
-        barrier()
+        idist.barrier()
 
 
 class SyncBuffers:
@@ -115,7 +110,7 @@ class SyncBuffers:
         engine.add_event_handler(Events.STARTED, self)
 
     def __call__(self, engine: Engine | None = None) -> None:
-        if world_size() <= 1:
+        if idist.get_world_size() <= 1:
             return
         module = getattr(self.network, "module", self.network)
         for buffer in module.buffers():

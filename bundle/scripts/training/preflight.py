@@ -1,10 +1,4 @@
-"""The training's own checks, before a dataset or a network is built (:meth:`scripts.training.workflow.GLAMWorkflow.run`
-calls :func:`preflight_training` first): the per-stage options (:data:`PER_STAGE_OPTIONS`) a number (every stage)
-or a dict with every stage to run (:func:`per_stage`); ``ckpt_root`` and ``output_root``
-writable; ``ckpt_root`` locked for this run and cleared of the temporaries a killed save left (:func:`lock_run`: a
-second training into it, resumed or not, is refused naming the first); a stage folder holding the checkpoints of an
-unfinished run never silently overwritten (:func:`check_unfinished_run`: ``--resume true`` continues it,
-``--overwrite true`` starts afresh)."""
+"""The training's own checks, before a dataset or a network is built (:func:`preflight_training`)."""
 
 from __future__ import annotations
 
@@ -15,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 from monai.bundle import ConfigParser
 from monai.utils import str2bool
 
 from ..atomic import FolderLock, probe_writable, remove_temporaries
-from ..distributed import rank
 from ..errors import UsageError
 from .checkpoints import read_record
 
@@ -87,13 +81,7 @@ def _finished_by_state(last: Path) -> bool:
 
 
 def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], resume: Any, overwrite: Any) -> None:
-    """Refuse to start afresh over the checkpoints of an unfinished run.
-
-    A stage folder with a ``last.pt`` whose run did not finish is an unfinished run: its ``selection.json`` does not
-    say ``finished`` (or, in a folder written before the record existed, the trainer state in ``last.pt`` is short
-    of its ``max_epochs``). Without ``resume`` or ``overwrite`` this is a :class:`UsageError` naming the folder and
-    the two choices. A finished run is started afresh as before (its files are replaced).
-    """
+    """Refuse to start afresh, without ``resume`` or ``overwrite``, over a stage's unfinished ``last.pt``."""
     if str2bool(str(resume)) or str2bool(str(overwrite)):
         return
     for stage in stages:
@@ -113,9 +101,7 @@ def check_unfinished_run(ckpt_root: str | os.PathLike, stages: Sequence[str], re
 
 
 def lock_run(ckpt_root: str | os.PathLike) -> FolderLock | None:
-    """Rank 0 (the only process of a run without a process group) locks ``ckpt_root`` for this training run
-    (:class:`~scripts.atomic.FolderLock`, the file :data:`RUN_LOCK`), then removes the temporary files that a save
-    killed mid-write left in it and in its sub-folders (the stages'): the atomic writer's own names only, logged.
+    """Rank 0 locks ``ckpt_root`` for this run and removes the temporaries a killed save left.
 
     Returns:
         the lock, held until its ``release`` (or the process's end); None on the other ranks (their rank 0 holds it).
@@ -123,7 +109,7 @@ def lock_run(ckpt_root: str | os.PathLike) -> FolderLock | None:
     Raises:
         UsageError: another live training holds the folder (resumed or not): the line names its pid, host and start.
     """
-    if rank() != 0:
+    if idist.get_rank() != 0:
         return None
     lock = FolderLock(ckpt_root, "training", name=RUN_LOCK)
     try:
@@ -140,8 +126,7 @@ def lock_run(ckpt_root: str | os.PathLike) -> FolderLock | None:
 
 
 def unlock_run(lock: FolderLock | None, started: bool) -> None:
-    """Release the run's lock (:func:`lock_run`); a run that stopped before its first stage (a refused datalist, say)
-    in a ``ckpt_root`` it made removes the folder again when only the lock file is in it."""
+    """Release the run's lock; remove a ``ckpt_root`` the run made when only the lock is in it."""
     if lock is None:
         return
     lock.release()
@@ -168,9 +153,7 @@ def check_writable(**folders: str | os.PathLike) -> None:
 
 
 def preflight_training(parser: ConfigParser) -> FolderLock | None:
-    """The checks of this module's docstring on the training workflow's merged configuration ``parser``, before
-    any work (:class:`scripts.training.workflow.GLAMWorkflow`). Returns the run's lock on ``ckpt_root``
-    (:func:`lock_run`), which the caller releases when the run ends."""
+    """The training's checks on ``parser``, before any work; returns the run's lock on ``ckpt_root``."""
     from .stage import stages_to_run
 
     try:

@@ -36,9 +36,8 @@ def positive_flags(items: Sequence[dict], label_key: str = "label") -> list[bool
 class BalancedEpochSampler(Sampler[int]):
     """Indices of one epoch: all positives plus as many negatives drawn without replacement, shuffled.
 
-    The draw depends only on ``seed`` and the epoch (:meth:`set_epoch`), so a resumed run sees the same epochs; ranks
-    take disjoint, padded shares as with ``DistributedSampler``. ``WeightedRandomSampler`` balances only in
-    expectation.
+    The draw depends only on ``seed`` and the epoch, so a resumed run sees the same epochs (``WeightedRandomSampler``
+    balances only in expectation).
 
     Args:
         positives: one flag per dataset item, True for images with a lesion (see :func:`positive_flags`).

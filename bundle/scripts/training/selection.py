@@ -52,8 +52,7 @@ def configured_selection(metric: str) -> dict[str, str]:
 
 
 def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str = "") -> dict[str, str]:
-    """``{"metric": name, "reason": why}``: ``metric``, unless it reads masks and the validation ``items`` have none;
-    logs the replacement."""
+    """``{"metric", "reason"}``: ``metric``, unless it reads masks the validation lacks."""
     metric = str(metric)
     if metric not in MASK_METRICS or validation_has_masks(items):
         return configured_selection(metric)
@@ -76,11 +75,7 @@ def choose_selection(metric: str, items: Sequence[Mapping[str, Any]], stage: str
 
 
 class NegativeBCE(Metric):
-    """Minus the mean binary cross-entropy of image-level probabilities (clamped to [1e-7, 1 - 1e-7]) and labels.
-
-    Negated because a key metric must grow as the model improves. ``output_transform`` gives ``(predictions,
-    labels)``: per-image (C,) tensors or (B, C) tensors.
-    """
+    """Minus the mean binary cross-entropy of image-level probabilities and labels: a key metric must grow."""
 
     @reinit__is_reduced
     def reset(self) -> None:

@@ -6,11 +6,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..enums import STAGES, MapName, Stage
+from ..enums import STAGES
 from ..errors import UsageError
-
-#: the saliency map that validates (and selects) each stage: the map that stage trains
-STAGE_MAPS = {Stage.GLOBAL: MapName.GLOBAL.value, Stage.LOCAL: MapName.LOCAL.value, Stage.JOINT: MapName.COMBINED.value}
 
 
 def _stage(stage: Any) -> str:
@@ -27,8 +24,7 @@ def previous_stage(stage: str) -> str | None:
 
 
 def previous_modules(stage: str, init: Any = None, modules: Sequence[str] | None = None) -> list[str] | None:
-    """The submodules ``stage`` takes from its previous model: ``modules`` for a global stage started from ``init``,
-    else None (all of it)."""
+    """The submodules ``stage`` takes from its previous model; None: all of it."""
     if previous_stage(stage) is None and init and modules is not None:
         return list(modules)
     return None

@@ -12,8 +12,7 @@ from ..atomic import atomic_write
 
 
 def save_config(folder: str | os.PathLike, config: Any) -> str:
-    """Write ``config`` (a merged configuration) as ``<folder>/config.json`` (atomically, the folder made when
-    missing) and return the file's path."""
+    """Write ``config`` as ``<folder>/config.json`` atomically and return the file's path."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "config.json")
     with atomic_write(path, "w") as f:
@@ -30,8 +29,7 @@ TRACKED = tuple(
 
 
 def tracking_params(parser: ConfigParser, stage: str) -> dict[str, str]:
-    """The parameters MLflow records for a stage: :data:`TRACKED` (a per-stage dict as this stage's value and, whole,
-    as ``<name>_per_stage``), the datalist, its split sizes and the selection metric."""
+    """The parameters MLflow records for a stage."""
     from .preflight import per_stage
 
     params: dict[str, str] = {"stage": str(stage)}
@@ -58,11 +56,10 @@ def _mlflow_handlers(parser: ConfigParser, handlers_id: str) -> list[dict]:
 def attach_tracked_config(
     parser: ConfigParser, handlers_id: str, folder: str | os.PathLike, params_id: str | None = None
 ) -> str | None:
-    """Save the merged configuration as ``<folder>/config.json`` and make it the artifact of the ``MLFlowHandler``
-    that ``--tracking`` patched into ``parser[handlers_id]``; call before the handlers are built.
+    """Save the merged configuration as ``<folder>/config.json``, the artifact of the ``--tracking`` ``MLFlowHandler``.
 
     Args:
-        parser: the running configuration, edited in place.
+        parser: the running configuration, edited in place (call before the handlers are built).
         handlers_id: the config id of the handler list.
         folder: where ``config.json`` goes.
         params_id: a config id whose dict the handler records as the run's parameters.

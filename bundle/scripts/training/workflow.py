@@ -1,17 +1,10 @@
 """GLAM's command line: training, evaluation and inference as one MONAI workflow class.
 
-Run from the repository root (MONAI locates the class before it puts the bundle on ``sys.path``, hence ``PYTHONPATH``)::
+Run from the repository root (MONAI locates the class before it puts the bundle on ``sys.path``)::
 
     PYTHONPATH=bundle python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id training \\
         --config_file "['bundle/configs/train.yaml','configs/quickstart.yaml']" \\
         --meta_file bundle/configs/metadata.json --epochs 1
-
-MONAI (Python Fire, then ``monai.bundle.scripts.create_workflow``) hands :class:`GLAMWorkflow` every ``--key value``
-as a keyword argument; the class checks them against the config files, runs the run id, and prints a user's mistake
-(:class:`~scripts.errors.UsageError` and its subclasses) as one line. For run id ``training`` it runs each stage
-(``train.yaml`` describes one, parameterised by ``stage``) in a fresh copy of the merged configuration
-(:func:`run_stages`), so that nothing of one stage's objects leaks into the next and every override applies to every
-stage.
 """
 
 from __future__ import annotations
@@ -25,10 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 from monai.bundle import ConfigParser, ConfigWorkflow
 from monai.utils import str2bool
 
-from ..distributed import rank
 from ..errors import UsageError, error_line, user_error
 from .distributed import disable_on_other_ranks
 from .stage import stages_to_run
@@ -66,7 +59,6 @@ _NONE_SPELLINGS = frozenset({"null", "Null", "NULL"})
 _HELP_KEYS = ("help", "h")
 
 
-# -- the overrides ---------------------------------------------------------------------------------------------------
 def _ids(config: Any, prefix: str = "") -> Iterable[str]:
     """Every id of a config (``a``, ``a#b``, ``a#0``...)."""
     items = config.items() if isinstance(config, Mapping) else enumerate(config) if isinstance(config, list) else ()
@@ -89,12 +81,10 @@ def _lookup(config: Any, id_: str) -> Any:
 
 
 def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any], page: str = "docs/training.md") -> None:
-    """Every override id in ``keys`` names an id of ``file_config`` (the config files before the overrides), a run
-    argument, an id of MONAI's tracking, or a new argument of a component of the files.
+    """Check that every override id in ``keys`` is known to ``file_config``, the run or MONAI's tracking.
 
     Raises:
-        UsageError: an unknown id, or a new argument spelled like one the component has, naming the closest known
-            id (``difflib``; else ``--help`` and ``page``): MONAI merges any key, so a typo would be ignored.
+        UsageError: an unknown id, naming the closest known one (MONAI merges any key, so a typo would be ignored).
     """
     known = set(_ids(file_config))
     for key in keys:
@@ -130,11 +120,10 @@ def _means_none(value: Any) -> bool:
 
 
 def given_none(overrides: Mapping[str, Any], parser: ConfigParser) -> list[str]:
-    """Set the overrides given as None (``--key null``) to None in ``parser`` and log them (MONAI's input summary
-    leaves them out). Returns their ids.
+    """Set the overrides given as None (``--key null``) to None in ``parser``, log them and return their ids.
 
     Raises:
-        UsageError: ``--+key null`` (MONAI's ``+`` merges into a list or dict: there is nothing to merge).
+        UsageError: ``--+key null`` (there is nothing to merge).
     """
     keys = [key for key, value in overrides.items() if _means_none(value)]
     for key in keys:
@@ -151,8 +140,7 @@ def _on_command_line(argv: list[str]) -> bool:
 
 
 def _none_on_command_line(argv: list[str]) -> dict[str, None]:
-    """The ``--key None`` of a ``python -m monai.bundle`` command line: Fire parses ``None`` into None, which
-    MONAI's ``update_kwargs`` drops before any workflow is built (empty for any other program)."""
+    """The ``--key None`` of a ``python -m monai.bundle`` command line, which MONAI would drop."""
     if not _on_command_line(argv):
         return {}
     found: dict[str, None] = {}
@@ -164,10 +152,8 @@ def _none_on_command_line(argv: list[str]) -> dict[str, None]:
     return found
 
 
-# -- --help ----------------------------------------------------------------------------------------------------------
 def _is_option(value: Any) -> bool:
-    """Whether a top-level entry is a setting rather than a piece of the workflow: plain data, a path built from
-    another setting (``$os.path...``) or another setting's value (``@input_dir``)."""
+    """Whether a top-level entry is a setting rather than a piece of the workflow."""
     if isinstance(value, str):
         return not value.startswith(("$", "%")) or value.startswith("$os.path.")
     if isinstance(value, Mapping):
@@ -178,8 +164,7 @@ def _is_option(value: Any) -> bool:
 
 
 def workflow_help(run_id: str, file_config: Mapping[str, Any]) -> str:
-    """What ``--help`` prints: the command, the workflow's page and its options (the settings among the top-level
-    entries of the config files, with their defaults as the files write them)."""
+    """What ``--help`` prints: the command, the workflow's page and its options with their defaults."""
     page = WORKFLOW_PAGES.get(run_id, "docs/training.md")
     lines = [f"{COMMAND.format(run_id)} --config_file ... [--option value ...]: {page} describes it", ""]
     lines.append("options (--option value; the defaults of the config files given):")
@@ -196,16 +181,15 @@ def workflow_help(run_id: str, file_config: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# -- tracking --------------------------------------------------------------------------------------------
 #: what MONAI's ``--tracking mlflow`` imports: the client, and the SQLite store's (requirements-dev.txt)
 TRACKING_PACKAGES = {"mlflow": "mlflow-skinny", "sqlalchemy": "sqlalchemy", "alembic": "alembic"}
 
 
 def check_tracking(tracking: Any) -> None:
-    """``--tracking mlflow`` needs MLflow and its SQLite store's packages (:data:`TRACKING_PACKAGES`).
+    """Check that ``--tracking mlflow`` has MLflow and its store's packages (:data:`TRACKING_PACKAGES`).
 
     Raises:
-        UsageError: naming the missing packages and the ``pip install`` that brings them, before anything is built.
+        UsageError: naming the missing packages and their ``pip install``.
     """
     import importlib.util
 
@@ -228,10 +212,10 @@ def check_tracking(tracking: Any) -> None:
 
 
 def plain_run(run_id: str) -> None:
-    """train.yaml's ``training`` under MONAI's plain ``run``, which gives a config entry no handle on its parser.
+    """Refuse train.yaml's ``training`` under MONAI's plain ``run``, which gives a config entry no handle on its parser.
 
     Raises:
-        UsageError: naming the command that trains (and ``run_stage``, one stage through plain ``run``).
+        UsageError: naming the command that trains.
     """
     raise UsageError(
         f"the {run_id} run needs the bundle's workflow class: {COMMAND.format(run_id)} --config_file ... "
@@ -239,22 +223,10 @@ def plain_run(run_id: str) -> None:
     )
 
 
-# -- the workflow ----------------------------------------------------------------------------------------------------
 class GLAMWorkflow(ConfigWorkflow):
     """GLAM's training, evaluation and inference as one MONAI workflow class (``run_workflow`` builds it).
 
-    ``initialize`` checks the overrides MONAI handed over (``--help``; an unknown id refused with the closest one;
-    ``--tracking mlflow``'s packages; ``--key None`` / ``--key null`` set to None) before MONAI's own. For run id
-    ``training`` (train.yaml's, also its default ``run``), ``run`` checks the run (per-stage values, folders, an
-    unfinished earlier run, the lock on ``ckpt_root``) and the datalist, then trains each stage of ``stage``
-    (``all``: global, local, joint) in a fresh copy of the merged configuration
-    (:func:`run_stages`); with ``distributed: true`` it joins the process group in
-    ``initialize`` and leaves it in ``finalize``. Any other run id is ``ConfigWorkflow``'s.
-
-    Under ``python -m monai.bundle``, a user's mistake (:func:`user_error`) in ``initialize``, ``run`` or
-    ``finalize`` is printed once to stderr as ``error: <message>`` and ends the process with status 1
-    (``SystemExit(1)`` whose ``__cause__`` is the error); any other exception, and every exception from Python (a
-    notebook, a test, the label app), propagates untouched.
+    Under ``python -m monai.bundle`` a user's mistake (:func:`user_error`) ends the process with one ``error:`` line.
 
     Args:
         config_file, meta_file, logging_file, init_id, run_id, final_id, tracking, workflow_type, properties_path:
@@ -325,8 +297,7 @@ class GLAMWorkflow(ConfigWorkflow):
             )
 
     def initialize(self) -> Any:
-        """Check the overrides (the class docstring), then ``ConfigWorkflow.initialize``; join the process group of a
-        distributed training."""
+        """Check the overrides, then ``ConfigWorkflow.initialize``."""
 
         def step() -> Any:
             self._check()
@@ -345,8 +316,7 @@ class GLAMWorkflow(ConfigWorkflow):
         return self._one_line(step)
 
     def run(self) -> Any:
-        """The training's stages (run id ``training``), else ``ConfigWorkflow.run``. Returns a list whose last item
-        is, for training, one summary dict per stage (``stage``, ``best_metric``, ``best_epoch``, ``model``)."""
+        """The training's stages (run id ``training``), else ``ConfigWorkflow.run``."""
         if self.workflow != "training":
             return self._one_line(super().run)
         return self._one_line(lambda: [self._train()])
@@ -380,22 +350,20 @@ class GLAMWorkflow(ConfigWorkflow):
 
 
 def run_stages(parser: ConfigParser, stage: str, stage_run_id: str = "run_stage") -> list[Any]:
-    """Run one stage or all three: for each, a deep copy of ``parser``'s merged config with ``stage`` set, whose
-    ``stage_run_id`` entry (set determinism, ``train#trainer.run()``, a summary) is then evaluated.
+    """Run one stage or all three, each from a deep copy of ``parser``'s merged config with ``stage`` set.
 
-    On ranks other than 0 of a process group, the copy's logging and drawing handlers (the config's
-    ``rank_zero_only`` class names, if it has that entry) are disabled before anything in it is built.
+    On ranks other than 0 the copy's ``rank_zero_only`` handlers are disabled before anything is built.
 
     Args:
-        parser: the bundle's parser (its raw content is copied, never modified).
+        parser: the bundle's parser (never modified).
         stage: ``"all"``, ``"global"``, ``"local"`` or ``"joint"``.
         stage_run_id: the config id that runs one stage.
 
     Returns:
-        per stage, what the last entry of its ``stage_run_id`` list evaluated to (train.yaml: a summary dict).
+        per stage, what the last entry of its ``stage_run_id`` list evaluated to.
     """
     names = stages_to_run(stage)  # a bad stage name fails before anything is built
-    this_rank = rank()
+    this_rank = idist.get_rank()
     rank_zero_only: Sequence[str] = ()
     if "rank_zero_only" in parser and this_rank != 0:
         rank_zero_only = parser.get_parsed_content("rank_zero_only")

@@ -1,8 +1,4 @@
-"""Box annotations as lesion masks, so that boxes go through exactly the geometry masks go through.
-
-A datalist item may carry ``"boxes": [{"label": "benign" | "malignant", "box": [y0, x0, y1, x1]}, ...]`` in the
-file's pixels (docs/data.md); evaluation then reads a box as a lesion.
-"""
+"""Box annotations as lesion masks, so that boxes go through exactly the geometry masks go through (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -36,15 +32,11 @@ class BoxesToMask(Transform):
 class BoxesToMasksd(MapTransform):
     """Dictionary :class:`BoxesToMask`: an item's ``boxes`` into the per-class mask keys, after loading.
 
-    The painted mask carries the image's metadata; items without boxes pass unchanged and ``boxes`` is removed so that
-    batches collate.
-
     Args:
         mask_keys: the per-class mask keys in the order of ``CLASS_NAMES``.
         image_key: the loaded (1, H, W) image whose size and metadata the masks take.
-        boxes_key: the datalist field.
-        mask_files: where a class has a mask file and boxes: ``"unite"`` them or ``"keep"`` the file's (the finer
-            outline of the same lesions).
+        boxes_key: the datalist field (removed, so that batches collate).
+        mask_files: where a class has a mask file and boxes: ``"unite"`` them or ``"keep"`` the file's.
     """
 
     def __init__(

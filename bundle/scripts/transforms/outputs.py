@@ -19,12 +19,9 @@ _SCALE_KEYS = (OutputKey.SALIENCY_SCALE0, OutputKey.SALIENCY_SCALE1, OutputKey.S
 
 
 class GLAMOutputsd(MapTransform):
-    """Unpack one image's GLAM outputs (``d[pred_key]``, a dict) into flat entries at full image resolution.
+    """Unpack one image's GLAM outputs (``d[pred_key]``, a dict) into flat float32 entries at full resolution.
 
-    Writes the (2, H, W) maps ``S_g`` (and ``S_l``, ``S_c`` when the local module ran) at the resolution of the mask
-    or the image, as docs/model.md defines them; the scores ``y_global`` / ``y_local`` / ``y_fusion``; ``patch_boxes``;
-    and from dict targets ``label`` and ``lesion_mask`` (not ``mask``, which MONAI's engines would send back to the
-    batch). Floating outputs become float32 (bf16 autocast returns bf16).
+    Targets' masks go to ``lesion_mask``, not ``mask``, which MONAI's engines would send back to the batch.
 
     Args:
         gamma_c: S_c = gamma_c S_g + (1 - gamma_c) S_l.

@@ -15,7 +15,7 @@ from scripts.transforms.mammo.array import (
 from scripts.transforms.mammo.breast import (
     WindowPlacement,
     best_center_window,
-    breast_crop_box,
+    breast_crop,
     chest_wall_side,
     open_breast_mask,
     open_breast_mask_exact,

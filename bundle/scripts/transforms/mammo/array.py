@@ -141,16 +141,12 @@ class FlipToRight(InvertibleTransform):
 
 
 class CropBreast(CropForeground):
-    """The authors' breast crop (docs/preprocessing.md) as an invertible MONAI crop.
+    """The authors' breast crop (:func:`~scripts.transforms.mammo.breast.breast_crop`) as an invertible MONAI crop.
 
-    The box of the opened mask of pixels > 0 plus up to ``buffer`` px at the top, the bottom and the side away from the
-    chest wall, or the same box around the tissue breast where that crop misses it
-    (:func:`~scripts.transforms.mammo.breast.breast_crop`). Writes ``meta["crop_box"]`` ``[top, left, bottom, right]``,
-    ``meta["crop_iterations"]`` and ``meta["crop_source"]``. A resampled image is opened by ``iterations`` of its file's
-    pixels (:func:`opening_iterations`), as the authors open full-resolution images.
+    Writes ``meta["crop_box"]`` ``[top, left, bottom, right]``, ``meta["crop_iterations"]`` and ``meta["crop_source"]``.
 
     Args:
-        iterations: erosion / dilation iterations, in the file's pixels (100 for full-resolution mammograms).
+        iterations: erosion / dilation iterations, in the file's pixels (:func:`opening_iterations`).
         buffer: pixels added at the three sides.
         chest_wall: ``"left"`` (after :class:`FlipToRight`), ``"right"`` or ``"auto"``.
         method: ``"fast"`` (distance transforms, identical result) or ``"exact"`` (scipy iterations).
@@ -206,11 +202,10 @@ class CropBreast(CropForeground):
 
 
 class BestCenterWindow(CropForeground):
-    """The authors' fixed-size window around the "best centre" (docs/preprocessing.md), zero-padded, invertible.
+    """The authors' fixed-size window around the "best centre" of a breast facing right, zero-padded, invertible.
 
-    Expects a breast facing right. The view comes from the call or ``meta["view"]``, the mirroring from
-    ``meta["flipped_to_right"]``. Writes ``meta["best_center"]``, ``meta["window_start"]`` (negative: padding),
-    ``meta["window_size"]`` and ``meta["window_source"]``.
+    Writes ``meta["best_center"]``, ``meta["window_start"]`` (negative: padding), ``meta["window_size"]`` and
+    ``meta["window_source"]``.
 
     Args:
         window: ``(rows, cols)``.
@@ -439,9 +434,7 @@ class RandWindowShift(Randomizable, Transform):
 class QuantizeToUint16(Transform):
     """Store intensities as uint16: a quarter of float32's bytes in a cache and on the way to the device.
 
-    Integer images in [0, 65535] are kept exactly; others are mapped linearly from ``[min(0, min), max]`` onto
-    [0, 65535], with ``meta["intensity_scale"]`` / ``meta["intensity_offset"]`` to map back. :class:`StandardizeImage`
-    is unchanged by such a map (up to rounding).
+    Integer images in [0, 65535] are kept exactly; others map linearly (meta ``intensity_scale``, ``intensity_offset``).
     """
 
     backend = [TransformBackends.TORCH]

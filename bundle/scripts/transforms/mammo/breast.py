@@ -1,8 +1,4 @@
-"""Breast geometry on 2-D ``(H, W)`` mammograms (numpy only): the authors' crop box and best-centre window.
-
-Free of MONAI, so that tests can compare them with independent computations; the transforms in ``array.py`` wrap
-them. The rules are in docs/preprocessing.md.
-"""
+"""Breast geometry on 2-D ``(H, W)`` mammograms (numpy only): the authors' crop box and best-centre window."""
 
 from __future__ import annotations
 
@@ -273,11 +269,8 @@ def breast_crop(
 ) -> tuple[tuple[tuple[int, int], tuple[int, int]], str]:
     """The crop of a 2-D mammogram and its source: ``(((top, left), (bottom, right)), source)``.
 
-    ``"authors"``: the box of the opened mask of pixels > 0 grown by up to ``buffer`` px at the top, the bottom and the
-    side away from the chest wall. ``"tissue"``: the same around the tissue breast (:func:`tissue_mask`), used where the
-    authors' crop holds clearly less of it or is over :data:`OVERSIZE` times its box (lettering or a film's background
-    taken for the breast). ``tissue=False`` gives the authors' crop. ``name`` starts the warning given when the erosions
-    remove the whole foreground.
+    ``"tissue"`` (the box around :func:`tissue_mask`) replaces the authors' crop where that holds clearly less of the
+    breast or is over :data:`OVERSIZE` times its box (lettering or a film's background taken for the breast).
     """
     img = as_2d(image)
     if chest_wall == "auto":
@@ -298,19 +291,6 @@ def breast_crop(
     if _tissue_holds_more(breast, k, flat(authors), flat(own)) or _area(authors_box) > OVERSIZE * _area(own_box):
         return own, "tissue"
     return authors, "authors"
-
-
-def breast_crop_box(
-    image: np.ndarray,
-    iterations: int = 100,
-    buffer: int = 50,
-    chest_wall: str = "left",
-    method: str = "fast",
-    name: str = "",
-    tissue: bool = True,
-) -> tuple[tuple[int, int], tuple[int, int]]:
-    """:func:`breast_crop` without its source: ``((top, left), (bottom, right))``, end-exclusive."""
-    return breast_crop(image, iterations, buffer, chest_wall, method, name, tissue)[0]
 
 
 def view_kind(view: str | None, default: str | None = "CC") -> str:

@@ -1,9 +1,4 @@
-"""Where the model's window lies on the input file, and how much of the breast it holds.
-
-The share is measured against the tissue breast of the whole file (:func:`~scripts.transforms.mammo.breast.tissue_mask`
-on the thumbnail taken at loading); a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it is refused
-(:func:`breast_refusal`).
-"""
+"""Where the model's window lies on the input file, and how much of the breast it holds (:func:`breast_refusal`)."""
 
 from __future__ import annotations
 
@@ -29,30 +24,8 @@ def original_size(meta: Mapping[str, Any]) -> tuple[int, int]:
     return tuple(int(v) for v in np.asarray(meta["spatial_shape"]).reshape(-1)[:2])
 
 
-def window_box_to_original(
-    box: Sequence[int], meta: Mapping[str, Any], original_size: Sequence[int]
-) -> tuple[int, int, int, int]:
-    """A window box ``(row, col, height, width)`` as ``(top, left, bottom, right)`` on the original file, clipped.
-
-    Checks the ``Invertd`` route independently, from ``window_start``, ``crop_box`` and ``flipped_to_right``.
-    """
-    r, c, h, w = (int(v) for v in box)
-    H, W = int(original_size[0]), int(original_size[1])
-    top, left = (int(v) for v in np.asarray(meta["window_start"]).reshape(-1)[:2])
-    crop = [int(v) for v in np.asarray(meta["crop_box"]).reshape(-1)[:4]]
-    r0, c0 = r + top + crop[0], c + left + crop[1]
-    r1, c1 = r0 + h, c0 + w
-    if bool(meta["flipped_to_right"]):
-        c0, c1 = W - c1, W - c0
-    return max(0, r0), max(0, c0), min(H, r1), min(W, c1)
-
-
 def window_on_original(meta: Mapping[str, Any], original_size: Sequence[int]) -> tuple[int, int, int, int] | None:
-    """The part of the original file the model's window saw: ``(top, left, bottom, right)``, or None.
-
-    Read from ``window_start``, ``window_size``, ``crop_box``, ``flipped_to_right`` and ``resampled_shape`` (scaled
-    outwards to whole pixels).
-    """
+    """The part of the original file the model's window saw: ``(top, left, bottom, right)``, or None."""
     H, W = int(original_size[0]), int(original_size[1])
     shape = meta.get("resampled_shape")
     h, w = (int(v) for v in np.asarray(shape).reshape(-1)[:2]) if shape is not None else (H, W)
@@ -106,11 +79,7 @@ def _reachable(meta: Mapping[str, Any], mask: np.ndarray, k: int) -> float:
 
 
 def breast_refusal(item: Mapping[str, Any]) -> str | None:
-    """Why an image's window is no prediction, in one line; None when it holds enough of the breast.
-
-    No tissue region large enough to be a breast, or a window holding less than :data:`MIN_BREAST_IN_WINDOW` of it (of
-    what a window can hold, for a breast larger than the window). None also where no share can be measured.
-    """
+    """Why an image's window is no prediction, in one line; None when it holds enough of the breast."""
     share = breast_in_window(item)
     if share is None:
         return None

@@ -1,7 +1,4 @@
-"""Dictionary versions of the mammogram transforms: one decision on ``source_key``, applied to the image and its masks.
-
-Masks must share the source's spatial shape; laterality, view and ``horizontal_flip`` come from the data when present.
-"""
+"""Dictionary versions of the mammogram transforms: one decision on ``source_key``, applied to every key."""
 
 from __future__ import annotations
 
@@ -162,8 +159,7 @@ class CropBreastd(Cropd):
 
 
 class BestCenterWindowd(Cropd):
-    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterWindow`: placed on ``source_key``, cut from all
-    keys.
+    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterWindow`: cut from all keys.
 
     Args:
         keys: image and mask keys.
@@ -235,8 +231,7 @@ class RandBestCenterWindowd(BestCenterWindowd, Randomizable):
 
 
 class BestCenterRegiond(BestCenterWindowd):
-    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterRegion`, with the offset range in
-    ``d[shift_range_key]``.
+    """Dictionary :class:`~scripts.transforms.mammo.array.BestCenterRegion`.
 
     The deterministic half of :class:`RandBestCenterWindowd` for a cache; :class:`RandWindowShiftd` is the other.
 

@@ -1,10 +1,4 @@
-"""Resampling to the model's pixel spacing (docs/preprocessing.md, "Pixel spacing").
-
-The input's spacing is, in this order: the file's (``meta["spacing"]``); the datalist item's ``pixel_spacing``
-(source ``"datalist"``); the ``input_spacing`` option (``"option"``); else ``fallback``: ``"fit_breast"`` estimates the
-spacing at which the breast fits the window (:func:`fit_breast_spacing`), ``"model"`` assumes the model's. A model of
-unknown spacing resamples nothing. The output's metadata records the choice; the inverse restores size and metadata.
-"""
+"""Resampling to the model's pixel spacing (docs/preprocessing.md, "Pixel spacing")."""
 
 from __future__ import annotations
 
@@ -57,11 +51,7 @@ def spacing_of(img: Any) -> tuple[float, float] | None:
 
 
 def gaussian_smooth(img: torch.Tensor, sigma: Sequence[float]) -> torch.Tensor:
-    """MONAI's ``GaussianSmooth(sigma)`` on a ``(C, *spatial)`` float tensor, as weighted sums of shifted views.
-
-    Same kernels (``gaussian_1d``, erf, 4 sigma) and zero padding, about ten times faster than MONAI's convolutions on a
-    mammogram; equal to float32 rounding. A ``MetaTensor`` keeps its metadata.
-    """
+    """MONAI's ``GaussianSmooth(sigma)`` on a ``(C, *spatial)`` tensor, ten times faster (sums of shifted views)."""
     out = img
     for axis, s in enumerate(sigma):
         kernel = gaussian_1d(torch.as_tensor(float(s)), truncated=4.0, approx="erf").tolist()
@@ -103,10 +93,6 @@ def fit_breast_spacing(
 ) -> tuple[float, float]:
     """The input spacing at which the breast of ``image`` fits the model's window: the fallback estimate.
 
-    The breast's box is the crop's (:func:`file_breast_box`); resampling by ``f = input / model spacing`` makes the
-    crop ``box_h f + 2 buffer`` by ``box_w f + buffer``, and ``f`` is the largest factor, the same on both axes, that
-    fits the window with 2 % and the anti-aliasing blur's 6 px to spare.
-
     Args:
         image: ``(C, H, W)`` or ``(H, W)``, as loaded.
         model_spacing: the model's (row, col) mm.
@@ -114,7 +100,8 @@ def fit_breast_spacing(
         iterations, buffer: the crop's (iterations in the file's pixels, buffer in model pixels).
 
     Returns:
-        ``(model_row * f, model_col * f)``.
+        ``(model_row * f, model_col * f)``, ``f`` the largest factor that fits the crop in the window with 2 % and the
+        anti-aliasing blur's 6 px to spare.
 
     Raises:
         ValueError: when no pixel is > 0.
@@ -155,10 +142,8 @@ def _stated_spacing(value: Any, name: str, spacing_range: Sequence[float] | None
 class ResampleToSpacing(InvertibleTransform):
     """Resample a ``(C, H, W)`` image to ``pixel_spacing`` from its spacing as the module docstring chooses it.
 
-    A file's spacing outside ``spacing_range`` is not used (``meta["spacing_ignored"]`` records it); a stated one
-    outside it is a ValueError; a resampled size above ``max_pixels`` is refused before resampling. The output's
-    metadata records ``spacing_used``, ``spacing_source``, ``model_spacing``, ``spacing_assumed``, ``spacing_ignored``,
-    ``spacing_range`` and ``opening_scale`` (model pixels per file pixel, for the crop's opening).
+    The output's metadata records ``spacing_used``, ``spacing_source``, ``model_spacing``, ``spacing_assumed``,
+    ``spacing_ignored``, ``spacing_range`` and ``opening_scale``.
 
     Args:
         pixel_spacing: the model's ``(row, col)`` mm (a number: isotropic); None: nothing is resampled.
@@ -169,7 +154,7 @@ class ResampleToSpacing(InvertibleTransform):
         fallback: ``"fit_breast"`` or ``"model"``, for an image whose spacing nobody states.
         window: the model's window (rows, cols), which ``"fit_breast"`` needs.
         iterations, buffer: the crop's settings, for ``"fit_breast"``.
-        spacing_range: plausible ``(low, high)`` mm (None: :data:`~scripts.data.geometry.SPACING_RANGE_MM`).
+        spacing_range: plausible ``(low, high)`` mm; a file's spacing outside it is ignored, a stated one refused.
         max_pixels: the most pixels an image is resampled to; None: no cap.
     """
 
@@ -243,9 +228,7 @@ class ResampleToSpacing(InvertibleTransform):
         return estimate, "fit_breast"
 
     def plan(self, img: NdarrayOrTensor, spacing: Sequence[float] | None = None, stated: Any = None) -> dict[str, Any]:
-        """What to do with ``img``: a dict of ``size``, ``resample``, ``assumed``, ``spacing``, ``source``, ``ignored``,
-        ``opening_scale``; ``spacing`` overrides every source. A size above ``max_pixels`` is refused here.
-        """
+        """What to do with ``img`` (``size``, ``spacing``, ``source``, ...); ``spacing`` overrides every source."""
         shape = tuple(int(s) for s in img.shape[1:])
         if len(shape) != 2:
             raise UsageError(f"ResampleToSpacing expects a (C, H, W) image, got shape {tuple(img.shape)}")

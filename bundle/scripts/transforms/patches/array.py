@@ -1,7 +1,4 @@
-"""Array transforms that crop the K patches GLAM's local module sees: ``(patches (K, C, ph, pw), boxes (K, 4))``.
-
-The boxes are the ones the model itself would use (:mod:`scripts.patches`).
-"""
+"""Array transforms that crop the K patches GLAM's local module sees: ``(patches (K, C, ph, pw), boxes (K, 4))``."""
 
 from __future__ import annotations
 
