@@ -93,5 +93,5 @@ def test_the_quick_start_paragraph_states_the_preset():
     assert stated, "the quick start paragraph no longer states the preset's sizes and epochs"
     preset = yaml.safe_load((REPO_ROOT / "configs" / "quickstart.yaml").read_text())
     n, height, width, patch, *epochs = (int(v) for v in stated.groups())
-    assert (n, [height, width], patch) == (preset["quickstart_images"], preset["image_size"], preset["patch_size"])
+    assert (n, [height, width], patch) == (preset["quickstart_images"], preset["quickstart_size"], preset["patch_size"])
     assert epochs == [preset["epochs"][stage] for stage in ("global", "local", "joint")]

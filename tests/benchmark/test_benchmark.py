@@ -185,7 +185,7 @@ def test_the_calibrated_preset_fine_tunes_the_cpu_presets_selected_models(tmp_pa
     assert budget.init_modules == {"glam": ("global_network",)}
     # the generator's defaults; the rest is the CPU preset's
     assert config["benchmark_data"] == {"_target_": "glam_benchmark.synthetic.SyntheticConfig"}
-    assert config["image_size"] == [736, 480] and budget.patch_shift == 32
+    assert config["benchmark_size"] == [736, 480] and budget.patch_shift == 32
     cpu_budget = presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[1]
     assert budget.model_overrides == cpu_budget.model_overrides
     space = search.load_search_space(SEARCH, "transfer")
@@ -230,7 +230,7 @@ def test_presets_declare_a_budget_and_an_existing_search_space():
         config, budget = presets.read_preset(CONFIGS / name)
         search.load_search_space(SEARCH, budget.search_space)
         assert budget.trials >= 1 and budget.epochs >= 1
-    assert presets.read_preset(CONFIGS / "benchmark_full.yaml")[0]["image_size"] == [2944, 1920]
+    assert presets.read_preset(CONFIGS / "benchmark_full.yaml")[0]["benchmark_size"] == [2944, 1920]
     # the U-Net overlay comes after the preset and sets its widths: the CPU preset's go on the command line
     cpu_budget = presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[1]
     assert set(cpu_budget.model_overrides) == {"unet"} and len(cpu_budget.model_overrides["unet"]["unet_features"]) == 6
@@ -242,7 +242,7 @@ def test_presets_declare_a_budget_and_an_existing_search_space():
     assert (cpu_budget.local_lambda_sparsity, cpu_budget.joint_lambda_sparsity) == (1e-3, 1e-5)
     full_budget = presets.read_preset(CONFIGS / "benchmark_full.yaml")[1]
     assert full_budget.patch_shift == 0  # the paper's patches
-    assert presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[0]["image_size"] == [736, 480]
+    assert presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[0]["benchmark_size"] == [736, 480]
 
 
 # -- metrics and acceptance --------------------------------------------------------------------------------------

@@ -289,7 +289,7 @@ def test_checkpointer_failure_during_save_keeps_last_pt(tmp_path, monkeypatch):
 
 
 def test_only_rank_zero_writes(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoints_module, "rank", lambda: 1)
+    monkeypatch.setattr(checkpoints_module.idist, "get_rank", lambda: 1)
     Run(tmp_path, {1: 0.1}, max_epochs=1).run()
     assert not tmp_path.exists() or os.listdir(tmp_path) == []
 

@@ -89,11 +89,11 @@ def test_other_ranks_build_no_rank_zero_only_handler(monkeypatch):
         "handlers": [{"_target_": "NoSuchLogger"}, {"_target_": "collections.OrderedDict"}],
         "run_stage": ["$len(@handlers)"],
     }
-    monkeypatch.setattr(runner, "rank", lambda: 1)
+    monkeypatch.setattr(runner.idist, "get_rank", lambda: 1)
     parser = ConfigParser(config)
     assert run_stages(parser, "all") == [1, 1, 1]
     assert "_disabled_" not in parser["handlers"][0]  # only the copies were changed
-    monkeypatch.setattr(runner, "rank", lambda: 0)
+    monkeypatch.setattr(runner.idist, "get_rank", lambda: 0)
     with pytest.raises(Exception, match="NoSuchLogger"):
         run_stages(ConfigParser(config), "global")
 

@@ -258,16 +258,17 @@ probe: "$torch.save(@train#preprocessing(dict(@probe_item))['image'], @probe_out
 
 
 def test_one_transform_of_the_training_chain_overridden_from_the_command_line(tmp_path):
-    """`--train#preprocessing#transforms#6#mode ...` on `python -m monai.bundle run` replaces the resampling's
-    interpolation of the training chain and nothing else: the run's window is the in-process chain's with that
-    override, and not the bilinear default's."""
+    """`--train#preprocessing#transforms#6#mode ...` on the documented command (`run_workflow scripts.GLAMWorkflow`)
+    replaces the resampling's interpolation of the training chain and nothing else: the run's window is the
+    in-process chain's with that override, and not the bilinear default's."""
     (item,) = write_items(tmp_path, spacing_mm=0.25)[2:]
     probe = tmp_path / "probe.yaml"
     probe.write_text(PROBE)
     out = tmp_path / "window.pt"
     mode = "['nearest', 'nearest-exact', 'nearest-exact']"
     files = f"['{TRAIN_CONFIG}','{TINY_CONFIG}','{probe}']"
-    command = [sys.executable, "-m", "monai.bundle", "run", "probe", "--config_file", files, "--pixel_spacing", "0.5"]
+    command = [sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "probe"]
+    command += ["--config_file", files, "--pixel_spacing", "0.5"]
     command += ["--train#preprocessing#transforms#6#mode", mode, "--probe_item", str(item), "--probe_out", str(out)]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
