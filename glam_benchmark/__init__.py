@@ -2,14 +2,15 @@
 
 It imports the bundle's ``scripts`` package and is never imported by it. ``python -m glam_benchmark --preset
 glam_benchmark/configs/benchmark_cpu.yaml`` runs the benchmark (README.md in this folder). The driver's modules,
-from the bottom up (each imports only those above it):
+from the bottom up (each imports only those above it; the package itself says where the repository, the
+bundle and the configs are):
 
-- :mod:`.paths`: where the repository, the bundle and the configs are;
 - :mod:`.files`: atomic writes of the driver's outputs (JSON, text, PNG);
 - :mod:`.presets`: the benchmarked models, the preset's budget, the benchmark's error;
 - :mod:`.search`: the random-search space, the trials drawn from it and their bundle overrides;
 - :mod:`.steps`: bundle command lines and the runner of workflow subprocesses (logs, wall times, resume);
-- :mod:`.metrics`: reading the workflows' ``metrics.json``, Table-1 rows, the acceptance conditions;
+- :mod:`.metrics`: reading the workflows' ``metrics.json``, Table-1 rows, the acceptance conditions, what needs no
+  learning;
 - :mod:`.report`: writing ``results.md``;
 - :mod:`.figures`: the Dice scatter, the example and per-scale figures;
 - :mod:`.driver`: preparing the data, running every step in order, the argument parser and ``main``.
@@ -20,8 +21,24 @@ Beside them: :mod:`.baselines` (CAM, GMIC, U-Net and their losses), :mod:`.synth
 
 import importlib.util
 import sys
+from pathlib import Path
 
-from .paths import BUNDLE_ROOT
+PACKAGE_ROOT = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_ROOT.parent
+BUNDLE_ROOT = REPO_ROOT / "bundle"
+CONFIGS = PACKAGE_ROOT / "configs"
+
+TRAIN_CONFIG = BUNDLE_ROOT / "configs" / "train.yaml"
+EVAL_CONFIG = BUNDLE_ROOT / "configs" / "evaluate.yaml"
+META_FILE = BUNDLE_ROOT / "configs" / "metadata.json"
+DEFAULT_SEARCH = CONFIGS / "benchmark_search.yaml"
+
+
+def display_path(path: Path) -> Path:
+    """Relative to the repository when inside it (what a reader can use), else as is."""
+    path = Path(path)
+    return path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+
 
 # the bundle's code is the package ``scripts`` in bundle/, on sys.path wherever MONAI runs the bundle
 if importlib.util.find_spec("scripts") is None:

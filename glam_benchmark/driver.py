@@ -28,10 +28,10 @@ from typing import Any
 
 from scripts.enums import MapName, Stage
 
+from . import BUNDLE_ROOT, DEFAULT_SEARCH, TRAIN_CONFIG, display_path
 from .figures import make_figures
 from .files import write_json
 from .metrics import read_metrics, table_row, validation_dice
-from .paths import BUNDLE_ROOT, DEFAULT_SEARCH, TRAIN_CONFIG, display_path
 from .presets import HELD_MODELS, MODELS, BenchmarkError, Budget, ModelSpec, flatten_preset, read_preset
 from .report import ModelResult, Replicate, write_results
 from .search import load_search_space, per_stage_values, sample_trials, trial_overrides
@@ -62,14 +62,14 @@ def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int |
 
 
 def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = print) -> dict[str, Any] | None:
-    """What needs no learning on the test split (:func:`~glam_benchmark.trivial.no_learning_baselines`): the
+    """What needs no learning on the test split (:func:`~glam_benchmark.metrics.no_learning_baselines`): the
     cell of the brightest-cell map is that of GLAM's S_g under the preset (the stride of S_0, whose grid S_g
     has). None when the test split is empty."""
     from monai.bundle import ConfigParser
 
     from scripts.networks import GlobalBackbone
 
-    from .trivial import no_learning_baselines, preprocess_items, validation_transform
+    from .metrics import no_learning_baselines, preprocess_items, validation_transform
 
     parser = ConfigParser()
     parser.read_config([str(TRAIN_CONFIG), str(preset)])

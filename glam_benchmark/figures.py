@@ -15,9 +15,9 @@ import numpy as np
 
 from scripts.enums import CLASS_NAMES, MAP_NAMES, MapName, Stage
 
+from . import EVAL_CONFIG, TRAIN_CONFIG
 from .files import write_png
 from .metrics import CLASSES
-from .paths import EVAL_CONFIG, TRAIN_CONFIG
 from .presets import Budget
 from .report import ModelResult
 from .steps import Runner

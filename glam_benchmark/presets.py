@@ -11,8 +11,8 @@ from typing import Any
 
 from scripts.enums import STAGES, Stage
 
+from . import CONFIGS, EVAL_CONFIG, REPO_ROOT, TRAIN_CONFIG
 from .files import write_json
-from .paths import CONFIGS, EVAL_CONFIG, REPO_ROOT, TRAIN_CONFIG
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 from scripts.enums import LesionClass, MapName
 
+from . import display_path
 from .metrics import (
     CLASSES,
     METRIC_GROUPS,
@@ -22,7 +23,6 @@ from .metrics import (
     pooled_rate,
     table_row,
 )
-from .paths import display_path
 from .presets import MODELS, ModelSpec
 
 #: the paper's Table 1 (NYU data, test set), shown for reference next to ours; its AUC is per breast ("identifying

@@ -17,8 +17,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from . import BUNDLE_ROOT, META_FILE, REPO_ROOT
 from .files import write_json
-from .paths import BUNDLE_ROOT, META_FILE, REPO_ROOT
 
 
 def _cli_value(value: Any) -> str:

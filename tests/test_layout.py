@@ -38,7 +38,7 @@ def test_glam_benchmark_finds_the_bundle_from_the_repository_root():
     bundle on sys.path once, so its ``scripts`` imports are the bundle's."""
     code = (
         "import sys; import glam_benchmark.synthetic, scripts; "
-        "print(scripts.__file__); import glam_benchmark.paths as g; print(sys.path.count(str(g.BUNDLE_ROOT)))"
+        "print(scripts.__file__); import glam_benchmark as g; print(sys.path.count(str(g.BUNDLE_ROOT)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO_ROOT, env={"PATH": ""}, capture_output=True, text=True, check=True
