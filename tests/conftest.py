@@ -139,3 +139,9 @@ def _bundle_logging_conf_keeps_pytest_capture(monkeypatch):
         root.removeHandler(handler)
         handler.close()
     root.setLevel(level)
+
+
+def workflow_command(run_id: str) -> list[str]:
+    """The documented command's words up to the run id: ``python -m monai.bundle run_workflow scripts.GLAMWorkflow
+    --run_id <run_id>`` (the configs and overrides follow; ``PYTHONPATH`` is set above)."""
+    return [sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", run_id]

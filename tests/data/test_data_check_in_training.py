@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
+from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, tiny_overrides, workflow_command
 
 import scripts.data
 import scripts.training.workflow
@@ -121,7 +120,7 @@ def test_images_without_a_pixel_spacing_are_named_when_the_model_has_one(tmp_pat
 def test_command_line_fails_within_seconds_listing_the_bad_files(tmp_path, bad_datalist):
     datalist, bad_files = bad_datalist
     command = [
-        sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "training",
+        *workflow_command("training"),
         "--config_file", repr([str(TRAIN_CONFIG), str(TINY_CONFIG)]),
         "--meta_file", str(META),
         "--datalist", datalist,

@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG, workflow_command
 from monai.bundle import ConfigParser
 
 from scripts.evaluation.model import checkpoint_record, evaluation_settings
@@ -53,13 +52,7 @@ def trained(tmp_path_factory, tiny_datalist):
 def evaluate_command(root: Path, datalist: Path, ckpt: Path, *extra: str) -> list[str]:
     """The documented evaluation command, without any preset: train.yaml then evaluate.yaml."""
     return [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        "evaluating",
+        *workflow_command("evaluating"),
         "--config_file",
         f"['{TRAIN_CONFIG}','{EVAL_CONFIG}']",
         "--meta_file",

@@ -13,14 +13,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, REPO_ROOT
+from conftest import BUNDLE_ROOT, REPO_ROOT, workflow_command
 from monai.bundle import ConfigParser
 from PIL import Image
 
@@ -103,13 +102,7 @@ def shipped_run(tmp_path_factory) -> dict:
     files.append(shutil.copy(root / "dcm" / "images" / "SYN00000_R_CC.dcm", inputs / "dcm_SYN00000_R_CC.dcm"))
     out = root / "out"
     cmd = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        "inference",
+        *workflow_command("inference"),
         "--config_file",
         "bundle/configs/inference.yaml",
     ]

@@ -7,12 +7,11 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, REPO_ROOT
+from conftest import BUNDLE_ROOT, REPO_ROOT, workflow_command
 
 from scripts.inference.step import split_non_finite
 
@@ -136,13 +135,7 @@ def test_the_command_line_stops_with_one_line_before_the_output_folder(setup, tm
     out = tmp_path / "out"
     configs = json.dumps([str(INFERENCE_CONFIG), str(TINY_INFERENCE)])
     cmd = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        "inference",
+        *workflow_command("inference"),
         "--config_file",
         configs,
     ]

@@ -16,7 +16,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, workflow_command
 from PIL import Image
 from test_inference_workflow import INFERENCE_CONFIG, META, TINY, TINY_INFERENCE, _run
 
@@ -87,13 +86,7 @@ def case(tmp_path_factory) -> dict:
 def _command(case: dict, out: Path) -> list[str]:
     configs = json.dumps([str(INFERENCE_CONFIG), str(TINY_INFERENCE)])
     cmd = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        "inference",
+        *workflow_command("inference"),
         "--config_file",
         configs,
         "--meta_file",

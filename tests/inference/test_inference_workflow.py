@@ -9,14 +9,13 @@ import csv
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, REPO_ROOT
+from conftest import BUNDLE_ROOT, REPO_ROOT, workflow_command
 
 INFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference.yaml"
 REFERENCE_CONFIG = BUNDLE_ROOT / "configs" / "inference_reference.yaml"
@@ -227,13 +226,7 @@ def test_cli_reference_preset_on_a_datalist(inputs, tmp_path):
     out = tmp_path / "out"
     configs = [str(INFERENCE_CONFIG), str(REFERENCE_CONFIG), str(TINY_INFERENCE)]
     cmd = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        "inference",
+        *workflow_command("inference"),
         "--config_file",
         json.dumps(configs),
     ]
@@ -254,13 +247,7 @@ def test_cli_reference_preset_on_a_datalist(inputs, tmp_path):
 def test_inference_without_weights_stops_with_one_line_naming_the_file(tmp_path):
     missing = tmp_path / "nowhere" / "model.pt"
     cmd = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        "inference",
+        *workflow_command("inference"),
         "--config_file",
         str(INFERENCE_CONFIG),
     ]

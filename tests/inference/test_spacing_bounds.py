@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BUNDLE_ROOT, REPO_ROOT
+from conftest import BUNDLE_ROOT, REPO_ROOT, workflow_command
 
 ABSURD = {"spacing_20mm.dcm": 20.0, "spacing_1000mm.dcm": 1000.0, "spacing_1e-6mm.dcm": 1e-6}
 SMALL = (300, 190)  # 114 KB of 16-bit pixels, as the file
@@ -196,13 +196,7 @@ def test_peak_memory_of_an_inference_run_over_real_shaped_and_absurd_files(tmp_p
     _real_shaped_folder(folder)
     out = tmp_path / "out"
     command = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        "inference",
+        *workflow_command("inference"),
         "--config_file",
         str(BUNDLE_ROOT / "configs" / "inference.yaml"),
         "--meta_file",

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import workflow_command
 from references import numpy_top_t
 
 from scripts.bundle_info import bundle_version
@@ -254,7 +255,7 @@ def test_the_inference_command_stops_with_one_line_on_a_window_of_40000(tmp_path
         sys.executable, "-c",
         "import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
         "print('MAXRSS', p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
-        sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "inference",
+        *workflow_command("inference"),
         "--config_file", str(BUNDLE / "configs" / "inference.yaml"),
         "--meta_file", str(BUNDLE / "configs" / "metadata.json"),
         "--bundle_root", str(BUNDLE),

@@ -10,13 +10,12 @@ import math
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, workflow_command
 
 from scripts.errors import UsageError
 from scripts.training.checkpoints import why_no_model
@@ -29,13 +28,7 @@ META = str(TRAIN_CONFIG.parent / "metadata.json")
 def train_command(datalist: str, root: Path, *extra: str) -> list[str]:
     """The training command as docs/training.md writes it, with absolute paths."""
     return [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        "training",
+        *workflow_command("training"),
         "--config_file",
         f"['{TRAIN_CONFIG}','{TINY_CONFIG}']",
         "--meta_file",

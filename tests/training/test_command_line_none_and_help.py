@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import BUNDLE_ROOT, REPO_ROOT, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, REPO_ROOT, TRAIN_CONFIG, workflow_command
 from monai.bundle import ConfigParser
 
 from scripts.errors import UsageError
@@ -24,13 +23,7 @@ EVALUATE = TRAIN_CONFIG.parent / "evaluate.yaml"
 
 def _monai_run(run_id: str, config_files: list, *extra: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
     command = [
-        sys.executable,
-        "-m",
-        "monai.bundle",
-        "run_workflow",
-        "scripts.GLAMWorkflow",
-        "--run_id",
-        run_id,
+        *workflow_command(run_id),
         "--config_file",
         str([str(f) for f in config_files]),
     ]

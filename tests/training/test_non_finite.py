@@ -10,12 +10,11 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG, workflow_command
 from ignite.engine import Events
 from monai.data import DataLoader
 from monai.engines import SupervisedTrainer
@@ -287,7 +286,7 @@ def test_evaluation_names_what_is_wrong_with_the_file(tmp_path, tiny_datalist, t
 
 # -- the command line: a learning rate that makes the loss NaN -------------------------------------------------------
 def _train(datalist: str, root: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "training"]
+    command = [*workflow_command("training")]
     command += ["--config_file", f"['{TRAIN_CONFIG}','{TINY_CONFIG}']", "--meta_file", META]
     command += ["--datalist", datalist, "--ckpt_root", str(root / "models"), "--output_root", str(root / "out")]
     command += ["--stage", "global", "--epochs", "1", *extra]

@@ -15,13 +15,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, assert_identical
+from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, assert_identical, workflow_command
 
 from scripts.data import load_datalist
 from scripts.data.datalist import resolve_paths
@@ -50,7 +49,7 @@ def small_datalist(tmp_path, tiny_datalist) -> str:
 
 def _start(root: Path, datalist: str, log: Path, *extra: str) -> subprocess.Popen:
     command = [
-        sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "training",
+        *workflow_command("training"),
         "--config_file", repr([str(TRAIN_CONFIG), str(TINY_CONFIG)]),
         "--meta_file", str(META),
         "--stage", "global",

@@ -7,14 +7,13 @@ grid."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from config_chains import INFERENCE_CONFIG, parse, training_chain
-from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, assert_identical
+from conftest import REPO_ROOT, TINY_CONFIG, TRAIN_CONFIG, assert_identical, workflow_command
 from monai.transforms import Compose, Invertd, RandomizableTrait, Transform
 from PIL import Image
 
@@ -267,7 +266,7 @@ def test_one_transform_of_the_training_chain_overridden_from_the_command_line(tm
     out = tmp_path / "window.pt"
     mode = "['nearest', 'nearest-exact', 'nearest-exact']"
     files = f"['{TRAIN_CONFIG}','{TINY_CONFIG}','{probe}']"
-    command = [sys.executable, "-m", "monai.bundle", "run_workflow", "scripts.GLAMWorkflow", "--run_id", "probe"]
+    command = [*workflow_command("probe")]
     command += ["--config_file", files, "--pixel_spacing", "0.5"]
     command += ["--train#preprocessing#transforms#6#mode", mode, "--probe_item", str(item), "--probe_out", str(out)]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

@@ -68,18 +68,6 @@ def _ids(config: Any, prefix: str = "") -> Iterable[str]:
         yield from _ids(v, name + "#")
 
 
-def _lookup(config: Any, id_: str) -> Any:
-    """The content of config id ``id_`` (``a#b#0``), or None when there is none."""
-    for part in id_.split("#") if id_ else []:
-        if isinstance(config, Mapping) and part in config:
-            config = config[part]
-        elif isinstance(config, list) and part.isdigit() and int(part) < len(config):
-            config = config[int(part)]
-        else:
-            return None
-    return config
-
-
 def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any], page: str = "docs/training.md") -> None:
     """Check that every override id in ``keys`` is known to ``file_config``, the run or MONAI's tracking.
 
@@ -87,6 +75,7 @@ def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any], page: s
         UsageError: an unknown id, naming the closest known one (MONAI merges any key, so a typo would be ignored).
     """
     known = set(_ids(file_config))
+    files = ConfigParser(file_config)
     for key in keys:
         plain = key.lstrip("+")
         if plain in known or plain in RUN_ARGUMENTS or plain in TRACKING_IDS:
@@ -94,7 +83,7 @@ def check_overrides(keys: Iterable[str], file_config: Mapping[str, Any], page: s
         parent, _, _ = plain.rpartition("#")
         pool = [k for k in known if k.rpartition("#")[0] == parent] + ([] if parent else sorted(TRACKING_IDS))
         close = difflib.get_close_matches(plain, pool, n=1, cutoff=0.6)
-        component = _lookup(file_config, parent) if parent else None
+        component = files.get(parent) if parent else None
         if isinstance(component, Mapping) and "_target_" in component:
             leaf = plain.rpartition("#")[2]
             arguments = [str(k) for k in component if not str(k).startswith("_")]
