@@ -6,9 +6,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +184,34 @@ def test_a_folder_lock_refuses_a_second_process_naming_the_first_and_a_dead_hold
     assert (tmp_path / ".lock").read_text() == ""  # released: a free lock, no stale record
     with FolderLock(tmp_path) as again:
         assert again.stale is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks a child as a data loader worker is made")
+def test_a_forked_child_does_not_keep_the_folder_locked_once_the_holder_lets_go(tmp_path):
+    from scripts.atomic import FolderLock, lock_exclusive, unlock
+
+    folder_fd = os.open(tmp_path, os.O_RDONLY)  # the inference folder's lock: an flock on the folder itself
+    lock_exclusive(folder_fd)
+    lock = FolderLock(tmp_path, "training").acquire()
+    ready_r, ready_w = os.pipe()
+    child = os.fork()  # a data loader worker: alive for a while after its parent stops
+    if child == 0:
+        os.write(ready_w, b"1")  # running: fork's handlers in the child have run
+        time.sleep(5)
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        unlock(folder_fd)
+        lock.release()
+        other_fd = os.open(tmp_path, os.O_RDONLY)
+        try:
+            lock_exclusive(other_fd)  # EWOULDBLOCK if the child's copy of the descriptor still held the folder
+        finally:
+            unlock(other_fd)
+        with FolderLock(tmp_path, "training") as again:
+            assert again.stale is None
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        os.close(ready_r)
+        os.close(ready_w)

@@ -35,6 +35,40 @@ NO_ROOM_ERRNOS = {
 }
 #: atomic_write's ``.<name>.<mkstemp letters>.tmp`` and atomic_path's ``.tmp<pid>-<name>``
 _TEMPORARY = re.compile(r"^(\..+\.[a-z0-9_]{8}\.tmp|\.tmp\d+-.+)$")
+#: descriptors this process holds an flock through; a forked child closes its copies
+_LOCK_FDS: set[int] = set()
+
+
+def _close_lock_copies_in_child() -> None:
+    # an flock belongs to the open file, which fork shares: a data loader worker that outlives a killed parent for a
+    # few seconds would keep the folder locked, and the rerun would be told another run holds it
+    for fd in _LOCK_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_lock_copies_in_child)
+
+
+def lock_exclusive(fd: int) -> None:
+    """Take an exclusive ``flock`` on ``fd`` without waiting; forked children (data loader workers) do not share it.
+
+    Args:
+        fd: an open descriptor of the lock file or folder.
+
+    Raises:
+        OSError: ``EWOULDBLOCK`` when another process holds the lock, another errno where the file system has none.
+    """
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _LOCK_FDS.add(fd)
+
+
+def unlock(fd: int) -> None:
+    """Close a descriptor :func:`lock_exclusive` locked, which releases the lock."""
+    _LOCK_FDS.discard(fd)
+    os.close(fd)
 
 
 @contextmanager
@@ -199,7 +233,7 @@ class FolderLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock_exclusive(fd)
         except OSError as err:
             holder = self._read(fd)
             os.close(fd)
@@ -228,7 +262,7 @@ class FolderLock:
             return
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
-        os.close(self._fd)
+        unlock(self._fd)
         self._fd = None
 
     def __enter__(self) -> FolderLock:

@@ -103,13 +103,19 @@ def _start(case: dict, out: Path) -> subprocess.Popen:
     )
 
 
+def _ended_by_the_kill(proc: subprocess.Popen) -> None:
+    """The run was killed, or finished by itself before the kill: it never stopped on an error of its own."""
+    log = proc.communicate(timeout=60)[0].decode(errors="replace")
+    assert proc.returncode in (0, -signal.SIGKILL), log[-3000:]
+
+
 def _kill_after(proc: subprocess.Popen, seconds: float) -> None:
     deadline = time.perf_counter() + seconds
     while proc.poll() is None and time.perf_counter() < deadline:
         time.sleep(0.01)
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    _ended_by_the_kill(proc)
 
 
 def _rows_written(out: Path) -> int:
@@ -137,9 +143,9 @@ def _kill_while_writing(proc: subprocess.Popen, out: Path) -> bool:
                 continue
             if any(n.startswith(".tmp-") for n in names):
                 proc.send_signal(signal.SIGKILL)
-                proc.communicate(timeout=60)
+                _ended_by_the_kill(proc)
                 return True
-    proc.communicate(timeout=60)
+    _ended_by_the_kill(proc)
     return False
 
 
@@ -348,6 +354,19 @@ def test_weights_that_do_not_load_stop_the_run_before_the_output_folder_is_touch
     assert not (tmp_path / "out").exists()
     out = tiny_run()
     assert len(list(csv.DictReader(open(out / "predictions.csv", newline="", encoding="utf-8")))) == 3
+
+
+def test_a_run_stopped_while_checking_the_folder_leaves_it_usable(tiny_run, tmp_path):
+    """Killed between creating the output folders and writing run.json, a run leaves only its writing probe: the
+    folder is this program's, not another's, and the next run takes it (the probe removed)."""
+    from scripts.inference.files import TEMPORARY_PREFIX
+
+    probe = tmp_path / "out" / "maps" / f"{TEMPORARY_PREFIX}probe-k2x9q"
+    probe.parent.mkdir(parents=True)
+    probe.write_bytes(b"probe")
+    out = tiny_run()
+    assert len(list(csv.DictReader(open(out / "predictions.csv", newline="", encoding="utf-8")))) == 3
+    assert not probe.exists() and _temporaries(out) == []
 
 
 def test_the_record_of_a_run_that_wrote_nothing_gives_way(tmp_path):

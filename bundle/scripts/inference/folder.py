@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write
+from ..atomic import atomic_write, lock_exclusive, unlock
 from .files import (
     OUTPUT_FOLDERS,
     TEMPORARY_PREFIX,
@@ -216,7 +216,7 @@ class InferenceOutputFolder:
             return
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock_exclusive(fd)
         except OSError as err:
             os.close(fd)
             raise self._refused(
@@ -294,8 +294,11 @@ class InferenceOutputFolder:
         return False
 
     def _has_content(self, name: str) -> bool:
+        # temporaries are this program's (a run stopped while checking the folder for writing leaves its probe)
         path = self.path / name
-        return any(path.iterdir()) if path.is_dir() else path.stat().st_size > 0
+        if path.is_dir():
+            return any(not is_temporary(entry.name) for entry in path.iterdir())
+        return path.stat().st_size > 0
 
     def _row_is_complete(self, row: Mapping[str, str]) -> bool:
         """Whether the files a row lists are those its image's manifest records."""
@@ -393,7 +396,7 @@ class InferenceOutputFolder:
         """Close the tables and release the folder."""
         self.tables.close()
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the lock
+            unlock(self._lock_fd)
             self._lock_fd = None
 
     def __del__(self) -> None:
