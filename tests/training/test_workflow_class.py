@@ -74,6 +74,24 @@ def test_none_and_null_reach_the_component_as_none(tmp_path, capsys, monkeypatch
     assert f"SEEN {os.path.join('bundle', 'models', 'model.pt')!r} ['global_network']" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("given", "seen"), [("false", "False"), ("TRUE", "True"), ("False", "False"), ("no", "'no'")])
+def test_yaml_booleans_on_the_command_line_reach_the_component_as_booleans(tmp_path, capsys, monkeypatch, given, seen):
+    # Fire leaves `false` as text, which every truth test reads as true (a training-chain flag silently kept on)
+    probe = tmp_path / "probe.yaml"
+    seen_line = "$print('SEEN', repr(@flag), repr(@train#prepare_batch#random_negatives))"
+    probe.write_text(f"flag: true\nrun_stage:\n  - \"{seen_line}\"\n")
+    common = {
+        "ckpt_root": str(tmp_path / "m"),
+        "output_root": str(tmp_path / "e"),
+        "stage": "local",
+        "check_data": False,
+        "datalist": str(tmp_path / "unused.json"),
+    }
+    overrides = {"flag": given, "train#prepare_batch#random_negatives": given}
+    _run(TRAIN_CONFIG, QUICKSTART, probe, run_id="training", monkeypatch=monkeypatch, **overrides, **common)
+    assert f"SEEN {seen} {seen}" in capsys.readouterr().out
+
+
 def _command(tmp_path: Path, run_id: str) -> subprocess.CompletedProcess:
     """The documented command in a fresh process from the repository root, on a probe config whose entries fail:
     ``user`` with a bundle error type wrapped by MONAI, ``bug`` with a KeyError raised inside bundle/scripts."""

@@ -55,6 +55,8 @@ WORKFLOW_PAGES = {"training": "docs/training.md", "evaluating": "docs/evaluation
 COMMAND = "PYTHONPATH=bundle python -m monai.bundle run_workflow scripts.GLAMWorkflow --run_id {}"
 #: YAML's spellings of null, which reach the class as text (Fire parses ``None`` into None, which MONAI drops)
 _NONE_SPELLINGS = frozenset({"null", "Null", "NULL"})
+#: YAML's spellings of the booleans, which Fire leaves as text (``--amp false`` would be a true string otherwise)
+_BOOLEAN_SPELLINGS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 #: what ``--help`` (or ``-h``) arrives as: an override of value True
 _HELP_KEYS = ("help", "h")
 
@@ -102,6 +104,11 @@ def _file_config(config_file: Any, meta_file: Any) -> dict[str, Any]:
     if meta_file:
         parser.read_meta(meta_file)
     return parser.get()
+
+
+def _yaml_boolean(value: Any) -> Any:
+    """``true`` / ``false`` (as YAML spells them) as booleans; any other value as given."""
+    return _BOOLEAN_SPELLINGS.get(value, value) if isinstance(value, str) else value
 
 
 def _means_none(value: Any) -> bool:
@@ -165,7 +172,8 @@ def workflow_help(run_id: str, file_config: Mapping[str, Any]) -> str:
     lines += [
         "",
         "Any other id of the config files is set the same way (--id value, --id#key value); a value is read as Python",
-        "(--id \"[1, 2]\", --id \"{'key': 1}\"), None or null sets None, '$expr' evaluates the expression expr.",
+        "(--id \"[1, 2]\", --id \"{'key': 1}\"), None or null sets None, true / false as in YAML, '$expr' evaluates",
+        "the expression expr.",
     ]
     return "\n".join(lines)
 
@@ -236,7 +244,7 @@ class GLAMWorkflow(ConfigWorkflow):
         properties_path: str | None = None,
         **override: Any,
     ) -> None:
-        overrides = {**_none_on_command_line(sys.argv), **override}
+        overrides = {**_none_on_command_line(sys.argv), **{k: _yaml_boolean(v) for k, v in override.items()}}
         super().__init__(
             config_file=config_file,
             meta_file=meta_file,
