@@ -318,6 +318,25 @@ def test_lambda_sparsity_per_stage_is_read_and_checked_before_the_first_stage():
         _check_per_stage(_parser("all", lambda_sparsity=-1.0e-4), ["global"])
 
 
+def test_local_negatives_choose_the_lesion_free_images_patches_in_the_local_stage_only(tmp_path):
+    from scripts.training.preflight import preflight_training
+
+    chosen = {
+        (stage, negatives): _parser(stage, local_negatives=negatives).get_parsed_content(
+            "train#prepare_batch#random_negatives"
+        )
+        for stage in ("global", "local", "joint")
+        for negatives in ("random", "salient")
+    }
+    assert chosen == {
+        (s, n): s == "local" and n == "random" for s in ("global", "local", "joint") for n in ("random", "salient")
+    }
+    parser = _parser("local", local_negatives="salent", ckpt_root=str(tmp_path / "m"), output_root=str(tmp_path / "e"))
+    with pytest.raises(UsageError, match=r"^local_negatives must be one of \['random', 'salient'\], got 'salent'$"):
+        preflight_training(parser)
+    assert not (tmp_path / "m").exists()  # refused before the run's folders are made
+
+
 def test_glam_settings_read_command_line_text_as_each_setting_s_type():
     from scripts.networks.glam_settings import GLAMSettings
 

@@ -79,7 +79,7 @@ def test_yaml_booleans_on_the_command_line_reach_the_component_as_booleans(tmp_p
     # Fire leaves `false` as text, which every truth test reads as true (a training-chain flag silently kept on)
     probe = tmp_path / "probe.yaml"
     seen_line = "$print('SEEN', repr(@flag), repr(@train#prepare_batch#random_negatives))"
-    probe.write_text(f"flag: true\nrun_stage:\n  - \"{seen_line}\"\n")
+    probe.write_text(f'flag: true\nrun_stage:\n  - "{seen_line}"\n')
     common = {
         "ckpt_root": str(tmp_path / "m"),
         "output_root": str(tmp_path / "e"),

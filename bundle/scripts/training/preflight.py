@@ -24,6 +24,8 @@ RUN_LOCK = ".training.lock"
 PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size", "lambda_sparsity")
 #: the per-stage options that are real numbers, 0 allowed (a stage that only validates, a loss without L1 term)
 _REAL_OPTIONS = ("learning_rate", "lambda_sparsity")
+#: the local stage's patches for lesion-free images: random in-breast ones, or Algorithm 1's on the global maps
+LOCAL_NEGATIVES = ("random", "salient")
 
 
 # -- per-stage values ----------------------------------------------------------------------------------------------
@@ -161,6 +163,9 @@ def preflight_training(parser: ConfigParser) -> FolderLock | None:
     except ValueError as err:
         raise UsageError(str(err)) from None
     _check_per_stage(parser, stages)
+    negatives = parser.get_parsed_content("local_negatives") if "local_negatives" in parser else "random"
+    if negatives not in LOCAL_NEGATIVES:
+        raise UsageError(f"local_negatives must be one of {list(LOCAL_NEGATIVES)}, got {negatives!r}")
     check_writable(
         ckpt_root=parser.get_parsed_content("ckpt_root"), output_root=parser.get_parsed_content("output_root")
     )
