@@ -53,18 +53,23 @@ def test_a_typo_is_one_line_naming_the_closest_id(tmp_path, tiny_datalist, monke
         _run(TRAIN_CONFIG, TINY_CONFIG, run_id="training", epoch=1, **overrides)
 
 
+def _probe_run(tmp_path: Path, stage: str) -> dict:
+    """Overrides for a training run of one stage whose work is a probe's line: folders in tmp_path, no data read."""
+    return {
+        "ckpt_root": str(tmp_path / "m"),
+        "output_root": str(tmp_path / "e"),
+        "stage": stage,
+        "check_data": False,
+        "datalist": str(tmp_path / "unused.json"),
+    }
+
+
 @pytest.mark.parametrize("spelling", ["None", "null"])
 def test_none_and_null_reach_the_component_as_none(tmp_path, capsys, monkeypatch, spelling):
     # each stage's run is replaced by a line printing what the global stage starts from
     probe = tmp_path / "probe.yaml"
     probe.write_text("run_stage:\n  - \"$print('SEEN', repr(@previous_model), repr(@previous_modules))\"\n")
-    common = {
-        "ckpt_root": str(tmp_path / "m"),
-        "output_root": str(tmp_path / "e"),
-        "stage": "global",
-        "check_data": False,
-        "datalist": str(tmp_path / "unused.json"),
-    }
+    common = _probe_run(tmp_path, "global")
     # Fire parses `None` into None and MONAI drops it before the class is built: the class reads it off sys.argv
     given = {} if spelling == "None" else {"quickstart_global_init": "null"}
     argv = ["--quickstart_global_init", spelling]
@@ -80,13 +85,7 @@ def test_yaml_booleans_on_the_command_line_reach_the_component_as_booleans(tmp_p
     probe = tmp_path / "probe.yaml"
     seen_line = "$print('SEEN', repr(@flag), repr(@train#prepare_batch#random_negatives))"
     probe.write_text(f'flag: true\nrun_stage:\n  - "{seen_line}"\n')
-    common = {
-        "ckpt_root": str(tmp_path / "m"),
-        "output_root": str(tmp_path / "e"),
-        "stage": "local",
-        "check_data": False,
-        "datalist": str(tmp_path / "unused.json"),
-    }
+    common = _probe_run(tmp_path, "local")
     overrides = {"flag": given, "train#prepare_batch#random_negatives": given}
     _run(TRAIN_CONFIG, QUICKSTART, probe, run_id="training", monkeypatch=monkeypatch, **overrides, **common)
     assert f"SEEN {seen} {seen}" in capsys.readouterr().out
