@@ -3,8 +3,10 @@ stages, the test evaluations and the replicates on other data seeds as workflow 
 (:func:`run_benchmark`), then the figures and ``results.md``; and the command line (:func:`build_parser`,
 :func:`main`).
 
-Order of the work: (1) every (model, trial) training + validation evaluation; (2) per model, the trial with the best
-validation Dice is selected, then GLAM's local and joint stages and every model's test evaluation; (3) per variation
+Order of the work: (1) every (model, trial) training + validation evaluation, then the extra trials of each model
+none of whose trials learnt to localise (validation pointing game above the no-learning map's on the validation
+split, :func:`extra_trials`); (2) per model, the trial with the best validation Dice among those that learnt (among
+all when none did) is selected, then GLAM's local and joint stages and every model's test evaluation; (3) per variation
 seed, every model retrained with its selected hyper-parameters on data generated with that seed (no search), GLAM's
 later stages, and test evaluations. Steps inside (2) and (3) that depend on each other run in order; independent ones
 run side by side. On 2 CPU cores two single-threaded steps do about 1.4x the work of one two-threaded step
@@ -31,11 +33,14 @@ from scripts.enums import MapName, Stage
 from . import BUNDLE_ROOT, DEFAULT_SEARCH, TRAIN_CONFIG, display_path
 from .figures import make_figures
 from .files import write_json
-from .metrics import read_metrics, table_row, validation_dice
+from .metrics import beats_no_learning, read_metrics, table_row, validation_dice
 from .presets import HELD_MODELS, MODELS, BenchmarkError, Budget, ModelSpec, flatten_preset, read_preset
 from .report import ModelResult, Replicate, write_results
 from .search import load_search_space, per_stage_values, sample_trials, trial_overrides
 from .steps import Runner, Step, bundle_command
+
+#: the no-learning figures of the validation split, kept in the work folder for a later run's ``init_from``
+NO_LEARNING_FILE = "no_learning_validation.json"
 
 
 def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int | None = None) -> Path:
@@ -61,10 +66,23 @@ def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int |
     return path
 
 
-def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = print) -> dict[str, Any] | None:
-    """What needs no learning on the test split (:func:`~glam_benchmark.metrics.no_learning_baselines`): the
-    cell of the brightest-cell map is that of GLAM's S_g under the preset (the stride of S_0, whose grid S_g
-    has). None when the test split is empty."""
+def split_baselines(
+    preset: Path, datalist: Path, split: str = "test", log: Callable[[str], None] = print
+) -> dict[str, Any] | None:
+    """What needs no learning on a split of the datalist (:func:`~glam_benchmark.metrics.no_learning_baselines`):
+    the cell of the brightest-cell map is that of GLAM's S_g under the preset (the stride of S_0, whose grid S_g
+    has). On the validation split it is the threshold a trial must beat to have learnt to localise; on the test
+    split, what the models' test maps must beat.
+
+    Args:
+        preset: the preset layered over train.yaml (the preprocessing, the backbone, the pointing tolerance).
+        datalist: the datalist file.
+        split: ``training``, ``validation`` or ``test``.
+        log: where the line with the time taken goes.
+
+    Returns:
+        The figures, or None when the split is empty.
+    """
     from monai.bundle import ConfigParser
 
     from scripts.networks import GlobalBackbone
@@ -75,7 +93,7 @@ def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = pr
     parser.read_config([str(TRAIN_CONFIG), str(preset)])
     parser["datalist"] = str(datalist)
     parser["bundle_root"] = str(BUNDLE_ROOT)
-    items = parser.get_parsed_content("datalist_content").get("test", [])
+    items = parser.get_parsed_content("datalist_content").get(split, [])
     if not items:
         return None
     start = time.monotonic()
@@ -84,7 +102,7 @@ def test_baselines(preset: Path, datalist: Path, log: Callable[[str], None] = pr
     out = no_learning_baselines(
         split["image"], split["mask"], split["label"], cell, float(parser.get_parsed_content("pointing_tolerance"))
     )
-    log(f"[benchmark] no-learning baselines on {len(items)} test images in {time.monotonic() - start:.0f} s")
+    log(f"[benchmark] no-learning baselines on {len(items)} {split} images in {time.monotonic() - start:.0f} s")
     return out
 
 
@@ -132,10 +150,42 @@ class ModelSteps:
 
 
 def best_trial(trials: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The trial the benchmark keeps: the best validation Dice (``score``), the lower index on a tie; None when no
-    trial has a score."""
+    """The trial the benchmark keeps: the best validation Dice (``score``) among the trials that learnt to localise
+    (``learnt``), among all when none did; the lower index on a tie; None when no trial has a score."""
     scored = [t for t in trials if "score" in t and not math.isnan(t["score"])]
+    scored = [t for t in scored if t.get("learnt")] or scored
     return max(scored, key=lambda t: (t["score"], -t["index"])) if scored else None
+
+
+def extra_trials(
+    trials: Sequence[Mapping[str, Any]],
+    first: int,
+    extra: int,
+    run: Callable[[int], tuple[dict[str, Any], list[str]]],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The retry rule: when none of a model's ``trials`` learnt to localise, trials ``first``, ``first + 1``, ...
+    one after another until one learns or ``extra`` have run.
+
+    Args:
+        trials: the model's trial records so far.
+        first: the index of the first extra trial (the number of the search's trials).
+        extra: the most extra trials.
+        run: runs trial k, returning its record and step names (as :func:`run_trial`).
+
+    Returns:
+        The extra trials' records and their step names.
+    """
+    records: list[dict[str, Any]] = []
+    names: list[str] = []
+    if any(t.get("learnt") for t in trials):
+        return records, names
+    for k in range(first, first + extra):
+        record, step_names = run(k)
+        records.append(record)
+        names += step_names
+        if record.get("learnt"):
+            break
+    return records, names
 
 
 @dataclass(frozen=True)
@@ -148,9 +198,11 @@ class SelectedModel:
 
 
 def selected_models(run_dir: Path, models: Sequence[str]) -> dict[str, SelectedModel]:
-    """Per model, what an earlier benchmark run in ``run_dir`` selected (its trials scored as that run scored
-    them). A model without a finished trial or checkpoint there is a :class:`BenchmarkError` naming what is
-    missing."""
+    """Per model, what an earlier benchmark run in ``run_dir`` selected (its trials scored and judged as that run
+    did: by validation Dice among those that learnt to localise, when it recorded its no-learning figures). A model
+    without a finished trial or checkpoint there is a :class:`BenchmarkError` naming what is missing."""
+    figures = run_dir / NO_LEARNING_FILE
+    no_learning = json.loads(figures.read_text()) if figures.is_file() else None
     out: dict[str, SelectedModel] = {}
     for name in models:
         trials = []
@@ -158,7 +210,10 @@ def selected_models(run_dir: Path, models: Sequence[str]) -> dict[str, SelectedM
             metrics = trial_dir / "validation" / "metrics.json"
             index = trial_dir.name[len("trial_") :]
             if metrics.is_file() and index.isdigit():
-                trials.append({"index": int(index), "score": validation_dice(read_metrics(metrics))})
+                summary = read_metrics(metrics)
+                trials.append({"index": int(index), "score": validation_dice(summary)})
+                if no_learning is not None:
+                    trials[-1]["learnt"] = beats_no_learning(table_row(summary, MapName.GLOBAL), no_learning)[0]
         best = best_trial(trials)
         if best is None:
             raise BenchmarkError(f"init_from {run_dir}: no trial of {name} finished its validation there")
@@ -196,10 +251,17 @@ def _check_trial_record(saved: Path, record: Mapping[str, Any]) -> None:
 
 
 def run_trial(
-    runner: Runner, steps: ModelSteps, k: int, params: Mapping[str, Any], trial_dir: Path, overrides: dict[str, Any]
+    runner: Runner,
+    steps: ModelSteps,
+    k: int,
+    params: Mapping[str, Any],
+    trial_dir: Path,
+    overrides: dict[str, Any],
+    no_learning: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Train one trial and evaluate its selected checkpoint on the validation split; returns the trial record
-    (params, overrides, validation row and score when it finished) and the names of its steps."""
+    (params, overrides, validation row and score when it finished, and ``learnt``: whether its validation map beats
+    ``no_learning``, the no-learning figures of the validation split) and the names of its steps."""
     name = steps.spec.name
     record: dict[str, Any] = {"model": name, "index": k, "params": dict(params), "seed": int(overrides["seed"])}
     _check_trial_record(trial_dir / "trial.json", record)
@@ -210,6 +272,8 @@ def run_trial(
         summary = read_metrics(validate.done_file)
         record["validation"] = table_row(summary, MapName.GLOBAL)
         record["score"] = validation_dice(summary)
+        if no_learning is not None:
+            record["learnt"] = beats_no_learning(record["validation"], no_learning)[0]
     else:
         runner.skip(validate.name, f"{train.name} failed")
     record["overrides"] = overrides
@@ -294,6 +358,8 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         budget = Budget(**{**budget.__dict__, "init_from": args.init_from})
     if args.seed_base is not None:
         budget = Budget(**{**budget.__dict__, "seed_base": args.seed_base})
+    if args.extra_trials is not None:
+        budget = Budget(**{**budget.__dict__, "extra_trials": args.extra_trials})
     if budget.init_from and Path(budget.init_from).resolve() == work_dir:
         raise BenchmarkError(f"--work_dir {work_dir} is the run the trials start from (init_from): use another")
     if budget.init_from and budget.start_from:
@@ -323,6 +389,14 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         results = {name: ModelResult(MODELS[name]) for name in args.models}
         step_names: dict[str, list[str]] = {name: [] for name in args.models}
 
+        # the threshold of the retry rule and of the selection: a trial learnt to localise when its validation map
+        # beats the no-learning map of the validation split
+        log = (lambda _: None) if args.quiet else print
+        no_learning = split_baselines(preset, datalist, "validation", log)
+        if no_learning is None:
+            raise BenchmarkError(f"{datalist}: no validation images (the trials are judged and selected on them)")
+        write_json(work_dir / NO_LEARNING_FILE, {k: v for k, v in no_learning.items() if k != "statistics"})
+
         def trial_call(steps: ModelSteps, k: int, params: Mapping[str, float], extra: Mapping[str, Any]) -> Callable:
             name = steps.spec.name
             trial_dir = work_dir / name / f"trial_{k:02d}"
@@ -335,26 +409,41 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 **extra,
                 **steps.stage,
             }
-            return lambda: run_trial(runner, steps, k, params, trial_dir, overrides)
+            return lambda: run_trial(runner, steps, k, params, trial_dir, overrides, no_learning)
 
-        def run_trials(calls: Sequence[Callable]) -> None:
+        def run_trials(plans: Mapping[str, Callable[[int], Callable]]) -> None:
+            """The search's trials of every model in ``plans`` ({model: trial k -> its call}), then the retry rule's
+            extra trials of those none of whose trials learnt to localise (one after another per model, the models
+            side by side)."""
+            calls = [plan(k) for plan in plans.values() for k in range(budget.trials)]
             for record, names in _in_parallel(args.jobs, calls):
                 results[record["model"]].trials.append(record)
                 step_names[record["model"]] += names
+            retries = [
+                lambda n=n, plan=plan: extra_trials(
+                    results[n].trials, budget.trials, budget.extra_trials, lambda k: plan(k)()
+                )
+                for n, plan in plans.items()
+            ]
+            for name, (records, names) in zip(plans, _in_parallel(args.jobs, retries)):
+                results[name].trials += records
+                step_names[name] += names
 
-        # (1) every trial of every model that starts afresh (or from an earlier run: init_from)
+        # (1) every trial of every model that starts afresh (or from an earlier run: init_from); the draws beyond
+        # the search's trials are the extra trials' (trial k's draw does not depend on how many are drawn)
+        draws = budget.trials + budget.extra_trials
         warm = {name: w for name, w in budget.start_from.items() if name in args.models}
-        calls = []
+        plans = {}
         for name in args.models:
             if name in warm:
                 continue
-            drawn = sample_trials(space, name, budget.trials)
-            for k, params in enumerate(fine_tuning_trials(drawn, starts[name]) if name in starts else drawn):
-                calls.append(trial_call(model_steps[name], k, params, {}))
-        run_trials(calls)
+            drawn = sample_trials(space, name, draws)
+            drawn = fine_tuning_trials(drawn, starts[name]) if name in starts else drawn
+            plans[name] = lambda k, s=model_steps[name], d=drawn: trial_call(s, k, d[k], {})
+        run_trials(plans)
         # (1b) the trials that start from another model's selection (GMIC from CAM's: its global module trained
-        # first on the same budget as GLAM's, then the whole network)
-        calls = []
+        # first on the same budget as GLAM's, then the whole network), after that model's extra trials
+        plans = {}
         for name, warm_start in warm.items():
             source = best_trial(results[warm_start.model].trials)
             if source is None:
@@ -365,12 +454,11 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             held, taken = HELD_MODELS[(name, warm_start.model)]
             model_steps[name] = ModelSteps.of(MODELS[name], preset, ckpt, held)
             epochs = {**{k: int(v) for k, v in per_stage.get("epochs", {}).items()}, Stage.GLOBAL: warm_start.epochs}
-            rates = sample_trials(load_search_space(search_path, warm_start.search_space), name, budget.trials)
-            for k, drawn in enumerate(rates):
-                params = {key: float(source["params"][other]) for key, other in taken.items()}
-                params["learning_rate"] = float(drawn["learning_rate"])
-                calls.append(trial_call(model_steps[name], k, params, {"epochs": epochs}))
-        run_trials(calls)
+            rates = sample_trials(load_search_space(search_path, warm_start.search_space), name, draws)
+            held_params = {key: float(source["params"][other]) for key, other in taken.items()}
+            params = [{**held_params, "learning_rate": float(drawn["learning_rate"])} for drawn in rates]
+            plans[name] = lambda k, s=model_steps[name], p=params, e={"epochs": epochs}: trial_call(s, k, p[k], e)
+        run_trials(plans)
 
         # (2) selection, GLAM's later stages, test evaluations; (3) the replicates on other data seeds
         later = []
@@ -413,7 +501,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             results, work_dir, docs_dir, datalist, budget, preset, common, runner, figure_prefix(results_path)
         )
         try:
-            trivial = test_baselines(preset, datalist, (lambda _: None) if args.quiet else print)
+            trivial = split_baselines(preset, datalist, "test", log)
         except Exception as err:  # a report without this section beats no report after hours of training
             runner.skip("no_learning_baselines", f"{type(err).__name__}: {err}")
             trivial = None
@@ -437,6 +525,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             failures=runner.failures,
             figures=figures,
             trivial=trivial,
+            trivial_validation=no_learning,
         )
         if not args.quiet:
             held = sum(c.holds for c in out["checks"])
@@ -493,6 +582,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--trials", type=int, default=None, help="override the preset's number of trials")
     parser.add_argument(
+        "--extra_trials",
+        type=int,
+        default=None,
+        help="trials a model none of whose trials learnt to localise gets, one after another until one does "
+        "(default: the preset's benchmark#extra_trials, else 0)",
+    )
+    parser.add_argument(
         "--variation_seeds",
         type=int,
         nargs="*",
@@ -548,6 +644,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--seed_base must be >= 0, got {args.seed_base}")
     if args.trials is not None and args.trials < 1:
         parser.error(f"--trials must be >= 1, got {args.trials}")
+    if args.extra_trials is not None and args.extra_trials < 0:
+        parser.error(f"--extra_trials must be >= 0, got {args.extra_trials}")
     if not Path(args.preset).is_file():
         parser.error(f"--preset {args.preset}: file not found")
     if not Path(args.search).is_file():

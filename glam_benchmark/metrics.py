@@ -122,61 +122,100 @@ def row_value(rows: Mapping[str, Any], model: str, metric: str, cls: str) -> flo
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def beats_no_learning(row: Mapping[str, Any] | None, no_learning: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether a map learnt to localise: its pointing game (``row``, a :func:`table_row`) strictly above the
+    brightest-cell map's (``no_learning``, :func:`no_learning_baselines` on the same split) for every class with a
+    lesion image in that split, and the values compared (the failing classes named first). A missing value fails,
+    and so does a split without a lesion image (nothing shows that the map localises).
+
+    Args:
+        row: the map's row on the split; None when the model has none (it failed).
+        no_learning: the no-learning figures of the same split.
+
+    Returns:
+        (holds, detail).
+    """
+    counted = [c for c in CLASSES if (no_learning.get("n_lesion") or {}).get(c, 0) > 0]
+    if not counted:
+        return False, "no lesion image in the split"
+    compared = {
+        c: (row_value({"map": row}, "map", "pointing_game", c), no_learning["brightest_cell_hit"].get(c))
+        for c in counted
+    }
+    failing = [c for c, (ours, theirs) in compared.items() if ours is None or theirs is None or not ours > theirs]
+    detail = "; ".join(f"{c} {_fmt(ours)} vs {_fmt(theirs)}" for c, (ours, theirs) in compared.items())
+    return not failing, (f"not above on {' and '.join(failing)}: " if failing else "") + detail
+
+
 def acceptance_checks(
-    rows: Mapping[str, Mapping[str, Any]],
+    rows: Mapping[str, Mapping[str, Any] | None],
     glam_global: Mapping[str, Any] | None = None,
     wall_s: float | None = None,
     wall_limit_s: float | None = None,
+    no_learning: Mapping[str, Any] | None = None,
 ) -> list[Check]:
-    """The benchmark's acceptance conditions on Table-1 rows keyed ``GLAM`` (its S_c), ``GMIC``, ``CAM``, ``U-Net``:
+    """The benchmark's acceptance conditions on Table-1 rows (test split) keyed ``GLAM`` (its S_c), ``GMIC``, ``CAM``,
+    ``U-Net``:
 
     - GLAM beats GMIC and GMIC beats CAM (strictly) on Dice and on image-level PxAP, both classes;
     - GLAM's AUC is within :data:`AUC_TOLERANCE` of the best weakly supervised baseline's, both classes;
     - the U-Net is above GLAM on Dice, both classes, with a Dice of at least :data:`UNET_DICE_TARGET`;
     - GLAM's pointing game (S_c, both classes pooled) is at least :data:`POINTING_TARGET`, and the peaks of its S_g
       (``glam_global``: the S_g row of the same model) lie on the image border for under :data:`BORDER_LIMIT`;
+    - with ``no_learning`` (:func:`no_learning_baselines` on the test split): every model in ``rows`` (GLAM: its
+      S_c and its S_g) beats the no-learning map's pointing game (:func:`beats_no_learning`);
     - with ``wall_limit_s``: the whole run took at most that long.
 
-    A missing value (a failed model, a class without lesion images) fails its check.
+    A missing value (a failed model: a row of None, a class without lesion images) fails its check.
     """
     checks = []
-
-    def fmt(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.3f}"
-
     for metric, title in (("dice", "Dice"), ("pxap_image", "image-level PxAP")):
         for better, worse in ORDERINGS[:2]:
             for cls in CLASSES:
                 a, b = row_value(rows, better, metric, cls), row_value(rows, worse, metric, cls)
                 holds = a is not None and b is not None and a > b
-                checks.append(Check(f"{better} beats {worse}: {title} {cls}", f"{fmt(a)} vs {fmt(b)}", holds))
+                checks.append(Check(f"{better} beats {worse}: {title} {cls}", f"{_fmt(a)} vs {_fmt(b)}", holds))
     for cls in CLASSES:
         ours = row_value(rows, "GLAM", "auc", cls)
         baselines = {m: row_value(rows, m, "auc", cls) for m in ("CAM", "GMIC")}
         known = {m: v for m, v in baselines.items() if v is not None}
         best = max(known, key=known.get) if known else None
         holds = ours is not None and best is not None and ours >= known[best] - AUC_TOLERANCE - 1e-12
-        detail = "n/a" if best is None or ours is None else f"{fmt(ours)} vs {best} {fmt(known[best])}"
+        detail = "n/a" if best is None or ours is None else f"{_fmt(ours)} vs {best} {_fmt(known[best])}"
         checks.append(Check(f"GLAM AUC within {AUC_TOLERANCE} of the best baseline: {cls}", detail, holds))
     for cls in CLASSES:
         unet, ours = row_value(rows, "U-Net", "dice", cls), row_value(rows, "GLAM", "dice", cls)
         holds = unet is not None and ours is not None and unet > ours and unet >= UNET_DICE_TARGET
         checks.append(
-            Check(f"U-Net above GLAM, Dice >= {UNET_DICE_TARGET}: {cls}", f"{fmt(unet)} vs {fmt(ours)}", holds)
+            Check(f"U-Net above GLAM, Dice >= {UNET_DICE_TARGET}: {cls}", f"{_fmt(unet)} vs {_fmt(ours)}", holds)
         )
     glam = rows.get("GLAM")
     hit = pooled_rate(glam, "pointing_game") if isinstance(glam, Mapping) else None
     checks.append(
-        Check(f"GLAM pointing game (S_c) >= {POINTING_TARGET}", fmt(hit), hit is not None and hit >= POINTING_TARGET)
+        Check(f"GLAM pointing game (S_c) >= {POINTING_TARGET}", _fmt(hit), hit is not None and hit >= POINTING_TARGET)
     )
     border = pooled_rate(glam_global, "peak_on_border") if isinstance(glam_global, Mapping) else None
     checks.append(
         Check(
             f"GLAM's S_g peaks on the border for < {BORDER_LIMIT:.0%} of lesions",
-            fmt(border),
+            _fmt(border),
             border is not None and border < BORDER_LIMIT,
         )
     )
+    if no_learning is not None:
+        maps = {"GLAM S_c": rows["GLAM"], "GLAM S_g": glam_global} if "GLAM" in rows else {}
+        maps.update({m: rows[m] for m in ("GMIC", "CAM", "U-Net") if m in rows})
+        for name, row in maps.items():
+            holds, detail = beats_no_learning(row, no_learning)
+            checks.append(
+                Check(
+                    f"{name} beats the no-learning map's pointing game on the test split, both classes", detail, holds
+                )
+            )
     if wall_limit_s is not None:
         holds = wall_s is not None and wall_s <= wall_limit_s
         minutes = "n/a" if wall_s is None else f"{wall_s / 60:.0f} min"
@@ -303,8 +342,9 @@ def no_learning_baselines(
 
     - ``statistics``: per statistic, the AUC of the statistic as a score for any lesion / benign / malignant;
     - ``brightest_cell_hit``: per class, the pointing-game hit rate of :func:`brightest_cell_maps` (peak within
-      ``tolerance`` px of a lesion of the class), over the images with a lesion of that class, and
-      ``brightest_cell_pooled`` over both classes; ``cell`` and ``tolerance`` as used.
+      ``tolerance`` px of a lesion of the class), over the images with a lesion of that class (None without one),
+      and ``brightest_cell_pooled`` over both classes; ``n_lesion``: per class, the images with a lesion of it;
+      ``cell`` and ``tolerance`` as used.
     """
     from scripts.metrics import PointingGameMetric
 
@@ -321,11 +361,12 @@ def no_learning_baselines(
     rates = hit.aggregate().tolist()
     has_lesion = masks.flatten(2).amax(2).float().sum(0).tolist()  # images with a lesion, per class
     pooled_n = sum(has_lesion)
-    pooled = sum(r * n for r, n in zip(rates, has_lesion) if n) / pooled_n if pooled_n else float("nan")
+    pooled = sum(r * n for r, n in zip(rates, has_lesion) if n) / pooled_n if pooled_n else None
     return {
         "statistics": statistics,
-        "brightest_cell_hit": dict(zip(CLASS_NAMES, rates)),
-        "brightest_cell_pooled": float(pooled),
+        "brightest_cell_hit": {c: float(r) if n else None for c, r, n in zip(CLASS_NAMES, rates, has_lesion)},
+        "brightest_cell_pooled": pooled,
+        "n_lesion": {c: int(n) for c, n in zip(CLASS_NAMES, has_lesion)},
         "cell": int(cell),
         "tolerance": float(tolerance),
     }

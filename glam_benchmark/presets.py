@@ -82,7 +82,10 @@ class Budget:
     model (the others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a model not
     named takes all of it. ``start_from``: per model, the :class:`WarmStart` its trials take from another model's
     selection in this run (GMIC from CAM). ``seed_base``: trial k trains from torch seed ``seed_base + k`` (another
-    base: the same recipe and hyper-parameter draws on other initialisations, data orders and augmentations)."""
+    base: the same recipe and hyper-parameter draws on other initialisations, data orders and augmentations).
+    ``extra_trials``: the retry rule, the same for every model: a model none of whose trials learnt to localise gets
+    up to this many more, one after another, until one does (the search's next draws; trial k from torch seed
+    ``seed_base + k``)."""
 
     search_space: str
     trials: int
@@ -102,6 +105,7 @@ class Budget:
     init_modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
     start_from: dict[str, WarmStart] = field(default_factory=dict)
     seed_base: int = 0
+    extra_trials: int = 0
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -189,8 +193,9 @@ def _start_from(value: Any, preset: Path) -> dict[str, WarmStart]:
 def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
     """The merged ``train.yaml`` + preset configuration (raw, unparsed) and the benchmark budget it declares.
 
-    The preset must set ``benchmark: {search_space, trials, examples}`` (optionally ``model_overrides``) and
-    per-stage ``epochs``; the epochs of the ``global`` entry are every model's trial length.
+    The preset must set ``benchmark: {search_space, trials, examples}`` (optionally ``extra_trials``,
+    ``model_overrides`` ...) and per-stage ``epochs``; the epochs of the ``global`` entry are every model's trial
+    length.
     """
     from monai.bundle import ConfigParser
 
@@ -233,6 +238,7 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         init_modules=_init_modules(section.get("init_modules"), preset),
         start_from=_start_from(section.get("start_from"), preset),
         seed_base=_positive_int(section.get("seed_base", 0), f"{preset}: benchmark#seed_base", minimum=0),
+        extra_trials=_positive_int(section.get("extra_trials", 0), f"{preset}: benchmark#extra_trials", minimum=0),
     )
     if budget.init_from and budget.start_from:
         raise BenchmarkError(f"{preset}: benchmark#start_from and init_from exclude each other (one start per model)")

@@ -78,6 +78,7 @@ class _Run:
     failures: Mapping[str, str]
     figures: Mapping[str, Path | None]
     trivial: Mapping[str, Any] | None
+    trivial_validation: Mapping[str, Any] | None
     table1: dict[str, Any]
     checks: list[Any]
     variation_checks: dict[int, list[Any]]
@@ -161,14 +162,62 @@ def _setup(run: _Run) -> list[str]:
         f"{budget.trials} random-search trial(s) of {budget.epochs} epoch(s) of the model's one stage (GLAM: its "
         "global stage; each epoch is every training image with a lesion plus as many lesion-free ones), the "
         "epoch of each stage selected by the workflow's `selection_metric` (the preset's; train.yaml's default is the "
-        "validation soft Dice), the trial with the best validation "
-        f"Dice kept. GLAM then trains its local stage for {budget.local_epochs}"
+        "validation soft Dice), the trial with the best validation Dice kept (among those that learnt to localise: "
+        f"below). GLAM then trains its local stage for {budget.local_epochs}"
         f"{_at_rate(budget.local_learning_rate, budget.local_lambda_sparsity)} and its joint stage for "
         f"{budget.joint_epochs} epoch(s){_at_rate(budget.joint_learning_rate, budget.joint_lambda_sparsity)} from the "
         f"selected global module{shift} (the paper: 30 trials of 50 epochs, then 20 local and < 5 joint epochs)."
         f"{start}{warm}{variation}",
         "",
     ]
+
+
+def _learnt(t: Mapping[str, Any]) -> str:
+    """Whether a trial learnt to localise, as a table cell ("n/a": not judged, its validation did not finish)."""
+    return "n/a" if t.get("learnt") is None else "yes" if t["learnt"] else "**no**"
+
+
+def _selection(run: _Run) -> list[str]:
+    budget, val = run.budget, run.trivial_validation
+    figures = (
+        f" (its pointing game there: {_fmt(val['brightest_cell_hit'].get(CLASSES[0]))} {CLASSES[0]}, "
+        f"{_fmt(val['brightest_cell_hit'].get(CLASSES[1]))} {CLASSES[1]})"
+        if val
+        else ""
+    )
+    replicates = " The replicates on other data seeds are not retried." if budget.variation_seeds else ""
+    lines = [
+        "## Selection: the retry rule",
+        "",
+        "A trial learnt to localise when its validation pointing game (GLAM: S_g of its global stage; a baseline: its "
+        "map) is strictly above the no-learning map's (the brightest cell of S_g's grid) on the validation split"
+        f"{figures}, for every class with a lesion image there. The same rule for every model, GLAM included: a model "
+        f"none of whose {budget.trials} trial(s) learnt gets up to {budget.extra_trials} extra trial(s), the search's "
+        f"next draws (trial k from torch seed {_seed_text(budget.seed_base)}), one after another until one learns; the "
+        f"trial kept is the best validation Dice among those that learnt, among all when none did.{replicates}",
+        "",
+        "| model | trials run | trials that learnt | selected trial | the selected trial learnt |",
+        "|---|---|---|---|---|",
+    ]
+    not_learnt = []
+    for r in run.results.values():
+        extra = sum(t["index"] >= budget.trials for t in r.trials)
+        learnt = [str(t["index"]) for t in r.trials if t.get("learnt")]
+        chosen = next((t for t in r.trials if t["index"] == r.selected), None)
+        if chosen is not None and not chosen.get("learnt"):
+            not_learnt.append(r.spec.title)
+        lines.append(
+            f"| {r.spec.title} | {len(r.trials)}{f' ({extra} extra)' if extra else ''} | {', '.join(learnt) or 'none'} "
+            f"| {'-' if chosen is None else chosen['index']} | {'-' if chosen is None else _learnt(chosen)} |"
+        )
+    lines += [
+        "",
+        f"Not learnt to localise (the selected trial is not above the no-learning map): {', '.join(not_learnt)}."
+        if not_learnt
+        else "Every selected trial learnt to localise.",
+        "",
+    ]
+    return lines
 
 
 def _failures(run: _Run) -> list[str]:
@@ -271,6 +320,9 @@ def _variation(run: _Run) -> list[str]:
         lines += [
             "",
             f"### The same models trained on the data of seed {seed}",
+            "",
+            "Each model trained once with its selected hyper-parameters (no retry rule); the no-learning map's "
+            "figures are of the main data set's test split, so they are not compared with these.",
             "",
             *_table1_lines(table1_rows(run.results, pick), "model"),
             "",
@@ -433,9 +485,9 @@ def _trial_row(r: ModelResult, t: Mapping[str, Any]) -> str:
     lambda_cell = f"{p['lambda_sparsity']:.2e}" if "lambda_sparsity" in p else "-"
     if val:
         scores = " | ".join(_fmt(val["dice"][c]) for c in CLASSES)
-        scores += f" | {_fmt(t['score'])} | {_fmt(pooled_rate(val, 'pointing_game'))}"
+        scores += f" | {_fmt(t['score'])} | {_fmt(pooled_rate(val, 'pointing_game'))} | {_learnt(t)}"
     else:
-        scores = "failed | failed | failed | failed"
+        scores = "failed | failed | failed | failed | n/a"
     return (
         f"| {r.spec.title} | {t['index']} | {p['learning_rate']:.2e} | {lambda_cell} | "
         f"{'-' if t_value is None else f'{t_value:g}'} | {scores} | {'**yes**' if r.selected == t['index'] else ''} |"
@@ -452,11 +504,11 @@ def _trials(run: _Run) -> list[str]:
         "Hyper-parameters drawn by random search (log-uniform learning rate and lambda, t from the paper's set; "
         f"see the search file; trial k trains from torch seed {_seed_text(run.budget.seed_base)}) and the validation "
         "soft Dice and pointing game "
-        "(both classes) of the trial's selected checkpoint.",
+        "(both classes) of the trial's selected checkpoint, and whether it learnt to localise (the retry rule above).",
         "",
         "| model | trial | learning rate | lambda | t | val Dice malignant | val Dice benign | val Dice (mean) "
-        "| val pointing game | selected |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| val pointing game | learnt to localise | selected |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *(_trial_row(r, t) for r in run.results.values() for t in r.trials),
     ]
 
@@ -475,6 +527,7 @@ def _reproduce(run: _Run) -> list[str]:
 RESULTS_TEMPLATE = (
     _header,
     _setup,
+    _selection,
     _failures,
     _table1,
     _dice_gain,
@@ -509,21 +562,23 @@ def write_results(
     failures: Mapping[str, str],
     figures: Mapping[str, Path | None],
     trivial: Mapping[str, Any] | None = None,
+    trivial_validation: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write results.md (the sections of :data:`RESULTS_TEMPLATE`, in order); returns the Table-1 rows and the
     checks (for the console and the tests).
 
     ``total_wall_s``: this invocation of the driver; ``run_wall_s``: every invocation on the work folder added up
-    (the run's wall time when it was resumed); ``trivial``: what needs no learning on the test split (image-wide
-    statistics' AUC, the brightest cell's pointing game)."""
+    (the run's wall time when it was resumed); ``trivial`` / ``trivial_validation``: what needs no learning on the
+    test / validation split (image-wide statistics' AUC, the brightest cell's pointing game): every model's test map
+    is checked against the first, the trials were judged against the second."""
     table1 = table1_rows(results)
     glam = results.get("glam")
     glam_global = table_row(glam.test, MapName.GLOBAL) if glam is not None and glam.test else None
     wall_limit = budget.wall_limit_h * 3600 if budget.wall_limit_h else None
     run_wall = run_wall_s if run_wall_s is not None else total_wall_s
-    checks = acceptance_checks(
-        {k: v for k, v in table1.items() if isinstance(v, Mapping)}, glam_global, run_wall, wall_limit
-    )
+    # a model that ran keeps its row (None when it failed: its checks fail); one that did not run has no checks
+    ran = {k: v for k, v in table1.items() if not isinstance(v, str)}
+    checks = acceptance_checks(ran, glam_global, run_wall, wall_limit, trivial)
     variation_checks: dict[int, list[Any]] = {}
     for seed in budget.variation_seeds:
         pick = _replicate_picker(seed)
@@ -548,6 +603,7 @@ def write_results(
         failures=failures,
         figures=figures,
         trivial=trivial,
+        trivial_validation=trivial_validation,
         table1=table1,
         checks=checks,
         variation_checks=variation_checks,

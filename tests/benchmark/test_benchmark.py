@@ -409,6 +409,243 @@ def test_invocation_wall_times_are_kept_by_a_heartbeat_until_the_runner_closes(t
     second.close()
 
 
+# -- the retry rule: learnt to localise, extra trials, selection -------------------------------------------------
+def test_cpu_and_transfer_spaces_take_the_papers_pooling_thresholds_and_sparsity_range():
+    paper = search.load_search_space(SEARCH, "paper")
+    for name in ("cpu", "transfer"):
+        space = search.load_search_space(SEARCH, name)
+        for param in ("t", "cam_t", "lambda_sparsity"):
+            assert space.params[param] == paper.params[param], (name, param)
+    assert paper.params["lambda_sparsity"] == ("log10_uniform", (-5.5, -3.5))
+    assert paper.params["cam_t"] == ("choice", (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 1.0))
+
+
+def test_learnt_to_localise_against_a_hand_computed_no_learning_map():
+    # three 64x64 images, 16-px cells: the brightest cell of image 0 lies on its malignant lesion (its centre, the
+    # peak, within 1 px of a lesion pixel), that of image 1
+    # does not; image 2 has no lesion, and no image has a benign one
+    images = torch.zeros(3, 1, 64, 64)
+    masks = torch.zeros(3, 2, 64, 64, dtype=torch.uint8)
+    images[0, 0, :16, :16] = images[1, 0, 32:48, 32:48] = images[2, 0, 16:32, :16] = 1.0
+    masks[0, 1, :16, :16] = masks[1, 1, :16, 48:] = 1
+    labels = torch.tensor([[0.0, 1.0], [0.0, 1.0], [0.0, 0.0]])
+    figures = metrics.no_learning_baselines(images, masks, labels, cell=16, tolerance=1.0)
+    assert figures["brightest_cell_hit"] == {"benign": None, "malignant": 0.5}  # 1 hit of 2 malignant images
+    assert figures["n_lesion"] == {"benign": 0, "malignant": 2}
+
+    def row(malignant, benign):
+        return {"pointing_game": {"malignant": malignant, "benign": benign}}
+
+    # strictly above 0.5 on the malignant class; the benign class has no lesion image here and is not counted
+    assert metrics.beats_no_learning(row(0.75, None), figures) == (True, "malignant 0.750 vs 0.500")
+    assert metrics.beats_no_learning(row(0.5, 1.0), figures) == (
+        False,
+        "not above on malignant: malignant 0.500 vs 0.500",
+    )
+    assert not metrics.beats_no_learning(row(None, 1.0), figures)[0]
+    assert not metrics.beats_no_learning(None, figures)[0]  # a trial without a validation row
+    # with benign lesions in the split, both classes count
+    both = {"brightest_cell_hit": {"malignant": 0.5, "benign": 0.4}, "n_lesion": {"malignant": 2, "benign": 3}}
+    assert metrics.beats_no_learning(row(0.75, 0.3), both) == (
+        False,
+        "not above on benign: malignant 0.750 vs 0.500; benign 0.300 vs 0.400",
+    )
+    assert metrics.beats_no_learning(row(0.75, 0.5), both)[0]
+    assert metrics.beats_no_learning(row(0.75, 0.5), {"brightest_cell_hit": {}, "n_lesion": {}}) == (
+        False,
+        "no lesion image in the split",
+    )
+
+
+def test_selection_prefers_the_trials_that_learnt_to_localise():
+    from glam_benchmark.driver import best_trial
+
+    trials = [
+        {"index": 0, "score": 0.50, "learnt": False},  # the best Dice, but its map did not learn to localise
+        {"index": 1, "score": 0.30, "learnt": True},
+        {"index": 2, "score": 0.30, "learnt": True},
+        {"index": 3, "score": float("nan"), "learnt": True},
+        {"index": 4, "learnt": False},  # failed: no score
+    ]
+    assert best_trial(trials)["index"] == 1  # the lower index on a tie
+    # when none learnt: the best Dice among all
+    assert best_trial([{**t, "learnt": False} for t in trials])["index"] == 0
+    assert best_trial([trials[3], trials[4]]) is None
+
+
+def test_extra_trials_run_one_after_another_until_one_learns():
+    from glam_benchmark.driver import extra_trials
+
+    def runner(learns):
+        ran = []
+
+        def run(k):
+            ran.append(k)
+            return {"index": k, "learnt": k in learns}, [f"t{k}_train", f"t{k}_validation"]
+
+        return ran, run
+
+    ran, run = runner(learns={3})
+    records, names = extra_trials([{"index": 0, "learnt": False}, {"index": 1}], 2, 5, run)
+    assert ran == [2, 3] and [r["index"] for r in records] == [2, 3]  # stops at the first that learns
+    assert names == ["t2_train", "t2_validation", "t3_train", "t3_validation"]
+    ran, run = runner(learns=set())
+    assert len(extra_trials([{"index": 0, "learnt": False}], 1, 2, run)[0]) == 2 and ran == [1, 2]  # never beyond
+    ran, run = runner(learns=set())
+    assert extra_trials([{"index": 0, "learnt": False}, {"index": 1, "learnt": True}], 2, 5, run) == ([], [])
+    assert extra_trials([{"index": 0, "learnt": False}], 1, 0, run) == ([], []) and ran == []
+
+
+def test_the_extra_trials_preset_key_and_its_command_line_override(tmp_path, capsys):
+    base = "epochs: {global: 1, local: 1, joint: 1}\nlearning_rate: {global: 1.0e-3, local: 1.0e-4, joint: 1.0e-5}\n"
+    preset = tmp_path / "p.yaml"
+    preset.write_text(f"benchmark: {{search_space: cpu, trials: 1, examples: 0}}\n{base}")
+    assert presets.read_preset(preset)[1].extra_trials == 0  # absent: no extra trial
+    for value in ("-1", "1.5", "two", "true"):
+        preset.write_text(f"benchmark: {{search_space: cpu, trials: 1, examples: 0, extra_trials: {value}}}\n{base}")
+        with pytest.raises(presets.BenchmarkError) as err:
+            presets.read_preset(preset)
+        message = str(err.value)
+        assert f"{preset}: benchmark#extra_trials must be an integer >= 0" in message and "\n" not in message, value
+    for name in ("benchmark_cpu.yaml", "benchmark_full.yaml"):
+        assert presets.read_preset(CONFIGS / name)[1].extra_trials == 2
+    merged, _ = presets.flatten_preset(CONFIGS / "benchmark_calibrated.yaml", tmp_path / "calibrated.json")
+    assert presets.read_preset(merged)[1].extra_trials == 2
+    with pytest.raises(SystemExit):
+        cli.main(["--preset", str(TINY_PRESET), "--extra_trials", "-1"])
+    assert "--extra_trials must be >= 0, got -1" in capsys.readouterr().err
+
+
+def _metrics_json(split, pointing, dice):
+    """A metrics.json of the evaluation report: every map with these pointing games ({class: rate}) and Dice."""
+    stats = {
+        c: {"dice_mean": dice, "dice_std": 0.0, "pxap_image_mean": dice, "pxap_image_std": 0.0, "pxap_dataset": dice,
+            "pointing_game": pointing[c], "peak_on_border": 0.0}
+        for c in ("malignant", "benign")
+    }  # fmt: skip
+    return {
+        "split": split,
+        "classes": ["malignant", "benign"],
+        "n_lesion_images": {"malignant": 4, "benign": 4},
+        "classification_auc": {"malignant": 0.5, "benign": 0.5},
+        "metrics": {m: stats for m in ("S_g", "S_l", "S_c")},
+    }
+
+
+def test_the_driver_retries_each_model_that_did_not_learn_and_selects_among_those_that_did(
+    tmp_path, monkeypatch, capsys
+):
+    """The driver with steps that train nothing: each validation step writes a metrics.json with the pointing games
+    and Dice set below per (model, trial), against a no-learning map of 0.5 / 0.4 (malignant / benign)."""
+    from glam_benchmark import driver
+
+    # per model, per trial: (validation pointing game malignant, benign), validation Dice
+    plan = {
+        "glam": [((0.9, 0.8), 0.3)],  # learnt at once: no extra trial
+        # trial 0 has the best Dice but misses benign lesions; trial 1 ties the threshold (not above); 2 learns; 3
+        # would learn too but is never run
+        "cam": [((0.9, 0.3), 0.5), ((0.5, 0.9), 0.4), ((0.6, 0.5), 0.1), ((1.0, 1.0), 0.9)],
+        "unet": [((0.1, 0.1), d) for d in (0.2, 0.4, 0.3, 0.1)],  # never learns: every extra trial, the best Dice
+        "gmic": [((0.0, 0.0), 0.6), ((1.0, 1.0), 0.2), ((1.0, 1.0), 0.3)],  # learns at its first extra trial
+    }
+    no_learning = {"brightest_cell_hit": {"malignant": 0.5, "benign": 0.4}, "n_lesion": {"malignant": 4, "benign": 4}}
+    no_learning.update(cell=16, tolerance=16.0, brightest_cell_pooled=0.45)
+    ran, commands = [], {}
+
+    class Steps(steps.Runner):
+        def run(self, step):
+            if step.done_file.is_file():
+                return True
+            ran.append(step.name)
+            commands[step.name] = step.command
+            model, rest = step.name.split("_trial")
+            pointing, dice = plan[model][int(rest[:2])] if rest.endswith("validation") else ((0.7, 0.6), 0.3)
+            split = "validation" if rest.endswith("validation") else "test"
+            content = {} if step.marker else _metrics_json(split, dict(zip(("malignant", "benign"), pointing)), dice)
+            step.done_file.parent.mkdir(parents=True, exist_ok=True)
+            step.done_file.write_text(json.dumps(content))
+            self.timings[step.name] = 1.0
+            return True
+
+    datalist = tmp_path / "datalist.json"
+    datalist.write_text('{"training": [], "validation": [], "test": []}')
+    monkeypatch.setattr(driver, "Runner", Steps)
+    monkeypatch.setattr(driver, "prepare_data", lambda *args, **kwargs: datalist)
+    monkeypatch.setattr(driver, "split_baselines", lambda *args, **kwargs: {**no_learning, "statistics": {}})
+    monkeypatch.setattr(driver, "make_figures", lambda *args, **kwargs: {})
+    work, results = tmp_path / "work", tmp_path / "results.md"
+    argv = ["--preset", str(TINY_PRESET), "--work_dir", str(work), "--docs_dir", str(tmp_path), "--results"]
+    argv += [str(results), "--extra_trials", "3", "--jobs", "2", "--threads", "1", "--quiet"]
+    assert driver.main(argv) == 0, capsys.readouterr().out
+    trials = {m: sorted(int(p.name[6:]) for p in (work / m).glob("trial_*")) for m in plan}
+    assert trials == {"glam": [0], "cam": [0, 1, 2], "unet": [0, 1, 2, 3], "gmic": [0, 1]}
+    # trial k: the search's k-th draw (the same whatever the number drawn) from torch seed k
+    cpu, transfer = search.load_search_space(SEARCH, "cpu"), search.load_search_space(SEARCH, "transfer")
+    for model in ("cam", "unet"):
+        draws = search.sample_trials(cpu, model, 40)
+        for k in trials[model]:
+            record = json.loads((work / model / f"trial_{k:02d}" / "trial.json").read_text())
+            assert record["params"] == draws[k] and record["seed"] == k
+            command = commands[f"{model}_trial{k:02d}_train"]
+            assert command[command.index("--seed") + 1] == str(k)
+    # GMIC started from CAM's selected trial, the one that learnt (after CAM's extra trials), with its next rates
+    cam_params = json.loads((work / "cam" / "trial_02" / "trial.json").read_text())["params"]
+    for k in (0, 1):
+        gmic = json.loads((work / "gmic" / f"trial_{k:02d}" / "trial.json").read_text())
+        assert gmic["params"] == {
+            "t_global": cam_params["cam_t"],
+            "lambda_sparsity": cam_params["lambda_sparsity"],
+            "learning_rate": search.sample_trials(transfer, "gmic", 40)[k]["learning_rate"],
+        }
+        assert gmic["seed"] == k
+    # the test evaluations are of the selected trials: CAM's that learnt, the U-Net's best Dice among all
+    tested = sorted(name for name in ran if name.endswith(("_test", "_test_joint")))
+    assert tested == ["cam_trial02_test", "glam_trial00_test_joint", "gmic_trial01_test", "unet_trial01_test"]
+    text = " ".join(results.read_text().split())
+    assert "strictly above the no-learning map's (the brightest cell of S_g's grid) on the validation split" in text
+    assert "(its pointing game there: 0.500 malignant, 0.400 benign)" in text
+    assert "a model none of whose 1 trial(s) learnt gets up to 3 extra trial(s)" in text
+    for row in ("| GLAM | 1 | 0 | 0 | yes |", "| CAM | 3 (2 extra) | 2 | 2 | yes |",
+                "| U-Net | 4 (3 extra) | none | 1 | **no** |", "| GMIC | 2 (1 extra) | 1 | 1 | yes |"):  # fmt: skip
+        assert row in text, row
+    assert "Not learnt to localise (the selected trial is not above the no-learning map): U-Net." in text
+    # a second run: every trial and every extra trial is done already, the same selection
+    ran.clear()
+    assert driver.main(argv) == 0 and ran == []
+    assert "| CAM | 3 (2 extra) | 2 | 2 | yes |" in " ".join(results.read_text().split())
+
+
+def test_no_learning_checks_on_hand_made_test_rows():
+    rows = {
+        "GLAM": {"pointing_game": {"malignant": 0.9, "benign": 0.7}},
+        "GMIC": {"pointing_game": {"malignant": 0.6, "benign": 0.42}},  # ties the benign figure: not above
+        "CAM": {"pointing_game": {"malignant": 0.0, "benign": 0.0}},
+        "U-Net": None,  # failed
+    }
+    glam_global = {"pointing_game": {"malignant": 0.8, "benign": 0.5}}
+    no_learning = {"brightest_cell_hit": {"malignant": 0.55, "benign": 0.42}, "n_lesion": {"malignant": 9, "benign": 7}}
+    checks = {c.condition: c for c in metrics.acceptance_checks(rows, glam_global, no_learning=no_learning)}
+    title = "{} beats the no-learning map's pointing game on the test split, both classes"
+    assert {m: checks[title.format(m)].holds for m in ("GLAM S_c", "GLAM S_g", "GMIC", "CAM", "U-Net")} == {
+        "GLAM S_c": True,
+        "GLAM S_g": True,
+        "GMIC": False,
+        "CAM": False,
+        "U-Net": False,
+    }
+    assert checks[title.format("GLAM S_g")].detail == "malignant 0.800 vs 0.550; benign 0.500 vs 0.420"
+    assert checks[title.format("GMIC")].detail == "not above on benign: malignant 0.600 vs 0.550; benign 0.420 vs 0.420"
+    assert checks[title.format("CAM")].detail.startswith("not above on malignant and benign: ")
+    assert (
+        checks[title.format("U-Net")].detail
+        == "not above on malignant and benign: malignant n/a vs 0.550; benign n/a vs 0.420"
+    )
+    # only the models present are checked; without the figures (a replicate on other data) there is no such check
+    present = metrics.acceptance_checks({"CAM": rows["CAM"]}, no_learning=no_learning)
+    assert [c.condition for c in present if "no-learning" in c.condition] == [title.format("CAM")]
+    assert not any("no-learning" in c.condition for c in metrics.acceptance_checks(rows, glam_global))
+
+
 # -- end to end --------------------------------------------------------------------------------------------------
 def _cell(value, std=None):
     return "n/a" if value is None else (f"{value:.3f}" if std is None else f"{value:.3f} ± {std:.3f}")
@@ -472,7 +709,12 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     d = local["metrics"]["S_l"]["malignant"]
     assert f"| S_l (local, global frozen) | {_cell(d['dice_mean'], d['dice_std'])} |" in text
     assert "## Relative Dice gain of GLAM over GMIC" in text and "| malignant |" in text
-    assert re.search(r"(\d+) of 14 hold", text)  # no wall-time limit in the tiny preset
+    # no wall-time limit in the tiny preset; every model's test map against the no-learning map (GLAM: S_c and S_g)
+    assert re.search(r"(\d+) of 19 hold", text)
+    assert "| CAM beats the no-learning map's pointing game on the test split, both classes | " in text
+    # the trials judged against the no-learning map of the validation split, kept for a later run's init_from
+    val_figures = json.loads((work / "no_learning_validation.json").read_text())
+    assert set(val_figures["n_lesion"]) == {"malignant", "benign"} and "## Selection: the retry rule" in text
     # localisation: every model's pointing game, and what needs no learning on the test split
     for name, map_key in (("GLAM", "S_c"), ("GLAM", "S_g"), ("GMIC", "S_g"), ("CAM", "S_g"), ("U-Net", "S_g")):
         path, _ = test_reports[name] if name != "GLAM" or map_key == "S_c" else test_reports["GLAM"]
