@@ -13,8 +13,10 @@ training or evaluation is re-implemented):
 2. per model, ``benchmark#trials`` trials with hyper-parameters drawn from
    ``glam_benchmark/configs/benchmark_search.yaml`` (the same number of trials and epochs for every model): each
    trains the model's one stage (GLAM: its global stage) with the workflow's checkpoint selection by validation
-   Dice, then evaluates that checkpoint on the validation split (``metrics.json``); the trial with the best
-   validation Dice (mean over the two classes of the mean soft Dice of the model's map) is kept;
+   Dice, then evaluates that checkpoint on the validation split (``metrics.json``); a model none of whose trials
+   learnt to localise (validation pointing game above the no-learning map's) gets ``benchmark#extra_trials`` more,
+   one after another until one does; the trial with the best validation Dice (mean over the two classes of the mean
+   soft Dice of the model's map) among those that learnt, among all when none did, is kept;
 3. GLAM: the local and joint stages train from the selected global module; the local-stage model (S_g, S_l and
    their average S_c-sep: the paper's Table 2) and the joint model (S_c) are evaluated on the test split;
    each baseline's selected checkpoint is evaluated on the test split (its map is the report's ``S_g`` row);

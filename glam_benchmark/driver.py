@@ -39,9 +39,6 @@ from .report import ModelResult, Replicate, write_results
 from .search import load_search_space, per_stage_values, sample_trials, trial_overrides
 from .steps import Runner, Step, bundle_command
 
-#: the no-learning figures of the validation split, kept in the work folder for a later run's ``init_from``
-NO_LEARNING_FILE = "no_learning_validation.json"
-
 
 def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int | None = None) -> Path:
     """The preset's synthetic dataset under ``<work_dir>/data`` (generated once; ``seed`` replaces the preset's
@@ -199,21 +196,18 @@ class SelectedModel:
 
 def selected_models(run_dir: Path, models: Sequence[str]) -> dict[str, SelectedModel]:
     """Per model, what an earlier benchmark run in ``run_dir`` selected (its trials scored and judged as that run
-    did: by validation Dice among those that learnt to localise, when it recorded its no-learning figures). A model
-    without a finished trial or checkpoint there is a :class:`BenchmarkError` naming what is missing."""
-    figures = run_dir / NO_LEARNING_FILE
-    no_learning = json.loads(figures.read_text()) if figures.is_file() else None
+    did: :func:`best_trial` on their validation Dice and the ``learnt`` of their trial.json). A model without a
+    finished trial or checkpoint there is a :class:`BenchmarkError` naming what is missing."""
     out: dict[str, SelectedModel] = {}
     for name in models:
         trials = []
         for trial_dir in sorted((run_dir / name).glob("trial_*")):
             metrics = trial_dir / "validation" / "metrics.json"
             index = trial_dir.name[len("trial_") :]
+            saved = trial_dir / "trial.json"
             if metrics.is_file() and index.isdigit():
-                summary = read_metrics(metrics)
-                trials.append({"index": int(index), "score": validation_dice(summary)})
-                if no_learning is not None:
-                    trials[-1]["learnt"] = beats_no_learning(table_row(summary, MapName.GLOBAL), no_learning)[0]
+                learnt = json.loads(saved.read_text()).get("learnt") if saved.is_file() else None
+                trials.append({"index": int(index), "score": validation_dice(read_metrics(metrics)), "learnt": learnt})
         best = best_trial(trials)
         if best is None:
             raise BenchmarkError(f"init_from {run_dir}: no trial of {name} finished its validation there")
@@ -261,7 +255,8 @@ def run_trial(
 ) -> tuple[dict[str, Any], list[str]]:
     """Train one trial and evaluate its selected checkpoint on the validation split; returns the trial record
     (params, overrides, validation row and score when it finished, and ``learnt``: whether its validation map beats
-    ``no_learning``, the no-learning figures of the validation split) and the names of its steps."""
+    ``no_learning``, the no-learning figures of the validation split, also kept in its trial.json) and the names of
+    its steps."""
     name = steps.spec.name
     record: dict[str, Any] = {"model": name, "index": k, "params": dict(params), "seed": int(overrides["seed"])}
     _check_trial_record(trial_dir / "trial.json", record)
@@ -274,6 +269,8 @@ def run_trial(
         record["score"] = validation_dice(summary)
         if no_learning is not None:
             record["learnt"] = beats_no_learning(record["validation"], no_learning)[0]
+            saved = json.loads((trial_dir / "trial.json").read_text())
+            write_json(trial_dir / "trial.json", {**saved, "learnt": record["learnt"]})
     else:
         runner.skip(validate.name, f"{train.name} failed")
     record["overrides"] = overrides
@@ -395,7 +392,6 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         no_learning = split_baselines(preset, datalist, "validation", log)
         if no_learning is None:
             raise BenchmarkError(f"{datalist}: no validation images (the trials are judged and selected on them)")
-        write_json(work_dir / NO_LEARNING_FILE, {k: v for k, v in no_learning.items() if k != "statistics"})
 
         def trial_call(steps: ModelSteps, k: int, params: Mapping[str, float], extra: Mapping[str, Any]) -> Callable:
             name = steps.spec.name

@@ -609,6 +609,14 @@ def test_the_driver_retries_each_model_that_did_not_learn_and_selects_among_thos
                 "| U-Net | 4 (3 extra) | none | 1 | **no** |", "| GMIC | 2 (1 extra) | 1 | 1 | yes |"):  # fmt: skip
         assert row in text, row
     assert "Not learnt to localise (the selected trial is not above the no-learning map): U-Net." in text
+    # each trial.json keeps the verdict, and a run that starts from this one takes the same trials
+    learnt = {k: json.loads((work / "cam" / f"trial_{k:02d}" / "trial.json").read_text())["learnt"] for k in range(3)}
+    assert learnt == {0: False, 1: False, 2: True}
+    for model, k in (("cam", 2), ("unet", 1)):
+        (work / model / f"trial_{k:02d}" / "models" / model).mkdir(parents=True)
+        (work / model / f"trial_{k:02d}" / "models" / model / "model.pt").write_bytes(b"")
+    chosen = driver.selected_models(work, ["cam", "unet"])
+    assert chosen["cam"].checkpoint.parts[-4] == "trial_02" and chosen["unet"].checkpoint.parts[-4] == "trial_01"
     # a second run: every trial and every extra trial is done already, the same selection
     ran.clear()
     assert driver.main(argv) == 0 and ran == []
@@ -712,9 +720,14 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     # no wall-time limit in the tiny preset; every model's test map against the no-learning map (GLAM: S_c and S_g)
     assert re.search(r"(\d+) of 19 hold", text)
     assert "| CAM beats the no-learning map's pointing game on the test split, both classes | " in text
-    # the trials judged against the no-learning map of the validation split, kept for a later run's init_from
-    val_figures = json.loads((work / "no_learning_validation.json").read_text())
-    assert set(val_figures["n_lesion"]) == {"malignant", "benign"} and "## Selection: the retry rule" in text
+    # each trial judged against the no-learning map of the validation split, its trial.json keeping the verdict
+    assert "## Selection: the retry rule" in text
+    for model in ("glam", "cam", "gmic", "unet"):
+        learnt = json.loads((work / model / "trial_00" / "trial.json").read_text())["learnt"]
+        assert (
+            isinstance(learnt, bool)
+            and f"| {presets.MODELS[model].title} | 1 | {'0' if learnt else 'none'} | 0 |" in text
+        )
     # localisation: every model's pointing game, and what needs no learning on the test split
     for name, map_key in (("GLAM", "S_c"), ("GLAM", "S_g"), ("GMIC", "S_g"), ("CAM", "S_g"), ("U-Net", "S_g")):
         path, _ = test_reports[name] if name != "GLAM" or map_key == "S_c" else test_reports["GLAM"]
