@@ -20,8 +20,9 @@ import fire.parser
 import numpy as np
 import pytest
 import torch
+from monai.bundle import ConfigParser
 
-from glam_benchmark import figures, metrics, presets, report, search, steps
+from glam_benchmark import TRAIN_CONFIG, figures, metrics, presets, report, search, steps
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "glam_benchmark" / "configs"
@@ -188,6 +189,13 @@ def test_the_calibrated_preset_fine_tunes_the_cpu_presets_selected_models(tmp_pa
     assert config["benchmark_size"] == [736, 480] and budget.patch_shift == 32
     cpu_budget = presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[1]
     assert budget.model_overrides == cpu_budget.model_overrides
+    # GLAM's local stage takes Algorithm 1's patches for lesion-free images too (random ones let the local module learn
+    # the patch choice on calibrated lesions); the conspicuous preset keeps the paper's random ones
+    for preset, random_negatives in ((merged, False), (CONFIGS / "benchmark_cpu.yaml", True)):
+        parser = ConfigParser()
+        parser.read_config([str(TRAIN_CONFIG), str(preset)])
+        parser.update({"stage": "local", "datalist": str(tmp_path / "unused.json")})
+        assert parser.get_parsed_content("train#prepare_batch#random_negatives") is random_negatives
     space = search.load_search_space(SEARCH, "transfer")
     for model in ("glam", "cam", "gmic", "unet"):
         for trial in search.sample_trials(space, model, 20):
