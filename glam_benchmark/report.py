@@ -196,7 +196,7 @@ def _selection(run: _Run) -> list[str]:
         f"next draws (trial k from torch seed {_seed_text(budget.seed_base)}), one after another until one learns; the "
         f"trial kept is the best validation Dice among those that learnt, among all when none did.{replicates}",
         "",
-        "| model | trials run | trials that learnt | selected trial | the selected trial learnt |",
+        "| model | trials run | the trials that learnt (index) | selected trial | the selected trial learnt |",
         "|---|---|---|---|---|",
     ]
     not_learnt = []
