@@ -251,7 +251,7 @@ def run_trial(
     params: Mapping[str, Any],
     trial_dir: Path,
     overrides: dict[str, Any],
-    no_learning: Mapping[str, Any] | None = None,
+    no_learning: Mapping[str, Any],
 ) -> tuple[dict[str, Any], list[str]]:
     """Train one trial and evaluate its selected checkpoint on the validation split; returns the trial record
     (params, overrides, validation row and score when it finished, and ``learnt``: whether its validation map beats
@@ -267,10 +267,9 @@ def run_trial(
         summary = read_metrics(validate.done_file)
         record["validation"] = table_row(summary, MapName.GLOBAL)
         record["score"] = validation_dice(summary)
-        if no_learning is not None:
-            record["learnt"] = beats_no_learning(record["validation"], no_learning)[0]
-            saved = json.loads((trial_dir / "trial.json").read_text())
-            write_json(trial_dir / "trial.json", {**saved, "learnt": record["learnt"]})
+        record["learnt"] = beats_no_learning(record["validation"], no_learning)[0]
+        saved = json.loads((trial_dir / "trial.json").read_text())
+        write_json(trial_dir / "trial.json", {**saved, "learnt": record["learnt"]})
     else:
         runner.skip(validate.name, f"{train.name} failed")
     record["overrides"] = overrides

@@ -122,8 +122,11 @@ def row_value(rows: Mapping[str, Any], model: str, metric: str, cls: str) -> flo
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3f}"
+def _fmt(value: float | None, std: float | None = None) -> str:
+    """A figure as the reports print it: three decimals (``± std`` when given), ``n/a`` when missing."""
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if std is None else f"{value:.3f} ± {std:.3f}"
 
 
 def beats_no_learning(row: Mapping[str, Any] | None, no_learning: Mapping[str, Any]) -> tuple[bool, str]:

@@ -18,6 +18,7 @@ from . import display_path
 from .metrics import (
     CLASSES,
     METRIC_GROUPS,
+    _fmt,
     bootstrap_orderings,
     per_image_values,
     pooled_rate,
@@ -63,12 +64,6 @@ PAPER_TABLE1 = {
 }
 #: notes a person wrote after looking at a run, kept beside results.md and included in it verbatim
 FINDINGS_FILE = "results_findings.md"
-
-
-def _fmt(value: float | None, std: float | None = None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:.3f}" if std is None else f"{value:.3f} ± {std:.3f}"
 
 
 def _table1_lines(rows: Mapping[str, Any], label: str) -> list[str]:
