@@ -94,10 +94,10 @@ def split_baselines(
     if not items:
         return None
     start = time.monotonic()
-    split = preprocess_items(items, validation_transform(parser))
+    batch = preprocess_items(items, validation_transform(parser))
     cell = GlobalBackbone(**dict(parser.get_parsed_content("global_backbone") or {})).tap_strides[0]
     out = no_learning_baselines(
-        split["image"], split["mask"], split["label"], cell, float(parser.get_parsed_content("pointing_tolerance"))
+        batch["image"], batch["mask"], batch["label"], cell, float(parser.get_parsed_content("pointing_tolerance"))
     )
     log(f"[benchmark] no-learning baselines on {len(items)} {split} images in {time.monotonic() - start:.0f} s")
     return out

@@ -676,6 +676,10 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
     argv = ["--preset", str(TINY_PRESET), "--work_dir", str(work), "--docs_dir", str(docs), "--results", str(results)]
     argv += ["--threads", "1", "--jobs", "2"]
     assert cli.main(argv) == 0, capsys.readouterr().out
+    first_out = capsys.readouterr().out
+    splits = json.loads(next(work.glob("data/*/datalist.json")).read_text())
+    for split in ("validation", "test"):  # the progress line names the split and its size
+        assert f"[benchmark] no-learning baselines on {len(splits[split])} {split} images in " in first_out
     text = results.read_text()
     assert (
         "GLAM then trains its local stage for 1 (learning rate 0.001, sparsity weight 0.01) and its joint stage for 1 "
