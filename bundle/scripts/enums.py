@@ -27,6 +27,8 @@ class LesionClass(StrEnum):
 
 
 CLASS_NAMES: tuple[str, ...] = tuple(c.value for c in LesionClass)
+#: a datalist item's lesion masks, one per class in channel order (docs/data.md)
+MASK_KEYS: tuple[str, ...] = tuple(f"mask_{c}" for c in CLASS_NAMES)
 
 
 class MapName(StrEnum):

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from monai.utils import str2bool
 
-from ..enums import CLASS_NAMES
+from ..enums import CLASS_NAMES, MASK_KEYS
 from ..errors import UsageError
 from .boxes import BOXES_KEY, parse_boxes
 from .datalist import DatalistError, check_patient_splits, check_split_sizes, iter_items, load_datalist
@@ -26,9 +26,6 @@ SPACING_HINT = (
     "if you know their mm per pixel, state it: tools/make_datalist.py --pixel_spacing MM (every item of the "
     "datalist), a pixel_spacing key per item, or --input_spacing MM on the training / inference command line"
 )
-
-# mask key -> channel of its class in ``label`` (the vocabulary's class order)
-MASK_KEYS = {f"mask_{cls}": channel for channel, cls in enumerate(CLASS_NAMES)}
 
 
 @dataclass(frozen=True)
@@ -250,7 +247,7 @@ def _check_item(
                 stated_by_datalist.add(str(image_path))
     for message in _box_problems(item.get(BOXES_KEY), label if label_ok else None, image_shape):
         add(message, BOXES_KEY)
-    for key, cls in MASK_KEYS.items():
+    for cls, key in enumerate(MASK_KEYS):
         value = item.get(key)
         if value is None:
             continue

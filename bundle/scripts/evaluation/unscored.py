@@ -15,11 +15,11 @@ from monai.data import list_data_collate
 from monai.transforms import Compose, LoadImaged
 from scipy import ndimage
 
+from ..enums import MASK_KEYS
 from ..errors import UsageError
 from ..transforms.mammo.coverage import BREAST_KEYS, breast_refusal
 from ..transforms.mammo.dictionary import BestCenterWindowd, FlipToRightd
 from ..transforms.mammo.spacing import ResampleToSpacingd
-from ..transforms.targets import MASK_KEYS
 from ..transforms.thumbnail import THUMBNAIL_STEP_KEY, THUMBNAIL_SUFFIX, Thumbnaild
 
 #: a marker item's key: the one-line reason its image cannot be scored

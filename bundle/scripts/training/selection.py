@@ -12,11 +12,10 @@ import torch
 from ignite.metrics import Metric
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 
-from ..enums import CLASS_NAMES, OutputKey, Stage
+from ..enums import CLASS_NAMES, MASK_KEYS, OutputKey, Stage
 
 #: validation metrics that read the lesion masks (0.0 on a split without masks)
 MASK_METRICS = ("val_soft_dice", "val_dice_benign", "val_dice_malignant", "val_pointing_game")
-MASK_KEYS = ("mask_benign", "mask_malignant")
 logger = logging.getLogger(__name__)
 
 

@@ -12,7 +12,7 @@ from monai.data import MetaTensor
 from monai.transforms import MapTransform, Transform
 
 from ..data.boxes import BOXES_KEY, parse_boxes
-from ..enums import CLASS_NAMES
+from ..enums import CLASS_NAMES, MASK_KEYS
 from ..errors import UsageError
 
 
@@ -41,7 +41,7 @@ class BoxesToMasksd(MapTransform):
 
     def __init__(
         self,
-        mask_keys: Sequence[str] = ("mask_benign", "mask_malignant"),
+        mask_keys: Sequence[str] = MASK_KEYS,
         image_key: str = "image",
         boxes_key: str = BOXES_KEY,
         mask_files: str = "unite",

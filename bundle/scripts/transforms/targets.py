@@ -9,10 +9,8 @@ from monai.config import KeysCollection
 from monai.transforms import MapTransform
 from monai.utils import convert_to_tensor
 
+from ..enums import MASK_KEYS
 from ..errors import UsageError
-
-#: a datalist item's lesion masks, one per class (docs/data.md); stacked into ``mask`` for training
-MASK_KEYS = ("mask_benign", "mask_malignant")
 
 
 class StackMasksd(MapTransform):
@@ -30,7 +28,7 @@ class StackMasksd(MapTransform):
 
     def __init__(
         self,
-        keys: KeysCollection = ("mask_benign", "mask_malignant"),
+        keys: KeysCollection = MASK_KEYS,
         output_key: str = "mask",
         reference_key: str = "image",
         remove_keys: bool = True,
