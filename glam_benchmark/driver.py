@@ -3,14 +3,17 @@ stages, the test evaluations and the replicates on other data seeds as workflow 
 (:func:`run_benchmark`), then the figures and ``results.md``; and the command line (:func:`build_parser`,
 :func:`main`).
 
-Order of the work: (1) every (model, trial) training + validation evaluation, then the extra trials of each model
-none of whose trials learnt to localise (validation pointing game above the no-learning map's on the validation
-split, :func:`extra_trials`); (2) per model, the trial with the best validation Dice among those that learnt (among
-all when none did) is selected, then GLAM's local and joint stages and every model's test evaluation; (3) per variation
-seed, every model retrained with its selected hyper-parameters on data generated with that seed (no search), GLAM's
-later stages, and test evaluations. Steps inside (2) and (3) that depend on each other run in order; independent ones
-run side by side. On 2 CPU cores two single-threaded steps do about 1.4x the work of one two-threaded step
-(docs/performance.md), hence ``--jobs`` defaults to the usable cores and ``--threads`` to the cores per job.
+Order of the work, per model (:func:`run_benchmark`'s ``model_chain``): (1) its trials (training + validation
+evaluation), then the extra trials when none of them learnt to localise (validation pointing game above the
+no-learning map's on the validation split, :func:`extra_trials`); a model that starts from another's selection (GMIC
+from CAM's) starts once that model's trials and extra trials are done; (2) the trial with the best validation Dice
+among those that learnt (among all when none did) is selected, then GLAM's local and joint stages and the test
+evaluation(s); (3) per variation seed, the model retrained with its selected hyper-parameters on data generated with
+that seed (no search), GLAM's later stages, and test evaluations. The models' chains, and the independent steps
+inside each, run side by side; the runner starts at most ``--jobs`` steps at a time, each as soon as a slot is free,
+so that no core waits for another model's retries. On 2 CPU cores two single-threaded steps do about 1.4x the work
+of one two-threaded step (docs/performance.md), hence ``--jobs`` defaults to the usable cores and ``--threads`` to
+the cores per job.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import math
 import os
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -330,11 +334,12 @@ def replicate_model(
     return replicate, names
 
 
-def _in_parallel(jobs: int, calls: Sequence[Callable[[], Any]]) -> list[Any]:
-    """Run the calls on ``jobs`` threads (each call runs its workflow steps as subprocesses); results in order."""
-    if jobs <= 1 or len(calls) <= 1:
+def _side_by_side(calls: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run the calls each on its own thread (their workflow steps wait for the runner's slots); results in order,
+    the first exception raised again."""
+    if len(calls) <= 1:
         return [call() for call in calls]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
@@ -372,7 +377,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
     space = load_search_space(search_path, budget.search_space)
     docs_dir = Path(args.docs_dir).resolve()
     results_path = Path(args.results).resolve() if args.results else docs_dir / "results.md"
-    runner = Runner(work_dir, args.threads, quiet=args.quiet, retries=args.retries)
+    runner = Runner(work_dir, args.threads, jobs=args.jobs, quiet=args.quiet, retries=args.retries)
     try:
         datalist = prepare_data(preset, work_dir, args.datalist)
         common = {"datalist": str(datalist), "check_data": False, "bundle_root": str(BUNDLE_ROOT)}
@@ -406,44 +411,24 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             }
             return lambda: run_trial(runner, steps, k, params, trial_dir, overrides, no_learning)
 
-        def run_trials(plans: Mapping[str, Callable[[int], Callable]]) -> None:
-            """The search's trials of every model in ``plans`` ({model: trial k -> its call}), then the retry rule's
-            extra trials of those none of whose trials learnt to localise (one after another per model, the models
-            side by side)."""
-            calls = [plan(k) for plan in plans.values() for k in range(budget.trials)]
-            for record, names in _in_parallel(args.jobs, calls):
-                results[record["model"]].trials.append(record)
-                step_names[record["model"]] += names
-            retries = [
-                lambda n=n, plan=plan: extra_trials(
-                    results[n].trials, budget.trials, budget.extra_trials, lambda k: plan(k)()
-                )
-                for n, plan in plans.items()
-            ]
-            for name, (records, names) in zip(plans, _in_parallel(args.jobs, retries)):
-                results[name].trials += records
+        def run_trials(name: str, plan: Callable[[int], Callable]) -> None:
+            """The search's trials of model ``name`` side by side ({trial k -> its call}), then the retry rule's
+            extra trials when none of them learnt to localise (one after another)."""
+            for record, names in _side_by_side([plan(k) for k in range(budget.trials)]):
+                results[name].trials.append(record)
                 step_names[name] += names
+            records, names = extra_trials(results[name].trials, budget.trials, budget.extra_trials, lambda k: plan(k)())
+            results[name].trials += records
+            step_names[name] += names
 
-        # (1) every trial of every model that starts afresh (or from an earlier run: init_from); the draws beyond
-        # the search's trials are the extra trials' (trial k's draw does not depend on how many are drawn)
-        draws = budget.trials + budget.extra_trials
-        warm = {name: w for name, w in budget.start_from.items() if name in args.models}
-        plans = {}
-        for name in args.models:
-            if name in warm:
-                continue
-            drawn = sample_trials(space, name, draws)
-            drawn = fine_tuning_trials(drawn, starts[name]) if name in starts else drawn
-            plans[name] = lambda k, s=model_steps[name], d=drawn: trial_call(s, k, d[k], {})
-        run_trials(plans)
-        # (1b) the trials that start from another model's selection (GMIC from CAM's: its global module trained
-        # first on the same budget as GLAM's, then the whole network), after that model's extra trials
-        plans = {}
-        for name, warm_start in warm.items():
+        def warm_plan(name: str, warm_start: Any) -> Callable[[int], Callable] | None:
+            """The trials of a model that starts from another model's selection (GMIC from CAM's: its global module
+            trained first on the same budget as GLAM's, then the whole network); None when that model selected
+            none."""
             source = best_trial(results[warm_start.model].trials)
             if source is None:
                 runner.skip(f"{name}_trials", f"{warm_start.model}, which its trials start from, selected no trial")
-                continue
+                return None
             source_dir = work_dir / warm_start.model / f"trial_{source['index']:02d}"
             ckpt = source_dir / "models" / warm_start.model / "model.pt"
             held, taken = HELD_MODELS[(name, warm_start.model)]
@@ -452,39 +437,62 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
             rates = sample_trials(load_search_space(search_path, warm_start.search_space), name, draws)
             held_params = {key: float(source["params"][other]) for key, other in taken.items()}
             params = [{**held_params, "learning_rate": float(drawn["learning_rate"])} for drawn in rates]
-            plans[name] = lambda k, s=model_steps[name], p=params, e={"epochs": epochs}: trial_call(s, k, p[k], e)
-        run_trials(plans)
+            return lambda k, s=model_steps[name], p=params, e={"epochs": epochs}: trial_call(s, k, p[k], e)
 
-        # (2) selection, GLAM's later stages, test evaluations; (3) the replicates on other data seeds
-        later = []
-        seed_data = {seed: prepare_data(preset, work_dir, None, seed) for seed in budget.variation_seeds}
-        for name in args.models:
+        def finish(name: str) -> None:
+            """Selection, GLAM's later stages and the test evaluations, and the replicates on other data seeds."""
             result = results[name]
             best = best_trial(result.trials)
             if best is None:
                 runner.skip(f"{name}_test", "no trial finished with a validation Dice")
-                continue
+                return
             result.selected = best["index"]
             trial_dir = work_dir / name / f"trial_{best['index']:02d}"
             tag = f"{name}_trial{best['index']:02d}"
-            later.append(
-                lambda n=name, s=model_steps[name], t=tag, d=trial_dir, b=best: (
-                    n,
-                    None,
-                    finish_model(runner, s, t, d, b["overrides"], results[n]),
+
+            def selected_trial() -> tuple[None, list[str]]:
+                return None, finish_model(runner, model_steps[name], tag, trial_dir, best["overrides"], result)
+
+            calls: list[Callable[[], tuple[Replicate | None, list[str]]]] = [selected_trial]
+            calls += [
+                lambda seed=seed, data=data: replicate_model(
+                    runner, model_steps[name], seed, data, work_dir / f"seed_{seed}", best
                 )
-            )
-            for seed, data in seed_data.items():
-                later.append(
-                    lambda n=name, s=model_steps[name], seed=seed, data=data, b=best: (
-                        n,
-                        *replicate_model(runner, s, seed, data, work_dir / f"seed_{seed}", b),
-                    )
-                )
-        for name, replicate, names in _in_parallel(args.jobs, later):
-            step_names[name] += names
-            if replicate is not None:
-                results[name].replicates.append(replicate)
+                for seed, data in seed_data.items()
+            ]
+            for replicate, names in _side_by_side(calls):
+                step_names[name] += names
+                if replicate is not None:
+                    result.replicates.append(replicate)
+
+        def model_chain(name: str) -> None:
+            """One model's work in order: (1) its trials (after the selection of the model it starts from, if
+            any), (2) selection, later stages, test evaluations, (3) replicates; the models' chains run side by
+            side, each step waiting only for a free slot of the runner."""
+            try:
+                if name in warm:
+                    selected[warm[name].model].wait()
+                    plan = warm_plan(name, warm[name])
+                else:
+                    drawn = sample_trials(space, name, draws)
+                    drawn = fine_tuning_trials(drawn, starts[name]) if name in starts else drawn
+
+                    def plan(k: int, s: ModelSteps = model_steps[name], d: list = drawn) -> Callable:
+                        return trial_call(s, k, d[k], {})
+
+                if plan is not None:
+                    run_trials(name, plan)
+            finally:
+                selected[name].set()  # a model that starts from this one goes on, also when this one failed
+            finish(name)
+
+        # the draws beyond the search's trials are the extra trials' (trial k's draw does not depend on how many
+        # are drawn)
+        draws = budget.trials + budget.extra_trials
+        warm = {name: w for name, w in budget.start_from.items() if name in args.models}
+        selected = {name: threading.Event() for name in args.models}
+        seed_data = {seed: prepare_data(preset, work_dir, None, seed) for seed in budget.variation_seeds}
+        _side_by_side([lambda n=name: model_chain(n) for name in args.models])
         for name, result in results.items():
             result.trials.sort(key=lambda t: t["index"])
             result.replicates.sort(key=lambda r: r.seed)

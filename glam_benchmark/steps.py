@@ -52,18 +52,20 @@ class Step:
 
 @dataclass
 class Runner:
-    """Runs steps as subprocesses of ``threads`` threads each (several threads of the driver may call :meth:`run`
-    at once), logs each to ``<work_dir>/logs/<name>.log``, records step wall times in ``<work_dir>/timings.json``
-    and remembers failures. A step that exits non-zero (killed, out of memory, a crash) is run again up to
-    ``retries`` times in the same invocation: training steps resume from their ``last.pt`` and evaluations
-    rewrite their files atomically, so an interrupted step costs its unfinished epoch, not the run. It also keeps
-    the wall time of every invocation of the driver on this work folder in
-    ``<work_dir>/invocations.json`` (updated after each step and every ``heartbeat_s`` seconds, so an invocation
-    that is killed still counts), so a run resumed over several sessions knows its whole wall time
-    (:meth:`run_wall_s`)."""
+    """Runs steps as subprocesses of ``threads`` threads each, at most ``jobs`` at a time: any number of the
+    driver's threads may call :meth:`run` at once and a step waits for a free slot, so that each model's chain of
+    steps goes on as soon as its own previous step ends, not when every model's has. It logs each step to
+    ``<work_dir>/logs/<name>.log``, records step wall times in ``<work_dir>/timings.json`` and remembers failures.
+    A step that exits non-zero (killed, out of memory, a crash) is run again up to ``retries`` times in the same
+    invocation: training steps resume from their ``last.pt`` and evaluations rewrite their files atomically, so an
+    interrupted step costs its unfinished epoch, not the run. It also keeps the wall time of every invocation of the
+    driver on this work folder in ``<work_dir>/invocations.json`` (updated after each step and every
+    ``heartbeat_s`` seconds, so an invocation that is killed still counts), so a run resumed over several sessions
+    knows its whole wall time (:meth:`run_wall_s`)."""
 
     work_dir: Path
     threads: int
+    jobs: int = 1
     quiet: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
@@ -72,6 +74,7 @@ class Runner:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max(1, int(self.jobs)))
         self._started = time.monotonic()
         path = self.work_dir / "timings.json"
         if path.is_file():
@@ -120,6 +123,11 @@ class Runner:
         if step.done_file.is_file():
             self._log(f"{step.name}: done already ({step.done_file})")
             return True
+        with self._slots:
+            return self._run(step)
+
+    def _run(self, step: Step) -> bool:
+        """:meth:`run`'s work, in one of the ``jobs`` slots."""
         log = self.work_dir / "logs" / f"{step.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log(f"{step.name}: running (log {log})")
@@ -147,7 +155,8 @@ class Runner:
         if step.marker:
             write_json(step.done_file, {"step": step.name, "wall_s": wall, "command": shlex.join(step.command)})
         elif not step.done_file.is_file():
-            self.failures[step.name] = f"finished without writing {step.done_file}; log {log}"
+            with self._lock:
+                self.failures[step.name] = f"finished without writing {step.done_file}; log {log}"
             return False
         with self._lock:
             self.timings[step.name] = wall

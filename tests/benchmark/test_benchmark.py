@@ -631,6 +631,56 @@ def test_the_driver_retries_each_model_that_did_not_learn_and_selects_among_thos
     assert "| CAM | 3 (2 extra) | 2 | 2 | yes |" in " ".join(results.read_text().split())
 
 
+def test_each_model_goes_on_when_its_own_step_ends_in_at_most_jobs_slots(tmp_path, monkeypatch, capsys):
+    """The runner's real slots (only the subprocess is faked: each step sleeps, then writes its output): never more
+    than --jobs steps at once; GLAM's local stage does not wait for CAM's extra trials; GMIC's trials wait for CAM's
+    selection, extra trials included."""
+    import threading
+    import time
+
+    from glam_benchmark import driver
+
+    validation = {"glam": [(0.9, 0.8)], "unet": [(0.9, 0.8)], "gmic": [(0.9, 0.8)]}
+    validation["cam"] = [(0.1, 0.1), (0.1, 0.1), (0.9, 0.8)]  # learns at its second extra trial
+    no_learning = {"brightest_cell_hit": {"malignant": 0.5, "benign": 0.4}, "n_lesion": {"malignant": 4, "benign": 4}}
+    no_learning.update(cell=16, tolerance=16.0, brightest_cell_pooled=0.45)
+    events, lock, running = [], threading.Lock(), [0, 0]  # (event, step), [now, most]
+
+    class Steps(steps.Runner):
+        def _run(self, step):
+            with lock:
+                running[0] += 1
+                running[1] = max(running)
+                events.append(("start", step.name))
+            time.sleep(0.05)
+            model, rest = step.name.split("_trial")
+            pointing = validation[model][int(rest[:2])] if rest.endswith("validation") else (0.7, 0.6)
+            split = "validation" if rest.endswith("validation") else "test"
+            content = {} if step.marker else _metrics_json(split, dict(zip(("malignant", "benign"), pointing)), 0.3)
+            step.done_file.parent.mkdir(parents=True, exist_ok=True)
+            step.done_file.write_text(json.dumps(content))
+            with lock:
+                self.timings[step.name] = 0.05
+                running[0] -= 1
+                events.append(("end", step.name))
+            return True
+
+    datalist = tmp_path / "datalist.json"
+    datalist.write_text('{"training": [], "validation": [], "test": []}')
+    monkeypatch.setattr(driver, "Runner", Steps)
+    monkeypatch.setattr(driver, "prepare_data", lambda *args, **kwargs: datalist)
+    monkeypatch.setattr(driver, "split_baselines", lambda *args, **kwargs: {**no_learning, "statistics": {}})
+    monkeypatch.setattr(driver, "make_figures", lambda *args, **kwargs: {})
+    argv = ["--preset", str(TINY_PRESET), "--work_dir", str(tmp_path / "work"), "--docs_dir", str(tmp_path)]
+    argv += ["--results", str(tmp_path / "results.md"), "--extra_trials", "2", "--jobs", "2", "--threads", "1"]
+    assert driver.main([*argv, "--quiet"]) == 0, capsys.readouterr().out
+    at = {event: i for i, event in enumerate(events)}
+    assert running[1] == 2 and len(events) == 2 * 19, events  # 4 x (train, validation), CAM's 2 extra, 7 later
+    assert at[("start", "glam_trial00_local")] < at[("end", "cam_trial02_validation")]
+    assert at[("start", "gmic_trial00_train")] > at[("end", "cam_trial02_validation")]
+    assert at[("start", "glam_trial00_test_joint")] > at[("end", "glam_trial00_joint")]
+
+
 def test_no_learning_checks_on_hand_made_test_rows():
     rows = {
         "GLAM": {"pointing_game": {"malignant": 0.9, "benign": 0.7}},
