@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -230,10 +231,11 @@ def test_results_md_without_optional_sections(tmp_path, monkeypatch):
 def test_table2_orderings_against_a_hand_computation(tmp_path, monkeypatch):
     from glam_benchmark.metrics import ablation_checks
 
-    # S_c-joint >= S_c-sep holds on a tie, S_c-sep > S_g does not; a missing value fails
+    # S_c-joint >= S_c-sep holds on a tie, S_c-sep > S_g and S_l > S_g do not; a missing value fails
     checks = ablation_checks(
         {
             "S_g": {"benign": 0.2, "malignant": 0.3},
+            "S_l": {"benign": 0.2, "malignant": 0.31},
             "S_c-sep": {"benign": 0.25, "malignant": 0.3},
             "S_c-joint": {"benign": 0.25, "malignant": None},
         }
@@ -243,6 +245,8 @@ def test_table2_orderings_against_a_hand_computation(tmp_path, monkeypatch):
         "S_c-joint >= S_c-sep: Dice malignant": False,
         "S_c-sep > S_g: Dice benign": True,
         "S_c-sep > S_g: Dice malignant": False,
+        "S_l > S_g: Dice benign": False,
+        "S_l > S_g: Dice malignant": True,
     }
     text, _ = render(tmp_path, monkeypatch)
     table2 = text[text.index("## Table 2") :]
@@ -250,8 +254,15 @@ def test_table2_orderings_against_a_hand_computation(tmp_path, monkeypatch):
     with open(tmp_path / "local.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     for cls in CLASSES:
-        pairs = [(r[f"S_c_dice_{cls}"], r[f"S_g_dice_{cls}"]) for r in rows]
-        diffs = [float(a) - float(b) for a, b in pairs if a != "" and b != ""]
-        expected = sum(diffs) / len(diffs)
-        assert f"| S_c-sep > S_g | {cls} | {expected:+.3f} (" in table2, cls
-    assert "The paper's ordering, S_c-joint >= S_c-sep > S_g in Dice for both classes:" in table2
+        for better, column in (("S_c-sep", "S_c"), ("S_l", "S_l")):
+            pairs = [(r[f"{column}_dice_{cls}"], r[f"S_g_dice_{cls}"]) for r in rows]
+            diffs = [float(a) - float(b) for a, b in pairs if a != "" and b != ""]
+            expected = sum(diffs) / len(diffs)
+            assert f"| {better} > S_g | {cls} | {expected:+.3f} (" in table2, (better, cls)
+    assert "The paper's ordering, S_c-joint >= S_c-sep > S_g and S_l > S_g in Dice for both classes:" in table2
+    # the line under the bootstrap names exactly the orderings (S_c-joint > S_g aside) whose interval reaches zero
+    rows = re.findall(r"^\| (S_[^|]+) > (S_[^|]+) \| (\w+) \| [+-][\d.]+ \(([+-][\d.]+), ([+-][\d.]+)\)", table2, re.M)
+    implied = ("S_c-joint", "S_g")
+    weak = [f"{a} > {b} {c} ({lo}, {hi})" for a, b, c, lo, hi in rows if float(lo) <= 0 and (a, b) != implied]
+    assert len(rows) == 8 and weak
+    assert "Orderings whose 95 % interval does not lie above zero: " + "; ".join(weak) + "." in table2
