@@ -540,6 +540,21 @@ def _metrics_json(split, pointing, dice):
     }
 
 
+def _driver_without_data(monkeypatch, tmp_path, runner):
+    """The driver with ``runner`` as its Runner, an empty datalist, a no-learning map of 0.5 / 0.4 (malignant /
+    benign) on the validation split, and no figures."""
+    from glam_benchmark import driver
+
+    no_learning = {"brightest_cell_hit": {"malignant": 0.5, "benign": 0.4}, "n_lesion": {"malignant": 4, "benign": 4}}
+    no_learning.update(cell=16, tolerance=16.0, brightest_cell_pooled=0.45)
+    datalist = tmp_path / "datalist.json"
+    datalist.write_text('{"training": [], "validation": [], "test": []}')
+    monkeypatch.setattr(driver, "Runner", runner)
+    monkeypatch.setattr(driver, "prepare_data", lambda *args, **kwargs: datalist)
+    monkeypatch.setattr(driver, "split_baselines", lambda *args, **kwargs: {**no_learning, "statistics": {}})
+    monkeypatch.setattr(driver, "make_figures", lambda *args, **kwargs: {})
+
+
 def test_the_driver_retries_each_model_that_did_not_learn_and_selects_among_those_that_did(
     tmp_path, monkeypatch, capsys
 ):
@@ -556,8 +571,6 @@ def test_the_driver_retries_each_model_that_did_not_learn_and_selects_among_thos
         "unet": [((0.1, 0.1), d) for d in (0.2, 0.4, 0.3, 0.1)],  # never learns: every extra trial, the best Dice
         "gmic": [((0.0, 0.0), 0.6), ((1.0, 1.0), 0.2), ((1.0, 1.0), 0.3)],  # learns at its first extra trial
     }
-    no_learning = {"brightest_cell_hit": {"malignant": 0.5, "benign": 0.4}, "n_lesion": {"malignant": 4, "benign": 4}}
-    no_learning.update(cell=16, tolerance=16.0, brightest_cell_pooled=0.45)
     ran, commands = [], {}
 
     class Steps(steps.Runner):
@@ -575,12 +588,7 @@ def test_the_driver_retries_each_model_that_did_not_learn_and_selects_among_thos
             self.timings[step.name] = 1.0
             return True
 
-    datalist = tmp_path / "datalist.json"
-    datalist.write_text('{"training": [], "validation": [], "test": []}')
-    monkeypatch.setattr(driver, "Runner", Steps)
-    monkeypatch.setattr(driver, "prepare_data", lambda *args, **kwargs: datalist)
-    monkeypatch.setattr(driver, "split_baselines", lambda *args, **kwargs: {**no_learning, "statistics": {}})
-    monkeypatch.setattr(driver, "make_figures", lambda *args, **kwargs: {})
+    _driver_without_data(monkeypatch, tmp_path, Steps)
     work, results = tmp_path / "work", tmp_path / "results.md"
     argv = ["--preset", str(TINY_PRESET), "--work_dir", str(work), "--docs_dir", str(tmp_path), "--results"]
     argv += [str(results), "--extra_trials", "3", "--jobs", "2", "--threads", "1", "--quiet"]
@@ -642,8 +650,6 @@ def test_each_model_goes_on_when_its_own_step_ends_in_at_most_jobs_slots(tmp_pat
 
     validation = {"glam": [(0.9, 0.8)], "unet": [(0.9, 0.8)], "gmic": [(0.9, 0.8)]}
     validation["cam"] = [(0.1, 0.1), (0.1, 0.1), (0.9, 0.8)]  # learns at its second extra trial
-    no_learning = {"brightest_cell_hit": {"malignant": 0.5, "benign": 0.4}, "n_lesion": {"malignant": 4, "benign": 4}}
-    no_learning.update(cell=16, tolerance=16.0, brightest_cell_pooled=0.45)
     events, lock, running = [], threading.Lock(), [0, 0]  # (event, step), [now, most]
 
     class Steps(steps.Runner):
@@ -665,12 +671,7 @@ def test_each_model_goes_on_when_its_own_step_ends_in_at_most_jobs_slots(tmp_pat
                 events.append(("end", step.name))
             return True
 
-    datalist = tmp_path / "datalist.json"
-    datalist.write_text('{"training": [], "validation": [], "test": []}')
-    monkeypatch.setattr(driver, "Runner", Steps)
-    monkeypatch.setattr(driver, "prepare_data", lambda *args, **kwargs: datalist)
-    monkeypatch.setattr(driver, "split_baselines", lambda *args, **kwargs: {**no_learning, "statistics": {}})
-    monkeypatch.setattr(driver, "make_figures", lambda *args, **kwargs: {})
+    _driver_without_data(monkeypatch, tmp_path, Steps)
     argv = ["--preset", str(TINY_PRESET), "--work_dir", str(tmp_path / "work"), "--docs_dir", str(tmp_path)]
     argv += ["--results", str(tmp_path / "results.md"), "--extra_trials", "2", "--jobs", "2", "--threads", "1"]
     assert driver.main([*argv, "--quiet"]) == 0, capsys.readouterr().out
