@@ -74,6 +74,7 @@ class Runner:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._print_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max(1, int(self.jobs)))
         self._started = time.monotonic()
         path = self.work_dir / "timings.json"
@@ -115,7 +116,8 @@ class Runner:
 
     def _log(self, message: str) -> None:
         if not self.quiet:
-            print(f"[benchmark {datetime.now():%H:%M:%S}] {message}", flush=True)
+            with self._print_lock:  # print writes the line and its newline apart: two threads would mix them
+                print(f"[benchmark {datetime.now():%H:%M:%S}] {message}", flush=True)
 
     def run(self, step: Step) -> bool:
         """Run ``step`` unless its output exists, again after a failure up to ``retries`` times; False when its last

@@ -33,7 +33,7 @@ NO_ROOM_ERRNOS = {
     getattr(errno, "EDQUOT", errno.ENOSPC): ("disk quota exceeded", "free space in your quota, or raise it"),
     errno.EFBIG: ("file too large for the file size limit (ulimit -f)", "raise the limit: ulimit -f unlimited"),
 }
-#: atomic_write's ``.<name>.<mkstemp letters>.tmp`` and atomic_path's ``.tmp<pid>-<name>``
+#: atomic_write's ``.<name>.<mkstemp letters>.tmp`` and :func:`staged_path`'s ``.tmp<pid>-<name>``
 _TEMPORARY = re.compile(r"^(\..+\.[a-z0-9_]{8}\.tmp|\.tmp\d+-.+)$")
 #: descriptors this process holds an flock through; a forked child closes its copies
 _LOCK_FDS: set[int] = set()
@@ -114,7 +114,7 @@ def atomic_path(path: str | os.PathLike, staged_name: str | None = None, durable
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(staged_name or f".tmp{os.getpid()}-{path.name}")
+    tmp = path.with_name(staged_name) if staged_name else staged_path(path)
     try:
         yield tmp
         move_into_place(tmp, path, durable=durable)
@@ -122,6 +122,16 @@ def atomic_path(path: str | os.PathLike, staged_name: str | None = None, durable
         tmp.unlink(missing_ok=True)
         _raise_no_room(err, path)
         raise
+
+
+def staged_path(path: str | os.PathLike) -> Path:
+    """The temporary ``.tmp<pid>-<name>`` beside ``path`` that a writer fills before :func:`move_into_place`.
+
+    It keeps ``path``'s extension (writers that pick the format by suffix) and :func:`is_temporary` knows it, so what
+    a killed writer leaves is removed by :func:`remove_temporaries` and never taken for an output.
+    """
+    path = Path(path)
+    return path.with_name(f".tmp{os.getpid()}-{path.name}")
 
 
 def move_into_place(staged: str | os.PathLike, path: str | os.PathLike, durable: bool = False) -> None:

@@ -682,6 +682,39 @@ def test_each_model_goes_on_when_its_own_step_ends_in_at_most_jobs_slots(tmp_pat
     assert at[("start", "glam_trial00_test_joint")] > at[("end", "glam_trial00_joint")]
 
 
+def test_progress_lines_of_steps_running_at_once_stay_whole(tmp_path, monkeypatch):
+    """Two chains log at the same moment (print writes a line and its newline apart): each line comes out whole."""
+    import sys
+    import threading
+    import time
+
+    class SlowStdout:
+        def __init__(self):
+            self.parts = []
+
+        def write(self, text):
+            time.sleep(0.002)  # widens the gap between print's two writes
+            self.parts.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    out = SlowStdout()
+    monkeypatch.setattr(sys, "stdout", out)
+    runner = steps.Runner(tmp_path, threads=1, jobs=2)
+    try:
+        chains = [threading.Thread(target=lambda m=m: [runner._log(f"{m} step {i}") for i in range(10)]) for m in "ab"]
+        for chain in chains:
+            chain.start()
+        for chain in chains:
+            chain.join()
+    finally:
+        runner.close()
+    lines = "".join(out.parts).splitlines()
+    assert len(lines) == 20 and all(line.count("[benchmark ") == 1 for line in lines), lines
+
+
 def test_no_learning_checks_on_hand_made_test_rows():
     rows = {
         "GLAM": {"pointing_game": {"malignant": 0.9, "benign": 0.7}},

@@ -61,7 +61,7 @@ def _read_fully(path: Path) -> np.ndarray:
 
 
 def _temporaries(out: Path) -> list[str]:
-    from scripts.inference.files import is_temporary
+    from scripts.atomic import is_temporary
 
     return sorted(str(p) for p in out.rglob("*") if is_temporary(p.name))
 
@@ -134,6 +134,8 @@ def _kill_at_rows(proc: subprocess.Popen, out: Path, rows: int, then: float = 0.
 
 def _kill_while_writing(proc: subprocess.Popen, out: Path) -> bool:
     """SIGKILL as soon as an image's staged files exist (a write in progress); whether that moment was caught."""
+    from scripts.atomic import is_temporary
+
     folders = [out / "maps", out / "panels"]
     while proc.poll() is None:
         for folder in folders:
@@ -141,7 +143,7 @@ def _kill_while_writing(proc: subprocess.Popen, out: Path) -> bool:
                 names = os.listdir(folder)
             except FileNotFoundError:
                 continue
-            if any(n.startswith(".tmp-") for n in names):
+            if any(is_temporary(n) for n in names):
                 proc.send_signal(signal.SIGKILL)
                 _ended_by_the_kill(proc)
                 return True
@@ -356,12 +358,11 @@ def test_weights_that_do_not_load_stop_the_run_before_the_output_folder_is_touch
     assert len(list(csv.DictReader(open(out / "predictions.csv", newline="", encoding="utf-8")))) == 3
 
 
-def test_a_run_stopped_while_checking_the_folder_leaves_it_usable(tiny_run, tmp_path):
-    """Killed between creating the output folders and writing run.json, a run leaves only its writing probe: the
-    folder is this program's, not another's, and the next run takes it (the probe removed)."""
-    from scripts.inference.files import TEMPORARY_PREFIX
-
-    probe = tmp_path / "out" / "maps" / f"{TEMPORARY_PREFIX}probe-k2x9q"
+@pytest.mark.parametrize("name", [".tmp4242-a_map.nii.gz", ".a_map.nii.gz.k2x9q_ab.tmp"])
+def test_a_run_stopped_while_checking_the_folder_leaves_it_usable(tiny_run, tmp_path, name):
+    """Killed between creating the output folders and writing run.json, a run leaves at most temporaries: the folder
+    is this program's, not another's, and the next run takes it (the temporary removed)."""
+    probe = tmp_path / "out" / "maps" / name
     probe.parent.mkdir(parents=True)
     probe.write_bytes(b"probe")
     out = tiny_run()

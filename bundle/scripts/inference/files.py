@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write, move_into_place
+from ..atomic import atomic_write, move_into_place, staged_path
 from ..data.readers import SUPPORTED_SUFFIXES
 from ..enums import CLASS_NAMES, MAP_NAMES, InferenceOutput, MapName
 from ..errors import UsageError
 from .dicom import DICOM_OUTPUT_MODES
 
-#: temporary files of :class:`StagedFiles` start with this
-TEMPORARY_PREFIX = ".tmp-"
 # the folders of each kind of file under the output folder
 MAPS_DIR, PANELS_DIR, DICOM_DIR = "maps", "panels", "dicom"
 #: the folder of the per-image manifests (what :class:`StagedFiles` put in place)
@@ -30,13 +28,6 @@ OUTPUT_FOLDERS = (MAPS_DIR, PANELS_DIR, DICOM_DIR, MANIFESTS_DIR)
 TAIL_BYTES = 4096
 # a file name that says nothing of its image: digits only (TCIA's "1-1", an instance number, a DICOM UID)
 _GENERIC_NAME = re.compile(r"^[0-9]+([-_.][0-9]+)*$")
-
-
-def is_temporary(name: str) -> bool:
-    """Whether a file name is a temporary one of this module or of ``atomic_write``, as an interrupted run leaves."""
-    return (
-        name.startswith(TEMPORARY_PREFIX) or name.startswith(".tmp") or (name.startswith(".") and name.endswith(".tmp"))
-    )
 
 
 @dataclass(frozen=True)
@@ -177,7 +168,7 @@ class StagedFiles:
         """The temporary path to write ``relative``'s content to."""
         final = self.root / relative
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f"{TEMPORARY_PREFIX}{os.getpid()}-{final.name}")
+        tmp = staged_path(final)
         self._staged.append((tmp, final, relative))
         return tmp
 

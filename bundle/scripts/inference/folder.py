@@ -10,21 +10,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write, lock_exclusive, unlock
-from .files import (
-    OUTPUT_FOLDERS,
-    TEMPORARY_PREFIX,
-    OutputSelection,
-    files_are_complete,
-    input_names,
-    is_temporary,
-)
+from ..atomic import atomic_write, is_temporary, lock_exclusive, probe_writable, remove_temporaries, unlock
+from .files import OUTPUT_FOLDERS, OutputSelection, files_are_complete, input_names
 from .tables import (
     FILES_KEY,
     FINGERPRINT_COLUMNS,
@@ -63,7 +55,7 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-#: what an output's file name adds to its stem at most: ``.tmp-<pid>-`` and ``_S_c_malignant.png``, or atomic_write's
+#: what an output's file name adds to its stem at most: ``.tmp<pid>-`` and ``_S_c_malignant.png``, or atomic_write's
 #: ``.<name>.<random>.tmp`` around ``_map.dcm``, and the ``_<n>`` that keeps stems apart, with room to spare
 STEM_OVERHEAD_BYTES = 55
 
@@ -208,6 +200,8 @@ class InferenceOutputFolder:
         return OutputFolderRefused(f"error: output_dir {self.path}: {reason}")
 
     def _lock(self) -> None:
+        # the folder itself is locked, not a file in it: a read-only folder is refused by the writing check, and a
+        # rerun that has nothing to do leaves the folder as it was
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -228,28 +222,16 @@ class InferenceOutputFolder:
         for folder in [self.path, *(self.path / name for name in self.outputs.folders())]:
             try:
                 folder.mkdir(exist_ok=True)
-                fd, probe = tempfile.mkstemp(prefix=f"{TEMPORARY_PREFIX}probe-", dir=folder)
-                try:
-                    os.write(fd, b"probe")
-                finally:
-                    os.close(fd)
-                    os.unlink(probe)
+                probe_writable(folder)
             except OSError as err:
                 raise self._refused(
                     f"not writable ({folder}: {type(err).__name__}: {err.strerror or err}); nothing was run"
                 ) from err
 
     def _remove_temporaries(self) -> None:
-        removed = 0
         for folder in [self.path, *(self.path / name for name in OUTPUT_FOLDERS)]:
-            if not folder.is_dir():
-                continue
-            for entry in os.scandir(folder):
-                if is_temporary(entry.name) and entry.is_file(follow_symlinks=False):
-                    os.unlink(entry.path)
-                    removed += 1
-        if removed:
-            logger.info("%s: removed %d temporary files left by an interrupted run", self.path, removed)
+            if folder.is_dir():
+                remove_temporaries(folder)
 
     def _check_record(self) -> bool:
         """Refuse a folder of another run or of unknown provenance; returns whether to write this run's record."""
