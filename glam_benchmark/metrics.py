@@ -236,16 +236,28 @@ def ablation_checks(dice: Mapping[str, Mapping[str, float | None]]) -> list[Chec
     alone), ``S_l`` (the local module trained on its patches, the global one frozen), ``S_c-sep`` (their average
     before joint training) and ``S_c-joint``: S_c-joint at least S_c-sep, S_c-sep and S_l strictly above S_g, both
     classes. A missing value fails its check."""
-    checks = []
-    for better, worse in ABLATION_ORDERINGS:
-        for cls in CLASSES:
-            a, b = (dice.get(better) or {}).get(cls), (dice.get(worse) or {}).get(cls)
-            a, b = (None if v is None or math.isnan(v) else float(v) for v in (a, b))
-            strict = worse == MapName.GLOBAL
-            holds = a is not None and b is not None and (a > b if strict else a >= b)
-            detail = "n/a" if a is None or b is None else f"{a:.3f} vs {b:.3f}"
-            checks.append(Check(f"{better} {'>' if strict else '>='} {worse}: Dice {cls}", detail, holds))
-    return checks
+    return [
+        _ordering_check(dice, better, worse, cls, "Dice", strict=worse == MapName.GLOBAL)
+        for better, worse in ABLATION_ORDERINGS
+        for cls in CLASSES
+    ]
+
+
+def pointing_checks(pointing: Mapping[str, Mapping[str, float | None]]) -> list[Check]:
+    """S_c-joint's pointing game at least S_g's (the global module trained alone), both classes, from
+    ``pointing[map][class]``: the combined map refines the global one and should not peak off the lesions more
+    often. A missing value fails its check."""
+    return [_ordering_check(pointing, S_C_JOINT, MapName.GLOBAL.value, cls, "pointing game") for cls in CLASSES]
+
+
+def _ordering_check(
+    values: Mapping[str, Mapping[str, float | None]], better: str, worse: str, cls: str, metric: str, strict=False
+) -> Check:
+    a, b = (values.get(better) or {}).get(cls), (values.get(worse) or {}).get(cls)
+    a, b = (None if v is None or math.isnan(v) else float(v) for v in (a, b))
+    holds = a is not None and b is not None and (a > b if strict else a >= b)
+    detail = "n/a" if a is None or b is None else f"{a:.3f} vs {b:.3f}"
+    return Check(f"{better} {'>' if strict else '>='} {worse}: {metric} {cls}", detail, holds)
 
 
 def per_image_values(csv_path: Path, map_key: str, stat: str) -> dict[str, dict[str, float]]:

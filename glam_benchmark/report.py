@@ -27,6 +27,7 @@ from .metrics import (
     acceptance_checks,
     bootstrap_orderings,
     per_image_values,
+    pointing_checks,
     pooled_rate,
     relative_gain,
     row_value,
@@ -397,8 +398,9 @@ def _ablation_orderings(glam: ModelResult) -> list[str]:
         S_C_SEP: (local, glam.test_local_csv, MapName.COMBINED),
         S_C_JOINT: (joint, glam.test_csv, MapName.COMBINED),
     }
-    dice = {name: table_row(report, key)["dice"] if report else None for name, (report, _, key) in sources.items()}
-    checks = ablation_checks(dice)
+    rows = {name: table_row(report, key) if report else None for name, (report, _, key) in sources.items()}
+    checks = ablation_checks({name: row["dice"] if row else None for name, row in rows.items()})
+    pointing = pointing_checks({name: row["pointing_game"] if row else None for name, row in rows.items()})
     lines = [
         "",
         "The paper's ordering, S_c-joint >= S_c-sep > S_g and S_l > S_g in Dice for both classes: "
@@ -407,6 +409,13 @@ def _ablation_orderings(glam: ModelResult) -> list[str]:
         "| condition | values | holds |",
         "|---|---|---|",
         *_check_rows(checks),
+        "",
+        "Where the maps peak: S_c-joint's pointing game at or above S_g's (the global module trained alone), both "
+        f"classes: {sum(c.holds for c in pointing)} of {len(pointing)} hold.",
+        "",
+        "| condition | values | holds |",
+        "|---|---|---|",
+        *_check_rows(pointing),
     ]
     if not all(path is not None and Path(path).is_file() for _, path, _ in sources.values()):
         return lines

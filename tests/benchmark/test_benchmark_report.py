@@ -229,7 +229,17 @@ def test_results_md_without_optional_sections(tmp_path, monkeypatch):
 
 
 def test_table2_orderings_against_a_hand_computation(tmp_path, monkeypatch):
-    from glam_benchmark.metrics import ablation_checks
+    from glam_benchmark.metrics import ablation_checks, pointing_checks
+
+    # S_c-joint's pointing game against the global module's: a tie holds, lower or missing fails
+    assert {
+        c.condition: (c.detail, c.holds)
+        for c in pointing_checks({"S_g": {"benign": 0.75, "malignant": 0.5}, "S_c-joint": {"benign": 0.75}})
+    } == {
+        "S_c-joint >= S_g: pointing game benign": ("0.750 vs 0.750", True),
+        "S_c-joint >= S_g: pointing game malignant": ("n/a", False),
+    }
+    assert not pointing_checks({"S_g": {"malignant": 0.5}, "S_c-joint": {"malignant": 0.49}})[0].holds
 
     # S_c-joint >= S_c-sep holds on a tie, S_c-sep > S_g and S_l > S_g do not; a missing value fails
     checks = ablation_checks(
@@ -260,6 +270,9 @@ def test_table2_orderings_against_a_hand_computation(tmp_path, monkeypatch):
             expected = sum(diffs) / len(diffs)
             assert f"| {better} > S_g | {cls} | {expected:+.3f} (" in table2, (better, cls)
     assert "The paper's ordering, S_c-joint >= S_c-sep > S_g and S_l > S_g in Dice for both classes:" in table2
+    # the fixture's pointing games are the same for every map (0.6 malignant, 0.5 benign): ties, which hold
+    assert "pointing game at or above S_g's (the global module trained alone), both classes: 2 of 2" in table2
+    assert "| S_c-joint >= S_g: pointing game malignant | 0.600 vs 0.600 | yes |" in table2
     # the line under the bootstrap names exactly the orderings (S_c-joint > S_g aside) whose interval reaches zero
     rows = re.findall(r"^\| (S_[^|]+) > (S_[^|]+) \| (\w+) \| [+-][\d.]+ \(([+-][\d.]+), ([+-][\d.]+)\)", table2, re.M)
     implied = ("S_c-joint", "S_g")
