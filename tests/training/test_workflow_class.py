@@ -80,15 +80,21 @@ def test_none_and_null_reach_the_component_as_none(tmp_path, capsys, monkeypatch
 
 
 @pytest.mark.parametrize(("given", "seen"), [("false", "False"), ("TRUE", "True"), ("False", "False"), ("no", "'no'")])
-def test_yaml_booleans_on_the_command_line_reach_the_component_as_booleans(tmp_path, capsys, monkeypatch, given, seen):
+def test_yaml_booleans_on_the_command_line_reach_the_component_as_booleans(
+    tmp_path, capsys, caplog, monkeypatch, given, seen
+):
     # Fire leaves `false` as text, which every truth test reads as true (a training-chain flag silently kept on)
     probe = tmp_path / "probe.yaml"
     seen_line = "$print('SEEN', repr(@flag), repr(@train#prepare_batch#random_negatives))"
     probe.write_text(f'flag: true\nrun_stage:\n  - "{seen_line}"\n')
     common = _probe_run(tmp_path, "local")
     overrides = {"flag": given, "train#prepare_batch#random_negatives": given}
-    _run(TRAIN_CONFIG, QUICKSTART, probe, run_id="training", monkeypatch=monkeypatch, **overrides, **common)
+    with caplog.at_level("INFO", logger="scripts"):
+        _run(TRAIN_CONFIG, QUICKSTART, probe, run_id="training", monkeypatch=monkeypatch, **overrides, **common)
     assert f"SEEN {seen} {seen}" in capsys.readouterr().out
+    # MONAI's input summary shows the text as given: the workflow says what it read
+    said = f"> flag: {seen} (the command line's {given!r}, read as a boolean)"
+    assert (said in caplog.text) == (seen != repr(given)), caplog.text[-2000:]
 
 
 def _command(tmp_path: Path, run_id: str) -> subprocess.CompletedProcess:

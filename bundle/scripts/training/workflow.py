@@ -258,6 +258,9 @@ class GLAMWorkflow(ConfigWorkflow):
             **{k: v for k, v in overrides.items() if not _means_none(v)},
         )
         self.config_file, self.tracking = config_file, tracking
+        for key, given in override.items():
+            if overrides[key] is not given and isinstance(overrides[key], bool):  # MONAI's input summary shows the text
+                logger.info("> %s: %s (the command line's %r, read as a boolean)", key, overrides[key], given)
         #: the ``--key value`` overrides, as MONAI handed them over (``null`` and ``None`` read as None)
         self.overrides: dict[str, Any] = {k: None if _means_none(v) else v for k, v in overrides.items()}
         target = self.parser.get(run_id)  # MONAI's default run id names another: `run: "%training"`
