@@ -251,7 +251,12 @@ def pointing_checks(pointing: Mapping[str, Mapping[str, float | None]]) -> list[
 
 
 def _ordering_check(
-    values: Mapping[str, Mapping[str, float | None]], better: str, worse: str, cls: str, metric: str, strict=False
+    values: Mapping[str, Mapping[str, float | None]],
+    better: str,
+    worse: str,
+    cls: str,
+    metric: str,
+    strict: bool = False,
 ) -> Check:
     a, b = (values.get(better) or {}).get(cls), (values.get(worse) or {}).get(cls)
     a, b = (None if v is None or math.isnan(v) else float(v) for v in (a, b))
