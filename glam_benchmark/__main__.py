@@ -28,7 +28,8 @@ training or evaluation is re-implemented):
 
 Resumable: a step whose output exists (a trial's ``validation/metrics.json``, a stage's ``*_trained.json``, a
 test ``metrics.json``) is skipped, and an interrupted training continues from its ``last.pt``. A failed step is
-reported and the steps that do not depend on it still run; the exit status is then 1.
+reported and the steps that do not depend on it still run; the exit status is then 1. A full disk stops the run
+instead, with one line saying so (every later step would fail the same way): free space and run the same command.
 
 This file is the package's command line; its ``__init__`` lists the modules.
 """

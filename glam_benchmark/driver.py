@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scripts.atomic import disk_full
 from scripts.enums import MapName, Stage
+from scripts.errors import disk_full_message
 
 from . import BUNDLE_ROOT, DEFAULT_SEARCH, TRAIN_CONFIG, display_path
 from .figures import make_figures
@@ -42,6 +44,9 @@ from .presets import HELD_MODELS, MODELS, BenchmarkError, Budget, ModelSpec, fla
 from .report import ModelResult, Replicate, write_results
 from .search import load_search_space, per_stage_values, sample_trials, trial_overrides
 from .steps import Runner, Step, bundle_command
+
+#: what to do after a full disk stopped the run: the finished steps are on disk and are skipped by the rerun
+RESUME_HINT = "free space, then run the same command again (the finished steps are kept and skipped)"
 
 
 def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int | None = None) -> Path:
@@ -493,6 +498,8 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         selected = {name: threading.Event() for name in args.models}
         seed_data = {seed: prepare_data(preset, work_dir, None, seed) for seed in budget.variation_seeds}
         _side_by_side([lambda n=name: model_chain(n) for name in args.models])
+        if runner.full_disk is not None:  # a page of skipped steps would say less than this line
+            raise BenchmarkError(f"stopped, the disk is full: {runner.full_disk}; {RESUME_HINT}")
         for name, result in results.items():
             result.trials.sort(key=lambda t: t["index"])
             result.replicates.sort(key=lambda r: r.seed)
@@ -660,4 +667,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_benchmark(args, argv)
     except BenchmarkError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
+    except OSError as err:
+        full = disk_full(err)
+        if full is None:
+            raise
+        parser.exit(1, f"{parser.prog}: error: {disk_full_message(full)}; {RESUME_HINT}\n")
     return 2

@@ -17,8 +17,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from scripts.atomic import NO_ROOM_ERRNOS, disk_full
+from scripts.errors import disk_full_message
+
 from . import BUNDLE_ROOT, META_FILE, REPO_ROOT
 from .files import write_json
+
+#: how a write that found no room reads in a step's log ("[Errno 28] No space left on device: ..."); the log may
+#: end mid-line, since it is written to the disk that filled up
+_NO_ROOM = tuple(os.strerror(code).lower() for code in NO_ROOM_ERRNOS)
 
 
 def _cli_value(value: Any) -> str:
@@ -61,7 +68,9 @@ class Runner:
     interrupted step costs its unfinished epoch, not the run. It also keeps the wall time of every invocation of the
     driver on this work folder in ``<work_dir>/invocations.json`` (updated after each step and every
     ``heartbeat_s`` seconds, so an invocation that is killed still counts), so a run resumed over several sessions
-    knows its whole wall time (:meth:`run_wall_s`)."""
+    knows its whole wall time (:meth:`run_wall_s`). A full disk stops the run instead: the step that found no room
+    is not run again and no later step starts (:attr:`full_disk` says why), since every one would fail the same way
+    and the finished steps are what a rerun after freeing space keeps."""
 
     work_dir: Path
     threads: int
@@ -71,6 +80,7 @@ class Runner:
     failures: dict[str, str] = field(default_factory=dict)
     heartbeat_s: float = 60.0
     retries: int = 2
+    full_disk: str | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -88,7 +98,12 @@ class Runner:
 
     def _heartbeat(self) -> None:
         while not self._stopped.wait(self.heartbeat_s):
-            self.record_invocation()
+            try:
+                self.record_invocation()
+            except OSError as err:
+                if disk_full(err) is None:
+                    raise
+                self._stop_for_full_disk(disk_full_message(err))
 
     def close(self) -> None:
         """Stop the heartbeat, so that a later Runner on the same work folder (in this process or another) owns
@@ -117,7 +132,20 @@ class Runner:
     def _log(self, message: str) -> None:
         if not self.quiet:
             with self._print_lock:  # print writes the line and its newline apart: two threads would mix them
-                print(f"[benchmark {datetime.now():%H:%M:%S}] {message}", flush=True)
+                try:
+                    print(f"[benchmark {datetime.now():%H:%M:%S}] {message}", flush=True)
+                except OSError as err:  # output redirected to the disk that filled up: the run stops on it anyway
+                    if disk_full(err) is None:
+                        raise
+
+    def _stop_for_full_disk(self, reason: str) -> None:
+        """Remember the first full-disk failure: :meth:`run` starts no step after it."""
+        with self._lock:
+            first = self.full_disk is None
+            if first:
+                self.full_disk = reason
+        if first:
+            self._log(f"stopping: {reason}")
 
     def run(self, step: Step) -> bool:
         """Run ``step`` unless its output exists, again after a failure up to ``retries`` times; False when its last
@@ -126,7 +154,17 @@ class Runner:
             self._log(f"{step.name}: done already ({step.done_file})")
             return True
         with self._slots:
-            return self._run(step)
+            if self.full_disk is not None:
+                self.skip(step.name, f"the disk is full ({self.full_disk})")
+                return False
+            try:
+                return self._run(step)
+            except OSError as err:  # the runner's own log or records found no room
+                if disk_full(err) is None:
+                    raise
+                self._stop_for_full_disk(disk_full_message(err))
+                self.skip(step.name, f"the disk is full ({self.full_disk})")
+                return False
 
     def _run(self, step: Step) -> bool:
         """:meth:`run`'s work, in one of the ``jobs`` slots."""
@@ -144,8 +182,13 @@ class Runner:
                 done = subprocess.run(step.command, cwd=REPO_ROOT, env=self.env(), stdout=f, stderr=subprocess.STDOUT)
             if done.returncode == 0:
                 break
-            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+            text = log.read_text(encoding="utf-8", errors="replace")
+            tail = text.strip().splitlines()[-5:]
             reason = f"exit status {done.returncode}; log {log}; last lines: " + " | ".join(tail)
+            no_room = next((what for what in _NO_ROOM if what in text[-4000:].lower()), None)
+            if no_room is not None:  # another attempt would find no more room
+                self._stop_for_full_disk(f"{step.name} stopped: {no_room} (free space on {self.work_dir}'s disk)")
+                break
             if attempt < self.retries:
                 self._log(f"{step.name}: failed ({reason}); running it again ({attempt + 2} of {self.retries + 1})")
         wall = time.monotonic() - start

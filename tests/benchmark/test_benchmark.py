@@ -417,6 +417,88 @@ def test_invocation_wall_times_are_kept_by_a_heartbeat_until_the_runner_closes(t
     second.close()
 
 
+def test_a_full_disk_stops_the_run_without_retrying_and_starts_no_later_step(tmp_path, monkeypatch):
+    """A step whose log says the disk is full (cut mid-line, as a log on that disk is) is not run again and no
+    later step starts; the heartbeat that finds no room for invocations.json stops the run the same way, without a
+    traceback from its thread."""
+    import errno
+    import threading
+
+    attempts = tmp_path / "attempts.txt"
+    full = (
+        f"open({str(attempts)!r}, 'a').write('x'); import sys; "
+        "print(\"WARNING - cannot write the cache entry ([Errno 28] No space left on device: '/x/cache/1.pt'): it is "
+        "recomputed\\nerror: no space left on devi\", end=''); sys.exit(1)"
+    )
+    runner = steps.Runner(tmp_path, threads=1, quiet=True, retries=2)
+    try:
+        assert not runner.run(steps.Step("train", [sys.executable, "-c", full], tmp_path / "never"))
+        assert attempts.read_text() == "x"  # one attempt of three: another would find no more room
+        assert runner.full_disk is not None and "train stopped: no space left on device" in runner.full_disk
+        later = tmp_path / "later.txt"
+        assert not runner.run(steps.Step("test", [sys.executable, "-c", f"open({str(later)!r}, 'w')"], later))
+        assert not later.exists() and runner.failures["test"].startswith("not run: the disk is full (train stopped")
+        # a step that fails for another reason is still run again
+        other = steps.Runner(tmp_path / "b", threads=1, quiet=True, retries=1)
+        (tmp_path / "b").mkdir()
+        crash = f"open({str(tmp_path / 'crashes.txt')!r}, 'a').write('x'); raise SystemExit(3)"
+        assert not other.run(steps.Step("bad", [sys.executable, "-c", crash], tmp_path / "never"))
+        assert (tmp_path / "crashes.txt").read_text() == "xx" and other.full_disk is None
+        other.close()
+    finally:
+        runner.close()
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "c" / "invocations.json"))
+
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    (tmp_path / "c").mkdir()
+    beating = steps.Runner(tmp_path / "c", threads=1, quiet=True, heartbeat_s=0.02)
+    monkeypatch.setattr(steps, "write_json", no_room)
+    try:
+        for _ in range(200):
+            if beating.full_disk is not None:
+                break
+            threading.Event().wait(0.01)
+        assert beating.full_disk is not None and "no space left on device writing" in beating.full_disk
+        assert "invocations.json" in beating.full_disk and raised == []
+    finally:
+        beating.close()
+
+
+def test_the_driver_stops_on_a_full_disk_with_one_line_and_keeps_the_finished_steps(tmp_path, monkeypatch, capsys):
+    """The driver whose runner found the disk full writes no page and exits with one line saying what to do."""
+    from glam_benchmark import driver
+
+    class FullDisk(steps.Runner):
+        def run(self, step):
+            self._stop_for_full_disk(f"{step.name} stopped: no space left on device")
+            return False
+
+    _driver_without_data(monkeypatch, tmp_path, FullDisk)
+    results = tmp_path / "results.md"
+    argv = ["--preset", str(TINY_PRESET), "--work_dir", str(tmp_path / "work"), "--docs_dir", str(tmp_path)]
+    argv += ["--results", str(results), "--jobs", "2", "--threads", "1", "--quiet"]
+    with pytest.raises(SystemExit) as stop:
+        driver.main(argv)
+    assert stop.value.code == 2 and not results.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: stopped, the disk is full: " in err[0] and "no space left on device" in err[0]
+    assert err[0].endswith("run the same command again (the finished steps are kept and skipped)")
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "data" / "datalist.json"))
+
+    monkeypatch.setattr(driver, "prepare_data", no_room)  # a write outside any step: the same one line, status 1
+    with pytest.raises(SystemExit) as stop:
+        driver.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 1 and len(err) == 1
+    assert f"error: no space left on device writing {tmp_path / 'data' / 'datalist.json'}" in err[0]
+    assert err[0].endswith("(the finished steps are kept and skipped)")
+
+
 # -- the retry rule: learnt to localise, extra trials, selection -------------------------------------------------
 def test_cpu_and_transfer_spaces_take_the_papers_pooling_thresholds_and_sparsity_range():
     paper = search.load_search_space(SEARCH, "paper")
