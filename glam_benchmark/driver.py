@@ -49,6 +49,10 @@ from .steps import Runner, Step, bundle_command
 RESUME_HINT = "free space, then run the same command again (the finished steps are kept and skipped)"
 
 
+class FullDisk(BenchmarkError):
+    """A step found the disk full: the run stops (exit status 1, as for a failed step) and a rerun resumes it."""
+
+
 def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int | None = None) -> Path:
     """The preset's synthetic dataset under ``<work_dir>/data`` (generated once; ``seed`` replaces the preset's
     ``benchmark_data_seed``), or ``datalist``; checked once here so that the workflows can skip their own check."""
@@ -499,7 +503,7 @@ def run_benchmark(args: argparse.Namespace, argv: Sequence[str]) -> int:
         seed_data = {seed: prepare_data(preset, work_dir, None, seed) for seed in budget.variation_seeds}
         _side_by_side([lambda n=name: model_chain(n) for name in args.models])
         if runner.full_disk is not None:  # a page of skipped steps would say less than this line
-            raise BenchmarkError(f"stopped, the disk is full: {runner.full_disk}; {RESUME_HINT}")
+            raise FullDisk(f"stopped, the disk is full: {runner.full_disk}; {RESUME_HINT}")
         for name, result in results.items():
             result.trials.sort(key=lambda t: t["index"])
             result.replicates.sort(key=lambda r: r.seed)
@@ -666,7 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_benchmark(args, argv)
     except BenchmarkError as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+        parser.exit(1 if isinstance(err, FullDisk) else 2, f"{parser.prog}: error: {err}\n")
     except OSError as err:
         full = disk_full(err)
         if full is None:

@@ -482,7 +482,7 @@ def test_the_driver_stops_on_a_full_disk_with_one_line_and_keeps_the_finished_st
     argv += ["--results", str(results), "--jobs", "2", "--threads", "1", "--quiet"]
     with pytest.raises(SystemExit) as stop:
         driver.main(argv)
-    assert stop.value.code == 2 and not results.exists()
+    assert stop.value.code == 1 and not results.exists()  # as a failed step's run
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error: stopped, the disk is full: " in err[0] and "no space left on device" in err[0]
     assert err[0].endswith("run the same command again (the finished steps are kept and skipped)")
