@@ -52,6 +52,8 @@ RESUME_HINT = "free space, then run the same command again (the finished steps a
 class FullDisk(BenchmarkError):
     """A step found the disk full: the run stops (exit status 1, as for a failed step) and a rerun resumes it."""
 
+    exit_status = 1
+
 
 def prepare_data(preset: Path, work_dir: Path, datalist: str | None, seed: int | None = None) -> Path:
     """The preset's synthetic dataset under ``<work_dir>/data`` (generated once; ``seed`` replaces the preset's
@@ -670,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_benchmark(args, argv)
     except BenchmarkError as err:
-        parser.exit(1 if isinstance(err, FullDisk) else 2, f"{parser.prog}: error: {err}\n")
+        parser.exit(err.exit_status, f"{parser.prog}: error: {err}\n")
     except OSError as err:
         full = disk_full(err)
         if full is None:

@@ -65,6 +65,9 @@ class WarmStart:
 class BenchmarkError(ValueError):
     """A preset, search space or previous run that the benchmark cannot use; the message names it."""
 
+    #: the driver's exit status for this error (argparse's, for a usage error)
+    exit_status = 2
+
 
 @dataclass(frozen=True)
 class Budget:
