@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from scripts.metrics.breasts import BreastAUC, breast_auc, breast_key
+from scripts.metrics.breasts import breast_auc, breast_key
 
 
 def _auc_by_hand(pos: list[float], neg: list[float]) -> float:
@@ -45,10 +45,7 @@ def test_the_study_separates_breasts_and_a_class_with_one_label_is_nan():
     ]
     scores = torch.tensor([[0.9, 0.1], [0.2, 0.5], [0.4, 0.3]])
     labels = torch.tensor([[1, 0], [0, 0], [0, 0]])
-    acc = BreastAUC()
-    acc.update(scores[:2], labels[:2], items[:2])
-    acc.update(scores[2:], labels[2:], items[2:])
-    out = acc.aggregate()
+    out = breast_auc(scores, labels, [breast_key(item) for item in items])
     assert out["breasts"] == 3
     assert out["auc"][0].item() == pytest.approx(_auc_by_hand([0.9], [0.2, 0.4]))  # = 1.0
     assert math.isnan(out["auc"][1].item())

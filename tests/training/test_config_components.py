@@ -18,7 +18,6 @@ from monai.handlers import EarlyStopHandler
 from scripts.data.checks import check_data
 from scripts.distributed import is_rank_zero
 from scripts.errors import UsageError
-from scripts.handlers.metrics import ClassScores
 from scripts.handlers.training_state import key_metric
 from scripts.precision import as_dtype
 from scripts.training.checkpoints import StageCheckpointer
@@ -180,17 +179,6 @@ def test_checkpointer_records_the_size_of_the_validation_split(tmp_path):
 
 
 # -- validation metrics and handlers --------------------------------------------------------------------------------
-def test_class_scores_pick_one_class_of_the_scores_and_labels():
-    output = [
-        {"y_global": torch.tensor([0.1, 0.9]), "label": torch.tensor([0.0, 1.0]), "y_fusion": torch.tensor([0.3, 0.4])},
-        {"y_global": torch.tensor([0.7, 0.2]), "label": torch.tensor([1.0, 0.0]), "y_fusion": torch.tensor([0.5, 0.6])},
-    ]
-    scores, labels = ClassScores(1)(output)
-    assert [float(s) for s in scores] == pytest.approx([0.9, 0.2]) and [float(v) for v in labels] == [1.0, 0.0]
-    scores, labels = ClassScores(0, score_key="y_fusion")(output)
-    assert [float(s) for s in scores] == pytest.approx([0.3, 0.5]) and [float(v) for v in labels] == [0.0, 1.0]
-
-
 def test_key_and_additional_metrics_split_the_metrics_by_the_selection():
     metrics = {"a": 1, "b": 2, "c": 3}
     assert key_metric(metrics, {"metric": "b", "reason": "x"}) == {"b": 2}

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 from ignite.engine import Engine
 from monai.handlers import from_engine
-from monai.metrics import ROCAUCMetric
 from monai.utils import string_list_all_gather
 
 from ..errors import UsageError
 from ..handlers import FROC, PointingGame, PxAP, SoftDice
 from ..metrics._common import nan_reduce
 from ..metrics.breasts import breast_auc, breast_key
+from ..metrics.buffer import CompactROCAUCMetric
 
 # log filters match the report's logger name
 logger = logging.getLogger(f"{__package__}.report")
@@ -154,7 +154,7 @@ class ReportMetrics:
         self.image_key, self.mask_key, self.score_key, self.label_key = keys
         self.present: list[str] | None = None
         self.handlers: dict[str, dict[str, PxAP | SoftDice | PointingGame | FROC]] = {}
-        self.auc = ROCAUCMetric(average="none")
+        self.auc = CompactROCAUCMetric(average="none")
         self.paths: list[str] = []
         self.keys: list[str] = []
         self.classified: dict[str, Any] | None = None

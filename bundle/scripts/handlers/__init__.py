@@ -3,4 +3,4 @@
 
 from . import finite, panels, throughput, training_state
 from .loss_terms import LossTerms
-from .metrics import FROC, PointingGame, PxAP, SoftDice
+from .metrics import FROC, ROCAUC, PointingGame, PxAP, SoftDice

@@ -1,4 +1,5 @@
-"""Ignite metric handlers for soft Dice, PxAP, the pointing game and the lesion FROC, in the style of ``MeanDice``.
+"""Ignite metric handlers for soft Dice, PxAP, the pointing game, the lesion FROC and the ROC AUC, in the style of
+``MeanDice``.
 
 An undefined value (no lesion image) is published as ``empty_value`` with a warning: a NaN key metric would freeze
 MONAI's best-metric selection.
@@ -8,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Callable
-from typing import Any
 
 import torch
-from monai.handlers import IgniteMetricHandler, from_engine
+from monai.handlers import IgniteMetricHandler
 
 from ..errors import UsageError
 from ..metrics import PointingGameMetric, PxAPMetric, SoftDiceMetric
+from ..metrics.buffer import CompactROCAUCMetric
 from ..metrics.froc import FROC_RATES, FROCMetric
 
 _logger = logging.getLogger(__name__)
@@ -23,6 +25,9 @@ _logger = logging.getLogger(__name__)
 
 class _ClassReducedMetricHandler(IgniteMetricHandler):
     """Publishes one class (or the mean over classes) of a per-class metric's ``aggregate`` as a float."""
+
+    #: why a value is undefined, for the warning; ``{what}`` is the class or "any class"
+    what_undefined = "no image of this epoch has a lesion of {what}"
 
     def __init__(
         self,
@@ -74,7 +79,7 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
     def _undefined(self, name: str, what: str) -> float:
         """Warn that the value is undefined (n/a) and return ``empty_value``, which stands in for it."""
         self._warn(
-            f"{name}: n/a (no image of this epoch has a lesion of {what}); engine.state.metrics holds "
+            f"{name}: n/a ({self.what_undefined.format(what=what)}); engine.state.metrics holds "
             f"empty_value={self.empty_value} in its place, which the logs and model selection see"
         )
         return self.empty_value
@@ -191,18 +196,31 @@ class FROC(_ClassReducedMetricHandler):
         return self.metric_fn.aggregate()[:, self.rate_index]
 
 
-class ClassScores:
-    """``output_transform`` of a one-class metric (``ROCAUC``): ``[[score, ...], [label, ...]]`` of class ``index``.
+class ROCAUC(_ClassReducedMetricHandler):
+    """Image-level ROC AUC over an epoch: MONAI's, per class, kept in growing buffers (:mod:`scripts.metrics.buffer`).
 
     Args:
-        index: the class (0: benign, 1: malignant).
-        score_key: the output key of the (B, C) image-level scores.
-        label_key: the output key of the (B, C) labels.
+        class_index: publish this class's AUC; None: the mean over the classes whose AUC is defined.
+        empty_value: published when the AUC is undefined (the epoch's labels of the class all alike).
+        output_transform: ``engine.state.output`` to ``(y_pred, y)``, the (B, C) scores and labels, e.g.
+            ``from_engine(["y_global", "label"])``.
+        save_details: store the (N, C) scores in ``engine.state.metric_details[name]``.
     """
 
-    def __init__(self, index: int, score_key: str = "y_global", label_key: str = "label") -> None:
-        self.index = int(index)
-        self.keys = [str(score_key), str(label_key)]
+    what_undefined = "the epoch's labels of {what} are all alike"
 
-    def __call__(self, output: Any) -> list[list[Any]]:
-        return [[t[self.index] for t in values] for values in from_engine(self.keys)(output)]
+    def __init__(
+        self,
+        class_index: int | None = None,
+        empty_value: float = 0.0,
+        output_transform: Callable = lambda x: x,
+        save_details: bool = False,
+    ) -> None:
+        metric = CompactROCAUCMetric(average="none")
+        super().__init__(metric, class_index, "mean", empty_value, output_transform, save_details)
+
+    def _aggregate(self) -> torch.Tensor:
+        with warnings.catch_warnings():  # MONAI warns of an undefined class; _undefined says it with the metric's name
+            warnings.simplefilter("ignore", UserWarning)
+            values = self.metric_fn.aggregate()
+        return torch.as_tensor(values, dtype=torch.float64).reshape(-1)

@@ -12,6 +12,7 @@ from monai.metrics import CumulativeIterationMetric
 from monai.utils import convert_to_tensor
 
 from ..errors import UsageError
+from .buffer import CompactCumulative
 
 REDUCTIONS = ("mean", "std")
 
@@ -84,7 +85,7 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return idist.all_reduce(tensor.clone(), op="SUM")
 
 
-class PerImageMetric(CumulativeIterationMetric):
+class PerImageMetric(CompactCumulative, CumulativeIterationMetric):
     """Base of the metrics whose buffer holds one value per image and class, NaN where undefined.
 
     Args:

@@ -57,30 +57,3 @@ def breast_auc(scores: torch.Tensor, labels: torch.Tensor, keys: Sequence[tuple 
         if 0 < int(b_labels[:, c].sum()) < len(groups):  # both labels present: the AUC is defined
             auc[c] = float(compute_roc_auc(b_scores[:, c], b_labels[:, c]))
     return {"auc": auc, "breasts": len(groups), "images_without_breast": alone}
-
-
-class BreastAUC:
-    """Collects (score, label, breast key) per image over batches and gives :func:`breast_auc` at the end.
-
-    A plain accumulator rather than a ``CumulativeIterationMetric``: the breast keys come from the items, not tensors.
-    """
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self._scores: list[torch.Tensor] = []
-        self._labels: list[torch.Tensor] = []
-        self._keys: list[tuple | None] = []
-
-    def update(self, scores: torch.Tensor, labels: torch.Tensor, items: Sequence[Mapping[str, Any]]) -> None:
-        """One batch: (B, C) scores and labels and the B items they came from."""
-        scores = torch.as_tensor(scores).detach().to("cpu", torch.float64).reshape(len(items), -1)
-        self._scores.append(scores)
-        self._labels.append(torch.as_tensor(labels).detach().to("cpu", torch.float64).reshape(scores.shape))
-        self._keys.extend(breast_key(item) for item in items)
-
-    def aggregate(self) -> dict[str, Any]:
-        if not self._scores:
-            raise UsageError("BreastAUC has no data: call update() on at least one batch first.")
-        return breast_auc(torch.cat(self._scores), torch.cat(self._labels), self._keys)

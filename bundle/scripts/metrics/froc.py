@@ -14,6 +14,7 @@ from scipy import ndimage
 
 from ..errors import UsageError
 from ._common import all_reduce_sum, check_inputs
+from .buffer import CompactCumulative
 from .pxap import pxap_bin_edges
 
 #: the false-positive rates per image that detection papers on mammograms report
@@ -128,7 +129,7 @@ def froc_sensitivity(
     return torch.where(num_lesions[:, None] > 0, out, torch.full_like(out, float("nan")))
 
 
-class FROCMetric(CumulativeIterationMetric):
+class FROCMetric(CompactCumulative, CumulativeIterationMetric):
     """Lesion-level FROC as a MONAI cumulative metric, in fixed memory (two (C, n_bins) histograms).
 
     Args:
