@@ -1,5 +1,5 @@
 """Independent reference implementations (numpy and plain loops) that tests in several folders check the bundle's
-torch code against: top-t% pooling, the paper's Algorithm 1, the pointing game."""
+torch code against: top-t% pooling, the paper's Algorithm 1, the pointing game, the ROC AUC."""
 
 from __future__ import annotations
 
@@ -77,3 +77,10 @@ def loop_pointing(pred: np.ndarray, mask: np.ndarray, tolerance: float, border: 
                 dist = min(math.hypot(r - a, col - b) for a, b in lesion)
                 out[i, c] = float(valid and dist <= tolerance)
     return out
+
+
+def np_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Mann-Whitney AUC: probability that a positive outscores a negative, ties counting one half."""
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    diff = pos[:, None] - neg[None, :]
+    return float(((diff > 0) + 0.5 * (diff == 0)).mean())

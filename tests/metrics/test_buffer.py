@@ -13,7 +13,7 @@ import torch
 from ignite.engine import Engine
 from monai.handlers import from_engine
 from monai.metrics import Cumulative, ROCAUCMetric
-from test_metric_handlers import np_auc
+from references import np_auc
 
 from scripts.handlers import ROCAUC
 from scripts.metrics import CompactCumulative, CompactROCAUCMetric, SoftDiceMetric
@@ -100,7 +100,7 @@ def test_the_heap_stays_flat_over_many_images():
     metric(y_pred=maps, y=mask)  # first allocations (buffers, caches) before the heap is measured
     start = _heap_bytes()
     for _ in range(300):
-        metric(y_pred=maps * 0.5, y=mask)  # a transient full-size map per image, freed after the call
+        metric(y_pred=maps * 0.5, y=mask)  # a transient map per image, freed after the call
     grown = _heap_bytes() - start
     assert len(metric.get_buffer()) == 301
     # with MONAI's per-image buffers this loop grew glibc's heap by 1,245 MiB (4 MiB per image)

@@ -6,7 +6,6 @@ import logging
 import math
 import re
 
-import numpy as np
 import pytest
 import torch
 from conftest import REPO_ROOT
@@ -16,6 +15,7 @@ from monai.data import DataLoader
 from monai.engines import SupervisedEvaluator
 from monai.handlers import from_engine
 from monai.metrics import ROCAUCMetric
+from references import np_auc
 
 from scripts.handlers import PxAP, SoftDice
 from scripts.metrics import PxAPMetric, SoftDiceMetric
@@ -173,13 +173,6 @@ def test_bad_handler_arguments():
         PxAP(level="pixel")
     with pytest.raises(ValueError, match="class_index=5 but the predictions have 2 classes"):
         run_engine(make_batches(3, n_batches=1), {"dice": SoftDice(class_index=5)})
-
-
-def np_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Mann-Whitney AUC: probability that a positive outscores a negative, ties counting one half."""
-    pos, neg = scores[labels == 1], scores[labels == 0]
-    diff = pos[:, None] - neg[None, :]
-    return float(((diff > 0) + 0.5 * (diff == 0)).mean())
 
 
 def docs_yaml_block() -> str:

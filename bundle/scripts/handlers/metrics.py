@@ -1,8 +1,8 @@
 """Ignite metric handlers for soft Dice, PxAP, the pointing game, the lesion FROC and the ROC AUC, in the style of
 ``MeanDice``.
 
-An undefined value (no lesion image) is published as ``empty_value`` with a warning: a NaN key metric would freeze
-MONAI's best-metric selection.
+An undefined value (no lesion image; for the AUC, labels all alike) is published as ``empty_value`` with a warning:
+a NaN key metric would freeze MONAI's best-metric selection.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class _ClassReducedMetricHandler(IgniteMetricHandler):
 
     def __init__(
         self,
-        metric_fn: SoftDiceMetric | PxAPMetric | PointingGameMetric | FROCMetric,
+        metric_fn: SoftDiceMetric | PxAPMetric | PointingGameMetric | FROCMetric | CompactROCAUCMetric,
         class_index: int | None,
         reduction: str,
         empty_value: float,
