@@ -221,6 +221,6 @@ class ROCAUC(_ClassReducedMetricHandler):
 
     def _aggregate(self) -> torch.Tensor:
         with warnings.catch_warnings():  # MONAI warns of an undefined class; _undefined says it with the metric's name
-            warnings.simplefilter("ignore", UserWarning)
+            warnings.filterwarnings("ignore", message="y values can not be all", category=UserWarning)
             values = self.metric_fn.aggregate()
         return torch.as_tensor(values, dtype=torch.float64).reshape(-1)

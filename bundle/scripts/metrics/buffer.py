@@ -20,7 +20,7 @@ _FIRST_CAPACITY = 64
 def _rows_of(data: Any) -> torch.Tensor:
     """A batch-first tensor of ``data``: a tensor or array as it is, a sequence of channel-first tensors stacked."""
     if isinstance(data, (list, tuple)) and data and all(isinstance(d, torch.Tensor) for d in data):
-        return torch.stack([d.detach() for d in data])
+        return torch.stack(list(data))
     return convert_data_type(data, output_type=torch.Tensor, wrap_sequence=True)[0]
 
 
