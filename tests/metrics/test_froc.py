@@ -183,3 +183,30 @@ def test_max_filter_equals_max_pool(radius):
         padded = torch.nn.functional.pad(x, (radius,) * 4, value=-float("inf"))
         want = torch.nn.functional.max_pool2d(padded, 2 * radius + 1, stride=1)
         assert torch.equal(_max_filter(x, radius), want)
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 1.5, 4.0])
+def test_match_candidates_against_every_pixel(tolerance):
+    """Hits and lesion counts against a brute force over the whole mask: a labelled lesion's nearest pixel within the
+    tolerance, candidates far from every lesion and on the mask's edges included (the labelling reads a crop)."""
+    rng = np.random.default_rng(int(tolerance * 10))
+    for _ in range(5):
+        mask = np.zeros((30, 40))
+        for _ in range(rng.integers(1, 4)):
+            r, c = rng.integers(0, 28), rng.integers(0, 38)
+            mask[r : r + rng.integers(1, 4), c : c + rng.integers(1, 4)] = 1
+        rows, cols = rng.integers(0, 30, 25), rng.integers(0, 40, 25)
+        rows[:2], cols[:2] = (0, 29), (0, 39)  # the corners
+        labels = _components(mask > 0)
+        lesion_r, lesion_c = np.nonzero(labels)
+        want = []
+        for r, c in zip(rows, cols):
+            d = np.hypot(lesion_r - r, lesion_c - c)
+            want.append(labels[lesion_r[d.argmin()], lesion_c[d.argmin()]] if d.min() <= tolerance else 0)
+        hits, n = match_candidates(mask, rows, cols, tolerance)
+        assert n == labels.max()
+        # the same candidates grouped into the same lesions (the labels' numbering may differ)
+        pairs = {(int(h), int(w)) for h, w in zip(hits, want)}
+        assert all((h == 0) == (w == 0) for h, w in pairs) and len({h for h, _ in pairs}) == len({w for _, w in pairs})
+        assert len(pairs) == len({w for _, w in pairs})
+    assert match_candidates(np.zeros((5, 5)), np.array([1, 2]), np.array([1, 2]), tolerance)[1] == 0

@@ -66,8 +66,10 @@ def froc_candidates(
     b, c, h, w = y_pred.shape
     maps = y_pred.reshape(b * c, 1, h, w).float()
     is_max = (maps == _max_filter(maps, radius)) & (maps > min_score)
-    # one candidate per plateau: among equal maxima in a square keep the smallest row-major index
-    index = torch.arange(h * w, device=maps.device, dtype=torch.float64).view(1, 1, h, w)
+    # one candidate per plateau: among equal maxima in a square keep the smallest row-major index (float32 holds
+    # every index of a map up to 2**24 pixels exactly, at half float64's memory traffic)
+    dtype = torch.float32 if h * w <= 2**24 else torch.float64
+    index = torch.arange(h * w, device=maps.device, dtype=dtype).view(1, 1, h, w)
     neg_index = torch.where(is_max, -index, torch.full_like(index, -float("inf")))
     first = _max_filter(neg_index, radius) == neg_index
     kept = torch.where(is_max & first, maps, torch.full_like(maps, -float("inf"))).view(b * c, h * w)
@@ -81,6 +83,8 @@ def match_candidates(
 ) -> tuple[np.ndarray, int]:
     """The lesion each candidate hits (rule 3).
 
+    Only the lesions' bounding box, widened by the tolerance, is labelled: a candidate outside it hits nothing.
+
     Args:
         mask: (H, W) binary mask of one class.
         rows, cols: (K,) candidate positions.
@@ -89,14 +93,24 @@ def match_candidates(
     Returns:
         (K,) labels 1..n (0: none) and n, the number of lesions.
     """
-    labels, n = ndimage.label(mask > 0, structure=np.ones((3, 3), dtype=bool))
-    if n == 0 or len(rows) == 0:
-        return np.zeros(len(rows), dtype=np.int64), int(n)
+    lesion = mask > 0
+    hits = np.zeros(len(rows), dtype=np.int64)
+    along_rows, along_cols = np.flatnonzero(lesion.any(1)), np.flatnonzero(lesion.any(0))
+    if len(along_rows) == 0:
+        return hits, 0
+    margin = int(np.ceil(tolerance))
+    r0, c0 = max(int(along_rows[0]) - margin, 0), max(int(along_cols[0]) - margin, 0)
+    r1, c1 = int(along_rows[-1]) + margin + 1, int(along_cols[-1]) + margin + 1
+    labels, n = ndimage.label(lesion[r0:r1, c0:c1], structure=np.ones((3, 3), dtype=bool))
+    rows, cols = np.asarray(rows, dtype=np.int64) - r0, np.asarray(cols, dtype=np.int64) - c0
+    inside = (rows >= 0) & (rows < labels.shape[0]) & (cols >= 0) & (cols < labels.shape[1])
+    rows, cols = rows[inside], cols[inside]
     if tolerance <= 0:
-        return labels[rows, cols].astype(np.int64), int(n)
+        hits[inside] = labels[rows, cols]
+        return hits, int(n)
     distance, (near_r, near_c) = ndimage.distance_transform_edt(labels == 0, return_indices=True)
-    hit = distance[rows, cols] <= tolerance
-    return np.where(hit, labels[near_r[rows, cols], near_c[rows, cols]], 0).astype(np.int64), int(n)
+    hits[inside] = np.where(distance[rows, cols] <= tolerance, labels[near_r[rows, cols], near_c[rows, cols]], 0)
+    return hits, int(n)
 
 
 def froc_sensitivity(
