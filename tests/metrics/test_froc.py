@@ -210,3 +210,13 @@ def test_match_candidates_against_every_pixel(tolerance):
         assert all((h == 0) == (w == 0) for h, w in pairs) and len({h for h, _ in pairs}) == len({w for _, w in pairs})
         assert len(pairs) == len({w for _, w in pairs})
     assert match_candidates(np.zeros((5, 5)), np.array([1, 2]), np.array([1, 2]), tolerance)[1] == 0
+
+
+def test_an_unbounded_tolerance_finds_the_nearest_lesion_from_anywhere():
+    mask = np.zeros((30, 40))
+    mask[2:4, 2:4] = mask[25:28, 30:35] = 1
+    rows, cols = np.array([0, 29, 10, 20]), np.array([39, 0, 5, 36])
+    hits, n = match_candidates(mask, rows, cols, float("inf"))
+    assert n == 2 and (hits > 0).all()
+    assert hits.tolist() == match_candidates(mask, rows, cols, 1e6)[0].tolist()
+    assert hits[2] != hits[3] and hits[2] == match_candidates(mask, rows[2:3], cols[2:3], 7.3)[0][0]

@@ -98,7 +98,7 @@ def match_candidates(
     along_rows, along_cols = np.flatnonzero(lesion.any(1)), np.flatnonzero(lesion.any(0))
     if len(along_rows) == 0:
         return hits, 0
-    margin = int(np.ceil(tolerance))
+    margin = int(np.ceil(min(tolerance, sum(lesion.shape))))  # beyond the image's size: the whole image
     r0, c0 = max(int(along_rows[0]) - margin, 0), max(int(along_cols[0]) - margin, 0)
     r1, c1 = int(along_rows[-1]) + margin + 1, int(along_cols[-1]) + margin + 1
     labels, n = ndimage.label(lesion[r0:r1, c0:c1], structure=np.ones((3, 3), dtype=bool))
