@@ -113,6 +113,61 @@ def select_patch_boxes(
     return map_to_image_boxes(corners, map_size, image_size, patch_size)
 
 
+def window_peaks(saliency: torch.Tensor, corners: torch.Tensor, window: tuple[int, int]) -> torch.Tensor:
+    """The cell of largest class-agnostic saliency (Algorithm 1, lines 2-5) inside each map window.
+
+    Args:
+        saliency: (B, C, h, w) maps, e.g. S_g.
+        corners: (B, K, 2) long upper-left corners of windows on the map, e.g. :func:`select_map_windows`'s.
+        window: the window (rows, cols) on the map.
+
+    Returns:
+        (B, K, 2) long cells (row, col) on the map; the first in row-major order on ties.
+    """
+    _check_maps(saliency)
+    wh, ww = int(window[0]), int(window[1])
+    agnostic = _class_agnostic_map(saliency)[:, 0]  # (B, h, w)
+    device = saliency.device
+    b = torch.arange(saliency.shape[0], device=device)[:, None, None, None]
+    rows = (corners[..., 0, None] + torch.arange(wh, device=device))[..., :, None]  # (B, K, wh, 1)
+    cols = (corners[..., 1, None] + torch.arange(ww, device=device))[..., None, :]  # (B, K, 1, ww)
+    index = agnostic[b, rows, cols].flatten(2).argmax(dim=2)  # (B, K) over each window's wh * ww cells
+    return torch.stack([corners[..., 0] + index // ww, corners[..., 1] + index % ww], dim=-1)
+
+
+def cell_centred_boxes(
+    cells: torch.Tensor, map_size: list[int], image_size: list[int], patch_size: list[int]
+) -> torch.Tensor:
+    """Map cells (B, K, 2) -> (B, K, 4) patch boxes centred on the cells' centres, moved inside the image.
+
+    The cell (r, c) covers image rows [r * H / h, (r + 1) * H / h); the box's row is its centre minus half the patch,
+    rounded halves up in integer arithmetic, then clamped to [0, H - ph]; likewise for columns.
+    """
+    h, w, H, W, ph, pw = map_size[0], map_size[1], image_size[0], image_size[1], patch_size[0], patch_size[1]
+    r = ((2 * cells[..., 0] + 1) * H + h * (1 - ph)).div(2 * h, rounding_mode="floor")
+    c = ((2 * cells[..., 1] + 1) * W + w * (1 - pw)).div(2 * w, rounding_mode="floor")
+    r = r.clamp(0, H - ph)
+    c = c.clamp(0, W - pw)
+    return torch.stack([r, c, torch.full_like(r, ph), torch.full_like(c, pw)], dim=-1)
+
+
+def select_peak_centred_boxes(
+    saliency: torch.Tensor, image_size: list[int], patch_size: list[int], num_patches: int
+) -> torch.Tensor:
+    """Algorithm 1's windows, each patch centred on the class-agnostic peak inside its window: (B, K, 4) boxes.
+
+    A training option (``centre_patches``): the window of largest mean saliency can hold its lesion anywhere, even on
+    one side every time, and a local module then learns the side; centring on the peak puts the lesion nearer the
+    middle. Validation and inference keep Algorithm 1's boxes.
+    """
+    patch_size = list(as_pair(patch_size, "patch_size"))
+    _check_patch_count(num_patches, saliency.shape[-2:], image_size, patch_size)
+    map_size = [saliency.shape[-2], saliency.shape[-1]]
+    window = map_window_size(patch_size, image_size, map_size)
+    corners = select_map_windows(saliency, window, num_patches)
+    return cell_centred_boxes(window_peaks(saliency, corners, window), map_size, list(image_size), patch_size)
+
+
 def _check_patch_count(
     num_patches: int, map_size: Sequence[int], image_size: Sequence[int], patch_size: Sequence[int]
 ) -> None:

@@ -5,7 +5,7 @@ import torch
 from conftest import requires_cuda
 
 from scripts.networks import GLAM
-from scripts.patches import render_saliency
+from scripts.patches import render_saliency, select_peak_centred_boxes, shift_patch_boxes
 
 SMALL = {"patch_size": 64, "local_depth": 18, "local_width": 4, "num_patches_train": 3, "num_patches_eval": 2}
 
@@ -151,6 +151,24 @@ def test_patch_shift_moves_algorithm_1_boxes_in_training_only():
     assert torch.equal(out["patch_boxes"], shifted)
     with pytest.raises(ValueError, match="patch_shift is a training augmentation"):
         model.eval()(x, patch_shift=8)
+
+
+def test_centre_patches_crops_the_peak_centred_boxes_in_training_only():
+    model = small_glam(stage="local").train()
+    x = image()
+    out = model(x, centre_patches=True)
+    s_g = out["saliency_global"]
+    expected = select_peak_centred_boxes(s_g, list(x.shape[-2:]), list(model.patch_size), model.num_patches)
+    assert torch.equal(out["patch_boxes"], expected)
+    assert not torch.equal(expected, model(x)["patch_boxes"])  # not Algorithm 1's boxes on these maps
+    # the local module sees the centred patches: the same maps as when the boxes are given
+    assert torch.equal(model(x, patch_boxes=expected)["patch_maps"], out["patch_maps"])
+    # then patch_shift moves them by the generator's offsets
+    shifted = model(x, centre_patches=True, patch_shift=4, generator=torch.Generator().manual_seed(0))
+    offsets = shift_patch_boxes(expected, list(x.shape[-2:]), 4, torch.Generator().manual_seed(0))
+    assert torch.equal(shifted["patch_boxes"], offsets)
+    with pytest.raises(ValueError, match="centre_patches is a training option"):
+        model.eval()(x, centre_patches=True)
 
 
 @pytest.mark.parametrize(

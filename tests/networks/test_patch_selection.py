@@ -13,6 +13,7 @@ from scripts.patches import (
     random_patch_boxes,
     select_map_windows,
     select_patch_boxes,
+    select_peak_centred_boxes,
     shift_patch_boxes,
 )
 
@@ -131,6 +132,60 @@ def test_shifted_boxes_move_by_the_drawn_offsets_and_stay_inside():
     assert middle.abs().max() == s and len(set(middle.flatten().tolist())) > s  # the whole range is drawn
     assert shifted.dtype == boxes.dtype
     assert torch.equal(shift_patch_boxes(boxes, (H, W), 0), boxes)
+
+
+def loop_peak_centred_boxes(saliency, image_size, patch_size, k):
+    """Reference: Algorithm 1's windows by loops, each window's largest class-agnostic cell (first row-major), and a
+    box centred on that cell's centre in image pixels, rounded halves up, moved inside the image."""
+    (H, W), (ph, pw), (h, w) = image_size, patch_size, saliency.shape[-2:]
+    window = map_window_size(list(patch_size), list(image_size), [h, w])
+    boxes = []
+    for sample, corners in zip(saliency.astype(np.float64), loop_algorithm_1(saliency, window, k)):
+        total = sum((c - c.min()) / (c.max() - c.min()) if c.max() > c.min() else 0.0 * c for c in sample)
+        per_image = []
+        for r0, c0 in corners:
+            best, cell = -np.inf, None
+            for r in range(r0, r0 + window[0]):
+                for c in range(c0, c0 + window[1]):
+                    if total[r, c] > best:
+                        best, cell = total[r, c], (r, c)
+            top = int(np.floor((cell[0] + 0.5) * H / h - ph / 2 + 0.5))
+            left = int(np.floor((cell[1] + 0.5) * W / w - pw / 2 + 0.5))
+            per_image.append([min(max(top, 0), H - ph), min(max(left, 0), W - pw), ph, pw])
+        boxes.append(per_image)
+    return boxes
+
+
+@pytest.mark.parametrize(
+    "image_size,map_size,patch_size,k",
+    [
+        ((736, 480), (46, 30), (128, 128), 3),
+        ((100, 70), (7, 9), (30, 20), 4),
+        ((2944, 1920), (184, 120), (512, 512), 6),
+    ],
+)
+def test_peak_centred_boxes_equal_a_loop_on_random_maps(image_size, map_size, patch_size, k):
+    s = np.random.default_rng(1).random((3, 2, *map_size)).astype(np.float32)
+    got = select_peak_centred_boxes(torch.from_numpy(s), list(image_size), list(patch_size), k)
+    assert got.dtype == torch.long and got.tolist() == loop_peak_centred_boxes(s, image_size, patch_size, k)
+
+
+def test_peak_centred_box_by_hand():
+    # one class peaks at cell (10, 12) of a 46x30 map over 736x480 pixels (16 px cells); Algorithm 1's 8x8 window
+    # holding it starts at (6, 8), so its 128 px patch starts at (96, 128) and has the peak's centre (168, 200) at
+    # 72 px from its top and 72 from its left; centred, the patch starts at 168 - 64 = 104 and 200 - 64 = 136
+    s = torch.zeros(1, 2, 46, 30)
+    s[0, 0, 6:14, 8:16] = 1.0
+    s[0, 0, 10, 12] = 2.0
+    assert select_patch_boxes(s, [736, 480], [128, 128], 1).tolist() == [[[96, 128, 128, 128]]]
+    assert select_peak_centred_boxes(s, [736, 480], [128, 128], 1).tolist() == [[[104, 136, 128, 128]]]
+    # a peak on the map's top edge: the first window holding its 3x3 block starts at (0, 19); centred on the peak's
+    # (8, 408), the patch would start 56 px above the image and is moved down to row 0
+    s = torch.zeros(1, 2, 46, 30)
+    s[0, 1, 0:3, 24:27] = 1.0
+    s[0, 1, 0, 25] = 3.0
+    assert select_patch_boxes(s, [736, 480], [128, 128], 1).tolist() == [[[0, 304, 128, 128]]]
+    assert select_peak_centred_boxes(s, [736, 480], [128, 128], 1).tolist() == [[[0, 344, 128, 128]]]
 
 
 @pytest.mark.parametrize(

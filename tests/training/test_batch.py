@@ -45,10 +45,25 @@ def test_train_config_shifts_the_patches_of_the_local_and_joint_stages(stage, sh
     parser = ConfigParser()
     parser.read_config([str(TRAIN_CONFIG), str(TINY_CONFIG)])
     assert parser["patch_shift"] == 0  # the paper's fixed patches by default
+    assert parser["centre_patches"] is False
     parser["patch_shift"] = 24
+    parser["centre_patches"] = True
     parser["stage"] = stage
     prepare = parser.get_parsed_content("train#prepare_batch")
     assert (prepare.patch_shift, prepare.random_negatives) == (shift, negatives)
+    assert prepare.centre_patches == (stage != "global")
+    # validation crops Algorithm 1's patches whatever the training does
+    assert parser.get_parsed_content("validate#prepare_batch").centre_patches is False
+
+
+def test_prepare_batch_centre_patches_for_the_local_module():
+    batch = {"image": torch.randn(2, 1, 16, 8), "label": torch.tensor([[1.0, 0.0], [0.0, 0.0]])}
+    kwargs = GLAMPrepareBatch(centre_patches=True, patch_shift=8)(batch)[3]
+    assert kwargs["centre_patches"] is True and kwargs["patch_shift"] == 8
+    assert "centre_patches" not in GLAMPrepareBatch(patch_shift=8)(batch)[3]
+    for bad in (1, "true", None):
+        with pytest.raises(ValueError, match="centre_patches must be true or false"):
+            GLAMPrepareBatch(centre_patches=bad)
 
 
 def test_prepare_batch_generator_depends_on_seed_and_epoch_only():

@@ -7,6 +7,7 @@ import torch
 from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 from monai.bundle import ConfigWorkflow
 
+from scripts.patches import select_peak_centred_boxes
 from scripts.training.workflow import GLAMWorkflow
 
 META = str(TRAIN_CONFIG.parent / "metadata.json")
@@ -48,6 +49,28 @@ def test_all_stages_run_in_order_and_hand_over_checkpoints(tmp_path, tiny_datali
         if k.startswith("global_network."):
             assert torch.equal(local_best[k], v), k
     assert any(not torch.equal(local_best[k], global_best[k]) for k in global_best if k.startswith("local_network."))
+
+
+def test_centre_patches_trains_the_local_and_joint_stages_on_peak_centred_patches(tmp_path, tiny_datalist, monkeypatch):
+    import scripts.networks.glam as glam
+
+    calls = []
+
+    def spy(saliency, *args):
+        calls.append(saliency.shape)
+        return select_peak_centred_boxes(saliency, *args)
+
+    monkeypatch.setattr(glam, "select_peak_centred_boxes", spy)
+    wf = workflow(tmp_path, tiny_datalist, stage="all", centre_patches=True)
+    wf.initialize()
+    results = wf.run()[-1]
+    assert [r["stage"] for r in results] == ["global", "local", "joint"]
+    # one call per training iteration of the local and joint stages (validation keeps Algorithm 1's patches)
+    trained = sum(
+        torch.load(tmp_path / "models" / s / "last.pt", weights_only=True)["trainer"]["iteration"]
+        for s in ("local", "joint")
+    )
+    assert len(calls) == trained > 0
 
 
 def test_a_later_stage_alone_needs_the_previous_stage(tmp_path, tiny_datalist):

@@ -20,6 +20,7 @@ from ..patches import (
     random_patch_boxes,
     render_saliency,
     select_patch_boxes,
+    select_peak_centred_boxes,
     shift_patch_boxes,
 )
 from .glam_settings import GLAMSettings
@@ -103,8 +104,13 @@ def training_patch_boxes(
     random_patch_mask: torch.Tensor | None,
     generator: torch.Generator | None,
     patch_shift: int = 0,
+    centre_patches: bool = False,
 ) -> torch.Tensor:
-    """The patch boxes (B, K, 4): the given ones, else Algorithm 1's, random ones for ``random_patch_mask``."""
+    """The patch boxes (B, K, 4): the given ones, else Algorithm 1's, random ones for ``random_patch_mask``.
+
+    In training, ``centre_patches`` centres Algorithm 1's boxes on S_g's peak inside each window, then ``patch_shift``
+    moves them; both are refused in eval mode, where the boxes are Algorithm 1's.
+    """
     image_size = tuple(image.shape[-2:])
     if patch_boxes is not None:
         if patch_boxes.ndim != 3 or patch_boxes.shape[0] != image.shape[0] or patch_boxes.shape[-1] != 4:
@@ -114,7 +120,12 @@ def training_patch_boxes(
         return patch_boxes.to(device=image.device, dtype=torch.long)
     k = network.num_patches
     _check_patch_count(k, saliency_global.shape[-2:], image_size, network.patch_size)
-    boxes = select_patch_boxes(saliency_global.detach(), image_size, network.patch_size, k)
+    if centre_patches:
+        if not network.training:
+            raise UsageError("centre_patches is a training option: inference keeps Algorithm 1's boxes")
+        boxes = select_peak_centred_boxes(saliency_global.detach(), image_size, network.patch_size, k)
+    else:
+        boxes = select_patch_boxes(saliency_global.detach(), image_size, network.patch_size, k)
     if patch_shift:
         if not network.training:
             raise UsageError("patch_shift is a training augmentation: inference keeps Algorithm 1's boxes")
@@ -241,6 +252,7 @@ class GLAM(RecordsSettings):
         random_patch_mask: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         patch_shift: int = 0,
+        centre_patches: bool = False,
     ) -> dict[str, torch.Tensor]:
         """The output dict of the class docstring.
 
@@ -250,6 +262,8 @@ class GLAM(RecordsSettings):
             random_patch_mask: (B,) bool: those images get K random in-breast patches.
             generator: the random patches' and shifts' generator.
             patch_shift: training only: Algorithm 1's boxes move by up to this many pixels per axis.
+            centre_patches: training only: each of Algorithm 1's boxes is centred on S_g's peak inside its window
+                (before ``patch_shift``).
         """
         if not torch.jit.is_scripting():
             check_image(image, self.patch_size if self.stage != Stage.GLOBAL.value else None)
@@ -267,11 +281,16 @@ class GLAM(RecordsSettings):
         patch_size = [self.patch_size[0], self.patch_size[1]]
         s_g = g[OutputKey.SALIENCY_GLOBAL.value]
         if torch.jit.is_scripting():
-            if patch_boxes is not None or random_patch_mask is not None:
-                raise RuntimeError("the TorchScript GLAM selects its patches itself: patch_boxes/random_patch_mask")
+            if patch_boxes is not None or random_patch_mask is not None or centre_patches or patch_shift != 0:
+                raise RuntimeError(
+                    "the TorchScript GLAM selects its patches itself: "
+                    "patch_boxes/random_patch_mask/centre_patches/patch_shift"
+                )
             boxes = select_patch_boxes(s_g.detach(), image_size, patch_size, self.num_patches_eval)
         else:
-            boxes = training_patch_boxes(self, image, s_g, patch_boxes, random_patch_mask, generator, patch_shift)
+            boxes = training_patch_boxes(
+                self, image, s_g, patch_boxes, random_patch_mask, generator, patch_shift, centre_patches
+            )
         B, K = boxes.shape[0], boxes.shape[1]
         patches = crop_patches(image, boxes, patch_size)  # (B, K, 1, p, p)
         local = self.local_network(patches.flatten(0, 1))

@@ -25,6 +25,8 @@ class GLAMPrepareBatch(PrepareBatch):
         random_negatives: random in-breast patches for lesion-free images (stage ``local`` training).
         seed: base seed of the patch generator and the transform.
         patch_shift: the largest random offset (pixels) of Algorithm 1's patches in training; 0: none.
+        centre_patches: centre each of Algorithm 1's training patches on S_g's peak inside its window (before
+            ``patch_shift``).
         transform: per-image dictionary transform run on the device.
     """
 
@@ -34,10 +36,14 @@ class GLAMPrepareBatch(PrepareBatch):
         random_negatives: bool = False,
         seed: int = 0,
         patch_shift: int = 0,
+        centre_patches: bool = False,
         transform: Callable | None = None,
     ) -> None:
         if isinstance(patch_shift, bool) or not isinstance(patch_shift, int) or patch_shift < 0:
             raise UsageError(f"patch_shift must be a non-negative int (pixels), got {patch_shift!r}")
+        if not isinstance(centre_patches, bool):
+            raise UsageError(f"centre_patches must be true or false, got {centre_patches!r}")
+        self.centre_patches = centre_patches
         self.with_masks = bool(with_masks)
         self.random_negatives = bool(random_negatives)
         self.patch_shift = patch_shift
@@ -99,6 +105,8 @@ class GLAMPrepareBatch(PrepareBatch):
             model_kwargs["random_patch_mask"] = label.sum(dim=1) == 0
         if self.patch_shift:
             model_kwargs["patch_shift"] = self.patch_shift
+        if self.centre_patches:
+            model_kwargs["centre_patches"] = True
         if model_kwargs:
             model_kwargs["generator"] = self._generator(image.device)
         if label.shape[0] != image.shape[0]:
