@@ -71,24 +71,23 @@ class BenchmarkError(ValueError):
 
 @dataclass(frozen=True)
 class Budget:
-    """The same budget for every model: ``trials`` random-search trials of ``epochs`` epochs of the model's one
-    stage (GLAM: its global stage), then GLAM's local and joint stages with ``local_epochs`` / ``joint_epochs``
-    from the selected global module; ``examples`` test images in the qualitative figure. ``model_overrides``: per
-    model, config ids set on its command lines (they win over the overlays, which are layered after the preset).
-    ``variation_seeds``: data seeds on which every model is trained again with its selected hyper-parameters (the
-    variation of the table across data sets); ``wall_limit_h``: the run's wall-time target, checked in the results
-    (None: no target). ``local_learning_rate`` / ``joint_learning_rate`` and ``patch_shift``: GLAM's later stages as
+    """The same budget for every model: ``trials`` random-search trials of ``epochs`` epochs of the model's one stage
+    (GLAM: its global stage), then GLAM's local and joint stages with ``local_epochs`` / ``joint_epochs`` from the
+    selected global module; ``examples`` test images in the qualitative figure. ``model_overrides``: per model, config
+    ids set on its command lines (they win over the overlays, which are layered after the preset). ``variation_seeds``:
+    data seeds on which every model is trained again with its selected hyper-parameters (the variation of the table
+    across data sets); ``wall_limit_h``: the run's wall-time target, checked in the results (None: no target).
+    ``local_learning_rate`` / ``joint_learning_rate``, ``patch_shift`` and ``centre_patches``: GLAM's later stages as
     the preset sets them (reported in the results; None: not a number in the preset), ``local_lambda_sparsity`` /
     ``joint_lambda_sparsity`` likewise when the preset sets the sparsity weight per stage (None: the trial's drawn
-    weight for every stage). ``init_from``: the work folder of an earlier benchmark run whose selected models the
-    trials start from (None: fresh initialisations); ``init_modules``: per model, the submodules taken from that
-    model (the others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a model not
-    named takes all of it. ``start_from``: per model, the :class:`WarmStart` its trials take from another model's
-    selection in this run (GMIC from CAM). ``seed_base``: trial k trains from torch seed ``seed_base + k`` (another
-    base: the same recipe and hyper-parameter draws on other initialisations, data orders and augmentations).
-    ``extra_trials``: the retry rule, the same for every model: a model none of whose trials learnt to localise gets
-    up to this many more, one after another, until one does (the search's next draws; trial k from torch seed
-    ``seed_base + k``)."""
+    weight for every stage). ``init_from``: the work folder of an earlier benchmark run whose selected models the trials
+    start from (None: fresh initialisations); ``init_modules``: per model, the submodules taken from that model (the
+    others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a model not named takes all
+    of it. ``start_from``: per model, the :class:`WarmStart` its trials take from another model's selection in this run
+    (GMIC from CAM). ``seed_base``: trial k trains from torch seed ``seed_base + k`` (another base: the same recipe and
+    hyper-parameter draws on other initialisations, data orders and augmentations). ``extra_trials``: the retry rule,
+    the same for every model: a model none of whose trials learnt to localise gets up to this many more, one after
+    another, until one does (the search's next draws; trial k from torch seed ``seed_base + k``)."""
 
     search_space: str
     trials: int
@@ -102,6 +101,7 @@ class Budget:
     local_learning_rate: float | None = None
     joint_learning_rate: float | None = None
     patch_shift: int = 0
+    centre_patches: bool = False
     init_from: str | None = None
     local_lambda_sparsity: float | None = None
     joint_lambda_sparsity: float | None = None
@@ -125,6 +125,12 @@ def load_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(content, dict):
         raise BenchmarkError(f"{path}: expected a mapping at the top level, got {type(content).__name__}")
     return content
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise BenchmarkError(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _positive_int(value: Any, where: str, minimum: int = 1) -> int:
@@ -235,6 +241,7 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         local_learning_rate=_number(learning_rate.get(Stage.LOCAL)),
         joint_learning_rate=_number(learning_rate.get(Stage.JOINT)),
         patch_shift=_positive_int(config.get("patch_shift", 0), f"{preset}: patch_shift", minimum=0),
+        centre_patches=_flag(config.get("centre_patches", False), f"{preset}: centre_patches"),
         init_from=_optional_text(section.get("init_from"), f"{preset}: benchmark#init_from"),
         local_lambda_sparsity=_number(lambdas.get(Stage.LOCAL)),
         joint_lambda_sparsity=_number(lambdas.get(Stage.JOINT)),

@@ -121,11 +121,11 @@ def _header(run: _Run) -> list[str]:
 
 def _setup(run: _Run) -> list[str]:
     budget = run.budget
-    shift = (
-        f", on Algorithm 1's patches moved by random offsets of up to {budget.patch_shift} px (`patch_shift`)"
-        if budget.patch_shift
-        else ""
-    )
+    placement = [
+        *(["centred on the global map's peak inside each window (`centre_patches`)"] if budget.centre_patches else []),
+        *([f"moved by random offsets of up to {budget.patch_shift} px (`patch_shift`)"] if budget.patch_shift else []),
+    ]
+    shift = f", on Algorithm 1's patches {', then '.join(placement)}" if placement else ""
     taken = "; ".join(f"{name}: its {', '.join(mods)} only" for name, mods in sorted(budget.init_modules.items()))
     start = (
         f" Every model's trials start from the model it selected in the earlier benchmark run in `{budget.init_from}` "

@@ -138,6 +138,11 @@ def test_bad_search_and_preset_files_are_named(tmp_path):
     preset.write_text("benchmark: {search_space: cpu, trials: 1, examples: 1}\npatch_shift: -4\n")
     with pytest.raises(presets.BenchmarkError, match=r"preset.yaml: patch_shift must be an integer >= 0, got -4"):
         presets.read_preset(preset)
+    preset.write_text("benchmark: {search_space: cpu, trials: 1, examples: 1}\ncentre_patches: 'yes'\n")
+    with pytest.raises(presets.BenchmarkError, match=r"preset.yaml: centre_patches must be true or false, got 'yes'"):
+        presets.read_preset(preset)
+    preset.write_text("benchmark: {search_space: cpu, trials: 1, examples: 1}\ncentre_patches: true\n")
+    assert presets.read_preset(preset)[1].centre_patches is True
 
 
 def test_command_line_errors(tmp_path, capsys):

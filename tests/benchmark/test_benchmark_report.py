@@ -108,7 +108,7 @@ def _results(tmp_path: Path) -> dict:
     }
 
 
-def render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
+def render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **budget_overrides) -> tuple[str, dict]:
     """results.md of a fixed synthetic run, with the hardware and the clock pinned."""
     monkeypatch.setattr(report, "_hardware", lambda threads: [f"- CPU: test; OMP_NUM_THREADS={threads}"])
 
@@ -145,8 +145,8 @@ def render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
         wall_limit_h=3,
         local_learning_rate=1e-4,
         joint_learning_rate=1e-5,
-        patch_shift=32,
         extra_trials=2,
+        **{"patch_shift": 32, **budget_overrides},
     )
     space = search.SearchSpace(name="cpu", params={}, models={}, seed=11)
     figures = {name: tmp_path / "figures" / f"{name}.png" for name in ("scatter", "examples", "glam", "scales")}
@@ -181,6 +181,20 @@ def render(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
     )
     # tmp_path differs between runs: the golden text has a placeholder where it appears
     return out.read_text(encoding="utf-8").replace(str(tmp_path), "<tmp>"), returned
+
+
+def test_results_md_states_the_local_stage_s_patch_placement(tmp_path, monkeypatch):
+    text, _ = render(tmp_path, monkeypatch, centre_patches=True)
+    assert (
+        "from the selected global module, on Algorithm 1's patches centred on the global map's peak inside each "
+        "window (`centre_patches`), then moved by random offsets of up to 32 px (`patch_shift`) (the paper:"
+    ) in text
+    (tmp_path / "no_shift").mkdir()
+    text, _ = render(tmp_path / "no_shift", monkeypatch, centre_patches=True, patch_shift=0)
+    assert (
+        "module, on Algorithm 1's patches centred on the global map's peak inside each window (`centre_patches`) ("
+        in text
+    )
 
 
 def test_results_md_equals_the_stored_rendering(tmp_path, monkeypatch):
