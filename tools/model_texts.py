@@ -44,7 +44,9 @@ def settings_summary(settings: dict) -> str:
     if settings.get("patch_size"):
         parts.append(f"{settings['patch_size'][0]} px patches")
     if settings.get("local_depth"):
-        parts.append(f"ResNet-{settings['local_depth']}-HR local module of width {settings.get('local_width')}")
+        padding = " padding by replication" if settings.get("local_padding_mode") == "replicate" else ""
+        width = settings.get("local_width")
+        parts.append(f"ResNet-{settings['local_depth']}-HR local module of width {width}{padding}")
     parts.append("the paper's global backbone" if not settings.get("global_backbone") else "a custom global backbone")
     return ", ".join(parts)
 

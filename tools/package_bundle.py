@@ -101,6 +101,7 @@ PRESET_IDS = (
     "gammas",
     "local_depth",
     "local_width",
+    "local_padding_mode",
     "global_backbone",
     "pool_in_breast",
     "attention_hidden",

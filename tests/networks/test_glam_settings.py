@@ -39,6 +39,7 @@ OTHER_VALUES = {
     "aggregation": "concat",
     "local_depth": 18,
     "local_width": 8,
+    "local_padding_mode": "replicate",
     "activation_checkpointing": True,
     "attention_hidden": 16,
     "joint_modules": False,
@@ -60,6 +61,7 @@ BAD_RECORDED = {
     "aggregation": 3,
     "local_depth": 0,
     "local_width": 1.5,
+    "local_padding_mode": "reflect",
     "attention_hidden": True,
     "joint_modules": 1,
     "global_backbone": [],
@@ -94,6 +96,7 @@ def test_the_record_builds_the_network_and_is_what_its_checkpoint_records(tmp_pa
     assert (from_record.num_patches_train, from_record.num_patches_eval) == (3, 2)
     g = from_record.global_network
     assert (g.t, g.gammas, g.pool_after_upsampling, g.pool_in_breast) == (0.05, (0.3, 0.4, 0.3), True, True)
+    assert from_record.local_network.dn_resnet.conv1.padding_mode == "replicate"
     assert from_record.fusion is None and from_record.stage_aggregation["joint"] == "concat"
     # the record a checkpoint carries: exactly the recorded fields, as JSON, and the bundle's version
     record = decode_settings(state[SETTINGS_KEY])
@@ -173,8 +176,9 @@ def test_the_configs_build_the_record_from_their_ids():
     parser = ConfigParser()
     parser.read_config(str(CONFIGS / "train.yaml"))
     parser.update({"pool_in_breast": "true", "local_width": 16, "t_local": "0.3", "activation_checkpointing": "no"})
+    parser.update({"local_padding_mode": "replicate"})
     record = parser.get_parsed_content("glam_settings")
-    assert isinstance(record, GLAMSettings)
+    assert isinstance(record, GLAMSettings) and record.local_padding_mode == "replicate"
     assert (record.pool_in_breast, record.local_width, record.t_local, record.activation_checkpointing) == (
         True,
         16,

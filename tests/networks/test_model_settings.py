@@ -42,6 +42,7 @@ def test_the_state_dict_records_the_constructor_settings():
         "aggregation": None,
         "local_depth": 18,
         "local_width": 4,
+        "local_padding_mode": "zeros",
         "attention_hidden": 128,
         "joint_modules": True,
         "global_backbone": {"width": 4},

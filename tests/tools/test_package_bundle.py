@@ -471,3 +471,14 @@ def test_command_line_refuses_model_text_without_weights(tmp_path, capsys):
     assert tool.main(["--out", str(tmp_path / "dist"), "--description", "ours", "--no-weights"]) == 1
     assert "FAILED metadata: [metadata] --description, --data_source" in capsys.readouterr().err
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
+def test_the_description_names_the_local_padding_when_it_is_not_the_papers():
+    _load_tool()
+    from model_texts import settings_summary
+
+    record = {"image_size": [320, 192], "patch_size": [64, 64], "local_depth": 18, "local_width": 4}
+    assert "ResNet-18-HR local module of width 4, the paper's" in settings_summary(record)
+    replicate = settings_summary({**record, "local_padding_mode": "replicate"})
+    assert "ResNet-18-HR local module of width 4 padding by replication, the paper's" in replicate
+    assert "replication" not in settings_summary({**record, "local_padding_mode": "zeros"})

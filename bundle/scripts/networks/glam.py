@@ -189,7 +189,10 @@ class GLAM(RecordsSettings):
             pool_in_breast=s.pool_in_breast,
         )
         self.local_network = LocalNetwork(
-            depth=s.local_depth, width=s.local_width, activation_checkpointing=s.activation_checkpointing
+            depth=s.local_depth,
+            width=s.local_width,
+            activation_checkpointing=s.activation_checkpointing,
+            padding_mode=s.local_padding_mode,
         )
         add_aggregations(self, s)
         self.fusion: FusionHead | None = None

@@ -16,6 +16,7 @@ from ..enums import Stage
 from ..errors import UsageError
 from ..patches import as_pair
 from ..pooling import check_fraction
+from .global_network import PADDING_MODES
 
 #: inference takes the checkpoint's value (the text ``checkpoint`` in inference.yaml)
 FROM_CHECKPOINT = "checkpoint"
@@ -166,6 +167,10 @@ class GLAMSettings:
     # the local ResNet-HR's depth and width
     local_depth: int = setting(34, int, _units, _UNITS, text=_int_text)
     local_width: int = setting(64, int, _units, _UNITS, text=_int_text)
+    # how the local ResNet-HR's convolutions pad: "zeros" (the paper's) or "replicate" (no cue of the patch's edge)
+    local_padding_mode: str = setting(
+        "zeros", _as_is, lambda v: v in PADDING_MODES, " or ".join(repr(m) for m in PADDING_MODES)
+    )
     # recompute the local module's activations in backward to fit more patches
     activation_checkpointing: bool = setting(False, None, inference=None, text=as_flag)
     # hidden size of the gated attention
@@ -236,6 +241,8 @@ class GLAMSettings:
         if not self.joint_modules and joint:
             raise UsageError("joint_modules=False leaves no attention/fusion: use stage 'global'/'local' with concat")
         check_fraction(self.t_local, "t_local")
+        if self.local_padding_mode not in PADDING_MODES:
+            raise UsageError(f"local_padding_mode must be one of {PADDING_MODES}, got {self.local_padding_mode!r}")
         as_pair(self.image_size, "image_size")
         as_pixel_spacing(self.pixel_spacing)
 

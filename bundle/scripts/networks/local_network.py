@@ -12,6 +12,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from ..enums import OutputKey
 from ..errors import UsageError
+from .global_network import PADDING_MODES
 
 #: blocks per layer for the supported depths
 LOCAL_DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
@@ -20,11 +21,11 @@ LOCAL_DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 class BasicBlock(nn.Module):
     """Post-activation basic block; a 1x1 conv + BN shortcut where the width changes."""
 
-    def __init__(self, in_planes: int, planes: int) -> None:
+    def __init__(self, in_planes: int, planes: int, padding_mode: str = "zeros") -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(in_planes, planes, 3, padding=1, bias=False)
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, padding=1, bias=False, padding_mode=padding_mode)
         self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False, padding_mode=padding_mode)
         self.bn2 = nn.BatchNorm2d(planes)
         self.downsample = (
             nn.Sequential(nn.Conv2d(in_planes, planes, 1, bias=False), nn.BatchNorm2d(planes))
@@ -46,15 +47,22 @@ class ResNetHR(nn.Module):
         depth: 18 or 34.
         width: channels of the first layer (64 in the paper).
         in_channels: 3, as torchvision's stem.
+        padding_mode: how every padded convolution pads its input: ``"zeros"`` (the paper's) or ``"replicate"``
+            (the border pixels repeated), with which a convolution cannot tell the patch's edge from its inside.
+
+    Raises:
+        ValueError: an unknown depth or padding mode, or a width below 1.
     """
 
-    def __init__(self, depth: int = 34, width: int = 64, in_channels: int = 3) -> None:
+    def __init__(self, depth: int = 34, width: int = 64, in_channels: int = 3, padding_mode: str = "zeros") -> None:
         super().__init__()
         if depth not in LOCAL_DEPTHS:
             raise UsageError(f"local network depth must be one of {sorted(LOCAL_DEPTHS)}, got {depth}")
         if int(width) < 1:
             raise UsageError(f"local network width must be a positive integer, got {width}")
-        self.conv1 = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False)
+        if padding_mode not in PADDING_MODES:
+            raise UsageError(f"local network padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
+        self.conv1 = nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False, padding_mode=padding_mode)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
@@ -62,7 +70,8 @@ class ResNetHR(nn.Module):
         in_planes = width
         for i, (w, n) in enumerate(zip(widths, LOCAL_DEPTHS[depth])):
             self.add_module(
-                f"layer{i + 1}", nn.Sequential(*[BasicBlock(in_planes if j == 0 else w, w) for j in range(n)])
+                f"layer{i + 1}",
+                nn.Sequential(*[BasicBlock(in_planes if j == 0 else w, w, padding_mode) for j in range(n)]),
             )
             in_planes = w
         self.out_channels = in_planes
@@ -102,16 +111,23 @@ class LocalNetwork(nn.Module):
         depth: 18 or 34 (ResNet-34-HR in the paper).
         width: first-layer width (64 in the paper).
         activation_checkpointing: recompute the activations in the backward pass (half the memory per patch).
+        padding_mode: ``"zeros"`` (the paper's) or ``"replicate"``: zeros mark the patch's border, from which the
+            network can learn where in the patch it is rather than what the patch shows (:class:`ResNetHR`).
 
     Forward: patches (N, 1, p, p) -> ``patch_maps`` (N, 2, p/4, p/4) in [0, 1] and ``patch_features``
     (N, 8 * width).
     """
 
     def __init__(
-        self, num_classes: int = 2, depth: int = 34, width: int = 64, activation_checkpointing: bool = False
+        self,
+        num_classes: int = 2,
+        depth: int = 34,
+        width: int = 64,
+        activation_checkpointing: bool = False,
+        padding_mode: str = "zeros",
     ) -> None:
         super().__init__()
-        self.dn_resnet = ResNetHR(depth=depth, width=width)
+        self.dn_resnet = ResNetHR(depth=depth, width=width, padding_mode=padding_mode)
         self.gn_conv_last = nn.Conv2d(self.dn_resnet.out_channels, num_classes, 1, bias=False)
         self.representation_size = self.dn_resnet.out_channels
         self.activation_checkpointing = bool(activation_checkpointing)

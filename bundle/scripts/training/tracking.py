@@ -23,9 +23,9 @@ def save_config(folder: str | os.PathLike, config: Any) -> str:
 #: the hyper-parameters a tracked stage records (top-level config ids; per-stage ones as the stage's value)
 TRACKED = tuple(
     "seed image_size pixel_spacing patch_size num_patches num_patches_eval t_global t_local gamma_c aggregation "
-    "patch_shift centre_patches local_negatives local_depth local_width global_backbone pool_in_breast "
-    "lambda_sparsity learning_rate epochs batch_size val_interval early_stop_patience selection_metric amp "
-    "train_cache".split()
+    "patch_shift centre_patches local_negatives local_depth local_width local_padding_mode global_backbone "
+    "pool_in_breast lambda_sparsity learning_rate epochs batch_size val_interval early_stop_patience selection_metric "
+    "amp train_cache".split()
 )
 
 
