@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.enums import STAGES, Stage
+from scripts.networks.global_network import PADDING_MODES
 
 from . import CONFIGS, EVAL_CONFIG, REPO_ROOT, TRAIN_CONFIG
 from .files import write_json
@@ -77,17 +78,18 @@ class Budget:
     ids set on its command lines (they win over the overlays, which are layered after the preset). ``variation_seeds``:
     data seeds on which every model is trained again with its selected hyper-parameters (the variation of the table
     across data sets); ``wall_limit_h``: the run's wall-time target, checked in the results (None: no target).
-    ``local_learning_rate`` / ``joint_learning_rate``, ``patch_shift`` and ``centre_patches``: GLAM's later stages as
-    the preset sets them (reported in the results; None: not a number in the preset), ``local_lambda_sparsity`` /
-    ``joint_lambda_sparsity`` likewise when the preset sets the sparsity weight per stage (None: the trial's drawn
-    weight for every stage). ``init_from``: the work folder of an earlier benchmark run whose selected models the trials
-    start from (None: fresh initialisations); ``init_modules``: per model, the submodules taken from that model (the
-    others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a model not named takes all
-    of it. ``start_from``: per model, the :class:`WarmStart` its trials take from another model's selection in this run
-    (GMIC from CAM). ``seed_base``: trial k trains from torch seed ``seed_base + k`` (another base: the same recipe and
-    hyper-parameter draws on other initialisations, data orders and augmentations). ``extra_trials``: the retry rule,
-    the same for every model: a model none of whose trials learnt to localise gets up to this many more, one after
-    another, until one does (the search's next draws; trial k from torch seed ``seed_base + k``)."""
+    ``local_learning_rate`` / ``joint_learning_rate``, ``patch_shift``, ``centre_patches`` and ``local_padding_mode``:
+    GLAM's later stages as the preset sets them (reported in the results; None: not a number in the preset),
+    ``local_lambda_sparsity`` / ``joint_lambda_sparsity`` likewise when the preset sets the sparsity weight per stage
+    (None: the trial's drawn weight for every stage). ``init_from``: the work folder of an earlier benchmark run whose
+    selected models the trials start from (None: fresh initialisations); ``init_modules``: per model, the submodules
+    taken from that model (the others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a
+    model not named takes all of it. ``start_from``: per model, the :class:`WarmStart` its trials take from another
+    model's selection in this run (GMIC from CAM). ``seed_base``: trial k trains from torch seed ``seed_base + k``
+    (another base: the same recipe and hyper-parameter draws on other initialisations, data orders and augmentations).
+    ``extra_trials``: the retry rule, the same for every model: a model none of whose trials learnt to localise gets up
+    to this many more, one after another, until one does (the search's next draws; trial k from torch seed
+    ``seed_base + k``)."""
 
     search_space: str
     trials: int
@@ -102,6 +104,7 @@ class Budget:
     joint_learning_rate: float | None = None
     patch_shift: int = 0
     centre_patches: bool = False
+    local_padding_mode: str = "zeros"
     init_from: str | None = None
     local_lambda_sparsity: float | None = None
     joint_lambda_sparsity: float | None = None
@@ -130,6 +133,12 @@ def load_yaml(path: Path) -> dict[str, Any]:
 def _flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise BenchmarkError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def _padding_mode(value: Any, where: str) -> str:
+    if value not in PADDING_MODES:
+        raise BenchmarkError(f"{where} must be one of {', '.join(PADDING_MODES)}, got {value!r}")
     return value
 
 
@@ -242,6 +251,7 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         joint_learning_rate=_number(learning_rate.get(Stage.JOINT)),
         patch_shift=_positive_int(config.get("patch_shift", 0), f"{preset}: patch_shift", minimum=0),
         centre_patches=_flag(config.get("centre_patches", False), f"{preset}: centre_patches"),
+        local_padding_mode=_padding_mode(config.get("local_padding_mode", "zeros"), f"{preset}: local_padding_mode"),
         init_from=_optional_text(section.get("init_from"), f"{preset}: benchmark#init_from"),
         local_lambda_sparsity=_number(lambdas.get(Stage.LOCAL)),
         joint_lambda_sparsity=_number(lambdas.get(Stage.JOINT)),

@@ -126,6 +126,8 @@ def _setup(run: _Run) -> list[str]:
         *([f"moved by random offsets of up to {budget.patch_shift} px (`patch_shift`)"] if budget.patch_shift else []),
     ]
     shift = f", on Algorithm 1's patches {', then '.join(placement)}" if placement else ""
+    if budget.local_padding_mode == "replicate":
+        shift += ", its local module's convolutions padding each patch by repeating its border (`local_padding_mode`)"
     taken = "; ".join(f"{name}: its {', '.join(mods)} only" for name, mods in sorted(budget.init_modules.items()))
     start = (
         f" Every model's trials start from the model it selected in the earlier benchmark run in `{budget.init_from}` "

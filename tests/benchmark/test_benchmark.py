@@ -143,6 +143,12 @@ def test_bad_search_and_preset_files_are_named(tmp_path):
         presets.read_preset(preset)
     preset.write_text("benchmark: {search_space: cpu, trials: 1, examples: 1}\ncentre_patches: true\n")
     assert presets.read_preset(preset)[1].centre_patches is True
+    assert presets.read_preset(preset)[1].local_padding_mode == "zeros"  # train.yaml's
+    preset.write_text("benchmark: {search_space: cpu, trials: 1, examples: 1}\nlocal_padding_mode: reflect\n")
+    with pytest.raises(presets.BenchmarkError, match=r"local_padding_mode must be one of zeros, replicate, got 'refl"):
+        presets.read_preset(preset)
+    preset.write_text("benchmark: {search_space: cpu, trials: 1, examples: 1}\nlocal_padding_mode: replicate\n")
+    assert presets.read_preset(preset)[1].local_padding_mode == "replicate"
 
 
 def test_command_line_errors(tmp_path, capsys):

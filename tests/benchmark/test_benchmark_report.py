@@ -195,6 +195,12 @@ def test_results_md_states_the_local_stage_s_patch_placement(tmp_path, monkeypat
         "module, on Algorithm 1's patches centred on the global map's peak inside each window (`centre_patches`) ("
         in text
     )
+    (tmp_path / "padding").mkdir()
+    text, _ = render(tmp_path / "padding", monkeypatch, patch_shift=0, local_padding_mode="replicate")
+    assert (
+        "from the selected global module, its local module's convolutions padding each patch by repeating its border "
+        "(`local_padding_mode`) (the paper:"
+    ) in text
 
 
 def test_results_md_equals_the_stored_rendering(tmp_path, monkeypatch):
