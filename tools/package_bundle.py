@@ -70,6 +70,7 @@ BUNDLE_ROOT = REPO_ROOT / "bundle"
 sys.path.insert(0, str(BUNDLE_ROOT))
 
 from scripts.atomic import atomic_write  # noqa: E402
+from scripts.networks.inference import CHECKPOINT_SETTINGS, INFERENCE_CHOSEN  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_texts import DEMO_DOCS, ModelTexts, user_model_card, user_model_metadata  # noqa: E402
@@ -90,27 +91,7 @@ STEP_TIMEOUT_S = 900
 #: the steps that run inside the unzipped bundle, in fresh interpreters
 CHECK_SCRIPTS = Path(__file__).resolve().parent / "bundle_checks"
 # the ids of a size preset that define the network and its input (top-level ids of inference.yaml and train.yaml)
-PRESET_IDS = (
-    "image_size",
-    "pixel_spacing",
-    "patch_size",
-    "num_patches_eval",
-    "t_global",
-    "t_local",
-    "gamma_c",
-    "gammas",
-    "local_depth",
-    "local_width",
-    "local_padding_mode",
-    "global_backbone",
-    "pool_in_breast",
-    "attention_hidden",
-    "aggregation",
-    "global_pool_after_upsampling",
-    "joint_modules",
-    "crop_iterations",
-    "crop_buffer",
-)
+PRESET_IDS = (*CHECKPOINT_SETTINGS, *INFERENCE_CHOSEN, "crop_iterations", "crop_buffer")
 PRESET_CONFIGS = ("configs/inference.yaml", "configs/train.yaml")
 INFERENCE_YAML = "configs/inference.yaml"
 # what `monai.bundle.load(..., workflow_type="inference")` reads: MONAI looks for configs/{workflow_type}.json only
