@@ -40,6 +40,25 @@ def display_path(path: Path) -> Path:
     return path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
 
 
-# the bundle's code is the package ``scripts`` in bundle/, on sys.path wherever MONAI runs the bundle
-if importlib.util.find_spec("scripts") is None:
-    sys.path.insert(0, str(BUNDLE_ROOT))
+def _put_bundle_first() -> None:
+    """Make ``import scripts`` the bundle's package (bundle/ first on sys.path, once) unless it already is.
+
+    MONAI runs a bundle with its root on sys.path; from the repository root it is not, and another ``scripts`` on the
+    path (a namespace folder some environments leave in site-packages) would otherwise be imported instead.
+
+    Raises:
+        ImportError: another ``scripts`` package was imported before this one.
+    """
+    own = BUNDLE_ROOT / "scripts" / "__init__.py"
+    loaded = sys.modules.get("scripts")
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", None) or "") != own:
+            raise ImportError(f"glam_benchmark needs the bundle's scripts package ({own}), not {loaded}")
+        return
+    spec = importlib.util.find_spec("scripts")
+    if spec is None or Path(spec.origin or "") != own:
+        sys.path[:] = [str(BUNDLE_ROOT)] + [p for p in sys.path if p != str(BUNDLE_ROOT)]
+        importlib.invalidate_caches()
+
+
+_put_bundle_first()
