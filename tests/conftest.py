@@ -73,6 +73,11 @@ def tiny_datalist(tmp_path_factory) -> str:
     return ensure_synthetic_dataset(root, n=24, size=(256, 160), seed=3, lesion_prevalence=0.6)
 
 
+#: a workflow's overrides that run it on the CPU in float32, as the torchrun tests' gloo processes run (they see no
+#: GPU): the one-process reference they are compared with, on a machine with a GPU too
+CPU_REFERENCE = {"device": "$torch.device('cpu')", "amp": False}
+
+
 def tiny_overrides(tmp_path: Path, datalist: str, **extra) -> dict:
     """Overrides that point a tiny training run at temporary folders."""
     return {

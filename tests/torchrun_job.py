@@ -1,7 +1,7 @@
 """A bundle workflow under torchrun, as the tests launch it: ``python -m torch.distributed.run`` with gloo processes on
-the loopback (127.0.0.1, a free port, ``GLOO_SOCKET_IFNAME=lo``), one thread each, in a session of their own, and
-stopped whole when a test is done with them or they overrun. The one launcher of the torchrun tests of training,
-evaluation and inference."""
+the CPU (no GPU visible to them) and the loopback (127.0.0.1, a free port, ``GLOO_SOCKET_IFNAME=lo``), one thread
+each, in a session of their own, and stopped whole when a test is done with them or they overrun. The one launcher of
+the torchrun tests of training, evaluation and inference."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def start(run_args: Sequence[str], import_dirs: Sequence[str | os.PathLike] = ()
         "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         "GLOO_SOCKET_IFNAME": "lo",  # loopback only
         "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",  # gloo processes on the CPU, also where a GPU is (one GPU takes one process)
     }
     return subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True

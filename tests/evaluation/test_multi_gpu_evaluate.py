@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torchrun_job
-from conftest import BUNDLE_ROOT, TINY_CONFIG, TRAIN_CONFIG
+from conftest import BUNDLE_ROOT, CPU_REFERENCE, TINY_CONFIG, TRAIN_CONFIG
 from monai.bundle import ConfigParser, ConfigWorkflow
 
 CONFIGS = BUNDLE_ROOT / "configs"
@@ -265,7 +265,8 @@ def report_numbers(one: Path, other: Path) -> list[tuple[str, float, float]]:
 
 
 def single_process_evaluation(root: Path, datalist: Path) -> Path:
-    """evaluate.yaml in this process, without the overlay, on the whole split; returns the report's folder."""
+    """evaluate.yaml in this process, without the overlay, on the whole split, on the CPU as the gloo processes;
+    returns the report's folder."""
     wf = ConfigWorkflow(
         config_file=[str(TRAIN_CONFIG), str(TINY_CONFIG), str(EVAL_CONFIG)],
         meta_file=str(META),
@@ -273,6 +274,7 @@ def single_process_evaluation(root: Path, datalist: Path) -> Path:
         datalist=str(datalist),
         ckpt_root=str(root / "models"),
         output_root=str(root / "single"),
+        **CPU_REFERENCE,
     )
     wf.initialize()
     threads = torch.get_num_threads()

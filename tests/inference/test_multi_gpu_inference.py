@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchrun_job
-from conftest import BUNDLE_ROOT
+from conftest import BUNDLE_ROOT, CPU_REFERENCE
 from test_inference_workflow import INFERENCE_CONFIG, META, TINY, TINY_INFERENCE, _run
 
 MULTI_GPU_INFERENCE = BUNDLE_ROOT / "configs" / "multi_gpu_inference.yaml"
@@ -201,7 +201,7 @@ def case(tmp_path_factory) -> dict:
     reference = root / "reference"
     _run(
         [INFERENCE_CONFIG, TINY_INFERENCE],
-        {"input_dir": str(folder), "output_dir": str(reference), "ckpt_path": str(ckpt)},
+        {"input_dir": str(folder), "output_dir": str(reference), "ckpt_path": str(ckpt), **CPU_REFERENCE},
     )
     inputs = sorted(str(p) for p in folder.rglob("*") if p.is_file())
     assert len(inputs) == 18
@@ -346,7 +346,7 @@ def test_a_killed_rank_then_a_killed_job_then_the_same_command_or_one_process_fi
 
     # or inference.yaml in one process: it takes up the ranks' rows too, and finishes the same way
     overrides = {"input_dir": str(case["folder"]), "output_dir": str(one_process), "ckpt_path": str(case["ckpt"])}
-    _run([INFERENCE_CONFIG, TINY_INFERENCE], overrides)
+    _run([INFERENCE_CONFIG, TINY_INFERENCE], {**overrides, **CPU_REFERENCE})
     assert json.loads((one_process / "timing.json").read_text())["skipped"] == len(done)
     _assert_as_one_process(case, one_process)
 

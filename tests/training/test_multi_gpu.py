@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchrun_job
-from conftest import TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
+from conftest import CPU_REFERENCE, TINY_CONFIG, TRAIN_CONFIG, tiny_overrides
 
 MULTI_GPU_CONFIG = TRAIN_CONFIG.parent / "multi_gpu_train.yaml"
 META = TRAIN_CONFIG.parent / "metadata.json"
@@ -96,7 +96,8 @@ def read_probe(probe_dir: Path) -> dict[int, list[dict]]:
 
 
 def single_process_metrics(tmp_path: Path, datalist: Path, stage: str, checkpoint: Path) -> dict[str, float]:
-    """train.yaml's validation evaluator, in this process without DDP, on the whole validation list."""
+    """train.yaml's validation evaluator, in this process without DDP, on the whole validation list, on the CPU in
+    float32 as the gloo processes."""
     from monai.bundle import ConfigWorkflow
 
     wf = ConfigWorkflow(
@@ -104,6 +105,8 @@ def single_process_metrics(tmp_path: Path, datalist: Path, stage: str, checkpoin
         meta_file=str(META),
         workflow_type="train",
         **tiny_overrides(tmp_path / f"single_{stage}", str(datalist), stage=stage),
+        **CPU_REFERENCE,
+        channels_last=False,
     )
     wf.initialize()
     network = wf.parser.get_parsed_content("network")
@@ -375,12 +378,13 @@ def _rank_zero_first_worker(rank: int, port: int, local_ranks: list[int], log: s
 
 
 @pytest.mark.slow
-def test_rank_zero_first_takes_global_rank_zero_then_each_nodes_first_process_then_the_rest(tmp_path):
+def test_rank_zero_first_takes_global_rank_zero_then_each_nodes_first_process_then_the_rest(tmp_path, monkeypatch):
     """Three gloo processes posing as two nodes (local ranks 0, 1 and 0): rank 0 writes first, then rank 2 (the
     second node's first process), then rank 1, although the later ranks would be quicker (about a minute on 2 CPU
     cores: every process imports MONAI)."""
     import torch.multiprocessing as mp
 
     log = tmp_path / "turns.txt"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # gloo processes on the CPU: local rank 1 needs no second GPU
     mp.spawn(_rank_zero_first_worker, args=(torchrun_job.free_port(), [0, 1, 0], str(log)), nprocs=3, join=True)
     assert [int(line) for line in log.read_text().split()] == [0, 2, 1]

@@ -99,6 +99,7 @@ def test_other_ranks_build_no_rank_zero_only_handler(monkeypatch):
 
 
 def test_initialize_and_finalize_own_the_process_group(tmp_path, tiny_datalist, torchrun_env):
+    import torch
     import torch.distributed as dist
 
     wf = GLAMWorkflow(
@@ -109,7 +110,7 @@ def test_initialize_and_finalize_own_the_process_group(tmp_path, tiny_datalist, 
     )
     assert not dist.is_initialized()
     wf.initialize()
-    assert dist.is_initialized() and dist.get_backend() == "gloo"
+    assert dist.is_initialized() and dist.get_backend() == ("nccl" if torch.cuda.is_available() else "gloo")
     assert wf.run()[-1] == [1, 1, 1]
     wf.finalize()
     assert not dist.is_initialized()
