@@ -20,10 +20,11 @@
   CUDA with 2 devices), each rank with ``--batch`` images, on the same total cores (CPU: threads split).
 - ``pipeline``: the training workflow's own objects (``bundle/configs/train.yaml`` + ``--config`` presets, sizes,
   workers, cache and device from the flags) on a real datalist, in one run: the PNG/DICOM decode of each image once,
-  the first pass that fills the cache (with the share of each cached transform), the loader in steady state
-  (``--num-workers`` processes, cache warm), the per-step device transforms (with their shares), the model-only
-  step on a prepared batch, and the whole training step (loader + device transforms + model, MONAI's trainer
-  without validation); the whole step against the model-only step is the fraction of the model's speed reached.
+  the first pass that fills the cache (with the share of each cached transform; then the whole cache, in the
+  loader's processes), the loader in steady state (``--num-workers`` processes, cache warm; with pinned memory, also
+  without), the per-step device transforms (with their shares, after one untimed pass), the model-only step on a
+  prepared batch, and the whole training step (loader + device transforms + model, MONAI's trainer without
+  validation); the whole step against the model-only step is the fraction of the model's speed reached.
 
 Prints a Markdown table; ``--json PATH`` also writes the figures.
 """
@@ -364,6 +365,30 @@ def _timed_chain(transforms, item, totals: dict, device: torch.device):
     return item
 
 
+def _discard(items: list) -> None:
+    """A collate function that keeps nothing (filling a cache reads every item once)."""
+    return None
+
+
+def _loader_row(parser, epochs: int, keep: list) -> dict:
+    """``train#dataloader``'s images/s over ``epochs`` epochs after one untimed epoch (it starts the workers); the
+    first three batches go into ``keep``."""
+    loader = parser.get_parsed_content("train#dataloader", lazy=False)
+    sampler = parser.get_parsed_content("train#sampler")
+    count, seconds = 0, 0.0
+    for epoch in range(epochs + 1):
+        sampler.set_epoch(epoch)
+        start = time.perf_counter()
+        n = 0
+        for batch in loader:
+            n += int(batch["image"].shape[0])
+            if len(keep) < 3:
+                keep.append(batch)
+        if epoch > 0:
+            count, seconds = count + n, seconds + time.perf_counter() - start
+    return _rate_row("loader", count, seconds)
+
+
 def _share_rows(stage: str, totals: dict, images: int) -> list[dict]:
     whole = sum(totals.values()) or 1.0
     return [
@@ -407,28 +432,25 @@ def cmd_pipeline(args, device) -> list[dict]:
     rows.append(_rate_row("cached half (fill)", len(sample), sum(totals.values()), "main process"))
     rows += _share_rows("cached", totals, len(sample))
 
-    # 3. fill the cache through the dataset, then the loader in steady state
+    # 3. fill the cache through the dataset in the loader's processes, then the loader in steady state
+    from torch.utils.data import DataLoader
+
+    note = f"{args.num_workers} worker(s), one thread each" if args.num_workers else "main process"
     start = time.perf_counter()
     dataset = parser.get_parsed_content("train#dataset")
-    for i in range(len(dataset)):
-        dataset[i]
-    rows.append(_rate_row(f"fill the {args.cache} cache", len(dataset), time.perf_counter() - start, "main process"))
-    loader = parser.get_parsed_content("train#dataloader")
-    sampler = parser.get_parsed_content("train#sampler")
-    batches = []
-    count, seconds = 0, 0.0
-    for epoch in range(args.loader_epochs + 1):  # the first epoch starts the workers: not timed
-        sampler.set_epoch(epoch)
-        start = time.perf_counter()
-        n = 0
-        for batch in loader:
-            n += int(batch["image"].shape[0])
-            if len(batches) < 3:
-                batches.append(batch)
-        if epoch > 0:
-            count, seconds = count + n, seconds + time.perf_counter() - start
-    note = f"{args.num_workers} worker(s), one thread each" if args.num_workers else "main process"
-    rows.append(_rate_row(f"loader, {args.cache} cache warm", count, seconds, note))
+    for _ in DataLoader(dataset, batch_size=1, num_workers=args.num_workers, collate_fn=_discard):
+        pass
+    rows.append(_rate_row(f"fill the {args.cache} cache", len(dataset), time.perf_counter() - start, note))
+    batches: list = []
+    loader_row = _loader_row(parser, args.loader_epochs, batches)
+    rows.append({**loader_row, "measure": f"loader, {args.cache} cache warm", "note": note})
+    if parser.get_parsed_content("pin_memory"):  # train.yaml pins with CUDA
+        # the same loader without the pinning thread's copy of every batch: what pinning costs the loader
+        parser["pin_memory"] = False
+        plain = _loader_row(parser, args.loader_epochs, [])
+        rows.append({**plain, "measure": f"loader, {args.cache} cache warm, memory not pinned", "note": note})
+        parser["pin_memory"] = True
+        parser.parse()
 
     # 4. the per-step half on the device, transform by transform
     prepare = parser.get_parsed_content("train#prepare_batch")

@@ -111,8 +111,11 @@ def test_pipeline_measures_every_stage_of_the_input_pipeline(tmp_path, tiny_data
     """One run on the tiny data: decode, the cached half and its transforms, the loader, the per-step half and its
     transforms, the model-only and the whole training step, with the whole step's fraction of the model's speed."""
     out = tmp_path / "pipeline.json"
+    pinned = tmp_path / "pinned.yaml"  # as train.yaml has it on CUDA (on a CPU, DataLoader ignores it)
+    pinned.write_text("pin_memory: true\n")
     cmd = [sys.executable, "-m", MODULE, "pipeline", "--datalist", tiny_datalist, "--config"]
-    cmd += [str(REPO_ROOT / "tests" / "configs" / "tiny.yaml"), *TINY, "--k", "2", "--batch", "2", "--num-workers", "1"]
+    cmd += [str(REPO_ROOT / "tests" / "configs" / "tiny.yaml"), str(pinned), *TINY]
+    cmd += ["--k", "2", "--batch", "2", "--num-workers", "1"]
     cmd += ["--steps", "3", "--warmup", "1", "--repeats", "1", "--loader-epochs", "1", "--json", str(out)]
     cmd += ["--cache-dir", str(tmp_path / "cache")]
     res = subprocess.run(
@@ -125,6 +128,7 @@ def test_pipeline_measures_every_stage_of_the_input_pipeline(tmp_path, tiny_data
         "cached half (fill)",
         "fill the disk cache",
         "loader, disk cache warm",
+        "loader, disk cache warm, memory not pinned",
         "per-step half on the device",
         "model-only step",
         "whole training step",
