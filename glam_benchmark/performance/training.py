@@ -370,10 +370,11 @@ def _discard(items: list) -> None:
     return None
 
 
-def _loader_row(parser, epochs: int, keep: list) -> dict:
+def _loader_row(parser, epochs: int, keep: list, fresh: bool = False) -> dict:
     """``train#dataloader``'s images/s over ``epochs`` epochs after one untimed epoch (it starts the workers); the
-    first three batches go into ``keep``."""
-    loader = parser.get_parsed_content("train#dataloader", lazy=False)
+    first three batches go into ``keep``. ``fresh``: parse the config again first (after an override); else the
+    loader is built on the objects already parsed (the dataset whose cache was just filled)."""
+    loader = parser.get_parsed_content("train#dataloader", lazy=not fresh)
     sampler = parser.get_parsed_content("train#sampler")
     count, seconds = 0, 0.0
     for epoch in range(epochs + 1):
@@ -447,7 +448,7 @@ def cmd_pipeline(args, device) -> list[dict]:
     if parser.get_parsed_content("pin_memory"):  # train.yaml pins with CUDA
         # the same loader without the pinning thread's copy of every batch: what pinning costs the loader
         parser["pin_memory"] = False
-        plain = _loader_row(parser, args.loader_epochs, [])
+        plain = _loader_row(parser, args.loader_epochs, [], fresh=True)
         rows.append({**plain, "measure": f"loader, {args.cache} cache warm, memory not pinned", "note": note})
         parser["pin_memory"] = True
         parser.parse()
