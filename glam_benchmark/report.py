@@ -50,6 +50,7 @@ from .report_tables import (  # noqa: F401
     _localisation_lines,
     _minutes,
     _per_image,
+    _pointing_bootstrap_lines,
     _short,
     _table1_lines,
     _tuple_like,
@@ -445,7 +446,12 @@ def _ablation_orderings(glam: ModelResult) -> list[str]:
         if weak
         else "Every ordering's 95 % interval lies above zero.",
     ]
-    return lines
+    hits = {
+        name: per_image_values(Path(path), key, "hit")
+        for name, (_, path, key) in sources.items()
+        if name in (S_C_JOINT, MapName.GLOBAL.value)
+    }
+    return lines + _pointing_bootstrap_lines(hits, S_C_JOINT, MapName.GLOBAL.value)
 
 
 #: the figures of results.md, in order: the key in ``figures``, the image's alt text and its caption

@@ -241,6 +241,42 @@ def _bootstrap_lines(results: Mapping[str, Any], pick: Any = lambda r: r) -> lis
     return lines
 
 
+def _pointing_bootstrap_lines(
+    hits: Mapping[str, Mapping[str, Mapping[str, float]]], better: str, worse: str
+) -> list[str]:
+    """The paired bootstrap of ``better``'s pointing game minus ``worse``'s (``hits[map][class][image]``: 1 where the
+    map's peak lies on a lesion of the class) and the classes where ``better`` falls below, each with its interval:
+    a pointing shortfall is named with how sure it is, as the Dice orderings are. No lines when the reports hold no
+    per-image hits (runs older than the ``*_hit_*`` columns)."""
+    boot = bootstrap_orderings(hits, ((better, worse),))
+    if not boot:
+        return []
+    lines = [
+        "",
+        f"Bootstrap over the same images of {better}'s pointing game minus {worse}'s (per image: 1 where the map's "
+        "peak lies on a lesion of the class, else 0):",
+        "",
+        "| condition | class | difference (95 % bootstrap interval) |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {better} >= {worse}: pointing game | {cls} | {b['difference']:+.3f} ({b['low']:+.3f}, {b['high']:+.3f}) |"
+        for (_, _, cls), b in boot.items()
+    ]
+    below = [
+        f"{cls} {b['difference']:+.3f} ({b['low']:+.3f}, {b['high']:+.3f})"
+        for (_, _, cls), b in boot.items()
+        if b["difference"] < 0
+    ]
+    lines += [
+        "",
+        f"{better}'s pointing game below {worse}'s: " + "; ".join(below) + "."
+        if below
+        else f"{better}'s pointing game at or above {worse}'s on every class.",
+    ]
+    return lines
+
+
 def _bootstrap_row(better: str, worse: str, cells: Sequence[str], b: Mapping[str, float]) -> str:
     """One row of a bootstrap table: the ordering, ``cells`` (metric, class...), the observed difference with its
     95 % interval and the share of resamples in which it holds."""

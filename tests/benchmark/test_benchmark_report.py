@@ -53,15 +53,18 @@ def _summary(base: float, maps=MAPS, missing_auc: bool = False) -> dict:
 
 
 def _csv(path: Path, base: float, maps=MAPS) -> Path:
-    """A metrics.csv: 6 images, some without a lesion of a class (empty cells)."""
+    """A metrics.csv: 6 images, some without a lesion of a class (empty cells); the pointing hits (0 / 1) last."""
     columns = ["image"] + [f"{m}_{s}_{c}" for m in maps for s in ("dice", "pxap") for c in CLASSES]
+    hits = [f"{m}_hit_{c}" for m in maps for c in CLASSES]
     with open(path, "w", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(columns)
+        writer.writerow(columns + hits)
         for n in range(6):
             cells = [f"/data/img{n}.png"]
             for k, _ in enumerate(columns[1:]):
                 cells.append("" if (n + k) % 4 == 0 else repr(round(base + 0.01 * ((n * 7 + k * 3) % 11), 6)))
+            for k, _ in enumerate(hits):
+                cells.append("" if n == 0 else str(float((n + k + round(base * 10)) % 3 != 0)))
             writer.writerow(cells)
     return path
 
@@ -299,3 +302,37 @@ def test_table2_orderings_against_a_hand_computation(tmp_path, monkeypatch):
     weak = [f"{a} > {b} {c} ({lo}, {hi})" for a, b, c, lo, hi in rows if float(lo) <= 0 and (a, b) != implied]
     assert len(rows) == 8 and weak
     assert "Orderings whose 95 % interval does not lie above zero: " + "; ".join(weak) + "." in table2
+    # the pointing game's paired bootstrap: S_c of the joint model against S_g of the local-stage model, image by image
+    with open(tmp_path / "glam" / "metrics.csv", newline="") as f:
+        joint = {r["image"]: r for r in csv.DictReader(f)}
+    with open(tmp_path / "local.csv", newline="") as f:
+        local = list(csv.DictReader(f))
+    below = []
+    for cls in CLASSES:
+        pairs = [(joint[r["image"]][f"S_c_hit_{cls}"], r[f"S_g_hit_{cls}"]) for r in local]
+        diffs = [float(a) - float(b) for a, b in pairs if a != "" and b != ""]
+        expected = sum(diffs) / len(diffs)
+        row = rf"^\| S_c-joint >= S_g: pointing game \| {cls} \| ([+-][\d.]+) (\([^)]*\)) \|$"
+        match = re.search(row, table2, re.M)
+        assert match and match.group(1) == f"{expected:+.3f}", cls
+        if expected < 0:
+            below.append(f"{cls} {match.group(1)} {match.group(2)}")
+    assert below, "the fixture has S_c-joint below S_g on a class"
+    assert "S_c-joint's pointing game below S_g's: " + "; ".join(below) + "." in table2
+
+
+def test_pointing_bootstrap_by_hand():
+    """Identical hits give a zero interval and no shortfall; hits lost on every image give -1 with a zero-width
+    interval, named; reports without per-image hits give no lines."""
+    from glam_benchmark.report_tables import _pointing_bootstrap_lines
+
+    s_g = {"benign": {"a": 1.0, "b": 0.0, "c": 1.0}, "malignant": {"a": 1.0, "d": 1.0}}
+    s_c = {"benign": {"a": 1.0, "b": 0.0, "c": 1.0}, "malignant": {"a": 0.0, "d": 0.0}}
+    lines = _pointing_bootstrap_lines({"S_g": s_g, "S_c-joint": s_c}, "S_c-joint", "S_g")
+    assert "| S_c-joint >= S_g: pointing game | benign | +0.000 (+0.000, +0.000) |" in lines
+    assert "| S_c-joint >= S_g: pointing game | malignant | -1.000 (-1.000, -1.000) |" in lines
+    assert lines[-1] == "S_c-joint's pointing game below S_g's: malignant -1.000 (-1.000, -1.000)."
+    same = _pointing_bootstrap_lines({"S_g": s_g, "S_c-joint": s_g}, "S_c-joint", "S_g")
+    assert same[-1] == "S_c-joint's pointing game at or above S_g's on every class."
+    empty = {"benign": {}, "malignant": {}}
+    assert _pointing_bootstrap_lines({"S_g": empty, "S_c-joint": empty}, "S_c-joint", "S_g") == []
