@@ -244,10 +244,19 @@ def _bootstrap_lines(results: Mapping[str, Any], pick: Any = lambda r: r) -> lis
 def _pointing_bootstrap_lines(
     hits: Mapping[str, Mapping[str, Mapping[str, float]]], better: str, worse: str
 ) -> list[str]:
-    """The paired bootstrap of ``better``'s pointing game minus ``worse``'s (``hits[map][class][image]``: 1 where the
-    map's peak lies on a lesion of the class) and the classes where ``better`` falls below, each with its interval:
-    a pointing shortfall is named with how sure it is, as the Dice orderings are. No lines when the reports hold no
-    per-image hits (runs older than the ``*_hit_*`` columns)."""
+    """Results-page lines: the paired bootstrap of ``better``'s pointing game minus ``worse``'s, and the classes
+    where ``better`` falls below, each with its interval, so that a pointing shortfall is named with how sure it is,
+    as the Dice orderings are.
+
+    Args:
+        hits: ``hits[map][class][image]``, 1 where the map's peak lies on a lesion of the class, else 0 (the
+            ``<map>_hit_<class>`` columns of a metrics.csv).
+        better: the map expected at or above (the page's S_c-joint).
+        worse: the map it is compared with (the page's S_g).
+
+    Returns:
+        The lines, none when the reports hold no per-image hits (runs older than the ``*_hit_*`` columns).
+    """
     boot = bootstrap_orderings(hits, ((better, worse),))
     if not boot:
         return []
