@@ -446,12 +446,9 @@ def _ablation_orderings(glam: ModelResult) -> list[str]:
         if weak
         else "Every ordering's 95 % interval lies above zero.",
     ]
-    hits = {
-        name: per_image_values(Path(path), key, "hit")
-        for name, (_, path, key) in sources.items()
-        if name in (S_C_JOINT, MapName.GLOBAL.value)
-    }
-    return lines + _pointing_bootstrap_lines(hits, S_C_JOINT, MapName.GLOBAL.value)
+    pointing_maps = (S_C_JOINT, MapName.GLOBAL.value)
+    hits = {name: per_image_values(Path(sources[name][1]), sources[name][2], "hit") for name in pointing_maps}
+    return lines + _pointing_bootstrap_lines(hits, *pointing_maps)
 
 
 #: the figures of results.md, in order: the key in ``figures``, the image's alt text and its caption
