@@ -81,12 +81,14 @@ class Budget:
     ``local_learning_rate`` / ``joint_learning_rate``, ``patch_shift``, ``centre_patches`` and ``local_padding_mode``:
     GLAM's later stages as the preset sets them (reported in the results; None: not a number in the preset),
     ``local_lambda_sparsity`` / ``joint_lambda_sparsity`` likewise when the preset sets the sparsity weight per stage
-    (None: the trial's drawn weight for every stage). ``init_from``: the work folder of an earlier benchmark run whose
-    selected models the trials start from (None: fresh initialisations); ``init_modules``: per model, the submodules
-    taken from that model (the others start fresh: GLAM's ``[global_network]`` gives its trials a fresh local module); a
-    model not named takes all of it. ``start_from``: per model, the :class:`WarmStart` its trials take from another
-    model's selection in this run (GMIC from CAM). ``seed_base``: trial k trains from torch seed ``seed_base + k``
-    (another base: the same recipe and hyper-parameter draws on other initialisations, data orders and augmentations).
+    (None: the trial's drawn weight for every stage), and ``local_t_local`` / ``joint_t_local`` when it sets the local
+    pooling's share per stage (None: one value for every stage). ``init_from``: the work folder of an earlier
+    benchmark run whose selected models the trials start from (None: fresh initialisations); ``init_modules``: per
+    model, the submodules taken from that model (the others start fresh: GLAM's ``[global_network]`` gives its trials
+    a fresh local module); a model not named takes all of it. ``start_from``: per model, the :class:`WarmStart` its
+    trials take from another model's selection in this run (GMIC from CAM). ``seed_base``: trial k trains from torch
+    seed ``seed_base + k`` (another base: the same recipe and hyper-parameter draws on other initialisations, data
+    orders and augmentations).
     ``extra_trials``: the retry rule, the same for every model: a model none of whose trials learnt to localise gets up
     to this many more, one after another, until one does (the search's next draws; trial k from torch seed
     ``seed_base + k``)."""
@@ -108,6 +110,8 @@ class Budget:
     init_from: str | None = None
     local_lambda_sparsity: float | None = None
     joint_lambda_sparsity: float | None = None
+    local_t_local: float | None = None
+    joint_t_local: float | None = None
     init_modules: dict[str, tuple[str, ...]] = field(default_factory=dict)
     start_from: dict[str, WarmStart] = field(default_factory=dict)
     seed_base: int = 0
@@ -237,6 +241,8 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         raise BenchmarkError(f"{preset}: 'learning_rate' must be per stage (global, local, joint)")
     lambdas = config.get("lambda_sparsity")
     lambdas = lambdas if isinstance(lambdas, Mapping) else {}
+    shares = config.get("t_local")
+    shares = shares if isinstance(shares, Mapping) else {}
     budget = Budget(
         search_space=str(section["search_space"]),
         trials=_positive_int(section["trials"], f"{preset}: benchmark#trials"),
@@ -255,6 +261,8 @@ def read_preset(preset: Path) -> tuple[dict[str, Any], Budget]:
         init_from=_optional_text(section.get("init_from"), f"{preset}: benchmark#init_from"),
         local_lambda_sparsity=_number(lambdas.get(Stage.LOCAL)),
         joint_lambda_sparsity=_number(lambdas.get(Stage.JOINT)),
+        local_t_local=_number(shares.get(Stage.LOCAL)),
+        joint_t_local=_number(shares.get(Stage.JOINT)),
         init_modules=_init_modules(section.get("init_modules"), preset),
         start_from=_start_from(section.get("start_from"), preset),
         seed_base=_positive_int(section.get("seed_base", 0), f"{preset}: benchmark#seed_base", minimum=0),

@@ -167,9 +167,10 @@ def _setup(run: _Run) -> list[str]:
         "global stage; each epoch is every training image with a lesion plus as many lesion-free ones), the "
         "epoch of each stage selected by the workflow's `selection_metric` (the preset's; train.yaml's default is the "
         "validation soft Dice), the trial with the best validation Dice kept (among those that learnt to localise: "
-        f"below). GLAM then trains its local stage for {budget.local_epochs}"
-        f"{_at_rate(budget.local_learning_rate, budget.local_lambda_sparsity)} and its joint stage for "
-        f"{budget.joint_epochs} epoch(s){_at_rate(budget.joint_learning_rate, budget.joint_lambda_sparsity)} from the "
+        f"below). GLAM then trains its local stage for {budget.local_epochs} epoch(s)"
+        f"{_at_rate(budget.local_learning_rate, budget.local_lambda_sparsity, budget.local_t_local)} and its joint "
+        f"stage for {budget.joint_epochs} epoch(s)"
+        f"{_at_rate(budget.joint_learning_rate, budget.joint_lambda_sparsity, budget.joint_t_local)} from the "
         f"selected global module{shift} (the paper: 30 trials of 50 epochs, then 20 local and < 5 joint epochs)."
         f"{start}{warm}{variation}",
         "",

@@ -159,10 +159,12 @@ def _short(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _at_rate(learning_rate: float | None, lambda_sparsity: float | None = None) -> str:
-    """A later stage's settings as the preset gives them, e.g. " (learning rate 3e-05, sparsity weight 0.001)"."""
+def _at_rate(learning_rate: float | None, lambda_sparsity: float | None = None, t_local: float | None = None) -> str:
+    """A later stage's settings as the preset gives them, e.g. " (learning rate 3e-05, sparsity weight 0.001, local
+    pooling share 0.05)"."""
     parts = [f"learning rate {learning_rate:g}"] if learning_rate is not None else []
     parts += [f"sparsity weight {lambda_sparsity:g}"] if lambda_sparsity is not None else []
+    parts += [f"local pooling share {t_local:g} (`t_local`)"] if t_local is not None else []
     return f" ({', '.join(parts)})" if parts else ""
 
 

@@ -23,6 +23,7 @@ import torch
 from monai.bundle import ConfigParser
 
 from glam_benchmark import TRAIN_CONFIG, figures, metrics, presets, report, search, steps
+from scripts.networks.settings import checkpoint_setting
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "glam_benchmark" / "configs"
@@ -259,6 +260,10 @@ def test_presets_declare_a_budget_and_an_existing_search_space():
     # the local stage's own sparsity weight (glam_benchmark/docs/results_findings.md, section 7); the joint stage
     # keeps the global's
     assert (cpu_budget.local_lambda_sparsity, cpu_budget.joint_lambda_sparsity) == (1e-3, 1e-5)
+    assert (cpu_budget.local_t_local, cpu_budget.joint_t_local) == (None, None)  # train.yaml's one value
+    # the calibrated preset's local pooling share, per stage (results_findings.md, section 32)
+    calibrated = presets.read_preset(CONFIGS / "benchmark_calibrated.yaml")[1]
+    assert (calibrated.local_t_local, calibrated.joint_t_local) == (0.05, 0.2)
     full_budget = presets.read_preset(CONFIGS / "benchmark_full.yaml")[1]
     assert full_budget.patch_shift == 0  # the paper's patches
     assert presets.read_preset(CONFIGS / "benchmark_cpu.yaml")[0]["benchmark_size"] == [736, 480]
@@ -859,10 +864,15 @@ def test_driver_end_to_end_at_tiny_size_then_resumes_without_rerunning(tmp_path,
         assert f"[benchmark] no-learning baselines on {len(splits[split])} {split} images in " in first_out
     text = results.read_text()
     assert (
-        "GLAM then trains its local stage for 1 (learning rate 0.001, sparsity weight 0.01) and its joint stage for 1 "
-        "epoch(s) (learning rate 0.0001, sparsity weight 0.006) from the selected global module, on Algorithm 1's "
-        "patches moved by random offsets of up to 8 px"
+        "GLAM then trains its local stage for 1 epoch(s) (learning rate 0.001, sparsity weight 0.01, local pooling "
+        "share 0.1 (`t_local`)) and its joint stage for 1 epoch(s) (learning rate 0.0001, sparsity weight 0.006, "
+        "local pooling share 0.3 (`t_local`)) from the selected global module, on Algorithm 1's patches moved by "
+        "random offsets of up to 8 px"
     ) in " ".join(text.split())
+    # each stage's checkpoint records the share it trained with (the evaluations read it back)
+    trial = next(work.glob("glam/trial_*"))
+    shares = {s: checkpoint_setting(trial / "models" / s / "model.pt", "t_local") for s in ("local", "joint")}
+    assert shares == {"local": 0.1, "joint": 0.3}
 
     # Table 1: every model row, every column, values as in each model's test metrics.json
     header = "| model | " + " | ".join(

@@ -306,6 +306,32 @@ def test_lambda_sparsity_per_stage_is_read_and_checked_before_the_first_stage():
         _check_per_stage(_parser("all", lambda_sparsity=-1.0e-4), ["global"])
 
 
+def test_t_local_per_stage_builds_each_stage_s_pooling_and_is_checked_before_the_first_stage(tmp_path):
+    """train.yaml's ``t_local`` as a dict: each stage's network pools its patch maps with the stage's share (the
+    concat module's top-t, and the attention module's in the joint stage), its checkpoint records it, and a
+    value outside (0, 1] or a missing stage is refused before any stage starts."""
+    from scripts.networks.settings import checkpoint_setting
+    from scripts.training.preflight import _check_per_stage
+
+    per = {"global": 0.2, "local": 0.05, "joint": 0.3}
+    for stage in per:
+        parser = _parser(stage, t_local=per)
+        network = parser.get_parsed_content("network")
+        assert network.concat_aggregation.t == per[stage]
+        if network.attention is not None:
+            assert network.attention.t == per[stage]
+        torch.save(network.state_dict(), tmp_path / f"{stage}.pt")
+        assert checkpoint_setting(tmp_path / f"{stage}.pt", "t_local") == per[stage]
+    assert _parser("local", t_local=0.1).get_parsed_content("glam_settings").t_local == 0.1
+    _check_per_stage(_parser("all", t_local=per), ["global", "local", "joint"])
+    _check_per_stage(_parser("all", t_local=1.0), ["global"])  # the whole pool (average pooling): fine
+    with pytest.raises(UsageError, match=r"t_local has no value for the joint stage"):
+        _check_per_stage(_parser("all", t_local={"global": 0.2, "local": 0.05}), ["global", "local", "joint"])
+    for bad in (0.0, 1.5, -0.1, {"global": 0.2, "local": 0.0, "joint": 0.2}, {"global": 0.2, "local": True}):
+        with pytest.raises(UsageError, match=r"t_local must be fractions in \(0, 1\]"):
+            _check_per_stage(_parser("all", t_local=bad), ["global", "local"])
+
+
 def test_local_negatives_choose_the_lesion_free_images_patches_in_the_local_stage_only(tmp_path):
     from scripts.training.preflight import preflight_training
 

@@ -21,9 +21,11 @@ from .checkpoints import read_record
 RUN_LOCK = ".training.lock"
 
 #: the options that hold one value per stage ({global: ..., local: ..., joint: ...}) or one number for all
-PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size", "lambda_sparsity")
+PER_STAGE_OPTIONS = ("epochs", "learning_rate", "batch_size", "lambda_sparsity", "t_local")
 #: the per-stage options that are real numbers, 0 allowed (a stage that only validates, a loss without L1 term)
 _REAL_OPTIONS = ("learning_rate", "lambda_sparsity")
+#: the per-stage options that are shares of a whole, in (0, 1] (the local pooling's top-t share)
+_FRACTION_OPTIONS = ("t_local",)
 #: the local stage's patches for lesion-free images: random in-breast ones, or Algorithm 1's on the global maps
 LOCAL_NEGATIVES = ("random", "salient")
 
@@ -59,6 +61,10 @@ def _check_per_stage(parser: ConfigParser, stages: Sequence[str]) -> None:
         values = value.values() if isinstance(value, Mapping) else [value]
         for v in values:
             not_number = isinstance(v, bool) or not isinstance(v, (int, float))
+            if name in _FRACTION_OPTIONS:
+                if not_number or not 0 < v <= 1:
+                    raise UsageError(f"{name} must be fractions in (0, 1], got {value!r}")
+                continue
             if not_number or v < 0 or (v == 0 and name not in _REAL_OPTIONS):
                 raise UsageError(f"{name} must be positive numbers, got {value!r}")
             if not math.isfinite(v):  # --learning_rate 1e400 parses to inf: the first step would make every weight NaN
