@@ -318,7 +318,7 @@ def test_t_local_per_stage_builds_each_stage_s_pooling_and_is_checked_before_the
         parser = _parser(stage, t_local=per)
         network = parser.get_parsed_content("network")
         assert network.concat_aggregation.t == per[stage]
-        if network.attention is not None:
+        if stage == "joint":
             assert network.attention.t == per[stage]
         torch.save(network.state_dict(), tmp_path / f"{stage}.pt")
         assert checkpoint_setting(tmp_path / f"{stage}.pt", "t_local") == per[stage]
