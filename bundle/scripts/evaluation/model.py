@@ -13,7 +13,6 @@ from ..errors import UsageError
 from ..networks.glam_settings import GLAM_DEFAULTS
 from ..networks.inference import CHECKPOINT_SETTINGS, FROM_CHECKPOINT, INFERENCE_CHOSEN, inference_settings
 from ..networks.settings import SETTINGS_KEY, decode_settings, read_checkpoint_settings
-from ..training.preflight import PER_STAGE_OPTIONS, per_stage
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +43,7 @@ def evaluation_settings(ckpt_path: str | os.PathLike, stage: str, **settings: An
         ckpt_path: the checkpoint evaluated.
         stage: the stage the network runs (``global``, ``local``, ``joint``).
         settings: each of :data:`~scripts.networks.inference.CHECKPOINT_SETTINGS` and :data:`EVALUATION_CHOICES`, a
-            value or ``"checkpoint"`` (the recorded value); one not given is the checkpoint's. A training option that
-            may be given per stage (``t_local: {global: .., local: .., joint: ..}``) gives ``stage``'s value, as it
-            did in training.
+            value or ``"checkpoint"`` (the recorded value); one not given is the checkpoint's.
 
     Raises:
         UsageError: ``stage`` is not one of the model's stages (``all`` trains, it cannot be evaluated), or a name
@@ -67,9 +64,6 @@ def evaluation_settings(ckpt_path: str | os.PathLike, stage: str, **settings: An
         raise UsageError(f"evaluation_settings: unknown model settings {unknown}; known: {list(names)}")
     checkpoint = {name: record.get(name, GLAM_DEFAULTS.get(name)) for name in names}
     chosen = {name: settings.get(name, FROM_CHECKPOINT) for name in names}
-    for name in set(PER_STAGE_OPTIONS) & set(chosen):
-        if isinstance(chosen[name], Mapping):
-            chosen[name] = per_stage(chosen[name], stage, name)
     sources: dict[str, list[str]] = {"the configuration": [], "the checkpoint": [], "GLAM's default": []}
     for name, value in chosen.items():
         given = not (isinstance(value, str) and value.strip().lower() == FROM_CHECKPOINT)
