@@ -161,7 +161,7 @@ def _short(value: Any) -> str:
 
 def _at_rate(learning_rate: float | None, lambda_sparsity: float | None = None, t_local: float | None = None) -> str:
     """A later stage's settings as the preset gives them, e.g. " (learning rate 3e-05, sparsity weight 0.001, local
-    pooling share 0.05)"."""
+    pooling share 0.05 (`t_local`))"."""
     parts = [f"learning rate {learning_rate:g}"] if learning_rate is not None else []
     parts += [f"sparsity weight {lambda_sparsity:g}"] if lambda_sparsity is not None else []
     parts += [f"local pooling share {t_local:g} (`t_local`)"] if t_local is not None else []
